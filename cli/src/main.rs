@@ -1,0 +1,2 @@
+//! The `amk` command line.
+fn main() {}

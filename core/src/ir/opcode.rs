@@ -1,0 +1,85 @@
+//! Opcodes: a small copyable id. Built-in codes 0–19 are fixed by the ABI; our own built-in
+//! ops are appended from 20; plugin ops get codes ≥ 1000. Names resolve through the registry.
+
+/// An opcode id.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Opcode(pub u16);
+
+macro_rules! builtin_ops {
+    ($($(#[$m:meta])* $c:ident = $n:expr),+ $(,)?) => {
+        impl Opcode {
+            $($(#[$m])* pub const $c: Opcode = Opcode($n);)+
+            /// Every opcode of the ABI, in code order.
+            pub const ABI_OPS: &'static [Opcode] = &[$(Opcode::$c),+];
+            /// The canonical name of an ABI opcode (`None` for codes beyond the ABI table).
+            pub const fn abi_name(self) -> Option<&'static str> {
+                match self.0 { $($n => Some(stringify!($c)),)+ _ => None }
+            }
+            /// The ABI opcode with this canonical name.
+            pub fn from_abi_name(s: &str) -> Option<Opcode> {
+                match s { $(stringify!($c) => Some(Opcode::$c),)+ _ => None }
+            }
+        }
+    };
+}
+
+builtin_ops! {
+    /// Does nothing (a pure synchronisation point).
+    NOP = 0,
+    /// Copies one buffer into another (cast on store).
+    COPY = 1,
+    /// Row gather from a table by integer ids; also the reshape bridge.
+    EMBED = 2,
+    /// RMS normalisation.
+    RMSNORM = 3,
+    /// Layer normalisation.
+    LAYERNORM = 4,
+    /// A column tile of a matrix-vector product.
+    GEMV_TILE = 5,
+    /// A column tile of a small matrix-matrix product (batched decode).
+    GEMM_TILE = 6,
+    /// Decode attention over a KV range (optionally a split-KV shard).
+    ATTENTION_TILE = 7,
+    /// Rotary position embedding.
+    ROPE = 8,
+    /// `silu(gate) * up`.
+    SILU_MUL = 9,
+    /// Exact (erf) GELU.
+    GELU = 10,
+    /// Element-wise sum.
+    ADD = 11,
+    /// Element-wise product or scale.
+    MUL = 12,
+    /// Group-wise dequantisation.
+    DEQUANT = 13,
+    /// Softmax along one dimension.
+    SOFTMAX = 14,
+    /// Sum of shards (single-node all-reduce).
+    ALLREDUCE_SHARD = 15,
+    /// Appends rows to a KV cache in place.
+    KV_APPEND = 16,
+    /// Index of the largest logit.
+    SAMPLE_ARGMAX = 17,
+    /// Combines split-KV attention partials.
+    ATTENTION_COMBINE = 18,
+    /// A recipe of primitive steps run as one task.
+    FUSED = 19,
+}
+
+impl Opcode {
+    /// Number of opcodes in the ABI table (`AMK_OP__COUNT`).
+    pub const ABI_COUNT: u16 = 20;
+    /// First code available to our own appended built-in ops.
+    pub const FIRST_EXTENDED: u16 = 20;
+    /// First code a plugin may request.
+    pub const FIRST_PLUGIN: u16 = 1000;
+}
+
+impl std::fmt::Display for Opcode {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self.abi_name() {
+            Some(n) => f.write_str(n),
+            None => write!(f, "op#{}", self.0),
+        }
+    }
+}

@@ -1,0 +1,257 @@
+//! `Program`: the whole schedule, with builders and graph helpers.
+
+use super::config::{GpuTarget, ScheduleConfig};
+use super::enums::{BufferKind, DType, MemSpace};
+use super::opcode::Opcode;
+use super::records::{Buffer, BufferId, Counter, CounterId, PageAllocation, Task, TaskId, Wait};
+use crate::json::Map;
+
+/// On-disk format version written by this build.
+pub const IR_VERSION: &str = "0.2.0";
+/// On-device ABI version written by this build.
+pub const ABI_VERSION: &str = "0.2";
+
+/// A complete megakernel schedule: a DAG of tasks synchronised only by counters.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Program {
+    /// Provenance (model, gpu, regime, …), in file order.
+    pub meta: Map,
+    /// The GPU described as data.
+    pub target: Option<GpuTarget>,
+    /// Every tensor.
+    pub buffers: Vec<Buffer>,
+    /// Every counter.
+    pub counters: Vec<Counter>,
+    /// The DAG nodes, in queue order.
+    pub tasks: Vec<Task>,
+    /// Scratch page binding.
+    pub pages: Option<PageAllocation>,
+    /// The search point that produced this program.
+    pub config: Option<ScheduleConfig>,
+    /// Format version string as read or written.
+    pub ir_version: String,
+    /// ABI version string as read or written.
+    pub abi_version: String,
+}
+
+impl Default for Program {
+    fn default() -> Self {
+        Program {
+            meta: Map::new(),
+            target: None,
+            buffers: Vec::new(),
+            counters: Vec::new(),
+            tasks: Vec::new(),
+            pages: None,
+            config: None,
+            ir_version: IR_VERSION.to_string(),
+            abi_version: ABI_VERSION.to_string(),
+        }
+    }
+}
+
+/// Producers and waiters of every counter, in compressed form. Dangling ids are skipped, so
+/// this is safe to build for any loaded program.
+#[derive(Debug, Clone)]
+pub struct CounterIndex {
+    /// `producers[c]`: tasks whose `out_counter` is `c`, ascending.
+    pub producers: Vec<Vec<TaskId>>,
+    /// `waiters[c]`: tasks with at least one wait on `c`, ascending, de-duplicated.
+    pub waiters: Vec<Vec<TaskId>>,
+}
+
+impl CounterIndex {
+    /// Builds the index.
+    pub fn new(p: &Program) -> Self {
+        let n = p.counters.len();
+        let mut producers = vec![Vec::new(); n];
+        let mut waiters: Vec<Vec<TaskId>> = vec![Vec::new(); n];
+        for t in &p.tasks {
+            if let Some(v) = producers.get_mut(t.out_counter as usize) {
+                v.push(t.id);
+            }
+            for w in &t.waits {
+                if let Some(v) = waiters.get_mut(w.counter as usize) {
+                    if v.last() != Some(&t.id) {
+                        v.push(t.id);
+                    }
+                }
+            }
+        }
+        CounterIndex { producers, waiters }
+    }
+    /// Number of producers of `c` (0 for a dangling id).
+    pub fn n_producers(&self, c: CounterId) -> usize {
+        self.producers.get(c as usize).map_or(0, Vec::len)
+    }
+}
+
+impl Program {
+    /// An empty program with current versions.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Appends a buffer and returns its id.
+    pub fn new_buffer(
+        &mut self,
+        name: impl Into<String>,
+        kind: BufferKind,
+        dtype: DType,
+        shape: &[u64],
+    ) -> BufferId {
+        let id = self.buffers.len() as BufferId;
+        self.buffers.push(Buffer {
+            id,
+            name: name.into(),
+            kind,
+            dtype,
+            shape: shape.to_vec(),
+            space: MemSpace::HBM,
+            source: None,
+        });
+        id
+    }
+
+    /// Appends a weight buffer bound to `source`.
+    pub fn new_weight(
+        &mut self,
+        name: impl Into<String>,
+        dtype: DType,
+        shape: &[u64],
+        source: impl Into<String>,
+    ) -> BufferId {
+        let id = self.new_buffer(name, BufferKind::WEIGHT, dtype, shape);
+        self.buffers[id as usize].source = Some(source.into());
+        id
+    }
+
+    /// Appends a counter and returns its id.
+    pub fn new_counter(&mut self, note: impl Into<String>) -> CounterId {
+        let id = self.counters.len() as CounterId;
+        self.counters.push(Counter {
+            id,
+            init: 0,
+            note: note.into(),
+        });
+        id
+    }
+
+    /// Appends a task (its id is set to its index) and returns the id.
+    pub fn add_task(&mut self, mut task: Task) -> TaskId {
+        let id = self.tasks.len() as TaskId;
+        task.id = id;
+        self.tasks.push(task);
+        id
+    }
+
+    /// Appends a task built from parts; `waits` are `(counter, threshold)` pairs.
+    pub fn push_task(
+        &mut self,
+        op: Opcode,
+        inputs: &[BufferId],
+        outputs: &[BufferId],
+        out_counter: CounterId,
+        waits: &[(CounterId, i64)],
+        params: Map,
+        label: impl Into<String>,
+    ) -> TaskId {
+        let mut t = Task::new(0, op, inputs.to_vec(), outputs.to_vec(), out_counter);
+        t.waits = waits
+            .iter()
+            .map(|&(counter, threshold)| Wait { counter, threshold })
+            .collect();
+        t.params = params;
+        t.label = label.into();
+        self.add_task(t)
+    }
+
+    /// Producer/waiter index of the counters.
+    pub fn counter_index(&self) -> CounterIndex {
+        CounterIndex::new(self)
+    }
+
+    /// `writers[b]`: tasks listing `b` as an output (a task listing it twice appears twice).
+    pub fn writers_by_buffer(&self) -> Vec<Vec<TaskId>> {
+        let mut w = vec![Vec::new(); self.buffers.len()];
+        for t in &self.tasks {
+            for &b in &t.outputs {
+                if let Some(v) = w.get_mut(b as usize) {
+                    v.push(t.id);
+                }
+            }
+        }
+        w
+    }
+
+    /// Distinct producer→consumer edges `(p, t)`: `t` waits on the counter `p` increments.
+    /// Self edges are kept. Sorted.
+    pub fn dependency_edges(&self) -> Vec<(TaskId, TaskId)> {
+        let idx = self.counter_index();
+        let mut edges = Vec::new();
+        for t in &self.tasks {
+            let mut seen: Vec<CounterId> = Vec::with_capacity(t.waits.len());
+            for w in &t.waits {
+                if seen.contains(&w.counter) {
+                    continue;
+                }
+                seen.push(w.counter);
+                if let Some(ps) = idx.producers.get(w.counter as usize) {
+                    edges.extend(ps.iter().map(|&p| (p, t.id)));
+                }
+            }
+        }
+        edges.sort_unstable();
+        edges.dedup();
+        edges
+    }
+
+    /// Number of distinct dependency edges, counted without materialising them (producer sets of
+    /// distinct counters are disjoint, since each task has exactly one `out_counter`).
+    pub fn edge_count(&self) -> u64 {
+        let idx = self.counter_index();
+        let mut n = 0u64;
+        for t in &self.tasks {
+            let mut seen: Vec<CounterId> = Vec::with_capacity(t.waits.len());
+            for w in &t.waits {
+                if !seen.contains(&w.counter) {
+                    seen.push(w.counter);
+                    n += idx.n_producers(w.counter) as u64;
+                }
+            }
+        }
+        n
+    }
+
+    /// Kahn's topological order over task ids (queue seeded with the sources in id order, FIFO,
+    /// successors in id order); `None` if the graph has a cycle. Linear in the program size:
+    /// a counter becomes "complete" when its last producer is emitted.
+    pub fn topological_order(&self) -> Option<Vec<TaskId>> {
+        crate::graph::topo_order(self, &self.counter_index())
+    }
+
+    /// Sum of the sizes of every WEIGHT buffer.
+    pub fn total_weight_bytes(&self) -> u64 {
+        self.buffers
+            .iter()
+            .filter(|b| b.kind == BufferKind::WEIGHT)
+            .map(Buffer::nbytes)
+            .sum()
+    }
+
+    /// Whether any task carries an SM assignment.
+    pub fn sm_assigned(&self) -> bool {
+        self.tasks.iter().any(|t| t.sm.is_some())
+    }
+
+    /// One-line summary.
+    pub fn summary(&self) -> String {
+        format!(
+            "{} tasks, {} buffers, {} counters, {:.2} MB weights",
+            self.tasks.len(),
+            self.buffers.len(),
+            self.counters.len(),
+            self.total_weight_bytes() as f64 / 1e6
+        )
+    }
+}

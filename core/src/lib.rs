@@ -1,0 +1,30 @@
+//! `amk-core`: the schedule IR, its JSON format, the opcode registry and the static validator.
+//!
+//! The flow every other crate builds on is **load → validate → run**: [`codec`] reads a
+//! [`Program`], [`validate()`] proves it safe against a [`Registry`] of ops, and only a
+//! [`ValidatedProgram`] can be handed to a backend.
+
+pub mod abi;
+pub mod codec;
+pub mod error;
+pub mod graph;
+pub mod ir;
+pub mod json;
+pub mod opcheck;
+pub mod registry;
+pub mod sim;
+pub mod validate;
+
+pub use error::IrError;
+pub use ir::*;
+pub use registry::{
+    CheckFn, Finding, OpRegistration, OpSpec, Origin, PARAM_FIELDS, ParamDecl, ParamType, Registry,
+    TaskContext,
+};
+pub use validate::{
+    ErrorKind, ValidatedProgram, ValidationError, ValidationResult, ValidationWarning, WarningKind,
+    validate, validate_owned,
+};
+
+/// Re-exported so op crates register without naming `inventory` themselves.
+pub use inventory;

@@ -1,0 +1,310 @@
+//! The opcode registry: what each opcode is (arity, params, shape rules), collected from the
+//! op crates with `inventory` and passed explicitly to whoever needs it.
+
+use crate::error::IrError;
+use crate::ir::{Buffer, Opcode, Task};
+use crate::validate::ErrorKind;
+use std::borrow::Cow;
+use std::collections::HashMap;
+use std::path::PathBuf;
+
+/// How a param value must be typed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ParamType {
+    /// A JSON integer within int32 (marshalled into `amk_params_t`).
+    Int,
+    /// A JSON number (marshalled as float32).
+    Real,
+    /// A JSON object (e.g. a FUSED recipe; host-side only).
+    Object,
+}
+
+impl ParamType {
+    /// Short name for listings.
+    pub fn name(self) -> &'static str {
+        match self {
+            ParamType::Int => "int",
+            ParamType::Real => "real",
+            ParamType::Object => "object",
+        }
+    }
+}
+
+/// The device param block's fields and their types (`amk_params_t`). A key outside this table
+/// (and outside the op's own declarations) cannot reach the device.
+pub const PARAM_FIELDS: &[(&str, ParamType)] = &[
+    ("K", ParamType::Int),
+    ("N", ParamType::Int),
+    ("M", ParamType::Int),
+    ("N_tile", ParamType::Int),
+    ("M_tile", ParamType::Int),
+    ("n_off", ParamType::Int),
+    ("m_off", ParamType::Int),
+    ("hidden", ParamType::Int),
+    ("vocab", ParamType::Int),
+    ("head_dim", ParamType::Int),
+    ("n_heads", ParamType::Int),
+    ("n_kv_heads", ParamType::Int),
+    ("kv_start", ParamType::Int),
+    ("kv_len", ParamType::Int),
+    ("pos", ParamType::Int),
+    ("qdtype", ParamType::Int),
+    ("flags", ParamType::Int),
+    ("dim", ParamType::Int),
+    ("group", ParamType::Int),
+    ("eps", ParamType::Real),
+    ("scale", ParamType::Real),
+    ("theta", ParamType::Real),
+];
+
+/// Type of a device param field.
+pub fn param_field_type(key: &str) -> Option<ParamType> {
+    PARAM_FIELDS
+        .iter()
+        .find(|(k, _)| *k == key)
+        .map(|(_, t)| *t)
+}
+
+/// A param an op declares.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ParamDecl {
+    /// Key.
+    pub name: Cow<'static, str>,
+    /// Type.
+    pub ty: ParamType,
+    /// Whether a task must carry it.
+    pub required: bool,
+}
+
+impl ParamDecl {
+    /// A required param (const-friendly).
+    pub const fn required(name: &'static str, ty: ParamType) -> Self {
+        ParamDecl {
+            name: Cow::Borrowed(name),
+            ty,
+            required: true,
+        }
+    }
+    /// An optional param (const-friendly).
+    pub const fn optional(name: &'static str, ty: ParamType) -> Self {
+        ParamDecl {
+            name: Cow::Borrowed(name),
+            ty,
+            required: false,
+        }
+    }
+}
+
+/// What an op's static check sees: the task and its (existing) operands.
+pub struct TaskContext<'a> {
+    /// The task.
+    pub task: &'a Task,
+    /// Its input buffers, in order.
+    pub inputs: Vec<&'a Buffer>,
+    /// Its output buffers, in order.
+    pub outputs: Vec<&'a Buffer>,
+    /// The registry (FUSED recipes refer to other ops).
+    pub registry: &'a Registry,
+}
+
+/// One problem an op's check found.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Finding {
+    /// `TileOutOfBounds`, `ShapeMismatch`, `FusedRecipe` or `ParamType`.
+    pub kind: ErrorKind,
+    /// Our own wording, without the task prefix (the validator adds it).
+    pub message: String,
+}
+
+impl Finding {
+    /// A finding of `kind`.
+    pub fn new(kind: ErrorKind, message: impl Into<String>) -> Self {
+        Finding {
+            kind,
+            message: message.into(),
+        }
+    }
+}
+
+/// An op's static shape/parameter rule, run by the validator once arity and param types hold.
+pub type CheckFn = fn(&TaskContext<'_>) -> Vec<Finding>;
+
+/// Everything the validator and tools know about one opcode.
+#[derive(Debug, Clone)]
+pub struct OpSpec {
+    /// Code.
+    pub code: Opcode,
+    /// Canonical name (`GEMV_TILE`; plugins use a namespace, `acme.GELU_TANH`).
+    pub name: Cow<'static, str>,
+    /// Fewest inputs.
+    pub min_inputs: u8,
+    /// Most inputs (`None` = no upper bound besides the ABI cap).
+    pub max_inputs: Option<u8>,
+    /// Exact output count (`None` = variable).
+    pub n_outputs: Option<u8>,
+    /// Declared params (required and optional).
+    pub params: Cow<'static, [ParamDecl]>,
+    /// Whether writes cover only the column tile `[n_off, n_off+N_tile)` (and rows
+    /// `[m_off, m_off+M_tile)` when given) — disjoint tiles may share a counter.
+    pub tiled_write: bool,
+    /// Shape and parameter rule.
+    pub check: Option<CheckFn>,
+    /// One line for listings.
+    pub summary: Cow<'static, str>,
+}
+
+impl OpSpec {
+    /// Required param keys, in declaration order.
+    pub fn required_params(&self) -> impl Iterator<Item = &ParamDecl> {
+        self.params.iter().filter(|p| p.required)
+    }
+    /// The declared type of `key`: the op's own declaration, else the device param table.
+    pub fn param_type(&self, key: &str) -> Option<ParamType> {
+        self.params
+            .iter()
+            .find(|p| p.name == key)
+            .map(|p| p.ty)
+            .or_else(|| param_field_type(key))
+    }
+    /// `"2..4"`-style rendering of the input arity.
+    pub fn arity_text(&self) -> String {
+        match self.max_inputs {
+            Some(m) if m == self.min_inputs => format!("{m}"),
+            Some(m) => format!("{}..{}", self.min_inputs, m),
+            None => format!("{}..", self.min_inputs),
+        }
+    }
+}
+
+/// One op crate's entry, collected by `inventory`.
+pub struct OpRegistration {
+    /// The spec.
+    pub spec: OpSpec,
+}
+
+inventory::collect!(OpRegistration);
+
+/// Where an op came from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Origin {
+    /// Linked into this binary.
+    Builtin,
+    /// Loaded from a plugin library.
+    Plugin(PathBuf),
+}
+
+/// The registered ops, sorted by code, names and codes unique.
+#[derive(Debug, Clone, Default)]
+pub struct Registry {
+    ops: Vec<(OpSpec, Origin)>,
+    by_code: HashMap<u16, usize>,
+    by_name: HashMap<String, usize>,
+}
+
+impl Registry {
+    /// A registry with no ops (ABI opcode *names* still resolve when reading JSON).
+    pub fn empty() -> Self {
+        Self::default()
+    }
+
+    /// Every op linked into this binary (via `inventory`), sorted by code.
+    pub fn builtin() -> Result<Self, IrError> {
+        let mut specs: Vec<&OpSpec> = inventory::iter::<OpRegistration>
+            .into_iter()
+            .map(|r| &r.spec)
+            .collect();
+        specs.sort_by_key(|s| s.code);
+        let mut reg = Registry::empty();
+        for s in specs {
+            reg.register(s.clone(), Origin::Builtin)?;
+        }
+        Ok(reg)
+    }
+
+    /// Adds one op; refuses duplicates, ABI codes under the wrong name, plugin codes
+    /// below 1000 and malformed arities.
+    pub fn register(&mut self, spec: OpSpec, origin: Origin) -> Result<(), IrError> {
+        let bad = |why: String| IrError::Registry(format!("op '{}': {why}", spec.name));
+        if spec.name.is_empty() {
+            return Err(bad("empty name".into()));
+        }
+        if let Some(max) = spec.max_inputs {
+            if max < spec.min_inputs {
+                return Err(bad(format!(
+                    "max inputs {max} < min inputs {}",
+                    spec.min_inputs
+                )));
+            }
+        }
+        if let Some(abi) = spec.code.abi_name() {
+            if abi != spec.name {
+                return Err(bad(format!(
+                    "code {} belongs to the ABI opcode {abi}",
+                    spec.code.0
+                )));
+            }
+        }
+        if matches!(origin, Origin::Plugin(_)) && spec.code.0 < Opcode::FIRST_PLUGIN {
+            return Err(bad(format!(
+                "plugin codes must be ≥ {}, got {}",
+                Opcode::FIRST_PLUGIN,
+                spec.code.0
+            )));
+        }
+        if let Some(&i) = self.by_code.get(&spec.code.0) {
+            return Err(bad(format!(
+                "code {} is already registered by '{}'",
+                spec.code.0, self.ops[i].0.name
+            )));
+        }
+        if self.by_name.contains_key(spec.name.as_ref()) {
+            return Err(bad("name is already registered".into()));
+        }
+        let pos = self.ops.partition_point(|(s, _)| s.code < spec.code);
+        self.ops.insert(pos, (spec, origin));
+        self.by_code.clear();
+        self.by_name.clear();
+        for (i, (s, _)) in self.ops.iter().enumerate() {
+            self.by_code.insert(s.code.0, i);
+            self.by_name.insert(s.name.to_string(), i);
+        }
+        Ok(())
+    }
+
+    /// The spec of `op`.
+    pub fn get(&self, op: Opcode) -> Option<&OpSpec> {
+        self.by_code.get(&op.0).map(|&i| &self.ops[i].0)
+    }
+
+    /// Where `op` came from.
+    pub fn origin(&self, op: Opcode) -> Option<&Origin> {
+        self.by_code.get(&op.0).map(|&i| &self.ops[i].1)
+    }
+
+    /// Resolves a JSON opcode name: ABI names always, others through the registered ops.
+    pub fn resolve_name(&self, name: &str) -> Option<Opcode> {
+        Opcode::from_abi_name(name).or_else(|| self.by_name.get(name).map(|&i| self.ops[i].0.code))
+    }
+
+    /// The JSON name of `op`.
+    pub fn name_of(&self, op: Opcode) -> Option<Cow<'static, str>> {
+        op.abi_name()
+            .map(Cow::Borrowed)
+            .or_else(|| self.get(op).map(|s| s.name.clone()))
+    }
+
+    /// Every op, sorted by code.
+    pub fn iter(&self) -> impl Iterator<Item = (&OpSpec, &Origin)> {
+        self.ops.iter().map(|(s, o)| (s, o))
+    }
+
+    /// Number of ops.
+    pub fn len(&self) -> usize {
+        self.ops.len()
+    }
+
+    /// Whether no op is registered.
+    pub fn is_empty(&self) -> bool {
+        self.ops.is_empty()
+    }
+}

@@ -1,0 +1,96 @@
+//! Opcode `ATTENTION_TILE` (code 7): GQA decode attention over cache rows [kv_start, kv_start+kv_len); flags bit 1 writes un-normalised [acc|m|l] partials.
+//!
+//! This crate owns everything about the op: its spec (arity, params), its static shape rule
+//! for the validator, and (as they land) its CPU reference and CUDA device function.
+
+use amk_core::opcheck::{Checker, desc};
+use amk_core::{Finding, OpRegistration, OpSpec, Opcode, ParamDecl, ParamType, TaskContext};
+use std::borrow::Cow;
+
+/// `flags` bit 1: write un-normalised `[acc | m | l]` partials (a split-KV shard).
+pub const FLAG_PARTIAL_WRITE: i64 = 2;
+
+/// The op's spec, as the registry and the validator see it.
+pub const SPEC: OpSpec = OpSpec {
+    code: Opcode::ATTENTION_TILE,
+    name: Cow::Borrowed("ATTENTION_TILE"),
+    min_inputs: 3,
+    max_inputs: Some(4),
+    n_outputs: Some(1),
+    params: Cow::Borrowed(&[
+        ParamDecl::required("head_dim", ParamType::Int),
+        ParamDecl::required("kv_start", ParamType::Int),
+        ParamDecl::required("kv_len", ParamType::Int),
+        ParamDecl::required("scale", ParamType::Real),
+        ParamDecl::required("n_heads", ParamType::Int),
+        ParamDecl::required("n_kv_heads", ParamType::Int),
+        ParamDecl::optional("flags", ParamType::Int),
+    ]),
+    tiled_write: false,
+    check: Some(check),
+    summary: Cow::Borrowed(
+        "GQA decode attention over cache rows [kv_start, kv_start+kv_len); flags bit 1 writes un-normalised [acc|m|l] partials.",
+    ),
+};
+
+amk_core::inventory::submit! {
+    OpRegistration { spec: SPEC }
+}
+
+/// Static shape and parameter rule, run by the validator.
+fn check(ctx: &TaskContext<'_>) -> Vec<Finding> {
+    let mut c = Checker::new(ctx);
+    let (Some(q), Some(kc), Some(vc), Some(out)) =
+        (c.input(0), c.input(1), c.input(2), c.output(0))
+    else {
+        return Vec::new();
+    };
+    let hd = c.positive("head_dim");
+    let nh = c.positive("n_heads");
+    let nkv = c.positive("n_kv_heads");
+    let kv_start = c.non_negative("kv_start");
+    let kv_len = c.non_negative("kv_len");
+    let partial = c.int("flags").unwrap_or(0) & FLAG_PARTIAL_WRITE != 0;
+    let (Some(hd), Some(nh), Some(nkv)) = (hd, nh, nkv) else {
+        return c.finish();
+    };
+    if nh % nkv != 0 {
+        c.mismatch(format!(
+            "n_heads = {nh} must be a multiple of n_kv_heads = {nkv}"
+        ));
+    }
+    let row = (nkv * hd) as u64;
+    if kc.numel() != vc.numel() {
+        c.same_numel(kc, vc);
+    }
+    // Batched caches are [B, max_seq, n_kv, hd]; otherwise the cache is max_seq rows of n_kv*hd.
+    let (batch, max_seq) = if kc.rank() == 4 {
+        (kc.shape[0], kc.shape[1])
+    } else {
+        (1, kc.numel() / row.max(1))
+    };
+    if kc.numel() != batch.saturating_mul(max_seq).saturating_mul(row) {
+        c.mismatch(format!(
+            "the cache {} is not a whole number of rows of n_kv_heads x head_dim = {row}",
+            desc(kc)
+        ));
+    }
+    if let (Some(s), Some(l)) = (kv_start, kv_len) {
+        if l == 0 && !partial {
+            c.oob("kv_len = 0 attends to nothing (only a split-KV shard may be empty)");
+        }
+        if (s.saturating_add(l)) as u64 > max_seq {
+            c.oob(format!(
+                "cache rows [{s}, {}) exceed the {max_seq} rows of the cache {}",
+                s.saturating_add(l),
+                desc(kc)
+            ));
+        }
+    }
+    c.numel_is(q, batch * (nh * hd) as u64, "query");
+    let per_head = if partial { hd + 2 } else { hd };
+    c.numel_is(out, batch * (nh * per_head) as u64, "output");
+    c.float(q, "query");
+    c.float(out, "output");
+    c.finish()
+}

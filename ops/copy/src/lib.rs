@@ -1,0 +1,34 @@
+//! Opcode `COPY` (code 1): Copies one buffer into another, cast to the output dtype.
+//!
+//! This crate owns everything about the op: its spec (arity, params), its static shape rule
+//! for the validator, and (as they land) its CPU reference and CUDA device function.
+
+use amk_core::opcheck::Checker;
+use amk_core::{Finding, OpRegistration, OpSpec, Opcode, TaskContext};
+use std::borrow::Cow;
+
+/// The op's spec, as the registry and the validator see it.
+pub const SPEC: OpSpec = OpSpec {
+    code: Opcode::COPY,
+    name: Cow::Borrowed("COPY"),
+    min_inputs: 1,
+    max_inputs: Some(1),
+    n_outputs: Some(1),
+    params: Cow::Borrowed(&[]),
+    tiled_write: false,
+    check: Some(check),
+    summary: Cow::Borrowed("Copies one buffer into another, cast to the output dtype."),
+};
+
+amk_core::inventory::submit! {
+    OpRegistration { spec: SPEC }
+}
+
+/// Static shape and parameter rule, run by the validator.
+fn check(ctx: &TaskContext<'_>) -> Vec<Finding> {
+    let mut c = Checker::new(ctx);
+    if let (Some(x), Some(y)) = (c.input(0), c.output(0)) {
+        c.same_numel(x, y);
+    }
+    c.finish()
+}

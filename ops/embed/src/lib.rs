@@ -1,0 +1,45 @@
+//! Opcode `EMBED` (code 2): Gathers table rows by integer ids; also the flat-to-heads reshape bridge.
+//!
+//! This crate owns everything about the op: its spec (arity, params), its static shape rule
+//! for the validator, and (as they land) its CPU reference and CUDA device function.
+
+use amk_core::opcheck::{Checker, desc};
+use amk_core::{Finding, OpRegistration, OpSpec, Opcode, ParamDecl, ParamType, TaskContext};
+use std::borrow::Cow;
+
+/// The op's spec, as the registry and the validator see it.
+pub const SPEC: OpSpec = OpSpec {
+    code: Opcode::EMBED,
+    name: Cow::Borrowed("EMBED"),
+    min_inputs: 2,
+    max_inputs: Some(2),
+    n_outputs: Some(1),
+    params: Cow::Borrowed(&[ParamDecl::required("hidden", ParamType::Int)]),
+    tiled_write: false,
+    check: Some(check),
+    summary: Cow::Borrowed(
+        "Gathers table rows by integer ids; also the flat-to-heads reshape bridge.",
+    ),
+};
+
+amk_core::inventory::submit! {
+    OpRegistration { spec: SPEC }
+}
+
+/// Static shape and parameter rule, run by the validator.
+fn check(ctx: &TaskContext<'_>) -> Vec<Finding> {
+    let mut c = Checker::new(ctx);
+    if let (Some(ids), Some(table), Some(out)) = (c.input(0), c.input(1), c.output(0)) {
+        c.integer(ids, "ids");
+        let rows = table.shape.first().copied().unwrap_or(1);
+        let row = table.numel() / rows.max(1);
+        let want = ids.numel().saturating_mul(row);
+        if out.numel() != want {
+            c.mismatch(format!(
+                "the output {} must hold {} id(s) x {row} elements per table row = {want} elements, has {}",
+                desc(out), ids.numel(), out.numel()
+            ));
+        }
+    }
+    c.finish()
+}

@@ -1,0 +1,81 @@
+//! Opcode `KV_APPEND` (code 16): Writes new K or V rows into the cache at pos, in place.
+//!
+//! This crate owns everything about the op: its spec (arity, params), its static shape rule
+//! for the validator, and (as they land) its CPU reference and CUDA device function.
+
+use amk_core::opcheck::{Checker, desc};
+use amk_core::{Finding, OpRegistration, OpSpec, Opcode, ParamDecl, ParamType, TaskContext};
+use std::borrow::Cow;
+
+/// The op's spec, as the registry and the validator see it.
+pub const SPEC: OpSpec = OpSpec {
+    code: Opcode::KV_APPEND,
+    name: Cow::Borrowed("KV_APPEND"),
+    min_inputs: 2,
+    max_inputs: Some(2),
+    n_outputs: Some(1),
+    params: Cow::Borrowed(&[ParamDecl::required("pos", ParamType::Int)]),
+    tiled_write: false,
+    check: Some(check),
+    summary: Cow::Borrowed("Writes new K or V rows into the cache at pos, in place."),
+};
+
+amk_core::inventory::submit! {
+    OpRegistration { spec: SPEC }
+}
+
+/// Static shape and parameter rule, run by the validator.
+fn check(ctx: &TaskContext<'_>) -> Vec<Finding> {
+    let mut c = Checker::new(ctx);
+    let (Some(new), Some(cache), Some(out)) = (c.input(0), c.input(1), c.output(0)) else {
+        return Vec::new();
+    };
+    if out.id != cache.id {
+        c.mismatch(format!(
+            "KV_APPEND writes the cache in place: its output must be the cache input {}, not {}",
+            desc(cache),
+            desc(out)
+        ));
+    }
+    let Some(pos) = c.non_negative("pos") else {
+        return c.finish();
+    };
+    match cache.rank() {
+        2 | 3 => {
+            let max_seq = cache.shape[0];
+            let row = cache.numel() / max_seq;
+            if new.numel() % row != 0 {
+                c.mismatch(format!(
+                    "new rows {} are not a whole number of cache rows of {row} elements ({})",
+                    desc(new),
+                    desc(cache)
+                ));
+                return c.finish();
+            }
+            let rows = new.numel() / row;
+            if pos as u64 + rows > max_seq {
+                c.oob(format!(
+                    "rows [{pos}, {}) exceed the {max_seq} rows of the cache {}",
+                    pos as u64 + rows,
+                    desc(cache)
+                ));
+            }
+        }
+        4 => {
+            let (b, max_seq) = (cache.shape[0], cache.shape[1]);
+            let per = cache.shape[2] * cache.shape[3];
+            c.numel_is(new, b * per, "new rows");
+            if pos as u64 >= max_seq {
+                c.oob(format!(
+                    "pos = {pos} is beyond the {max_seq} positions of the cache {}",
+                    desc(cache)
+                ));
+            }
+        }
+        _ => c.mismatch(format!(
+            "the cache {} must be [max_seq, n_kv, head_dim] or [B, max_seq, n_kv, head_dim]",
+            desc(cache)
+        )),
+    }
+    c.finish()
+}

@@ -1,0 +1,24 @@
+//! Opcode `NOP` (code 0): Does nothing: a pure synchronisation point.
+//!
+//! This crate owns everything about the op: its spec (arity, params), its static shape rule
+//! for the validator, and (as they land) its CPU reference and CUDA device function.
+
+use amk_core::{OpRegistration, OpSpec, Opcode};
+use std::borrow::Cow;
+
+/// The op's spec, as the registry and the validator see it.
+pub const SPEC: OpSpec = OpSpec {
+    code: Opcode::NOP,
+    name: Cow::Borrowed("NOP"),
+    min_inputs: 0,
+    max_inputs: Some(0),
+    n_outputs: Some(0),
+    params: Cow::Borrowed(&[]),
+    tiled_write: false,
+    check: None,
+    summary: Cow::Borrowed("Does nothing: a pure synchronisation point."),
+};
+
+amk_core::inventory::submit! {
+    OpRegistration { spec: SPEC }
+}

@@ -1,0 +1,35 @@
+//! Opcode `RMSNORM` (code 3): RMS normalisation: x * rsqrt(mean(x^2) + eps) * w.
+//!
+//! This crate owns everything about the op: its spec (arity, params), its static shape rule
+//! for the validator, and (as they land) its CPU reference and CUDA device function.
+
+use amk_core::opcheck::{self, Checker};
+use amk_core::{Finding, OpRegistration, OpSpec, Opcode, ParamDecl, ParamType, TaskContext};
+use std::borrow::Cow;
+
+/// The op's spec, as the registry and the validator see it.
+pub const SPEC: OpSpec = OpSpec {
+    code: Opcode::RMSNORM,
+    name: Cow::Borrowed("RMSNORM"),
+    min_inputs: 2,
+    max_inputs: Some(2),
+    n_outputs: Some(1),
+    params: Cow::Borrowed(&[
+        ParamDecl::required("eps", ParamType::Real),
+        ParamDecl::required("hidden", ParamType::Int),
+    ]),
+    tiled_write: false,
+    check: Some(check),
+    summary: Cow::Borrowed("RMS normalisation: x * rsqrt(mean(x^2) + eps) * w."),
+};
+
+amk_core::inventory::submit! {
+    OpRegistration { spec: SPEC }
+}
+
+/// Static shape and parameter rule, run by the validator.
+fn check(ctx: &TaskContext<'_>) -> Vec<Finding> {
+    let mut c = Checker::new(ctx);
+    opcheck::norm(&mut c);
+    c.finish()
+}
