@@ -1,2 +1,30 @@
-//! The `amk` command line.
-fn main() {}
+//! The `amk` command line. Library crates do the work; this binary parses arguments, prints,
+//! and maps outcomes to exit codes.
+
+mod validate_cmd;
+
+use clap::{Parser, Subcommand};
+use std::process::ExitCode;
+
+/// amk: compile Llama-family models into one statically checked CUDA megakernel.
+#[derive(Parser)]
+#[command(name = "amk", version, about, long_about = None)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Statically check megakernel schedules (JSON or JSON.gz) for deadlocks, races and
+    /// malformed tasks.
+    #[command(after_help = validate_cmd::AFTER_HELP)]
+    Validate(validate_cmd::Args),
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    match cli.command {
+        Command::Validate(args) => validate_cmd::run(&args),
+    }
+}

@@ -1,0 +1,142 @@
+//! `amk validate FILE... [--json]`.
+
+use amk_core::{IrError, Program, Registry, ValidationResult, validate};
+use serde_json::{Value, json};
+use std::io::Write as _;
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+
+/// Shown after `amk validate --help`.
+pub const AFTER_HELP: &str = "\
+Exit status:
+  0  every file loaded and every program was accepted
+  1  every file loaded, but at least one program was rejected
+  2  at least one file could not be read or parsed (this wins over 1)
+
+With --json, stdout holds one object per file (a JSON array when several files are given):
+  {\"file\", \"ok\", \"stage\": \"load\"|\"validate\", \"errors\": [{\"kind\", \"message\", ...}],
+   \"warnings\": [...], \"stats\": {\"tasks\", \"buffers\", \"counters\", \"edges\", \"acyclic\",
+   \"weight_MB\", \"sm_assigned\", \"pages\"}}
+Error kinds are the stable vocabulary of docs/ir.md; load errors have kind \"load\".
+Files ending in .gz (or starting with the gzip magic) are decompressed transparently.";
+
+/// Arguments of `amk validate`.
+#[derive(clap::Args)]
+pub struct Args {
+    /// Program files (.json or .json.gz).
+    #[arg(required = true)]
+    files: Vec<PathBuf>,
+    /// Machine-readable output on stdout.
+    #[arg(long)]
+    json: bool,
+}
+
+enum Outcome {
+    Loaded(Box<ValidationResult>),
+    LoadFailed(IrError),
+}
+
+fn check_file(path: &Path, reg: &Registry) -> Outcome {
+    match Program::load(path, reg) {
+        Ok(p) => Outcome::Loaded(Box::new(validate(&p, reg))),
+        Err(e) => Outcome::LoadFailed(e),
+    }
+}
+
+fn diag_json<K: std::fmt::Display>(d: &amk_core::validate::Diagnostic<K>) -> Value {
+    let mut o = serde_json::Map::new();
+    o.insert("kind".into(), json!(d.kind.to_string()));
+    o.insert("message".into(), json!(d.message));
+    if let Some(t) = d.task {
+        o.insert("task".into(), json!(t));
+    }
+    if let Some(b) = d.buffer {
+        o.insert("buffer".into(), json!(b));
+    }
+    if let Some(c) = d.counter {
+        o.insert("counter".into(), json!(c));
+    }
+    if !d.others.is_empty() {
+        o.insert("others".into(), json!(d.others));
+    }
+    if !d.path.is_empty() {
+        o.insert("path".into(), json!(d.path));
+    }
+    Value::Object(o)
+}
+
+fn outcome_json(file: &Path, o: &Outcome) -> Value {
+    match o {
+        Outcome::Loaded(r) => json!({
+            "file": file.display().to_string(),
+            "ok": r.ok(),
+            "stage": "validate",
+            "errors": r.errors.iter().map(diag_json).collect::<Vec<_>>(),
+            "warnings": r.warnings.iter().map(diag_json).collect::<Vec<_>>(),
+            "stats": serde_json::to_value(&r.stats).unwrap_or(Value::Null),
+        }),
+        Outcome::LoadFailed(e) => json!({
+            "file": file.display().to_string(),
+            "ok": false,
+            "stage": "load",
+            "errors": [{"kind": "load", "message": e.to_string()}],
+            "warnings": [],
+            "stats": {},
+        }),
+    }
+}
+
+/// Runs the command; returns the documented exit status.
+pub fn run(args: &Args) -> ExitCode {
+    let reg = match amk_ops::registry() {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("amk: cannot build the op registry: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    let stdout = std::io::stdout();
+    let mut out = std::io::BufWriter::new(stdout.lock());
+    let mut any_load_error = false;
+    let mut any_rejected = false;
+    let mut docs = Vec::new();
+    for file in &args.files {
+        let o = check_file(file, &reg);
+        match &o {
+            Outcome::LoadFailed(_) => any_load_error = true,
+            Outcome::Loaded(r) if !r.ok() => any_rejected = true,
+            Outcome::Loaded(_) => {}
+        }
+        if args.json {
+            docs.push(outcome_json(file, &o));
+        } else {
+            let line = match &o {
+                Outcome::Loaded(r) => format!("{}: {}", file.display(), r.report()),
+                Outcome::LoadFailed(e) => format!("{}: [LOAD ERROR] {e}", file.display()),
+            };
+            let _ = writeln!(out, "{line}");
+        }
+    }
+    if args.json {
+        let doc = if docs.len() == 1 {
+            docs.pop().unwrap_or(Value::Null)
+        } else {
+            Value::Array(docs)
+        };
+        let _ = writeln!(
+            out,
+            "{}",
+            serde_json::to_string_pretty(&doc).unwrap_or_default()
+        );
+    }
+    if out.flush().is_err() {
+        return ExitCode::from(2);
+    }
+    if any_load_error {
+        ExitCode::from(2)
+    } else if any_rejected {
+        ExitCode::from(1)
+    } else {
+        ExitCode::SUCCESS
+    }
+}
