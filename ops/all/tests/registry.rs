@@ -1,0 +1,100 @@
+//! The built-in registry holds exactly the 20 ABI opcodes, under their canonical codes and
+//! names, with the arities of the spec (notes §1.3, plus our GEMV/GEMM 2–4 inputs fix).
+
+use amk_core::{Opcode, Origin, ParamType};
+use rstest::rstest;
+
+#[test]
+fn registry_holds_exactly_the_abi_opcodes() {
+    let reg = amk_ops::registry().unwrap();
+    assert_eq!(reg.len(), 20);
+    let codes: Vec<u16> = reg.iter().map(|(s, _)| s.code.0).collect();
+    assert_eq!(codes, (0..20).collect::<Vec<u16>>());
+    for (spec, origin) in reg.iter() {
+        assert_eq!(Some(spec.name.as_ref()), spec.code.abi_name());
+        assert_eq!(*origin, Origin::Builtin);
+        assert_eq!(reg.resolve_name(&spec.name), Some(spec.code));
+    }
+}
+
+#[rstest]
+#[case("NOP", 0, 0, Some(0), Some(0), &[])]
+#[case("COPY", 1, 1, Some(1), Some(1), &[])]
+#[case("EMBED", 2, 2, Some(2), Some(1), &["hidden"])]
+#[case("RMSNORM", 3, 2, Some(2), Some(1), &["eps", "hidden"])]
+#[case("LAYERNORM", 4, 2, Some(3), Some(1), &["eps", "hidden"])]
+#[case("GEMV_TILE", 5, 2, Some(4), Some(1), &["K", "N_tile", "n_off"])]
+#[case("GEMM_TILE", 6, 2, Some(4), Some(1), &["M_tile", "K", "N_tile", "n_off"])]
+#[case("ATTENTION_TILE", 7, 3, Some(4), Some(1), &["head_dim", "kv_start", "kv_len", "scale", "n_heads", "n_kv_heads"])]
+#[case("ROPE", 8, 2, Some(2), Some(1), &["head_dim", "theta"])]
+#[case("SILU_MUL", 9, 2, Some(2), Some(1), &[])]
+#[case("GELU", 10, 1, Some(1), Some(1), &[])]
+#[case("ADD", 11, 2, Some(2), Some(1), &[])]
+#[case("MUL", 12, 1, Some(2), Some(1), &[])]
+#[case("DEQUANT", 13, 2, Some(3), Some(1), &["qdtype", "group"])]
+#[case("SOFTMAX", 14, 1, Some(1), Some(1), &[])]
+#[case("ALLREDUCE_SHARD", 15, 1, Some(8), Some(1), &[])]
+#[case("KV_APPEND", 16, 2, Some(2), Some(1), &["pos"])]
+#[case("SAMPLE_ARGMAX", 17, 1, Some(1), Some(1), &[])]
+#[case("ATTENTION_COMBINE", 18, 2, Some(8), Some(1), &["head_dim"])]
+#[case("FUSED", 19, 1, None, Some(1), &["recipe"])]
+fn spec_matches_the_table(
+    #[case] name: &str,
+    #[case] code: u16,
+    #[case] min: u8,
+    #[case] max: Option<u8>,
+    #[case] outs: Option<u8>,
+    #[case] required: &[&str],
+) {
+    let reg = amk_ops::registry().unwrap();
+    let spec = reg.get(Opcode(code)).unwrap();
+    assert_eq!(spec.name, name);
+    assert_eq!(spec.min_inputs, min);
+    assert_eq!(spec.max_inputs, max);
+    assert_eq!(spec.n_outputs, outs);
+    let req: Vec<&str> = spec.required_params().map(|p| p.name.as_ref()).collect();
+    assert_eq!(req, required);
+    for p in spec.required_params() {
+        let ty = spec.param_type(&p.name).unwrap();
+        let want = match p.name.as_ref() {
+            "eps" | "scale" | "theta" => ParamType::Real,
+            "recipe" => ParamType::Object,
+            _ => ParamType::Int,
+        };
+        assert_eq!(ty, want, "{name}.{}", p.name);
+    }
+}
+
+#[test]
+fn duplicates_are_refused() {
+    let mut reg = amk_ops::registry().unwrap();
+    let gemv = reg.get(Opcode::GEMV_TILE).unwrap().clone();
+    assert!(reg.register(gemv.clone(), Origin::Builtin).is_err());
+    let mut renamed = gemv.clone();
+    renamed.code = Opcode(20);
+    assert!(
+        reg.register(renamed, Origin::Builtin).is_err(),
+        "duplicate name"
+    );
+    let mut wrong_abi = gemv.clone();
+    wrong_abi.code = Opcode::ADD;
+    assert!(
+        reg.register(wrong_abi, Origin::Builtin).is_err(),
+        "ABI code under another name"
+    );
+    let mut plugin = gemv;
+    plugin.code = Opcode(30);
+    plugin.name = "acme.GEMV".into();
+    assert!(
+        reg.register(plugin.clone(), Origin::Plugin("x.so".into()))
+            .is_err(),
+        "plugin code < 1000"
+    );
+    plugin.code = Opcode(1000);
+    reg.register(plugin, Origin::Plugin("x.so".into())).unwrap();
+    assert_eq!(reg.resolve_name("acme.GEMV"), Some(Opcode(1000)));
+    let codes: Vec<u16> = reg.iter().map(|(s, _)| s.code.0).collect();
+    let mut sorted = codes.clone();
+    sorted.sort_unstable();
+    assert_eq!(codes, sorted, "registry stays sorted by code");
+}
