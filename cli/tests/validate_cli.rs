@@ -1,4 +1,5 @@
 //! `amk validate` end to end: exit codes, human and JSON output, gzip input, bad files.
+#![allow(clippy::unwrap_used)] // test helpers: a failed setup step should abort the test
 
 use amk_core::json::Map;
 use amk_core::{BufferKind, DType, Opcode, Program};

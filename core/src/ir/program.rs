@@ -146,6 +146,7 @@ impl Program {
     }
 
     /// Appends a task built from parts; `waits` are `(counter, threshold)` pairs.
+    #[allow(clippy::too_many_arguments)] // one argument per task field keeps call sites flat
     pub fn push_task(
         &mut self,
         op: Opcode,

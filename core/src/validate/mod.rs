@@ -54,8 +54,11 @@ fn tag(t: &Task) -> String {
     format!("task {} ({})", t.id, t.display_label())
 }
 
-fn region(t: &Task, tiled: bool) -> Option<((i64, i64), Option<(i64, i64)>)> {
-    // (columns, rows); None = the whole buffer.
+/// A write region: `(columns, rows)` half-open ranges, rows `None` = all rows; `None` = the
+/// whole buffer.
+type Region = Option<((i64, i64), Option<(i64, i64)>)>;
+
+fn region(t: &Task, tiled: bool) -> Region {
     if !tiled {
         return None;
     }
@@ -70,8 +73,6 @@ fn region(t: &Task, tiled: bool) -> Option<((i64, i64), Option<(i64, i64)>)> {
     };
     Some(((n_off, n_off.saturating_add(n_tile)), rows))
 }
-
-type Region = Option<((i64, i64), Option<(i64, i64)>)>;
 
 fn disjoint(a: &Region, b: &Region) -> bool {
     let (Some((ca, ra)), Some((cb, rb))) = (a, b) else {
