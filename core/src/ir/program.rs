@@ -210,7 +210,11 @@ impl Program {
     /// Number of distinct dependency edges, counted without materialising them (producer sets of
     /// distinct counters are disjoint, since each task has exactly one `out_counter`).
     pub fn edge_count(&self) -> u64 {
-        let idx = self.counter_index();
+        self.edge_count_with(&self.counter_index())
+    }
+
+    /// [`Program::edge_count`] with a prebuilt counter index.
+    pub fn edge_count_with(&self, idx: &CounterIndex) -> u64 {
         let mut n = 0u64;
         for t in &self.tasks {
             let mut seen: Vec<CounterId> = Vec::with_capacity(t.waits.len());

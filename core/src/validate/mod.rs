@@ -130,7 +130,7 @@ impl<'a> Validator<'a> {
         }
         self.check_counters();
         self.check_waits();
-        let order = self.p.topological_order();
+        let order = crate::graph::topo_order(self.p, self.idx);
         if order.is_none() {
             let path = find_cycle(self.p, self.idx).unwrap_or_default();
             let rendered: Vec<String> = path
@@ -179,7 +179,7 @@ impl<'a> Validator<'a> {
             tasks: self.p.tasks.len(),
             buffers: self.p.buffers.len(),
             counters: self.p.counters.len(),
-            edges: self.p.edge_count(),
+            edges: self.p.edge_count_with(self.idx),
             acyclic: order.is_some(),
             weight_mb: (self.p.total_weight_bytes() as f64 / 1e6 * 100.0).round() / 100.0,
             sm_assigned: self.p.sm_assigned(),
