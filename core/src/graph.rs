@@ -3,7 +3,6 @@
 //! `out_counter`, so a counter shared by P producers and W waiters costs P + W, not P·W.
 
 use crate::ir::{CounterIndex, Program, TaskId};
-use std::collections::HashMap;
 
 /// Kahn's algorithm (see [`Program::topological_order`]).
 pub fn topo_order(p: &Program, idx: &CounterIndex) -> Option<Vec<TaskId>> {
@@ -21,7 +20,9 @@ pub fn topo_order(p: &Program, idx: &CounterIndex) -> Option<Vec<TaskId>> {
             }
         }
     }
-    let mut pending_prod: Vec<usize> = idx.producers.iter().map(Vec::len).collect();
+    let mut pending_prod: Vec<usize> = (0..idx.n_counters() as u32)
+        .map(|c| idx.n_producers(c))
+        .collect();
     let mut order = Vec::with_capacity(n);
     let mut queue: std::collections::VecDeque<TaskId> = (0..n as TaskId)
         .filter(|&i| pending_ctr[i as usize] == 0)
@@ -34,7 +35,7 @@ pub fn topo_order(p: &Program, idx: &CounterIndex) -> Option<Vec<TaskId>> {
         };
         *left -= 1;
         if *left == 0 {
-            for &s in &idx.waiters[c] {
+            for &s in idx.waiters(c as u32) {
                 let pc = &mut pending_ctr[s as usize];
                 *pc -= 1;
                 if *pc == 0 {
@@ -51,20 +52,20 @@ pub fn topo_order(p: &Program, idx: &CounterIndex) -> Option<Vec<TaskId>> {
 pub fn find_cycle(p: &Program, idx: &CounterIndex) -> Option<Vec<TaskId>> {
     // Node space: tasks 0..n, counters n..n+m. Colours: 0 white, 1 grey, 2 black.
     let n = p.tasks.len();
-    let m = idx.producers.len();
+    let m = idx.n_counters();
     let mut colour = vec![0u8; n + m];
     let succ_count = |v: usize| -> usize {
         if v < n {
             usize::from((p.tasks[v].out_counter as usize) < m)
         } else {
-            idx.waiters[v - n].len()
+            idx.waiters((v - n) as u32).len()
         }
     };
     let succ = |v: usize, k: usize| -> usize {
         if v < n {
             n + p.tasks[v].out_counter as usize
         } else {
-            idx.waiters[v - n][k] as usize
+            idx.waiters((v - n) as u32)[k] as usize
         }
     };
     let mut stack: Vec<(usize, usize)> = Vec::new();
@@ -107,117 +108,205 @@ pub fn find_cycle(p: &Program, idx: &CounterIndex) -> Option<Vec<TaskId>> {
     None
 }
 
-/// Answers "is task `u` a strict ancestor of task `v`?" for an acyclic program.
+/// The answer to a reachability question: known at once, or pending until
+/// [`Reach::resolve`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Ans {
+    /// Decided without propagation.
+    Known(bool),
+    /// Index of a pending query.
+    Pending(u32),
+}
+
+/// Answers "is every task of S a strict ancestor of every task of T?" for an acyclic program.
 ///
-/// Cheap cases are answered at once (topological position, direct edge). The rest are
-/// batched: queries are grouped by blocks of 64 candidate ancestors (consecutive in
-/// topological order) and each block is propagated once through the DAG as a `u64` mask.
-/// Memory stays linear; time is O((V + P + W) · blocks-with-queries).
+/// Cheap cases are decided at once (topological positions, direct edges). The rest are
+/// batched: each pending query is filed under the 64-task blocks (consecutive in topological
+/// order) its S members fall in, and each block is propagated once through the DAG as a `u64`
+/// mask per task, stopping at the last target any of its queries needs. A query holds iff,
+/// in every block, the intersection of its targets' masks covers its S members. Memory stays
+/// linear; time is O(Σ over blocks of the span propagated).
 pub struct Reach<'a> {
-    p: &'a Program,
-    idx: &'a CounterIndex,
     order: &'a [TaskId],
     pos: Vec<u32>,
-    pending: Vec<(TaskId, TaskId)>,
-    answers: HashMap<(TaskId, TaskId), bool>,
+    out_ctr: Vec<u32>,
+    wait_off: Vec<u32>,
+    wait_ctr: Vec<u32>,
+    n_counters: usize,
+    arena: Vec<TaskId>,
+    queries: Vec<[u32; 4]>,
+    answers: Vec<bool>,
 }
 
 impl<'a> Reach<'a> {
     /// Prepares the oracle for an acyclic program and its topological order.
     pub fn new(p: &'a Program, idx: &'a CounterIndex, order: &'a [TaskId]) -> Self {
+        let n_counters = idx.n_counters();
         let mut pos = vec![0u32; p.tasks.len()];
         for (i, &t) in order.iter().enumerate() {
             pos[t as usize] = i as u32;
         }
+        let mut out_ctr = Vec::with_capacity(order.len());
+        let mut wait_off = Vec::with_capacity(order.len() + 1);
+        let mut wait_ctr = Vec::new();
+        wait_off.push(0);
+        for &t in order {
+            let task = &p.tasks[t as usize];
+            out_ctr.push(if (task.out_counter as usize) < n_counters {
+                task.out_counter
+            } else {
+                u32::MAX
+            });
+            for w in &task.waits {
+                if (w.counter as usize) < n_counters {
+                    wait_ctr.push(w.counter);
+                }
+            }
+            wait_off.push(wait_ctr.len() as u32);
+        }
         Reach {
-            p,
-            idx,
             order,
             pos,
-            pending: Vec::new(),
-            answers: HashMap::new(),
+            out_ctr,
+            wait_off,
+            wait_ctr,
+            n_counters,
+            arena: Vec::new(),
+            queries: Vec::new(),
+            answers: Vec::new(),
         }
-    }
-
-    /// Whether `v` waits directly on `u`'s counter.
-    pub fn direct(&self, u: TaskId, v: TaskId) -> bool {
-        let c = self.p.tasks[u as usize].out_counter;
-        self.p.tasks[v as usize]
-            .waits
-            .iter()
-            .any(|w| w.counter == c)
-    }
-
-    fn quick(&self, u: TaskId, v: TaskId) -> Option<bool> {
-        if u == v || self.pos[u as usize] >= self.pos[v as usize] {
-            return Some(false);
-        }
-        if self.direct(u, v) {
-            return Some(true);
-        }
-        None
-    }
-
-    /// Records a query to be answered by [`Reach::resolve`]; returns the quick answer if any.
-    pub fn ask(&mut self, u: TaskId, v: TaskId) -> Option<bool> {
-        let q = self.quick(u, v);
-        if q.is_none() {
-            self.pending.push((u, v));
-        }
-        q
-    }
-
-    /// Answers every pending query.
-    pub fn resolve(&mut self) {
-        let mut pending = std::mem::take(&mut self.pending);
-        pending.sort_unstable_by_key(|&(u, v)| (self.pos[u as usize] / 64, v));
-        pending.dedup();
-        let n = self.p.tasks.len();
-        let mut tmask = vec![0u64; n];
-        let mut cmask = vec![0u64; self.idx.producers.len()];
-        let mut i = 0;
-        while i < pending.len() {
-            let block = self.pos[pending[i].0 as usize] / 64;
-            let start = block as usize * 64;
-            cmask.iter_mut().for_each(|m| *m = 0);
-            for (k, &t) in self.order.iter().enumerate().skip(start) {
-                let task = &self.p.tasks[t as usize];
-                let mut m = 0u64;
-                for w in &task.waits {
-                    if let Some(cm) = cmask.get(w.counter as usize) {
-                        m |= *cm;
-                    }
-                }
-                tmask[t as usize] = m;
-                let own = if k < start + 64 {
-                    1u64 << (k - start)
-                } else {
-                    0
-                };
-                if let Some(cm) = cmask.get_mut(task.out_counter as usize) {
-                    *cm |= m | own;
-                }
-            }
-            while i < pending.len() && self.pos[pending[i].0 as usize] / 64 == block {
-                let (u, v) = pending[i];
-                let bit = 1u64 << (self.pos[u as usize] as usize - start);
-                self.answers.insert((u, v), tmask[v as usize] & bit != 0);
-                i += 1;
-            }
-        }
-    }
-
-    /// The answer to a query (quick, or resolved earlier). Unresolved queries count as
-    /// "not ordered", which can only make the validator stricter, never looser.
-    pub fn is_ancestor(&self, u: TaskId, v: TaskId) -> bool {
-        self.quick(u, v)
-            .or_else(|| self.answers.get(&(u, v)).copied())
-            .unwrap_or(false)
     }
 
     /// Topological position of a task.
     pub fn position(&self, t: TaskId) -> u32 {
         self.pos[t as usize]
+    }
+
+    /// Whether `v` waits directly on the counter `u` signals.
+    pub fn direct(&self, u: TaskId, v: TaskId) -> bool {
+        let c = self.out_ctr[self.pos[u as usize] as usize];
+        let k = self.pos[v as usize] as usize;
+        self.wait_ctr[self.wait_off[k] as usize..self.wait_off[k + 1] as usize].contains(&c)
+    }
+
+    /// Asks whether every task of `s` is a strict ancestor of every task of `t` (vacuously
+    /// true when either is empty).
+    pub fn ask_all(&mut self, s: &[TaskId], t: &[TaskId]) -> Ans {
+        if s.is_empty() || t.is_empty() {
+            return Ans::Known(true);
+        }
+        let max_s = s.iter().map(|&x| self.pos[x as usize]).max().unwrap_or(0);
+        let min_t = t.iter().map(|&x| self.pos[x as usize]).min().unwrap_or(0);
+        if max_s >= min_t {
+            return Ans::Known(false);
+        }
+        let s0 = self.arena.len();
+        if t.len() <= 4 {
+            for &x in s {
+                if !t.iter().all(|&y| self.direct(x, y)) {
+                    self.arena.push(x);
+                }
+            }
+        } else {
+            self.arena.extend_from_slice(s);
+        }
+        let s_len = self.arena.len() - s0;
+        if s_len == 0 {
+            return Ans::Known(true);
+        }
+        let t0 = self.arena.len();
+        self.arena.extend_from_slice(t);
+        self.queries
+            .push([s0 as u32, s_len as u32, t0 as u32, t.len() as u32]);
+        Ans::Pending(self.queries.len() as u32 - 1)
+    }
+
+    /// Asks whether `u` is a strict ancestor of `v`.
+    pub fn ask(&mut self, u: TaskId, v: TaskId) -> Ans {
+        self.ask_all(&[u], &[v])
+    }
+
+    /// Answers every pending query.
+    pub fn resolve(&mut self) {
+        self.answers = vec![true; self.queries.len()];
+        let mut entries: Vec<u64> = Vec::new();
+        for (q, &[s0, sl, _, _]) in self.queries.iter().enumerate() {
+            for &s in &self.arena[s0 as usize..(s0 + sl) as usize] {
+                entries.push(((self.pos[s as usize] / 64) as u64) << 32 | q as u64);
+            }
+        }
+        entries.sort_unstable();
+        entries.dedup();
+        let mut tmask = vec![0u64; self.order.len()];
+        let mut cmask = vec![0u64; self.n_counters];
+        let mut i = 0;
+        while i < entries.len() {
+            let block = (entries[i] >> 32) as u32;
+            let mut j = i;
+            let mut end = 0u32;
+            while j < entries.len() && (entries[j] >> 32) as u32 == block {
+                let [_, _, t0, tl] = self.queries[(entries[j] & 0xFFFF_FFFF) as usize];
+                for &t in &self.arena[t0 as usize..(t0 + tl) as usize] {
+                    end = end.max(self.pos[t as usize]);
+                }
+                j += 1;
+            }
+            let start = block as usize * 64;
+            cmask.iter_mut().for_each(|m| *m = 0);
+            for k in start..=end as usize {
+                let mut m = 0u64;
+                for &c in &self.wait_ctr[self.wait_off[k] as usize..self.wait_off[k + 1] as usize] {
+                    m |= cmask[c as usize];
+                }
+                tmask[k] = m;
+                let own = if k < start + 64 {
+                    1u64 << (k - start)
+                } else {
+                    0
+                };
+                if let Some(cm) = cmask.get_mut(self.out_ctr[k] as usize) {
+                    *cm |= m | own;
+                }
+            }
+            for e in &entries[i..j] {
+                let q = (e & 0xFFFF_FFFF) as usize;
+                if !self.answers[q] {
+                    continue;
+                }
+                let [s0, sl, t0, tl] = self.queries[q];
+                let mut have = u64::MAX;
+                for &t in &self.arena[t0 as usize..(t0 + tl) as usize] {
+                    have &= tmask[self.pos[t as usize] as usize];
+                }
+                let mut need = 0u64;
+                for &s in &self.arena[s0 as usize..(s0 + sl) as usize] {
+                    let ps = self.pos[s as usize] as usize;
+                    if ps / 64 == block as usize {
+                        need |= 1u64 << (ps - start);
+                    }
+                }
+                if have & need != need {
+                    self.answers[q] = false;
+                }
+            }
+            i = j;
+        }
+    }
+
+    /// The answer to a question. A pending one not yet resolved counts as "not ordered",
+    /// which can only make the validator stricter, never looser.
+    pub fn answer(&self, a: Ans) -> bool {
+        match a {
+            Ans::Known(b) => b,
+            Ans::Pending(q) => self.answers.get(q as usize).copied().unwrap_or(false),
+        }
+    }
+
+    /// Drops every query and answer (the program data stays).
+    pub fn clear(&mut self) {
+        self.arena.clear();
+        self.queries.clear();
+        self.answers.clear();
     }
 }
 
@@ -287,20 +376,45 @@ mod tests {
             let truth = brute_ancestors(&p);
             let mut r = Reach::new(&p, &idx, &order);
             let n = p.tasks.len() as TaskId;
+            let mut asked = Vec::new();
             for u in 0..n {
                 for v in 0..n {
-                    r.ask(u, v);
+                    asked.push((u, v, r.ask(u, v)));
                 }
             }
+            // Set questions: random S (size 1..8) against random T (size 1..6).
+            let mut rng = SplitMix(seed ^ 77);
+            let mut sets = Vec::new();
+            for _ in 0..400 {
+                // Half the time draw S early and T late, so many questions need propagation.
+                let split = rng.next() % 2 == 0;
+                let (s_hi, t_lo) = if split {
+                    (n as u64 / 2, n as u64 / 2)
+                } else {
+                    (n as u64, 0)
+                };
+                let s: Vec<TaskId> = (0..1 + rng.next() % 8)
+                    .map(|_| (rng.next() % s_hi) as TaskId)
+                    .collect();
+                let t: Vec<TaskId> = (0..1 + rng.next() % 6)
+                    .map(|_| (t_lo + rng.next() % (n as u64 - t_lo)) as TaskId)
+                    .collect();
+                let a = r.ask_all(&s, &t);
+                sets.push((s, t, a));
+            }
             r.resolve();
-            for u in 0..n {
-                for v in 0..n {
-                    assert_eq!(
-                        r.is_ancestor(u, v),
-                        truth[u as usize][v as usize],
-                        "seed {seed}: {u} -> {v}"
-                    );
-                }
+            for (u, v, a) in asked {
+                assert_eq!(
+                    r.answer(a),
+                    truth[u as usize][v as usize],
+                    "seed {seed}: {u} -> {v}"
+                );
+            }
+            for (s, t, a) in sets {
+                let want = s
+                    .iter()
+                    .all(|&x| t.iter().all(|&y| truth[x as usize][y as usize]));
+                assert_eq!(r.answer(a), want, "seed {seed}: {s:?} -> {t:?}");
             }
         }
     }

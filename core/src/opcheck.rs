@@ -27,11 +27,11 @@ impl<'c, 'a> Checker<'c, 'a> {
     }
     /// Input `i` (arity was checked before the rule runs, but stay total).
     pub fn input(&self, i: usize) -> Option<&'a Buffer> {
-        self.ctx.inputs.get(i).copied()
+        self.ctx.input(i)
     }
     /// Output `i`.
     pub fn output(&self, i: usize) -> Option<&'a Buffer> {
-        self.ctx.outputs.get(i).copied()
+        self.ctx.output(i)
     }
     /// An integer param.
     pub fn int(&self, key: &str) -> Option<i64> {
@@ -120,7 +120,7 @@ impl<'c, 'a> Checker<'c, 'a> {
 /// Element-wise ops: every input and the output hold the same number of elements.
 pub fn elementwise(c: &mut Checker<'_, '_>) {
     let Some(out) = c.output(0) else { return };
-    for i in 0..c.ctx.inputs.len() {
+    for i in 0..c.ctx.n_inputs() {
         if let Some(x) = c.input(i) {
             c.same_numel(x, out);
         }
@@ -141,7 +141,7 @@ pub fn norm(c: &mut Checker<'_, '_>) {
             desc(x)
         ));
     }
-    for i in 1..c.ctx.inputs.len() {
+    for i in 1..c.ctx.n_inputs() {
         if let Some(w) = c.input(i) {
             c.numel_is(w, hidden as u64, if i == 1 { "weight" } else { "bias" });
         }
@@ -192,7 +192,7 @@ pub fn linear(c: &mut Checker<'_, '_>, gemm: bool) {
             ));
         }
     }
-    let ni = c.ctx.inputs.len();
+    let ni = c.ctx.n_inputs();
     if quant {
         if ni < 3 {
             c.mismatch("quantised weights need [x, qW, scales] or [x, qW, scales, zeros]");

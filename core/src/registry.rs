@@ -95,16 +95,36 @@ impl ParamDecl {
     }
 }
 
-/// What an op's static check sees: the task and its (existing) operands.
+/// What an op's static check sees: the task and the program's buffers (every id the task
+/// names exists when the check runs).
 pub struct TaskContext<'a> {
     /// The task.
     pub task: &'a Task,
-    /// Its input buffers, in order.
-    pub inputs: Vec<&'a Buffer>,
-    /// Its output buffers, in order.
-    pub outputs: Vec<&'a Buffer>,
+    /// All buffers of the program, indexed by id.
+    pub buffers: &'a [Buffer],
     /// The registry (FUSED recipes refer to other ops).
     pub registry: &'a Registry,
+}
+
+impl<'a> TaskContext<'a> {
+    /// Input `i`.
+    pub fn input(&self, i: usize) -> Option<&'a Buffer> {
+        self.task
+            .inputs
+            .get(i)
+            .and_then(|&b| self.buffers.get(b as usize))
+    }
+    /// Output `i`.
+    pub fn output(&self, i: usize) -> Option<&'a Buffer> {
+        self.task
+            .outputs
+            .get(i)
+            .and_then(|&b| self.buffers.get(b as usize))
+    }
+    /// Number of inputs.
+    pub fn n_inputs(&self) -> usize {
+        self.task.inputs.len()
+    }
 }
 
 /// One problem an op's check found.
@@ -197,7 +217,6 @@ pub enum Origin {
 #[derive(Debug, Clone, Default)]
 pub struct Registry {
     ops: Vec<(OpSpec, Origin)>,
-    by_code: HashMap<u16, usize>,
     by_name: HashMap<String, usize>,
 }
 
@@ -251,10 +270,10 @@ impl Registry {
                 spec.code.0
             )));
         }
-        if let Some(&i) = self.by_code.get(&spec.code.0) {
+        if let Some(existing) = self.get(spec.code) {
             return Err(bad(format!(
                 "code {} is already registered by '{}'",
-                spec.code.0, self.ops[i].0.name
+                spec.code.0, existing.name
             )));
         }
         if self.by_name.contains_key(spec.name.as_ref()) {
@@ -262,10 +281,8 @@ impl Registry {
         }
         let pos = self.ops.partition_point(|(s, _)| s.code < spec.code);
         self.ops.insert(pos, (spec, origin));
-        self.by_code.clear();
         self.by_name.clear();
         for (i, (s, _)) in self.ops.iter().enumerate() {
-            self.by_code.insert(s.code.0, i);
             self.by_name.insert(s.name.to_string(), i);
         }
         Ok(())
@@ -273,12 +290,19 @@ impl Registry {
 
     /// The spec of `op`.
     pub fn get(&self, op: Opcode) -> Option<&OpSpec> {
-        self.by_code.get(&op.0).map(|&i| &self.ops[i].0)
+        // Sorted by code: a binary search beats hashing for a few dozen ops.
+        self.ops
+            .binary_search_by_key(&op, |(s, _)| s.code)
+            .ok()
+            .map(|i| &self.ops[i].0)
     }
 
     /// Where `op` came from.
     pub fn origin(&self, op: Opcode) -> Option<&Origin> {
-        self.by_code.get(&op.0).map(|&i| &self.ops[i].1)
+        self.ops
+            .binary_search_by_key(&op, |(s, _)| s.code)
+            .ok()
+            .map(|i| &self.ops[i].1)
     }
 
     /// Resolves a JSON opcode name: ABI names always, others through the registered ops.

@@ -50,39 +50,84 @@ impl Default for Program {
     }
 }
 
-/// Producers and waiters of every counter, in compressed form. Dangling ids are skipped, so
-/// this is safe to build for any loaded program.
+/// Producers and waiters of every counter, in compressed (CSR) form. Dangling ids are
+/// skipped, so this is safe to build for any loaded program.
 #[derive(Debug, Clone)]
 pub struct CounterIndex {
-    /// `producers[c]`: tasks whose `out_counter` is `c`, ascending.
-    pub producers: Vec<Vec<TaskId>>,
-    /// `waiters[c]`: tasks with at least one wait on `c`, ascending, de-duplicated.
-    pub waiters: Vec<Vec<TaskId>>,
+    prod_off: Vec<u32>,
+    prod: Vec<TaskId>,
+    wait_off: Vec<u32>,
+    wait: Vec<TaskId>,
 }
 
 impl CounterIndex {
     /// Builds the index.
     pub fn new(p: &Program) -> Self {
         let n = p.counters.len();
-        let mut producers = vec![Vec::new(); n];
-        let mut waiters: Vec<Vec<TaskId>> = vec![Vec::new(); n];
+        let mut prod_off = vec![0u32; n + 1];
+        let mut wait_off = vec![0u32; n + 1];
         for t in &p.tasks {
-            if let Some(v) = producers.get_mut(t.out_counter as usize) {
-                v.push(t.id);
+            if (t.out_counter as usize) < n {
+                prod_off[t.out_counter as usize + 1] += 1;
             }
-            for w in &t.waits {
-                if let Some(v) = waiters.get_mut(w.counter as usize) {
-                    if v.last() != Some(&t.id) {
-                        v.push(t.id);
-                    }
+            for (i, w) in t.waits.iter().enumerate() {
+                let c = w.counter as usize;
+                if c < n && !t.waits[..i].iter().any(|x| x.counter == w.counter) {
+                    wait_off[c + 1] += 1;
                 }
             }
         }
-        CounterIndex { producers, waiters }
+        for c in 0..n {
+            prod_off[c + 1] += prod_off[c];
+            wait_off[c + 1] += wait_off[c];
+        }
+        let mut prod = vec![0; prod_off[n] as usize];
+        let mut wait = vec![0; wait_off[n] as usize];
+        let mut pf: Vec<u32> = prod_off[..n].to_vec();
+        let mut wf: Vec<u32> = wait_off[..n].to_vec();
+        for t in &p.tasks {
+            if let Some(f) = pf.get_mut(t.out_counter as usize) {
+                prod[*f as usize] = t.id;
+                *f += 1;
+            }
+            for (i, w) in t.waits.iter().enumerate() {
+                let c = w.counter as usize;
+                if c < n && !t.waits[..i].iter().any(|x| x.counter == w.counter) {
+                    wait[wf[c] as usize] = t.id;
+                    wf[c] += 1;
+                }
+            }
+        }
+        CounterIndex {
+            prod_off,
+            prod,
+            wait_off,
+            wait,
+        }
+    }
+    /// Number of counters indexed.
+    pub fn n_counters(&self) -> usize {
+        self.prod_off.len() - 1
+    }
+    /// Tasks whose `out_counter` is `c`, ascending (empty for a dangling id).
+    pub fn producers(&self, c: CounterId) -> &[TaskId] {
+        let c = c as usize;
+        if c >= self.n_counters() {
+            return &[];
+        }
+        &self.prod[self.prod_off[c] as usize..self.prod_off[c + 1] as usize]
+    }
+    /// Tasks with at least one wait on `c`, ascending, de-duplicated.
+    pub fn waiters(&self, c: CounterId) -> &[TaskId] {
+        let c = c as usize;
+        if c >= self.n_counters() {
+            return &[];
+        }
+        &self.wait[self.wait_off[c] as usize..self.wait_off[c + 1] as usize]
     }
     /// Number of producers of `c` (0 for a dangling id).
     pub fn n_producers(&self, c: CounterId) -> usize {
-        self.producers.get(c as usize).map_or(0, Vec::len)
+        self.producers(c).len()
     }
 }
 
@@ -197,9 +242,7 @@ impl Program {
                     continue;
                 }
                 seen.push(w.counter);
-                if let Some(ps) = idx.producers.get(w.counter as usize) {
-                    edges.extend(ps.iter().map(|&p| (p, t.id)));
-                }
+                edges.extend(idx.producers(w.counter).iter().map(|&p| (p, t.id)));
             }
         }
         edges.sort_unstable();

@@ -14,7 +14,7 @@ pub use diag::{
 };
 
 use crate::abi;
-use crate::graph::{Reach, find_cycle};
+use crate::graph::{Ans, Reach, find_cycle};
 use crate::ir::*;
 use crate::json::Value;
 use crate::registry::{ParamType, Registry, TaskContext};
@@ -47,7 +47,6 @@ struct Validator<'a> {
     warnings: Vec<ValidationWarning>,
     counts: HashMap<ErrorKind, usize>,
     wcounts: HashMap<WarningKind, usize>,
-    readers: Vec<Vec<TaskId>>,
 }
 
 fn tag(t: &Task) -> String {
@@ -96,7 +95,6 @@ impl<'a> Validator<'a> {
             warnings: Vec::new(),
             counts: HashMap::new(),
             wcounts: HashMap::new(),
-            readers: Vec::new(),
         }
     }
 
@@ -267,12 +265,11 @@ impl<'a> Validator<'a> {
                 );
             }
         }
-        let mut seen: Vec<BufferId> = Vec::new();
-        for &b in t.inputs.iter().chain(&t.outputs) {
-            if seen.contains(&b) {
+        let all = || t.inputs.iter().chain(&t.outputs);
+        for (i, &b) in all().enumerate() {
+            if all().take(i).any(|&x| x == b) {
                 continue;
             }
-            seen.push(b);
             if let Some(buf) = self.buf(b) {
                 if buf.rank() > abi::MAX_RANK {
                     self.err(
@@ -472,8 +469,7 @@ impl<'a> Validator<'a> {
             if let Some(check) = spec.check {
                 let ctx = TaskContext {
                     task: t,
-                    inputs: t.inputs.iter().filter_map(|&b| self.buf(b)).collect(),
-                    outputs: t.outputs.iter().filter_map(|&b| self.buf(b)).collect(),
+                    buffers: &self.p.buffers,
                     registry: self.reg,
                 };
                 for f in check(&ctx) {
@@ -565,65 +561,92 @@ impl<'a> Validator<'a> {
     fn check_races(&mut self, order: &[TaskId]) {
         let p = self.p;
         let writers = p.writers_by_buffer();
-        let mut reach = Reach::new(p, self.idx, order);
         let mut readers = vec![Vec::new(); p.buffers.len()];
         for t in &p.tasks {
             for &b in &t.inputs {
                 if let Some(r) = readers.get_mut(b as usize) {
-                    r.push(t.id);
-                }
-            }
-        }
-        self.readers = readers;
-
-        // Reads to prove, de-duplicated per task: (reader, buffer).
-        let mut reads: Vec<(TaskId, BufferId)> = Vec::new();
-        for &t in order {
-            let task = &p.tasks[t as usize];
-            let mut seen: Vec<BufferId> = Vec::new();
-            for &b in &task.inputs {
-                if seen.contains(&b) {
-                    continue;
-                }
-                seen.push(b);
-                if let Some(buf) = self.buf(b) {
-                    if !buf.kind.is_read_only() {
-                        reads.push((t, b));
+                    if r.last() != Some(&t.id) {
+                        r.push(t.id);
                     }
                 }
             }
         }
-        for &(t, b) in &reads {
-            for &w in &writers[b as usize] {
-                if w != t {
-                    reach.ask(w, t);
+        let mut reach = Reach::new(p, self.idx, order);
+
+        // Phase 1: ask every question the three checks need.
+        // Check 5: (reader, buffer, every other writer happens-before the reader?).
+        let mut reads: Vec<(TaskId, BufferId, Ans)> = Vec::new();
+        let mut others: Vec<TaskId> = Vec::new();
+        for &t in order {
+            let task = &p.tasks[t as usize];
+            for (i, &b) in task.inputs.iter().enumerate() {
+                if task.inputs[..i].contains(&b) {
+                    continue;
                 }
+                let Some(buf) = self.buf(b) else { continue };
+                if buf.kind.is_read_only() {
+                    continue;
+                }
+                others.clear();
+                others.extend(writers[b as usize].iter().copied().filter(|&w| w != t));
+                let a = reach.ask_all(&others, &[t]);
+                reads.push((t, b, a));
             }
         }
-        // WAW: writers sorted by topological position must form a chain.
+        // Check 5a: writers sorted by topological position must form a chain.
         let tiled = |t: &Task| self.reg.get(t.op).is_some_and(|s| s.tiled_write);
-        let mut multi: Vec<(BufferId, Vec<TaskId>)> = Vec::new();
+        let mut multi: Vec<(BufferId, Vec<Ans>)> = Vec::new();
+        let mut chain: Vec<TaskId> = Vec::new();
         for (b, ws) in writers.iter().enumerate() {
             if ws.len() >= 2 && !p.buffers[b].kind.is_read_only() {
-                let mut chain = ws.clone();
+                chain.clear();
+                chain.extend_from_slice(ws);
                 chain.sort_by_key(|&w| (reach.position(w), w));
-                for pair in chain.windows(2) {
-                    reach.ask(pair[0], pair[1]);
-                }
-                multi.push((b as BufferId, ws.clone()));
+                let links = chain.windows(2).map(|pr| reach.ask(pr[0], pr[1])).collect();
+                multi.push((b as BufferId, links));
             }
         }
-        // Pages: per page, writer-bearing buffers sorted by first writer must form a chain.
+        // Check 7: per page, writer-bearing buffers sorted by their first writer must form a
+        // chain of "every use of one happens-before every write of the next".
         let page_chains = self.page_chains(&writers, &reach);
+        let mut page_links: Vec<Vec<Ans>> = Vec::new();
+        let mut uses: Vec<TaskId> = Vec::new();
         for chain in &page_chains {
+            let mut links = Vec::new();
             for pair in chain.windows(2) {
-                self.ask_all_before(&mut reach, &writers, pair[0], pair[1]);
+                uses.clear();
+                uses.extend(readers[pair[0] as usize].iter().copied());
+                uses.extend(writers[pair[0] as usize].iter().copied());
+                links.push(reach.ask_all(&uses, &writers[pair[1] as usize]));
             }
+            page_links.push(links);
         }
         reach.resolve();
 
-        // Check 5: every other writer must happen-before the reader.
-        for &(t, b) in &reads {
+        // Phase 2: decide, and only for failures ask the finer questions messages need.
+        let failed_reads: Vec<(TaskId, BufferId)> = reads
+            .iter()
+            .filter(|(_, _, a)| !reach.answer(*a))
+            .map(|&(t, b, _)| (t, b))
+            .collect();
+        let mut detail = Reach::new(p, self.idx, &[]);
+        if !failed_reads.is_empty() {
+            detail = Reach::new(p, self.idx, order);
+        }
+        let per_writer: Vec<Vec<(TaskId, Ans)>> = failed_reads
+            .iter()
+            .take(MAX_PER_KIND * 2)
+            .map(|&(t, b)| {
+                writers[b as usize]
+                    .iter()
+                    .filter(|&&w| w != t)
+                    .map(|&w| (w, detail.ask(w, t)))
+                    .collect()
+            })
+            .collect();
+        detail.resolve();
+        let mut failed = failed_reads.iter().zip(per_writer.iter());
+        for &(t, b, a) in &reads {
             let task = &p.tasks[t as usize];
             let buf = &p.buffers[b as usize];
             let ws = &writers[b as usize];
@@ -645,15 +668,17 @@ impl<'a> Validator<'a> {
                 }
                 continue;
             }
-            let mut missing: Vec<TaskId> = ws
-                .iter()
-                .copied()
-                .filter(|&w| w != t && !reach.is_ancestor(w, t))
-                .collect();
-            missing.sort_unstable();
-            missing.dedup();
-            let self_only = ws.iter().all(|&w| w == t);
-            if !missing.is_empty() {
+            if !reach.answer(a) {
+                let mut missing: Vec<TaskId> = match failed.next() {
+                    Some((_, ws)) => ws
+                        .iter()
+                        .filter(|(_, a)| !detail.answer(*a))
+                        .map(|(w, _)| *w)
+                        .collect(),
+                    None => ws.iter().copied().filter(|&w| w != t).collect(),
+                };
+                missing.sort_unstable();
+                missing.dedup();
                 let (kind, what) = if is_kv {
                     (ErrorKind::RawRaceKv, "KV cache")
                 } else {
@@ -674,7 +699,7 @@ impl<'a> Validator<'a> {
                     .buffer(b)
                     .others(missing),
                 );
-            } else if self_only && !is_kv {
+            } else if !is_kv && ws.iter().all(|&w| w == t) {
                 self.err(
                     ValidationError::new(
                         ErrorKind::InplaceUninitRead,
@@ -691,8 +716,9 @@ impl<'a> Validator<'a> {
         }
 
         // Check 5a: multi-writer buffers.
-        for (b, ws) in &multi {
+        for (b, links) in &multi {
             let b = *b;
+            let ws = &writers[b as usize];
             let regions: Vec<Region> = ws
                 .iter()
                 .map(|&w| region(&p.tasks[w as usize], tiled(&p.tasks[w as usize])))
@@ -702,40 +728,33 @@ impl<'a> Validator<'a> {
             if same_counter && all_disjoint(&regions) {
                 continue;
             }
-            let mut chain = ws.clone();
-            chain.sort_by_key(|&w| (reach.position(w), w));
-            if chain.windows(2).all(|pr| reach.is_ancestor(pr[0], pr[1])) {
+            if links.iter().all(|&a| reach.answer(a)) {
                 continue;
             }
-            self.report_waw(
-                b,
-                ws,
-                &regions,
-                same_counter,
-                &mut Reach::new(p, self.idx, order),
-            );
+            self.report_waw(b, ws, &regions, same_counter, order);
         }
 
         // Check 7: page aliasing.
         self.check_page_table();
-        for chain in &page_chains {
-            for pair in chain.windows(2) {
-                let (a, b2) = (pair[0], pair[1]);
-                if !self.all_before(&reach, &writers, a, b2) {
-                    let page = self.page_of(a).unwrap_or(0);
-                    self.err(
-                        ValidationError::new(
-                            ErrorKind::PageClobber,
-                            format!(
-                                "page {page} is shared by buffers #{a} ('{}') and #{b2} ('{}') whose live ranges are not ordered: a write to one can clobber the other",
-                                self.bname(a),
-                                self.bname(b2)
-                            ),
-                        )
-                        .buffer(a)
-                        .others(writers[b2 as usize].clone()),
-                    );
+        for (chain, links) in page_chains.iter().zip(&page_links) {
+            for (pair, &a) in chain.windows(2).zip(links) {
+                if reach.answer(a) {
+                    continue;
                 }
+                let (a, b2) = (pair[0], pair[1]);
+                let page = self.page_of(a).unwrap_or(0);
+                self.err(
+                    ValidationError::new(
+                        ErrorKind::PageClobber,
+                        format!(
+                            "page {page} is shared by buffers #{a} ('{}') and #{b2} ('{}') whose live ranges are not ordered: a write to one can clobber the other",
+                            self.bname(a),
+                            self.bname(b2)
+                        ),
+                    )
+                    .buffer(a)
+                    .others(writers[b2 as usize].clone()),
+                );
             }
         }
     }
@@ -746,29 +765,27 @@ impl<'a> Validator<'a> {
         ws: &[TaskId],
         regions: &[Region],
         same_counter: bool,
-        reach: &mut Reach<'_>,
+        order: &[TaskId],
     ) {
         // Find the first pair (in writer order) that is neither disjoint-with-shared-counter
         // nor ordered. Bounded so hostile inputs stay fast.
+        let mut reach = Reach::new(self.p, self.idx, order);
         let limit = ws.len().min(512);
+        let mut asked = Vec::new();
         for i in 0..limit {
             for j in i + 1..limit {
-                reach.ask(ws[i], ws[j]);
-                reach.ask(ws[j], ws[i]);
+                asked.push((i, j, reach.ask(ws[i], ws[j]), reach.ask(ws[j], ws[i])));
             }
         }
         reach.resolve();
-        let mut culprit = (0usize, 1usize);
-        'outer: for i in 0..limit {
-            for j in i + 1..limit {
-                let ordered = reach.is_ancestor(ws[i], ws[j]) || reach.is_ancestor(ws[j], ws[i]);
+        let culprit = asked
+            .iter()
+            .find(|&&(i, j, a, b)| {
+                let ordered = reach.answer(a) || reach.answer(b);
                 let tiles_ok = same_counter && disjoint(&regions[i], &regions[j]);
-                if !ordered && !tiles_ok {
-                    culprit = (i, j);
-                    break 'outer;
-                }
-            }
-        }
+                !ordered && !tiles_ok
+            })
+            .map_or((0, 1), |&(i, j, _, _)| (i, j));
         let (wi, wj) = (ws[culprit.0], ws[culprit.1]);
         let why = if wi == wj {
             "lists the buffer twice among its outputs".to_string()
@@ -819,21 +836,18 @@ impl<'a> Validator<'a> {
         let Some(pa) = &self.p.pages else {
             return Vec::new();
         };
-        let mut by_page: HashMap<PageId, Vec<BufferId>> = HashMap::new();
+        let mut by_page: Vec<Vec<BufferId>> = vec![Vec::new(); pa.pages.len()];
         for &(b, pg) in &pa.buffer_to_page {
-            if (b as usize) < self.p.buffers.len()
-                && (pg as usize) < pa.pages.len()
-                && !writers[b as usize].is_empty()
-            {
-                by_page.entry(pg).or_default().push(b);
+            if (b as usize) < self.p.buffers.len() && !writers[b as usize].is_empty() {
+                if let Some(list) = by_page.get_mut(pg as usize) {
+                    list.push(b);
+                }
             }
         }
-        let mut pages: Vec<_> = by_page.into_iter().collect();
-        pages.sort_by_key(|(pg, _)| *pg);
-        pages
+        by_page
             .into_iter()
-            .filter(|(_, bs)| bs.len() >= 2)
-            .map(|(_, mut bs)| {
+            .filter(|bs| bs.len() >= 2)
+            .map(|mut bs| {
                 bs.sort_by_key(|&b| {
                     let first = writers[b as usize]
                         .iter()
@@ -845,45 +859,6 @@ impl<'a> Validator<'a> {
                 bs
             })
             .collect()
-    }
-
-    fn uses(&self, writers: &[Vec<TaskId>], b: BufferId) -> Vec<TaskId> {
-        let mut u: Vec<TaskId> = self.readers[b as usize]
-            .iter()
-            .copied()
-            .chain(writers[b as usize].iter().copied())
-            .collect();
-        u.sort_unstable();
-        u.dedup();
-        u
-    }
-
-    fn ask_all_before(
-        &self,
-        reach: &mut Reach<'_>,
-        writers: &[Vec<TaskId>],
-        a: BufferId,
-        b: BufferId,
-    ) {
-        for u in self.uses(writers, a) {
-            for &w in &writers[b as usize] {
-                reach.ask(u, w);
-            }
-        }
-    }
-
-    /// Every use of `a` happens-before every writer of `b`.
-    fn all_before(
-        &self,
-        reach: &Reach<'_>,
-        writers: &[Vec<TaskId>],
-        a: BufferId,
-        b: BufferId,
-    ) -> bool {
-        let uses = self.uses(writers, a);
-        writers[b as usize]
-            .iter()
-            .all(|&w| uses.iter().all(|&u| reach.is_ancestor(u, w)))
     }
 
     fn check_page_table(&mut self) {
@@ -1011,10 +986,7 @@ impl<'a> Validator<'a> {
                 }
                 seen.push(w.counter);
                 let idx = self.idx;
-                let Some(prods) = idx.producers.get(w.counter as usize) else {
-                    continue;
-                };
-                for &a in prods {
+                for &a in idx.producers(w.counter) {
                     if a >= t.id && p.tasks[a as usize].sm == Some(s) {
                         self.err(
                             ValidationError::new(

@@ -21,7 +21,7 @@ pub const MAX_STEPS: usize = 64;
 
 /// Checks `params.recipe` of the task in `c`, recording `fused_recipe` findings.
 pub fn check(c: &mut Checker<'_, '_>) {
-    let n_inputs = c.ctx.inputs.len();
+    let n_inputs = c.ctx.n_inputs();
     let task = c.ctx.task;
     let Some(Value::Object(recipe)) = task.params.get("recipe") else {
         return; // missing/typed-wrong params are reported before op rules run
