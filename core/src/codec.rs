@@ -617,8 +617,47 @@ fn opt_str(s: &Option<String>) -> Value {
     s.as_ref().map_or(Value::Null, |s| Value::Str(s.clone()))
 }
 
-/// The JSON document of a program (key order as the reference writes it).
+/// The JSON document of a program (key order as the reference writes it). Refuses programs
+/// whose maps would repeat a key (a file our own reader would then refuse).
 pub fn to_value(p: &Program, reg: &Registry) -> R<Value> {
+    if let Some(pa) = &p.pages {
+        if let Some(b) = first_repeat(pa.buffer_to_page.iter().map(|&(b, _)| b)) {
+            return Err(IrError::Serialize(format!(
+                "the page table binds buffer {b} more than once"
+            )));
+        }
+    }
+    if let Some(ScheduleConfig {
+        sm_assignment: SmAssignment::Explicit(map),
+        ..
+    }) = &p.config
+    {
+        if let Some(t) = first_repeat(map.iter().map(|&(t, _)| t)) {
+            return Err(IrError::Serialize(format!(
+                "the explicit SM assignment lists task {t} more than once"
+            )));
+        }
+    }
+    if let Some(c) = &p.config {
+        let groups: Vec<&str> = c.tiling.iter().map(|(g, _)| g.as_str()).collect();
+        if let Some(g) = first_repeat_str(&groups) {
+            return Err(IrError::Serialize(format!(
+                "tiling group '{g}' appears twice"
+            )));
+        }
+        for (g, kv) in &c.tiling {
+            let keys: Vec<&str> = kv.iter().map(|(k, _)| k.as_str()).collect();
+            if let Some(k) = first_repeat_str(&keys) {
+                return Err(IrError::Serialize(format!(
+                    "tiling.{g} has key '{k}' twice"
+                )));
+            }
+        }
+    }
+    check_map_keys(&p.meta, "meta")?;
+    for t in &p.tasks {
+        check_map_keys(&t.params, &format!("task {} params", t.id))?;
+    }
     let buffers = p
         .buffers
         .iter()
@@ -728,6 +767,41 @@ pub fn to_value(p: &Program, reg: &Registry) -> R<Value> {
         ("pages", pages),
         ("config", config),
     ]))
+}
+
+fn first_repeat_str<'s>(keys: &[&'s str]) -> Option<&'s str> {
+    keys.iter()
+        .enumerate()
+        .find(|&(i, k)| keys[..i].contains(k))
+        .map(|(_, k)| *k)
+}
+
+/// Refuses a map (at any depth) that repeats a key.
+fn check_map_keys(m: &Map, what: &str) -> R<()> {
+    let keys: Vec<&str> = m.0.iter().map(|(k, _)| k.as_str()).collect();
+    if let Some(k) = first_repeat_str(&keys) {
+        return Err(IrError::Serialize(format!("{what} has key '{k}' twice")));
+    }
+    for (k, v) in m.iter() {
+        check_value_keys(v, &format!("{what}.{k}"))?;
+    }
+    Ok(())
+}
+
+fn check_value_keys(v: &Value, what: &str) -> R<()> {
+    match v {
+        Value::Object(m) => check_map_keys(m, what),
+        Value::Array(items) => items
+            .iter()
+            .enumerate()
+            .try_for_each(|(i, x)| check_value_keys(x, &format!("{what}[{i}]"))),
+        _ => Ok(()),
+    }
+}
+
+fn first_repeat(ids: impl Iterator<Item = u32>) -> Option<u32> {
+    let mut seen = std::collections::HashSet::new();
+    ids.into_iter().find(|&x| !seen.insert(x))
 }
 
 fn config_to(c: &ScheduleConfig) -> Value {

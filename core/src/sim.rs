@@ -36,16 +36,17 @@ impl Waits {
     fn new(p: &Program) -> (Self, Vec<TaskId>) {
         let mut by_counter: HashMap<CounterId, Vec<(i64, TaskId)>> = HashMap::new();
         let mut value = HashMap::new();
-        for c in &p.counters {
-            value.insert(c.id, c.init);
+        // Tasks and counters are identified by position (a loaded program's ids equal them).
+        for (i, c) in p.counters.iter().enumerate() {
+            value.insert(i as CounterId, c.init);
         }
         let mut unmet = vec![0usize; p.tasks.len()];
-        for t in &p.tasks {
+        for (i, t) in p.tasks.iter().enumerate() {
             for w in &t.waits {
                 by_counter
                     .entry(w.counter)
                     .or_default()
-                    .push((w.threshold, t.id));
+                    .push((w.threshold, i as TaskId));
             }
         }
         let mut cursor = HashMap::new();
@@ -78,7 +79,7 @@ impl Waits {
     /// Increments `c`; returns tasks that just became ready.
     fn bump(&mut self, c: CounterId, out: &mut Vec<TaskId>) {
         let v = self.value.entry(c).or_insert(0);
-        *v += 1;
+        *v = v.saturating_add(1);
         let v = *v;
         let Some(list) = self.by_counter.get(&c) else {
             return;

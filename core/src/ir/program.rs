@@ -284,7 +284,7 @@ impl Program {
             .iter()
             .filter(|b| b.kind == BufferKind::WEIGHT)
             .map(Buffer::nbytes)
-            .sum()
+            .fold(0u64, u64::saturating_add)
     }
 
     /// Whether any task carries an SM assignment.

@@ -25,8 +25,50 @@ pub const MAX_PER_KIND: usize = 1000;
 
 /// Validates `p` against the ops in `reg`.
 pub fn validate(p: &Program, reg: &Registry) -> ValidationResult {
+    // Every reference is positional; the `id` fields only repeat the position. A program built
+    // in memory with other ids (the loader refuses them) is checked as if they were positions.
+    if !ids_are_canonical(p) {
+        let mut q = p.clone();
+        canonicalise_ids(&mut q);
+        return validate(&q, reg);
+    }
     let idx = CounterIndex::new(p);
     Validator::new(p, reg, &idx).run()
+}
+
+fn ids_are_canonical(p: &Program) -> bool {
+    p.tasks.iter().enumerate().all(|(i, t)| t.id as usize == i)
+        && p.buffers
+            .iter()
+            .enumerate()
+            .all(|(i, b)| b.id as usize == i)
+        && p.counters
+            .iter()
+            .enumerate()
+            .all(|(i, c)| c.id as usize == i)
+        && p.pages.as_ref().is_none_or(|pa| {
+            pa.pages
+                .iter()
+                .enumerate()
+                .all(|(i, pg)| pg.id as usize == i)
+        })
+}
+
+fn canonicalise_ids(p: &mut Program) {
+    for (i, t) in p.tasks.iter_mut().enumerate() {
+        t.id = i as TaskId;
+    }
+    for (i, b) in p.buffers.iter_mut().enumerate() {
+        b.id = i as BufferId;
+    }
+    for (i, c) in p.counters.iter_mut().enumerate() {
+        c.id = i as CounterId;
+    }
+    if let Some(pa) = &mut p.pages {
+        for (i, pg) in pa.pages.iter_mut().enumerate() {
+            pg.id = i as PageId;
+        }
+    }
 }
 
 /// Validates and, on success, wraps the program so backends can accept it.
@@ -465,6 +507,28 @@ impl<'a> Validator<'a> {
                 }
             }
         }
+        // Zero-sized dims never load from JSON, but a program built in memory may have them;
+        // op rules divide by dims, so refuse them here.
+        for &b in t.inputs.iter().chain(&t.outputs) {
+            if let Some(buf) = self.buf(b) {
+                if buf.shape.contains(&0) {
+                    op_ok = false;
+                    self.err(
+                        ValidationError::new(
+                            ErrorKind::ShapeMismatch,
+                            format!(
+                                "{} uses buffer #{b} ('{}') with a zero-sized dim {:?}",
+                                tag(t),
+                                buf.name,
+                                buf.shape
+                            ),
+                        )
+                        .task(t.id)
+                        .buffer(b),
+                    );
+                }
+            }
+        }
         if op_ok {
             if let Some(check) = spec.check {
                 let ctx = TaskContext {
@@ -767,25 +831,54 @@ impl<'a> Validator<'a> {
         same_counter: bool,
         order: &[TaskId],
     ) {
-        // Find the first pair (in writer order) that is neither disjoint-with-shared-counter
-        // nor ordered. Bounded so hostile inputs stay fast.
+        // The witness is the first pair in writer order that is neither disjoint-with-a-shared-
+        // counter nor ordered. Pairs are examined in batches (bounded for hostile inputs);
+        // past the bound, the first unordered link of the topologically sorted writers is
+        // reported instead (also a genuinely racing pair).
+        const BUDGET: usize = 1 << 22;
+        const BATCH: usize = 1 << 16;
         let mut reach = Reach::new(self.p, self.idx, order);
-        let limit = ws.len().min(512);
-        let mut asked = Vec::new();
-        for i in 0..limit {
-            for j in i + 1..limit {
-                asked.push((i, j, reach.ask(ws[i], ws[j]), reach.ask(ws[j], ws[i])));
+        let k = ws.len();
+        // Candidate pairs, in writer order: with a shared counter only overlapping tiles can
+        // race (found by a sweep over column starts); otherwise every pair must be ordered.
+        let candidates: Vec<(usize, usize)> = if same_counter {
+            overlapping_pairs(regions, BUDGET)
+        } else {
+            (0..k)
+                .flat_map(|i| (i + 1..k).map(move |j| (i, j)))
+                .take(BUDGET)
+                .collect()
+        };
+        let mut culprit = None;
+        for chunk in candidates.chunks(BATCH) {
+            reach.clear();
+            let asked: Vec<_> = chunk
+                .iter()
+                .map(|&(i, j)| (i, j, reach.ask(ws[i], ws[j]), reach.ask(ws[j], ws[i])))
+                .collect();
+            reach.resolve();
+            culprit = asked
+                .iter()
+                .find(|&&(_, _, x, y)| !reach.answer(x) && !reach.answer(y))
+                .map(|&(i, j, _, _)| (i, j));
+            if culprit.is_some() {
+                break;
             }
         }
-        reach.resolve();
-        let culprit = asked
-            .iter()
-            .find(|&&(i, j, a, b)| {
-                let ordered = reach.answer(a) || reach.answer(b);
-                let tiles_ok = same_counter && disjoint(&regions[i], &regions[j]);
-                !ordered && !tiles_ok
-            })
-            .map_or((0, 1), |&(i, j, _, _)| (i, j));
+        let culprit = culprit.unwrap_or_else(|| {
+            reach.clear();
+            let mut chain: Vec<usize> = (0..k).collect();
+            chain.sort_by_key(|&i| (reach.position(ws[i]), ws[i]));
+            let links: Vec<(usize, usize, Ans)> = chain
+                .windows(2)
+                .map(|w| (w[0], w[1], reach.ask(ws[w[0]], ws[w[1]])))
+                .collect();
+            reach.resolve();
+            links
+                .iter()
+                .find(|&&(_, _, a)| !reach.answer(a))
+                .map_or((0, 1), |&(i, j, _)| (i.min(j), i.max(j)))
+        });
         let (wi, wj) = (ws[culprit.0], ws[culprit.1]);
         let why = if wi == wj {
             "lists the buffer twice among its outputs".to_string()
@@ -1057,6 +1150,30 @@ impl<'a> Validator<'a> {
             }
         }
     }
+}
+
+/// Pairs `(i, j)`, `i < j`, of regions that overlap, sorted, at most `budget` of them.
+fn overlapping_pairs(regions: &[Region], budget: usize) -> Vec<(usize, usize)> {
+    let span = |r: &Region| r.map_or((i64::MIN, i64::MAX), |(c, _)| c);
+    let mut by_start: Vec<usize> = (0..regions.len()).collect();
+    by_start.sort_by_key(|&i| (span(&regions[i]).0, i));
+    let mut out = Vec::new();
+    'outer: for (n, &a) in by_start.iter().enumerate() {
+        let end_a = span(&regions[a]).1;
+        for &b in &by_start[n + 1..] {
+            if span(&regions[b]).0 >= end_a {
+                break;
+            }
+            if !disjoint(&regions[a], &regions[b]) {
+                out.push((a.min(b), a.max(b)));
+                if out.len() >= budget {
+                    break 'outer;
+                }
+            }
+        }
+    }
+    out.sort_unstable();
+    out
 }
 
 fn all_disjoint(regions: &[Region]) -> bool {

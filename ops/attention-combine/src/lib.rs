@@ -59,7 +59,7 @@ fn check(ctx: &TaskContext<'_>) -> Vec<Finding> {
     }
     for i in 0..c.ctx.n_inputs() {
         if let Some(part) = c.input(i) {
-            c.numel_is(part, heads * (hd + 2), "partial [acc | m | l]");
+            c.numel_is(part, heads.saturating_mul(hd + 2), "partial [acc | m | l]");
         }
     }
     c.finish()

@@ -87,9 +87,9 @@ fn check(ctx: &TaskContext<'_>) -> Vec<Finding> {
             ));
         }
     }
-    c.numel_is(q, batch * (nh * hd) as u64, "query");
+    c.numel_is(q, batch.saturating_mul((nh * hd) as u64), "query");
     let per_head = if partial { hd + 2 } else { hd };
-    c.numel_is(out, batch * (nh * per_head) as u64, "output");
+    c.numel_is(out, batch.saturating_mul((nh * per_head) as u64), "output");
     c.float(q, "query");
     c.float(out, "output");
     c.finish()

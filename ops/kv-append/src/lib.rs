@@ -53,18 +53,18 @@ fn check(ctx: &TaskContext<'_>) -> Vec<Finding> {
                 return c.finish();
             }
             let rows = new.numel() / row;
-            if pos as u64 + rows > max_seq {
+            if (pos as u64).saturating_add(rows) > max_seq {
                 c.oob(format!(
                     "rows [{pos}, {}) exceed the {max_seq} rows of the cache {}",
-                    pos as u64 + rows,
+                    (pos as u64).saturating_add(rows),
                     desc(cache)
                 ));
             }
         }
         4 => {
             let (b, max_seq) = (cache.shape[0], cache.shape[1]);
-            let per = cache.shape[2] * cache.shape[3];
-            c.numel_is(new, b * per, "new rows");
+            let per = cache.shape[2].saturating_mul(cache.shape[3]);
+            c.numel_is(new, b.saturating_mul(per), "new rows");
             if pos as u64 >= max_seq {
                 c.oob(format!(
                     "pos = {pos} is beyond the {max_seq} positions of the cache {}",
