@@ -4,8 +4,22 @@
 
 use crate::ir::{CounterIndex, Program, TaskId};
 
+/// "No successor in the SM queue" in a `queue_next` array.
+pub const NO_NEXT: TaskId = TaskId::MAX;
+
 /// Kahn's algorithm (see [`Program::topological_order`]).
 pub fn topo_order(p: &Program, idx: &CounterIndex) -> Option<Vec<TaskId>> {
+    topo_order_with(p, idx, None)
+}
+
+/// Kahn's algorithm over the dependency edges plus, when given, SM-queue edges
+/// `t -> queue_next[t]` (each SM runs its queue in order, so a task cannot start before its
+/// queue predecessor finished). `None` if the combined graph has a cycle.
+pub fn topo_order_with(
+    p: &Program,
+    idx: &CounterIndex,
+    queue_next: Option<&[TaskId]>,
+) -> Option<Vec<TaskId>> {
     let n = p.tasks.len();
     // Pending (distinct) counters per task, and pending producers per counter.
     let mut pending_ctr = vec![0u32; n];
@@ -20,6 +34,13 @@ pub fn topo_order(p: &Program, idx: &CounterIndex) -> Option<Vec<TaskId>> {
             }
         }
     }
+    if let Some(next) = queue_next {
+        for &s in next {
+            if let Some(pc) = pending_ctr.get_mut(s as usize) {
+                *pc += 1;
+            }
+        }
+    }
     let mut pending_prod: Vec<usize> = (0..idx.n_counters() as u32)
         .map(|c| idx.n_producers(c))
         .collect();
@@ -30,13 +51,20 @@ pub fn topo_order(p: &Program, idx: &CounterIndex) -> Option<Vec<TaskId>> {
     while let Some(t) = queue.pop_front() {
         order.push(t);
         let c = p.tasks[t as usize].out_counter as usize;
-        let Some(left) = pending_prod.get_mut(c) else {
-            continue;
-        };
-        *left -= 1;
-        if *left == 0 {
-            for &s in idx.waiters(c as u32) {
-                let pc = &mut pending_ctr[s as usize];
+        if let Some(left) = pending_prod.get_mut(c) {
+            *left -= 1;
+            if *left == 0 {
+                for &s in idx.waiters(c as u32) {
+                    let pc = &mut pending_ctr[s as usize];
+                    *pc -= 1;
+                    if *pc == 0 {
+                        queue.push_back(s);
+                    }
+                }
+            }
+        }
+        if let Some(&s) = queue_next.and_then(|next| next.get(t as usize)) {
+            if let Some(pc) = pending_ctr.get_mut(s as usize) {
                 *pc -= 1;
                 if *pc == 0 {
                     queue.push_back(s);
@@ -50,20 +78,40 @@ pub fn topo_order(p: &Program, idx: &CounterIndex) -> Option<Vec<TaskId>> {
 /// Finds one cycle as a list of task ids `[a, b, …, a]` by an iterative depth-first search
 /// (roots in id order, successors in id order). `None` if the graph is acyclic.
 pub fn find_cycle(p: &Program, idx: &CounterIndex) -> Option<Vec<TaskId>> {
+    find_cycle_with(p, idx, None)
+}
+
+/// [`find_cycle`] over the dependency edges plus SM-queue edges `t -> queue_next[t]`.
+pub fn find_cycle_with(
+    p: &Program,
+    idx: &CounterIndex,
+    queue_next: Option<&[TaskId]>,
+) -> Option<Vec<TaskId>> {
     // Node space: tasks 0..n, counters n..n+m. Colours: 0 white, 1 grey, 2 black.
     let n = p.tasks.len();
     let m = idx.n_counters();
     let mut colour = vec![0u8; n + m];
+    let next_of = |v: usize| -> Option<usize> {
+        queue_next
+            .and_then(|q| q.get(v))
+            .filter(|&&s| (s as usize) < n)
+            .map(|&s| s as usize)
+    };
+    let has_ctr = |v: usize| (p.tasks[v].out_counter as usize) < m;
     let succ_count = |v: usize| -> usize {
         if v < n {
-            usize::from((p.tasks[v].out_counter as usize) < m)
+            usize::from(has_ctr(v)) + usize::from(next_of(v).is_some())
         } else {
             idx.waiters((v - n) as u32).len()
         }
     };
     let succ = |v: usize, k: usize| -> usize {
         if v < n {
-            n + p.tasks[v].out_counter as usize
+            if k == 0 && has_ctr(v) {
+                n + p.tasks[v].out_counter as usize
+            } else {
+                next_of(v).unwrap_or(v)
+            }
         } else {
             idx.waiters((v - n) as u32)[k] as usize
         }

@@ -19,7 +19,7 @@ pub use error::IrError;
 pub use ir::*;
 pub use registry::{
     CheckFn, Finding, OpRegistration, OpSpec, Origin, PARAM_FIELDS, ParamDecl, ParamType, Registry,
-    TaskContext,
+    TaskContext, WriteRegion,
 };
 pub use validate::{
     ErrorKind, ValidatedProgram, ValidationError, ValidationResult, ValidationWarning, WarningKind,

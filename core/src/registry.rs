@@ -164,9 +164,8 @@ pub struct OpSpec {
     pub n_outputs: Option<u8>,
     /// Declared params (required and optional).
     pub params: Cow<'static, [ParamDecl]>,
-    /// Whether writes cover only the column tile `[n_off, n_off+N_tile)` (and rows
-    /// `[m_off, m_off+M_tile)` when given) — disjoint tiles may share a counter.
-    pub tiled_write: bool,
+    /// Which part of its output a task writes; disjoint tiles may share a counter.
+    pub write_region: WriteRegion,
     /// Shape and parameter rule.
     pub check: Option<CheckFn>,
     /// One line for listings.
@@ -194,6 +193,17 @@ impl OpSpec {
             None => format!("{}..", self.min_inputs),
         }
     }
+}
+
+/// Which part of its output buffer one task of an op writes (for the write-after-write rule).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum WriteRegion {
+    /// The whole buffer.
+    Whole,
+    /// Columns `[n_off, n_off + N_tile)` of every row (GEMV tiles).
+    Columns,
+    /// Those columns, and rows `[m_off, m_off + M_tile)` when both are given (GEMM tiles).
+    ColumnsAndRows,
 }
 
 /// One op crate's entry, collected by `inventory`.

@@ -46,7 +46,7 @@ fn registry() -> Registry {
             max_inputs: Some(1),
             n_outputs: None,
             params: Cow::Borrowed(&[]),
-            tiled_write: false,
+            write_region: amk_core::WriteRegion::Whole,
             check: None,
             summary: Cow::Borrowed("test op: one input, any number of outputs"),
         },

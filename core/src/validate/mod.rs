@@ -17,7 +17,7 @@ use crate::abi;
 use crate::graph::{Ans, Reach, find_cycle};
 use crate::ir::*;
 use crate::json::Value;
-use crate::registry::{ParamType, Registry, TaskContext};
+use crate::registry::{ParamType, Registry, TaskContext, WriteRegion};
 use std::collections::HashMap;
 
 /// At most this many findings of one kind are listed; the rest are summarised in one more.
@@ -99,8 +99,8 @@ fn tag(t: &Task) -> String {
 /// whole buffer.
 type Region = Option<((i64, i64), Option<(i64, i64)>)>;
 
-fn region(t: &Task, tiled: bool) -> Region {
-    if !tiled {
+fn region(t: &Task, kind: WriteRegion) -> Region {
+    if kind == WriteRegion::Whole {
         return None;
     }
     let n_off = t.param_i64("n_off")?;
@@ -108,8 +108,10 @@ fn region(t: &Task, tiled: bool) -> Region {
     if n_off < 0 || n_tile <= 0 {
         return None;
     }
-    let rows = match (t.param_i64("m_off"), t.param_i64("M_tile")) {
-        (Some(m), Some(mt)) if m >= 0 && mt > 0 => Some((m, m.saturating_add(mt))),
+    let rows = match (kind, t.param_i64("m_off"), t.param_i64("M_tile")) {
+        (WriteRegion::ColumnsAndRows, Some(m), Some(mt)) if m >= 0 && mt > 0 => {
+            Some((m, m.saturating_add(mt)))
+        }
         _ => None,
     };
     Some(((n_off, n_off.saturating_add(n_tile)), rows))
@@ -196,7 +198,7 @@ impl<'a> Validator<'a> {
             self.check_races(order);
         }
         self.check_onchip();
-        self.check_sms();
+        self.check_sms(order.is_some());
         if order.is_none() {
             self.check_page_table();
         }
@@ -658,7 +660,11 @@ impl<'a> Validator<'a> {
             }
         }
         // Check 5a: writers sorted by topological position must form a chain.
-        let tiled = |t: &Task| self.reg.get(t.op).is_some_and(|s| s.tiled_write);
+        let tiled = |t: &Task| {
+            self.reg
+                .get(t.op)
+                .map_or(WriteRegion::Whole, |s| s.write_region)
+        };
         let mut multi: Vec<(BufferId, Vec<Ans>)> = Vec::new();
         let mut chain: Vec<TaskId> = Vec::new();
         for (b, ws) in writers.iter().enumerate() {
@@ -1065,11 +1071,16 @@ impl<'a> Validator<'a> {
 
     // ---- Check 6: SM queues ----------------------------------------------------------------
 
-    fn check_sms(&mut self) {
+    fn check_sms(&mut self, acyclic: bool) {
         if !self.p.sm_assigned() {
             return;
         }
         let p = self.p;
+        let direct_errors = self
+            .counts
+            .get(&ErrorKind::SmQueueOrder)
+            .copied()
+            .unwrap_or(0);
         for t in &p.tasks {
             let Some(s) = t.sm else { continue };
             let mut seen: Vec<CounterId> = Vec::new();
@@ -1094,6 +1105,47 @@ impl<'a> Validator<'a> {
                         );
                     }
                 }
+            }
+        }
+        // Direct violations are a special case of the general rule: each SM runs its queue in
+        // task-list order, so the dependency edges plus "next on the same SM" edges must be
+        // acyclic. A cycle through several SMs deadlocks just the same.
+        let direct_found = self
+            .counts
+            .get(&ErrorKind::SmQueueOrder)
+            .copied()
+            .unwrap_or(0)
+            > direct_errors;
+        if acyclic && !direct_found {
+            let mut next = vec![crate::graph::NO_NEXT; p.tasks.len()];
+            let mut last: HashMap<i32, TaskId> = HashMap::new();
+            for t in &p.tasks {
+                if let Some(s) = t.sm {
+                    if let Some(prev) = last.insert(s, t.id) {
+                        next[prev as usize] = t.id;
+                    }
+                }
+            }
+            if crate::graph::topo_order_with(p, self.idx, Some(&next)).is_none() {
+                let path =
+                    crate::graph::find_cycle_with(p, self.idx, Some(&next)).unwrap_or_default();
+                let rendered: Vec<String> = path
+                    .iter()
+                    .map(|&t| match p.tasks[t as usize].sm {
+                        Some(s) => format!("{t}@SM{s}"),
+                        None => format!("{t}"),
+                    })
+                    .collect();
+                let mut d = ValidationError::new(
+                    ErrorKind::SmQueueOrder,
+                    format!(
+                        "the SM queues deadlock: each SM runs its tasks in list order, and this cycle of dependencies and queue order can never make progress: {}",
+                        rendered.join(" -> ")
+                    ),
+                );
+                d.task = path.first().copied();
+                d.path = path;
+                self.err(d);
             }
         }
         let num_sms = p.target.as_ref().map(|t| t.num_sms);

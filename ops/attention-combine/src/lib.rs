@@ -19,7 +19,7 @@ pub const SPEC: OpSpec = OpSpec {
         ParamDecl::optional("n_heads", ParamType::Int),
         ParamDecl::optional("n_kv_heads", ParamType::Int),
     ]),
-    tiled_write: false,
+    write_region: amk_core::WriteRegion::Whole,
     check: Some(check),
     summary: Cow::Borrowed(
         "Merges split-KV attention partials [acc|m|l] into the normalised output.",

@@ -26,7 +26,7 @@ pub const SPEC: OpSpec = OpSpec {
         ParamDecl::required("n_kv_heads", ParamType::Int),
         ParamDecl::optional("flags", ParamType::Int),
     ]),
-    tiled_write: false,
+    write_region: amk_core::WriteRegion::Whole,
     check: Some(check),
     summary: Cow::Borrowed(
         "GQA decode attention over cache rows [kv_start, kv_start+kv_len); flags bit 1 writes un-normalised [acc|m|l] partials.",

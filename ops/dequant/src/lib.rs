@@ -18,7 +18,7 @@ pub const SPEC: OpSpec = OpSpec {
         ParamDecl::required("qdtype", ParamType::Int),
         ParamDecl::required("group", ParamType::Int),
     ]),
-    tiled_write: false,
+    write_region: amk_core::WriteRegion::Whole,
     check: Some(check),
     summary: Cow::Borrowed("Group-wise dequantisation (q - zero) * scale."),
 };

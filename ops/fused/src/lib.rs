@@ -17,7 +17,7 @@ pub const SPEC: OpSpec = OpSpec {
     max_inputs: None,
     n_outputs: Some(1),
     params: Cow::Borrowed(&[ParamDecl::required("recipe", ParamType::Object)]),
-    tiled_write: false,
+    write_region: amk_core::WriteRegion::Whole,
     check: Some(check),
     summary: Cow::Borrowed("Runs a recipe of primitive steps as one task."),
 };

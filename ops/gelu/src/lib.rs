@@ -15,7 +15,7 @@ pub const SPEC: OpSpec = OpSpec {
     max_inputs: Some(1),
     n_outputs: Some(1),
     params: Cow::Borrowed(&[]),
-    tiled_write: false,
+    write_region: amk_core::WriteRegion::Whole,
     check: Some(check),
     summary: Cow::Borrowed("Exact (erf) GELU, element-wise."),
 };

@@ -23,7 +23,7 @@ pub const SPEC: OpSpec = OpSpec {
         ParamDecl::optional("qdtype", ParamType::Int),
         ParamDecl::optional("group", ParamType::Int),
     ]),
-    tiled_write: true,
+    write_region: amk_core::WriteRegion::ColumnsAndRows,
     check: Some(check),
     summary: Cow::Borrowed("A column tile of Y = X @ W^T over a few rows (batched decode)."),
 };

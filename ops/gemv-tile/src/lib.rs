@@ -21,7 +21,7 @@ pub const SPEC: OpSpec = OpSpec {
         ParamDecl::optional("qdtype", ParamType::Int),
         ParamDecl::optional("group", ParamType::Int),
     ]),
-    tiled_write: true,
+    write_region: amk_core::WriteRegion::Columns,
     check: Some(check),
     summary: Cow::Borrowed(
         "Columns [n_off, n_off+N_tile) of y = x @ W^T (+ bias); weights fp, or int8/int4 with fp16 group scales (and zeros).",

@@ -15,7 +15,7 @@ pub const SPEC: OpSpec = OpSpec {
     max_inputs: Some(2),
     n_outputs: Some(1),
     params: Cow::Borrowed(&[ParamDecl::required("pos", ParamType::Int)]),
-    tiled_write: false,
+    write_region: amk_core::WriteRegion::Whole,
     check: Some(check),
     summary: Cow::Borrowed("Writes new K or V rows into the cache at pos, in place."),
 };

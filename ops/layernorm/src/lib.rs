@@ -18,7 +18,7 @@ pub const SPEC: OpSpec = OpSpec {
         ParamDecl::required("eps", ParamType::Real),
         ParamDecl::required("hidden", ParamType::Int),
     ]),
-    tiled_write: false,
+    write_region: amk_core::WriteRegion::Whole,
     check: Some(check),
     summary: Cow::Borrowed("Layer normalisation with weight and optional bias."),
 };

@@ -14,7 +14,7 @@ pub const SPEC: OpSpec = OpSpec {
     max_inputs: Some(0),
     n_outputs: Some(0),
     params: Cow::Borrowed(&[]),
-    tiled_write: false,
+    write_region: amk_core::WriteRegion::Whole,
     check: None,
     summary: Cow::Borrowed("Does nothing: a pure synchronisation point."),
 };

@@ -18,7 +18,7 @@ pub const SPEC: OpSpec = OpSpec {
         ParamDecl::required("head_dim", ParamType::Int),
         ParamDecl::required("theta", ParamType::Real),
     ]),
-    tiled_write: false,
+    write_region: amk_core::WriteRegion::Whole,
     check: Some(check),
     summary: Cow::Borrowed(
         "Rotary position embedding (rotate-half) at the positions held in the pos buffer.",
