@@ -27,11 +27,23 @@ fn tiny() -> Program {
             &[y],
             c0,
             &[],
-            params(&[("K", 64.into()), ("N_tile", 32.into()), ("n_off", (i * 32).into())]),
+            params(&[
+                ("K", 64.into()),
+                ("N_tile", 32.into()),
+                ("n_off", (i * 32).into()),
+            ]),
             format!("tile{i}"),
         );
     }
-    p.push_task(Opcode::ADD, &[y, y], &[z], c1, &[(c0, 4)], Map::new(), "add");
+    p.push_task(
+        Opcode::ADD,
+        &[y, y],
+        &[z],
+        c1,
+        &[(c0, 4)],
+        Map::new(),
+        "add",
+    );
     p
 }
 
