@@ -4,6 +4,76 @@
 
 use crate::ir::{CounterIndex, Program, TaskId};
 
+/// Buffer → tasks incidence in compressed form (one allocation instead of one per buffer):
+/// `inc[b]` is the slice of tasks touching buffer `b`, in task order.
+pub struct Incidence {
+    off: Vec<u32>,
+    items: Vec<TaskId>,
+}
+
+impl Incidence {
+    /// Tasks writing each buffer (a task listing a buffer twice appears twice).
+    pub fn writers(p: &Program) -> Self {
+        Self::build(
+            p.buffers.len(),
+            p.tasks.iter().map(|t| (t.id, &t.outputs[..])),
+            false,
+        )
+    }
+    /// Tasks reading each buffer (each task once per buffer).
+    pub fn readers(p: &Program) -> Self {
+        Self::build(
+            p.buffers.len(),
+            p.tasks.iter().map(|t| (t.id, &t.inputs[..])),
+            true,
+        )
+    }
+    fn build<'a>(
+        n: usize,
+        lists: impl Iterator<Item = (TaskId, &'a [u32])> + Clone,
+        dedup: bool,
+    ) -> Self {
+        let mut off = vec![0u32; n + 1];
+        let keep = |l: &[u32], i: usize| !dedup || !l[..i].contains(&l[i]);
+        for (_, l) in lists.clone() {
+            for (i, &b) in l.iter().enumerate() {
+                if (b as usize) < n && keep(l, i) {
+                    off[b as usize + 1] += 1;
+                }
+            }
+        }
+        for b in 0..n {
+            off[b + 1] += off[b];
+        }
+        let mut fill: Vec<u32> = off[..n].to_vec();
+        let mut items = vec![0; off[n] as usize];
+        for (t, l) in lists {
+            for (i, &b) in l.iter().enumerate() {
+                if (b as usize) < n && keep(l, i) {
+                    items[fill[b as usize] as usize] = t;
+                    fill[b as usize] += 1;
+                }
+            }
+        }
+        Incidence { off, items }
+    }
+    /// Number of buffers.
+    pub fn len(&self) -> usize {
+        self.off.len() - 1
+    }
+    /// Whether there are no buffers.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+impl std::ops::Index<usize> for Incidence {
+    type Output = [TaskId];
+    fn index(&self, b: usize) -> &[TaskId] {
+        &self.items[self.off[b] as usize..self.off[b + 1] as usize]
+    }
+}
+
 /// "No successor in the SM queue" in a `queue_next` array.
 pub const NO_NEXT: TaskId = TaskId::MAX;
 

@@ -14,7 +14,7 @@ pub use diag::{
 };
 
 use crate::abi;
-use crate::graph::{Ans, Reach, find_cycle};
+use crate::graph::{Ans, Incidence, Reach, find_cycle};
 use crate::ir::*;
 use crate::json::Value;
 use crate::registry::{ParamType, Registry, TaskContext, WriteRegion};
@@ -34,6 +34,20 @@ pub fn validate(p: &Program, reg: &Registry) -> ValidationResult {
     }
     let idx = CounterIndex::new(p);
     Validator::new(p, reg, &idx).run()
+}
+
+/// `next[t]`: the task after `t` in its SM's queue (task-list order), or `NO_NEXT`.
+fn queue_successors(p: &Program) -> Vec<TaskId> {
+    let mut next = vec![crate::graph::NO_NEXT; p.tasks.len()];
+    let mut last: HashMap<i32, TaskId> = HashMap::new();
+    for (i, t) in p.tasks.iter().enumerate() {
+        if let Some(s) = t.sm {
+            if let Some(prev) = last.insert(s, i as TaskId) {
+                next[prev as usize] = i as TaskId;
+            }
+        }
+    }
+    next
 }
 
 fn ids_are_canonical(p: &Program) -> bool {
@@ -172,7 +186,21 @@ impl<'a> Validator<'a> {
         }
         self.check_counters();
         self.check_waits();
-        let order = crate::graph::topo_order(self.p, self.idx);
+        // With SMs assigned, one Kahn pass over dependency + queue-order edges usually decides
+        // both acyclicity and queue safety (its order is a valid dependency order too).
+        let next = self.p.sm_assigned().then(|| queue_successors(self.p));
+        let (order, queue_deadlock) = match next
+            .as_deref()
+            .map(|n| crate::graph::topo_order_with(self.p, self.idx, Some(n)))
+        {
+            Some(Some(o)) => (Some(o), false),
+            Some(None) => {
+                let o = crate::graph::topo_order(self.p, self.idx);
+                let deadlock = o.is_some();
+                (o, deadlock)
+            }
+            None => (crate::graph::topo_order(self.p, self.idx), false),
+        };
         if order.is_none() {
             let path = find_cycle(self.p, self.idx).unwrap_or_default();
             let rendered: Vec<String> = path
@@ -198,7 +226,7 @@ impl<'a> Validator<'a> {
             self.check_races(order);
         }
         self.check_onchip();
-        self.check_sms(order.is_some());
+        self.check_sms(order.is_some(), queue_deadlock, next.as_deref());
         if order.is_none() {
             self.check_page_table();
         }
@@ -626,17 +654,8 @@ impl<'a> Validator<'a> {
 
     fn check_races(&mut self, order: &[TaskId]) {
         let p = self.p;
-        let writers = p.writers_by_buffer();
-        let mut readers = vec![Vec::new(); p.buffers.len()];
-        for t in &p.tasks {
-            for &b in &t.inputs {
-                if let Some(r) = readers.get_mut(b as usize) {
-                    if r.last() != Some(&t.id) {
-                        r.push(t.id);
-                    }
-                }
-            }
-        }
+        let writers = Incidence::writers(p);
+        let readers = Incidence::readers(p);
         let mut reach = Reach::new(p, self.idx, order);
 
         // Phase 1: ask every question the three checks need.
@@ -665,16 +684,33 @@ impl<'a> Validator<'a> {
                 .get(t.op)
                 .map_or(WriteRegion::Whole, |s| s.write_region)
         };
-        let mut multi: Vec<(BufferId, Vec<Ans>)> = Vec::new();
+        // Buffers whose writers share one counter and write pairwise-disjoint tiles pass at
+        // once; the others need their writers totally ordered.
+        let mut multi: Vec<(BufferId, bool, Vec<Ans>)> = Vec::new();
         let mut chain: Vec<TaskId> = Vec::new();
-        for (b, ws) in writers.iter().enumerate() {
-            if ws.len() >= 2 && !p.buffers[b].kind.is_read_only() {
-                chain.clear();
-                chain.extend_from_slice(ws);
-                chain.sort_by_key(|&w| (reach.position(w), w));
-                let links = chain.windows(2).map(|pr| reach.ask(pr[0], pr[1])).collect();
-                multi.push((b as BufferId, links));
+        let mut regions: Vec<Region> = Vec::new();
+        for b in 0..writers.len() {
+            let ws = &writers[b];
+            if ws.len() < 2 || p.buffers[b].kind.is_read_only() {
+                continue;
             }
+            let c0 = p.tasks[ws[0] as usize].out_counter;
+            let same_counter = ws.iter().all(|&w| p.tasks[w as usize].out_counter == c0);
+            if same_counter {
+                regions.clear();
+                regions.extend(
+                    ws.iter()
+                        .map(|&w| region(&p.tasks[w as usize], tiled(&p.tasks[w as usize]))),
+                );
+                if all_disjoint(&regions) {
+                    continue;
+                }
+            }
+            chain.clear();
+            chain.extend_from_slice(ws);
+            chain.sort_by_key(|&w| (reach.position(w), w));
+            let links = chain.windows(2).map(|pr| reach.ask(pr[0], pr[1])).collect();
+            multi.push((b as BufferId, same_counter, links));
         }
         // Check 7: per page, writer-bearing buffers sorted by their first writer must form a
         // chain of "every use of one happens-before every write of the next".
@@ -786,22 +822,16 @@ impl<'a> Validator<'a> {
         }
 
         // Check 5a: multi-writer buffers.
-        for (b, links) in &multi {
-            let b = *b;
-            let ws = &writers[b as usize];
+        for (b, same_counter, links) in &multi {
+            if links.iter().all(|&a| reach.answer(a)) {
+                continue;
+            }
+            let ws = &writers[*b as usize];
             let regions: Vec<Region> = ws
                 .iter()
                 .map(|&w| region(&p.tasks[w as usize], tiled(&p.tasks[w as usize])))
                 .collect();
-            let c0 = p.tasks[ws[0] as usize].out_counter;
-            let same_counter = ws.iter().all(|&w| p.tasks[w as usize].out_counter == c0);
-            if same_counter && all_disjoint(&regions) {
-                continue;
-            }
-            if links.iter().all(|&a| reach.answer(a)) {
-                continue;
-            }
-            self.report_waw(b, ws, &regions, same_counter, order);
+            self.report_waw(*b, ws, &regions, *same_counter, order);
         }
 
         // Check 7: page aliasing.
@@ -823,7 +853,7 @@ impl<'a> Validator<'a> {
                         ),
                     )
                     .buffer(a)
-                    .others(writers[b2 as usize].clone()),
+                    .others(writers[b2 as usize].to_vec()),
                 );
             }
         }
@@ -931,7 +961,7 @@ impl<'a> Validator<'a> {
     }
 
     /// Per page, the buffers that have writers, sorted by their earliest writer's position.
-    fn page_chains(&self, writers: &[Vec<TaskId>], reach: &Reach<'_>) -> Vec<Vec<BufferId>> {
+    fn page_chains(&self, writers: &Incidence, reach: &Reach<'_>) -> Vec<Vec<BufferId>> {
         let Some(pa) = &self.p.pages else {
             return Vec::new();
         };
@@ -1071,81 +1101,42 @@ impl<'a> Validator<'a> {
 
     // ---- Check 6: SM queues ----------------------------------------------------------------
 
-    fn check_sms(&mut self, acyclic: bool) {
-        if !self.p.sm_assigned() {
+    fn check_sms(&mut self, acyclic: bool, queue_deadlock: bool, next: Option<&[TaskId]>) {
+        let Some(next) = next else {
             return;
-        }
+        };
         let p = self.p;
-        let direct_errors = self
-            .counts
-            .get(&ErrorKind::SmQueueOrder)
-            .copied()
-            .unwrap_or(0);
-        for t in &p.tasks {
-            let Some(s) = t.sm else { continue };
-            let mut seen: Vec<CounterId> = Vec::new();
-            for w in &t.waits {
-                if seen.contains(&w.counter) {
-                    continue;
+        // Each SM runs its queue in task-list order, so the dependency edges plus "next on the
+        // same SM" edges must be acyclic; a cycle through several SMs deadlocks just the same
+        // as a producer listed after its consumer on one SM. `run` decided it with one Kahn
+        // pass; only when it failed (or the dependency graph itself is cyclic) do we look for
+        // the direct same-SM violations, whose messages are the most precise.
+        let queue_cycle = queue_deadlock
+            .then(|| crate::graph::find_cycle_with(p, self.idx, Some(next)).unwrap_or_default());
+        if !acyclic || queue_cycle.is_some() {
+            let before = self.count(ErrorKind::SmQueueOrder);
+            self.direct_sm_violations();
+            let direct_found = self.count(ErrorKind::SmQueueOrder) > before;
+            if let Some(path) = queue_cycle {
+                if !direct_found {
+                    let rendered: Vec<String> = path
+                        .iter()
+                        .map(|&t| match p.tasks[t as usize].sm {
+                            Some(s) => format!("{t}@SM{s}"),
+                            None => format!("{t}"),
+                        })
+                        .collect();
+                    let mut d = ValidationError::new(
+                        ErrorKind::SmQueueOrder,
+                        format!(
+                            "the SM queues deadlock: each SM runs its tasks in list order, and this cycle of dependencies and queue order can never make progress: {}",
+                            rendered.join(" -> ")
+                        ),
+                    );
+                    d.task = path.first().copied();
+                    d.path = path;
+                    self.err(d);
                 }
-                seen.push(w.counter);
-                let idx = self.idx;
-                for &a in idx.producers(w.counter) {
-                    if a >= t.id && p.tasks[a as usize].sm == Some(s) {
-                        self.err(
-                            ValidationError::new(
-                                ErrorKind::SmQueueOrder,
-                                format!(
-                                    "SM {s} runs task {} after task {a}, but task {} depends on task {a}: the SM would wait forever on its own later queue entry",
-                                    t.id, t.id
-                                ),
-                            )
-                            .task(t.id)
-                            .others(vec![a]),
-                        );
-                    }
-                }
-            }
-        }
-        // Direct violations are a special case of the general rule: each SM runs its queue in
-        // task-list order, so the dependency edges plus "next on the same SM" edges must be
-        // acyclic. A cycle through several SMs deadlocks just the same.
-        let direct_found = self
-            .counts
-            .get(&ErrorKind::SmQueueOrder)
-            .copied()
-            .unwrap_or(0)
-            > direct_errors;
-        if acyclic && !direct_found {
-            let mut next = vec![crate::graph::NO_NEXT; p.tasks.len()];
-            let mut last: HashMap<i32, TaskId> = HashMap::new();
-            for t in &p.tasks {
-                if let Some(s) = t.sm {
-                    if let Some(prev) = last.insert(s, t.id) {
-                        next[prev as usize] = t.id;
-                    }
-                }
-            }
-            if crate::graph::topo_order_with(p, self.idx, Some(&next)).is_none() {
-                let path =
-                    crate::graph::find_cycle_with(p, self.idx, Some(&next)).unwrap_or_default();
-                let rendered: Vec<String> = path
-                    .iter()
-                    .map(|&t| match p.tasks[t as usize].sm {
-                        Some(s) => format!("{t}@SM{s}"),
-                        None => format!("{t}"),
-                    })
-                    .collect();
-                let mut d = ValidationError::new(
-                    ErrorKind::SmQueueOrder,
-                    format!(
-                        "the SM queues deadlock: each SM runs its tasks in list order, and this cycle of dependencies and queue order can never make progress: {}",
-                        rendered.join(" -> ")
-                    ),
-                );
-                d.task = path.first().copied();
-                d.path = path;
-                self.err(d);
             }
         }
         let num_sms = p.target.as_ref().map(|t| t.num_sms);
@@ -1161,6 +1152,39 @@ impl<'a> Validator<'a> {
                     )
                     .task(t.id),
                 );
+            }
+        }
+    }
+
+    fn count(&self, kind: ErrorKind) -> usize {
+        self.counts.get(&kind).copied().unwrap_or(0)
+    }
+
+    /// A producer listed after its consumer on the same SM.
+    fn direct_sm_violations(&mut self) {
+        let p = self.p;
+        let idx = self.idx;
+        for t in &p.tasks {
+            let Some(s) = t.sm else { continue };
+            for (i, w) in t.waits.iter().enumerate() {
+                if t.waits[..i].iter().any(|x| x.counter == w.counter) {
+                    continue;
+                }
+                for &a in idx.producers(w.counter) {
+                    if a >= t.id && p.tasks[a as usize].sm == Some(s) {
+                        self.err(
+                            ValidationError::new(
+                                ErrorKind::SmQueueOrder,
+                                format!(
+                                    "SM {s} runs task {} after task {a}, but task {} depends on task {a}: the SM would wait forever on its own later queue entry",
+                                    t.id, t.id
+                                ),
+                            )
+                            .task(t.id)
+                            .others(vec![a]),
+                        );
+                    }
+                }
             }
         }
     }
