@@ -302,7 +302,10 @@ impl<'a> Reach<'a> {
 
     /// Whether `v` waits directly on the counter `u` signals.
     pub fn direct(&self, u: TaskId, v: TaskId) -> bool {
-        let c = self.out_ctr[self.pos[u as usize] as usize];
+        self.waits_on(v, self.out_ctr[self.pos[u as usize] as usize])
+    }
+
+    fn waits_on(&self, v: TaskId, c: u32) -> bool {
         let k = self.pos[v as usize] as usize;
         self.wait_ctr[self.wait_off[k] as usize..self.wait_off[k + 1] as usize].contains(&c)
     }
@@ -317,6 +320,15 @@ impl<'a> Reach<'a> {
         let min_t = t.iter().map(|&x| self.pos[x as usize]).min().unwrap_or(0);
         if max_s >= min_t {
             return Ans::Known(false);
+        }
+        // Common case: every task of S signals one counter that every task of T waits on.
+        let c0 = self.out_ctr[self.pos[s[0] as usize] as usize];
+        if c0 != u32::MAX
+            && s.iter()
+                .all(|&x| self.out_ctr[self.pos[x as usize] as usize] == c0)
+            && t.iter().all(|&y| self.waits_on(y, c0))
+        {
+            return Ans::Known(true);
         }
         let s0 = self.arena.len();
         if t.len() <= 4 {

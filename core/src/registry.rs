@@ -3,6 +3,7 @@
 
 use crate::error::IrError;
 use crate::ir::{Buffer, Opcode, Task};
+use crate::json::value::key_eq;
 use crate::validate::ErrorKind;
 use std::borrow::Cow;
 use std::collections::HashMap;
@@ -181,7 +182,7 @@ impl OpSpec {
     pub fn param_type(&self, key: &str) -> Option<ParamType> {
         self.params
             .iter()
-            .find(|p| p.name == key)
+            .find(|p| key_eq(&p.name, key))
             .map(|p| p.ty)
             .or_else(|| param_field_type(key))
     }

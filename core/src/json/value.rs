@@ -32,7 +32,7 @@ impl Map {
     }
     /// The value under `key`, if present.
     pub fn get(&self, key: &str) -> Option<&Value> {
-        self.0.iter().find(|(k, _)| k == key).map(|(_, v)| v)
+        self.0.iter().find(|(k, _)| key_eq(k, key)).map(|(_, v)| v)
     }
     /// Sets `key` (replacing an existing entry in place, else appending).
     pub fn insert(&mut self, key: impl Into<String>, value: Value) {
@@ -59,6 +59,14 @@ impl Map {
     pub fn is_empty(&self) -> bool {
         self.0.is_empty()
     }
+}
+
+/// String equality for short keys: length and first byte are compared inline before the
+/// (out-of-line) byte comparison, which most mismatching param keys never reach. The
+/// validator looks up params of every task, so this is on its hot path.
+#[inline]
+pub fn key_eq(a: &str, b: &str) -> bool {
+    a.len() == b.len() && a.as_bytes().first() == b.as_bytes().first() && a == b
 }
 
 impl Value {

@@ -39,12 +39,19 @@ pub fn validate(p: &Program, reg: &Registry) -> ValidationResult {
 /// `next[t]`: the task after `t` in its SM's queue (task-list order), or `NO_NEXT`.
 fn queue_successors(p: &Program) -> Vec<TaskId> {
     let mut next = vec![crate::graph::NO_NEXT; p.tasks.len()];
-    let mut last: HashMap<i32, TaskId> = HashMap::new();
+    // SM ids are small in practice: index a vector, fall back to a map for odd values.
+    let mut dense = vec![crate::graph::NO_NEXT; 1024];
+    let mut sparse: HashMap<i32, TaskId> = HashMap::new();
     for (i, t) in p.tasks.iter().enumerate() {
         if let Some(s) = t.sm {
-            if let Some(prev) = last.insert(s, i as TaskId) {
-                next[prev as usize] = i as TaskId;
+            let slot = match usize::try_from(s) {
+                Ok(k) if k < dense.len() => &mut dense[k],
+                _ => sparse.entry(s).or_insert(crate::graph::NO_NEXT),
+            };
+            if *slot != crate::graph::NO_NEXT {
+                next[*slot as usize] = i as TaskId;
             }
+            *slot = i as TaskId;
         }
     }
     next
@@ -122,11 +129,13 @@ fn region(t: &Task, kind: WriteRegion) -> Region {
     if n_off < 0 || n_tile <= 0 {
         return None;
     }
-    let rows = match (kind, t.param_i64("m_off"), t.param_i64("M_tile")) {
-        (WriteRegion::ColumnsAndRows, Some(m), Some(mt)) if m >= 0 && mt > 0 => {
-            Some((m, m.saturating_add(mt)))
+    let rows = if kind == WriteRegion::ColumnsAndRows {
+        match (t.param_i64("m_off"), t.param_i64("M_tile")) {
+            (Some(m), Some(mt)) if m >= 0 && mt > 0 => Some((m, m.saturating_add(mt))),
+            _ => None,
         }
-        _ => None,
+    } else {
+        None
     };
     Some(((n_off, n_off.saturating_add(n_tile)), rows))
 }
@@ -339,11 +348,9 @@ impl<'a> Validator<'a> {
         }
         let all = || t.inputs.iter().chain(&t.outputs);
         for (i, &b) in all().enumerate() {
-            if all().take(i).any(|&x| x == b) {
-                continue;
-            }
             if let Some(buf) = self.buf(b) {
-                if buf.rank() > abi::MAX_RANK {
+                // Report each over-ranked buffer once per task.
+                if buf.rank() > abi::MAX_RANK && !all().take(i).any(|&x| x == b) {
                     self.err(
                         ValidationError::new(
                             ErrorKind::CapRank,
