@@ -383,6 +383,8 @@ impl<'a> Reach<'a> {
             }
             let start = block as usize * 64;
             cmask.iter_mut().for_each(|m| *m = 0);
+            // `k` indexes four parallel arrays (by topological position), hence the range loop.
+            #[allow(clippy::needless_range_loop)]
             for k in start..=end as usize {
                 let mut m = 0u64;
                 for &c in &self.wait_ctr[self.wait_off[k] as usize..self.wait_off[k + 1] as usize] {
