@@ -21,6 +21,8 @@ pub enum ParseError {
         line: usize,
         /// 1-based column (in bytes).
         column: usize,
+        /// The innermost value being read when the error was found.
+        path: JsonPath,
     },
     /// Well-formed but refused (duplicate key, non-finite number), at a JSON path.
     Refused {
@@ -38,7 +40,11 @@ impl std::fmt::Display for ParseError {
                 message,
                 line,
                 column,
-            } => write!(f, "invalid JSON at line {line}, column {column}: {message}"),
+                path,
+            } => write!(
+                f,
+                "invalid JSON at line {line}, column {column} (in {path}): {message}"
+            ),
             ParseError::Refused { path, message } => write!(f, "{path}: {message}"),
         }
     }
@@ -47,14 +53,14 @@ impl std::fmt::Display for ParseError {
 impl std::error::Error for ParseError {}
 
 enum Err {
-    Syntax(usize, String),
+    Syntax(usize, String, Vec<Seg>),
     Refused(Vec<Seg>, String),
 }
 
 impl Err {
     fn under(mut self, seg: Seg) -> Err {
-        if let Err::Refused(p, _) = &mut self {
-            p.push(seg);
+        match &mut self {
+            Err::Syntax(_, _, p) | Err::Refused(p, _) => p.push(seg),
         }
         self
     }
@@ -72,17 +78,20 @@ pub fn parse(text: &str) -> Result<Value, ParseError> {
             return Err(Err::Syntax(
                 p.i,
                 "trailing characters after the document".into(),
+                Vec::new(),
             ));
         }
         Ok(v)
     })();
     res.map_err(|e| match e {
-        Err::Syntax(off, message) => {
+        Err::Syntax(off, message, mut rev) => {
             let (line, column) = line_col(bytes, off);
+            rev.reverse();
             ParseError::Syntax {
                 message,
                 line,
                 column,
+                path: JsonPath(rev),
             }
         }
         Err::Refused(mut rev, message) => {
@@ -142,10 +151,15 @@ impl Parser<'_> {
             return Err(Err::Syntax(
                 self.i,
                 format!("nesting deeper than {MAX_DEPTH} levels"),
+                Vec::new(),
             ));
         }
         match self.peek() {
-            None => Err(Err::Syntax(self.i, "unexpected end of input".into())),
+            None => Err(Err::Syntax(
+                self.i,
+                "unexpected end of input".into(),
+                Vec::new(),
+            )),
             Some(b'{') => self.object(depth),
             Some(b'[') => self.array(depth),
             Some(b'"') => Ok(Value::Str(self.string()?)),
@@ -169,7 +183,11 @@ impl Parser<'_> {
                 ))
             }
             Some(c) if c == b'-' || c.is_ascii_digit() => self.number(),
-            Some(_) => Err(Err::Syntax(self.i, "expected a JSON value".into())),
+            Some(_) => Err(Err::Syntax(
+                self.i,
+                "expected a JSON value".into(),
+                Vec::new(),
+            )),
         }
     }
 
@@ -185,7 +203,11 @@ impl Parser<'_> {
         loop {
             self.ws();
             if self.peek() != Some(b'"') {
-                return Err(Err::Syntax(self.i, "expected a string key".into()));
+                return Err(Err::Syntax(
+                    self.i,
+                    "expected a string key".into(),
+                    Vec::new(),
+                ));
             }
             let key = self.string()?;
             // Duplicate detection: linear for small objects, hashed once they grow.
@@ -210,7 +232,11 @@ impl Parser<'_> {
             }
             self.ws();
             if self.peek() != Some(b':') {
-                return Err(Err::Syntax(self.i, "expected ':' after key".into()));
+                return Err(Err::Syntax(
+                    self.i,
+                    "expected ':' after key".into(),
+                    Vec::new(),
+                ));
             }
             self.i += 1;
             self.ws();
@@ -225,7 +251,13 @@ impl Parser<'_> {
                     self.i += 1;
                     return Ok(Value::Object(Map(entries)));
                 }
-                _ => return Err(Err::Syntax(self.i, "expected ',' or '}' in object".into())),
+                _ => {
+                    return Err(Err::Syntax(
+                        self.i,
+                        "expected ',' or '}' in object".into(),
+                        Vec::new(),
+                    ));
+                }
             }
         }
     }
@@ -252,20 +284,30 @@ impl Parser<'_> {
                     self.i += 1;
                     return Ok(Value::Array(items));
                 }
-                _ => return Err(Err::Syntax(self.i, "expected ',' or ']' in array".into())),
+                _ => {
+                    return Err(Err::Syntax(
+                        self.i,
+                        "expected ',' or ']' in array".into(),
+                        Vec::new(),
+                    ));
+                }
             }
         }
     }
 
     fn hex4(&mut self) -> Result<u32, Err> {
         let Some(h) = self.b.get(self.i..self.i + 4) else {
-            return Err(Err::Syntax(self.i, "truncated \\u escape".into()));
+            return Err(Err::Syntax(
+                self.i,
+                "truncated \\u escape".into(),
+                Vec::new(),
+            ));
         };
         let mut v = 0u32;
         for &c in h {
-            let d = (c as char)
-                .to_digit(16)
-                .ok_or_else(|| Err::Syntax(self.i, "invalid hex digit in \\u escape".into()))?;
+            let d = (c as char).to_digit(16).ok_or_else(|| {
+                Err::Syntax(self.i, "invalid hex digit in \\u escape".into(), Vec::new())
+            })?;
             v = v * 16 + d;
         }
         self.i += 4;
@@ -289,7 +331,13 @@ impl Parser<'_> {
                 out.push_str(&String::from_utf8_lossy(&self.b[start..self.i]));
             }
             match self.peek() {
-                None => return Err(Err::Syntax(self.i, "unterminated string".into())),
+                None => {
+                    return Err(Err::Syntax(
+                        self.i,
+                        "unterminated string".into(),
+                        Vec::new(),
+                    ));
+                }
                 Some(b'"') => {
                     self.i += 1;
                     return Ok(out);
@@ -297,7 +345,11 @@ impl Parser<'_> {
                 Some(b'\\') => {
                     self.i += 1;
                     let Some(e) = self.peek() else {
-                        return Err(Err::Syntax(self.i, "unterminated escape".into()));
+                        return Err(Err::Syntax(
+                            self.i,
+                            "unterminated escape".into(),
+                            Vec::new(),
+                        ));
                     };
                     self.i += 1;
                     match e {
@@ -313,32 +365,55 @@ impl Parser<'_> {
                             let hi = self.hex4()?;
                             let cp = if (0xD800..0xDC00).contains(&hi) {
                                 if !self.eat_lit(b"\\u") {
-                                    return Err(Err::Syntax(self.i, "unpaired surrogate".into()));
+                                    return Err(Err::Syntax(
+                                        self.i,
+                                        "unpaired surrogate".into(),
+                                        Vec::new(),
+                                    ));
                                 }
                                 let lo = self.hex4()?;
                                 if !(0xDC00..0xE000).contains(&lo) {
-                                    return Err(Err::Syntax(self.i, "unpaired surrogate".into()));
+                                    return Err(Err::Syntax(
+                                        self.i,
+                                        "unpaired surrogate".into(),
+                                        Vec::new(),
+                                    ));
                                 }
                                 0x10000 + ((hi - 0xD800) << 10) + (lo - 0xDC00)
                             } else if (0xDC00..0xE000).contains(&hi) {
-                                return Err(Err::Syntax(self.i, "unpaired surrogate".into()));
+                                return Err(Err::Syntax(
+                                    self.i,
+                                    "unpaired surrogate".into(),
+                                    Vec::new(),
+                                ));
                             } else {
                                 hi
                             };
                             match char::from_u32(cp) {
                                 Some(c) => out.push(c),
                                 None => {
-                                    return Err(Err::Syntax(self.i, "invalid code point".into()));
+                                    return Err(Err::Syntax(
+                                        self.i,
+                                        "invalid code point".into(),
+                                        Vec::new(),
+                                    ));
                                 }
                             }
                         }
-                        _ => return Err(Err::Syntax(self.i - 1, "invalid escape".into())),
+                        _ => {
+                            return Err(Err::Syntax(
+                                self.i - 1,
+                                "invalid escape".into(),
+                                Vec::new(),
+                            ));
+                        }
                     }
                 }
                 Some(_) => {
                     return Err(Err::Syntax(
                         self.i,
                         "control character inside a string".into(),
+                        Vec::new(),
                     ));
                 }
             }
@@ -357,14 +432,18 @@ impl Parser<'_> {
                     self.i += 1;
                 }
             }
-            _ => return Err(Err::Syntax(self.i, "invalid number".into())),
+            _ => return Err(Err::Syntax(self.i, "invalid number".into(), Vec::new())),
         }
         let mut is_float = false;
         if self.peek() == Some(b'.') {
             is_float = true;
             self.i += 1;
             if !self.peek().is_some_and(|c| c.is_ascii_digit()) {
-                return Err(Err::Syntax(self.i, "digit expected after '.'".into()));
+                return Err(Err::Syntax(
+                    self.i,
+                    "digit expected after '.'".into(),
+                    Vec::new(),
+                ));
             }
             while self.peek().is_some_and(|c| c.is_ascii_digit()) {
                 self.i += 1;
@@ -377,7 +456,11 @@ impl Parser<'_> {
                 self.i += 1;
             }
             if !self.peek().is_some_and(|c| c.is_ascii_digit()) {
-                return Err(Err::Syntax(self.i, "digit expected in exponent".into()));
+                return Err(Err::Syntax(
+                    self.i,
+                    "digit expected in exponent".into(),
+                    Vec::new(),
+                ));
             }
             while self.peek().is_some_and(|c| c.is_ascii_digit()) {
                 self.i += 1;
