@@ -6,6 +6,7 @@
 
 pub mod abi;
 pub mod codec;
+pub mod cpu;
 pub mod error;
 pub mod graph;
 pub mod ir;
@@ -13,14 +14,17 @@ pub mod json;
 pub mod opcheck;
 pub mod registry;
 pub mod sim;
+pub mod tensor;
 pub mod validate;
 
+pub use cpu::{CpuCall, Input, OpError, Reference, ReferenceFn};
 pub use error::IrError;
 pub use ir::*;
 pub use registry::{
     CheckFn, Finding, OpRegistration, OpSpec, Origin, PARAM_FIELDS, ParamDecl, ParamType, Registry,
     TaskContext, WriteRegion,
 };
+pub use tensor::{Storage, Tensor};
 pub use validate::{
     ErrorKind, ValidatedProgram, ValidationError, ValidationResult, ValidationWarning, WarningKind,
     validate, validate_owned,

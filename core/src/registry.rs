@@ -1,6 +1,7 @@
 //! The opcode registry: what each opcode is (arity, params, shape rules), collected from the
 //! op crates with `inventory` and passed explicitly to whoever needs it.
 
+use crate::cpu::Reference;
 use crate::error::IrError;
 use crate::ir::{Buffer, Opcode, Task};
 use crate::json::value::key_eq;
@@ -211,6 +212,8 @@ pub enum WriteRegion {
 pub struct OpRegistration {
     /// The spec.
     pub spec: OpSpec,
+    /// The CPU reference implementation (the numeric oracle every backend is judged against).
+    pub reference: Option<Reference>,
 }
 
 inventory::collect!(OpRegistration);
@@ -228,6 +231,7 @@ pub enum Origin {
 #[derive(Debug, Clone, Default)]
 pub struct Registry {
     ops: Vec<(OpSpec, Origin)>,
+    references: Vec<Option<Reference>>,
     by_name: HashMap<String, usize>,
 }
 
@@ -239,14 +243,12 @@ impl Registry {
 
     /// Every op linked into this binary (via `inventory`), sorted by code.
     pub fn builtin() -> Result<Self, IrError> {
-        let mut specs: Vec<&OpSpec> = inventory::iter::<OpRegistration>
-            .into_iter()
-            .map(|r| &r.spec)
-            .collect();
-        specs.sort_by_key(|s| s.code);
+        let mut regs: Vec<&OpRegistration> =
+            inventory::iter::<OpRegistration>.into_iter().collect();
+        regs.sort_by_key(|r| r.spec.code);
         let mut reg = Registry::empty();
-        for s in specs {
-            reg.register(s.clone(), Origin::Builtin)?;
+        for r in regs {
+            reg.register_with(r.spec.clone(), Origin::Builtin, r.reference)?;
         }
         Ok(reg)
     }
@@ -254,6 +256,16 @@ impl Registry {
     /// Adds one op; refuses duplicates, ABI codes under the wrong name, plugin codes
     /// below 1000 and malformed arities.
     pub fn register(&mut self, spec: OpSpec, origin: Origin) -> Result<(), IrError> {
+        self.register_with(spec, origin, None)
+    }
+
+    /// [`Registry::register`] with the op's CPU reference implementation.
+    pub fn register_with(
+        &mut self,
+        spec: OpSpec,
+        origin: Origin,
+        reference: Option<Reference>,
+    ) -> Result<(), IrError> {
         let bad = |why: String| IrError::Registry(format!("op '{}': {why}", spec.name));
         if spec.name.is_empty() {
             return Err(bad("empty name".into()));
@@ -292,6 +304,7 @@ impl Registry {
         }
         let pos = self.ops.partition_point(|(s, _)| s.code < spec.code);
         self.ops.insert(pos, (spec, origin));
+        self.references.insert(pos, reference);
         self.by_name.clear();
         for (i, (s, _)) in self.ops.iter().enumerate() {
             self.by_name.insert(s.name.to_string(), i);
@@ -306,6 +319,14 @@ impl Registry {
             .binary_search_by_key(&op, |(s, _)| s.code)
             .ok()
             .map(|i| &self.ops[i].0)
+    }
+
+    /// The CPU reference implementation of `op`, if it has one.
+    pub fn reference(&self, op: Opcode) -> Option<&Reference> {
+        self.ops
+            .binary_search_by_key(&op, |(s, _)| s.code)
+            .ok()
+            .and_then(|i| self.references[i].as_ref())
     }
 
     /// Where `op` came from.

@@ -34,7 +34,7 @@ pub const SPEC: OpSpec = OpSpec {
 };
 
 amk_core::inventory::submit! {
-    OpRegistration { spec: SPEC }
+    OpRegistration { spec: SPEC, reference: None }
 }
 
 /// Static shape and parameter rule, run by the validator.

@@ -20,5 +20,5 @@ pub const SPEC: OpSpec = OpSpec {
 };
 
 amk_core::inventory::submit! {
-    OpRegistration { spec: SPEC }
+    OpRegistration { spec: SPEC, reference: None }
 }

@@ -1,0 +1,172 @@
+//! The CPU reference call contract: what an op's reference implementation receives and may
+//! fail with. `OpError` is shared by every op crate (they have no error enum of their own).
+
+use crate::ir::Task;
+use crate::json::Value;
+use crate::tensor::Tensor;
+
+/// Why an op's reference implementation refused a call. Never a panic: every shape, dtype,
+/// parameter and index problem is one of these.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum OpError {
+    /// Wrong number of inputs or outputs.
+    #[error("expected {expected} {what}, got {got}")]
+    Arity {
+        /// `inputs` or `outputs`.
+        what: &'static str,
+        /// What the op takes (e.g. `2..3`).
+        expected: String,
+        /// What it got.
+        got: usize,
+    },
+    /// A required param is missing.
+    #[error("missing param '{0}'")]
+    MissingParam(String),
+    /// A param has the wrong type or an unusable value.
+    #[error("param '{key}': {why}")]
+    BadParam {
+        /// The key.
+        key: String,
+        /// What is wrong.
+        why: String,
+    },
+    /// Operand shapes do not fit the op.
+    #[error("shape: {0}")]
+    Shape(String),
+    /// Operand dtypes do not fit the op.
+    #[error("dtype: {0}")]
+    DType(String),
+    /// An index read from a tensor (a token id, a position) is out of range.
+    #[error("index {value} at element {at} is out of range [0, {limit})")]
+    IndexOutOfRange {
+        /// Element of the index tensor.
+        at: usize,
+        /// The index read.
+        value: i64,
+        /// Exclusive upper bound.
+        limit: u64,
+    },
+    /// An input that is also an output was read as an ordinary input (the caller passes it
+    /// as [`Input::InPlace`] only for ops that declared the pair).
+    #[error("input {0} is written in place; it cannot be read as a separate tensor")]
+    InPlaceInput(usize),
+    /// A FUSED recipe could not run.
+    #[error("recipe: {0}")]
+    Recipe(String),
+}
+
+/// One input operand of a call.
+#[derive(Debug, Clone, Copy)]
+pub enum Input<'a> {
+    /// A tensor the op only reads.
+    Tensor(&'a Tensor),
+    /// The same buffer as output `j`, for ops that declared the in-place pair.
+    InPlace(usize),
+}
+
+/// Everything one reference call sees: the task (params), its inputs and its outputs. The
+/// caller owns the tensors; outputs are handed over mutably for the duration of the call.
+pub struct CpuCall<'a, 'b> {
+    /// The task (only `params` and the operand counts matter to the op).
+    pub task: &'a Task,
+    /// Inputs, in task order.
+    pub inputs: &'b [Input<'a>],
+    /// Outputs, in task order.
+    pub outputs: &'b mut [Tensor],
+}
+
+impl<'a> CpuCall<'a, '_> {
+    /// Number of inputs.
+    pub fn n_inputs(&self) -> usize {
+        self.inputs.len()
+    }
+    /// Input `i` for reading.
+    pub fn input(&self, i: usize) -> Result<&'a Tensor, OpError> {
+        match self.inputs.get(i) {
+            Some(Input::Tensor(t)) => Ok(t),
+            Some(Input::InPlace(_)) => Err(OpError::InPlaceInput(i)),
+            None => Err(OpError::Arity {
+                what: "inputs",
+                expected: format!("at least {}", i + 1),
+                got: self.inputs.len(),
+            }),
+        }
+    }
+    /// Output `j` for writing.
+    pub fn output(&mut self, j: usize) -> Result<&mut Tensor, OpError> {
+        let n = self.outputs.len();
+        self.outputs.get_mut(j).ok_or(OpError::Arity {
+            what: "outputs",
+            expected: format!("at least {}", j + 1),
+            got: n,
+        })
+    }
+    /// Requires `lo..=hi` inputs and exactly `outs` outputs.
+    pub fn expect_arity(&self, lo: usize, hi: usize, outs: usize) -> Result<(), OpError> {
+        let n = self.inputs.len();
+        if n < lo || n > hi {
+            return Err(OpError::Arity {
+                what: "inputs",
+                expected: if lo == hi {
+                    lo.to_string()
+                } else {
+                    format!("{lo}..{hi}")
+                },
+                got: n,
+            });
+        }
+        if self.outputs.len() != outs {
+            return Err(OpError::Arity {
+                what: "outputs",
+                expected: outs.to_string(),
+                got: self.outputs.len(),
+            });
+        }
+        Ok(())
+    }
+    /// An integer param, if present (an error if present but not an integer).
+    pub fn int_opt(&self, key: &str) -> Result<Option<i64>, OpError> {
+        match self.task.params.get(key) {
+            None => Ok(None),
+            Some(Value::Int(i)) => Ok(Some(*i)),
+            Some(other) => Err(OpError::BadParam {
+                key: key.into(),
+                why: format!("expected an integer, found {}", other.type_name()),
+            }),
+        }
+    }
+    /// A required integer param.
+    pub fn int(&self, key: &str) -> Result<i64, OpError> {
+        self.int_opt(key)?
+            .ok_or_else(|| OpError::MissingParam(key.into()))
+    }
+    /// A real param, if present (integers accepted).
+    pub fn real_opt(&self, key: &str) -> Result<Option<f64>, OpError> {
+        match self.task.params.get(key) {
+            None => Ok(None),
+            Some(v) => v.as_f64().map(Some).ok_or_else(|| OpError::BadParam {
+                key: key.into(),
+                why: format!("expected a number, found {}", v.type_name()),
+            }),
+        }
+    }
+    /// A required real param.
+    pub fn real(&self, key: &str) -> Result<f64, OpError> {
+        self.real_opt(key)?
+            .ok_or_else(|| OpError::MissingParam(key.into()))
+    }
+}
+
+/// An op's CPU reference implementation.
+pub type ReferenceFn = fn(&mut CpuCall<'_, '_>) -> Result<(), OpError>;
+
+/// How a backend calls an op's reference.
+#[derive(Debug, Clone, Copy)]
+pub struct Reference {
+    /// The implementation.
+    pub run: ReferenceFn,
+    /// `(input, output)` pairs the op reads and writes in place (KV_APPEND's cache): the
+    /// caller passes such an input as [`Input::InPlace`]. Any other aliasing between an input
+    /// and an output is resolved by the caller with a snapshot copy of the input.
+    pub in_place: &'static [(usize, usize)],
+}
