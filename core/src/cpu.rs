@@ -3,6 +3,7 @@
 
 use crate::ir::Task;
 use crate::json::Value;
+use crate::registry::Registry;
 use crate::tensor::Tensor;
 
 /// Why an op's reference implementation refused a call. Never a panic: every shape, dtype,
@@ -69,6 +70,8 @@ pub enum Input<'a> {
 pub struct CpuCall<'a, 'b> {
     /// The task (only `params` and the operand counts matter to the op).
     pub task: &'a Task,
+    /// The registry, for ops that run other ops (FUSED recipes); `None` in isolated calls.
+    pub registry: Option<&'a Registry>,
     /// Inputs, in task order.
     pub inputs: &'b [Input<'a>],
     /// Outputs, in task order.

@@ -15,6 +15,7 @@ pub mod opcheck;
 pub mod registry;
 pub mod sim;
 pub mod tensor;
+pub mod testkit;
 pub mod validate;
 
 pub use cpu::{CpuCall, Input, OpError, Reference, ReferenceFn};

@@ -1,0 +1,108 @@
+//! Small helpers for testing op references against independent f64 formulas: task and call
+//! construction, random non-zero inputs, poisoned outputs, dtype-aware closeness.
+//! (Public so every op crate's tests share them; nothing here is used by the runtime.)
+
+use crate::cpu::{CpuCall, Input, OpError, ReferenceFn};
+use crate::ir::{DType, Opcode, Task};
+use crate::json::{Map, Value};
+use crate::registry::Registry;
+use crate::sim::SplitMix;
+use crate::tensor::Tensor;
+
+/// A task of `op` with `n_in` inputs, `n_out` outputs and the given params (ids are dummies:
+/// references only read params).
+pub fn task(op: Opcode, n_in: usize, n_out: usize, params: &[(&str, Value)]) -> Task {
+    let mut t = Task::new(
+        0,
+        op,
+        (0..n_in as u32).collect(),
+        (100..100 + n_out as u32).collect(),
+        0,
+    );
+    let mut m = Map::new();
+    for (k, v) in params {
+        m.insert(*k, v.clone());
+    }
+    t.params = m;
+    t
+}
+
+/// Runs `run` on `task` with read-only `inputs` and the given (poisoned) `outputs`.
+pub fn call(
+    run: ReferenceFn,
+    task: &Task,
+    inputs: &[&Tensor],
+    outputs: &mut [Tensor],
+) -> Result<(), OpError> {
+    call_with(run, task, inputs, outputs, None)
+}
+
+/// [`call`] with a registry (for ops that run other ops, like FUSED).
+pub fn call_with(
+    run: ReferenceFn,
+    task: &Task,
+    inputs: &[&Tensor],
+    outputs: &mut [Tensor],
+    registry: Option<&Registry>,
+) -> Result<(), OpError> {
+    let ins: Vec<Input<'_>> = inputs.iter().map(|t| Input::Tensor(t)).collect();
+    run(&mut CpuCall {
+        task,
+        registry,
+        inputs: &ins,
+        outputs,
+    })
+}
+
+/// A deterministic generator for a test case.
+pub fn rng(seed: u64) -> SplitMix {
+    SplitMix(seed ^ 0x5EED_0F_A11C_0DE5)
+}
+
+/// Random values in `[lo, hi)` that are never exactly zero (a zero input hides bugs).
+pub fn random_nonzero(dtype: DType, shape: &[u64], rng: &mut SplitMix, lo: f64, hi: f64) -> Tensor {
+    let mut t = Tensor::random(dtype, shape, rng, lo, hi);
+    for i in 0..t.numel() {
+        if t.get_f32(i) == 0.0 {
+            t.set_f32(i, if dtype.is_integer() { 1.0 } else { 0.5 });
+        }
+    }
+    t
+}
+
+/// Relative precision of a dtype's significand (half an ulp at 1.0).
+pub fn dtype_eps(dtype: DType) -> f64 {
+    match dtype {
+        DType::F32 => f32::EPSILON as f64 / 2.0,
+        DType::F16 => 2f64.powi(-11),
+        DType::BF16 => 2f64.powi(-8),
+        DType::F8E4M3 => 2f64.powi(-4),
+        DType::F8E5M2 => 2f64.powi(-3),
+        _ => 0.0,
+    }
+}
+
+/// Asserts every element of `got` matches `want` (computed in f64 by the test) within
+/// `atol + rtol·|want|` plus the rounding of `got`'s dtype, and that no element is still
+/// poison (NaN). Returns the largest error seen, for reporting.
+pub fn assert_close(got: &Tensor, want: &[f64], rtol: f64, atol: f64) -> f64 {
+    assert_eq!(got.numel(), want.len(), "element count");
+    let eps = dtype_eps(got.dtype());
+    let mut worst = 0.0f64;
+    for (i, &w) in want.iter().enumerate() {
+        let g = got.get_f32(i) as f64;
+        assert!(
+            !g.is_nan() || w.is_nan(),
+            "element {i} is NaN (never written?), want {w}"
+        );
+        let tol = atol + (rtol + eps) * w.abs();
+        let err = (g - w).abs();
+        assert!(
+            err <= tol,
+            "element {i}: got {g}, want {w} (err {err:.3e} > tol {tol:.3e}, dtype {})",
+            got.dtype()
+        );
+        worst = worst.max(err);
+    }
+    worst
+}
