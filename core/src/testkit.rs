@@ -56,7 +56,7 @@ pub fn call_with(
 
 /// A deterministic generator for a test case.
 pub fn rng(seed: u64) -> SplitMix {
-    SplitMix(seed ^ 0x5EED_0F_A11C_0DE5)
+    SplitMix(seed ^ 0x005E_ED0F_A11C_0DE5)
 }
 
 /// Random values in `[lo, hi)` that are never exactly zero (a zero input hides bugs).
