@@ -1,6 +1,7 @@
 //! The `amk` command line. Library crates do the work; this binary parses arguments, prints,
 //! and maps outcomes to exit codes.
 
+mod ops_cmd;
 mod validate_cmd;
 
 use clap::{Parser, Subcommand};
@@ -20,11 +21,15 @@ enum Command {
     /// malformed tasks.
     #[command(after_help = validate_cmd::AFTER_HELP)]
     Validate(validate_cmd::Args),
+    /// Inspect the registered opcodes.
+    #[command(subcommand)]
+    Ops(ops_cmd::OpsCommand),
 }
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
     match cli.command {
         Command::Validate(args) => validate_cmd::run(&args),
+        Command::Ops(cmd) => ops_cmd::run(&cmd),
     }
 }

@@ -1,0 +1,45 @@
+//! `amk ops list`: one row per registered opcode, human and JSON.
+#![allow(clippy::unwrap_used)] // test file
+
+use std::process::Command;
+
+#[test]
+fn ops_list_json_has_every_builtin_opcode() {
+    let out = Command::new(env!("CARGO_BIN_EXE_amk"))
+        .args(["ops", "list", "--json"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(0));
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let rows = v.as_array().unwrap();
+    assert_eq!(rows.len(), 20);
+    for (i, row) in rows.iter().enumerate() {
+        assert_eq!(row["code"], i);
+        assert_eq!(row["origin"], "built-in");
+        assert!(row["cpu"].is_boolean() && row["cuda"].is_boolean());
+        assert!(row["required_params"].is_array());
+    }
+    let gemv = &rows[5];
+    assert_eq!(gemv["name"], "GEMV_TILE");
+    assert_eq!(gemv["inputs"]["min"], 2);
+    assert_eq!(gemv["inputs"]["max"], 4);
+    assert_eq!(gemv["required_params"][0]["name"], "K");
+    assert_eq!(gemv["required_params"][0]["type"], "int");
+    assert_eq!(
+        rows[19]["inputs"]["max"],
+        serde_json::Value::Null,
+        "FUSED is variadic"
+    );
+}
+
+#[test]
+fn ops_list_prints_a_table() {
+    let out = Command::new(env!("CARGO_BIN_EXE_amk"))
+        .args(["ops", "list"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(0));
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(text.lines().count(), 21, "{text}");
+    assert!(text.contains("ATTENTION_COMBINE") && text.contains("recipe:object"));
+}
