@@ -1,12 +1,17 @@
 //! Opcode `FUSED` (code 19): Runs a recipe of primitive steps as one task.
 //!
-//! This crate owns everything about the op: its spec (arity, params), its static shape rule
-//! for the validator, and (as they land) its CPU reference and CUDA device function.
+//! This crate owns everything about the op: its spec (arity, params), its static recipe rule
+//! for the validator ([`recipe`]), its CPU reference ([`mod@reference`], which runs each step
+//! through the registry's reference of the step's op) and (as it lands) its CUDA device
+//! function.
 
 pub mod recipe;
+pub mod reference;
 
 use amk_core::opcheck::Checker;
-use amk_core::{Finding, OpRegistration, OpSpec, Opcode, ParamDecl, ParamType, TaskContext};
+use amk_core::{
+    Finding, OpRegistration, OpSpec, Opcode, ParamDecl, ParamType, Reference, TaskContext,
+};
 use std::borrow::Cow;
 
 /// The op's spec, as the registry and the validator see it.
@@ -23,7 +28,10 @@ pub const SPEC: OpSpec = OpSpec {
 };
 
 amk_core::inventory::submit! {
-    OpRegistration { spec: SPEC, reference: None }
+    OpRegistration {
+        spec: SPEC,
+        reference: Some(Reference { run: reference::run, in_place: &[] }),
+    }
 }
 
 /// Static shape and parameter rule, run by the validator.

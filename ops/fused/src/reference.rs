@@ -1,0 +1,228 @@
+//! CPU reference of FUSED: runs `params.recipe`'s steps in order, each through the CPU
+//! reference of the op it names (looked up in the call's registry).
+//!
+//! Before any step runs, the recipe must pass the same structural rule the validator applies
+//! ([`check_recipe`]); every problem it finds is reported at once as [`OpError::Recipe`].
+//!
+//! Each step gets a synthetic task of its op carrying the step's `params` and one operand per
+//! `args` entry: `{"in": k}` is the FUSED task's input `k`, `{"s": j}` the tensor most recently
+//! written to scratch slot `j`. Its single output is
+//! - for `"out": "final"` (or `-1`): the FUSED task's output itself (not cleared first, so an
+//!   op that writes part of its output, like a GEMV tile, leaves the rest as it was);
+//! - for `"out": j ≥ 0`: a fresh zero-filled tensor that then replaces slot `j` (a step may
+//!   read the slot it overwrites: it reads the old tensor). Its shape is `out_shape`, or by
+//!   default the task output's shape; its dtype is `out_dtype` — `float32` → F32, `float16` →
+//!   F16, `bfloat16` → BF16, `int8` → I8, `int32` → I32 — and F32 when absent. Tensors have no
+//!   64-bit float type, so `float64` also gives F32 (the precision every reference computes in).
+//!
+//! A step op that declares in-place pairs `(input a, output 0)` (KV_APPEND's cache) sees its
+//! output start as a copy of argument `a` (which must then match that output's dtype and
+//! shape), and receives that argument as [`Input::InPlace`].
+//!
+//! Failures: no registry in the call, a step op without a CPU reference, and any error a step
+//! returns are all [`OpError::Recipe`], naming the step index (and the step's own error).
+//! Nested FUSED is refused by the structural rule.
+
+use crate::recipe::check_recipe;
+use amk_core::json::{Map, Value};
+use amk_core::{BufferId, CpuCall, DType, Input, OpError, Opcode, Task, Tensor};
+use std::collections::BTreeMap;
+
+/// The buffer id a step's synthetic task gives a scratch operand (slots have no buffer).
+pub const SCRATCH_ID: BufferId = BufferId::MAX;
+
+/// Scratch dtype for a step's `out_dtype` (absent → F32; `float64` → F32, see the module docs).
+pub fn scratch_dtype(out_dtype: Option<&str>) -> Option<DType> {
+    Some(match out_dtype {
+        None | Some("float32") | Some("float64") => DType::F32,
+        Some("float16") => DType::F16,
+        Some("bfloat16") => DType::BF16,
+        Some("int8") => DType::I8,
+        Some("int32") => DType::I32,
+        Some(_) => return None,
+    })
+}
+
+/// Where a step argument comes from.
+#[derive(Clone, Copy)]
+enum Arg {
+    Input(usize),
+    Slot(i64),
+}
+
+/// Runs one FUSED task.
+pub fn run(call: &mut CpuCall<'_, '_>) -> Result<(), OpError> {
+    call.expect_arity(1, usize::MAX, 1)?;
+    let recipe = match call.task.params.get("recipe") {
+        None => return Err(OpError::MissingParam("recipe".into())),
+        Some(Value::Object(m)) => m,
+        Some(other) => {
+            return Err(OpError::BadParam {
+                key: "recipe".into(),
+                why: format!("expected an object, found {}", other.type_name()),
+            });
+        }
+    };
+    let reg = call.registry.ok_or_else(|| {
+        OpError::Recipe("FUSED needs the op registry to run its steps; the call has none".into())
+    })?;
+    let problems = check_recipe(recipe, call.n_inputs(), reg);
+    if !problems.is_empty() {
+        return Err(OpError::Recipe(problems.join("; ")));
+    }
+    let steps = recipe.get("steps").and_then(Value::as_array).unwrap_or(&[]);
+    let mut scratch: BTreeMap<i64, Tensor> = BTreeMap::new();
+    for (i, step) in steps.iter().enumerate() {
+        run_step(call, reg, i, step, &mut scratch)
+            .map_err(|e| OpError::Recipe(format!("recipe step {i}: {e}")))?;
+    }
+    Ok(())
+}
+
+/// Runs step `i`; errors are wrapped with the step index by the caller.
+fn run_step(
+    call: &mut CpuCall<'_, '_>,
+    reg: &amk_core::Registry,
+    i: usize,
+    step: &Value,
+    scratch: &mut BTreeMap<i64, Tensor>,
+) -> Result<(), String> {
+    // The structural rule has passed, so the lookups below only fail on its bugs; they still
+    // fail as errors, never panics.
+    let s = step.as_object().ok_or("not an object")?;
+    let code = s
+        .get("op")
+        .and_then(Value::as_i64)
+        .and_then(|c| u16::try_from(c).ok())
+        .ok_or("no usable 'op' code")?;
+    let op = Opcode(code);
+    let name = reg
+        .name_of(op)
+        .map_or_else(|| format!("op {code}"), |n| n.into_owned());
+    if op == Opcode::FUSED {
+        return Err("nested FUSED is not allowed".into());
+    }
+    let reference = *reg
+        .reference(op)
+        .ok_or_else(|| format!("{name} has no CPU reference"))?;
+
+    let args: Vec<Arg> = s
+        .get("args")
+        .and_then(Value::as_array)
+        .unwrap_or(&[])
+        .iter()
+        .enumerate()
+        .map(|(j, a)| {
+            let m = a.as_object();
+            let get = |k: &str| m.and_then(|m| m.get(k)).and_then(Value::as_i64);
+            match (get("in"), get("s")) {
+                (Some(k), None) if k >= 0 => Ok(Arg::Input(k as usize)),
+                (None, Some(k)) => Ok(Arg::Slot(k)),
+                _ => Err(format!("argument {j} is malformed")),
+            }
+        })
+        .collect::<Result<_, _>>()?;
+    let params = match s.get("params") {
+        Some(Value::Object(m)) => m.clone(),
+        _ => Map::new(),
+    };
+    let to_final = matches!(s.get("out"), Some(Value::Str(f)) if f == "final")
+        || matches!(s.get("out"), Some(Value::Int(-1)));
+    let slot = match s.get("out") {
+        Some(Value::Int(k)) if *k >= 0 => Some(*k),
+        _ if to_final => None,
+        _ => return Err("'out' is malformed".into()),
+    };
+
+    // Operand tensors.
+    let mut tensors: Vec<&Tensor> = Vec::with_capacity(args.len());
+    let mut ids: Vec<BufferId> = Vec::with_capacity(args.len());
+    for (j, a) in args.iter().enumerate() {
+        match *a {
+            Arg::Input(k) => {
+                tensors.push(call.input(k).map_err(|e| format!("argument {j}: {e}"))?);
+                ids.push(call.task.inputs.get(k).copied().unwrap_or(SCRATCH_ID));
+            }
+            Arg::Slot(k) => {
+                tensors.push(
+                    scratch
+                        .get(&k)
+                        .ok_or_else(|| format!("argument {j}: scratch slot {k} is unwritten"))?,
+                );
+                ids.push(SCRATCH_ID);
+            }
+        }
+    }
+
+    let mut task = Task::new(
+        call.task.id,
+        op,
+        ids,
+        vec![match slot {
+            Some(_) => SCRATCH_ID,
+            None => call.task.outputs.first().copied().unwrap_or(SCRATCH_ID),
+        }],
+        call.task.out_counter,
+    );
+    task.params = params;
+    task.label = format!("{} step {i}", call.task.display_label());
+
+    let mut fresh: Vec<Tensor> = Vec::new();
+    let outputs: &mut [Tensor] = match slot {
+        Some(_) => {
+            let shape: Vec<u64> = match s.get("out_shape").and_then(Value::as_array) {
+                Some(dims) => dims
+                    .iter()
+                    .map(|d| d.as_i64().and_then(|d| u64::try_from(d).ok()))
+                    .collect::<Option<_>>()
+                    .ok_or("out_shape is malformed")?,
+                None => call
+                    .outputs
+                    .first()
+                    .map(|t| t.shape().to_vec())
+                    .ok_or("the task has no output")?,
+            };
+            let dtype = scratch_dtype(s.get("out_dtype").and_then(Value::as_str))
+                .ok_or("out_dtype is malformed")?;
+            fresh.push(Tensor::zeros(dtype, &shape));
+            &mut fresh
+        }
+        None => call.outputs.get_mut(..1).ok_or("the task has no output")?,
+    };
+
+    // In-place pairs: the output starts as the argument, which is passed as that output.
+    let mut inputs: Vec<Input<'_>> = tensors.iter().map(|t| Input::Tensor(t)).collect();
+    for &(a, o) in reference.in_place {
+        let Some(&src) = tensors.get(a) else {
+            continue;
+        };
+        let dst = outputs.get_mut(o).ok_or_else(|| {
+            format!("{name} writes input {a} in place as output {o}; steps have one output")
+        })?;
+        if src.dtype() != dst.dtype() || src.shape() != dst.shape() {
+            return Err(format!(
+                "{name} writes argument {a} in place, but it is {} {:?} and the step's output \
+                 is {} {:?}",
+                src.dtype(),
+                src.shape(),
+                dst.dtype(),
+                dst.shape()
+            ));
+        }
+        *dst = src.clone();
+        inputs[a] = Input::InPlace(o);
+    }
+
+    (reference.run)(&mut CpuCall {
+        task: &task,
+        registry: Some(reg),
+        inputs: &inputs,
+        outputs,
+    })
+    .map_err(|e| format!("{name}: {e}"))?;
+
+    if let (Some(k), Some(t)) = (slot, fresh.pop()) {
+        scratch.insert(k, t);
+    }
+    Ok(())
+}
