@@ -3,8 +3,10 @@
 //! This crate owns everything about the op: its spec (arity, params), its static shape rule
 //! for the validator, and (as they land) its CPU reference and CUDA device function.
 
-use amk_core::{OpRegistration, OpSpec, Opcode};
+use amk_core::{OpRegistration, OpSpec, Opcode, Reference};
 use std::borrow::Cow;
+
+pub mod reference;
 
 /// The op's spec, as the registry and the validator see it.
 pub const SPEC: OpSpec = OpSpec {
@@ -20,5 +22,8 @@ pub const SPEC: OpSpec = OpSpec {
 };
 
 amk_core::inventory::submit! {
-    OpRegistration { spec: SPEC, reference: None }
+    OpRegistration {
+        spec: SPEC,
+        reference: Some(Reference { run: reference::run, in_place: &[] }),
+    }
 }

@@ -4,8 +4,10 @@
 //! for the validator, and (as they land) its CPU reference and CUDA device function.
 
 use amk_core::opcheck::{Checker, desc};
-use amk_core::{DType, Finding, OpRegistration, OpSpec, Opcode, TaskContext};
+use amk_core::{DType, Finding, OpRegistration, OpSpec, Opcode, Reference, TaskContext};
 use std::borrow::Cow;
+
+pub mod reference;
 
 /// The op's spec, as the registry and the validator see it.
 pub const SPEC: OpSpec = OpSpec {
@@ -23,7 +25,10 @@ pub const SPEC: OpSpec = OpSpec {
 };
 
 amk_core::inventory::submit! {
-    OpRegistration { spec: SPEC, reference: None }
+    OpRegistration {
+        spec: SPEC,
+        reference: Some(Reference { run: reference::run, in_place: &[] }),
+    }
 }
 
 /// Static shape and parameter rule, run by the validator.
