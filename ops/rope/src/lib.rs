@@ -1,11 +1,20 @@
 //! Opcode `ROPE` (code 8): Rotary position embedding (rotate-half) at the positions held in the pos buffer.
 //!
+//! Param `pairing` (optional int) picks which dims rotate together: `0` (default) is
+//! rotate-half (Llama / NeoX, dims `i` and `i + head_dim/2`), `1` is adjacent pairs (GGUF's
+//! layout, dims `2i` and `2i + 1`). The shape rule flags any other value as
+//! `tile_out_of_bounds` (an out-of-range param value, like a non-positive `theta`).
+//!
 //! This crate owns everything about the op: its spec (arity, params), its static shape rule
 //! for the validator, and (as they land) its CPU reference and CUDA device function.
 
 use amk_core::opcheck::{Checker, desc};
-use amk_core::{Finding, OpRegistration, OpSpec, Opcode, ParamDecl, ParamType, TaskContext};
+use amk_core::{
+    Finding, OpRegistration, OpSpec, Opcode, ParamDecl, ParamType, Reference, TaskContext,
+};
 use std::borrow::Cow;
+
+pub mod reference;
 
 /// The op's spec, as the registry and the validator see it.
 pub const SPEC: OpSpec = OpSpec {
@@ -17,6 +26,7 @@ pub const SPEC: OpSpec = OpSpec {
     params: Cow::Borrowed(&[
         ParamDecl::required("head_dim", ParamType::Int),
         ParamDecl::required("theta", ParamType::Real),
+        ParamDecl::optional("pairing", ParamType::Int),
     ]),
     write_region: amk_core::WriteRegion::Whole,
     check: Some(check),
@@ -26,7 +36,10 @@ pub const SPEC: OpSpec = OpSpec {
 };
 
 amk_core::inventory::submit! {
-    OpRegistration { spec: SPEC, reference: None }
+    OpRegistration {
+        spec: SPEC,
+        reference: Some(Reference { run: reference::run, in_place: &[] }),
+    }
 }
 
 /// Static shape and parameter rule, run by the validator.
@@ -43,6 +56,15 @@ fn check(ctx: &TaskContext<'_>) -> Vec<Finding> {
             c.oob(format!("param theta = {theta} must be positive"));
         }
     }
+    if let Some(p) = c.int("pairing") {
+        if p != reference::PAIRING_ROTATE_HALF && p != reference::PAIRING_ADJACENT {
+            c.oob(format!(
+                "param pairing = {p} must be {} (rotate-half) or {} (adjacent pairs)",
+                reference::PAIRING_ROTATE_HALF,
+                reference::PAIRING_ADJACENT
+            ));
+        }
+    }
     let Some(hd) = c.positive("head_dim") else {
         return c.finish();
     };
@@ -57,8 +79,27 @@ fn check(ctx: &TaskContext<'_>) -> Vec<Finding> {
             desc(x)
         ));
     }
-    if x.rank() == 3 && pos.numel() != x.shape[0] {
-        c.mismatch(format!("a [S, heads, head_dim] input {} needs S = {} positions, the positions buffer {} has {}", desc(x), x.shape[0], desc(pos), pos.numel()));
+    if x.rank() >= 3 {
+        // One position per row of the leading dims: S for [S, heads, head_dim], B·S for
+        // [B, S, heads, head_dim].
+        let lead = &x.shape[..x.rank() - 2];
+        let rows = lead.iter().fold(1u64, |a, &d| a.saturating_mul(d));
+        if pos.numel() != rows {
+            c.mismatch(format!(
+                "an input {} with leading dims {lead:?} needs {rows} positions, the positions \
+                 buffer {} has {}",
+                desc(x),
+                desc(pos),
+                pos.numel()
+            ));
+        }
+        let row_len = x.numel().checked_div(rows).unwrap_or(0);
+        if row_len % hd as u64 != 0 {
+            c.mismatch(format!(
+                "rows of the input {} ({row_len} elements) are not whole heads of head_dim = {hd}",
+                desc(x)
+            ));
+        }
     }
     c.finish()
 }

@@ -1,0 +1,124 @@
+//! CPU reference of KV_APPEND: writes new K or V rows into the cache at `pos`, in place.
+//!
+//! Inputs `[new, cache]`, output: the cache. The op declares the pair (input 1, output 0), so
+//! a caller passes the cache as [`Input::InPlace`]`(0)` and the cache tensor itself as output
+//! 0. (A caller that passes the cache as an ordinary input gets the same result in a separate
+//! output: the cache is copied into it first, cast on store, then the rows are written.)
+//!
+//! - Rank-2 or rank-3 cache `[max_seq, …]` with rows of `row = numel / max_seq` elements:
+//!   `new` is viewed as `rows = new.numel / row` whole rows and written to cache rows
+//!   `[pos, pos + rows)`.
+//! - Rank-4 (batched) cache `[B, max_seq, n_kv, head_dim]`: `new` is viewed as
+//!   `[B, n_kv · head_dim]` and `cache[b, pos] = new[b]` for every `b`.
+//!
+//! Every other cache element is left untouched. A `pos` (plus rows) beyond the cache, a
+//! negative `pos`, or a `new` that is not a whole number of rows is an error, reported before
+//! anything is written.
+
+use amk_core::{CpuCall, Input, OpError};
+
+/// Runs one KV_APPEND task.
+pub fn run(call: &mut CpuCall<'_, '_>) -> Result<(), OpError> {
+    call.expect_arity(2, 2, 1)?;
+    let new = call.input(0)?;
+    let pos = call.int("pos")?;
+    let pos = usize::try_from(pos).map_err(|_| OpError::BadParam {
+        key: "pos".into(),
+        why: format!("{pos} must not be negative"),
+    })?;
+    // Where the cache lives: the in-place output, or a separate input copied into output 0.
+    let (out_idx, separate) = match call.inputs.get(1) {
+        Some(Input::InPlace(j)) => (*j, None),
+        Some(Input::Tensor(t)) => (0, Some(*t)),
+        None => {
+            return Err(OpError::Arity {
+                what: "inputs",
+                expected: "2".into(),
+                got: call.n_inputs(),
+            });
+        }
+    };
+    let cache = call.output(out_idx)?;
+    if let Some(src) = separate {
+        if src.numel() != cache.numel() {
+            return Err(OpError::Shape(format!(
+                "the cache input {:?} and the output {:?} hold different element counts",
+                src.shape(),
+                cache.shape()
+            )));
+        }
+    }
+    let shape = cache.shape().to_vec();
+    // Destination element ranges (start, length) paired with the source offset in `new`.
+    let mut spans: Vec<(usize, usize, usize)> = Vec::new();
+    match shape.as_slice() {
+        [max_seq, ..] if shape.len() == 2 || shape.len() == 3 => {
+            let max_seq = *max_seq as usize;
+            let row = cache.numel().checked_div(max_seq).unwrap_or(0);
+            if row == 0 {
+                return Err(OpError::Shape(format!(
+                    "the cache {shape:?} has no elements to append to"
+                )));
+            }
+            if new.numel() % row != 0 {
+                return Err(OpError::Shape(format!(
+                    "new rows {:?} ({} elements) are not a whole number of cache rows of \
+                     {row} elements (cache {shape:?})",
+                    new.shape(),
+                    new.numel()
+                )));
+            }
+            let rows = new.numel() / row;
+            if pos.saturating_add(rows) > max_seq {
+                return Err(OpError::BadParam {
+                    key: "pos".into(),
+                    why: format!(
+                        "rows [{pos}, {}) exceed the cache's {max_seq} rows",
+                        pos.saturating_add(rows)
+                    ),
+                });
+            }
+            spans.push((pos * row, rows * row, 0));
+        }
+        [b, max_seq, n_kv, hd] => {
+            let (b, max_seq) = (*b as usize, *max_seq as usize);
+            let per = (*n_kv as usize).saturating_mul(*hd as usize);
+            if new.numel() != b.saturating_mul(per) {
+                return Err(OpError::Shape(format!(
+                    "new rows {:?} must hold B x n_kv x head_dim = {b} x {per} elements for \
+                     the batched cache {shape:?}, has {}",
+                    new.shape(),
+                    new.numel()
+                )));
+            }
+            if pos >= max_seq {
+                return Err(OpError::BadParam {
+                    key: "pos".into(),
+                    why: format!("{pos} is beyond the cache's {max_seq} positions"),
+                });
+            }
+            if per > 0 {
+                for i in 0..b {
+                    spans.push(((i * max_seq + pos) * per, per, i * per));
+                }
+            }
+        }
+        _ => {
+            return Err(OpError::Shape(format!(
+                "the cache {shape:?} must be [max_seq, n_kv, head_dim] (or flat \
+                 [max_seq, n_kv·head_dim]) or batched [B, max_seq, n_kv, head_dim]"
+            )));
+        }
+    }
+    if let Some(src) = separate {
+        for i in 0..src.numel() {
+            cache.set_f32(i, src.get_f32(i));
+        }
+    }
+    for (dst, len, srcoff) in spans {
+        for i in 0..len {
+            cache.set_f32(dst + i, new.get_f32(srcoff + i));
+        }
+    }
+    Ok(())
+}
