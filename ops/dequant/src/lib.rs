@@ -1,11 +1,16 @@
 //! Opcode `DEQUANT` (code 13): Group-wise dequantisation (q - zero) * scale.
 //!
 //! This crate owns everything about the op: its spec (arity, params), its static shape rule
-//! for the validator, and (as they land) its CPU reference and CUDA device function.
+//! for the validator, its CPU reference ([`reference`](mod@reference)) and (as it lands) its
+//! CUDA device function.
 
 use amk_core::opcheck::{Checker, desc};
-use amk_core::{Finding, OpRegistration, OpSpec, Opcode, ParamDecl, ParamType, TaskContext};
+use amk_core::{
+    Finding, OpRegistration, OpSpec, Opcode, ParamDecl, ParamType, Reference, TaskContext,
+};
 use std::borrow::Cow;
+
+pub mod reference;
 
 /// The op's spec, as the registry and the validator see it.
 pub const SPEC: OpSpec = OpSpec {
@@ -24,7 +29,10 @@ pub const SPEC: OpSpec = OpSpec {
 };
 
 amk_core::inventory::submit! {
-    OpRegistration { spec: SPEC, reference: None }
+    OpRegistration {
+        spec: SPEC,
+        reference: Some(Reference { run: reference::run, in_place: &[] }),
+    }
 }
 
 /// Static shape and parameter rule, run by the validator.

@@ -1,11 +1,16 @@
 //! Opcode `GEMV_TILE` (code 5): Columns [n_off, n_off+N_tile) of y = x @ W^T (+ bias); weights fp, or int8/int4 with fp16 group scales (and zeros).
 //!
 //! This crate owns everything about the op: its spec (arity, params), its static shape rule
-//! for the validator, and (as they land) its CPU reference and CUDA device function.
+//! for the validator, its CPU reference ([`reference`](mod@reference), shared with GEMM_TILE
+//! through [`reference::linear`]) and (as it lands) its CUDA device function.
 
 use amk_core::opcheck::{self, Checker};
-use amk_core::{Finding, OpRegistration, OpSpec, Opcode, ParamDecl, ParamType, TaskContext};
+use amk_core::{
+    Finding, OpRegistration, OpSpec, Opcode, ParamDecl, ParamType, Reference, TaskContext,
+};
 use std::borrow::Cow;
+
+pub mod reference;
 
 /// The op's spec, as the registry and the validator see it.
 pub const SPEC: OpSpec = OpSpec {
@@ -29,7 +34,10 @@ pub const SPEC: OpSpec = OpSpec {
 };
 
 amk_core::inventory::submit! {
-    OpRegistration { spec: SPEC, reference: None }
+    OpRegistration {
+        spec: SPEC,
+        reference: Some(Reference { run: reference::run, in_place: &[] }),
+    }
 }
 
 /// Static shape and parameter rule, run by the validator.
