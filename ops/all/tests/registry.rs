@@ -14,6 +14,11 @@ fn registry_holds_exactly_the_abi_opcodes() {
         assert_eq!(Some(spec.name.as_ref()), spec.code.abi_name());
         assert_eq!(*origin, Origin::Builtin);
         assert_eq!(reg.resolve_name(&spec.name), Some(spec.code));
+        assert!(
+            reg.reference(spec.code).is_some(),
+            "{} has a CPU reference",
+            spec.name
+        );
     }
 }
 
