@@ -26,7 +26,19 @@ fn bench(c: &mut Criterion) {
     for wd in [DType::F32, DType::BF16, DType::F16] {
         let w = random_nonzero(wd, &[N, K], &mut r, -1.0, 1.0);
         let t = task(Opcode::GEMV_TILE, 2, 1, &base);
-        let mut out = [Tensor::zeros(DType::F32, &[1, N])];
+        let mut out = [Tensor::poisoned(DType::F32, &[1, N])];
+        // Correctness gate: no timing for a wrong result.
+        call(run, &t, &[&x, &w], &mut out).expect("run");
+        for n in (0..N as usize).step_by(97) {
+            let want: f64 = (0..K as usize)
+                .map(|k| x.get_f32(k) as f64 * w.get_f32(n * K as usize + k) as f64)
+                .sum();
+            let got = out[0].get_f32(n) as f64;
+            assert!(
+                (got - want).abs() <= 1e-4 * (1.0 + want.abs()),
+                "row {n}: {got} vs {want}"
+            );
+        }
         g.throughput(Throughput::Bytes(wd.nbytes(N * K)));
         g.bench_function(format!("{wd}"), |b| {
             b.iter(|| call(run, &t, &[black_box(&x), black_box(&w)], &mut out).expect("run"))
