@@ -5,6 +5,7 @@
 //! [`ValidatedProgram`] can be handed to a backend.
 
 pub mod abi;
+pub mod backend;
 pub mod codec;
 pub mod cpu;
 pub mod error;
@@ -18,6 +19,7 @@ pub mod tensor;
 pub mod testkit;
 pub mod validate;
 
+pub use backend::{Backend, BackendError, BoundWeights, Outputs, Session, WeightStore};
 pub use cpu::{CpuCall, Input, OpError, Reference, ReferenceFn};
 pub use error::IrError;
 pub use ir::*;

@@ -141,6 +141,99 @@ impl Tensor {
         t
     }
 
+    /// A tensor over existing storage; the storage variant and length must fit dtype and shape.
+    pub fn from_storage(dtype: DType, shape: &[u64], data: Storage) -> Result<Tensor, OpError> {
+        let want = Tensor::zeros(dtype, &[]).data; // variant for the dtype
+        let n = numel_of(shape);
+        let expect_len = match dtype {
+            DType::I4 => {
+                let k = row_len(shape);
+                n.checked_div(k).unwrap_or(0) * k.div_ceil(2)
+            }
+            _ => n,
+        };
+        let (same_variant, len) = match (&want, &data) {
+            (Storage::F32(_), Storage::F32(v)) => (true, v.len()),
+            (Storage::F16(_), Storage::F16(v)) => (true, v.len()),
+            (Storage::BF16(_), Storage::BF16(v)) => (true, v.len()),
+            (Storage::I32(_), Storage::I32(v)) => (true, v.len()),
+            (Storage::I8(_), Storage::I8(v)) => (true, v.len()),
+            (Storage::U8(_), Storage::U8(v)) => (true, v.len()),
+            (Storage::I4(_), Storage::I4(v)) => (true, v.len()),
+            (Storage::Bytes(_), Storage::Bytes(v)) => (true, v.len()),
+            _ => (false, 0),
+        };
+        if !same_variant {
+            return Err(OpError::DType(format!(
+                "storage does not hold {dtype} elements"
+            )));
+        }
+        if len != expect_len {
+            return Err(OpError::Shape(format!(
+                "{len} stored elements for a {dtype} tensor of shape {shape:?} (needs {expect_len})"
+            )));
+        }
+        Ok(Tensor {
+            dtype,
+            shape: shape.to_vec(),
+            data,
+        })
+    }
+
+    /// Decodes little-endian bytes (the safetensors / device layout; `I4` packed per row).
+    pub fn from_le_bytes(dtype: DType, shape: &[u64], bytes: &[u8]) -> Result<Tensor, OpError> {
+        let data = match dtype {
+            DType::F32 => Storage::F32(
+                bytes
+                    .chunks_exact(4)
+                    .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+                    .collect(),
+            ),
+            DType::F16 => Storage::F16(
+                bytes
+                    .chunks_exact(2)
+                    .map(|c| f16::from_le_bytes([c[0], c[1]]))
+                    .collect(),
+            ),
+            DType::BF16 => Storage::BF16(
+                bytes
+                    .chunks_exact(2)
+                    .map(|c| bf16::from_le_bytes([c[0], c[1]]))
+                    .collect(),
+            ),
+            DType::I32 => Storage::I32(
+                bytes
+                    .chunks_exact(4)
+                    .map(|c| i32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+                    .collect(),
+            ),
+            DType::I8 => Storage::I8(bytes.iter().map(|&b| b as i8).collect()),
+            DType::U8 => Storage::U8(bytes.to_vec()),
+            DType::I4 => Storage::I4(bytes.to_vec()),
+            DType::BOOL | DType::F8E4M3 | DType::F8E5M2 => Storage::Bytes(bytes.to_vec()),
+        };
+        let bits = dtype.bits() as usize;
+        if bits >= 8 && bytes.len() % (bits / 8) != 0 {
+            return Err(OpError::Shape(format!(
+                "{} bytes is not a whole number of {dtype} elements",
+                bytes.len()
+            )));
+        }
+        Tensor::from_storage(dtype, shape, data)
+    }
+
+    /// Little-endian bytes of the storage (the inverse of [`Tensor::from_le_bytes`]).
+    pub fn to_le_bytes(&self) -> Vec<u8> {
+        match &self.data {
+            Storage::F32(v) => v.iter().flat_map(|x| x.to_le_bytes()).collect(),
+            Storage::F16(v) => v.iter().flat_map(|x| x.to_le_bytes()).collect(),
+            Storage::BF16(v) => v.iter().flat_map(|x| x.to_le_bytes()).collect(),
+            Storage::I32(v) => v.iter().flat_map(|x| x.to_le_bytes()).collect(),
+            Storage::I8(v) => v.iter().map(|&x| x as u8).collect(),
+            Storage::U8(v) | Storage::I4(v) | Storage::Bytes(v) => v.clone(),
+        }
+    }
+
     /// Element type.
     pub fn dtype(&self) -> DType {
         self.dtype

@@ -1,0 +1,415 @@
+//! The backend contract: a backend loads a `ValidatedProgram` plus a `WeightStore` and returns
+//! a `Session`; each `Session::step` runs one forward pass (counters start at 0, KV caches
+//! persist across steps, IO inputs are set per step, IO outputs are read back).
+//!
+//! Also here: the weight store and its safetensors reader/writer (our own: the format is an
+//! 8-byte header length, a JSON header, then raw little-endian data), and the binding of
+//! WEIGHT/CONST buffers to tensors by `Buffer.source` (spec README §7).
+
+use crate::cpu::OpError;
+use crate::ir::{BufferKind, DType, Program, TaskId};
+use crate::json::{self, Map, Value};
+use crate::registry::Registry;
+use crate::tensor::Tensor;
+use crate::validate::ValidatedProgram;
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+/// What can go wrong loading or running a program on a backend.
+#[derive(Debug, thiserror::Error)]
+pub enum BackendError {
+    /// A weights file could not be read.
+    #[error("{path}: {source}")]
+    Io {
+        /// File.
+        path: PathBuf,
+        /// Cause.
+        source: std::io::Error,
+    },
+    /// A weights file is malformed (truncated, bad header, offsets out of range, …).
+    #[error("{path}: not a valid safetensors file: {message}")]
+    Format {
+        /// File.
+        path: PathBuf,
+        /// What is wrong.
+        message: String,
+    },
+    /// A WEIGHT/CONST buffer cannot be bound to its tensor.
+    #[error("buffer '{buffer}': {message}")]
+    Weights {
+        /// Buffer name.
+        buffer: String,
+        /// What is wrong (names the tensor).
+        message: String,
+    },
+    /// An IO input is unknown, mistyped or missing.
+    #[error("input '{name}': {message}")]
+    Input {
+        /// Buffer name.
+        name: String,
+        /// What is wrong.
+        message: String,
+    },
+    /// An op's reference refused a task.
+    #[error("task {task} ({label}): {source}")]
+    Op {
+        /// Task.
+        task: TaskId,
+        /// Its label or opcode.
+        label: String,
+        /// Cause.
+        source: OpError,
+    },
+    /// A task read a transient buffer before any writer finished (race-hunting mode).
+    #[error(
+        "race: task {task} ({label}) read buffer '{buffer}' before it was written (seed {seed})"
+    )]
+    Race {
+        /// Reader.
+        task: TaskId,
+        /// Its label.
+        label: String,
+        /// Buffer name.
+        buffer: String,
+        /// Firing-order seed.
+        seed: u64,
+    },
+    /// Tasks that can never fire (cannot happen for a validated program).
+    #[error("deadlock: {0} task(s) never became ready")]
+    Deadlock(usize),
+    /// The backend cannot run this (no reference for an op, feature not compiled, …).
+    #[error("unsupported: {0}")]
+    Unsupported(String),
+}
+
+/// One forward pass's IO outputs, by buffer name, in buffer order.
+#[derive(Debug, Clone, Default)]
+pub struct Outputs {
+    /// `(name, value)` of every IO_OUTPUT buffer.
+    pub tensors: Vec<(String, Tensor)>,
+}
+
+impl Outputs {
+    /// The output named `name`.
+    pub fn get(&self, name: &str) -> Option<&Tensor> {
+        self.tensors.iter().find(|(n, _)| n == name).map(|(_, t)| t)
+    }
+}
+
+/// A loaded program ready to run forward passes.
+pub trait Session {
+    /// Sets IO inputs by buffer name (values persist to later steps), runs one forward pass,
+    /// returns every IO output.
+    fn step(&mut self, inputs: &[(&str, Tensor)]) -> Result<Outputs, BackendError>;
+}
+
+/// An execution backend.
+pub trait Backend {
+    /// Short name (`cpu`, `cuda`).
+    fn name(&self) -> &'static str;
+    /// Loads a validated program with its weights.
+    fn load(
+        &self,
+        program: &ValidatedProgram,
+        weights: &WeightStore,
+        registry: &Registry,
+    ) -> Result<Box<dyn Session>, BackendError>;
+}
+
+/// Named tensors (weights and constants), shared cheaply between sessions.
+#[derive(Debug, Clone, Default)]
+pub struct WeightStore {
+    tensors: BTreeMap<String, Arc<Tensor>>,
+}
+
+/// The result of binding a program's WEIGHT/CONST buffers.
+#[derive(Debug, Clone)]
+pub struct BoundWeights {
+    /// `by_buffer[b]`: the tensor of buffer `b` (WEIGHT/CONST buffers only).
+    pub by_buffer: Vec<Option<Arc<Tensor>>>,
+    /// Tensors no buffer uses (a warning, not an error).
+    pub unused: Vec<String>,
+}
+
+fn st_dtype(name: &str) -> Option<DType> {
+    Some(match name {
+        "F32" => DType::F32,
+        "F16" => DType::F16,
+        "BF16" => DType::BF16,
+        "I32" => DType::I32,
+        "I8" => DType::I8,
+        "U8" => DType::U8,
+        "BOOL" => DType::BOOL,
+        "F8_E4M3" => DType::F8E4M3,
+        "F8_E5M2" => DType::F8E5M2,
+        _ => return None,
+    })
+}
+
+fn st_name(d: DType) -> &'static str {
+    match d {
+        DType::F32 => "F32",
+        DType::F16 => "F16",
+        DType::BF16 => "BF16",
+        DType::I32 => "I32",
+        DType::I8 => "I8",
+        DType::U8 | DType::I4 => "U8",
+        DType::BOOL => "BOOL",
+        DType::F8E4M3 => "F8_E4M3",
+        DType::F8E5M2 => "F8_E5M2",
+    }
+}
+
+impl WeightStore {
+    /// An empty store.
+    pub fn new() -> Self {
+        Self::default()
+    }
+    /// Adds (or replaces) a tensor.
+    pub fn insert(&mut self, name: impl Into<String>, t: Tensor) {
+        self.tensors.insert(name.into(), Arc::new(t));
+    }
+    /// The tensor named `name`.
+    pub fn get(&self, name: &str) -> Option<&Arc<Tensor>> {
+        self.tensors.get(name)
+    }
+    /// Tensor names, sorted.
+    pub fn names(&self) -> impl Iterator<Item = &str> {
+        self.tensors.keys().map(String::as_str)
+    }
+    /// Number of tensors.
+    pub fn len(&self) -> usize {
+        self.tensors.len()
+    }
+    /// Whether the store is empty.
+    pub fn is_empty(&self) -> bool {
+        self.tensors.is_empty()
+    }
+
+    /// Reads a safetensors file.
+    pub fn load_safetensors(path: &Path) -> Result<WeightStore, BackendError> {
+        let bytes = std::fs::read(path).map_err(|source| BackendError::Io {
+            path: path.to_path_buf(),
+            source,
+        })?;
+        Self::from_safetensors_bytes(&bytes).map_err(|message| BackendError::Format {
+            path: path.to_path_buf(),
+            message,
+        })
+    }
+
+    /// Parses safetensors bytes (errors are messages; the caller names the file).
+    pub fn from_safetensors_bytes(bytes: &[u8]) -> Result<WeightStore, String> {
+        let head: [u8; 8] = bytes
+            .get(..8)
+            .and_then(|h| h.try_into().ok())
+            .ok_or("shorter than the 8-byte header length")?;
+        let n = u64::from_le_bytes(head);
+        let end = 8u64
+            .checked_add(n)
+            .filter(|&e| e <= bytes.len() as u64)
+            .ok_or_else(|| format!("header length {n} runs past the end of the file"))?
+            as usize;
+        let text = std::str::from_utf8(&bytes[8..end]).map_err(|_| "header is not UTF-8")?;
+        let header = json::parse(text.trim_end()).map_err(|e| format!("header: {e}"))?;
+        let map = header.as_object().ok_or("header is not a JSON object")?;
+        let data = &bytes[end..];
+        let mut store = WeightStore::new();
+        for (name, info) in map.iter() {
+            if name == "__metadata__" {
+                continue;
+            }
+            let t = tensor_from_entry(name, info, data)?;
+            store.insert(name, t);
+        }
+        Ok(store)
+    }
+
+    /// Serialises every tensor to safetensors bytes (sorted names, 8-byte aligned data).
+    pub fn to_safetensors_bytes(&self) -> Vec<u8> {
+        let mut header = Map::new();
+        let mut data = Vec::new();
+        for (name, t) in &self.tensors {
+            let shape: Vec<u64> = if t.dtype() == DType::I4 {
+                let mut s = t.shape().to_vec();
+                if let Some(k) = s.last_mut() {
+                    *k = k.div_ceil(2);
+                }
+                s
+            } else {
+                t.shape().to_vec()
+            };
+            let bytes = t.to_le_bytes();
+            let mut e = Map::new();
+            e.insert("dtype", Value::from(st_name(t.dtype())));
+            e.insert(
+                "shape",
+                Value::Array(shape.iter().map(|&d| Value::Int(d as i64)).collect()),
+            );
+            e.insert(
+                "data_offsets",
+                Value::Array(vec![
+                    Value::Int(data.len() as i64),
+                    Value::Int((data.len() + bytes.len()) as i64),
+                ]),
+            );
+            data.extend_from_slice(&bytes);
+            header.insert(name.clone(), Value::Object(e));
+        }
+        let mut text = String::new();
+        json::write::write_compact(&Value::Object(header), &mut text);
+        while (8 + text.len()) % 8 != 0 {
+            text.push(' ');
+        }
+        let mut out = (text.len() as u64).to_le_bytes().to_vec();
+        out.extend_from_slice(text.as_bytes());
+        out.extend_from_slice(&data);
+        out
+    }
+
+    /// Writes a safetensors file.
+    pub fn save_safetensors(&self, path: &Path) -> Result<(), BackendError> {
+        std::fs::write(path, self.to_safetensors_bytes()).map_err(|source| BackendError::Io {
+            path: path.to_path_buf(),
+            source,
+        })
+    }
+
+    /// Binds every WEIGHT/CONST buffer of `p` to the tensor named by its `source`: dtype and
+    /// shape must match (an `I4` buffer `[.., K]` binds to a `U8` tensor `[.., ceil(K/2)]`).
+    pub fn bind(&self, p: &Program) -> Result<BoundWeights, BackendError> {
+        let mut by_buffer = vec![None; p.buffers.len()];
+        let mut used = std::collections::BTreeSet::new();
+        for b in &p.buffers {
+            if !matches!(b.kind, BufferKind::WEIGHT | BufferKind::CONST) {
+                continue;
+            }
+            let err = |message: String| BackendError::Weights {
+                buffer: b.name.clone(),
+                message,
+            };
+            let Some(src) = &b.source else {
+                return Err(err(format!(
+                    "{} buffer has no `source` naming its tensor",
+                    b.kind
+                )));
+            };
+            let t = self
+                .tensors
+                .get(src)
+                .ok_or_else(|| err(format!("tensor '{src}' is not in the weights")))?;
+            let t = if b.dtype == DType::I4 && t.dtype() == DType::U8 {
+                // Reinterpret the packed bytes with the buffer's logical shape.
+                let packed: Vec<u64> = {
+                    let mut s = b.shape.clone();
+                    if let Some(k) = s.last_mut() {
+                        *k = k.div_ceil(2);
+                    }
+                    s
+                };
+                if t.shape() != packed.as_slice() {
+                    return Err(err(format!(
+                        "I4 buffer {:?} needs a U8 tensor of shape {packed:?}, tensor '{src}' is {:?}",
+                        b.shape,
+                        t.shape()
+                    )));
+                }
+                Arc::new(
+                    Tensor::from_le_bytes(DType::I4, &b.shape, &t.to_le_bytes())
+                        .map_err(|e| err(e.to_string()))?,
+                )
+            } else {
+                if t.dtype() != b.dtype || t.shape() != b.shape.as_slice() {
+                    return Err(err(format!(
+                        "buffer is {} {:?} but tensor '{src}' is {} {:?}",
+                        b.dtype,
+                        b.shape,
+                        t.dtype(),
+                        t.shape()
+                    )));
+                }
+                Arc::clone(t)
+            };
+            used.insert(src.clone());
+            by_buffer[b.id as usize] = Some(t);
+        }
+        let unused = self
+            .tensors
+            .keys()
+            .filter(|k| !used.contains(*k))
+            .cloned()
+            .collect();
+        Ok(BoundWeights { by_buffer, unused })
+    }
+}
+
+fn tensor_from_entry(name: &str, info: &Value, data: &[u8]) -> Result<Tensor, String> {
+    let m = info
+        .as_object()
+        .ok_or_else(|| format!("tensor '{name}': entry is not an object"))?;
+    let dname = m
+        .get("dtype")
+        .and_then(Value::as_str)
+        .ok_or_else(|| format!("tensor '{name}': missing dtype"))?;
+    let dtype =
+        st_dtype(dname).ok_or_else(|| format!("tensor '{name}': unsupported dtype {dname}"))?;
+    let shape: Vec<u64> = m
+        .get("shape")
+        .and_then(Value::as_array)
+        .ok_or_else(|| format!("tensor '{name}': missing shape"))?
+        .iter()
+        .map(|d| d.as_i64().filter(|&d| d >= 0).map(|d| d as u64))
+        .collect::<Option<_>>()
+        .ok_or_else(|| format!("tensor '{name}': shape must be non-negative integers"))?;
+    let offs = m
+        .get("data_offsets")
+        .and_then(Value::as_array)
+        .filter(|a| a.len() == 2)
+        .and_then(|a| Some((a[0].as_i64()?, a[1].as_i64()?)))
+        .filter(|&(a, b)| 0 <= a && a <= b && b as u64 <= data.len() as u64)
+        .ok_or_else(|| format!("tensor '{name}': data_offsets missing or out of range"))?;
+    let bytes = &data[offs.0 as usize..offs.1 as usize];
+    let numel = shape.iter().try_fold(1u64, |a, &d| a.checked_mul(d));
+    let want = numel.and_then(|n| n.checked_mul(dtype.bits() / 8));
+    if want != Some(bytes.len() as u64) {
+        return Err(format!(
+            "tensor '{name}': {} bytes for {dtype} {shape:?}",
+            bytes.len()
+        ));
+    }
+    Tensor::from_le_bytes(dtype, &shape, bytes).map_err(|e| format!("tensor '{name}': {e}"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::sim::SplitMix;
+
+    #[test]
+    fn safetensors_round_trip_and_corruption_is_an_error() {
+        let mut rng = SplitMix(3);
+        let mut s = WeightStore::new();
+        s.insert(
+            "a.weight",
+            Tensor::random(DType::F32, &[3, 5], &mut rng, -1.0, 1.0),
+        );
+        s.insert("b", Tensor::random(DType::BF16, &[7], &mut rng, -1.0, 1.0));
+        s.insert(
+            "ids",
+            Tensor::random(DType::I32, &[2, 2], &mut rng, 0.0, 9.0),
+        );
+        let bytes = s.to_safetensors_bytes();
+        let back = WeightStore::from_safetensors_bytes(&bytes).unwrap();
+        assert_eq!(back.len(), 3);
+        for n in s.names() {
+            assert_eq!(s.get(n), back.get(n));
+        }
+        for cut in [0, 4, 8, 20, bytes.len() - 1] {
+            assert!(
+                WeightStore::from_safetensors_bytes(&bytes[..cut]).is_err(),
+                "cut {cut}"
+            );
+        }
+    }
+}
