@@ -2,6 +2,7 @@
 //! and maps outcomes to exit codes.
 
 mod ops_cmd;
+mod run_cmd;
 mod validate_cmd;
 
 use clap::{Parser, Subcommand};
@@ -24,6 +25,10 @@ enum Command {
     /// Inspect the registered opcodes.
     #[command(subcommand)]
     Ops(ops_cmd::OpsCommand),
+    /// Run a program's forward passes on a backend with its weights and inputs, and print
+    /// its outputs.
+    #[command(after_help = run_cmd::AFTER_HELP)]
+    Run(run_cmd::Args),
 }
 
 fn main() -> ExitCode {
@@ -31,5 +36,6 @@ fn main() -> ExitCode {
     match cli.command {
         Command::Validate(args) => validate_cmd::run(&args),
         Command::Ops(cmd) => ops_cmd::run(&cmd),
+        Command::Run(args) => run_cmd::run(&args),
     }
 }

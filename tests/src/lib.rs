@@ -10,6 +10,7 @@
 //! with their intended kind, and nothing the oracle finds unsafe may be accepted.
 
 // `gen` is a reserved word in edition 2024, hence the raw identifier for `src/gen.rs`.
+pub mod conformance;
 pub mod r#gen;
 pub mod mutate;
 pub mod oracle;

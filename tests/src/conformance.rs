@@ -1,0 +1,2001 @@
+//! The backend conformance suite: one generic set of cases run against any
+//! [`amk_core::Backend`].
+//!
+//! Every case builds a small valid program, random non-zero weights (keyed by each buffer's
+//! `source`) and inputs, runs it for two or three forward passes on the backend under test and
+//! checks the IO outputs of every pass:
+//! - against an **f64 formula** written here, independent of the ops' references: one case per
+//!   opcode (all 20), hand-built DAGs (chains, fan-in joins, tiled GEMV/GEMM groups, split-KV
+//!   attention + ATTENTION_COMBINE, in-place KV_APPEND across steps) and toy Llama decode
+//!   programs ([`crate::llama_like_with`]);
+//! - against the **CPU backend in list order** (the oracle) for the generator families of
+//!   the generator module (`src/gen.rs`) and the Llama variants with split-KV, SM assignment, pages or bf16.
+//!
+//! Contract assumed of every backend (besides the `Backend`/`Session` traits): KV caches start
+//! zeroed at load and persist across steps; IO inputs set in one step persist to later steps.
+//!
+//! Instantiating the suite for a backend is one line in an integration test:
+//!
+//! ```ignore
+//! amk_conformance::conformance_tests!(amk_backend_cpu::CpuBackend::default());
+//! ```
+//!
+//! which expands to one `#[test]` per case (named after it) plus a test that every case is
+//! instantiated. [`run_all`] runs every case into a [`Report`] instead (for a CLI or a bench).
+
+use crate::r#gen::{self, Family, LlamaConfig};
+use amk_backend_cpu::CpuBackend;
+use amk_core::json::Value;
+use amk_core::sim::SplitMix;
+use amk_core::testkit::{dtype_eps, random_nonzero};
+use amk_core::{
+    Backend, BufferId, BufferKind, CounterId, DType, Opcode, Outputs, Program, Registry, Session,
+    Tensor, WeightStore, validate_owned,
+};
+use std::fmt;
+
+// ---- outcome types -----------------------------------------------------------------------------
+
+/// Why a case failed: a human message naming the case, the step and the output.
+#[derive(Clone, PartialEq, Eq)]
+pub struct Failure(pub String);
+
+impl fmt::Debug for Failure {
+    // Printed raw, so a failing `#[test]` shows the message as written.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl fmt::Display for Failure {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for Failure {}
+
+fn fail(msg: impl Into<String>) -> Failure {
+    Failure(msg.into())
+}
+
+/// The result of one case.
+pub type CaseResult = Result<(), Failure>;
+
+/// What a case needs: the backend under test, the registry and the oracle.
+pub struct Ctx<'a> {
+    /// The backend under test.
+    pub backend: &'a dyn Backend,
+    /// The built-in ops.
+    pub registry: Registry,
+    /// The CPU backend in list order, one thread.
+    pub oracle: CpuBackend,
+}
+
+/// One named case of the suite.
+#[derive(Clone, Copy)]
+pub struct Case {
+    /// Name (also the generated test's name).
+    pub name: &'static str,
+    /// What it checks.
+    pub about: &'static str,
+    /// The check.
+    pub run: fn(&Ctx<'_>) -> CaseResult,
+}
+
+/// The outcome of [`run_all`].
+#[derive(Debug, Clone, Default)]
+pub struct Report {
+    /// Backend name.
+    pub backend: String,
+    /// Cases that passed.
+    pub passed: Vec<&'static str>,
+    /// Cases that failed, with why.
+    pub failed: Vec<(&'static str, Failure)>,
+}
+
+impl Report {
+    /// Whether every case passed.
+    pub fn ok(&self) -> bool {
+        self.failed.is_empty()
+    }
+    /// One line per failure after a count line.
+    pub fn summary(&self) -> String {
+        let mut s = format!(
+            "conformance on '{}': {} passed, {} failed",
+            self.backend,
+            self.passed.len(),
+            self.failed.len()
+        );
+        for (name, why) in &self.failed {
+            s.push_str(&format!("\n  {name}: {why}"));
+        }
+        s
+    }
+    /// `Ok` when every case passed, else the summary as a [`Failure`].
+    pub fn into_result(self) -> CaseResult {
+        if self.ok() {
+            Ok(())
+        } else {
+            Err(fail(self.summary()))
+        }
+    }
+}
+
+fn ctx(backend: &dyn Backend) -> Result<Ctx<'_>, Failure> {
+    let registry = amk_ops::registry().map_err(|e| fail(format!("registry: {e}")))?;
+    Ok(Ctx {
+        backend,
+        registry,
+        oracle: CpuBackend::default(),
+    })
+}
+
+/// Runs the case named `name` against `backend`.
+pub fn run_case(name: &str, backend: &dyn Backend) -> CaseResult {
+    let case = CASES
+        .iter()
+        .find(|c| c.name == name)
+        .ok_or_else(|| fail(format!("no conformance case named '{name}'")))?;
+    let c = ctx(backend)?;
+    (case.run)(&c).map_err(|e| {
+        fail(format!(
+            "[{} backend] {name} ({}): {e}",
+            backend.name(),
+            case.about
+        ))
+    })
+}
+
+/// Runs every case against `backend`, recording each outcome in `report`.
+pub fn run_all(backend: &dyn Backend, report: &mut Report) {
+    report.backend = backend.name().to_string();
+    for case in CASES {
+        match run_case(case.name, backend) {
+            Ok(()) => report.passed.push(case.name),
+            Err(e) => report.failed.push((case.name, e)),
+        }
+    }
+}
+
+/// Names of every case, in suite order.
+pub fn case_names() -> Vec<&'static str> {
+    CASES.iter().map(|c| c.name).collect()
+}
+
+/// Checks that `instantiated` (what [`conformance_tests!`](crate::conformance_tests) expanded)
+/// is exactly the suite.
+pub fn check_instantiated(instantiated: &[&str]) -> CaseResult {
+    let all = case_names();
+    if all.as_slice() == instantiated {
+        Ok(())
+    } else {
+        Err(fail(format!(
+            "conformance_tests! instantiates {instantiated:?} but the suite is {all:?}"
+        )))
+    }
+}
+
+/// Instantiates the conformance suite for a backend: one `#[test]` per case, each building
+/// the backend with the given expression. Use it inside a module per backend configuration:
+///
+/// ```ignore
+/// mod list_order {
+///     amk_conformance::conformance_tests!(amk_backend_cpu::CpuBackend::default());
+/// }
+/// ```
+#[macro_export]
+macro_rules! conformance_tests {
+    ($backend:expr) => {
+        $crate::conformance_tests!(@cases ($backend)
+            op_nop op_copy op_embed op_rmsnorm op_layernorm op_gemv_tile op_gemm_tile
+            op_attention_tile op_rope op_silu_mul op_gelu op_add op_mul op_dequant op_softmax
+            op_allreduce_shard op_kv_append op_sample_argmax op_attention_combine op_fused
+            dag_chain dag_fan_in dag_tiled_groups dag_split_kv dag_kv_append_steps
+            family_chain family_fan_in family_tiled family_kv_attention family_split_kv
+            family_sm_assigned family_paged family_mixture
+            llama_pos0 llama_pos3 llama_split_kv llama_sm_pages llama_bf16 llama_wide);
+    };
+    (@cases ($backend:expr) $($case:ident)*) => {
+        $(
+            #[test]
+            fn $case() -> ::std::result::Result<(), $crate::conformance::Failure> {
+                let backend = $backend;
+                $crate::conformance::run_case(stringify!($case), &backend)
+            }
+        )*
+        #[test]
+        fn every_case_is_instantiated() -> ::std::result::Result<(), $crate::conformance::Failure> {
+            $crate::conformance::check_instantiated(&[$(stringify!($case)),*])
+        }
+    };
+}
+
+/// Every case, in order.
+pub const CASES: &[Case] = &[
+    Case {
+        name: "op_nop",
+        about: "NOP barriers order a COPY",
+        run: op_nop,
+    },
+    Case {
+        name: "op_copy",
+        about: "COPY: views, f32->bf16 cast, exact integers",
+        run: op_copy,
+    },
+    Case {
+        name: "op_embed",
+        about: "EMBED row gather",
+        run: op_embed,
+    },
+    Case {
+        name: "op_rmsnorm",
+        about: "RMSNORM over rows",
+        run: op_rmsnorm,
+    },
+    Case {
+        name: "op_layernorm",
+        about: "LAYERNORM with and without bias",
+        run: op_layernorm,
+    },
+    Case {
+        name: "op_gemv_tile",
+        about: "GEMV_TILE: f32 with bias, int8 with grouped f16 scales",
+        run: op_gemv_tile,
+    },
+    Case {
+        name: "op_gemm_tile",
+        about: "GEMM_TILE over every row",
+        run: op_gemm_tile,
+    },
+    Case {
+        name: "op_attention_tile",
+        about: "ATTENTION_TILE: GQA over a KV window",
+        run: op_attention_tile,
+    },
+    Case {
+        name: "op_rope",
+        about: "ROPE rotate-half, rank 2 and rank 3",
+        run: op_rope,
+    },
+    Case {
+        name: "op_silu_mul",
+        about: "SILU_MUL",
+        run: op_silu_mul,
+    },
+    Case {
+        name: "op_gelu",
+        about: "GELU (erf)",
+        run: op_gelu,
+    },
+    Case {
+        name: "op_add",
+        about: "ADD",
+        run: op_add,
+    },
+    Case {
+        name: "op_mul",
+        about: "MUL: two inputs and scale",
+        run: op_mul,
+    },
+    Case {
+        name: "op_dequant",
+        about: "DEQUANT int8 with group scales",
+        run: op_dequant,
+    },
+    Case {
+        name: "op_softmax",
+        about: "SOFTMAX along the last and the first dim",
+        run: op_softmax,
+    },
+    Case {
+        name: "op_allreduce_shard",
+        about: "ALLREDUCE_SHARD of three shards",
+        run: op_allreduce_shard,
+    },
+    Case {
+        name: "op_kv_append",
+        about: "KV_APPEND in place into a zeroed cache",
+        run: op_kv_append,
+    },
+    Case {
+        name: "op_sample_argmax",
+        about: "SAMPLE_ARGMAX per row",
+        run: op_sample_argmax,
+    },
+    Case {
+        name: "op_attention_combine",
+        about: "ATTENTION_COMBINE of partials, one of them empty",
+        run: op_attention_combine,
+    },
+    Case {
+        name: "op_fused",
+        about: "FUSED gelu(x)*0.5 recipe",
+        run: op_fused,
+    },
+    Case {
+        name: "dag_chain",
+        about: "norm -> tiled gate/up -> SILU_MUL -> tiled down with bias -> residual ADD",
+        run: dag_chain,
+    },
+    Case {
+        name: "dag_fan_in",
+        about: "four producers on one counter, a NOP barrier and direct full waits",
+        run: dag_fan_in,
+    },
+    Case {
+        name: "dag_tiled_groups",
+        about: "ragged int8 GEMV tiles; GEMM row x column tiles over a DEQUANT weight",
+        run: dag_tiled_groups,
+    },
+    Case {
+        name: "dag_split_kv",
+        about: "KV_APPEND of several rows, split-KV shards (one empty) + combine = attention",
+        run: dag_split_kv,
+    },
+    Case {
+        name: "dag_kv_append_steps",
+        about: "in-place KV_APPENDs across three steps, the last one reusing its inputs",
+        run: dag_kv_append_steps,
+    },
+    Case {
+        name: "family_chain",
+        about: "generated chains vs the oracle",
+        run: family_chain,
+    },
+    Case {
+        name: "family_fan_in",
+        about: "generated fan-in joins vs the oracle",
+        run: family_fan_in,
+    },
+    Case {
+        name: "family_tiled",
+        about: "generated tiled groups vs the oracle",
+        run: family_tiled,
+    },
+    Case {
+        name: "family_kv_attention",
+        about: "generated KV_APPEND -> attention vs the oracle",
+        run: family_kv_attention,
+    },
+    Case {
+        name: "family_split_kv",
+        about: "generated split-KV blocks vs the oracle",
+        run: family_split_kv,
+    },
+    Case {
+        name: "family_sm_assigned",
+        about: "generated SM-assigned programs vs the oracle",
+        run: family_sm_assigned,
+    },
+    Case {
+        name: "family_paged",
+        about: "generated paged programs vs the oracle",
+        run: family_paged,
+    },
+    Case {
+        name: "family_mixture",
+        about: "generated mixtures vs the oracle",
+        run: family_mixture,
+    },
+    Case {
+        name: "llama_pos0",
+        about: "toy Llama at position 0 vs f64 and the oracle",
+        run: llama_pos0,
+    },
+    Case {
+        name: "llama_pos3",
+        about: "toy Llama (GQA) at position 3 vs f64 and the oracle",
+        run: llama_pos3,
+    },
+    Case {
+        name: "llama_split_kv",
+        about: "toy Llama with split-KV attention vs f64 and the oracle",
+        run: llama_split_kv,
+    },
+    Case {
+        name: "llama_sm_pages",
+        about: "toy Llama with round-robin SMs and shared pages vs f64 and the oracle",
+        run: llama_sm_pages,
+    },
+    Case {
+        name: "llama_bf16",
+        about: "toy bf16 Llama vs the oracle",
+        run: llama_bf16,
+    },
+    Case {
+        name: "llama_wide",
+        about: "3-layer Llama, H 32, 8 heads over 2 KV heads of 8, 4 KV shards, vs f64 and the oracle",
+        run: llama_wide,
+    },
+];
+
+// ---- weights, inputs, running ------------------------------------------------------------------
+
+/// Named IO input tensors of one step.
+pub type Inputs = Vec<(String, Tensor)>;
+
+/// Exclusive upper bound of random integer IO inputs that feed ROPE positions.
+const POSITION_BOUND: i64 = 32;
+
+/// Random values for every WEIGHT/CONST buffer of `p`, keyed by its `source` (floats in
+/// `±0.5`, never 0; int8 in `[-7, 7]`; unsigned and int4 in `[1, 15]`; I4 buffers get a packed
+/// U8 tensor, as the safetensors binding rule wants).
+pub fn random_weights(p: &Program, seed: u64) -> WeightStore {
+    let mut rng = SplitMix(seed ^ 0x5EED_3E16_A7A5_0001);
+    let mut w = WeightStore::new();
+    for b in &p.buffers {
+        if !matches!(b.kind, BufferKind::WEIGHT | BufferKind::CONST) {
+            continue;
+        }
+        let Some(src) = &b.source else { continue };
+        if w.get(src).is_some() {
+            continue;
+        }
+        let (lo, hi) = match b.dtype {
+            DType::I8 => (-7.0, 7.0),
+            DType::U8 | DType::I4 => (1.0, 15.0),
+            DType::I32 => (0.0, 3.0),
+            DType::BOOL => (1.0, 1.0),
+            _ => (-0.5, 0.5),
+        };
+        let t = random_nonzero(b.dtype, &b.shape, &mut rng, lo, hi);
+        let t = if b.dtype == DType::I4 {
+            let mut packed = b.shape.clone();
+            if let Some(k) = packed.last_mut() {
+                *k = k.div_ceil(2);
+            }
+            match Tensor::from_le_bytes(DType::U8, &packed, &t.to_le_bytes()) {
+                Ok(u) => u,
+                Err(_) => continue,
+            }
+        } else {
+            t
+        };
+        w.insert(src.clone(), t);
+    }
+    w
+}
+
+/// Exclusive upper bound of valid values of the integer IO input `b`: the fewest rows of any
+/// EMBED table it indexes, 32 when it only feeds ROPE positions, 4 otherwise.
+pub fn int_input_bound(p: &Program, b: BufferId) -> i64 {
+    let mut bound: Option<i64> = None;
+    for t in &p.tasks {
+        for (i, &inp) in t.inputs.iter().enumerate() {
+            if inp != b {
+                continue;
+            }
+            let lim = if t.op == Opcode::EMBED && i == 0 {
+                t.inputs
+                    .get(1)
+                    .and_then(|&tb| p.buffers.get(tb as usize))
+                    .map(|tb| tb.shape.first().copied().unwrap_or(1) as i64)
+            } else if t.op == Opcode::ROPE && i == 1 {
+                Some(POSITION_BOUND)
+            } else {
+                None
+            };
+            if let Some(l) = lim {
+                bound = Some(bound.map_or(l, |x| x.min(l)));
+            }
+        }
+    }
+    bound.unwrap_or(4).max(1)
+}
+
+/// Random valid values for every IO_INPUT buffer of `p`: floats in `±1` (never 0), integers
+/// in `[0, int_input_bound)`.
+pub fn random_inputs(p: &Program, rng: &mut SplitMix) -> Inputs {
+    let mut out = Vec::new();
+    for b in &p.buffers {
+        if b.kind != BufferKind::IO_INPUT {
+            continue;
+        }
+        let t = if b.dtype.is_integer() {
+            let hi = int_input_bound(p, b.id);
+            Tensor::random(b.dtype, &b.shape, rng, 0.0, (hi - 1) as f64)
+        } else {
+            random_nonzero(b.dtype, &b.shape, rng, -1.0, 1.0)
+        };
+        out.push((b.name.clone(), t));
+    }
+    out
+}
+
+fn set_input(inputs: &mut Inputs, name: &str, t: Tensor) {
+    match inputs.iter_mut().find(|(n, _)| n == name) {
+        Some(slot) => slot.1 = t,
+        None => inputs.push((name.to_string(), t)),
+    }
+}
+
+fn input<'a>(inputs: &'a Inputs, name: &str) -> Result<&'a Tensor, Failure> {
+    inputs
+        .iter()
+        .find(|(n, _)| n == name)
+        .map(|(_, t)| t)
+        .ok_or_else(|| fail(format!("suite bug: no input '{name}'")))
+}
+
+/// Every element as f64.
+fn vals(t: &Tensor) -> Vec<f64> {
+    (0..t.numel())
+        .map(|i| {
+            if t.dtype().is_integer() {
+                t.get_i64(i) as f64
+            } else {
+                t.get_f32(i) as f64
+            }
+        })
+        .collect()
+}
+
+fn in_vals(inputs: &Inputs, name: &str) -> Result<Vec<f64>, Failure> {
+    input(inputs, name).map(vals)
+}
+
+fn weight_vals(w: &WeightStore, name: &str) -> Result<Vec<f64>, Failure> {
+    w.get(name)
+        .map(|t| vals(t))
+        .ok_or_else(|| fail(format!("suite bug: no weight '{name}'")))
+}
+
+/// Validates `p` (a rejection is a bug of the suite) and loads it on `backend`.
+fn load(
+    backend: &dyn Backend,
+    reg: &Registry,
+    p: &Program,
+    w: &WeightStore,
+) -> Result<Box<dyn Session>, Failure> {
+    let vp = validate_owned(p.clone(), reg).map_err(|r| {
+        fail(format!(
+            "suite bug: the program is rejected: {}",
+            r.report()
+        ))
+    })?;
+    backend
+        .load(&vp, w, reg)
+        .map_err(|e| fail(format!("{} backend: load failed: {e}", backend.name())))
+}
+
+fn step(
+    s: &mut dyn Session,
+    backend: &dyn Backend,
+    inputs: &Inputs,
+    k: usize,
+) -> Result<Outputs, Failure> {
+    let refs: Vec<(&str, Tensor)> = inputs
+        .iter()
+        .map(|(n, t)| (n.as_str(), t.clone()))
+        .collect();
+    s.step(&refs)
+        .map_err(|e| fail(format!("{} backend: step {k} failed: {e}", backend.name())))
+}
+
+/// Runs `steps` (one input set per forward pass) in one session of `backend`.
+fn run_steps(
+    backend: &dyn Backend,
+    reg: &Registry,
+    p: &Program,
+    w: &WeightStore,
+    steps: &[Inputs],
+) -> Result<Vec<Outputs>, Failure> {
+    let mut s = load(backend, reg, p, w)?;
+    steps
+        .iter()
+        .enumerate()
+        .map(|(k, ins)| step(s.as_mut(), backend, ins, k))
+        .collect()
+}
+
+/// Tolerance of a comparison: `atol + (rtol + eps(dtype))·|want|`.
+#[derive(Debug, Clone, Copy)]
+pub struct Tol {
+    /// Relative part.
+    pub rtol: f64,
+    /// Absolute part.
+    pub atol: f64,
+}
+
+/// f32 results against an f64 formula (small sizes: a few roundings per element).
+const F32_TOL: Tol = Tol {
+    rtol: 1e-4,
+    atol: 1e-5,
+};
+/// End-to-end f32 programs (errors pass through norms and several layers).
+const MODEL_TOL: Tol = Tol {
+    rtol: 1e-3,
+    atol: 1e-4,
+};
+/// bf16 programs against the oracle (every intermediate rounds to 8 bits).
+const BF16_TOL: Tol = Tol {
+    rtol: 3e-2,
+    atol: 3e-2,
+};
+
+/// Checks `got` against `want`; integer dtypes must match exactly.
+fn close(what: &str, got: &Tensor, want: &[f64], tol: Tol) -> CaseResult {
+    if got.numel() != want.len() {
+        return Err(fail(format!(
+            "{what}: {} elements (shape {:?}), expected {}",
+            got.numel(),
+            got.shape(),
+            want.len()
+        )));
+    }
+    let g = vals(got);
+    let eps = dtype_eps(got.dtype());
+    let mut bad = Vec::new();
+    for (i, (&g, &w)) in g.iter().zip(want).enumerate() {
+        let ok = if got.dtype().is_integer() {
+            g == w
+        } else if w.is_nan() {
+            g.is_nan()
+        } else if w.is_infinite() {
+            g == w
+        } else {
+            !g.is_nan() && (g - w).abs() <= tol.atol + (tol.rtol + eps) * w.abs()
+        };
+        if !ok {
+            bad.push(format!("[{i}] got {g}, want {w}"));
+        }
+    }
+    if bad.is_empty() {
+        Ok(())
+    } else {
+        let n = bad.len();
+        bad.truncate(6);
+        Err(fail(format!(
+            "{what} ({}, {:?}): {n} of {} element(s) off (rtol {}, atol {}): {}",
+            got.dtype(),
+            got.shape(),
+            want.len(),
+            tol.rtol,
+            tol.atol,
+            bad.join("; ")
+        )))
+    }
+}
+
+fn output<'a>(o: &'a Outputs, name: &str, k: usize) -> Result<&'a Tensor, Failure> {
+    o.get(name).ok_or_else(|| {
+        let have: Vec<&str> = o.tensors.iter().map(|(n, _)| n.as_str()).collect();
+        fail(format!(
+            "step {k}: no output '{name}' (outputs: {})",
+            have.join(", ")
+        ))
+    })
+}
+
+/// Same outputs (names, order, dtypes, shapes) and values within `tol`.
+fn same_outputs(k: usize, got: &Outputs, want: &Outputs, tol: Tol) -> CaseResult {
+    let names = |o: &Outputs| -> Vec<String> { o.tensors.iter().map(|(n, _)| n.clone()).collect() };
+    if names(got) != names(want) {
+        return Err(fail(format!(
+            "step {k}: outputs {:?}, the oracle's {:?}",
+            names(got),
+            names(want)
+        )));
+    }
+    for ((name, g), (_, w)) in got.tensors.iter().zip(&want.tensors) {
+        if g.dtype() != w.dtype() || g.shape() != w.shape() {
+            return Err(fail(format!(
+                "step {k}: output '{name}' is {} {:?}, the oracle's {} {:?}",
+                g.dtype(),
+                g.shape(),
+                w.dtype(),
+                w.shape()
+            )));
+        }
+        close(
+            &format!("step {k}: output '{name}' vs the oracle"),
+            g,
+            &vals(w),
+            tol,
+        )?;
+    }
+    Ok(())
+}
+
+/// Runs `steps` on the backend under test and on the oracle and compares every step.
+/// Returns the backend's outputs.
+fn against_oracle(
+    c: &Ctx<'_>,
+    p: &Program,
+    w: &WeightStore,
+    steps: &[Inputs],
+    tol: Tol,
+) -> Result<Vec<Outputs>, Failure> {
+    let want =
+        run_steps(&c.oracle, &c.registry, p, w, steps).map_err(|e| fail(format!("oracle: {e}")))?;
+    let got = run_steps(c.backend, &c.registry, p, w, steps)?;
+    for (k, (g, o)) in got.iter().zip(&want).enumerate() {
+        same_outputs(k, g, o, tol)?;
+    }
+    Ok(got)
+}
+
+// ---- tiny program builder ----------------------------------------------------------------------
+
+/// A tiny program under construction with its weights and its random source.
+struct Tiny {
+    p: Program,
+    w: WeightStore,
+    rng: SplitMix,
+}
+
+fn pv(kv: &[(&str, Value)]) -> amk_core::json::Map {
+    r#gen::params(kv)
+}
+
+fn int(v: i64) -> Value {
+    Value::Int(v)
+}
+
+fn real(v: f64) -> Value {
+    Value::Float(v)
+}
+
+impl Tiny {
+    fn new(seed: u64) -> Self {
+        Tiny {
+            p: Program::new(),
+            w: WeightStore::new(),
+            rng: SplitMix(seed ^ 0xC0F0_2A4C_E5E7_0000),
+        }
+    }
+    fn input(&mut self, name: &str, dtype: DType, shape: &[u64]) -> BufferId {
+        self.p.new_buffer(name, BufferKind::IO_INPUT, dtype, shape)
+    }
+    fn output(&mut self, name: &str, dtype: DType, shape: &[u64]) -> BufferId {
+        self.p.new_buffer(name, BufferKind::IO_OUTPUT, dtype, shape)
+    }
+    fn act(&mut self, name: &str, shape: &[u64]) -> BufferId {
+        self.p
+            .new_buffer(name, BufferKind::ACTIVATION, DType::F32, shape)
+    }
+    fn kv(&mut self, name: &str, shape: &[u64]) -> BufferId {
+        self.p
+            .new_buffer(name, BufferKind::KV_CACHE, DType::F32, shape)
+    }
+    /// A WEIGHT buffer with random non-zero values in `[lo, hi)`; returns the id and the values.
+    fn weight(
+        &mut self,
+        name: &str,
+        dtype: DType,
+        shape: &[u64],
+        lo: f64,
+        hi: f64,
+    ) -> (BufferId, Vec<f64>) {
+        let t = random_nonzero(dtype, shape, &mut self.rng, lo, hi);
+        let v = vals(&t);
+        self.w.insert(name, t);
+        (self.p.new_weight(name, dtype, shape, name), v)
+    }
+    fn counter(&mut self) -> CounterId {
+        let n = self.p.counters.len();
+        self.p.new_counter(format!("c{n}"))
+    }
+    /// A task with its own new counter; returns the counter.
+    fn task(
+        &mut self,
+        op: Opcode,
+        ins: &[BufferId],
+        outs: &[BufferId],
+        waits: &[(CounterId, i64)],
+        params: &[(&str, Value)],
+    ) -> CounterId {
+        let c = self.counter();
+        self.task_on(c, op, ins, outs, waits, params);
+        c
+    }
+    /// A task signalling the (possibly shared) counter `c`.
+    fn task_on(
+        &mut self,
+        c: CounterId,
+        op: Opcode,
+        ins: &[BufferId],
+        outs: &[BufferId],
+        waits: &[(CounterId, i64)],
+        params: &[(&str, Value)],
+    ) {
+        let label = format!("{op}#{}", self.p.tasks.len());
+        self.p.push_task(op, ins, outs, c, waits, pv(params), label);
+    }
+}
+
+/// Runs `nsteps` forward passes of `t` with fresh random inputs (`make` may adjust them) and
+/// checks every pass's outputs against `formula(inputs)`: `(output name, values)` pairs.
+fn check_formula(
+    c: &Ctx<'_>,
+    t: Tiny,
+    nsteps: usize,
+    tol: Tol,
+    mut make: impl FnMut(&mut Inputs, &mut SplitMix),
+    formula: impl Fn(&Inputs) -> Result<Vec<(&'static str, Vec<f64>)>, Failure>,
+) -> CaseResult {
+    let Tiny { p, w, mut rng } = t;
+    let steps: Vec<Inputs> = (0..nsteps)
+        .map(|_| {
+            let mut ins = random_inputs(&p, &mut rng);
+            make(&mut ins, &mut rng);
+            ins
+        })
+        .collect();
+    let got = run_steps(c.backend, &c.registry, &p, &w, &steps)?;
+    for (k, (o, ins)) in got.iter().zip(&steps).enumerate() {
+        for (name, want) in formula(ins)? {
+            close(
+                &format!("step {k}: output '{name}'"),
+                output(o, name, k)?,
+                &want,
+                tol,
+            )?;
+        }
+    }
+    Ok(())
+}
+
+fn no_change(_: &mut Inputs, _: &mut SplitMix) {}
+
+// ---- f64 formulas ------------------------------------------------------------------------------
+
+fn silu(g: f64) -> f64 {
+    g / (1.0 + (-g).exp())
+}
+
+fn gelu(x: f64) -> f64 {
+    0.5 * x * (1.0 + libm::erf(x / std::f64::consts::SQRT_2))
+}
+
+/// `eps` as the device carries it (an f32).
+fn eps32(eps: f64) -> f64 {
+    eps as f32 as f64
+}
+
+fn rmsnorm(x: &[f64], w: &[f64], eps: f64) -> Vec<f64> {
+    let h = w.len();
+    let mut out = Vec::with_capacity(x.len());
+    for row in x.chunks(h) {
+        let ms = row.iter().map(|v| v * v).sum::<f64>() / h as f64;
+        let inv = 1.0 / (ms + eps32(eps)).sqrt();
+        out.extend(row.iter().zip(w).map(|(v, wj)| v * inv * wj));
+    }
+    out
+}
+
+fn layernorm(x: &[f64], w: &[f64], b: Option<&[f64]>, eps: f64) -> Vec<f64> {
+    let h = w.len();
+    let mut out = Vec::with_capacity(x.len());
+    for row in x.chunks(h) {
+        let mean = row.iter().sum::<f64>() / h as f64;
+        let var = row.iter().map(|v| (v - mean) * (v - mean)).sum::<f64>() / h as f64;
+        let r = 1.0 / (var + eps32(eps)).sqrt();
+        for (j, v) in row.iter().enumerate() {
+            out.push((v - mean) * r * w[j] + b.map_or(0.0, |b| b[j]));
+        }
+    }
+    out
+}
+
+/// `x[M, K] @ w[N, K]^T (+ bias[N]) -> [M, N]`.
+fn linear(x: &[f64], w: &[f64], k: usize, bias: Option<&[f64]>) -> Vec<f64> {
+    let n = w.len() / k;
+    let mut out = Vec::new();
+    for row in x.chunks(k) {
+        for j in 0..n {
+            let dot: f64 = row
+                .iter()
+                .zip(&w[j * k..(j + 1) * k])
+                .map(|(a, b)| a * b)
+                .sum();
+            out.push(dot + bias.map_or(0.0, |b| b[j]));
+        }
+    }
+    out
+}
+
+/// Softmax of every run of `n` consecutive elements.
+fn softmax_rows(x: &[f64], n: usize) -> Vec<f64> {
+    let mut out = Vec::with_capacity(x.len());
+    for row in x.chunks(n) {
+        let m = row.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+        let s: f64 = row.iter().map(|v| (v - m).exp()).sum();
+        out.extend(row.iter().map(|v| (v - m).exp() / s));
+    }
+    out
+}
+
+/// Rotate-half RoPE of `rows` rows (one position each) of whole heads of `hd`.
+fn rope(x: &[f64], pos: &[f64], hd: usize, theta: f64) -> Vec<f64> {
+    let mut out = x.to_vec();
+    let rows = pos.len();
+    let row_len = x.len() / rows.max(1);
+    let half = hd / 2;
+    for (r, &p) in pos.iter().enumerate() {
+        for head in 0..row_len / hd {
+            let base = r * row_len + head * hd;
+            for i in 0..half {
+                let ang = p * theta.powf(-(i as f64) / half as f64);
+                let (c, s) = (ang.cos(), ang.sin());
+                let (x1, x2) = (x[base + i], x[base + i + half]);
+                out[base + i] = x1 * c - x2 * s;
+                out[base + i + half] = x2 * c + x1 * s;
+            }
+        }
+    }
+    out
+}
+
+/// Geometry of a decode attention over a `[max_seq, nkv, hd]` cache.
+#[derive(Clone, Copy)]
+struct Attn {
+    nh: usize,
+    nkv: usize,
+    hd: usize,
+    scale: f64,
+}
+
+/// Un-normalised `(acc, m, l)` of every head over cache rows `[start, start + len)`.
+fn attention_partial(
+    a: Attn,
+    q: &[f64],
+    kc: &[f64],
+    vc: &[f64],
+    start: usize,
+    len: usize,
+) -> Vec<(Vec<f64>, f64, f64)> {
+    let rep = a.nh / a.nkv;
+    let row = a.nkv * a.hd;
+    (0..a.nh)
+        .map(|h| {
+            let qh = &q[h * a.hd..(h + 1) * a.hd];
+            let at = |j: usize| (start + j) * row + (h / rep) * a.hd;
+            let s: Vec<f64> = (0..len)
+                .map(|j| {
+                    qh.iter()
+                        .zip(&kc[at(j)..at(j) + a.hd])
+                        .map(|(x, y)| x * y)
+                        .sum::<f64>()
+                        * a.scale
+                })
+                .collect();
+            let m = s.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+            let mut acc = vec![0.0; a.hd];
+            let mut l = 0.0;
+            for (j, &sj) in s.iter().enumerate() {
+                let e = (sj - m).exp();
+                l += e;
+                for (d, v) in vc[at(j)..at(j) + a.hd].iter().enumerate() {
+                    acc[d] += e * v;
+                }
+            }
+            (acc, m, l)
+        })
+        .collect()
+}
+
+/// Normalised attention output `[nh, hd]`.
+fn attention(a: Attn, q: &[f64], kc: &[f64], vc: &[f64], start: usize, len: usize) -> Vec<f64> {
+    attention_partial(a, q, kc, vc, start, len)
+        .into_iter()
+        .flat_map(|(acc, _, l)| acc.into_iter().map(move |x| x / l))
+        .collect()
+}
+
+/// `[acc | m | l]` per head, as a partial-write shard lays it out.
+fn partial_layout(parts: &[(Vec<f64>, f64, f64)]) -> Vec<f64> {
+    parts
+        .iter()
+        .flat_map(|(acc, m, l)| acc.iter().copied().chain([*m, *l]))
+        .collect()
+}
+
+/// ATTENTION_COMBINE of `[heads, hd + 2]` partials.
+fn combine(parts: &[Vec<f64>], hd: usize) -> Vec<f64> {
+    let stride = hd + 2;
+    let heads = parts.first().map_or(0, |p| p.len() / stride);
+    let mut out = Vec::with_capacity(heads * hd);
+    for h in 0..heads {
+        let b = h * stride;
+        let m = parts
+            .iter()
+            .map(|p| p[b + hd])
+            .fold(f64::NEG_INFINITY, f64::max);
+        let w: Vec<f64> = parts
+            .iter()
+            .map(|p| {
+                if p[b + hd + 1] > 0.0 {
+                    (p[b + hd] - m).exp()
+                } else {
+                    0.0
+                }
+            })
+            .collect();
+        let l: f64 = parts.iter().zip(&w).map(|(p, w)| p[b + hd + 1] * w).sum();
+        for d in 0..hd {
+            let acc: f64 = parts.iter().zip(&w).map(|(p, w)| p[b + d] * w).sum();
+            out.push(acc / l.max(1e-20));
+        }
+    }
+    out
+}
+
+fn argmax_rows(x: &[f64], n: usize) -> Vec<f64> {
+    x.chunks(n)
+        .map(|row| {
+            let mut best = 0;
+            for (j, &v) in row.iter().enumerate() {
+                if v > row[best] {
+                    best = j;
+                }
+            }
+            best as f64
+        })
+        .collect()
+}
+
+// ---- one case per opcode -----------------------------------------------------------------------
+
+fn op_nop(c: &Ctx<'_>) -> CaseResult {
+    let mut t = Tiny::new(1);
+    let x = t.input("x", DType::F32, &[2, 3]);
+    let y = t.output("y", DType::F32, &[2, 3]);
+    let n1 = t.task(Opcode::NOP, &[], &[], &[], &[]);
+    let n2 = t.task(Opcode::NOP, &[], &[], &[(n1, 1)], &[]);
+    t.task(Opcode::COPY, &[x], &[y], &[(n2, 1)], &[]);
+    check_formula(c, t, 2, F32_TOL, no_change, |ins| {
+        Ok(vec![("y", in_vals(ins, "x")?)])
+    })
+}
+
+fn op_copy(c: &Ctx<'_>) -> CaseResult {
+    let mut t = Tiny::new(2);
+    let x = t.input("x", DType::F32, &[2, 6]);
+    let ids = t.input("ids", DType::I32, &[4]);
+    let y = t.output("y", DType::F32, &[3, 4]);
+    let yb = t.output("y_bf16", DType::BF16, &[12]);
+    let yi = t.output("y_ids", DType::I32, &[2, 2]);
+    t.task(Opcode::COPY, &[x], &[y], &[], &[]);
+    t.task(Opcode::COPY, &[x], &[yb], &[], &[]);
+    t.task(Opcode::COPY, &[ids], &[yi], &[], &[]);
+    check_formula(c, t, 2, F32_TOL, no_change, |ins| {
+        let xv = in_vals(ins, "x")?;
+        Ok(vec![
+            ("y", xv.clone()),
+            ("y_bf16", xv),
+            ("y_ids", in_vals(ins, "ids")?),
+        ])
+    })
+}
+
+fn op_embed(c: &Ctx<'_>) -> CaseResult {
+    let mut t = Tiny::new(3);
+    let ids = t.input("ids", DType::I32, &[3]);
+    let (table, tv) = t.weight("table", DType::F32, &[7, 5], -1.0, 1.0);
+    let y = t.output("y", DType::F32, &[3, 5]);
+    t.task(
+        Opcode::EMBED,
+        &[ids, table],
+        &[y],
+        &[],
+        &[("hidden", int(5))],
+    );
+    check_formula(c, t, 2, F32_TOL, no_change, |ins| {
+        let want = in_vals(ins, "ids")?
+            .iter()
+            .flat_map(|&id| tv[id as usize * 5..id as usize * 5 + 5].to_vec())
+            .collect();
+        Ok(vec![("y", want)])
+    })
+}
+
+fn op_rmsnorm(c: &Ctx<'_>) -> CaseResult {
+    let mut t = Tiny::new(4);
+    let x = t.input("x", DType::F32, &[2, 8]);
+    let (w, wv) = t.weight("w", DType::F32, &[8], 0.5, 1.5);
+    let y = t.output("y", DType::F32, &[2, 8]);
+    t.task(
+        Opcode::RMSNORM,
+        &[x, w],
+        &[y],
+        &[],
+        &[("eps", real(1e-5)), ("hidden", int(8))],
+    );
+    check_formula(c, t, 2, F32_TOL, no_change, |ins| {
+        Ok(vec![("y", rmsnorm(&in_vals(ins, "x")?, &wv, 1e-5))])
+    })
+}
+
+fn op_layernorm(c: &Ctx<'_>) -> CaseResult {
+    let mut t = Tiny::new(5);
+    let x = t.input("x", DType::F32, &[3, 8]);
+    let (w, wv) = t.weight("w", DType::F32, &[8], 0.5, 1.5);
+    let (b, bv) = t.weight("b", DType::F32, &[8], -0.5, 0.5);
+    let y = t.output("y", DType::F32, &[3, 8]);
+    let y2 = t.output("y_nobias", DType::F32, &[3, 8]);
+    let pr = [("eps", real(1e-5)), ("hidden", int(8))];
+    t.task(Opcode::LAYERNORM, &[x, w, b], &[y], &[], &pr);
+    t.task(Opcode::LAYERNORM, &[x, w], &[y2], &[], &pr);
+    check_formula(c, t, 2, F32_TOL, no_change, |ins| {
+        let xv = in_vals(ins, "x")?;
+        Ok(vec![
+            ("y", layernorm(&xv, &wv, Some(&bv), 1e-5)),
+            ("y_nobias", layernorm(&xv, &wv, None, 1e-5)),
+        ])
+    })
+}
+
+fn op_gemv_tile(c: &Ctx<'_>) -> CaseResult {
+    let mut t = Tiny::new(6);
+    let x = t.input("x", DType::F32, &[1, 12]);
+    let (w, wv) = t.weight("w", DType::F32, &[10, 12], -0.5, 0.5);
+    let (bias, bv) = t.weight("bias", DType::F32, &[10], -0.5, 0.5);
+    let (qw, qv) = t.weight("qw", DType::I8, &[6, 12], -7.0, 7.0);
+    let (sc, sv) = t.weight("scales", DType::F16, &[6, 3], 0.01, 0.1);
+    let y = t.output("y", DType::F32, &[1, 10]);
+    let yq = t.output("y_int8", DType::F32, &[1, 6]);
+    t.task(
+        Opcode::GEMV_TILE,
+        &[x, w, bias],
+        &[y],
+        &[],
+        &[("K", int(12)), ("N_tile", int(10)), ("n_off", int(0))],
+    );
+    t.task(
+        Opcode::GEMV_TILE,
+        &[x, qw, sc],
+        &[yq],
+        &[],
+        &[
+            ("K", int(12)),
+            ("N_tile", int(6)),
+            ("n_off", int(0)),
+            ("qdtype", int(6)),
+            ("group", int(4)),
+        ],
+    );
+    // The int8 weight as real numbers: q[n, k] * scales[n, k / 4].
+    let deq: Vec<f64> = (0..6 * 12)
+        .map(|i| qv[i] * sv[(i / 12) * 3 + (i % 12) / 4])
+        .collect();
+    check_formula(c, t, 2, F32_TOL, no_change, |ins| {
+        let xv = in_vals(ins, "x")?;
+        Ok(vec![
+            ("y", linear(&xv, &wv, 12, Some(&bv))),
+            ("y_int8", linear(&xv, &deq, 12, None)),
+        ])
+    })
+}
+
+fn op_gemm_tile(c: &Ctx<'_>) -> CaseResult {
+    let mut t = Tiny::new(7);
+    let x = t.input("x", DType::F32, &[3, 8]);
+    let (w, wv) = t.weight("w", DType::F32, &[5, 8], -0.5, 0.5);
+    let y = t.output("y", DType::F32, &[3, 5]);
+    t.task(
+        Opcode::GEMM_TILE,
+        &[x, w],
+        &[y],
+        &[],
+        &[
+            ("K", int(8)),
+            ("N_tile", int(5)),
+            ("n_off", int(0)),
+            ("M_tile", int(3)),
+        ],
+    );
+    check_formula(c, t, 2, F32_TOL, no_change, |ins| {
+        Ok(vec![("y", linear(&in_vals(ins, "x")?, &wv, 8, None))])
+    })
+}
+
+fn op_attention_tile(c: &Ctx<'_>) -> CaseResult {
+    let mut t = Tiny::new(8);
+    let a = Attn {
+        nh: 4,
+        nkv: 2,
+        hd: 4,
+        scale: 0.5,
+    };
+    let q = t.input("q", DType::F32, &[4, 4]);
+    let (kc, kv) = t.weight("kcache", DType::F32, &[6, 2, 4], -1.0, 1.0);
+    let (vc, vv) = t.weight("vcache", DType::F32, &[6, 2, 4], -1.0, 1.0);
+    let y = t.output("y", DType::F32, &[4, 4]);
+    t.task(
+        Opcode::ATTENTION_TILE,
+        &[q, kc, vc],
+        &[y],
+        &[],
+        &[
+            ("head_dim", int(4)),
+            ("kv_start", int(1)),
+            ("kv_len", int(4)),
+            ("scale", real(0.5)),
+            ("n_heads", int(4)),
+            ("n_kv_heads", int(2)),
+        ],
+    );
+    check_formula(c, t, 2, F32_TOL, no_change, |ins| {
+        Ok(vec![(
+            "y",
+            attention(a, &in_vals(ins, "q")?, &kv, &vv, 1, 4),
+        )])
+    })
+}
+
+fn op_rope(c: &Ctx<'_>) -> CaseResult {
+    let mut t = Tiny::new(9);
+    let x = t.input("x", DType::F32, &[3, 8]);
+    let pos = t.input("pos", DType::I32, &[1]);
+    let xb = t.input("xb", DType::F32, &[2, 3, 4]);
+    let posb = t.input("posb", DType::I32, &[2]);
+    let y = t.output("y", DType::F32, &[3, 8]);
+    let yb = t.output("yb", DType::F32, &[2, 3, 4]);
+    t.task(
+        Opcode::ROPE,
+        &[x, pos],
+        &[y],
+        &[],
+        &[("head_dim", int(8)), ("theta", real(10000.0))],
+    );
+    t.task(
+        Opcode::ROPE,
+        &[xb, posb],
+        &[yb],
+        &[],
+        &[("head_dim", int(4)), ("theta", real(500.0))],
+    );
+    let tol = Tol {
+        rtol: 1e-4,
+        atol: 1e-4,
+    };
+    check_formula(c, t, 2, tol, no_change, |ins| {
+        Ok(vec![
+            (
+                "y",
+                rope(&in_vals(ins, "x")?, &in_vals(ins, "pos")?, 8, 10000.0),
+            ),
+            (
+                "yb",
+                rope(&in_vals(ins, "xb")?, &in_vals(ins, "posb")?, 4, 500.0),
+            ),
+        ])
+    })
+}
+
+fn op_silu_mul(c: &Ctx<'_>) -> CaseResult {
+    let mut t = Tiny::new(10);
+    let g = t.input("gate", DType::F32, &[1, 10]);
+    let u = t.input("up", DType::F32, &[1, 10]);
+    let y = t.output("y", DType::F32, &[1, 10]);
+    t.task(Opcode::SILU_MUL, &[g, u], &[y], &[], &[]);
+    check_formula(c, t, 2, F32_TOL, no_change, |ins| {
+        let (g, u) = (in_vals(ins, "gate")?, in_vals(ins, "up")?);
+        Ok(vec![(
+            "y",
+            g.iter().zip(&u).map(|(g, u)| silu(*g) * u).collect(),
+        )])
+    })
+}
+
+fn op_gelu(c: &Ctx<'_>) -> CaseResult {
+    let mut t = Tiny::new(11);
+    let x = t.input("x", DType::F32, &[2, 7]);
+    let y = t.output("y", DType::F32, &[2, 7]);
+    t.task(Opcode::GELU, &[x], &[y], &[], &[]);
+    check_formula(c, t, 2, F32_TOL, no_change, |ins| {
+        Ok(vec![(
+            "y",
+            in_vals(ins, "x")?.into_iter().map(gelu).collect(),
+        )])
+    })
+}
+
+fn op_add(c: &Ctx<'_>) -> CaseResult {
+    let mut t = Tiny::new(12);
+    let a = t.input("a", DType::F32, &[3, 5]);
+    let b = t.input("b", DType::F32, &[15]);
+    let y = t.output("y", DType::F32, &[3, 5]);
+    t.task(Opcode::ADD, &[a, b], &[y], &[], &[]);
+    check_formula(c, t, 2, F32_TOL, no_change, |ins| {
+        let (a, b) = (in_vals(ins, "a")?, in_vals(ins, "b")?);
+        Ok(vec![("y", a.iter().zip(&b).map(|(a, b)| a + b).collect())])
+    })
+}
+
+fn op_mul(c: &Ctx<'_>) -> CaseResult {
+    let mut t = Tiny::new(13);
+    let a = t.input("a", DType::F32, &[2, 6]);
+    let b = t.input("b", DType::F32, &[2, 6]);
+    let y = t.output("y", DType::F32, &[2, 6]);
+    let ys = t.output("y_scaled", DType::F32, &[2, 6]);
+    t.task(Opcode::MUL, &[a, b], &[y], &[], &[]);
+    t.task(Opcode::MUL, &[a], &[ys], &[], &[("scale", real(-1.75))]);
+    check_formula(c, t, 2, F32_TOL, no_change, |ins| {
+        let (a, b) = (in_vals(ins, "a")?, in_vals(ins, "b")?);
+        Ok(vec![
+            ("y", a.iter().zip(&b).map(|(a, b)| a * b).collect()),
+            ("y_scaled", a.iter().map(|a| a * -1.75).collect()),
+        ])
+    })
+}
+
+fn op_dequant(c: &Ctx<'_>) -> CaseResult {
+    let mut t = Tiny::new(14);
+    let (q, qv) = t.weight("q", DType::I8, &[4, 8], -7.0, 7.0);
+    let (s, sv) = t.weight("scales", DType::F32, &[8], 0.01, 0.5);
+    let x = t.input("x", DType::F32, &[4, 8]);
+    let d = t.act("wdq", &[4, 8]);
+    let y = t.output("y", DType::F32, &[4, 8]);
+    let cd = t.task(
+        Opcode::DEQUANT,
+        &[q, s],
+        &[d],
+        &[],
+        &[("qdtype", int(6)), ("group", int(4))],
+    );
+    // Multiply by an input so each step's output differs.
+    t.task(Opcode::MUL, &[d, x], &[y], &[(cd, 1)], &[]);
+    check_formula(c, t, 2, F32_TOL, no_change, |ins| {
+        let xv = in_vals(ins, "x")?;
+        Ok(vec![(
+            "y",
+            (0..32).map(|i| qv[i] * sv[i / 4] * xv[i]).collect(),
+        )])
+    })
+}
+
+fn op_softmax(c: &Ctx<'_>) -> CaseResult {
+    let mut t = Tiny::new(15);
+    let x = t.input("x", DType::F32, &[3, 6]);
+    let y = t.output("y", DType::F32, &[3, 6]);
+    let y0 = t.output("y_dim0", DType::F32, &[3, 6]);
+    t.task(Opcode::SOFTMAX, &[x], &[y], &[], &[("dim", int(-1))]);
+    t.task(Opcode::SOFTMAX, &[x], &[y0], &[], &[("dim", int(0))]);
+    check_formula(c, t, 2, F32_TOL, no_change, |ins| {
+        let xv = in_vals(ins, "x")?;
+        // Along dim 0: transpose, softmax rows of 3, transpose back.
+        let tr: Vec<f64> = (0..18).map(|i| xv[(i % 3) * 6 + i / 3]).collect();
+        let s0 = softmax_rows(&tr, 3);
+        let back: Vec<f64> = (0..18).map(|i| s0[(i % 6) * 3 + i / 6]).collect();
+        Ok(vec![("y", softmax_rows(&xv, 6)), ("y_dim0", back)])
+    })
+}
+
+fn op_allreduce_shard(c: &Ctx<'_>) -> CaseResult {
+    let mut t = Tiny::new(16);
+    let a = t.input("a", DType::F32, &[2, 4]);
+    let b = t.input("b", DType::F32, &[2, 4]);
+    let d = t.input("d", DType::F32, &[8]);
+    let y = t.output("y", DType::F32, &[2, 4]);
+    t.task(Opcode::ALLREDUCE_SHARD, &[a, b, d], &[y], &[], &[]);
+    check_formula(c, t, 2, F32_TOL, no_change, |ins| {
+        let (a, b, d) = (in_vals(ins, "a")?, in_vals(ins, "b")?, in_vals(ins, "d")?);
+        Ok(vec![("y", (0..8).map(|i| a[i] + b[i] + d[i]).collect())])
+    })
+}
+
+fn op_kv_append(c: &Ctx<'_>) -> CaseResult {
+    let mut t = Tiny::new(17);
+    let new = t.input("k_new", DType::F32, &[1, 2, 4]);
+    let cache = t.kv("kcache", &[5, 2, 4]);
+    let y = t.output("cache_out", DType::F32, &[5, 2, 4]);
+    let ca = t.task(
+        Opcode::KV_APPEND,
+        &[new, cache],
+        &[cache],
+        &[],
+        &[("pos", int(3))],
+    );
+    t.task(Opcode::COPY, &[cache], &[y], &[(ca, 1)], &[]);
+    check_formula(c, t, 2, F32_TOL, no_change, |ins| {
+        let nv = in_vals(ins, "k_new")?;
+        let mut want = vec![0.0; 40];
+        want[24..32].copy_from_slice(&nv);
+        Ok(vec![("cache_out", want)])
+    })
+}
+
+fn op_sample_argmax(c: &Ctx<'_>) -> CaseResult {
+    let mut t = Tiny::new(18);
+    let x = t.input("logits", DType::F32, &[3, 9]);
+    let y = t.output("token", DType::I32, &[3]);
+    t.task(Opcode::SAMPLE_ARGMAX, &[x], &[y], &[], &[]);
+    check_formula(c, t, 2, F32_TOL, no_change, |ins| {
+        Ok(vec![("token", argmax_rows(&in_vals(ins, "logits")?, 9))])
+    })
+}
+
+fn op_attention_combine(c: &Ctx<'_>) -> CaseResult {
+    let mut t = Tiny::new(19);
+    let (heads, hd) = (3usize, 4usize);
+    let shape = [heads as u64, hd as u64 + 2];
+    let parts: Vec<BufferId> = (0..3)
+        .map(|i| t.input(&format!("part{i}"), DType::F32, &shape))
+        .collect();
+    let y = t.output("y", DType::F32, &[heads as u64, hd as u64]);
+    t.task(
+        Opcode::ATTENTION_COMBINE,
+        &parts,
+        &[y],
+        &[],
+        &[
+            ("head_dim", int(hd as i64)),
+            ("n_heads", int(heads as i64)),
+            ("n_kv_heads", int(1)),
+        ],
+    );
+    // Valid partials: l > 0 with its running max m; head 1 of part 2 is an empty shard.
+    let make = |ins: &mut Inputs, rng: &mut SplitMix| {
+        for p in 0..3 {
+            let mut v = vals(&random_nonzero(DType::F32, &shape, rng, -1.0, 1.0));
+            for h in 0..heads {
+                let b = h * (hd + 2);
+                if p == 2 && h == 1 {
+                    v[b..b + hd].iter_mut().for_each(|x| *x = 0.0);
+                    v[b + hd] = f64::NEG_INFINITY;
+                    v[b + hd + 1] = 0.0;
+                } else {
+                    v[b + hd] *= 2.0;
+                    v[b + hd + 1] = 0.5 + v[b + hd + 1].abs() * 2.0;
+                }
+            }
+            let f: Vec<f32> = v.iter().map(|&x| x as f32).collect();
+            if let Ok(t) = Tensor::from_f32(DType::F32, &shape, &f) {
+                set_input(ins, &format!("part{p}"), t);
+            }
+        }
+    };
+    check_formula(c, t, 2, F32_TOL, make, |ins| {
+        let ps = (0..3)
+            .map(|p| in_vals(ins, &format!("part{p}")))
+            .collect::<Result<Vec<_>, _>>()?;
+        Ok(vec![("y", combine(&ps, hd))])
+    })
+}
+
+fn op_fused(c: &Ctx<'_>) -> CaseResult {
+    let mut t = Tiny::new(20);
+    let x = t.input("x", DType::F32, &[2, 5]);
+    let y = t.output("y", DType::F32, &[2, 5]);
+    t.task(
+        Opcode::FUSED,
+        &[x],
+        &[y],
+        &[],
+        &[("recipe", r#gen::gelu_scale_recipe())],
+    );
+    check_formula(c, t, 2, F32_TOL, no_change, |ins| {
+        Ok(vec![(
+            "y",
+            in_vals(ins, "x")?
+                .into_iter()
+                .map(|v| gelu(v) * 0.5)
+                .collect(),
+        )])
+    })
+}
+
+// ---- hand-built DAGs ---------------------------------------------------------------------------
+
+/// Tiles `[x, w(, extra..)] -> out` of widths `widths` (summing to N) on one new counter.
+fn gemv_tiles(
+    t: &mut Tiny,
+    ins: &[BufferId],
+    out: BufferId,
+    k: i64,
+    widths: &[i64],
+    waits: &[(CounterId, i64)],
+    extra: &[(&str, Value)],
+) -> (CounterId, i64) {
+    let c = t.counter();
+    let mut off = 0;
+    for &w in widths {
+        let mut pr = vec![("K", int(k)), ("N_tile", int(w)), ("n_off", int(off))];
+        pr.extend(extra.iter().cloned());
+        t.task_on(c, Opcode::GEMV_TILE, ins, &[out], waits, &pr);
+        off += w;
+    }
+    (c, widths.len() as i64)
+}
+
+fn dag_chain(c: &Ctx<'_>) -> CaseResult {
+    let mut t = Tiny::new(21);
+    let (h, i) = (16u64, 24u64);
+    let x = t.input("x", DType::F32, &[1, h]);
+    let (nw, nwv) = t.weight("norm", DType::F32, &[h], 0.5, 1.5);
+    let (wg, wgv) = t.weight("gate", DType::F32, &[i, h], -0.5, 0.5);
+    let (wu, wuv) = t.weight("up", DType::F32, &[i, h], -0.5, 0.5);
+    let (wd, wdv) = t.weight("down", DType::F32, &[h, i], -0.5, 0.5);
+    let (bd, bdv) = t.weight("down_bias", DType::F32, &[h], -0.5, 0.5);
+    let xn = t.act("xn", &[1, h]);
+    let g = t.act("g", &[1, i]);
+    let u = t.act("u", &[1, i]);
+    let a = t.act("a", &[1, i]);
+    let d = t.act("d", &[1, h]);
+    let y = t.output("y", DType::F32, &[1, h]);
+    let probs = t.output("probs", DType::F32, &[1, h]);
+    let cn = t.task(
+        Opcode::RMSNORM,
+        &[x, nw],
+        &[xn],
+        &[],
+        &[("eps", real(1e-6)), ("hidden", int(h as i64))],
+    );
+    let wg_ = gemv_tiles(&mut t, &[xn, wg], g, h as i64, &[8, 8, 8], &[(cn, 1)], &[]);
+    let wu_ = gemv_tiles(&mut t, &[xn, wu], u, h as i64, &[5, 19], &[(cn, 1)], &[]);
+    let ca = t.task(Opcode::SILU_MUL, &[g, u], &[a], &[wg_, wu_], &[]);
+    let wd_ = gemv_tiles(
+        &mut t,
+        &[a, wd, bd],
+        d,
+        i as i64,
+        &[3, 6, 7],
+        &[(ca, 1)],
+        &[],
+    );
+    let cy = t.task(Opcode::ADD, &[x, d], &[y], &[wd_], &[]);
+    t.task(Opcode::SOFTMAX, &[y], &[probs], &[(cy, 1)], &[]);
+    check_formula(c, t, 2, F32_TOL, no_change, |ins| {
+        let xv = in_vals(ins, "x")?;
+        let xn = rmsnorm(&xv, &nwv, 1e-6);
+        let g = linear(&xn, &wgv, h as usize, None);
+        let u = linear(&xn, &wuv, h as usize, None);
+        let a: Vec<f64> = g.iter().zip(&u).map(|(g, u)| silu(*g) * u).collect();
+        let d = linear(&a, &wdv, i as usize, Some(&bdv));
+        let y: Vec<f64> = xv.iter().zip(&d).map(|(x, d)| x + d).collect();
+        Ok(vec![("probs", softmax_rows(&y, h as usize)), ("y", y)])
+    })
+}
+
+fn dag_fan_in(c: &Ctx<'_>) -> CaseResult {
+    let mut t = Tiny::new(22);
+    let x = t.input("x", DType::F32, &[2, 4]);
+    let parts: Vec<BufferId> = (0..4).map(|k| t.act(&format!("p{k}"), &[2, 4])).collect();
+    let y = t.output("sum", DType::F32, &[2, 4]);
+    let y2 = t.output("pair", DType::F32, &[2, 4]);
+    let cp = t.counter();
+    t.task_on(cp, Opcode::COPY, &[x], &[parts[0]], &[], &[]);
+    t.task_on(
+        cp,
+        Opcode::MUL,
+        &[x],
+        &[parts[1]],
+        &[],
+        &[("scale", real(2.5))],
+    );
+    t.task_on(cp, Opcode::GELU, &[x], &[parts[2]], &[], &[]);
+    t.task_on(
+        cp,
+        Opcode::FUSED,
+        &[x],
+        &[parts[3]],
+        &[],
+        &[("recipe", r#gen::gelu_scale_recipe())],
+    );
+    let barrier = t.task(Opcode::NOP, &[], &[], &[(cp, 4)], &[]);
+    t.task(Opcode::ALLREDUCE_SHARD, &parts, &[y], &[(barrier, 1)], &[]);
+    t.task(Opcode::ADD, &[parts[1], parts[3]], &[y2], &[(cp, 4)], &[]);
+    check_formula(c, t, 2, F32_TOL, no_change, |ins| {
+        let xv = in_vals(ins, "x")?;
+        let p: Vec<[f64; 4]> = xv
+            .iter()
+            .map(|&v| [v, v * 2.5, gelu(v), gelu(v) * 0.5])
+            .collect();
+        Ok(vec![
+            ("sum", p.iter().map(|q| q.iter().sum()).collect()),
+            ("pair", p.iter().map(|q| q[1] + q[3]).collect()),
+        ])
+    })
+}
+
+fn dag_tiled_groups(c: &Ctx<'_>) -> CaseResult {
+    let mut t = Tiny::new(23);
+    let (k, n) = (16u64, 20u64);
+    let x = t.input("x", DType::F32, &[1, k]);
+    let (qw, qv) = t.weight("qw", DType::I8, &[n, k], -7.0, 7.0);
+    let (sc, sv) = t.weight("scales", DType::F32, &[n, 2], 0.01, 0.1);
+    let y = t.output("y", DType::F32, &[1, n]);
+    gemv_tiles(
+        &mut t,
+        &[x, qw, sc],
+        y,
+        k as i64,
+        &[1, 7, 4, 5, 3],
+        &[],
+        &[("qdtype", int(6)), ("group", int(8))],
+    );
+    // GEMM over a DEQUANT-produced weight: 2 row tiles x 3 column tiles.
+    let (m, n2) = (3u64, 9u64);
+    let xm = t.input("xm", DType::F32, &[m, k]);
+    let (q2, q2v) = t.weight("q2", DType::I8, &[n2, k], -7.0, 7.0);
+    let (s2, s2v) = t.weight("s2", DType::F32, &[n2 * k / 4], 0.01, 0.1);
+    let w2 = t.act("w2", &[n2, k]);
+    let ym = t.output("ym", DType::F32, &[m, n2]);
+    let cd = t.task(
+        Opcode::DEQUANT,
+        &[q2, s2],
+        &[w2],
+        &[],
+        &[("qdtype", int(6)), ("group", int(4))],
+    );
+    let cm = t.counter();
+    for (r0, rl) in [(0i64, 2i64), (2, 1)] {
+        for (c0, cl) in [(0i64, 4i64), (4, 2), (6, 3)] {
+            t.task_on(
+                cm,
+                Opcode::GEMM_TILE,
+                &[xm, w2],
+                &[ym],
+                &[(cd, 1)],
+                &[
+                    ("K", int(k as i64)),
+                    ("N_tile", int(cl)),
+                    ("n_off", int(c0)),
+                    ("M_tile", int(rl)),
+                    ("m_off", int(r0)),
+                ],
+            );
+        }
+    }
+    let ku = k as usize;
+    let deq: Vec<f64> = (0..(n as usize) * ku)
+        .map(|i| qv[i] * sv[(i / ku) * 2 + (i % ku) / 8])
+        .collect();
+    let deq2: Vec<f64> = (0..(n2 as usize) * ku)
+        .map(|i| q2v[i] * s2v[i / 4])
+        .collect();
+    check_formula(c, t, 2, F32_TOL, no_change, |ins| {
+        Ok(vec![
+            ("y", linear(&in_vals(ins, "x")?, &deq, ku, None)),
+            ("ym", linear(&in_vals(ins, "xm")?, &deq2, ku, None)),
+        ])
+    })
+}
+
+fn dag_split_kv(c: &Ctx<'_>) -> CaseResult {
+    let mut t = Tiny::new(24);
+    let a = Attn {
+        nh: 4,
+        nkv: 2,
+        hd: 8,
+        scale: 0.25,
+    };
+    let (max_seq, len) = (10u64, 7u64);
+    let row = [2u64, 8];
+    let q = t.input("q", DType::F32, &[4, 8]);
+    let kn = t.input("k_rows", DType::F32, &[len, row[0], row[1]]);
+    let vn = t.input("v_rows", DType::F32, &[len, row[0], row[1]]);
+    let kc = t.kv("kcache", &[max_seq, row[0], row[1]]);
+    let vc = t.kv("vcache", &[max_seq, row[0], row[1]]);
+    let start = 1i64;
+    let ck = t.task(
+        Opcode::KV_APPEND,
+        &[kn, kc],
+        &[kc],
+        &[],
+        &[("pos", int(start))],
+    );
+    let cv = t.task(
+        Opcode::KV_APPEND,
+        &[vn, vc],
+        &[vc],
+        &[],
+        &[("pos", int(start))],
+    );
+    let attn_params = |s: i64, l: i64, partial: bool| {
+        let mut p = vec![
+            ("head_dim", int(8)),
+            ("kv_start", int(s)),
+            ("kv_len", int(l)),
+            ("scale", real(0.25)),
+            ("n_heads", int(4)),
+            ("n_kv_heads", int(2)),
+        ];
+        if partial {
+            p.push(("flags", int(2)));
+        }
+        p
+    };
+    let shards = [(1i64, 3i64), (4, 0), (4, 2), (6, 2)];
+    let mut parts = Vec::new();
+    let mut waits = Vec::new();
+    for (i, &(s, l)) in shards.iter().enumerate() {
+        let part = t.act(&format!("partial{i}"), &[4, 10]);
+        let cs = t.task(
+            Opcode::ATTENTION_TILE,
+            &[q, kc, vc],
+            &[part],
+            &[(ck, 1), (cv, 1)],
+            &attn_params(s, l, true),
+        );
+        parts.push(part);
+        waits.push((cs, 1));
+    }
+    let y = t.output("combined", DType::F32, &[1, 32]);
+    let yf = t.output("full", DType::F32, &[4, 8]);
+    let p0 = t.output("partial0_out", DType::F32, &[4, 10]);
+    t.task(
+        Opcode::ATTENTION_COMBINE,
+        &parts,
+        &[y],
+        &waits,
+        &[
+            ("head_dim", int(8)),
+            ("n_heads", int(4)),
+            ("n_kv_heads", int(2)),
+        ],
+    );
+    t.task(Opcode::COPY, &[parts[0]], &[p0], &[waits[0]], &[]);
+    t.task(
+        Opcode::ATTENTION_TILE,
+        &[q, kc, vc],
+        &[yf],
+        &[(ck, 1), (cv, 1)],
+        &attn_params(start, len as i64, false),
+    );
+    let ms = max_seq as usize;
+    check_formula(c, t, 2, F32_TOL, no_change, |ins| {
+        let rowlen = 16;
+        let mut kcv = vec![0.0; ms * rowlen];
+        let mut vcv = vec![0.0; ms * rowlen];
+        let s = start as usize;
+        let l = len as usize;
+        kcv[s * rowlen..(s + l) * rowlen].copy_from_slice(&in_vals(ins, "k_rows")?);
+        vcv[s * rowlen..(s + l) * rowlen].copy_from_slice(&in_vals(ins, "v_rows")?);
+        let qv = in_vals(ins, "q")?;
+        let full = attention(a, &qv, &kcv, &vcv, s, l);
+        let p0 = partial_layout(&attention_partial(a, &qv, &kcv, &vcv, 1, 3));
+        Ok(vec![
+            ("combined", full.clone()),
+            ("full", full),
+            ("partial0_out", p0),
+        ])
+    })
+}
+
+fn dag_kv_append_steps(c: &Ctx<'_>) -> CaseResult {
+    let mut t = Tiny::new(25);
+    let a = Attn {
+        nh: 2,
+        nkv: 1,
+        hd: 4,
+        scale: 0.5,
+    };
+    let q = t.input("q", DType::F32, &[2, 4]);
+    let kn = t.input("k_rows", DType::F32, &[2, 1, 4]);
+    let vn = t.input("v_row", DType::F32, &[4]);
+    let kc = t.kv("kcache", &[6, 1, 4]);
+    let vc = t.kv("vcache", &[6, 1, 4]);
+    // Two key rows at 2..4, one value row at 3; rows 0, 1 and 4 of the window stay zero.
+    // (One KV_APPEND per cache: the validator refuses two, even ordered ones, because the
+    // earlier append reads the cache the later one writes.)
+    let ck = t.task(Opcode::KV_APPEND, &[kn, kc], &[kc], &[], &[("pos", int(2))]);
+    let cv = t.task(Opcode::KV_APPEND, &[vn, vc], &[vc], &[], &[("pos", int(3))]);
+    let y = t.output("attn", DType::F32, &[2, 4]);
+    let kout = t.output("kcache_out", DType::F32, &[24]);
+    t.task(
+        Opcode::ATTENTION_TILE,
+        &[q, kc, vc],
+        &[y],
+        &[(ck, 1), (cv, 1)],
+        &[
+            ("head_dim", int(4)),
+            ("kv_start", int(0)),
+            ("kv_len", int(5)),
+            ("scale", real(0.5)),
+            ("n_heads", int(2)),
+            ("n_kv_heads", int(1)),
+        ],
+    );
+    t.task(Opcode::COPY, &[kc], &[kout], &[(ck, 1)], &[]);
+    let Tiny { p, w, mut rng } = t;
+    let s0 = random_inputs(&p, &mut rng);
+    let s1 = random_inputs(&p, &mut rng);
+    // Step 2 sets nothing: every input keeps its step-1 value.
+    let steps = vec![s0.clone(), s1.clone(), Vec::new()];
+    let got = run_steps(c.backend, &c.registry, &p, &w, &steps)?;
+    for (k, (o, ins)) in got.iter().zip([&s0, &s1, &s1]).enumerate() {
+        let mut kcv = vec![0.0; 24];
+        let mut vcv = vec![0.0; 24];
+        kcv[8..16].copy_from_slice(&in_vals(ins, "k_rows")?);
+        vcv[12..16].copy_from_slice(&in_vals(ins, "v_row")?);
+        let want = attention(a, &in_vals(ins, "q")?, &kcv, &vcv, 0, 5);
+        close(
+            &format!("step {k}: output 'attn'"),
+            output(o, "attn", k)?,
+            &want,
+            F32_TOL,
+        )?;
+        close(
+            &format!("step {k}: output 'kcache_out'"),
+            output(o, "kcache_out", k)?,
+            &kcv,
+            F32_TOL,
+        )?;
+    }
+    Ok(())
+}
+
+// ---- generator families against the oracle ----------------------------------------------------
+
+/// Seeds per family (each a program of about 3–100 tasks).
+const FAMILY_SEEDS: u64 = 6;
+
+fn family(c: &Ctx<'_>, f: Family) -> CaseResult {
+    for seed in 0..FAMILY_SEEDS {
+        let p = r#gen::generate(f, seed);
+        let w = random_weights(&p, seed);
+        let mut rng = SplitMix(r#gen::seed_of(&[f as u64, seed, 0xF00D]));
+        let steps = [random_inputs(&p, &mut rng), random_inputs(&p, &mut rng)];
+        against_oracle(c, &p, &w, &steps, MODEL_TOL).map_err(|e| {
+            fail(format!(
+                "{} seed {seed} ({} tasks): {e}",
+                f.name(),
+                p.tasks.len()
+            ))
+        })?;
+    }
+    Ok(())
+}
+
+fn family_chain(c: &Ctx<'_>) -> CaseResult {
+    family(c, Family::Chain)
+}
+fn family_fan_in(c: &Ctx<'_>) -> CaseResult {
+    family(c, Family::FanIn)
+}
+fn family_tiled(c: &Ctx<'_>) -> CaseResult {
+    family(c, Family::Tiled)
+}
+fn family_kv_attention(c: &Ctx<'_>) -> CaseResult {
+    family(c, Family::KvAttention)
+}
+fn family_split_kv(c: &Ctx<'_>) -> CaseResult {
+    family(c, Family::SplitKv)
+}
+fn family_sm_assigned(c: &Ctx<'_>) -> CaseResult {
+    family(c, Family::SmAssigned)
+}
+fn family_paged(c: &Ctx<'_>) -> CaseResult {
+    family(c, Family::Paged)
+}
+fn family_mixture(c: &Ctx<'_>) -> CaseResult {
+    family(c, Family::Mixture)
+}
+
+// ---- toy Llama programs ------------------------------------------------------------------------
+
+/// A toy decode configuration: 2 layers, H 16, 4 query heads over 2 KV heads of 4, I 24,
+/// vocabulary 32, tiles of 8, 8 cache rows.
+fn toy_llama(pos: u64) -> LlamaConfig {
+    let mut cfg = LlamaConfig::new(2, 16, 4, 2, 4, 24, 32, 8);
+    cfg.max_seq = 8;
+    cfg.pos = pos;
+    cfg
+}
+
+/// Inputs of a [`crate::llama_like_with`] program: `token_id` as given, `pos` = the
+/// configuration's position, `reshape_id0` = 0.
+pub fn llama_inputs(cfg: &LlamaConfig, token: i64) -> Inputs {
+    let i32_of = |v: i64| Tensor::from_i64(DType::I32, &[1], &[v]);
+    let mut out = Vec::new();
+    for (name, v) in [
+        ("token_id", token),
+        ("pos", cfg.pos as i64),
+        ("reshape_id0", 0),
+    ] {
+        if let Ok(t) = i32_of(v) {
+            out.push((name.to_string(), t));
+        }
+    }
+    out
+}
+
+/// The logits of one decode step of [`crate::llama_like_with`] in f64: cache rows before
+/// `cfg.pos` are zero (fresh caches), row `pos` holds this step's keys and values.
+fn llama_f64(cfg: &LlamaConfig, w: &WeightStore, token: usize) -> Result<Vec<f64>, Failure> {
+    let (h, hd, nh, nkv) = (
+        cfg.hidden as usize,
+        cfg.head_dim as usize,
+        cfg.heads as usize,
+        cfg.kv_heads as usize,
+    );
+    let (pos, inter) = (cfg.pos as usize, cfg.inter as usize);
+    let eps = 1e-6;
+    let theta = 10000.0;
+    let emb = weight_vals(w, "embed.weight")?;
+    let mut x = emb[token * h..(token + 1) * h].to_vec();
+    let a = Attn {
+        nh,
+        nkv,
+        hd,
+        scale: 1.0 / (hd as f64).sqrt(),
+    };
+    let row = nkv * hd;
+    for l in 0..cfg.layers {
+        let wv = |s: &str| weight_vals(w, &format!("layers.{l}.{s}"));
+        let an = rmsnorm(&x, &wv("input_norm")?, eps);
+        let q = linear(&an, &wv("attn.q_proj.weight")?, h, None);
+        let k = linear(&an, &wv("attn.k_proj.weight")?, h, None);
+        let v = linear(&an, &wv("attn.v_proj.weight")?, h, None);
+        let p = [pos as f64];
+        let q = rope(&q, &p, hd, theta);
+        let k = rope(&k, &p, hd, theta);
+        let mut kc = vec![0.0; (pos + 1) * row];
+        let mut vc = vec![0.0; (pos + 1) * row];
+        kc[pos * row..].copy_from_slice(&k);
+        vc[pos * row..].copy_from_slice(&v);
+        let att = attention(a, &q, &kc, &vc, 0, pos + 1);
+        let o = linear(&att, &wv("attn.o_proj.weight")?, nh * hd, None);
+        let hm: Vec<f64> = x.iter().zip(&o).map(|(a, b)| a + b).collect();
+        let mn = rmsnorm(&hm, &wv("post_norm")?, eps);
+        let g = linear(&mn, &wv("mlp.gate_proj.weight")?, h, None);
+        let u = linear(&mn, &wv("mlp.up_proj.weight")?, h, None);
+        let act: Vec<f64> = g.iter().zip(&u).map(|(g, u)| silu(*g) * u).collect();
+        let down = linear(&act, &wv("mlp.down_proj.weight")?, inter, None);
+        x = hm.iter().zip(&down).map(|(a, b)| a + b).collect();
+    }
+    let hf = rmsnorm(&x, &weight_vals(w, "final_norm")?, eps);
+    Ok(linear(&hf, &weight_vals(w, "lm_head.weight")?, h, None))
+}
+
+/// Two steps (two tokens) of `cfg` on the backend, against the oracle and, when `f64_check`,
+/// against [`llama_f64`].
+fn llama_case(c: &Ctx<'_>, cfg: &LlamaConfig, f64_check: bool, tol: Tol) -> CaseResult {
+    let p = r#gen::llama_like_with(cfg);
+    let w = random_weights(&p, cfg.pos ^ 0x11A3A);
+    let tokens = [5i64, cfg.vocab as i64 - 2];
+    let steps: Vec<Inputs> = tokens.iter().map(|&t| llama_inputs(cfg, t)).collect();
+    let got = against_oracle(c, &p, &w, &steps, tol)?;
+    if f64_check {
+        for (k, (o, &tok)) in got.iter().zip(&tokens).enumerate() {
+            let want = llama_f64(cfg, &w, tok as usize)?;
+            close(
+                &format!("step {k} (token {tok}): logits vs f64"),
+                output(o, "logits", k)?,
+                &want,
+                tol,
+            )?;
+        }
+    }
+    Ok(())
+}
+
+fn llama_pos0(c: &Ctx<'_>) -> CaseResult {
+    llama_case(c, &toy_llama(0), true, MODEL_TOL)
+}
+
+fn llama_pos3(c: &Ctx<'_>) -> CaseResult {
+    llama_case(c, &toy_llama(3), true, MODEL_TOL)
+}
+
+fn llama_split_kv(c: &Ctx<'_>) -> CaseResult {
+    let mut cfg = toy_llama(5);
+    cfg.split_kv = 3;
+    llama_case(c, &cfg, true, MODEL_TOL)
+}
+
+fn llama_sm_pages(c: &Ctx<'_>) -> CaseResult {
+    let mut cfg = toy_llama(2);
+    cfg.sm_round_robin = true;
+    cfg.pages = true;
+    cfg.split_kv = 2;
+    llama_case(c, &cfg, true, MODEL_TOL)
+}
+
+fn llama_bf16(c: &Ctx<'_>) -> CaseResult {
+    let mut cfg = toy_llama(1);
+    cfg.dtype = DType::BF16;
+    llama_case(c, &cfg, false, BF16_TOL)
+}
+
+fn llama_wide(c: &Ctx<'_>) -> CaseResult {
+    let mut cfg = LlamaConfig::new(3, 32, 8, 2, 8, 64, 64, 16);
+    cfg.max_seq = 16;
+    cfg.pos = 9;
+    cfg.split_kv = 4;
+    llama_case(c, &cfg, true, MODEL_TOL)
+}
