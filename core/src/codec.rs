@@ -414,9 +414,12 @@ fn task_from(v: &Value, p: &P, index: usize, reg: &Registry) -> R<Task> {
             Some(int_in(v, &P::Key(p, "sm"), i32::MIN as i64, i32::MAX as i64, "sm")? as i32)
         }
     };
+    // Cost hints: integers, or floats with an integral value (tooling that computes them in
+    // floating point writes `12.0`); anything else is refused like any other bad number.
     let est = |key: &'static str| -> R<i64> {
         match opt(m, key) {
             None => Ok(0),
+            Some(Value::Float(f)) if f.fract() == 0.0 && f.abs() < 9.0e15 => Ok(*f as i64),
             Some(v) => int(v, &P::Key(p, key)),
         }
     };

@@ -68,3 +68,16 @@ fn dropped_wait_is_a_race() {
     let r = validate(&p, &reg);
     assert!(r.has(ErrorKind::RawRace), "{}", r.report());
 }
+
+#[test]
+fn integral_float_cost_hints_load() {
+    let reg = amk_ops::registry().unwrap();
+    let text = tiny().to_json(&reg).unwrap();
+    let edited = text.replacen("\"est_bytes\": 0", "\"est_bytes\": 12.0", 1);
+    assert_ne!(edited, text);
+    let p = Program::from_json(&edited, &reg).unwrap();
+    assert_eq!(p.tasks[0].est_bytes, 12);
+    let half = text.replacen("\"est_bytes\": 0", "\"est_bytes\": 12.5", 1);
+    let err = Program::from_json(&half, &reg).unwrap_err().to_string();
+    assert!(err.contains("$.tasks[0].est_bytes"), "{err}");
+}
