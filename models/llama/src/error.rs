@@ -1,0 +1,70 @@
+//! The crate's one error type.
+
+use std::path::PathBuf;
+
+/// What can go wrong reading a model file or transforming its tensors.
+#[derive(Debug, thiserror::Error)]
+pub enum ModelError {
+    /// The file could not be read.
+    #[error("{path}: {source}")]
+    Io {
+        /// File.
+        path: PathBuf,
+        /// Cause.
+        source: std::io::Error,
+    },
+    /// The file does not start with the GGUF magic.
+    #[error("not a GGUF file: magic is {found:02x?}, expected \"GGUF\"")]
+    BadMagic {
+        /// The first four bytes (fewer if the file is shorter).
+        found: Vec<u8>,
+    },
+    /// A GGUF version this reader does not know (only 2 and 3 are supported).
+    #[error("unsupported GGUF version {0} (supported: 2, 3)")]
+    UnsupportedVersion(u32),
+    /// The file ends before a structure it announces.
+    #[error("truncated GGUF: {what} at byte {offset} needs {need} bytes, but the file has {len}")]
+    Truncated {
+        /// What was being read.
+        what: String,
+        /// Where it starts.
+        offset: u64,
+        /// How many bytes it needs.
+        need: u64,
+        /// The file length.
+        len: u64,
+    },
+    /// The file is malformed (absurd counts, bad value types, invalid UTF-8, misaligned or
+    /// overlapping data, duplicate names, …).
+    #[error("corrupt GGUF: {0}")]
+    Corrupt(String),
+    /// A tensor type this reader cannot dequantise.
+    #[error("tensor '{tensor}': unsupported tensor type {type_name} (ggml type {code})")]
+    UnsupportedTensorType {
+        /// Tensor name.
+        tensor: String,
+        /// ggml type name (or "unknown").
+        type_name: String,
+        /// ggml type code.
+        code: u32,
+    },
+    /// No tensor of that name.
+    #[error("no tensor named '{0}'")]
+    MissingTensor(String),
+    /// No metadata key of that name.
+    #[error("missing metadata key '{0}'")]
+    MissingKey(String),
+    /// A metadata value has a different type than asked for.
+    #[error("metadata key '{key}': expected {expected}, found {found}")]
+    KeyType {
+        /// Key.
+        key: String,
+        /// What the caller asked for.
+        expected: String,
+        /// What the file holds.
+        found: String,
+    },
+    /// A tensor has a shape the operation cannot accept.
+    #[error("shape error: {0}")]
+    Shape(String),
+}

@@ -1,0 +1,14 @@
+//! Llama-family model support for amk.
+//!
+//! Today: the GGUF reader ([`gguf`]: metadata, tensor infos, alignment, dequantisation of
+//! F32/F16/BF16/Q8_0/Q4_0/Q4_1/Q4_K/Q6_K tensors to `F32` on load), a small GGUF writer for
+//! tests ([`gguf::write`]), and the inverse of llama.cpp's convert-time Q/K row permutation
+//! ([`permute`]). The importer and the lowering come later.
+
+pub mod error;
+pub mod gguf;
+pub mod permute;
+
+pub use error::ModelError;
+pub use gguf::{GgmlType, GgufFile, GgufValue, TensorInfo, ValueType};
+pub use permute::{permute_qk, unpermute_qk};
