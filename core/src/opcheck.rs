@@ -2,7 +2,8 @@
 //! short list of facts about its operands.
 
 use crate::ir::Buffer;
-use crate::registry::{Finding, TaskContext};
+use crate::json::Value;
+use crate::registry::{Finding, PARAM_FIELDS, TaskContext, param_field_index};
 use crate::validate::ErrorKind;
 
 /// Collects findings for one task.
@@ -10,6 +11,8 @@ pub struct Checker<'c, 'a> {
     /// The task being checked.
     pub ctx: &'c TaskContext<'a>,
     findings: Vec<Finding>,
+    /// The task's device param fields, indexed like `PARAM_FIELDS` (one pass over the params).
+    fields: [Option<&'a Value>; PARAM_FIELDS.len()],
 }
 
 /// `#3 'x' [1, 64] F32`, for messages.
@@ -20,9 +23,23 @@ pub fn desc(b: &Buffer) -> String {
 impl<'c, 'a> Checker<'c, 'a> {
     /// Starts checking `ctx`.
     pub fn new(ctx: &'c TaskContext<'a>) -> Self {
+        let mut fields = [None; PARAM_FIELDS.len()];
+        for (k, v) in ctx.task.params.iter() {
+            if let Some(i) = param_field_index(k) {
+                fields[i] = Some(v);
+            }
+        }
         Checker {
             ctx,
             findings: Vec::new(),
+            fields,
+        }
+    }
+
+    fn param(&self, key: &str) -> Option<&'a Value> {
+        match param_field_index(key) {
+            Some(i) => self.fields[i],
+            None => self.ctx.task.params.get(key),
         }
     }
     /// Input `i` (arity was checked before the rule runs, but stay total).
@@ -35,11 +52,11 @@ impl<'c, 'a> Checker<'c, 'a> {
     }
     /// An integer param.
     pub fn int(&self, key: &str) -> Option<i64> {
-        self.ctx.task.param_i64(key)
+        self.param(key).and_then(Value::as_i64)
     }
     /// A real param.
     pub fn real(&self, key: &str) -> Option<f64> {
-        self.ctx.task.param_f64(key)
+        self.param(key).and_then(Value::as_f64)
     }
     /// Records a `shape_mismatch`.
     pub fn mismatch(&mut self, msg: impl Into<String>) {

@@ -61,10 +61,37 @@ pub const PARAM_FIELDS: &[(&str, ParamType)] = &[
 
 /// Type of a device param field.
 pub fn param_field_type(key: &str) -> Option<ParamType> {
-    PARAM_FIELDS
-        .iter()
-        .find(|(k, _)| *k == key)
-        .map(|(_, t)| *t)
+    param_field_index(key).map(|i| PARAM_FIELDS[i].1)
+}
+
+/// Index of a device param field in [`PARAM_FIELDS`]. A `match` compiles to a length and
+/// byte decision tree, much cheaper than scanning the table on the validator's hot path.
+pub fn param_field_index(key: &str) -> Option<usize> {
+    Some(match key {
+        "K" => 0,
+        "N" => 1,
+        "M" => 2,
+        "N_tile" => 3,
+        "M_tile" => 4,
+        "n_off" => 5,
+        "m_off" => 6,
+        "hidden" => 7,
+        "vocab" => 8,
+        "head_dim" => 9,
+        "n_heads" => 10,
+        "n_kv_heads" => 11,
+        "kv_start" => 12,
+        "kv_len" => 13,
+        "pos" => 14,
+        "qdtype" => 15,
+        "flags" => 16,
+        "dim" => 17,
+        "group" => 18,
+        "eps" => 19,
+        "scale" => 20,
+        "theta" => 21,
+        _ => return None,
+    })
 }
 
 /// A param an op declares.
@@ -181,11 +208,14 @@ impl OpSpec {
     }
     /// The declared type of `key`: the op's own declaration, else the device param table.
     pub fn param_type(&self, key: &str) -> Option<ParamType> {
-        self.params
-            .iter()
-            .find(|p| key_eq(&p.name, key))
-            .map(|p| p.ty)
-            .or_else(|| param_field_type(key))
+        // Device fields first (a `match`, cheap on the validator's hot path); registration
+        // guarantees an op's declaration of a device field has the field's type.
+        param_field_type(key).or_else(|| {
+            self.params
+                .iter()
+                .find(|p| key_eq(&p.name, key))
+                .map(|p| p.ty)
+        })
     }
     /// `"2..4"`-style rendering of the input arity.
     pub fn arity_text(&self) -> String {
@@ -276,6 +306,18 @@ impl Registry {
                     "max inputs {max} < min inputs {}",
                     spec.min_inputs
                 )));
+            }
+        }
+        for decl in spec.params.iter() {
+            if let Some(ty) = param_field_type(&decl.name) {
+                if ty != decl.ty {
+                    return Err(bad(format!(
+                        "param '{}' is a device field of type {}, declared as {}",
+                        decl.name,
+                        ty.name(),
+                        decl.ty.name()
+                    )));
+                }
             }
         }
         if let Some(abi) = spec.code.abi_name() {

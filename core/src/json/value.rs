@@ -31,6 +31,7 @@ impl Map {
         Map(Vec::new())
     }
     /// The value under `key`, if present.
+    #[inline]
     pub fn get(&self, key: &str) -> Option<&Value> {
         self.0.iter().find(|(k, _)| key_eq(k, key)).map(|(_, v)| v)
     }
@@ -70,9 +71,10 @@ pub fn key_eq(a: &str, b: &str) -> bool {
     if a.len() != b.len() {
         return false;
     }
-    if a.len() <= 16 {
-        // Short keys: an inlined byte loop beats a call to `bcmp`.
-        a.iter().zip(b).fold(0u8, |d, (x, y)| d | (x ^ y)) == 0
+    if a.len() <= 8 {
+        // Short keys (all device param names): compare as one little-endian word.
+        let word = |x: &[u8]| x.iter().rev().fold(0u64, |w, &c| (w << 8) | c as u64);
+        word(a) == word(b)
     } else {
         a == b
     }

@@ -6,6 +6,9 @@ impl Validator<'_> {
     // ---- Check 5b: on-chip buffers ------------------------------------------------------------
 
     pub(super) fn check_onchip(&mut self) {
+        if !self.p.buffers.iter().any(|b| b.space.is_on_chip()) {
+            return;
+        }
         let mut users: HashMap<BufferId, Vec<TaskId>> = HashMap::new();
         for t in &self.p.tasks {
             for &b in t.inputs.iter().chain(&t.outputs) {
