@@ -96,6 +96,15 @@ fn duplicates_are_refused() {
         "plugin code < 1000"
     );
     plugin.code = Opcode(1000);
+    let mut mistyped = plugin.clone();
+    mistyped.name = "acme.MISTYPED".into();
+    mistyped.code = Opcode(1001);
+    mistyped.params = vec![amk_core::ParamDecl::required("K", ParamType::Real)].into();
+    assert!(
+        reg.register(mistyped, Origin::Plugin("x.so".into()))
+            .is_err(),
+        "a device field declared with another type"
+    );
     reg.register(plugin, Origin::Plugin("x.so".into())).unwrap();
     assert_eq!(reg.resolve_name("acme.GEMV"), Some(Opcode(1000)));
     let codes: Vec<u16> = reg.iter().map(|(s, _)| s.code.0).collect();
