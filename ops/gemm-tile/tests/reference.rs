@@ -7,59 +7,12 @@
 #![allow(clippy::too_many_arguments)] // rstest cases spell every dimension out
 
 use amk_core::json::Value;
-use amk_core::sim::SplitMix;
-use amk_core::testkit::{call, dtype_eps, random_nonzero, rng, task};
+use amk_core::testkit::{call, random_nonzero, rng, task};
 use amk_core::{DType, OpError, Opcode, Tensor};
 use op_gemm_tile::reference::run;
+use op_gemv_tile::testing::{as_f64, check_tile, quant_weights};
 use rstest::rstest;
 use std::ops::Range;
-
-/// Asserts `out` (rows of its last dim) holds `Σ_k x[m,k]·w[n,k] (+ bias[n])` on the tile
-/// `rows × cols`, within a rigorous fp32-accumulation bound plus the output dtype's rounding,
-/// and NaN (never written) everywhere else.
-fn check_tile(
-    out: &Tensor,
-    x: &Tensor,
-    w: &[f64],
-    bias: Option<&[f64]>,
-    k: usize,
-    cols: Range<usize>,
-    rows: Range<usize>,
-) {
-    let ldo = out.last_dim();
-    let eps = dtype_eps(out.dtype());
-    let mut written = 0;
-    for i in 0..out.numel() {
-        let (m, n) = (i / ldo, i % ldo);
-        let got = out.get_f32(i) as f64;
-        if rows.contains(&m) && cols.contains(&n) {
-            let (mut want, mut mag) = (0.0f64, 0.0f64);
-            for kk in 0..k {
-                let t = x.get_f32(m * k + kk) as f64 * w[n * k + kk];
-                want += t;
-                mag += t.abs();
-            }
-            if let Some(b) = bias {
-                want += b[n];
-                mag += b[n].abs();
-            }
-            let tol = 2.0 * (k + 3) as f64 * 2f64.powi(-24) * mag + eps * want.abs() + 6e-8;
-            assert!(
-                (got - want).abs() <= tol,
-                "out[{m}, {n}]: got {got}, want {want} (err {:.3e} > tol {tol:.3e}, {})",
-                (got - want).abs(),
-                out.dtype()
-            );
-            written += 1;
-        } else {
-            assert!(
-                got.is_nan(),
-                "out[{m}, {n}] is outside the tile but was written ({got})"
-            );
-        }
-    }
-    assert_eq!(written, rows.len() * cols.len());
-}
 
 fn params(
     k: usize,
@@ -80,51 +33,9 @@ fn params(
     p
 }
 
-fn as_f64(t: &Tensor) -> Vec<f64> {
-    (0..t.numel()).map(|i| t.get_f32(i) as f64).collect()
-}
-
 /// The rows a call writes: `[m_off, m_off + M_tile)`, or all `m` rows without `m_off`.
 fn written_rows(m: usize, m_tile: usize, m_off: Option<usize>) -> Range<usize> {
     m_off.map_or(0..m, |mo| mo..mo + m_tile)
-}
-
-/// Random quantised weights `[n, k]`: the raw integers are drawn here and the real weights
-/// computed here from them, `(q − zero)·scale` with `zero` = 8 for symmetric int4 and 0 for
-/// symmetric int8. Returns `[qW, scales(, zeros)]` and the real weights.
-fn quant_weights(
-    r: &mut SplitMix,
-    qdtype: i64,
-    asym: bool,
-    n: usize,
-    k: usize,
-    group: usize,
-) -> (Vec<Tensor>, Vec<f64>) {
-    let (lo, hi, wd) = match (qdtype, asym) {
-        (7, _) => (0i64, 15i64, DType::I4),
-        (6, false) => (-128, 127, DType::I8),
-        (6, true) => (0, 255, DType::U8),
-        _ => panic!("bad test case"),
-    };
-    let qv: Vec<i64> = (0..n * k)
-        .map(|_| lo + (r.next() % (hi - lo + 1) as u64) as i64)
-        .collect();
-    let ng = k.div_ceil(group);
-    let q = Tensor::from_i64(wd, &[n as u64, k as u64], &qv).unwrap();
-    let scales = random_nonzero(DType::F16, &[n as u64, ng as u64], r, -0.1, 0.1);
-    let zeros = asym.then(|| random_nonzero(DType::F16, &[n as u64, ng as u64], r, 0.0, hi as f64));
-    let sym_zero = if qdtype == 7 { 8.0 } else { 0.0 };
-    let mut real = vec![0.0f64; n * k];
-    for row in 0..n {
-        for c in 0..k {
-            let g = row * ng + c / group;
-            let z = zeros.as_ref().map_or(sym_zero, |z| z.get_f32(g) as f64);
-            real[row * k + c] = (qv[row * k + c] as f64 - z) * scales.get_f32(g) as f64;
-        }
-    }
-    let mut ts = vec![q, scales];
-    ts.extend(zeros);
-    (ts, real)
 }
 
 #[rstest]
@@ -203,7 +114,7 @@ fn quantised_weights_match_f64_formula(
     let m = x_shape.iter().product::<u64>() as usize / k;
     let mut r = rng(qdtype as u64 * 7919 + k as u64 * 31 + n as u64 + u64::from(asym));
     let x = random_nonzero(DType::F32, x_shape, &mut r, -1.0, 1.0);
-    let (ws, real) = quant_weights(&mut r, qdtype, asym, n, k, group.unwrap_or(k));
+    let (ws, real) = quant_weights(&mut r, qdtype, asym, n, k, group.unwrap_or(k), DType::F16);
     let mut p = params(k, n_tile, n_off, m_tile, m_off);
     p.push(("qdtype", Value::Int(qdtype)));
     if let Some(g) = group {

@@ -11,6 +11,7 @@ use amk_core::{
 use std::borrow::Cow;
 
 pub mod reference;
+pub mod testing;
 
 /// The op's spec, as the registry and the validator see it.
 pub const SPEC: OpSpec = OpSpec {
