@@ -67,4 +67,26 @@ pub enum ModelError {
     /// A tensor has a shape the operation cannot accept.
     #[error("shape error: {0}")]
     Shape(String),
+    /// A model configuration this crate cannot run, with every reason found (not just the first).
+    #[error("unsupported model configuration: {}", reasons.join("; "))]
+    Unsupported {
+        /// Each unsupported feature or inconsistency, one per entry.
+        reasons: Vec<String>,
+    },
+    /// A HuggingFace `config.json` that is not valid JSON (or not an object).
+    #[error("config.json: {0}")]
+    ConfigJson(String),
+    /// A required key is missing from a HuggingFace `config.json`.
+    #[error("config.json: missing required key '{0}'")]
+    MissingConfigKey(String),
+    /// A HuggingFace `config.json` key holds a value of the wrong type or range.
+    #[error("config.json: key '{key}': expected {expected}, found {found}")]
+    ConfigKeyType {
+        /// Key (dotted for nested keys).
+        key: String,
+        /// What was expected.
+        expected: String,
+        /// What the file holds.
+        found: String,
+    },
 }
