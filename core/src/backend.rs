@@ -102,6 +102,9 @@ pub trait Session {
     /// Sets IO inputs by buffer name (values persist to later steps), runs one forward pass,
     /// returns every IO output.
     fn step(&mut self, inputs: &[(&str, Tensor)]) -> Result<Outputs, BackendError>;
+    /// Applies a checked param patch (positions between decode steps); it lasts until the
+    /// next patch. Patches are absolute: each one is relative to the loaded program.
+    fn set_params(&mut self, patch: &crate::validate::ParamPatch) -> Result<(), BackendError>;
 }
 
 /// An execution backend.
@@ -169,6 +172,14 @@ impl WeightStore {
     /// Adds (or replaces) a tensor.
     pub fn insert(&mut self, name: impl Into<String>, t: Tensor) {
         self.tensors.insert(name.into(), Arc::new(t));
+    }
+    /// Adds (or replaces) a shared tensor without copying it.
+    pub fn insert_shared(&mut self, name: impl Into<String>, t: Arc<Tensor>) {
+        self.tensors.insert(name.into(), t);
+    }
+    /// Takes the tensor named `name` out of the store.
+    pub fn remove(&mut self, name: &str) -> Option<Arc<Tensor>> {
+        self.tensors.remove(name)
     }
     /// The tensor named `name`.
     pub fn get(&self, name: &str) -> Option<&Arc<Tensor>> {

@@ -10,6 +10,7 @@ pub mod codec;
 pub mod cpu;
 pub mod error;
 pub mod graph;
+pub mod import;
 pub mod ir;
 pub mod json;
 pub mod opcheck;
@@ -22,6 +23,7 @@ pub mod validate;
 pub use backend::{Backend, BackendError, BoundWeights, Outputs, Session, WeightStore};
 pub use cpu::{CpuCall, Input, OpError, Reference, ReferenceFn};
 pub use error::IrError;
+pub use import::Importer;
 pub use ir::*;
 pub use registry::{
     CheckFn, Finding, OpRegistration, OpSpec, Origin, PARAM_FIELDS, ParamDecl, ParamType, Registry,
@@ -29,7 +31,7 @@ pub use registry::{
 };
 pub use tensor::{Storage, Tensor};
 pub use validate::{
-    ErrorKind, ValidatedProgram, ValidationError, ValidationResult, ValidationWarning, WarningKind,
+    ErrorKind, ParamPatch, ValidatedProgram, ValidationError, ValidationResult, ValidationWarning, WarningKind,
     validate, validate_owned,
 };
 

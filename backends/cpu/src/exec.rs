@@ -704,6 +704,18 @@ impl Session for CpuSession {
         self.run_pass()?;
         Ok(self.outputs())
     }
+
+    fn set_params(&mut self, patch: &amk_core::ParamPatch) -> Result<(), BackendError> {
+        if patch.n_tasks() != self.program.tasks.len() {
+            return Err(BackendError::Unsupported(format!(
+                "param patch was checked against a program of {} tasks; this session runs {}",
+                patch.n_tasks(),
+                self.program.tasks.len()
+            )));
+        }
+        patch.apply(&mut self.program.tasks);
+        Ok(())
+    }
 }
 
 #[cfg(test)]

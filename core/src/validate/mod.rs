@@ -7,10 +7,12 @@
 //! at every size (reachability is answered in 64-task blocks, see [`crate::graph::Reach`]).
 
 mod diag;
+mod patch;
 mod placement;
 mod races;
 mod structure;
 
+pub use patch::{ParamPatch, REGION_PARAMS};
 pub use diag::{
     Diagnostic, ErrorKind, Stats, ValidatedProgram, ValidationError, ValidationResult,
     ValidationWarning, WarningKind,

@@ -89,4 +89,19 @@ pub enum ModelError {
         /// What the file holds.
         found: String,
     },
+    /// A safetensors file (or its shard index) is malformed: truncated, bad header, offsets
+    /// out of range, unknown dtype, a tensor listed twice.
+    #[error("{path}: not a valid safetensors checkpoint: {message}")]
+    Safetensors {
+        /// File.
+        path: PathBuf,
+        /// What is wrong.
+        message: String,
+    },
+    /// The tokenizer could not be built or could not encode/decode.
+    #[error("tokenizer: {0}")]
+    Tokenizer(String),
+    /// The model cannot be lowered with the requested options (and why).
+    #[error("lowering: {0}")]
+    Lower(String),
 }

@@ -8,8 +8,12 @@
 pub mod config;
 pub mod error;
 pub mod gguf;
+pub mod model;
 pub mod permute;
+pub mod tokenizer;
 
 pub use error::ModelError;
 pub use gguf::{GgmlType, GgufFile, GgufValue, TensorInfo, ValueType};
+pub use model::{Model, ModelFormat};
 pub use permute::{permute_qk, unpermute_qk};
+pub use tokenizer::Tokenizer;
