@@ -8,8 +8,10 @@
 pub mod config;
 pub mod error;
 pub mod gguf;
+pub mod hf;
 pub mod model;
 pub mod permute;
+pub mod safetensors;
 pub mod tokenizer;
 
 pub use error::ModelError;
