@@ -1,6 +1,7 @@
 //! The `amk` command line. Library crates do the work; this binary parses arguments, prints,
 //! and maps outcomes to exit codes.
 
+mod model_cmd;
 mod ops_cmd;
 mod run_cmd;
 mod validate_cmd;
@@ -29,6 +30,15 @@ enum Command {
     /// its outputs.
     #[command(after_help = run_cmd::AFTER_HELP)]
     Run(run_cmd::Args),
+    /// Import a model and lower it to a validated decode program (JSON).
+    #[command(after_help = model_cmd::AFTER_HELP)]
+    Lower(model_cmd::LowerArgs),
+    /// Generate text from a model, streaming it token by token (greedy decoding).
+    #[command(after_help = model_cmd::AFTER_HELP)]
+    Generate(model_cmd::GenerateArgs),
+    /// Teacher-forced perplexity of a model on a text file.
+    #[command(after_help = model_cmd::AFTER_HELP)]
+    Perplexity(model_cmd::PerplexityArgs),
 }
 
 fn main() -> ExitCode {
@@ -37,5 +47,8 @@ fn main() -> ExitCode {
         Command::Validate(args) => validate_cmd::run(&args),
         Command::Ops(cmd) => ops_cmd::run(&cmd),
         Command::Run(args) => run_cmd::run(&args),
+        Command::Lower(args) => model_cmd::run_lower(&args),
+        Command::Generate(args) => model_cmd::run_generate(&args),
+        Command::Perplexity(args) => model_cmd::run_perplexity(&args),
     }
 }

@@ -497,6 +497,13 @@ fn pages_from(v: &Value, p: &P) -> R<PageAllocation> {
     })
 }
 
+/// Parses a standalone ScheduleConfig document (the `config` object of a program file, e.g.
+/// `amk lower --config cfg.json`), with the same strictness and JSON paths as programs.
+pub fn schedule_config_from_json(text: &str) -> R<ScheduleConfig> {
+    let v = json::parse(text)?;
+    config_from(&v, &P::Root)
+}
+
 fn config_from(v: &Value, p: &P) -> R<ScheduleConfig> {
     let m = expect_obj(v, p)?;
     let mut c = ScheduleConfig::default();

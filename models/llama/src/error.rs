@@ -104,4 +104,16 @@ pub enum ModelError {
     /// The model cannot be lowered with the requested options (and why).
     #[error("lowering: {0}")]
     Lower(String),
+    /// A lowered program failed validation (the validator's report).
+    #[error("the lowered program was rejected by the validator:\n{0}")]
+    Invalid(String),
+    /// The backend failed to load or run the program.
+    #[error("backend: {0}")]
+    Backend(#[from] amk_core::BackendError),
+    /// The sequence does not fit the KV cache.
+    #[error("the sequence needs more than the KV cache's {max_seq} positions (raise --max-seq, up to the model's max_position_embeddings)")]
+    ContextFull {
+        /// KV-cache length.
+        max_seq: u64,
+    },
 }

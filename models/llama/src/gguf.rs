@@ -20,6 +20,7 @@ use amk_core::tensor::Tensor;
 use half::{bf16, f16};
 use std::collections::BTreeMap;
 use std::path::Path;
+use std::sync::Arc;
 
 /// The GGUF magic.
 pub const MAGIC: [u8; 4] = *b"GGUF";
@@ -363,7 +364,36 @@ pub struct GgufFile {
     tensors: Vec<TensorInfo>,
     tensor_index: BTreeMap<String, usize>,
     data_start: usize,
-    bytes: Vec<u8>,
+    bytes: Backing,
+}
+
+/// The file's bytes: read into memory (tests, [`GgufFile::parse`]) or memory-mapped
+/// ([`GgufFile::read`], so a multi-GB model is not copied before its tensors are used).
+#[derive(Clone)]
+enum Backing {
+    Owned(Arc<Vec<u8>>),
+    Mapped(Arc<memmap2::Mmap>),
+}
+
+impl std::ops::Deref for Backing {
+    type Target = [u8];
+    fn deref(&self) -> &[u8] {
+        match self {
+            Backing::Owned(v) => v,
+            Backing::Mapped(m) => m,
+        }
+    }
+}
+
+/// Maps `file` read-only.
+#[allow(unsafe_code)]
+fn map_file(file: &std::fs::File) -> std::io::Result<memmap2::Mmap> {
+    // SAFETY: the map is read-only and private to this process; the one assumption is that no
+    // other process truncates or rewrites the model file while it is open (then reads could
+    // fault or see changed bytes — the same contract every mmap-based model loader has). Tensor
+    // data is copied out and dequantised on load, so nothing keeps pointing into the map for
+    // long.
+    unsafe { memmap2::Mmap::map(file) }
 }
 
 impl std::fmt::Debug for GgufFile {
@@ -518,16 +548,22 @@ impl GgufFile {
     /// Reads and parses a GGUF file.
     pub fn read(path: impl AsRef<Path>) -> Result<GgufFile, ModelError> {
         let path = path.as_ref();
-        let bytes = std::fs::read(path).map_err(|source| ModelError::Io {
+        let io = |source| ModelError::Io {
             path: path.to_path_buf(),
             source,
-        })?;
-        GgufFile::parse(bytes)
+        };
+        let file = std::fs::File::open(path).map_err(io)?;
+        let map = map_file(&file).map_err(io)?;
+        GgufFile::parse_backing(Backing::Mapped(Arc::new(map)))
     }
 
     /// Parses GGUF bytes. Every tensor's extent is checked here, so later reads only fail on
     /// unsupported types.
     pub fn parse(bytes: Vec<u8>) -> Result<GgufFile, ModelError> {
+        GgufFile::parse_backing(Backing::Owned(Arc::new(bytes)))
+    }
+
+    fn parse_backing(bytes: Backing) -> Result<GgufFile, ModelError> {
         let (version, alignment, metadata, tensors, data_start) = {
             let mut c = Cursor {
                 buf: &bytes,

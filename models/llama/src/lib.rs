@@ -8,9 +8,12 @@
 pub mod config;
 pub mod error;
 pub mod gguf;
+pub mod gguf_import;
 pub mod hf;
+pub mod lower;
 pub mod model;
 pub mod permute;
+pub mod run;
 pub mod safetensors;
 pub mod tokenizer;
 

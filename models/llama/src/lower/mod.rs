@@ -1,0 +1,662 @@
+//! Lowering: a [`Model`] → the single-token decode [`Program`] (notes §4.3), with every
+//! [`ScheduleConfig`] knob taking effect (spec README §6).
+//!
+//! The graph per token: EMBED; per layer RMSNORM, q/k/v GEMV tiles (with q/k/v biases when the
+//! model has them), reshape bridges, ROPE q/k (positions from the `pos` input), KV_APPEND k/v
+//! into the layer's caches (in place), ATTENTION_TILE (or split-KV shards + ATTENTION_COMBINE),
+//! o tiles, residual ADD, RMSNORM, gate/up tiles, SILU_MUL, down tiles, residual ADD; then the
+//! final RMSNORM, the LM-head tiles into the `logits` output and (optionally) SAMPLE_ARGMAX into
+//! `next_token`. Tasks are emitted in a topological order, which the SM assignment relies on.
+//!
+//! Knobs: `tiling.gemv.{N_tile, base_width}` and `tiling.attention.n_partitions` shape the
+//! graph; `fusion_grouping` fuses op groups into FUSED tasks ([`FUSIBLE`]); `sm_assignment`
+//! writes `Task.sm` ([`sm`]); `page_allocation` shares activation memory ([`pages`]).
+//! `pipelining_depth`, `threads_per_block` and `smem_bytes_per_block` are kernel-build knobs:
+//! recorded in the program's config for the backend.
+//!
+//! Positions: a decode loop moves to the next token by patching a few int params
+//! ([`PositionPlan::edits`]: KV_APPEND `pos`, attention `kv_start`/`kv_len`) through
+//! [`amk_core::ValidatedProgram::check_patch`] and setting the `pos` input; the program is
+//! lowered once.
+
+pub mod pages;
+pub mod sm;
+
+use crate::config::RopeScaling;
+use crate::error::ModelError;
+use crate::model::{EMBED, FINAL_NORM, LM_HEAD, Model, layer_tensor};
+use amk_core::json::{Map, Value};
+use amk_core::{
+    BufferId, BufferKind, CounterId, DType, GpuTarget, Opcode, Program, ScheduleConfig, TaskId,
+    Tensor, WeightStore,
+};
+use std::sync::Arc;
+
+/// Default KV-cache length (capped by the model's `max_position_embeddings`).
+pub const DEFAULT_MAX_SEQ: u64 = 4096;
+/// At most this many GEMV tiles per projection (wider tiles beyond it), as in the reference.
+pub const MAX_TILES: u64 = 64;
+/// Default GEMV tile width when `tiling.gemv.N_tile` is not set.
+pub const DEFAULT_BASE_WIDTH: u64 = 32;
+/// Most split-KV shards per layer.
+pub const MAX_PARTITIONS: u64 = 8;
+
+/// Op groups `fusion_grouping` may name, each fused into one FUSED task per occurrence:
+/// `["embed", "rope"]` turns each reshape bridge + ROPE pair (q and k of every layer) into one
+/// task, saving two tasks and two counters per layer-projection.
+pub const FUSIBLE: &[&[&str]] = &[&["embed", "rope"]];
+
+/// Options that are not part of the search space.
+#[derive(Debug, Clone, PartialEq)]
+pub struct LowerOptions {
+    /// Activation, cache and weight dtype (F32, F16 or BF16).
+    pub dtype: DType,
+    /// KV-cache length; `None` = [`DEFAULT_MAX_SEQ`] capped by `max_position_embeddings`.
+    pub max_seq: Option<u64>,
+    /// The position the program's params describe (a decode loop patches them later).
+    pub pos: u64,
+    /// Append SAMPLE_ARGMAX → `next_token` (I32) after the logits.
+    pub argmax: bool,
+}
+
+impl Default for LowerOptions {
+    fn default() -> Self {
+        LowerOptions {
+            dtype: DType::F32,
+            max_seq: None,
+            pos: 0,
+            argmax: true,
+        }
+    }
+}
+
+/// What changes with the position, per task.
+#[derive(Debug, Clone, PartialEq)]
+enum PosRule {
+    /// KV_APPEND: `pos = p`.
+    Append,
+    /// Whole attention: `kv_len = p + 1`.
+    Attend,
+    /// Split-KV shard `i` of `n`: rows `[i·s, min((i+1)·s, p+1))` with `s = ceil((p+1)/n)`.
+    Shard { i: u64, n: u64 },
+}
+
+/// The position-dependent params of a lowered program.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct PositionPlan {
+    rules: Vec<(TaskId, PosRule)>,
+    /// KV-cache length: positions run `0..max_seq`.
+    pub max_seq: u64,
+}
+
+impl PositionPlan {
+    /// The absolute param edits for position `pos` (to pass to `check_patch`).
+    pub fn edits(&self, pos: u64) -> Vec<(TaskId, &'static str, i64)> {
+        let kv_len = pos as i64 + 1;
+        let mut out = Vec::with_capacity(self.rules.len() * 2);
+        for (t, r) in &self.rules {
+            match r {
+                PosRule::Append => out.push((*t, "pos", pos as i64)),
+                PosRule::Attend => out.push((*t, "kv_len", kv_len)),
+                PosRule::Shard { i, n } => {
+                    let (start, len) = shard_range(kv_len as u64, *i, *n);
+                    out.push((*t, "kv_start", start as i64));
+                    out.push((*t, "kv_len", len as i64));
+                }
+            }
+        }
+        out
+    }
+}
+
+/// Rows of shard `i` of `n` over `kv_len` rows: `(start, len)`; trailing shards may be empty
+/// (start clamped to `kv_len`, len 0).
+pub fn shard_range(kv_len: u64, i: u64, n: u64) -> (u64, u64) {
+    let size = kv_len.div_ceil(n.max(1)).max(1);
+    let start = (i * size).min(kv_len);
+    (start, size.min(kv_len - start))
+}
+
+/// A lowered model: the program, its weights (named by buffer `source`, cast to the program
+/// dtype), and how positions move.
+#[derive(Debug, Clone)]
+pub struct Lowered {
+    /// The decode program (not yet validated).
+    pub program: Program,
+    /// Weights to bind (WeightStore::bind) — shared with the model where no cast was needed.
+    pub weights: WeightStore,
+    /// Position-dependent params.
+    pub positions: PositionPlan,
+    /// Page statistics, when pages were allocated.
+    pub page_stats: Option<pages::PageStats>,
+}
+
+/// GEMV tile width for an `n`-wide projection under `cfg` (the reference's rule): `N_tile`
+/// clamped to `[1, n]`, else `max(16, base_width)`; widened so no projection exceeds
+/// [`MAX_TILES`] tiles.
+pub fn gemv_tile_width(cfg: &ScheduleConfig, n: u64) -> u64 {
+    let w = match cfg.tile("gemv", "N_tile") {
+        Some(t) => (t.max(1) as u64).min(n).max(1),
+        None => {
+            let base = cfg
+                .tile("gemv", "base_width")
+                .map_or(DEFAULT_BASE_WIDTH, |b| b.max(1) as u64);
+            base.max(16).min(n).max(1)
+        }
+    };
+    if n.div_ceil(w) > MAX_TILES {
+        n.div_ceil(MAX_TILES)
+    } else {
+        w
+    }
+}
+
+const TILING_KEYS: &[(&str, &[&str])] = &[
+    ("gemv", &["N_tile", "base_width"]),
+    ("attention", &["n_partitions", "kv_block"]),
+];
+
+fn check_config(cfg: &ScheduleConfig) -> Result<(), ModelError> {
+    let mut bad = Vec::new();
+    for (group, kvs) in &cfg.tiling {
+        match TILING_KEYS.iter().find(|(g, _)| g == group) {
+            None => bad.push(format!(
+                "unknown tiling group '{group}' (known: {})",
+                TILING_KEYS.iter().map(|(g, _)| *g).collect::<Vec<_>>().join(", ")
+            )),
+            Some((_, keys)) => {
+                for (k, v) in kvs {
+                    if !keys.contains(&k.as_str()) {
+                        bad.push(format!(
+                            "unknown tiling key '{group}.{k}' (known: {})",
+                            keys.join(", ")
+                        ));
+                    } else if *v < 1 {
+                        bad.push(format!("tiling '{group}.{k}' = {v} must be at least 1"));
+                    }
+                }
+            }
+        }
+    }
+    for g in &cfg.fusion_grouping {
+        if !FUSIBLE
+            .iter()
+            .any(|f| f.len() == g.len() && f.iter().zip(g).all(|(a, b)| a == b))
+        {
+            bad.push(format!(
+                "fusion group {g:?} is not supported (supported: {})",
+                FUSIBLE
+                    .iter()
+                    .map(|f| format!("{f:?}"))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ));
+        }
+    }
+    if bad.is_empty() {
+        Ok(())
+    } else {
+        Err(ModelError::Lower(bad.join("; ")))
+    }
+}
+
+fn int(v: u64) -> Value {
+    Value::Int(v as i64)
+}
+
+fn params(kv: &[(&str, Value)]) -> Map {
+    let mut m = Map::new();
+    for (k, v) in kv {
+        m.insert(*k, v.clone());
+    }
+    m
+}
+
+struct Builder<'a> {
+    p: Program,
+    cfg: &'a ScheduleConfig,
+    dtype: DType,
+    dbytes: i64,
+    rules: Vec<(TaskId, PosRule)>,
+}
+
+/// A value some task produced: its buffer and what a consumer waits for.
+#[derive(Clone, Copy)]
+struct Val {
+    buf: BufferId,
+    wait: (CounterId, i64),
+}
+
+impl Builder<'_> {
+    fn act(&mut self, name: String, shape: &[u64]) -> BufferId {
+        self.p
+            .new_buffer(name, BufferKind::ACTIVATION, self.dtype, shape)
+    }
+
+    #[allow(clippy::too_many_arguments)] // reason: one task's full description
+    fn task(
+        &mut self,
+        op: Opcode,
+        ins: &[BufferId],
+        out: BufferId,
+        ctr: CounterId,
+        waits: &[(CounterId, i64)],
+        pr: Map,
+        label: String,
+        cost: (i64, i64),
+    ) -> TaskId {
+        let t = self.p.push_task(op, ins, &[out], ctr, waits, pr, label);
+        if let Some(task) = self.p.tasks.get_mut(t as usize) {
+            task.est_bytes = cost.0;
+            task.est_flops = cost.1;
+        }
+        t
+    }
+
+    /// One task with its own counter; returns its value.
+    #[allow(clippy::too_many_arguments)] // reason: one task's full description
+    fn single(
+        &mut self,
+        op: Opcode,
+        ins: &[BufferId],
+        out: BufferId,
+        waits: &[(CounterId, i64)],
+        pr: Map,
+        label: String,
+        cost: (i64, i64),
+    ) -> (Val, TaskId) {
+        let c = self.p.new_counter(format!("{label} ready"));
+        let t = self.task(op, ins, out, c, waits, pr, label, cost);
+        (Val { buf: out, wait: (c, 1) }, t)
+    }
+
+    /// GEMV tiles of `x[1, k] @ w[n, k]^T (+ bias) -> out[1, n]`, one counter.
+    fn proj(&mut self, x: Val, w: BufferId, bias: Option<BufferId>, out: BufferId, k: u64, n: u64, label: &str) -> Val {
+        let c = self.p.new_counter(format!("{label} ready"));
+        let width = gemv_tile_width(self.cfg, n);
+        let mut ins = vec![x.buf, w];
+        ins.extend(bias);
+        let (mut i, mut off) = (0u64, 0u64);
+        while off < n {
+            let nt = width.min(n - off);
+            self.task(
+                Opcode::GEMV_TILE,
+                &ins,
+                out,
+                c,
+                &[x.wait],
+                params(&[("K", int(k)), ("N_tile", int(nt)), ("n_off", int(off))]),
+                format!("{label}[{i}]"),
+                (k as i64 * self.dbytes * nt as i64, 2 * (k * nt) as i64),
+            );
+            off += nt;
+            i += 1;
+        }
+        Val {
+            buf: out,
+            wait: (c, i as i64),
+        }
+    }
+}
+
+/// Casts `t` to `dtype` (shares it when it already has that dtype).
+fn cast(t: &Arc<Tensor>, dtype: DType) -> Result<Arc<Tensor>, ModelError> {
+    if t.dtype() == dtype {
+        return Ok(Arc::clone(t));
+    }
+    Tensor::from_f32(dtype, t.shape(), &t.to_f32_vec())
+        .map(Arc::new)
+        .map_err(|e| ModelError::Lower(format!("casting a weight to {dtype}: {e}")))
+}
+
+/// Lowers `model` to its single-token decode program for `target` under `cfg`.
+pub fn lower(
+    model: &Model,
+    cfg: &ScheduleConfig,
+    target: &GpuTarget,
+    opts: &LowerOptions,
+) -> Result<Lowered, ModelError> {
+    check_config(cfg)?;
+    let mc = &model.config;
+    if !matches!(opts.dtype, DType::F32 | DType::F16 | DType::BF16) {
+        return Err(ModelError::Lower(format!(
+            "dtype {} is not supported for lowering (F32, F16, BF16)",
+            opts.dtype
+        )));
+    }
+    if mc.rope_scaling != RopeScaling::None {
+        return Err(ModelError::Lower(
+            "llama3 RoPE frequency scaling is parsed but the ROPE op has no scaled-frequency mode yet"
+                .into(),
+        ));
+    }
+    let max_seq = opts
+        .max_seq
+        .unwrap_or(DEFAULT_MAX_SEQ.min(mc.max_position_embeddings as u64));
+    if max_seq == 0 || max_seq > mc.max_position_embeddings as u64 {
+        return Err(ModelError::Lower(format!(
+            "KV length {max_seq} must be between 1 and the model's max_position_embeddings ({})",
+            mc.max_position_embeddings
+        )));
+    }
+    if opts.pos >= max_seq {
+        return Err(ModelError::Lower(format!(
+            "position {} is outside the KV cache of {max_seq} rows",
+            opts.pos
+        )));
+    }
+    let (h, nh, nkv, hd) = (
+        mc.hidden as u64,
+        mc.n_heads as u64,
+        mc.n_kv_heads as u64,
+        mc.head_dim as u64,
+    );
+    let (q_dim, kv_dim, inter, vocab) = (nh * hd, nkv * hd, mc.intermediate as u64, mc.vocab as u64);
+    let kv_len = opts.pos + 1;
+    let dbytes = (opts.dtype.bits() / 8) as i64;
+    let parts = cfg
+        .tile("attention", "n_partitions")
+        .map_or(1, |p| p.max(1) as u64)
+        .min(MAX_PARTITIONS)
+        .min(target.num_sms.max(1) as u64);
+    let fuse_rope = cfg
+        .fusion_grouping
+        .iter()
+        .any(|g| g.len() == 2 && g[0] == "embed" && g[1] == "rope");
+
+    let mut b = Builder {
+        p: Program::new(),
+        cfg,
+        dtype: opts.dtype,
+        dbytes,
+        rules: Vec::new(),
+    };
+    let mut weights = WeightStore::new();
+    let mut weight = |b: &mut Builder<'_>, name: &str| -> Result<BufferId, ModelError> {
+        let t = model
+            .weights
+            .get(name)
+            .ok_or_else(|| ModelError::MissingTensor(name.to_string()))?;
+        let shape = t.shape().to_vec();
+        if weights.get(name).is_none() {
+            weights.insert_shared(name, cast(t, opts.dtype)?);
+        }
+        Ok(b.p.new_weight(name, opts.dtype, &shape, name))
+    };
+    let meta = &mut b.p.meta;
+    meta.insert("model", Value::from(model.source.clone()));
+    meta.insert("gpu", Value::from(target.name.clone()));
+    meta.insert("regime", Value::from("decode"));
+    meta.insert("pos", int(opts.pos));
+    meta.insert("kv_len", int(kv_len));
+    meta.insert("max_seq", int(max_seq));
+    meta.insert("dtype", Value::from(opts.dtype.name().to_string()));
+    meta.insert("n_layers", int(mc.n_layers as u64));
+    b.p.target = Some(target.clone());
+    b.p.config = Some(cfg.clone());
+
+    let token = b.p.new_buffer("token_id", BufferKind::IO_INPUT, DType::I32, &[1]);
+    let posb = b.p.new_buffer("pos", BufferKind::IO_INPUT, DType::I32, &[1]);
+    let rid = b.p.new_buffer("reshape_id0", BufferKind::IO_INPUT, DType::I32, &[1]);
+    let table = weight(&mut b, EMBED)?;
+    let h0 = b.act("h0".into(), &[1, h]);
+    let (mut resid, _) = b.single(
+        Opcode::EMBED,
+        &[token, table],
+        h0,
+        &[],
+        params(&[("hidden", int(h))]),
+        "embed".into(),
+        (h as i64 * dbytes, 0),
+    );
+    let eps = Value::Float(mc.rms_eps);
+    let theta = Value::Float(mc.rope_theta);
+    let scale = Value::Float(1.0 / (hd as f64).sqrt());
+    for l in 0..mc.n_layers {
+        let w = |what: &str| layer_tensor(l, what);
+        let in_norm = weight(&mut b, &w("input_layernorm.weight"))?;
+        let wq = weight(&mut b, &w("self_attn.q_proj.weight"))?;
+        let wk = weight(&mut b, &w("self_attn.k_proj.weight"))?;
+        let wv = weight(&mut b, &w("self_attn.v_proj.weight"))?;
+        let (bq, bk, bv) = if mc.attention_bias {
+            (
+                Some(weight(&mut b, &w("self_attn.q_proj.bias"))?),
+                Some(weight(&mut b, &w("self_attn.k_proj.bias"))?),
+                Some(weight(&mut b, &w("self_attn.v_proj.bias"))?),
+            )
+        } else {
+            (None, None, None)
+        };
+        let wo = weight(&mut b, &w("self_attn.o_proj.weight"))?;
+        let post_norm = weight(&mut b, &w("post_attention_layernorm.weight"))?;
+        let wg = weight(&mut b, &w("mlp.gate_proj.weight"))?;
+        let wu = weight(&mut b, &w("mlp.up_proj.weight"))?;
+        let wd = weight(&mut b, &w("mlp.down_proj.weight"))?;
+
+        let an = b.act(format!("L{l}.an"), &[1, h]);
+        let (an, _) = b.single(
+            Opcode::RMSNORM,
+            &[resid.buf, in_norm],
+            an,
+            &[resid.wait],
+            params(&[("eps", eps.clone()), ("hidden", int(h))]),
+            format!("L{l}.input_norm"),
+            (h as i64 * dbytes, 4 * h as i64),
+        );
+        let q = b.act(format!("L{l}.q"), &[1, q_dim]);
+        let k = b.act(format!("L{l}.k"), &[1, kv_dim]);
+        let v = b.act(format!("L{l}.v"), &[1, kv_dim]);
+        let q = b.proj(an, wq, bq, q, h, q_dim, &format!("L{l}.q"));
+        let k = b.proj(an, wk, bk, k, h, kv_dim, &format!("L{l}.k"));
+        let v = b.proj(an, wv, bv, v, h, kv_dim, &format!("L{l}.v"));
+        // Reshape bridge [1, n·hd] → [n, hd] (EMBED of row 0) then ROPE — or both in one
+        // FUSED task.
+        let rope = |b: &mut Builder<'_>, x: Val, shape: &[u64], dim: u64, tag: &str| {
+            let out = b.act(format!("L{l}.{tag}r"), shape);
+            let rope_params = params(&[("head_dim", int(hd)), ("theta", theta.clone())]);
+            if fuse_rope {
+                let recipe = fused_reshape_rope(shape, dim, &rope_params, opts.dtype);
+                b.single(
+                    Opcode::FUSED,
+                    &[rid, x.buf, posb],
+                    out,
+                    &[x.wait],
+                    recipe,
+                    format!("L{l}.reshape_rope_{tag}"),
+                    (2 * dim as i64 * dbytes, 6 * dim as i64),
+                )
+                .0
+            } else {
+                let mid = b.act(format!("L{l}.{tag}h"), shape);
+                let (mid, _) = b.single(
+                    Opcode::EMBED,
+                    &[rid, x.buf],
+                    mid,
+                    &[x.wait],
+                    params(&[("hidden", int(dim))]),
+                    format!("L{l}.reshape_{tag}"),
+                    (dim as i64 * dbytes, 0),
+                );
+                b.single(
+                    Opcode::ROPE,
+                    &[mid.buf, posb],
+                    out,
+                    &[mid.wait],
+                    rope_params,
+                    format!("L{l}.rope_{tag}"),
+                    (dim as i64 * dbytes, 6 * dim as i64),
+                )
+                .0
+            }
+        };
+        let qr = rope(&mut b, q, &[nh, hd], q_dim, "q");
+        let kr = rope(&mut b, k, &[1, nkv, hd], kv_dim, "k");
+        let kc = b.p.new_buffer(format!("L{l}.kcache"), BufferKind::KV_CACHE, opts.dtype, &[max_seq, nkv, hd]);
+        let vc = b.p.new_buffer(format!("L{l}.vcache"), BufferKind::KV_CACHE, opts.dtype, &[max_seq, nkv, hd]);
+        let append_cost = (kv_dim as i64 * dbytes, 0);
+        let c_k = b.p.new_counter(format!("L{l}.kv_append_k ready"));
+        let t = b.p.push_task(Opcode::KV_APPEND, &[kr.buf, kc], &[kc], c_k, &[kr.wait], params(&[("pos", int(opts.pos))]), format!("L{l}.kv_append_k"));
+        set_cost(&mut b.p, t, append_cost);
+        b.rules.push((t, PosRule::Append));
+        let c_v = b.p.new_counter(format!("L{l}.kv_append_v ready"));
+        let t = b.p.push_task(Opcode::KV_APPEND, &[v.buf, vc], &[vc], c_v, &[v.wait], params(&[("pos", int(opts.pos))]), format!("L{l}.kv_append_v"));
+        set_cost(&mut b.p, t, append_cost);
+        b.rules.push((t, PosRule::Append));
+
+        let attn = b.act(format!("L{l}.attn"), &[1, q_dim]);
+        let att_waits = [qr.wait, (c_k, 1), (c_v, 1)];
+        let att_cost = |rows: u64| {
+            (
+                2 * rows as i64 * kv_dim as i64 * dbytes,
+                4 * (nh * hd * rows) as i64,
+            )
+        };
+        let attn_params = |start: u64, len: u64, flags: Option<i64>| {
+            let mut m = params(&[
+                ("head_dim", int(hd)),
+                ("kv_start", int(start)),
+                ("kv_len", int(len)),
+                ("scale", scale.clone()),
+                ("n_heads", int(nh)),
+                ("n_kv_heads", int(nkv)),
+            ]);
+            if let Some(f) = flags {
+                m.insert("flags", Value::Int(f));
+            }
+            m
+        };
+        let attn = if parts <= 1 {
+            let (val, t) = b.single(
+                Opcode::ATTENTION_TILE,
+                &[qr.buf, kc, vc],
+                attn,
+                &att_waits,
+                attn_params(0, kv_len, None),
+                format!("L{l}.attention"),
+                att_cost(kv_len),
+            );
+            b.rules.push((t, PosRule::Attend));
+            val
+        } else {
+            let mut partials = Vec::new();
+            let mut waits = Vec::new();
+            for i in 0..parts {
+                let (start, len) = shard_range(kv_len, i, parts);
+                let part = b.act(format!("L{l}.partial{i}"), &[nh, hd + 2]);
+                let (val, t) = b.single(
+                    Opcode::ATTENTION_TILE,
+                    &[qr.buf, kc, vc],
+                    part,
+                    &att_waits,
+                    attn_params(start, len, Some(2)),
+                    format!("L{l}.attn_shard{i}"),
+                    att_cost(max_seq.div_ceil(parts)),
+                );
+                b.rules.push((t, PosRule::Shard { i, n: parts }));
+                partials.push(val.buf);
+                waits.push(val.wait);
+            }
+            b.single(
+                Opcode::ATTENTION_COMBINE,
+                &partials,
+                attn,
+                &waits,
+                params(&[("head_dim", int(hd)), ("n_heads", int(nh)), ("n_kv_heads", int(nkv))]),
+                format!("L{l}.combine"),
+                (parts as i64 * (nh * (hd + 2)) as i64 * 4, 0),
+            )
+            .0
+        };
+        let o = b.act(format!("L{l}.o"), &[1, h]);
+        let o = b.proj(attn, wo, None, o, q_dim, h, &format!("L{l}.o"));
+        let hm = b.act(format!("L{l}.h_mid"), &[1, h]);
+        let (hm, _) = b.single(Opcode::ADD, &[resid.buf, o.buf], hm, &[resid.wait, o.wait], Map::new(), format!("L{l}.add_attn"), (2 * h as i64 * dbytes, h as i64));
+        let mn = b.act(format!("L{l}.mn"), &[1, h]);
+        let (mn, _) = b.single(
+            Opcode::RMSNORM,
+            &[hm.buf, post_norm],
+            mn,
+            &[hm.wait],
+            params(&[("eps", eps.clone()), ("hidden", int(h))]),
+            format!("L{l}.post_norm"),
+            (h as i64 * dbytes, 4 * h as i64),
+        );
+        let gate = b.act(format!("L{l}.gate"), &[1, inter]);
+        let up = b.act(format!("L{l}.up"), &[1, inter]);
+        let gate = b.proj(mn, wg, None, gate, h, inter, &format!("L{l}.gate"));
+        let up = b.proj(mn, wu, None, up, h, inter, &format!("L{l}.up"));
+        let act = b.act(format!("L{l}.act"), &[1, inter]);
+        let (act, _) = b.single(Opcode::SILU_MUL, &[gate.buf, up.buf], act, &[gate.wait, up.wait], Map::new(), format!("L{l}.swiglu"), (2 * inter as i64 * dbytes, 4 * inter as i64));
+        let down = b.act(format!("L{l}.down"), &[1, h]);
+        let down = b.proj(act, wd, None, down, inter, h, &format!("L{l}.down"));
+        let ho = b.act(format!("L{l}.h_out"), &[1, h]);
+        resid = b.single(Opcode::ADD, &[hm.buf, down.buf], ho, &[hm.wait, down.wait], Map::new(), format!("L{l}.add_mlp"), (2 * h as i64 * dbytes, h as i64)).0;
+    }
+    let fnorm = weight(&mut b, FINAL_NORM)?;
+    let hf = b.act("hf".into(), &[1, h]);
+    let (hf, _) = b.single(
+        Opcode::RMSNORM,
+        &[resid.buf, fnorm],
+        hf,
+        &[resid.wait],
+        params(&[("eps", eps), ("hidden", int(h))]),
+        "final_norm".into(),
+        (h as i64 * dbytes, 4 * h as i64),
+    );
+    let head = if mc.tie_word_embeddings { table } else { weight(&mut b, LM_HEAD)? };
+    let logits = b.p.new_buffer("logits", BufferKind::IO_OUTPUT, opts.dtype, &[1, vocab]);
+    let logits = b.proj(hf, head, None, logits, h, vocab, "lm_head");
+    if opts.argmax {
+        let next = b.p.new_buffer("next_token", BufferKind::IO_OUTPUT, DType::I32, &[1]);
+        b.single(Opcode::SAMPLE_ARGMAX, &[logits.buf], next, &[logits.wait], Map::new(), "argmax".into(), (vocab as i64 * dbytes, vocab as i64));
+    }
+    let Builder { mut p, rules, .. } = b;
+    sm::assign_sms(&mut p, &cfg.sm_assignment, target.num_sms.max(0) as u32)?;
+    let page_stats = match cfg.page_allocation {
+        amk_core::PageStrategy::None => None,
+        s => Some(pages::allocate_pages(&mut p, s)?),
+    };
+    Ok(Lowered {
+        program: p,
+        weights,
+        positions: PositionPlan { rules, max_seq },
+        page_stats,
+    })
+}
+
+fn set_cost(p: &mut Program, t: TaskId, cost: (i64, i64)) {
+    if let Some(task) = p.tasks.get_mut(t as usize) {
+        task.est_bytes = cost.0;
+        task.est_flops = cost.1;
+    }
+}
+
+/// The FUSED recipe of a reshape bridge + ROPE: inputs `[reshape_id0, x, pos]`.
+fn fused_reshape_rope(shape: &[u64], dim: u64, rope_params: &Map, dtype: DType) -> Map {
+    let shape_v = Value::Array(shape.iter().map(|&d| int(d)).collect());
+    let dt = Value::from(match dtype {
+        DType::F16 => "float16",
+        DType::BF16 => "bfloat16",
+        _ => "float32",
+    });
+    let arg = |k: &str, j: i64| {
+        let mut m = Map::new();
+        m.insert(k, Value::Int(j));
+        Value::Object(m)
+    };
+    let mut s0 = Map::new();
+    s0.insert("op", Value::Int(Opcode::EMBED.0 as i64));
+    s0.insert("args", Value::Array(vec![arg("in", 0), arg("in", 1)]));
+    s0.insert("out", Value::Int(0));
+    s0.insert("params", Value::Object(params(&[("hidden", int(dim))])));
+    s0.insert("out_shape", shape_v);
+    s0.insert("out_dtype", dt);
+    let mut s1 = Map::new();
+    s1.insert("op", Value::Int(Opcode::ROPE.0 as i64));
+    s1.insert("args", Value::Array(vec![arg("s", 0), arg("in", 2)]));
+    s1.insert("out", Value::from("final"));
+    s1.insert("params", Value::Object(rope_params.clone()));
+    let mut recipe = Map::new();
+    recipe.insert("steps", Value::Array(vec![Value::Object(s0), Value::Object(s1)]));
+    params(&[("recipe", Value::Object(recipe))])
+}

@@ -1,0 +1,310 @@
+//! Lowering: every knob yields a valid program that computes the same logits as an independent
+//! f64 Llama forward pass written here from the architecture's definition; counts match the
+//! reference lowering's published formulas; position patches are accepted up to the KV length.
+
+use amk_backend_cpu::CpuBackend;
+use amk_core::sim::SplitMix;
+use amk_core::{DType, GpuTarget, PageStrategy, Registry, ScheduleConfig, SmAssignment, Tensor, WeightStore};
+use amk_model_llama::config::{ModelConfig, RopeScaling};
+use amk_model_llama::lower::{LowerOptions, lower};
+use amk_model_llama::model::{Model, ModelFormat, tensor_names};
+use amk_model_llama::run::{Engine, argmax};
+use rstest::rstest;
+
+fn cfg(layers: usize, hidden: usize, heads: usize, kv: usize, hd: usize, inter: usize, vocab: usize) -> ModelConfig {
+    ModelConfig {
+        hidden,
+        n_heads: heads,
+        n_kv_heads: kv,
+        head_dim: hd,
+        intermediate: inter,
+        vocab,
+        n_layers: layers,
+        rms_eps: 1e-5,
+        rope_theta: 10000.0,
+        max_position_embeddings: 64,
+        tie_word_embeddings: true,
+        attention_bias: false,
+        rope_scaling: RopeScaling::None,
+    }
+}
+
+/// A model with random weights (norm weights around 1, matrices ±scale, biases ±0.1).
+fn random_model(c: ModelConfig, seed: u64) -> Model {
+    let mut rng = SplitMix(seed);
+    let mut w = WeightStore::new();
+    for (name, shape) in tensor_names(&c) {
+        let t = if name.ends_with("norm.weight") {
+            Tensor::random(DType::F32, &shape, &mut rng, 0.6, 1.4)
+        } else if name.ends_with(".bias") {
+            Tensor::random(DType::F32, &shape, &mut rng, -0.1, 0.1)
+        } else {
+            let k = *shape.last().unwrap_or(&1) as f64;
+            let s = 1.5 / k.sqrt();
+            Tensor::random(DType::F32, &shape, &mut rng, -s, s)
+        };
+        w.insert(name, t);
+    }
+    Model::new(c, w, None, "random", ModelFormat::Hf).unwrap()
+}
+
+/// Zero weights of the right shapes (for counting only; never run).
+fn shaped_model(c: ModelConfig) -> Model {
+    let mut w = WeightStore::new();
+    for (name, shape) in tensor_names(&c) {
+        w.insert(name, Tensor::zeros(DType::F32, &shape));
+    }
+    Model::new(c, w, None, "shaped", ModelFormat::Hf).unwrap()
+}
+
+fn mat(m: &Model, name: &str) -> (Vec<f64>, usize) {
+    let t = m.weights.get(name).unwrap();
+    let cols = *t.shape().last().unwrap() as usize;
+    (t.to_f32_vec().into_iter().map(f64::from).collect(), cols)
+}
+
+fn matvec(m: &Model, name: &str, x: &[f64]) -> Vec<f64> {
+    let (w, k) = mat(m, name);
+    assert_eq!(k, x.len(), "{name}");
+    w.chunks(k).map(|r| r.iter().zip(x).map(|(a, b)| a * b).sum()).collect()
+}
+
+fn rmsnorm(m: &Model, name: &str, x: &[f64], eps: f64) -> Vec<f64> {
+    let (w, _) = mat(m, name);
+    let r = 1.0 / (x.iter().map(|v| v * v).sum::<f64>() / x.len() as f64 + eps).sqrt();
+    x.iter().zip(&w).map(|(a, g)| a * r * g).collect()
+}
+
+fn rope(x: &mut [f64], heads: usize, hd: usize, pos: usize, theta: f64) {
+    for h in 0..heads {
+        let v = &mut x[h * hd..(h + 1) * hd];
+        for i in 0..hd / 2 {
+            let ang = pos as f64 * theta.powf(-2.0 * i as f64 / hd as f64);
+            let (a, b) = (v[i], v[i + hd / 2]);
+            v[i] = a * ang.cos() - b * ang.sin();
+            v[i + hd / 2] = b * ang.cos() + a * ang.sin();
+        }
+    }
+}
+
+/// Independent f64 forward pass: logits after each token of `tokens`.
+fn reference_logits(m: &Model, tokens: &[u32]) -> Vec<Vec<f64>> {
+    let c = &m.config;
+    let (nh, nkv, hd) = (c.n_heads, c.n_kv_heads, c.head_dim);
+    let mut kcache: Vec<Vec<Vec<f64>>> = vec![Vec::new(); c.n_layers];
+    let mut vcache: Vec<Vec<Vec<f64>>> = vec![Vec::new(); c.n_layers];
+    let (emb, h) = mat(m, "model.embed_tokens.weight");
+    let mut out = Vec::new();
+    for (pos, &tok) in tokens.iter().enumerate() {
+        let mut x: Vec<f64> = emb[tok as usize * h..(tok as usize + 1) * h].to_vec();
+        for l in 0..c.n_layers {
+            let p = |s: &str| format!("model.layers.{l}.{s}");
+            let a = rmsnorm(m, &p("input_layernorm.weight"), &x, c.rms_eps);
+            let mut q = matvec(m, &p("self_attn.q_proj.weight"), &a);
+            let mut k = matvec(m, &p("self_attn.k_proj.weight"), &a);
+            let mut v = matvec(m, &p("self_attn.v_proj.weight"), &a);
+            if c.attention_bias {
+                for (vec, b) in [(&mut q, "q"), (&mut k, "k"), (&mut v, "v")] {
+                    let (bias, _) = mat(m, &p(&format!("self_attn.{b}_proj.bias")));
+                    vec.iter_mut().zip(bias).for_each(|(y, b)| *y += b);
+                }
+            }
+            rope(&mut q, nh, hd, pos, c.rope_theta);
+            rope(&mut k, nkv, hd, pos, c.rope_theta);
+            kcache[l].push(k);
+            vcache[l].push(v);
+            let mut att = vec![0.0; nh * hd];
+            for hh in 0..nh {
+                let g = hh / (nh / nkv);
+                let qh = &q[hh * hd..(hh + 1) * hd];
+                let s: Vec<f64> = kcache[l]
+                    .iter()
+                    .map(|k| qh.iter().zip(&k[g * hd..(g + 1) * hd]).map(|(a, b)| a * b).sum::<f64>() / (hd as f64).sqrt())
+                    .collect();
+                let mx = s.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+                let e: Vec<f64> = s.iter().map(|v| (v - mx).exp()).collect();
+                let z: f64 = e.iter().sum();
+                for (j, v) in vcache[l].iter().enumerate() {
+                    for d in 0..hd {
+                        att[hh * hd + d] += e[j] / z * v[g * hd + d];
+                    }
+                }
+            }
+            let o = matvec(m, &p("self_attn.o_proj.weight"), &att);
+            x.iter_mut().zip(&o).for_each(|(a, b)| *a += b);
+            let a2 = rmsnorm(m, &p("post_attention_layernorm.weight"), &x, c.rms_eps);
+            let g = matvec(m, &p("mlp.gate_proj.weight"), &a2);
+            let u = matvec(m, &p("mlp.up_proj.weight"), &a2);
+            let act: Vec<f64> = g.iter().zip(&u).map(|(g, u)| g / (1.0 + (-g).exp()) * u).collect();
+            let d = matvec(m, &p("mlp.down_proj.weight"), &act);
+            x.iter_mut().zip(&d).for_each(|(a, b)| *a += b);
+        }
+        let f = rmsnorm(m, "model.norm.weight", &x, c.rms_eps);
+        let head = if c.tie_word_embeddings { "model.embed_tokens.weight" } else { "lm_head.weight" };
+        out.push(matvec(m, head, &f));
+    }
+    out
+}
+
+fn schedule(tiling: &[(&str, &[(&str, i64)])], fusion: bool, sm: SmAssignment, pages: PageStrategy) -> ScheduleConfig {
+    ScheduleConfig {
+        tiling: tiling
+            .iter()
+            .map(|(g, kv)| (g.to_string(), kv.iter().map(|(k, v)| (k.to_string(), *v)).collect()))
+            .collect(),
+        fusion_grouping: if fusion { vec![vec!["embed".into(), "rope".into()]] } else { vec![] },
+        sm_assignment: sm,
+        page_allocation: pages,
+        ..ScheduleConfig::default()
+    }
+}
+
+fn h100() -> GpuTarget {
+    GpuTarget::by_name("h100").unwrap()
+}
+
+fn max_rel_err(got: &[f32], want: &[f64]) -> f64 {
+    let scale = want.iter().fold(0f64, |m, v| m.max(v.abs())).max(1e-6);
+    got.iter().zip(want).map(|(g, w)| (*g as f64 - w).abs() / scale).fold(0.0, f64::max)
+}
+
+fn run_and_compare(model: &Model, sc: &ScheduleConfig, tokens: &[u32]) {
+    let reg = registry();
+    let lowered = lower(model, sc, &h100(), &LowerOptions { max_seq: Some(16), ..LowerOptions::default() }).unwrap();
+    let mut e = Engine::new(lowered, &CpuBackend::default(), &reg).unwrap();
+    let want = reference_logits(model, tokens);
+    for (i, &t) in tokens.iter().enumerate() {
+        let got = e.step(t).unwrap();
+        let err = max_rel_err(&got, &want[i]);
+        assert!(err < 2e-5, "position {i}: max relative error {err}");
+    }
+}
+
+fn registry() -> Registry {
+    amk_ops::registry().unwrap()
+}
+
+#[rstest]
+#[case::gqa_auto(cfg(2, 32, 4, 2, 8, 48, 40), schedule(&[], false, SmAssignment::LoadBalance, PageStrategy::GraphColor))]
+#[case::mha_ntile8(cfg(1, 24, 3, 3, 8, 40, 33), schedule(&[("gemv", &[("N_tile", 8)])], false, SmAssignment::RoundRobin, PageStrategy::Linear))]
+#[case::mqa_split3(cfg(2, 32, 4, 1, 8, 48, 40), schedule(&[("gemv", &[("N_tile", 16)]), ("attention", &[("n_partitions", 3)])], false, SmAssignment::LoadBalance, PageStrategy::None))]
+#[case::fused_rope(cfg(2, 32, 4, 2, 8, 48, 40), schedule(&[("gemv", &[("base_width", 20)])], true, SmAssignment::RoundRobin, PageStrategy::GraphColor))]
+#[case::split8_fused(cfg(1, 32, 2, 2, 16, 64, 50), schedule(&[("attention", &[("n_partitions", 8)])], true, SmAssignment::LoadBalance, PageStrategy::GraphColor))]
+fn lowered_decode_matches_f64_forward(#[case] c: ModelConfig, #[case] sc: ScheduleConfig) {
+    let model = random_model(c, 7);
+    let tokens = [3u32, 17, 0, 29, 5, 5, 11, 2, 31, 8];
+    run_and_compare(&model, &sc, &tokens);
+}
+
+#[test]
+fn untied_head_and_qkv_biases_match() {
+    let mut c = cfg(2, 32, 4, 2, 8, 48, 40);
+    c.tie_word_embeddings = false;
+    c.attention_bias = true;
+    c.rope_theta = 500000.0;
+    let model = random_model(c, 11);
+    run_and_compare(&model, &ScheduleConfig::default(), &[1, 2, 3, 39, 0, 4]);
+}
+
+#[test]
+fn argmax_output_equals_host_argmax() {
+    let model = random_model(cfg(1, 32, 4, 2, 8, 48, 40), 3);
+    let reg = registry();
+    let lowered = lower(&model, &ScheduleConfig::default(), &h100(), &LowerOptions::default()).unwrap();
+    assert!(lowered.program.buffers.iter().any(|b| b.name == "next_token"));
+    let mut e = Engine::new(lowered, &CpuBackend::default(), &reg).unwrap();
+    let logits = e.step(5).unwrap();
+    let want = reference_logits(&model, &[5]);
+    let best = want[0].iter().enumerate().fold((0, f64::NEG_INFINITY), |b, (i, &v)| if v > b.1 { (i, v) } else { b });
+    assert_eq!(argmax(&logits) as usize, best.0);
+}
+
+/// Counts of the reference lowering (notes §4.3): toy 2L untied (66 / 48 / 42 tasks at auto /
+/// N_tile 64 / 128; 65 buffers; 41 counters), Llama h512 L2 (458 / 274 / 182), and the
+/// SmolLM2-135M shape at N_tile 128 (1716 tasks, 848 buffers, 573 counters).
+#[rstest]
+#[case::toy_auto(cfg(2, 64, 4, 2, 16, 128, 256), false, None, 66, 65, 41)]
+#[case::toy_64(cfg(2, 64, 4, 2, 16, 128, 256), false, Some(64), 48, 65, 41)]
+#[case::toy_128(cfg(2, 64, 4, 2, 16, 128, 256), false, Some(128), 42, 65, 41)]
+#[case::h512_auto(cfg(2, 512, 8, 2, 64, 2048, 32000), false, None, 458, 65, 41)]
+#[case::h512_64(cfg(2, 512, 8, 2, 64, 2048, 32000), false, Some(64), 274, 65, 41)]
+#[case::h512_128(cfg(2, 512, 8, 2, 64, 2048, 32000), false, Some(128), 182, 65, 41)]
+#[case::smollm2_128(cfg(30, 576, 9, 3, 64, 1536, 49152), true, Some(128), 1716, 848, 573)]
+fn counts_match_the_reference_lowering(
+    #[case] mut c: ModelConfig,
+    #[case] tied: bool,
+    #[case] n_tile: Option<i64>,
+    #[case] tasks: usize,
+    #[case] buffers: usize,
+    #[case] counters: usize,
+) {
+    c.tie_word_embeddings = tied;
+    c.max_position_embeddings = 256;
+    let model = shaped_model(c);
+    let tiling: Vec<(&str, &[(&str, i64)])> = match n_tile {
+        Some(64) => vec![("gemv", &[("N_tile", 64)])],
+        Some(128) => vec![("gemv", &[("N_tile", 128)])],
+        _ => vec![],
+    };
+    let sc = schedule(&tiling, false, SmAssignment::RoundRobin, PageStrategy::None);
+    let opts = LowerOptions { argmax: false, ..LowerOptions::default() };
+    let p = lower(&model, &sc, &h100(), &opts).unwrap().program;
+    assert_eq!((p.tasks.len(), p.buffers.len(), p.counters.len()), (tasks, buffers, counters));
+    let r = amk_core::validate(&p, &registry());
+    assert!(r.ok(), "{}", r.report());
+}
+
+#[test]
+fn position_patches_are_accepted_to_the_end_of_the_cache_and_refused_beyond() {
+    let model = random_model(cfg(1, 32, 4, 2, 8, 48, 40), 5);
+    let reg = registry();
+    for parts in [1, 4] {
+        let sc = schedule(&[("attention", &[("n_partitions", parts)])], false, SmAssignment::LoadBalance, PageStrategy::None);
+        let l = lower(&model, &sc, &h100(), &LowerOptions { max_seq: Some(12), ..LowerOptions::default() }).unwrap();
+        let vp = amk_core::validate_owned(l.program.clone(), &reg).unwrap();
+        for pos in 0..12 {
+            vp.check_patch(&reg, &l.positions.edits(pos)).unwrap();
+        }
+        assert!(vp.check_patch(&reg, &l.positions.edits(12)).is_err());
+    }
+}
+
+#[test]
+fn bad_options_are_typed_errors() {
+    let model = random_model(cfg(1, 32, 4, 2, 8, 48, 40), 5);
+    let t = h100();
+    let bad = [
+        schedule(&[("gemv", &[("N_tiles", 8)])], false, SmAssignment::LoadBalance, PageStrategy::None),
+        schedule(&[("mlp", &[("N_tile", 8)])], false, SmAssignment::LoadBalance, PageStrategy::None),
+        schedule(&[("gemv", &[("N_tile", 0)])], false, SmAssignment::LoadBalance, PageStrategy::None),
+        ScheduleConfig { fusion_grouping: vec![vec!["add".into(), "rmsnorm".into()]], ..ScheduleConfig::default() },
+    ];
+    for sc in bad {
+        let e = lower(&model, &sc, &t, &LowerOptions::default()).unwrap_err();
+        assert!(matches!(e, amk_model_llama::ModelError::Lower(_)), "{e}");
+    }
+    for opts in [
+        LowerOptions { max_seq: Some(0), ..LowerOptions::default() },
+        LowerOptions { max_seq: Some(65), ..LowerOptions::default() },
+        LowerOptions { pos: 64, ..LowerOptions::default() },
+        LowerOptions { dtype: DType::I8, ..LowerOptions::default() },
+    ] {
+        assert!(lower(&model, &ScheduleConfig::default(), &t, &opts).is_err());
+    }
+}
+
+#[test]
+fn context_overflow_is_an_error_not_a_panic() {
+    let model = random_model(cfg(1, 32, 4, 2, 8, 48, 40), 5);
+    let reg = registry();
+    let l = lower(&model, &ScheduleConfig::default(), &h100(), &LowerOptions { max_seq: Some(3), ..LowerOptions::default() }).unwrap();
+    let mut e = Engine::new(l, &CpuBackend::default(), &reg).unwrap();
+    for t in [1, 2, 3] {
+        e.step(t).unwrap();
+    }
+    assert!(matches!(e.step(4), Err(amk_model_llama::ModelError::ContextFull { max_seq: 3 })));
+    assert!(e.step(1).is_err());
+    e.reset();
+    e.step(40).unwrap_err(); // outside the vocabulary
+    e.step(39).unwrap();
+}
