@@ -27,12 +27,14 @@ import importlib.metadata
 import json
 import os
 import platform
+import random
 import sys
 
 import tokenizers
 import transformers
 from tokenizers import Tokenizer, pre_tokenizers
 from transformers import AutoTokenizer
+from transformers.integrations.gguf.gguf_tokenizer_mapping import convert_gguf_tokenizer, get_gguf_tokenizer
 
 DEFAULT_GGUF = "/work/models/SmolLM2-135M-Instruct.Q4_1.gguf"
 OUT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "tokenizer_cases.json")
@@ -86,6 +88,31 @@ CASES = [
     ("replacement_char", "bad \ufffd byte"),
 ]
 
+# Pieces for the seeded random strings: every kind of text above, glued at random.
+PIECES = (
+    list("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789")
+    + [" ", "  ", "   ", "    ", "\n", "\n\n", "\t", "\r\n", " \n", "\u00a0"]
+    + list(".,;:!?'\"()[]{}<>|/\\-_=+*&^%$#@~`")
+    + ["'s", "'t", "'re", "'ve", "'m", "'ll", "'d", "'S", "'LL"]
+    + ["the", " the", "Hello", " world", "ing", "tion", " 2024", "3.14", "0x1F", "100%"]
+    + ["é", "ü", "ß", "ñ", "Å", "ø", "日本", "中文", "한국어", "Привет", "Καλη", "مرحبا", "שלום"]
+    + ["😀", "👍🏽", "🍕", "👨\u200d👩\u200d👧", "∑", "≤", "√", "°", "\ufffd", "\u200b"]
+    + ["<|im_start|>", "<|im_end|>", "<|endoftext|>", "<repo_name>", "<|im_", "im_end|>", "<|"]
+)
+
+
+def random_cases(count, seed):
+    rng = random.Random(seed)
+    out = []
+    for i in range(count):
+        n = rng.randint(1, 24)
+        out.append((f"random_{i:03}", "".join(rng.choice(PIECES) for _ in range(n))))
+    return out
+
+
+RANDOM_COUNT = 200
+RANDOM_SEED = 20261122
+
 CHATS = [
     ("user_only", [{"role": "user", "content": "Hello! Who are you?"}]),
     (
@@ -128,17 +155,25 @@ def main():
         ]
     )
 
+    # transformers' own GGUF conversion with tokenizer.ggml.pre replaced, to check the other
+    # byte-level pre-tokenizers on the same vocabulary ("gpt2" is plain ByteLevel: what
+    # transformers already uses for "smollm", i.e. `input_ids`).
+    architecture, tokenizer_dict, _ = get_gguf_tokenizer(path)
+    llama_bpe, _ = convert_gguf_tokenizer(architecture, dict(tokenizer_dict, pre_tokenizer_type="llama-bpe"))
+
     bos, eos = hf.bos_token_id, hf.eos_token_id
     probe = hf("hello")["input_ids"]
     bare = hf("hello", add_special_tokens=False)["input_ids"]
     adds_bos = len(probe) == len(bare) + 1 and probe[0] == bos
 
     cases = []
-    for case_name, text in CASES:
+    for case_name, text in CASES + random_cases(RANDOM_COUNT, RANDOM_SEED):
         ids = hf(text)["input_ids"]
         ids_smollm = smollm.encode(text).ids
+        ids_llama_bpe = llama_bpe.encode(text).ids
         if adds_bos:
             ids_smollm = [bos] + ids_smollm
+            ids_llama_bpe = [bos] + ids_llama_bpe
         cases.append(
             {
                 "name": case_name,
@@ -148,6 +183,7 @@ def main():
                 "input_ids_smollm_pre": ids_smollm,
                 "decoded_smollm_pre": hf.decode(ids_smollm),
                 "match_transformers_gguf": ids == ids_smollm,
+                "input_ids_llama_bpe": ids_llama_bpe,
             }
         )
 
@@ -176,7 +212,9 @@ def main():
         "(AutoTokenizer.from_pretrained(dir, gguf_file=name)): input_ids = tokenizer(text)['input_ids'], "
         "decoded = tokenizer.decode(input_ids). input_ids_smollm_pre: same vocabulary with SmolLM2's "
         "tokenizer.json pre-tokenizer (Digits(individual) + ByteLevel), which transformers' GGUF loader "
-        "does not apply for tokenizer.ggml.pre = 'smollm'.",
+        "does not apply for tokenizer.ggml.pre = 'smollm'. input_ids_llama_bpe: transformers' GGUF "
+        "conversion of the same metadata with tokenizer.ggml.pre = 'llama-bpe'. Cases random_*: seeded "
+        "random strings (RANDOM_SEED in the generator).",
         "generator": "tests/reference/tokenizer_reference.py",
         "model": {"file": name, "sha256": sha256(path)},
         "versions": {

@@ -499,6 +499,20 @@ fn matches_transformers_reference_on_smollm2() {
     let reference = amk_core::json::parse(&std::fs::read_to_string(&cases_path).unwrap()).unwrap();
     let gguf = GgufFile::read(&gguf_path).unwrap();
     let tok = Tokenizer::from_gguf(&gguf).unwrap();
+    // The same vocabulary with other pre-tokenizers, checked against transformers' own GGUF
+    // conversion: "gpt2" (plain byte-level, what transformers uses for "smollm") and "llama-bpe".
+    let with_pre = |pre: &str| {
+        let mut w = GgufWriter::new(3);
+        for (k, v) in gguf.metadata() {
+            if k.starts_with("tokenizer.") && k != "tokenizer.ggml.pre" {
+                w.kv(k.clone(), v.clone());
+            }
+        }
+        w.kv("tokenizer.ggml.pre", GgufValue::String(pre.into()));
+        Tokenizer::from_gguf(&parse(&w)).unwrap()
+    };
+    let tok_gpt2 = with_pre("gpt2");
+    let tok_llama_bpe = with_pre("llama-bpe");
 
     let mut failures: Vec<String> = Vec::new();
     let mut check = |ok: bool, what: String| {
@@ -559,6 +573,20 @@ fn matches_transformers_reference_on_smollm2() {
         } else {
             deviations.push(name.to_string());
         }
+        let gpt2 = tok_gpt2.encode(input).unwrap();
+        check(
+            gpt2 == hf_ids,
+            format!("{name}: gpt2 pre: encode {input:?} = {gpt2:?}, transformers {hf_ids:?}"),
+        );
+        let llama_bpe_ids = ids(field(case, "input_ids_llama_bpe"));
+        let llama_bpe = tok_llama_bpe.encode(input).unwrap();
+        check(
+            llama_bpe == llama_bpe_ids,
+            format!(
+                "{name}: llama-bpe pre: encode {input:?} = {llama_bpe:?}, transformers \
+                 {llama_bpe_ids:?}"
+            ),
+        );
         for (which, list, decoded) in [
             ("input_ids", &hf_ids, field(case, "decoded")),
             (
