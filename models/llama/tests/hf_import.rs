@@ -1074,6 +1074,17 @@ fn reference_tiny_checkpoints() {
             }
         }
         assert_eq!(m.weights.len(), tensor_names(&m.config).len(), "{name}");
+        // Bit-for-bit against core's independent (read-the-whole-file) safetensors reader.
+        let st = dir.join("model.safetensors");
+        if st.is_file() {
+            let whole = WeightStore::load_safetensors(&st).unwrap();
+            for n in m.weights.names() {
+                let (a, b) = (m.weights.get(n).unwrap(), whole.get(n).unwrap());
+                assert_eq!(a.dtype(), b.dtype(), "{name}: {n}");
+                assert_eq!(a.shape(), b.shape(), "{name}: {n}");
+                assert_eq!(a.to_le_bytes(), b.to_le_bytes(), "{name}: {n}");
+            }
+        }
         println!("imported {name}: {} parameters", m.n_params());
     }
     if seen == 0 {
