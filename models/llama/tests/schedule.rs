@@ -1030,6 +1030,84 @@ fn graph_colour_shares_pages_soundly_on_decode_programs() {
     }
 }
 
+/// The colouring's greedy rule, run here with the brute-force relation and no windows:
+/// buffers by first writer (Kahn order), each on the free page needing no growth with the
+/// fewest bytes, else the largest free page, else a new one. Returns the total page bytes.
+fn exact_greedy_bytes(p: &Program) -> u64 {
+    let hb = brute_hb(p);
+    let order = p.topological_order().unwrap();
+    let mut pos = vec![0usize; p.tasks.len()];
+    for (i, &t) in order.iter().enumerate() {
+        pos[t as usize] = i;
+    }
+    let mut bufs: Vec<(usize, BufferId)> = p
+        .buffers
+        .iter()
+        .filter(|b| b.kind == BufferKind::ACTIVATION && !b.space.is_on_chip())
+        .filter_map(|b| {
+            let ws = writers(p, b.id);
+            ws.iter().map(|&w| pos[w as usize]).min().map(|s| (s, b.id))
+        })
+        .collect();
+    bufs.sort_unstable();
+    let size = |b: BufferId| p.buffers[b as usize].nbytes().div_ceil(PAGE_ALIGN) * PAGE_ALIGN;
+    let sep = |a: BufferId, b: BufferId| {
+        let ua = users(p, a);
+        writers(p, b)
+            .iter()
+            .all(|&w| ua.iter().all(|&u| hb[u as usize][w as usize]))
+    };
+    let mut pages: Vec<(u64, BufferId)> = Vec::new();
+    for (_, b) in bufs {
+        let need = size(b);
+        let best = pages
+            .iter()
+            .enumerate()
+            .filter(|(_, (_, last))| sep(*last, b))
+            .min_by_key(|(i, (bytes, _))| {
+                if *bytes >= need {
+                    (false, *bytes, *i)
+                } else {
+                    (true, u64::MAX - *bytes, *i)
+                }
+            })
+            .map(|(i, _)| i);
+        match best {
+            Some(i) => pages[i] = (pages[i].0.max(need), b),
+            None => pages.push((need, b)),
+        }
+    }
+    pages.iter().map(|pg| pg.0).sum()
+}
+
+#[test]
+fn graph_colour_equals_the_unwindowed_greedy_on_decode_programs() {
+    let shapes = [
+        Shape::toy(),
+        Shape {
+            shards: 8,
+            pos: 40,
+            ..Shape::toy()
+        },
+        Shape {
+            layers: 12,
+            shards: 3,
+            n_tile: 4,
+            ..Shape::toy()
+        },
+        Shape {
+            layers: 4,
+            ..Shape::smollm2()
+        },
+    ];
+    for s in shapes {
+        let mut p = decode(&s);
+        let want = exact_greedy_bytes(&p);
+        let st = stats_of(&mut p, PageStrategy::GraphColor);
+        assert_eq!(st.bytes_with_sharing, want, "{s:?}");
+    }
+}
+
 #[test]
 fn graph_colour_on_random_dags_matches_brute_force() {
     for seed in 0..16 {

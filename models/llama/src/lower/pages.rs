@@ -25,11 +25,11 @@ pub const PAGE_ALIGN: u64 = 256;
 
 /// Graph colouring first asks about each buffer's `WINDOW` most recently dead predecessors
 /// (see [`allocate_pages`]).
-const WINDOW: usize = 64;
+const WINDOW: usize = 32;
 /// Most follow-up rounds of reachability questions the colouring may ask.
 const MAX_ROUNDS: usize = 4;
 /// Most follow-up questions per buffer and round.
-const MAX_EXTRA_PER_BUFFER: usize = 64;
+const MAX_EXTRA_PER_BUFFER: usize = 16;
 /// Most size classes the lower bound distinguishes.
 const LB_CLASSES: usize = 256;
 
@@ -81,20 +81,25 @@ pub struct PageStats {
 /// unused, or read without a producer, which the validator refuses anyway.
 ///
 /// Separation questions go to [`amk_core::graph::Reach`], which answers them in batches by
-/// propagating 64-task blocks of ancestors. Three reductions keep the batches small:
+/// propagating 64-task blocks of ancestors. Four reductions keep the batches small:
 /// * Tasks that signal the same counter have the same descendants, so the uses of a buffer
 ///   are asked about through one task per distinct `out_counter`.
 /// * Tasks that wait on the same set of counters have the same ancestors, so writers are
 ///   asked about through one task per distinct wait set. A projection's 64 tiles become one
 ///   question each way.
-/// * The first batch asks, for each buffer, only about the `WINDOW` (64) buffers whose last
+/// * Each buffer's horizon is the latest topological position that every one of its uses
+///   can still reach. Once a later buffer's first writer comes after it, the buffer can
+///   never precede anything on a page. Its page is closed, and nothing asks about it again.
+///   This covers, for example, outputs that nothing reads.
+/// * The first batch asks, for each buffer, only about the `WINDOW` (32) buffers whose last
 ///   uses come latest before its first writer. A buffer whose last use comes at or after
 ///   another buffer's first writer can never precede it on a page. The greedy pass then
-///   runs on these answers. Any page it wanted to check but could not (its last member is
-///   outside the window) is asked about in a follow-up round, and the greedy pass runs
-///   again, for at most `MAX_ROUNDS` (4) rounds. Questions still unanswered count as "not
-///   separated", which can only cost memory and never correctness. On decode graphs the
-///   first round already answers everything the greedy pass needs.
+///   runs on these answers. Pages it wanted to check but could not (at most
+///   `MAX_EXTRA_PER_BUFFER` (16) per buffer, their last member being outside the window)
+///   are asked about in a follow-up round, and the greedy pass runs again, for at most
+///   `MAX_ROUNDS` (4) rounds. Questions still unanswered count as "not separated", which
+///   can only cost memory and never correctness. On decode graphs the first round already
+///   answers everything the greedy pass needs.
 ///
 /// The output is deterministic. Pages are in the order they are opened, and the page table
 /// is in buffer order.
