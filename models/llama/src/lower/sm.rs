@@ -116,11 +116,12 @@ pub fn sm_loads(p: &Program, num_sms: u32) -> Vec<SmLoad> {
     loads
 }
 
-/// The finish time of the last task in the load-balance timing model (see the module documentation),
-/// for an already assigned program: each SM runs its queue in task-list order, and a task
-/// starts once its SM is free and every producer it waits on has finished. Costs are
-/// `est_bytes + TASK_OVERHEAD_BYTES`, in bytes. `None` if some task has no SM or the task list
-/// is not topological. This compares strategies under one model; it is not a measurement.
+/// The finish time of the last task in the load-balance timing model (see the module
+/// documentation), for an already assigned program: each SM runs its queue in task-list
+/// order, and a task starts once its SM is free and every producer it waits on has finished.
+/// Costs are `est_bytes + TASK_OVERHEAD_BYTES`, in bytes. `None` if some task has no SM or
+/// the task list is not topological. This compares strategies under one model; it is not a
+/// measurement.
 pub fn estimated_makespan(p: &Program) -> Option<u64> {
     if check_list_order(p).is_err() {
         return None;
