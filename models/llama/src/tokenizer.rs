@@ -544,7 +544,10 @@ impl Tokenizer {
     /// No Jinja engine: only ChatML templates are recognised — `<|im_start|>{role}\n{content}
     /// <|im_end|>\n` per message, `<|im_start|>assistant\n` when `add_generation_prompt` —
     /// including the variant (SmolLM2, Qwen2) that first inserts a default system message
-    /// when the conversation does not start with one. Any other template is refused.
+    /// when the conversation does not start with one (an empty conversation gets none, as
+    /// the Jinja loop never runs). The generation prompt is added only if the template has
+    /// one. Templates with features this does not reproduce (tools, reasoning, content
+    /// trimming, BOS/EOS variables, exceptions) and non-ChatML templates are refused.
     pub fn apply_chat_template(
         &self,
         messages: &[(&str, &str)],
@@ -568,7 +571,7 @@ impl Tokenizer {
             out.push_str(content);
             out.push_str("<|im_end|>\n");
         }
-        if add_generation_prompt {
+        if add_generation_prompt && format.generation_prompt {
             out.push_str("<|im_start|>assistant\n");
         }
         Ok(out)
@@ -580,10 +583,15 @@ impl Tokenizer {
 struct ChatFormat {
     /// Text inserted before the first message when it is not a system message.
     default_system: Option<String>,
+    /// Whether the template renders `<|im_start|>assistant\n` for `add_generation_prompt`.
+    generation_prompt: bool,
 }
 
 /// Words that mark template features the ChatML renderer does not reproduce.
 const UNSUPPORTED_TEMPLATE_FEATURES: &[&str] = &[
+    "| trim",
+    "|trim",
+    ".strip(",
     "tools",
     "tool_call",
     "raise_exception",
@@ -628,7 +636,18 @@ impl ChatFormat {
         } else {
             None
         };
-        Ok(ChatFormat { default_system })
+        let generation_prompt = template.contains("add_generation_prompt");
+        if generation_prompt && !template.contains("<|im_start|>assistant") {
+            return Err(ModelError::Tokenizer(
+                "unsupported ChatML chat template: its generation prompt is not \
+                 '<|im_start|>assistant'"
+                    .to_string(),
+            ));
+        }
+        Ok(ChatFormat {
+            default_system,
+            generation_prompt,
+        })
     }
 }
 

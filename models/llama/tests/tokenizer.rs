@@ -649,3 +649,19 @@ fn matches_transformers_reference_on_smollm2() {
         failures.join("\n")
     );
 }
+
+#[test]
+fn chatml_template_without_generation_prompt_never_adds_one() {
+    let template = "{% for message in messages %}{{'<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>' + '\\n'}}{% endfor %}";
+    let tok = with_template(template);
+    assert_eq!(
+        tok.apply_chat_template(&[("user", "hi")], true).unwrap(),
+        "<|im_start|>user\nhi<|im_end|>\n"
+    );
+    let trims = "{% for message in messages %}{{'<|im_start|>' + message['role'] + '\\n' + message['content'] | trim + '<|im_end|>\\n'}}{% endfor %}";
+    assert!(
+        with_template(trims)
+            .apply_chat_template(&[("user", "hi")], true)
+            .is_err()
+    );
+}
