@@ -665,3 +665,31 @@ fn chatml_template_without_generation_prompt_never_adds_one() {
             .is_err()
     );
 }
+
+#[test]
+fn from_file_bos_from_post_processor_unless_config_says() {
+    let dir = scratch("postproc");
+    let path = write_tiny_json(&dir);
+    let (t, _) = tiny_tokenizer();
+    // A Llama-3-style tokenizer.json whose post-processor prepends BOS.
+    let json = std::fs::read_to_string(&path).unwrap();
+    let processor = r#""post_processor": {"type": "TemplateProcessing",
+        "single": [{"SpecialToken": {"id": "<|im_start|>", "type_id": 0}}, {"Sequence": {"id": "A", "type_id": 0}}],
+        "pair": [{"Sequence": {"id": "A", "type_id": 0}}, {"Sequence": {"id": "B", "type_id": 1}}],
+        "special_tokens": {"<|im_start|>": {"id": "<|im_start|>", "ids": [1], "tokens": ["<|im_start|>"]}}}"#;
+    assert!(json.contains("\"post_processor\": null"));
+    std::fs::write(&path, json.replace("\"post_processor\": null", processor)).unwrap();
+    let hello = id_of(&t, "hello");
+    let tok = Tokenizer::from_file(&path).unwrap();
+    assert_eq!(tok.adds_bos(), None);
+    assert_eq!(tok.encode("hello").unwrap(), vec![1, hello]);
+    // A config that says add_bos_token = false wins over the post-processor.
+    std::fs::write(
+        dir.join("tokenizer_config.json"),
+        "{\"bos_token\": \"<|im_start|>\", \"add_bos_token\": false}",
+    )
+    .unwrap();
+    let tok = Tokenizer::from_file(&path).unwrap();
+    assert_eq!(tok.adds_bos(), Some(false));
+    assert_eq!(tok.encode("hello").unwrap(), vec![hello]);
+}
