@@ -10,7 +10,9 @@
 //! The GGUF path reproduces what HuggingFace transformers builds from the same metadata
 //! (`AutoTokenizer.from_pretrained(dir, gguf_file=...)`): a byte-level BPE from the vocabulary
 //! and merges, control tokens (type 3) added as special tokens and user-defined tokens (type 4)
-//! as plain added tokens, so that both are recognised whole inside text.
+//! as plain added tokens, so that both are recognised whole inside text. One deliberate
+//! difference: for `tokenizer.ggml.pre = "smollm"` the model's own pre-tokenizer (digits
+//! split one by one) is used, which transformers' GGUF loader drops (see `pre_tokenizer_for`).
 
 use std::path::Path;
 
@@ -194,7 +196,11 @@ fn pre_tokenizer_for(pre: &str) -> Result<PreTokenizerWrapper, ModelError> {
     let byte_level = ByteLevel::new(false, true, true);
     Ok(match pre {
         "default" | "gpt2" => byte_level.into(),
-        // SmolLM's tokenizer.json: every digit its own piece, then GPT-2's byte-level split.
+        // SmolLM's tokenizer.json (and llama.cpp's "smollm"): every digit its own piece, then
+        // GPT-2's byte-level split. transformers' GGUF loader does not know this name and uses
+        // plain byte-level instead; the ids differ only where a whitespace run ends right
+        // before a digit ("x  1": ours [x, "ĠĠ", 1] like the model's own tokenizer, its
+        // [x, "Ġ", "Ġ", 1]). See tests/reference/tokenizer_cases.json.
         "smollm" => Sequence::new(vec![Digits::new(true).into(), byte_level.into()]).into(),
         "llama3" | "llama-v3" | "llama-bpe" => {
             let split = Split::new(
