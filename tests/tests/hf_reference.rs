@@ -1,0 +1,132 @@
+//! amk on the CPU VM against HuggingFace transformers (fp32, eager): the outputs were produced
+//! by `tests/reference/hf_reference.py` and `tests/reference/tiny_models.py` and committed;
+//! these tests only read them (no torch here).
+//!
+//! - SmolLM2-135M-Instruct (the default model's GGUF, fetched and cached on first use, or
+//!   `$AMK_TEST_GGUF`): prompt token ids, 40 greedy tokens per prompt (a divergence is allowed
+//!   only where HF's top-2 logit gap is below [`NEAR_TIE`]), and teacher-forced perplexity to
+//!   1e-5 relative.
+//! - Three tiny random-init HF checkpoints (GQA tied, MQA untied with rope_theta 5e5 and an
+//!   explicit head_dim, Qwen2 with q/k/v biases): every logit of a 12-token sequence within
+//!   1e-5 of HF (relative to the largest logit).
+
+use amk_backend_cpu::CpuBackend;
+use amk_core::{GpuTarget, Registry, ScheduleConfig};
+use amk_model_llama::Model;
+use amk_model_llama::hf::import_hf;
+use amk_model_llama::lower::{LowerOptions, lower};
+use amk_model_llama::run::{Engine, argmax, generate_greedy, perplexity};
+use serde_json::Value;
+use std::path::{Path, PathBuf};
+
+/// A greedy divergence is accepted only where HF's top-1/top-2 logit gap is below this.
+const NEAR_TIE: f64 = 1e-3;
+
+fn reference_dir() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("reference")
+}
+
+fn read_json(path: &Path) -> Value {
+    let text = std::fs::read_to_string(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    serde_json::from_str(&text).unwrap()
+}
+
+fn ids(v: &Value) -> Vec<u32> {
+    v.as_array().unwrap().iter().map(|x| x.as_u64().unwrap() as u32).collect()
+}
+
+fn registry() -> Registry {
+    amk_ops::registry().unwrap()
+}
+
+fn engine(model: &Model, max_seq: u64) -> Engine {
+    let target = GpuTarget::by_name("h100").unwrap();
+    let opts = LowerOptions { max_seq: Some(max_seq), ..LowerOptions::default() };
+    let lowered = lower(model, &ScheduleConfig::default(), &target, &opts).unwrap();
+    Engine::new(lowered, &CpuBackend::default(), &registry()).unwrap()
+}
+
+fn smollm2_path() -> PathBuf {
+    if let Some(p) = std::env::var_os("AMK_TEST_GGUF") {
+        return PathBuf::from(p);
+    }
+    amk_model_fetch::default_model_path(&amk_model_fetch::FetchOptions::smollm2())
+        .unwrap_or_else(|e| panic!("fetching the default model: {e}"))
+}
+
+#[test]
+fn smollm2_greedy_tokens_and_perplexity_match_transformers() {
+    let refdoc = read_json(&reference_dir().join("smollm2_hf.json"));
+    let model = amk_model_llama::gguf_import::import_gguf(&smollm2_path()).unwrap();
+    let tok = model.tokenizer.clone().unwrap();
+    let mut e = engine(&model, 512);
+    let n_new = refdoc["new_tokens"].as_u64().unwrap() as usize;
+    let mut report = Vec::new();
+    for p in refdoc["prompts"].as_array().unwrap() {
+        let name = p["name"].as_str().unwrap();
+        let prompt = ids(&p["prompt_ids"]);
+        assert_eq!(tok.encode(p["text"].as_str().unwrap()).unwrap(), prompt, "{name}: prompt ids");
+        let want = ids(&p["generated_ids"]);
+        let gaps: Vec<f64> = p["top2_gap"].as_array().unwrap().iter().map(|g| g.as_f64().unwrap()).collect();
+        let got = generate_greedy(&mut e, &prompt, n_new, &[], &mut |_| true).unwrap();
+        assert_eq!(got.len(), want.len(), "{name}");
+        match got.iter().zip(&want).position(|(a, b)| a != b) {
+            None => report.push(format!("{name}: {} tokens identical", want.len())),
+            Some(i) => {
+                assert!(
+                    gaps[i] < NEAR_TIE,
+                    "{name}: token {i} differs ({} vs HF {}) where HF's top-2 gap is {} (not a near-tie)\n got {got:?}\nwant {want:?}",
+                    got[i], want[i], gaps[i]
+                );
+                report.push(format!("{name}: identical up to token {i}, a near-tie (gap {})", gaps[i]));
+            }
+        }
+    }
+    let ppl = &refdoc["perplexity"];
+    let text = std::fs::read_to_string(reference_dir().join("ppl_text.txt")).unwrap();
+    let text_ids = tok.encode(&text).unwrap();
+    assert_eq!(text_ids.len() as u64, ppl["tokens"].as_u64().unwrap());
+    let (n, nll) = perplexity(&mut e, &text_ids).unwrap();
+    let want_nll = ppl["nll"].as_f64().unwrap();
+    assert_eq!(n as u64, ppl["predictions"].as_u64().unwrap());
+    let rel = (nll - want_nll).abs() / want_nll.abs();
+    let rel_ppl = (nll.exp() - ppl["perplexity"].as_f64().unwrap()).abs() / nll.exp();
+    println!("{}\nperplexity: nll {nll} vs HF {want_nll} (rel {rel:.2e}), ppl rel {rel_ppl:.2e}", report.join("\n"));
+    assert!(rel < 1e-5 && rel_ppl < 1e-5, "nll {nll} vs HF {want_nll}: relative error {rel:e}");
+}
+
+fn tiny(name: &str) {
+    let dir = reference_dir().join(name);
+    let refdoc = read_json(&dir.join("hf_logits.json"));
+    let model = import_hf(&dir).unwrap();
+    let input = ids(&refdoc["input_ids"]);
+    let greedy = ids(&refdoc["greedy_next"]);
+    let mut e = engine(&model, 32);
+    let mut worst = 0f64;
+    for (i, (&t, row)) in input.iter().zip(refdoc["logits"].as_array().unwrap()).enumerate() {
+        let want: Vec<f64> = row.as_array().unwrap().iter().map(|x| x.as_f64().unwrap()).collect();
+        let got = e.step(t).unwrap();
+        assert_eq!(got.len(), want.len());
+        let scale = want.iter().fold(0f64, |m, x| m.max(x.abs()));
+        let err = got.iter().zip(&want).map(|(g, w)| (*g as f64 - w).abs()).fold(0f64, f64::max) / scale;
+        worst = worst.max(err);
+        assert!(err <= 1e-5, "{name} position {i}: max |amk − HF| / max |HF| = {err:e}");
+        assert_eq!(argmax(&got), greedy[i], "{name} position {i}: greedy token");
+    }
+    println!("{name}: {} positions, worst relative logit error {worst:.2e}", input.len());
+}
+
+#[test]
+fn tiny_gqa_tied_matches_transformers_logits() {
+    tiny("tiny-gqa");
+}
+
+#[test]
+fn tiny_mqa_untied_rope_5e5_matches_transformers_logits() {
+    tiny("tiny-mqa");
+}
+
+#[test]
+fn tiny_qwen2_qkv_bias_matches_transformers_logits() {
+    tiny("tiny-qwen2");
+}
