@@ -103,8 +103,16 @@ pub fn import_hf(dir: &Path) -> Result<Model, ModelError> {
         weights.insert(entry.name.clone(), file.tensor(entry)?);
     }
 
+    // The tokenizer travels beside the weights when the checkpoint has one (the tiny test
+    // checkpoints do not; `amk generate` then says a tokenizer is needed).
+    let tok_path = dir.join("tokenizer.json");
+    let tokenizer = if tok_path.is_file() {
+        Some(crate::tokenizer::Tokenizer::from_file(&tok_path)?)
+    } else {
+        None
+    };
     let source = dir.display().to_string();
-    match Model::new(config, weights, None, source, ModelFormat::Hf) {
+    match Model::new(config, weights, tokenizer, source, ModelFormat::Hf) {
         Ok(m) if scan.reasons.is_empty() => Ok(m),
         Ok(_) => Err(ModelError::Unsupported {
             reasons: scan.reasons,

@@ -1,0 +1,294 @@
+//! `amk lower`, `amk generate`, `amk perplexity` end to end on the committed tiny HF
+//! checkpoints (plus a byte-level tokenizer.json written here) and, through the default-model
+//! path, on SmolLM2-135M against HuggingFace's greedy continuation; every kind of bad input is
+//! a typed message with exit status 2, never a panic.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // test file
+
+use amk_core::WeightStore;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+fn amk() -> Command {
+    Command::new(env!("CARGO_BIN_EXE_amk"))
+}
+
+fn scratch(name: &str) -> PathBuf {
+    let d = std::env::temp_dir().join(format!("amk-model-{}-{name}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&d);
+    std::fs::create_dir_all(&d).unwrap();
+    d
+}
+
+fn reference(name: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../tests/reference")
+        .join(name)
+}
+
+fn text(o: &Output) -> String {
+    format!(
+        "status {:?}\nstdout:\n{}\nstderr:\n{}",
+        o.status.code(),
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    )
+}
+
+fn json(o: &Output) -> serde_json::Value {
+    serde_json::from_slice(&o.stdout).unwrap_or_else(|e| panic!("{e}\n{}", text(o)))
+}
+
+/// GPT-2's byte → printable-char map (the ByteLevel alphabet).
+fn byte_chars() -> Vec<char> {
+    let mut keep: Vec<u32> = (b'!' as u32..=b'~' as u32).collect();
+    keep.extend(0xA1..=0xAC);
+    keep.extend(0xAE..=0xFF);
+    let mut extra = 0;
+    (0u32..256)
+        .map(|b| {
+            if keep.contains(&b) {
+                char::from_u32(b).unwrap()
+            } else {
+                extra += 1;
+                char::from_u32(255 + extra).unwrap()
+            }
+        })
+        .collect()
+}
+
+/// A byte-level BPE tokenizer.json: the 256 byte tokens (ids 0..255), three merges and an
+/// `<|end|>` special token at id 259 — all inside the tiny models' vocabularies.
+fn write_tokenizer(dir: &Path) {
+    let chars = byte_chars();
+    let mut vocab = serde_json::Map::new();
+    for (i, c) in chars.iter().enumerate() {
+        vocab.insert(c.to_string(), i.into());
+    }
+    let (h, e, l, o, sp) = (chars[b'h' as usize], chars[b'e' as usize], chars[b'l' as usize], chars[b'o' as usize], chars[b' ' as usize]);
+    vocab.insert(format!("{h}{e}"), 256.into());
+    vocab.insert(format!("{l}{l}"), 257.into());
+    vocab.insert(format!("{sp}{o}"), 258.into());
+    // Plain filler tokens up to the largest tiny model's vocabulary, so every id a random
+    // model can emit decodes.
+    for i in 260..320 {
+        vocab.insert(format!("<t{i}>"), i.into());
+    }
+    let tok = serde_json::json!({
+        "version": "1.0",
+        "truncation": null,
+        "padding": null,
+        "added_tokens": [{"id": 259, "content": "<|end|>", "single_word": false, "lstrip": false,
+                          "rstrip": false, "normalized": false, "special": true}],
+        "normalizer": null,
+        "pre_tokenizer": {"type": "ByteLevel", "add_prefix_space": false, "trim_offsets": true, "use_regex": true},
+        "post_processor": null,
+        "decoder": {"type": "ByteLevel", "add_prefix_space": true, "trim_offsets": true, "use_regex": true},
+        "model": {"type": "BPE", "dropout": null, "unk_token": null, "continuing_subword_prefix": null,
+                  "end_of_word_suffix": null, "fuse_unk": false, "byte_fallback": false, "ignore_merges": false,
+                  "vocab": vocab,
+                  "merges": [format!("{h} {e}"), format!("{l} {l}"), format!("{sp} {o}")]}
+    });
+    std::fs::write(dir.join("tokenizer.json"), serde_json::to_string(&tok).unwrap()).unwrap();
+    std::fs::write(
+        dir.join("tokenizer_config.json"),
+        r#"{"add_bos_token": false, "eos_token": "<|end|>"}"#,
+    )
+    .unwrap();
+}
+
+/// A copy of a committed tiny checkpoint, with a tokenizer.
+fn tiny_with_tokenizer(name: &str, tag: &str) -> PathBuf {
+    let d = scratch(tag);
+    for f in ["config.json", "model.safetensors"] {
+        std::fs::copy(reference(name).join(f), d.join(f)).unwrap();
+    }
+    write_tokenizer(&d);
+    d
+}
+
+#[test]
+fn lower_writes_a_program_that_validates() {
+    let d = scratch("lower");
+    let prog = d.join("prog.json");
+    let cfg = d.join("cfg.json");
+    std::fs::write(
+        &cfg,
+        r#"{"tiling": {"gemv": {"N_tile": 16}, "attention": {"n_partitions": 4}},
+            "fusion_grouping": [["embed", "rope"]], "sm_assignment": "round_robin",
+            "page_allocation": "graph_color"}"#,
+    )
+    .unwrap();
+    let o = amk()
+        .args(["lower", "--model"])
+        .arg(reference("tiny-mqa"))
+        .args(["--config"])
+        .arg(&cfg)
+        .args(["--pos", "3", "--dtype", "bf16", "--max-seq", "32", "--json", "-o"])
+        .arg(&prog)
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", text(&o));
+    let v = json(&o);
+    assert!(v["tasks"].as_u64().unwrap() > 50, "{v}");
+    assert!(v["pages"].as_u64().unwrap() > 0, "{v}");
+    assert_eq!(v["sm_assigned"], serde_json::Value::Bool(true));
+    let o = amk().arg("validate").arg(&prog).output().unwrap();
+    assert!(o.status.success(), "{}", text(&o));
+    let body = std::fs::read_to_string(&prog).unwrap();
+    assert!(body.contains("\"bfloat16\"") || body.contains("BF16"), "dtype recorded");
+}
+
+#[test]
+fn generate_and_perplexity_on_an_hf_directory() {
+    let d = tiny_with_tokenizer("tiny-gqa", "gen");
+    let run = |extra: &[&str]| {
+        amk()
+            .args(["generate", "--model"])
+            .arg(&d)
+            .args(["--prompt", "hello world", "-n", "6", "--ignore-eos", "--json"])
+            .args(extra)
+            .output()
+            .unwrap()
+    };
+    let a = run(&[]);
+    assert!(a.status.success(), "{}", text(&a));
+    let v = json(&a);
+    let prompt: Vec<u64> = v["prompt_ids"].as_array().unwrap().iter().map(|x| x.as_u64().unwrap()).collect();
+    // "he" "ll" " o"... merged by the tokenizer written above.
+    assert_eq!(prompt[..2], [256, 257], "{v}");
+    assert_eq!(v["generated_ids"].as_array().unwrap().len(), 6, "{v}");
+    assert!(v["text"].is_string());
+    // Deterministic, and independent of the schedule.
+    let cfg = d.join("cfg.json");
+    std::fs::write(&cfg, r#"{"tiling": {"gemv": {"N_tile": 8}, "attention": {"n_partitions": 3}}, "sm_assignment": "round_robin"}"#).unwrap();
+    let b = run(&["--config", cfg.to_str().unwrap()]);
+    assert_eq!(json(&b)["generated_ids"], v["generated_ids"], "{}", text(&b));
+
+    let t = d.join("text.txt");
+    std::fs::write(&t, "hello hello world, hello!").unwrap();
+    let o = amk().args(["perplexity", "--model"]).arg(&d).arg("--text-file").arg(&t).arg("--json").output().unwrap();
+    assert!(o.status.success(), "{}", text(&o));
+    let p = json(&o);
+    let nll = p["nll"].as_f64().unwrap();
+    assert!(nll > 0.0 && nll.is_finite(), "{p}");
+    assert!((p["perplexity"].as_f64().unwrap() - nll.exp()).abs() < 1e-9 * nll.exp());
+    assert!(p["tokens"].as_u64().unwrap() > 5);
+
+    // Plain output streams the prompt and continuation, with a tokens/s line on stderr.
+    let o = amk().args(["generate", "--model"]).arg(&d).args(["--prompt", "hello", "-n", "3"]).output().unwrap();
+    assert!(o.status.success(), "{}", text(&o));
+    assert!(String::from_utf8_lossy(&o.stdout).starts_with("hello"));
+    assert!(String::from_utf8_lossy(&o.stderr).contains("tok/s"), "{}", text(&o));
+}
+
+fn expect_usage_error(o: &Output, needle: &str) {
+    assert_eq!(o.status.code(), Some(2), "{}", text(o));
+    let all = text(o);
+    assert!(all.contains(needle), "expected {needle:?} in\n{all}");
+    assert!(!all.contains("panicked"), "{all}");
+}
+
+#[test]
+fn bad_models_are_typed_errors_with_exit_2() {
+    let d = scratch("bad");
+    let generate = |model: &Path| {
+        amk().args(["generate", "--model"]).arg(model).args(["--prompt", "hi", "-n", "2"]).output().unwrap()
+    };
+    // Not a model at all; missing path.
+    let junk = d.join("junk.bin");
+    std::fs::write(&junk, b"hello, not a model").unwrap();
+    expect_usage_error(&generate(&junk), "not a model");
+    expect_usage_error(&generate(&d.join("absent.gguf")), "no such file");
+    // A GGUF cut short.
+    let gguf = d.join("cut.gguf");
+    let mut bytes = b"GGUF".to_vec();
+    bytes.extend(3u32.to_le_bytes());
+    bytes.extend(5u64.to_le_bytes()); // 5 tensors announced, nothing follows
+    std::fs::write(&gguf, &bytes).unwrap();
+    expect_usage_error(&generate(&gguf), "GGUF");
+    // A truncated safetensors file.
+    let t = tiny_with_tokenizer("tiny-gqa", "trunc");
+    let st = t.join("model.safetensors");
+    let all = std::fs::read(&st).unwrap();
+    std::fs::write(&st, &all[..all.len() / 2]).unwrap();
+    expect_usage_error(&generate(&t), "safetensors");
+    // A missing tensor.
+    let t = tiny_with_tokenizer("tiny-gqa", "missing");
+    let st = t.join("model.safetensors");
+    let mut w = WeightStore::load_safetensors(&st).unwrap();
+    w.remove("model.layers.1.mlp.up_proj.weight").unwrap();
+    w.save_safetensors(&st).unwrap();
+    expect_usage_error(&generate(&t), "missing tensor 'model.layers.1.mlp.up_proj.weight'");
+    // Shapes that disagree with the config.
+    let t = tiny_with_tokenizer("tiny-gqa", "shape");
+    let cfg = std::fs::read_to_string(t.join("config.json")).unwrap().replace("\"intermediate_size\": 160", "\"intermediate_size\": 176");
+    assert!(cfg.contains("176"));
+    std::fs::write(t.join("config.json"), cfg).unwrap();
+    expect_usage_error(&generate(&t), "expected [176, 64]");
+    // An unsupported architecture: every reason listed.
+    let t = tiny_with_tokenizer("tiny-gqa", "arch");
+    let cfg = std::fs::read_to_string(t.join("config.json"))
+        .unwrap()
+        .replace("\"model_type\": \"llama\"", "\"model_type\": \"mixtral\", \"num_local_experts\": 8")
+        .replace("\"mlp_bias\": false", "\"mlp_bias\": true");
+    std::fs::write(t.join("config.json"), cfg).unwrap();
+    let o = generate(&t);
+    expect_usage_error(&o, "mixtral");
+    let msg = text(&o);
+    assert!(msg.contains("expert") && msg.contains("bias"), "{msg}");
+    // No tokenizer.
+    expect_usage_error(&generate(&reference("tiny-gqa")), "tokenizer");
+}
+
+#[test]
+fn bad_arguments_are_typed_errors_with_exit_2() {
+    let d = tiny_with_tokenizer("tiny-gqa", "args");
+    let base = || {
+        let mut c = amk();
+        c.args(["generate", "--model"]).arg(&d);
+        c
+    };
+    // A prompt longer than the KV cache.
+    let o = base().args(["--prompt", "hello hello hello hello hello", "--max-seq", "4", "-n", "1"]).output().unwrap();
+    expect_usage_error(&o, "KV cache");
+    let o = base().args(["--prompt", "hi", "--max-seq", "4000"]).output().unwrap();
+    expect_usage_error(&o, "max_position_embeddings");
+    let o = base().args(["--prompt", "hi", "--dtype", "int3"]).output().unwrap();
+    expect_usage_error(&o, "--dtype");
+    let o = base().args(["--prompt", "hi", "--target", "tpu"]).output().unwrap();
+    expect_usage_error(&o, "unknown GPU");
+    let o = base().args(["--prompt", "hi", "--backend", "metal"]).output().unwrap();
+    expect_usage_error(&o, "unknown backend");
+    let cfg = d.join("bad.json");
+    std::fs::write(&cfg, r#"{"tiling": {"gemv": {"N_tiles": 8}}}"#).unwrap();
+    let o = base().args(["--prompt", "hi", "--config", cfg.to_str().unwrap()]).output().unwrap();
+    expect_usage_error(&o, "N_tiles");
+    let o = base().args(["--prompt-file", "/nonexistent/prompt.txt"]).output().unwrap();
+    expect_usage_error(&o, "prompt.txt");
+    // --json failures are one JSON object.
+    let o = base().args(["--prompt", "hi", "--dtype", "int3", "--json"]).output().unwrap();
+    assert_eq!(o.status.code(), Some(2));
+    assert_eq!(json(&o)["error"]["kind"], "usage");
+}
+
+/// README's first command's path: no `--model` → the default SmolLM2-135M (fetched and cached
+/// on first use, or `$AMK_TEST_GGUF`), reproducing HuggingFace's greedy continuation.
+#[test]
+fn default_model_reproduces_the_hf_continuation() {
+    let refdoc: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(reference("smollm2_hf.json")).unwrap(),
+    )
+    .unwrap();
+    let p = refdoc["prompts"].as_array().unwrap().iter().find(|p| p["name"] == "python_function").unwrap();
+    let mut c = amk();
+    c.args(["generate", "--prompt", p["text"].as_str().unwrap(), "-n", "16", "--ignore-eos", "--max-seq", "64", "--json"]);
+    if let Some(g) = std::env::var_os("AMK_TEST_GGUF") {
+        c.arg("--model").arg(g);
+    }
+    let o = c.output().unwrap();
+    assert!(o.status.success(), "{}", text(&o));
+    let v = json(&o);
+    assert_eq!(v["prompt_ids"], p["prompt_ids"]);
+    let want: Vec<_> = p["generated_ids"].as_array().unwrap()[..16].to_vec();
+    assert_eq!(v["generated_ids"].as_array().unwrap(), &want);
+}
