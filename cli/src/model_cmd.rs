@@ -377,7 +377,9 @@ fn generate_inner(a: &GenerateArgs) -> Result<(), ModelCmdError> {
     };
     let prompt_ids = tok.encode(&rendered)?;
     if prompt_ids.is_empty() {
-        return Err(ModelCmdError::Usage("the prompt encodes to no tokens".into()));
+        return Err(ModelCmdError::Usage(
+            "the prompt encodes to no tokens".into(),
+        ));
     }
     let need = prompt_ids.len() as u64 + a.n.saturating_sub(1) as u64;
     let max_seq = p.lowered.positions.max_seq;
@@ -387,7 +389,11 @@ fn generate_inner(a: &GenerateArgs) -> Result<(), ModelCmdError> {
     let t = Instant::now();
     let mut engine = Engine::new(p.lowered, backend.as_ref(), &reg)?;
     let load_s = t.elapsed().as_secs_f64();
-    let stop = if a.ignore_eos { Vec::new() } else { tok.stop_ids() };
+    let stop = if a.ignore_eos {
+        Vec::new()
+    } else {
+        tok.stop_ids()
+    };
     let mut stream = tok.decode_stream();
     let mut out = std::io::stdout();
     if !a.common.json {

@@ -64,7 +64,13 @@ fn write_tokenizer(dir: &Path) {
     for (i, c) in chars.iter().enumerate() {
         vocab.insert(c.to_string(), i.into());
     }
-    let (h, e, l, o, sp) = (chars[b'h' as usize], chars[b'e' as usize], chars[b'l' as usize], chars[b'o' as usize], chars[b' ' as usize]);
+    let (h, e, l, o, sp) = (
+        chars[b'h' as usize],
+        chars[b'e' as usize],
+        chars[b'l' as usize],
+        chars[b'o' as usize],
+        chars[b' ' as usize],
+    );
     vocab.insert(format!("{h}{e}"), 256.into());
     vocab.insert(format!("{l}{l}"), 257.into());
     vocab.insert(format!("{sp}{o}"), 258.into());
@@ -88,7 +94,11 @@ fn write_tokenizer(dir: &Path) {
                   "vocab": vocab,
                   "merges": [format!("{h} {e}"), format!("{l} {l}"), format!("{sp} {o}")]}
     });
-    std::fs::write(dir.join("tokenizer.json"), serde_json::to_string(&tok).unwrap()).unwrap();
+    std::fs::write(
+        dir.join("tokenizer.json"),
+        serde_json::to_string(&tok).unwrap(),
+    )
+    .unwrap();
     std::fs::write(
         dir.join("tokenizer_config.json"),
         r#"{"add_bos_token": false, "eos_token": "<|end|>"}"#,
@@ -123,7 +133,16 @@ fn lower_writes_a_program_that_validates() {
         .arg(reference("tiny-mqa"))
         .args(["--config"])
         .arg(&cfg)
-        .args(["--pos", "3", "--dtype", "bf16", "--max-seq", "32", "--json", "-o"])
+        .args([
+            "--pos",
+            "3",
+            "--dtype",
+            "bf16",
+            "--max-seq",
+            "32",
+            "--json",
+            "-o",
+        ])
         .arg(&prog)
         .output()
         .unwrap();
@@ -135,7 +154,10 @@ fn lower_writes_a_program_that_validates() {
     let o = amk().arg("validate").arg(&prog).output().unwrap();
     assert!(o.status.success(), "{}", text(&o));
     let body = std::fs::read_to_string(&prog).unwrap();
-    assert!(body.contains("\"bfloat16\"") || body.contains("BF16"), "dtype recorded");
+    assert!(
+        body.contains("\"bfloat16\"") || body.contains("BF16"),
+        "dtype recorded"
+    );
 }
 
 #[test]
@@ -145,7 +167,14 @@ fn generate_and_perplexity_on_an_hf_directory() {
         amk()
             .args(["generate", "--model"])
             .arg(&d)
-            .args(["--prompt", "hello world", "-n", "6", "--ignore-eos", "--json"])
+            .args([
+                "--prompt",
+                "hello world",
+                "-n",
+                "6",
+                "--ignore-eos",
+                "--json",
+            ])
             .args(extra)
             .output()
             .unwrap()
@@ -153,7 +182,12 @@ fn generate_and_perplexity_on_an_hf_directory() {
     let a = run(&[]);
     assert!(a.status.success(), "{}", text(&a));
     let v = json(&a);
-    let prompt: Vec<u64> = v["prompt_ids"].as_array().unwrap().iter().map(|x| x.as_u64().unwrap()).collect();
+    let prompt: Vec<u64> = v["prompt_ids"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|x| x.as_u64().unwrap())
+        .collect();
     // "he" "ll" " o"... merged by the tokenizer written above.
     assert_eq!(prompt[..2], [256, 257], "{v}");
     assert_eq!(v["generated_ids"].as_array().unwrap().len(), 6, "{v}");
@@ -162,11 +196,23 @@ fn generate_and_perplexity_on_an_hf_directory() {
     let cfg = d.join("cfg.json");
     std::fs::write(&cfg, r#"{"tiling": {"gemv": {"N_tile": 8}, "attention": {"n_partitions": 3}}, "sm_assignment": "round_robin"}"#).unwrap();
     let b = run(&["--config", cfg.to_str().unwrap()]);
-    assert_eq!(json(&b)["generated_ids"], v["generated_ids"], "{}", text(&b));
+    assert_eq!(
+        json(&b)["generated_ids"],
+        v["generated_ids"],
+        "{}",
+        text(&b)
+    );
 
     let t = d.join("text.txt");
     std::fs::write(&t, "hello hello world, hello!").unwrap();
-    let o = amk().args(["perplexity", "--model"]).arg(&d).arg("--text-file").arg(&t).arg("--json").output().unwrap();
+    let o = amk()
+        .args(["perplexity", "--model"])
+        .arg(&d)
+        .arg("--text-file")
+        .arg(&t)
+        .arg("--json")
+        .output()
+        .unwrap();
     assert!(o.status.success(), "{}", text(&o));
     let p = json(&o);
     let nll = p["nll"].as_f64().unwrap();
@@ -175,10 +221,19 @@ fn generate_and_perplexity_on_an_hf_directory() {
     assert!(p["tokens"].as_u64().unwrap() > 5);
 
     // Plain output streams the prompt and continuation, with a tokens/s line on stderr.
-    let o = amk().args(["generate", "--model"]).arg(&d).args(["--prompt", "hello", "-n", "3"]).output().unwrap();
+    let o = amk()
+        .args(["generate", "--model"])
+        .arg(&d)
+        .args(["--prompt", "hello", "-n", "3"])
+        .output()
+        .unwrap();
     assert!(o.status.success(), "{}", text(&o));
     assert!(String::from_utf8_lossy(&o.stdout).starts_with("hello"));
-    assert!(String::from_utf8_lossy(&o.stderr).contains("tok/s"), "{}", text(&o));
+    assert!(
+        String::from_utf8_lossy(&o.stderr).contains("tok/s"),
+        "{}",
+        text(&o)
+    );
 }
 
 fn expect_usage_error(o: &Output, needle: &str) {
@@ -192,7 +247,12 @@ fn expect_usage_error(o: &Output, needle: &str) {
 fn bad_models_are_typed_errors_with_exit_2() {
     let d = scratch("bad");
     let generate = |model: &Path| {
-        amk().args(["generate", "--model"]).arg(model).args(["--prompt", "hi", "-n", "2"]).output().unwrap()
+        amk()
+            .args(["generate", "--model"])
+            .arg(model)
+            .args(["--prompt", "hi", "-n", "2"])
+            .output()
+            .unwrap()
     };
     // Not a model at all; missing path.
     let junk = d.join("junk.bin");
@@ -218,10 +278,15 @@ fn bad_models_are_typed_errors_with_exit_2() {
     let mut w = WeightStore::load_safetensors(&st).unwrap();
     w.remove("model.layers.1.mlp.up_proj.weight").unwrap();
     w.save_safetensors(&st).unwrap();
-    expect_usage_error(&generate(&t), "missing tensor 'model.layers.1.mlp.up_proj.weight'");
+    expect_usage_error(
+        &generate(&t),
+        "missing tensor 'model.layers.1.mlp.up_proj.weight'",
+    );
     // Shapes that disagree with the config.
     let t = tiny_with_tokenizer("tiny-gqa", "shape");
-    let cfg = std::fs::read_to_string(t.join("config.json")).unwrap().replace("\"intermediate_size\": 160", "\"intermediate_size\": 176");
+    let cfg = std::fs::read_to_string(t.join("config.json"))
+        .unwrap()
+        .replace("\"intermediate_size\": 160", "\"intermediate_size\": 176");
     assert!(cfg.contains("176"));
     std::fs::write(t.join("config.json"), cfg).unwrap();
     expect_usage_error(&generate(&t), "expected [176, 64]");
@@ -229,7 +294,10 @@ fn bad_models_are_typed_errors_with_exit_2() {
     let t = tiny_with_tokenizer("tiny-gqa", "arch");
     let cfg = std::fs::read_to_string(t.join("config.json"))
         .unwrap()
-        .replace("\"model_type\": \"llama\"", "\"model_type\": \"mixtral\", \"num_local_experts\": 8")
+        .replace(
+            "\"model_type\": \"llama\"",
+            "\"model_type\": \"mixtral\", \"num_local_experts\": 8",
+        )
         .replace("\"mlp_bias\": false", "\"mlp_bias\": true");
     std::fs::write(t.join("config.json"), cfg).unwrap();
     let o = generate(&t);
@@ -249,24 +317,55 @@ fn bad_arguments_are_typed_errors_with_exit_2() {
         c
     };
     // A prompt longer than the KV cache.
-    let o = base().args(["--prompt", "hello hello hello hello hello", "--max-seq", "4", "-n", "1"]).output().unwrap();
+    let o = base()
+        .args([
+            "--prompt",
+            "hello hello hello hello hello",
+            "--max-seq",
+            "4",
+            "-n",
+            "1",
+        ])
+        .output()
+        .unwrap();
     expect_usage_error(&o, "KV cache");
-    let o = base().args(["--prompt", "hi", "--max-seq", "4000"]).output().unwrap();
+    let o = base()
+        .args(["--prompt", "hi", "--max-seq", "4000"])
+        .output()
+        .unwrap();
     expect_usage_error(&o, "max_position_embeddings");
-    let o = base().args(["--prompt", "hi", "--dtype", "int3"]).output().unwrap();
+    let o = base()
+        .args(["--prompt", "hi", "--dtype", "int3"])
+        .output()
+        .unwrap();
     expect_usage_error(&o, "--dtype");
-    let o = base().args(["--prompt", "hi", "--target", "tpu"]).output().unwrap();
+    let o = base()
+        .args(["--prompt", "hi", "--target", "tpu"])
+        .output()
+        .unwrap();
     expect_usage_error(&o, "unknown GPU");
-    let o = base().args(["--prompt", "hi", "--backend", "metal"]).output().unwrap();
+    let o = base()
+        .args(["--prompt", "hi", "--backend", "metal"])
+        .output()
+        .unwrap();
     expect_usage_error(&o, "unknown backend");
     let cfg = d.join("bad.json");
     std::fs::write(&cfg, r#"{"tiling": {"gemv": {"N_tiles": 8}}}"#).unwrap();
-    let o = base().args(["--prompt", "hi", "--config", cfg.to_str().unwrap()]).output().unwrap();
+    let o = base()
+        .args(["--prompt", "hi", "--config", cfg.to_str().unwrap()])
+        .output()
+        .unwrap();
     expect_usage_error(&o, "N_tiles");
-    let o = base().args(["--prompt-file", "/nonexistent/prompt.txt"]).output().unwrap();
+    let o = base()
+        .args(["--prompt-file", "/nonexistent/prompt.txt"])
+        .output()
+        .unwrap();
     expect_usage_error(&o, "prompt.txt");
     // --json failures are one JSON object.
-    let o = base().args(["--prompt", "hi", "--dtype", "int3", "--json"]).output().unwrap();
+    let o = base()
+        .args(["--prompt", "hi", "--dtype", "int3", "--json"])
+        .output()
+        .unwrap();
     assert_eq!(o.status.code(), Some(2));
     assert_eq!(json(&o)["error"]["kind"], "usage");
 }
@@ -275,13 +374,27 @@ fn bad_arguments_are_typed_errors_with_exit_2() {
 /// on first use, or `$AMK_TEST_GGUF`), reproducing HuggingFace's greedy continuation.
 #[test]
 fn default_model_reproduces_the_hf_continuation() {
-    let refdoc: serde_json::Value = serde_json::from_str(
-        &std::fs::read_to_string(reference("smollm2_hf.json")).unwrap(),
-    )
-    .unwrap();
-    let p = refdoc["prompts"].as_array().unwrap().iter().find(|p| p["name"] == "python_function").unwrap();
+    let refdoc: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(reference("smollm2_hf.json")).unwrap())
+            .unwrap();
+    let p = refdoc["prompts"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|p| p["name"] == "python_function")
+        .unwrap();
     let mut c = amk();
-    c.args(["generate", "--prompt", p["text"].as_str().unwrap(), "-n", "16", "--ignore-eos", "--max-seq", "64", "--json"]);
+    c.args([
+        "generate",
+        "--prompt",
+        p["text"].as_str().unwrap(),
+        "-n",
+        "16",
+        "--ignore-eos",
+        "--max-seq",
+        "64",
+        "--json",
+    ]);
     if let Some(g) = std::env::var_os("AMK_TEST_GGUF") {
         c.arg("--model").arg(g);
     }

@@ -31,8 +31,8 @@ pub use registry::{
 };
 pub use tensor::{Storage, Tensor};
 pub use validate::{
-    ErrorKind, ParamPatch, ValidatedProgram, ValidationError, ValidationResult, ValidationWarning, WarningKind,
-    validate, validate_owned,
+    ErrorKind, ParamPatch, ValidatedProgram, ValidationError, ValidationResult, ValidationWarning,
+    WarningKind, validate, validate_owned,
 };
 
 /// Re-exported so op crates register without naming `inventory` themselves.

@@ -9,6 +9,7 @@
 //! - Three tiny random-init HF checkpoints (GQA tied, MQA untied with rope_theta 5e5 and an
 //!   explicit head_dim, Qwen2 with q/k/v biases): every logit of a 12-token sequence within
 //!   1e-5 of HF (relative to the largest logit).
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // test file
 
 use amk_backend_cpu::CpuBackend;
 use amk_core::{GpuTarget, Registry, ScheduleConfig};
@@ -32,7 +33,11 @@ fn read_json(path: &Path) -> Value {
 }
 
 fn ids(v: &Value) -> Vec<u32> {
-    v.as_array().unwrap().iter().map(|x| x.as_u64().unwrap() as u32).collect()
+    v.as_array()
+        .unwrap()
+        .iter()
+        .map(|x| x.as_u64().unwrap() as u32)
+        .collect()
 }
 
 fn registry() -> Registry {
@@ -41,7 +46,10 @@ fn registry() -> Registry {
 
 fn engine(model: &Model, max_seq: u64) -> Engine {
     let target = GpuTarget::by_name("h100").unwrap();
-    let opts = LowerOptions { max_seq: Some(max_seq), ..LowerOptions::default() };
+    let opts = LowerOptions {
+        max_seq: Some(max_seq),
+        ..LowerOptions::default()
+    };
     let lowered = lower(model, &ScheduleConfig::default(), &target, &opts).unwrap();
     Engine::new(lowered, &CpuBackend::default(), &registry()).unwrap()
 }
@@ -65,9 +73,18 @@ fn smollm2_greedy_tokens_and_perplexity_match_transformers() {
     for p in refdoc["prompts"].as_array().unwrap() {
         let name = p["name"].as_str().unwrap();
         let prompt = ids(&p["prompt_ids"]);
-        assert_eq!(tok.encode(p["text"].as_str().unwrap()).unwrap(), prompt, "{name}: prompt ids");
+        assert_eq!(
+            tok.encode(p["text"].as_str().unwrap()).unwrap(),
+            prompt,
+            "{name}: prompt ids"
+        );
         let want = ids(&p["generated_ids"]);
-        let gaps: Vec<f64> = p["top2_gap"].as_array().unwrap().iter().map(|g| g.as_f64().unwrap()).collect();
+        let gaps: Vec<f64> = p["top2_gap"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|g| g.as_f64().unwrap())
+            .collect();
         let got = generate_greedy(&mut e, &prompt, n_new, &[], &mut |_| true).unwrap();
         assert_eq!(got.len(), want.len(), "{name}");
         match got.iter().zip(&want).position(|(a, b)| a != b) {
@@ -76,9 +93,14 @@ fn smollm2_greedy_tokens_and_perplexity_match_transformers() {
                 assert!(
                     gaps[i] < NEAR_TIE,
                     "{name}: token {i} differs ({} vs HF {}) where HF's top-2 gap is {} (not a near-tie)\n got {got:?}\nwant {want:?}",
-                    got[i], want[i], gaps[i]
+                    got[i],
+                    want[i],
+                    gaps[i]
                 );
-                report.push(format!("{name}: identical up to token {i}, a near-tie (gap {})", gaps[i]));
+                report.push(format!(
+                    "{name}: identical up to token {i}, a near-tie (gap {})",
+                    gaps[i]
+                ));
             }
         }
     }
@@ -91,8 +113,14 @@ fn smollm2_greedy_tokens_and_perplexity_match_transformers() {
     assert_eq!(n as u64, ppl["predictions"].as_u64().unwrap());
     let rel = (nll - want_nll).abs() / want_nll.abs();
     let rel_ppl = (nll.exp() - ppl["perplexity"].as_f64().unwrap()).abs() / nll.exp();
-    println!("{}\nperplexity: nll {nll} vs HF {want_nll} (rel {rel:.2e}), ppl rel {rel_ppl:.2e}", report.join("\n"));
-    assert!(rel < 1e-5 && rel_ppl < 1e-5, "nll {nll} vs HF {want_nll}: relative error {rel:e}");
+    println!(
+        "{}\nperplexity: nll {nll} vs HF {want_nll} (rel {rel:.2e}), ppl rel {rel_ppl:.2e}",
+        report.join("\n")
+    );
+    assert!(
+        rel < 1e-5 && rel_ppl < 1e-5,
+        "nll {nll} vs HF {want_nll}: relative error {rel:e}"
+    );
 }
 
 fn tiny(name: &str) {
@@ -103,17 +131,37 @@ fn tiny(name: &str) {
     let greedy = ids(&refdoc["greedy_next"]);
     let mut e = engine(&model, 32);
     let mut worst = 0f64;
-    for (i, (&t, row)) in input.iter().zip(refdoc["logits"].as_array().unwrap()).enumerate() {
-        let want: Vec<f64> = row.as_array().unwrap().iter().map(|x| x.as_f64().unwrap()).collect();
+    for (i, (&t, row)) in input
+        .iter()
+        .zip(refdoc["logits"].as_array().unwrap())
+        .enumerate()
+    {
+        let want: Vec<f64> = row
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|x| x.as_f64().unwrap())
+            .collect();
         let got = e.step(t).unwrap();
         assert_eq!(got.len(), want.len());
         let scale = want.iter().fold(0f64, |m, x| m.max(x.abs()));
-        let err = got.iter().zip(&want).map(|(g, w)| (*g as f64 - w).abs()).fold(0f64, f64::max) / scale;
+        let err = got
+            .iter()
+            .zip(&want)
+            .map(|(g, w)| (*g as f64 - w).abs())
+            .fold(0f64, f64::max)
+            / scale;
         worst = worst.max(err);
-        assert!(err <= 1e-5, "{name} position {i}: max |amk − HF| / max |HF| = {err:e}");
+        assert!(
+            err <= 1e-5,
+            "{name} position {i}: max |amk − HF| / max |HF| = {err:e}"
+        );
         assert_eq!(argmax(&got), greedy[i], "{name} position {i}: greedy token");
     }
-    println!("{name}: {} positions, worst relative logit error {worst:.2e}", input.len());
+    println!(
+        "{name}: {} positions, worst relative logit error {worst:.2e}",
+        input.len()
+    );
 }
 
 #[test]

@@ -12,11 +12,11 @@ mod placement;
 mod races;
 mod structure;
 
-pub use patch::{ParamPatch, REGION_PARAMS};
 pub use diag::{
     Diagnostic, ErrorKind, Stats, ValidatedProgram, ValidationError, ValidationResult,
     ValidationWarning, WarningKind,
 };
+pub use patch::{ParamPatch, REGION_PARAMS};
 
 use crate::abi;
 use crate::graph::{Ans, Incidence, Reach, find_cycle};

@@ -63,7 +63,10 @@ impl ValidatedProgram {
             let Some(task) = p.tasks.get(t as usize) else {
                 bad.push(ValidationError::new(
                     ErrorKind::MissingBuffer,
-                    format!("patch names task {t}, but the program has {} tasks", p.tasks.len()),
+                    format!(
+                        "patch names task {t}, but the program has {} tasks",
+                        p.tasks.len()
+                    ),
                 ));
                 continue;
             };

@@ -111,7 +111,9 @@ pub enum ModelError {
     #[error("backend: {0}")]
     Backend(#[from] amk_core::BackendError),
     /// The sequence does not fit the KV cache.
-    #[error("the sequence needs more than the KV cache's {max_seq} positions (raise --max-seq, up to the model's max_position_embeddings)")]
+    #[error(
+        "the sequence needs more than the KV cache's {max_seq} positions (raise --max-seq, up to the model's max_position_embeddings)"
+    )]
     ContextFull {
         /// KV-cache length.
         max_seq: u64,

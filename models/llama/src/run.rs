@@ -50,8 +50,8 @@ impl Engine {
             .and_then(|b| b.shape.last().copied())
             .ok_or_else(|| ModelError::Lower("the program has no 'logits' output".into()))?
             as usize;
-        let program = validate_owned(program, registry)
-            .map_err(|r| ModelError::Invalid(r.report()))?;
+        let program =
+            validate_owned(program, registry).map_err(|r| ModelError::Invalid(r.report()))?;
         let session = backend.load(&program, &weights, registry)?;
         Ok(Engine {
             session,
@@ -202,6 +202,10 @@ pub fn nll(logits: &[f32], target: usize) -> f64 {
     let m = logits
         .iter()
         .fold(f64::NEG_INFINITY, |m, &x| m.max(x as f64));
-    let lse = m + logits.iter().map(|&x| (x as f64 - m).exp()).sum::<f64>().ln();
+    let lse = m + logits
+        .iter()
+        .map(|&x| (x as f64 - m).exp())
+        .sum::<f64>()
+        .ln();
     lse - logits.get(target).map_or(f64::NAN, |&x| x as f64)
 }

@@ -1,17 +1,28 @@
 //! Lowering: every knob yields a valid program that computes the same logits as an independent
 //! f64 Llama forward pass written here from the architecture's definition; counts match the
 //! reference lowering's published formulas; position patches are accepted up to the KV length.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // test file
 
 use amk_backend_cpu::CpuBackend;
 use amk_core::sim::SplitMix;
-use amk_core::{DType, GpuTarget, PageStrategy, Registry, ScheduleConfig, SmAssignment, Tensor, WeightStore};
+use amk_core::{
+    DType, GpuTarget, PageStrategy, Registry, ScheduleConfig, SmAssignment, Tensor, WeightStore,
+};
 use amk_model_llama::config::{ModelConfig, RopeScaling};
 use amk_model_llama::lower::{LowerOptions, lower};
 use amk_model_llama::model::{Model, ModelFormat, tensor_names};
 use amk_model_llama::run::{Engine, argmax};
 use rstest::rstest;
 
-fn cfg(layers: usize, hidden: usize, heads: usize, kv: usize, hd: usize, inter: usize, vocab: usize) -> ModelConfig {
+fn cfg(
+    layers: usize,
+    hidden: usize,
+    heads: usize,
+    kv: usize,
+    hd: usize,
+    inter: usize,
+    vocab: usize,
+) -> ModelConfig {
     ModelConfig {
         hidden,
         n_heads: heads,
@@ -66,7 +77,9 @@ fn mat(m: &Model, name: &str) -> (Vec<f64>, usize) {
 fn matvec(m: &Model, name: &str, x: &[f64]) -> Vec<f64> {
     let (w, k) = mat(m, name);
     assert_eq!(k, x.len(), "{name}");
-    w.chunks(k).map(|r| r.iter().zip(x).map(|(a, b)| a * b).sum()).collect()
+    w.chunks(k)
+        .map(|r| r.iter().zip(x).map(|(a, b)| a * b).sum())
+        .collect()
 }
 
 fn rmsnorm(m: &Model, name: &str, x: &[f64], eps: f64) -> Vec<f64> {
@@ -119,7 +132,13 @@ fn reference_logits(m: &Model, tokens: &[u32]) -> Vec<Vec<f64>> {
                 let qh = &q[hh * hd..(hh + 1) * hd];
                 let s: Vec<f64> = kcache[l]
                     .iter()
-                    .map(|k| qh.iter().zip(&k[g * hd..(g + 1) * hd]).map(|(a, b)| a * b).sum::<f64>() / (hd as f64).sqrt())
+                    .map(|k| {
+                        qh.iter()
+                            .zip(&k[g * hd..(g + 1) * hd])
+                            .map(|(a, b)| a * b)
+                            .sum::<f64>()
+                            / (hd as f64).sqrt()
+                    })
                     .collect();
                 let mx = s.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
                 let e: Vec<f64> = s.iter().map(|v| (v - mx).exp()).collect();
@@ -135,24 +154,46 @@ fn reference_logits(m: &Model, tokens: &[u32]) -> Vec<Vec<f64>> {
             let a2 = rmsnorm(m, &p("post_attention_layernorm.weight"), &x, c.rms_eps);
             let g = matvec(m, &p("mlp.gate_proj.weight"), &a2);
             let u = matvec(m, &p("mlp.up_proj.weight"), &a2);
-            let act: Vec<f64> = g.iter().zip(&u).map(|(g, u)| g / (1.0 + (-g).exp()) * u).collect();
+            let act: Vec<f64> = g
+                .iter()
+                .zip(&u)
+                .map(|(g, u)| g / (1.0 + (-g).exp()) * u)
+                .collect();
             let d = matvec(m, &p("mlp.down_proj.weight"), &act);
             x.iter_mut().zip(&d).for_each(|(a, b)| *a += b);
         }
         let f = rmsnorm(m, "model.norm.weight", &x, c.rms_eps);
-        let head = if c.tie_word_embeddings { "model.embed_tokens.weight" } else { "lm_head.weight" };
+        let head = if c.tie_word_embeddings {
+            "model.embed_tokens.weight"
+        } else {
+            "lm_head.weight"
+        };
         out.push(matvec(m, head, &f));
     }
     out
 }
 
-fn schedule(tiling: &[(&str, &[(&str, i64)])], fusion: bool, sm: SmAssignment, pages: PageStrategy) -> ScheduleConfig {
+fn schedule(
+    tiling: &[(&str, &[(&str, i64)])],
+    fusion: bool,
+    sm: SmAssignment,
+    pages: PageStrategy,
+) -> ScheduleConfig {
     ScheduleConfig {
         tiling: tiling
             .iter()
-            .map(|(g, kv)| (g.to_string(), kv.iter().map(|(k, v)| (k.to_string(), *v)).collect()))
+            .map(|(g, kv)| {
+                (
+                    g.to_string(),
+                    kv.iter().map(|(k, v)| (k.to_string(), *v)).collect(),
+                )
+            })
             .collect(),
-        fusion_grouping: if fusion { vec![vec!["embed".into(), "rope".into()]] } else { vec![] },
+        fusion_grouping: if fusion {
+            vec![vec!["embed".into(), "rope".into()]]
+        } else {
+            vec![]
+        },
         sm_assignment: sm,
         page_allocation: pages,
         ..ScheduleConfig::default()
@@ -165,12 +206,24 @@ fn h100() -> GpuTarget {
 
 fn max_rel_err(got: &[f32], want: &[f64]) -> f64 {
     let scale = want.iter().fold(0f64, |m, v| m.max(v.abs())).max(1e-6);
-    got.iter().zip(want).map(|(g, w)| (*g as f64 - w).abs() / scale).fold(0.0, f64::max)
+    got.iter()
+        .zip(want)
+        .map(|(g, w)| (*g as f64 - w).abs() / scale)
+        .fold(0.0, f64::max)
 }
 
 fn run_and_compare(model: &Model, sc: &ScheduleConfig, tokens: &[u32]) {
     let reg = registry();
-    let lowered = lower(model, sc, &h100(), &LowerOptions { max_seq: Some(16), ..LowerOptions::default() }).unwrap();
+    let lowered = lower(
+        model,
+        sc,
+        &h100(),
+        &LowerOptions {
+            max_seq: Some(16),
+            ..LowerOptions::default()
+        },
+    )
+    .unwrap();
     let mut e = Engine::new(lowered, &CpuBackend::default(), &reg).unwrap();
     let want = reference_logits(model, tokens);
     for (i, &t) in tokens.iter().enumerate() {
@@ -210,12 +263,28 @@ fn untied_head_and_qkv_biases_match() {
 fn argmax_output_equals_host_argmax() {
     let model = random_model(cfg(1, 32, 4, 2, 8, 48, 40), 3);
     let reg = registry();
-    let lowered = lower(&model, &ScheduleConfig::default(), &h100(), &LowerOptions::default()).unwrap();
-    assert!(lowered.program.buffers.iter().any(|b| b.name == "next_token"));
+    let lowered = lower(
+        &model,
+        &ScheduleConfig::default(),
+        &h100(),
+        &LowerOptions::default(),
+    )
+    .unwrap();
+    assert!(
+        lowered
+            .program
+            .buffers
+            .iter()
+            .any(|b| b.name == "next_token")
+    );
     let mut e = Engine::new(lowered, &CpuBackend::default(), &reg).unwrap();
     let logits = e.step(5).unwrap();
     let want = reference_logits(&model, &[5]);
-    let best = want[0].iter().enumerate().fold((0, f64::NEG_INFINITY), |b, (i, &v)| if v > b.1 { (i, v) } else { b });
+    let best =
+        want[0].iter().enumerate().fold(
+            (0, f64::NEG_INFINITY),
+            |b, (i, &v)| if v > b.1 { (i, v) } else { b },
+        );
     assert_eq!(argmax(&logits) as usize, best.0);
 }
 
@@ -247,9 +316,15 @@ fn counts_match_the_reference_lowering(
         _ => vec![],
     };
     let sc = schedule(&tiling, false, SmAssignment::RoundRobin, PageStrategy::None);
-    let opts = LowerOptions { argmax: false, ..LowerOptions::default() };
+    let opts = LowerOptions {
+        argmax: false,
+        ..LowerOptions::default()
+    };
     let p = lower(&model, &sc, &h100(), &opts).unwrap().program;
-    assert_eq!((p.tasks.len(), p.buffers.len(), p.counters.len()), (tasks, buffers, counters));
+    assert_eq!(
+        (p.tasks.len(), p.buffers.len(), p.counters.len()),
+        (tasks, buffers, counters)
+    );
     let r = amk_core::validate(&p, &registry());
     assert!(r.ok(), "{}", r.report());
 }
@@ -259,8 +334,22 @@ fn position_patches_are_accepted_to_the_end_of_the_cache_and_refused_beyond() {
     let model = random_model(cfg(1, 32, 4, 2, 8, 48, 40), 5);
     let reg = registry();
     for parts in [1, 4] {
-        let sc = schedule(&[("attention", &[("n_partitions", parts)])], false, SmAssignment::LoadBalance, PageStrategy::None);
-        let l = lower(&model, &sc, &h100(), &LowerOptions { max_seq: Some(12), ..LowerOptions::default() }).unwrap();
+        let sc = schedule(
+            &[("attention", &[("n_partitions", parts)])],
+            false,
+            SmAssignment::LoadBalance,
+            PageStrategy::None,
+        );
+        let l = lower(
+            &model,
+            &sc,
+            &h100(),
+            &LowerOptions {
+                max_seq: Some(12),
+                ..LowerOptions::default()
+            },
+        )
+        .unwrap();
         let vp = amk_core::validate_owned(l.program.clone(), &reg).unwrap();
         for pos in 0..12 {
             vp.check_patch(&reg, &l.positions.edits(pos)).unwrap();
@@ -274,20 +363,50 @@ fn bad_options_are_typed_errors() {
     let model = random_model(cfg(1, 32, 4, 2, 8, 48, 40), 5);
     let t = h100();
     let bad = [
-        schedule(&[("gemv", &[("N_tiles", 8)])], false, SmAssignment::LoadBalance, PageStrategy::None),
-        schedule(&[("mlp", &[("N_tile", 8)])], false, SmAssignment::LoadBalance, PageStrategy::None),
-        schedule(&[("gemv", &[("N_tile", 0)])], false, SmAssignment::LoadBalance, PageStrategy::None),
-        ScheduleConfig { fusion_grouping: vec![vec!["add".into(), "rmsnorm".into()]], ..ScheduleConfig::default() },
+        schedule(
+            &[("gemv", &[("N_tiles", 8)])],
+            false,
+            SmAssignment::LoadBalance,
+            PageStrategy::None,
+        ),
+        schedule(
+            &[("mlp", &[("N_tile", 8)])],
+            false,
+            SmAssignment::LoadBalance,
+            PageStrategy::None,
+        ),
+        schedule(
+            &[("gemv", &[("N_tile", 0)])],
+            false,
+            SmAssignment::LoadBalance,
+            PageStrategy::None,
+        ),
+        ScheduleConfig {
+            fusion_grouping: vec![vec!["add".into(), "rmsnorm".into()]],
+            ..ScheduleConfig::default()
+        },
     ];
     for sc in bad {
         let e = lower(&model, &sc, &t, &LowerOptions::default()).unwrap_err();
         assert!(matches!(e, amk_model_llama::ModelError::Lower(_)), "{e}");
     }
     for opts in [
-        LowerOptions { max_seq: Some(0), ..LowerOptions::default() },
-        LowerOptions { max_seq: Some(65), ..LowerOptions::default() },
-        LowerOptions { pos: 64, ..LowerOptions::default() },
-        LowerOptions { dtype: DType::I8, ..LowerOptions::default() },
+        LowerOptions {
+            max_seq: Some(0),
+            ..LowerOptions::default()
+        },
+        LowerOptions {
+            max_seq: Some(65),
+            ..LowerOptions::default()
+        },
+        LowerOptions {
+            pos: 64,
+            ..LowerOptions::default()
+        },
+        LowerOptions {
+            dtype: DType::I8,
+            ..LowerOptions::default()
+        },
     ] {
         assert!(lower(&model, &ScheduleConfig::default(), &t, &opts).is_err());
     }
@@ -297,12 +416,24 @@ fn bad_options_are_typed_errors() {
 fn context_overflow_is_an_error_not_a_panic() {
     let model = random_model(cfg(1, 32, 4, 2, 8, 48, 40), 5);
     let reg = registry();
-    let l = lower(&model, &ScheduleConfig::default(), &h100(), &LowerOptions { max_seq: Some(3), ..LowerOptions::default() }).unwrap();
+    let l = lower(
+        &model,
+        &ScheduleConfig::default(),
+        &h100(),
+        &LowerOptions {
+            max_seq: Some(3),
+            ..LowerOptions::default()
+        },
+    )
+    .unwrap();
     let mut e = Engine::new(l, &CpuBackend::default(), &reg).unwrap();
     for t in [1, 2, 3] {
         e.step(t).unwrap();
     }
-    assert!(matches!(e.step(4), Err(amk_model_llama::ModelError::ContextFull { max_seq: 3 })));
+    assert!(matches!(
+        e.step(4),
+        Err(amk_model_llama::ModelError::ContextFull { max_seq: 3 })
+    ));
     assert!(e.step(1).is_err());
     e.reset();
     e.step(40).unwrap_err(); // outside the vocabulary

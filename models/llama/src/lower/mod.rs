@@ -162,7 +162,11 @@ fn check_config(cfg: &ScheduleConfig) -> Result<(), ModelError> {
         match TILING_KEYS.iter().find(|(g, _)| g == group) {
             None => bad.push(format!(
                 "unknown tiling group '{group}' (known: {})",
-                TILING_KEYS.iter().map(|(g, _)| *g).collect::<Vec<_>>().join(", ")
+                TILING_KEYS
+                    .iter()
+                    .map(|(g, _)| *g)
+                    .collect::<Vec<_>>()
+                    .join(", ")
             )),
             Some((_, keys)) => {
                 for (k, v) in kvs {
@@ -267,11 +271,27 @@ impl Builder<'_> {
     ) -> (Val, TaskId) {
         let c = self.p.new_counter(format!("{label} ready"));
         let t = self.task(op, ins, out, c, waits, pr, label, cost);
-        (Val { buf: out, wait: (c, 1) }, t)
+        (
+            Val {
+                buf: out,
+                wait: (c, 1),
+            },
+            t,
+        )
     }
 
     /// GEMV tiles of `x[1, k] @ w[n, k]^T (+ bias) -> out[1, n]`, one counter.
-    fn proj(&mut self, x: Val, w: BufferId, bias: Option<BufferId>, out: BufferId, k: u64, n: u64, label: &str) -> Val {
+    #[allow(clippy::too_many_arguments)] // reason: one projection's full description
+    fn proj(
+        &mut self,
+        x: Val,
+        w: BufferId,
+        bias: Option<BufferId>,
+        out: BufferId,
+        k: u64,
+        n: u64,
+        label: &str,
+    ) -> Val {
         let c = self.p.new_counter(format!("{label} ready"));
         let width = gemv_tile_width(self.cfg, n);
         let mut ins = vec![x.buf, w];
@@ -351,7 +371,8 @@ pub fn lower(
         mc.n_kv_heads as u64,
         mc.head_dim as u64,
     );
-    let (q_dim, kv_dim, inter, vocab) = (nh * hd, nkv * hd, mc.intermediate as u64, mc.vocab as u64);
+    let (q_dim, kv_dim, inter, vocab) =
+        (nh * hd, nkv * hd, mc.intermediate as u64, mc.vocab as u64);
     let kv_len = opts.pos + 1;
     let dbytes = (opts.dtype.bits() / 8) as i64;
     let parts = cfg
@@ -395,9 +416,12 @@ pub fn lower(
     b.p.target = Some(target.clone());
     b.p.config = Some(cfg.clone());
 
-    let token = b.p.new_buffer("token_id", BufferKind::IO_INPUT, DType::I32, &[1]);
-    let posb = b.p.new_buffer("pos", BufferKind::IO_INPUT, DType::I32, &[1]);
-    let rid = b.p.new_buffer("reshape_id0", BufferKind::IO_INPUT, DType::I32, &[1]);
+    let token =
+        b.p.new_buffer("token_id", BufferKind::IO_INPUT, DType::I32, &[1]);
+    let posb =
+        b.p.new_buffer("pos", BufferKind::IO_INPUT, DType::I32, &[1]);
+    let rid =
+        b.p.new_buffer("reshape_id0", BufferKind::IO_INPUT, DType::I32, &[1]);
     let table = weight(&mut b, EMBED)?;
     let h0 = b.act("h0".into(), &[1, h]);
     let (mut resid, _) = b.single(
@@ -491,15 +515,41 @@ pub fn lower(
         };
         let qr = rope(&mut b, q, &[nh, hd], q_dim, "q");
         let kr = rope(&mut b, k, &[1, nkv, hd], kv_dim, "k");
-        let kc = b.p.new_buffer(format!("L{l}.kcache"), BufferKind::KV_CACHE, opts.dtype, &[max_seq, nkv, hd]);
-        let vc = b.p.new_buffer(format!("L{l}.vcache"), BufferKind::KV_CACHE, opts.dtype, &[max_seq, nkv, hd]);
+        let kc = b.p.new_buffer(
+            format!("L{l}.kcache"),
+            BufferKind::KV_CACHE,
+            opts.dtype,
+            &[max_seq, nkv, hd],
+        );
+        let vc = b.p.new_buffer(
+            format!("L{l}.vcache"),
+            BufferKind::KV_CACHE,
+            opts.dtype,
+            &[max_seq, nkv, hd],
+        );
         let append_cost = (kv_dim as i64 * dbytes, 0);
         let c_k = b.p.new_counter(format!("L{l}.kv_append_k ready"));
-        let t = b.p.push_task(Opcode::KV_APPEND, &[kr.buf, kc], &[kc], c_k, &[kr.wait], params(&[("pos", int(opts.pos))]), format!("L{l}.kv_append_k"));
+        let t = b.p.push_task(
+            Opcode::KV_APPEND,
+            &[kr.buf, kc],
+            &[kc],
+            c_k,
+            &[kr.wait],
+            params(&[("pos", int(opts.pos))]),
+            format!("L{l}.kv_append_k"),
+        );
         set_cost(&mut b.p, t, append_cost);
         b.rules.push((t, PosRule::Append));
         let c_v = b.p.new_counter(format!("L{l}.kv_append_v ready"));
-        let t = b.p.push_task(Opcode::KV_APPEND, &[v.buf, vc], &[vc], c_v, &[v.wait], params(&[("pos", int(opts.pos))]), format!("L{l}.kv_append_v"));
+        let t = b.p.push_task(
+            Opcode::KV_APPEND,
+            &[v.buf, vc],
+            &[vc],
+            c_v,
+            &[v.wait],
+            params(&[("pos", int(opts.pos))]),
+            format!("L{l}.kv_append_v"),
+        );
         set_cost(&mut b.p, t, append_cost);
         b.rules.push((t, PosRule::Append));
 
@@ -561,7 +611,11 @@ pub fn lower(
                 &partials,
                 attn,
                 &waits,
-                params(&[("head_dim", int(hd)), ("n_heads", int(nh)), ("n_kv_heads", int(nkv))]),
+                params(&[
+                    ("head_dim", int(hd)),
+                    ("n_heads", int(nh)),
+                    ("n_kv_heads", int(nkv)),
+                ]),
                 format!("L{l}.combine"),
                 (parts as i64 * (nh * (hd + 2)) as i64 * 4, 0),
             )
@@ -570,7 +624,15 @@ pub fn lower(
         let o = b.act(format!("L{l}.o"), &[1, h]);
         let o = b.proj(attn, wo, None, o, q_dim, h, &format!("L{l}.o"));
         let hm = b.act(format!("L{l}.h_mid"), &[1, h]);
-        let (hm, _) = b.single(Opcode::ADD, &[resid.buf, o.buf], hm, &[resid.wait, o.wait], Map::new(), format!("L{l}.add_attn"), (2 * h as i64 * dbytes, h as i64));
+        let (hm, _) = b.single(
+            Opcode::ADD,
+            &[resid.buf, o.buf],
+            hm,
+            &[resid.wait, o.wait],
+            Map::new(),
+            format!("L{l}.add_attn"),
+            (2 * h as i64 * dbytes, h as i64),
+        );
         let mn = b.act(format!("L{l}.mn"), &[1, h]);
         let (mn, _) = b.single(
             Opcode::RMSNORM,
@@ -586,11 +648,29 @@ pub fn lower(
         let gate = b.proj(mn, wg, None, gate, h, inter, &format!("L{l}.gate"));
         let up = b.proj(mn, wu, None, up, h, inter, &format!("L{l}.up"));
         let act = b.act(format!("L{l}.act"), &[1, inter]);
-        let (act, _) = b.single(Opcode::SILU_MUL, &[gate.buf, up.buf], act, &[gate.wait, up.wait], Map::new(), format!("L{l}.swiglu"), (2 * inter as i64 * dbytes, 4 * inter as i64));
+        let (act, _) = b.single(
+            Opcode::SILU_MUL,
+            &[gate.buf, up.buf],
+            act,
+            &[gate.wait, up.wait],
+            Map::new(),
+            format!("L{l}.swiglu"),
+            (2 * inter as i64 * dbytes, 4 * inter as i64),
+        );
         let down = b.act(format!("L{l}.down"), &[1, h]);
         let down = b.proj(act, wd, None, down, inter, h, &format!("L{l}.down"));
         let ho = b.act(format!("L{l}.h_out"), &[1, h]);
-        resid = b.single(Opcode::ADD, &[hm.buf, down.buf], ho, &[hm.wait, down.wait], Map::new(), format!("L{l}.add_mlp"), (2 * h as i64 * dbytes, h as i64)).0;
+        resid = b
+            .single(
+                Opcode::ADD,
+                &[hm.buf, down.buf],
+                ho,
+                &[hm.wait, down.wait],
+                Map::new(),
+                format!("L{l}.add_mlp"),
+                (2 * h as i64 * dbytes, h as i64),
+            )
+            .0;
     }
     let fnorm = weight(&mut b, FINAL_NORM)?;
     let hf = b.act("hf".into(), &[1, h]);
@@ -603,12 +683,26 @@ pub fn lower(
         "final_norm".into(),
         (h as i64 * dbytes, 4 * h as i64),
     );
-    let head = if mc.tie_word_embeddings { table } else { weight(&mut b, LM_HEAD)? };
-    let logits = b.p.new_buffer("logits", BufferKind::IO_OUTPUT, opts.dtype, &[1, vocab]);
+    let head = if mc.tie_word_embeddings {
+        table
+    } else {
+        weight(&mut b, LM_HEAD)?
+    };
+    let logits =
+        b.p.new_buffer("logits", BufferKind::IO_OUTPUT, opts.dtype, &[1, vocab]);
     let logits = b.proj(hf, head, None, logits, h, vocab, "lm_head");
     if opts.argmax {
-        let next = b.p.new_buffer("next_token", BufferKind::IO_OUTPUT, DType::I32, &[1]);
-        b.single(Opcode::SAMPLE_ARGMAX, &[logits.buf], next, &[logits.wait], Map::new(), "argmax".into(), (vocab as i64 * dbytes, vocab as i64));
+        let next =
+            b.p.new_buffer("next_token", BufferKind::IO_OUTPUT, DType::I32, &[1]);
+        b.single(
+            Opcode::SAMPLE_ARGMAX,
+            &[logits.buf],
+            next,
+            &[logits.wait],
+            Map::new(),
+            "argmax".into(),
+            (vocab as i64 * dbytes, vocab as i64),
+        );
     }
     let Builder { mut p, rules, .. } = b;
     sm::assign_sms(&mut p, &cfg.sm_assignment, target.num_sms.max(0) as u32)?;
@@ -657,6 +751,9 @@ fn fused_reshape_rope(shape: &[u64], dim: u64, rope_params: &Map, dtype: DType) 
     s1.insert("out", Value::from("final"));
     s1.insert("params", Value::Object(rope_params.clone()));
     let mut recipe = Map::new();
-    recipe.insert("steps", Value::Array(vec![Value::Object(s0), Value::Object(s1)]));
+    recipe.insert(
+        "steps",
+        Value::Array(vec![Value::Object(s0), Value::Object(s1)]),
+    );
     params(&[("recipe", Value::Object(recipe))])
 }
