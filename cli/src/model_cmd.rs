@@ -11,7 +11,7 @@ use amk_core::{Backend, DType, GpuTarget, Importer, Registry, ScheduleConfig};
 use amk_model_llama::gguf_import::GgufImporter;
 use amk_model_llama::hf::HfImporter;
 use amk_model_llama::lower::{LowerOptions, Lowered, lower};
-use amk_model_llama::run::{Engine, generate_greedy, perplexity};
+use amk_model_llama::run::{Engine, Sampler, generate, perplexity};
 use amk_model_llama::{Model, ModelError, Tokenizer};
 use std::io::Write as _;
 use std::path::{Path, PathBuf};
@@ -123,6 +123,15 @@ pub struct GenerateArgs {
     /// Keep generating past end-of-sequence / end-of-turn tokens.
     #[arg(long)]
     ignore_eos: bool,
+    /// Sampling temperature; 0 (the default) is greedy decoding.
+    #[arg(long, default_value_t = 0.0)]
+    temperature: f64,
+    /// Nucleus sampling: sample from the smallest set of tokens whose probability reaches P.
+    #[arg(long, value_name = "P", default_value_t = 1.0)]
+    top_p: f64,
+    /// Seed of the sampler (the same seed gives the same text).
+    #[arg(long, default_value_t = 0)]
+    seed: u64,
     /// Execution backend (only `cpu` for now).
     #[arg(long, default_value = "cpu")]
     backend: String,
@@ -367,6 +376,8 @@ fn generate_inner(a: &GenerateArgs) -> Result<(), ModelCmdError> {
         (None, None) => "The capital of France is".to_string(),
     };
     let backend = backend(&a.backend, a.threads)?;
+    let mut sampler = Sampler::new(a.temperature, a.top_p, a.seed)
+        .map_err(|e| ModelCmdError::Usage(e.to_string().replace("lowering: ", "")))?;
     let reg = registry()?;
     let p = prepare(&a.common, 0, true)?;
     let tok = tokenizer(&p.model)?.clone();
@@ -403,7 +414,8 @@ fn generate_inner(a: &GenerateArgs) -> Result<(), ModelCmdError> {
     let mut stream_err = None;
     let t = Instant::now();
     let mut first_token_s = None;
-    let generated = generate_greedy(&mut engine, &prompt_ids, a.n, &stop, &mut |id| {
+    let mut pick = |l: &[f32]| sampler.pick(l);
+    let generated = generate(&mut engine, &prompt_ids, a.n, &stop, &mut pick, &mut |id| {
         if first_token_s.is_none() {
             first_token_s = Some(t.elapsed().as_secs_f64());
         }

@@ -194,6 +194,7 @@ impl Program {
 }
 
 /// A tiny deterministic generator (SplitMix64), so simulations are reproducible by seed.
+#[derive(Debug, Clone)]
 pub struct SplitMix(pub u64);
 
 impl SplitMix {

@@ -148,6 +148,26 @@ pub fn generate_greedy(
     stop: &[u32],
     on_token: &mut OnToken<'_>,
 ) -> Result<Vec<u32>, ModelError> {
+    generate(
+        engine,
+        prompt,
+        n,
+        stop,
+        &mut |l: &[f32]| argmax(l),
+        on_token,
+    )
+}
+
+/// Decoding with any token picker (greedy, [`Sampler`], …): feeds `prompt` from position 0,
+/// then generates up to `n` tokens, stopping after a token in `stop` (included in the result).
+pub fn generate(
+    engine: &mut Engine,
+    prompt: &[u32],
+    n: usize,
+    stop: &[u32],
+    pick: &mut dyn FnMut(&[f32]) -> u32,
+    on_token: &mut OnToken<'_>,
+) -> Result<Vec<u32>, ModelError> {
     if prompt.is_empty() {
         return Err(ModelError::Lower("the prompt has no tokens".into()));
     }
@@ -164,7 +184,7 @@ pub fn generate_greedy(
     }
     let mut out = Vec::with_capacity(n);
     for i in 0..n {
-        let next = argmax(&logits);
+        let next = pick(&logits);
         out.push(next);
         if !on_token(next) || stop.contains(&next) || i + 1 == n {
             break;
@@ -172,6 +192,78 @@ pub fn generate_greedy(
         logits = engine.step(next)?;
     }
     Ok(out)
+}
+
+/// Temperature + nucleus (top-p) sampling with a seeded generator, so a run is repeatable.
+#[derive(Debug, Clone)]
+pub struct Sampler {
+    temperature: f64,
+    top_p: f64,
+    rng: amk_core::sim::SplitMix,
+}
+
+impl Sampler {
+    /// `temperature` > 0 (0 means greedy), `top_p` in (0, 1].
+    pub fn new(temperature: f64, top_p: f64, seed: u64) -> Result<Sampler, ModelError> {
+        if !(temperature.is_finite() && temperature >= 0.0) {
+            return Err(ModelError::Lower(format!(
+                "temperature {temperature} must be a finite number >= 0"
+            )));
+        }
+        if !(top_p > 0.0 && top_p <= 1.0) {
+            return Err(ModelError::Lower(format!(
+                "top-p {top_p} must be in (0, 1]"
+            )));
+        }
+        Ok(Sampler {
+            temperature,
+            top_p,
+            rng: amk_core::sim::SplitMix(seed),
+        })
+    }
+
+    /// Picks the next token from `logits`.
+    pub fn pick(&mut self, logits: &[f32]) -> u32 {
+        if self.temperature == 0.0 || logits.is_empty() {
+            return argmax(logits);
+        }
+        let m = logits
+            .iter()
+            .filter(|x| !x.is_nan())
+            .fold(f64::NEG_INFINITY, |m, &x| m.max(x as f64));
+        let mut probs: Vec<(u32, f64)> = logits
+            .iter()
+            .enumerate()
+            .filter(|(_, x)| !x.is_nan())
+            .map(|(i, &x)| (i as u32, ((x as f64 - m) / self.temperature).exp()))
+            .collect();
+        let z: f64 = probs.iter().map(|p| p.1).sum();
+        if !(z.is_finite() && z > 0.0) {
+            return argmax(logits);
+        }
+        // Most likely first (lowest id on ties), then keep the smallest prefix whose mass
+        // reaches top_p.
+        probs.sort_by(|a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)));
+        let mut kept = 0.0;
+        let mut end = probs.len();
+        for (i, p) in probs.iter().enumerate() {
+            kept += p.1 / z;
+            if kept >= self.top_p {
+                end = i + 1;
+                break;
+            }
+        }
+        let mass: f64 = probs[..end].iter().map(|p| p.1).sum();
+        let u = (self.rng.next() >> 11) as f64 / (1u64 << 53) as f64 * mass;
+        let mut acc = 0.0;
+        for p in &probs[..end] {
+            acc += p.1;
+            if u < acc {
+                return p.0;
+            }
+        }
+        probs[end - 1].0
+    }
 }
 
 /// Teacher-forced negative log-likelihood of `ids[1..]` given the preceding tokens: returns

@@ -439,3 +439,99 @@ fn context_overflow_is_an_error_not_a_panic() {
     e.step(40).unwrap_err(); // outside the vocabulary
     e.step(39).unwrap();
 }
+
+/// Every knob combination on several shapes (MHA, GQA, MQA, biases, untied, odd widths)
+/// lowers to a program the validator accepts.
+#[test]
+fn every_knob_combination_validates() {
+    let reg = registry();
+    let t = h100();
+    let mut shapes = vec![
+        cfg(1, 24, 3, 3, 8, 40, 33),
+        cfg(2, 32, 4, 2, 8, 48, 40),
+        cfg(2, 32, 4, 1, 8, 48, 40),
+        cfg(1, 48, 6, 2, 8, 100, 77),
+    ];
+    let mut biased = cfg(2, 32, 4, 2, 8, 48, 40);
+    biased.attention_bias = true;
+    biased.tie_word_embeddings = false;
+    shapes.push(biased);
+    let mut n = 0;
+    for c in shapes {
+        let model = shaped_model(c);
+        for n_tile in [None, Some(8), Some(64)] {
+            for parts in [1, 3] {
+                for fusion in [false, true] {
+                    for sm in [SmAssignment::RoundRobin, SmAssignment::LoadBalance] {
+                        for pages in [
+                            PageStrategy::None,
+                            PageStrategy::Linear,
+                            PageStrategy::GraphColor,
+                        ] {
+                            for dtype in [DType::F32, DType::BF16] {
+                                let mut tiling: Vec<(&str, &[(&str, i64)])> = vec![];
+                                let nt = n_tile.map(|v| [("N_tile", v)]);
+                                if let Some(nt) = &nt {
+                                    tiling.push(("gemv", nt));
+                                }
+                                let pp = [("n_partitions", parts)];
+                                tiling.push(("attention", &pp));
+                                let sc = schedule(&tiling, fusion, sm.clone(), pages);
+                                let opts = LowerOptions {
+                                    dtype,
+                                    max_seq: Some(20),
+                                    pos: 5,
+                                    argmax: true,
+                                };
+                                let p = lower(&model, &sc, &t, &opts).unwrap().program;
+                                let r = amk_core::validate(&p, &reg);
+                                assert!(r.ok(), "{sc:?} {dtype}: {}", r.report());
+                                n += 1;
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+    assert_eq!(n, 5 * 3 * 2 * 2 * 2 * 3 * 2);
+}
+
+#[test]
+fn explicit_sm_map_is_used_and_checked() {
+    let model = shaped_model(cfg(1, 32, 4, 2, 8, 48, 40));
+    let t = h100();
+    let probe = lower(
+        &model,
+        &ScheduleConfig::default(),
+        &t,
+        &LowerOptions::default(),
+    )
+    .unwrap()
+    .program;
+    let map: Vec<(u32, u32)> = (0..probe.tasks.len() as u32)
+        .map(|i| (i, (i * 7) % 5))
+        .collect();
+    let sc = ScheduleConfig {
+        sm_assignment: SmAssignment::Explicit(map),
+        ..ScheduleConfig::default()
+    };
+    let p = lower(&model, &sc, &t, &LowerOptions::default())
+        .unwrap()
+        .program;
+    assert!(
+        p.tasks
+            .iter()
+            .enumerate()
+            .all(|(i, t)| t.sm == Some(((i as i32) * 7) % 5))
+    );
+    assert!(amk_core::validate(&p, &registry()).ok());
+    let short = ScheduleConfig {
+        sm_assignment: SmAssignment::Explicit(vec![(0, 0)]),
+        ..ScheduleConfig::default()
+    };
+    assert!(matches!(
+        lower(&model, &short, &t, &LowerOptions::default()),
+        Err(amk_model_llama::ModelError::Lower(_))
+    ));
+}
