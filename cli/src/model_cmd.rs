@@ -377,7 +377,7 @@ fn generate_inner(a: &GenerateArgs) -> Result<(), ModelCmdError> {
     };
     let backend = backend(&a.backend, a.threads)?;
     let mut sampler = Sampler::new(a.temperature, a.top_p, a.seed)
-        .map_err(|e| ModelCmdError::Usage(e.to_string().replace("lowering: ", "")))?;
+        .map_err(|e| ModelCmdError::Usage(e.to_string()))?;
     let reg = registry()?;
     let p = prepare(&a.common, 0, true)?;
     let tok = tokenizer(&p.model)?.clone();
@@ -414,7 +414,10 @@ fn generate_inner(a: &GenerateArgs) -> Result<(), ModelCmdError> {
     let mut stream_err = None;
     let t = Instant::now();
     let mut first_token_s = None;
-    let mut pick = |l: &[f32]| sampler.pick(l);
+    // A model may have more rows than its tokenizer has tokens (padded embeddings): never
+    // pick an id the tokenizer cannot decode.
+    let tok_vocab = tok.vocab_size();
+    let mut pick = |l: &[f32]| sampler.pick(&l[..tok_vocab.min(l.len()).max(1)]);
     let generated = generate(&mut engine, &prompt_ids, a.n, &stop, &mut pick, &mut |id| {
         if first_token_s.is_none() {
             first_token_s = Some(t.elapsed().as_secs_f64());

@@ -93,6 +93,12 @@ pub struct CpuSession {
     passes: u64,
     /// Tile batches run on more than one thread.
     parallel_batches: u64,
+    /// [`amk_core::ValidatedProgram::id`] of the loaded program.
+    program_id: u64,
+    /// Params as loaded, of every task a patch has edited.
+    loaded_params: HashMap<TaskId, amk_core::json::Map>,
+    /// Tasks the current patch edited.
+    patched: Vec<TaskId>,
 }
 
 impl std::fmt::Debug for CpuSession {
@@ -137,6 +143,7 @@ impl CpuSession {
     /// buffer listed twice as one task's output).
     pub(crate) fn new(
         program: Program,
+        program_id: u64,
         weights: &WeightStore,
         registry: &Registry,
         options: CpuOptions,
@@ -212,6 +219,9 @@ impl CpuSession {
             scratch: Vec::new(),
             passes: 0,
             parallel_batches: 0,
+            program_id,
+            loaded_params: HashMap::new(),
+            patched: Vec::new(),
         })
     }
 
@@ -706,12 +716,28 @@ impl Session for CpuSession {
     }
 
     fn set_params(&mut self, patch: &amk_core::ParamPatch) -> Result<(), BackendError> {
-        if patch.n_tasks() != self.program.tasks.len() {
-            return Err(BackendError::Unsupported(format!(
-                "param patch was checked against a program of {} tasks; this session runs {}",
-                patch.n_tasks(),
-                self.program.tasks.len()
-            )));
+        if patch.program_id() != self.program_id {
+            return Err(BackendError::Unsupported(
+                "param patch was checked against another program than the one this session runs"
+                    .into(),
+            ));
+        }
+        // Patches are absolute: undo the previous one before applying this one.
+        for t in self.patched.drain(..) {
+            if let (Some(task), Some(orig)) = (
+                self.program.tasks.get_mut(t as usize),
+                self.loaded_params.get(&t),
+            ) {
+                task.params = orig.clone();
+            }
+        }
+        for t in patch.tasks() {
+            if let Some(task) = self.program.tasks.get(t as usize) {
+                self.loaded_params
+                    .entry(t)
+                    .or_insert_with(|| task.params.clone());
+            }
+            self.patched.push(t);
         }
         patch.apply(&mut self.program.tasks);
         Ok(())
@@ -731,6 +757,7 @@ mod tests {
     fn session(p: Program, mode: FiringMode) -> Result<CpuSession, BackendError> {
         CpuSession::new(
             p,
+            0,
             &WeightStore::new(),
             &registry(),
             CpuOptions { mode, threads: 1 },

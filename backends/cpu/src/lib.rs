@@ -87,7 +87,13 @@ impl CpuBackend {
         weights: &WeightStore,
         registry: &Registry,
     ) -> Result<CpuSession, BackendError> {
-        CpuSession::new(program.program().clone(), weights, registry, self.options)
+        CpuSession::new(
+            program.program().clone(),
+            program.id(),
+            weights,
+            registry,
+            self.options,
+        )
     }
 }
 

@@ -260,11 +260,25 @@ impl ValidationResult {
 pub struct ValidatedProgram {
     program: Program,
     result: ValidationResult,
+    id: u64,
 }
+
+/// Source of [`ValidatedProgram::id`]s.
+static NEXT_ID: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
 
 impl ValidatedProgram {
     pub(super) fn new(program: Program, result: ValidationResult) -> Self {
-        ValidatedProgram { program, result }
+        let id = NEXT_ID.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        ValidatedProgram {
+            program,
+            result,
+            id,
+        }
+    }
+    /// A process-unique id of this validation (clones share it): param patches carry it so a
+    /// backend can refuse a patch checked against another program.
+    pub fn id(&self) -> u64 {
+        self.id
     }
     /// The program.
     pub fn program(&self) -> &Program {

@@ -7,6 +7,10 @@
 //! counters, never on params; the write-after-write proof depends on the tile-region params
 //! (`n_off`, `N_tile`, `m_off`, `M_tile`) only. So a patch that leaves those alone and passes
 //! each edited task's structural and shape checks (check 1) leaves every proof intact.
+//!
+//! What the validator cannot know is whether the rows an attention task reads were appended
+//! by an earlier step: that is the decode loop's contract (its position plan moves KV_APPEND
+//! and attention together), as it is for any KV cache.
 
 use super::{ValidatedProgram, ValidationResult, Validator};
 use crate::ir::{CounterIndex, Task, TaskId};
@@ -21,7 +25,7 @@ pub const REGION_PARAMS: [&str; 4] = ["n_off", "N_tile", "m_off", "M_tile"];
 #[derive(Debug, Clone, PartialEq)]
 pub struct ParamPatch {
     entries: Vec<(TaskId, String, i64)>,
-    n_tasks: usize,
+    program_id: u64,
 }
 
 impl ParamPatch {
@@ -29,12 +33,18 @@ impl ParamPatch {
     pub fn entries(&self) -> &[(TaskId, String, i64)] {
         &self.entries
     }
-    /// The task count of the program it was checked against (a backend compares it with its
-    /// own to catch a patch meant for another program).
-    pub fn n_tasks(&self) -> usize {
-        self.n_tasks
+    /// The [`ValidatedProgram::id`] it was checked against (a backend compares it with the
+    /// program it loaded to refuse a patch meant for another program).
+    pub fn program_id(&self) -> u64 {
+        self.program_id
     }
-    /// Applies the edits to `tasks` (the checked program's task list or a copy of it).
+    /// The tasks the patch edits.
+    pub fn tasks(&self) -> impl Iterator<Item = TaskId> + '_ {
+        self.entries.iter().map(|e| e.0)
+    }
+    /// Applies the edits to `tasks`, which must hold the checked program's **own** params for
+    /// every edited task (patches are absolute, checked against the loaded program, so a
+    /// backend restores the loaded params of previously patched tasks first).
     pub fn apply(&self, tasks: &mut [Task]) {
         for (t, k, v) in &self.entries {
             if let Some(task) = tasks.get_mut(*t as usize) {
@@ -108,7 +118,7 @@ impl ValidatedProgram {
                     .iter()
                     .map(|&(t, k, v)| (t, k.to_string(), v))
                     .collect(),
-                n_tasks: p.tasks.len(),
+                program_id: self.id(),
             })
         } else {
             Err(ValidationResult {

@@ -125,6 +125,72 @@ fn opt_str<'a>(map: &'a Map, key: &str, name: &str) -> Result<Option<&'a str>, M
 }
 
 /// Checks shared by both sources; pushes reasons for inconsistent head geometry.
+/// Largest value any single dimension may take: keeps every product of two dims (and the
+/// element counts of every tensor) far inside `u64`/`usize`, and the values inside the ABI's
+/// int32 params.
+pub const MAX_DIM: usize = 1 << 24;
+/// Most decoder layers accepted.
+pub const MAX_LAYERS: usize = 4096;
+
+/// The numbers [`check_ranges`] bounds.
+struct Ranges {
+    hidden: usize,
+    n_heads: usize,
+    head_dim: usize,
+    intermediate: usize,
+    vocab: usize,
+    n_layers: usize,
+    rms_eps: f64,
+    rope_theta: f64,
+    max_position_embeddings: usize,
+}
+
+/// Values a file may hold but no real model has, each a reason: absurd sizes (which would
+/// otherwise exhaust memory or overflow before any tensor is read), zero widths, and norm /
+/// RoPE constants the ops cannot represent.
+fn check_ranges(r: &Ranges, reasons: &mut Vec<String>) {
+    for (name, v) in [
+        ("hidden size", r.hidden),
+        ("attention heads", r.n_heads),
+        ("head_dim", r.head_dim),
+        ("intermediate size", r.intermediate),
+        ("vocabulary size", r.vocab),
+        ("max_position_embeddings", r.max_position_embeddings),
+    ] {
+        if v > MAX_DIM {
+            reasons.push(format!("{name} {v} is larger than {MAX_DIM}"));
+        }
+    }
+    if r.n_heads.saturating_mul(r.head_dim) > MAX_DIM {
+        reasons.push(format!(
+            "attention width heads × head_dim = {} is larger than {MAX_DIM}",
+            r.n_heads.saturating_mul(r.head_dim)
+        ));
+    }
+    for (name, v) in [
+        ("intermediate size", r.intermediate),
+        ("vocabulary size", r.vocab),
+        ("max_position_embeddings", r.max_position_embeddings),
+        ("number of layers", r.n_layers),
+    ] {
+        if v == 0 {
+            reasons.push(format!("{name} is 0"));
+        }
+    }
+    if r.n_layers > MAX_LAYERS {
+        reasons.push(format!("{} layers is more than {MAX_LAYERS}", r.n_layers));
+    }
+    if !(r.rms_eps.is_finite() && r.rms_eps > 0.0 && r.rms_eps < 1.0) {
+        reasons.push(format!("rms_norm_eps {} must be in (0, 1)", r.rms_eps));
+    }
+    if !(r.rope_theta.is_finite() && r.rope_theta > 1.0 && r.rope_theta <= f32::MAX as f64) {
+        reasons.push(format!(
+            "rope_theta {} must be a finite number above 1",
+            r.rope_theta
+        ));
+    }
+}
+
 fn check_geometry(
     hidden: usize,
     n_heads: usize,
@@ -334,6 +400,20 @@ impl ModelConfig {
             opt_usize(root, "max_position_embeddings", "max_position_embeddings")?.unwrap_or(4096);
         let tie_word_embeddings = opt_bool(root, "tie_word_embeddings")?.unwrap_or(false);
         let attention_bias = opt_bool(root, "attention_bias")?.unwrap_or(is_qwen2);
+        check_ranges(
+            &Ranges {
+                hidden,
+                n_heads,
+                head_dim,
+                intermediate,
+                vocab,
+                n_layers,
+                rms_eps,
+                rope_theta,
+                max_position_embeddings,
+            },
+            &mut reasons,
+        );
 
         if !reasons.is_empty() {
             return Err(ModelError::Unsupported { reasons });
@@ -438,6 +518,20 @@ impl ModelConfig {
         let attention_bias = names
             .iter()
             .any(|t| t.name.starts_with("blk.") && t.name.ends_with(".attn_q.bias"));
+        check_ranges(
+            &Ranges {
+                hidden,
+                n_heads,
+                head_dim,
+                intermediate,
+                vocab,
+                n_layers,
+                rms_eps,
+                rope_theta,
+                max_position_embeddings,
+            },
+            &mut reasons,
+        );
 
         if !reasons.is_empty() {
             return Err(ModelError::Unsupported { reasons });

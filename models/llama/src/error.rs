@@ -118,4 +118,8 @@ pub enum ModelError {
         /// KV-cache length.
         max_seq: u64,
     },
+    /// Decoding was asked for something impossible (a token id outside the vocabulary, an
+    /// empty prompt, bad sampling settings).
+    #[error("decoding: {0}")]
+    Run(String),
 }

@@ -68,6 +68,11 @@ impl Engine {
         self.pos
     }
 
+    /// The model's vocabulary (the logits' width).
+    pub fn vocab(&self) -> usize {
+        self.vocab
+    }
+
     /// KV-cache length (the most tokens one sequence may hold).
     pub fn max_seq(&self) -> u64 {
         self.plan.max_seq
@@ -91,8 +96,8 @@ impl Engine {
             });
         }
         if token as usize >= self.vocab {
-            return Err(ModelError::Lower(format!(
-                "token id {token} is outside the vocabulary of {}",
+            return Err(ModelError::Run(format!(
+                "token id {token} is outside the model's vocabulary of {}",
                 self.vocab
             )));
         }
@@ -110,13 +115,13 @@ impl Engine {
         ];
         let mut named = Vec::with_capacity(3);
         for (n, t) in inputs {
-            named.push((n, t.map_err(|e| ModelError::Lower(e.to_string()))?));
+            named.push((n, t.map_err(|e| ModelError::Run(e.to_string()))?));
         }
         let out = self.session.step(&named)?;
         self.pos += 1;
         let logits = out
             .get("logits")
-            .ok_or_else(|| ModelError::Lower("the pass returned no 'logits'".into()))?;
+            .ok_or_else(|| ModelError::Run("the pass returned no 'logits'".into()))?;
         Ok(logits.to_f32_vec())
     }
 }
@@ -169,7 +174,7 @@ pub fn generate(
     on_token: &mut OnToken<'_>,
 ) -> Result<Vec<u32>, ModelError> {
     if prompt.is_empty() {
-        return Err(ModelError::Lower("the prompt has no tokens".into()));
+        return Err(ModelError::Run("the prompt has no tokens".into()));
     }
     let need = prompt.len() as u64 + n.saturating_sub(1) as u64;
     if need > engine.max_seq() {
@@ -206,14 +211,12 @@ impl Sampler {
     /// `temperature` > 0 (0 means greedy), `top_p` in (0, 1].
     pub fn new(temperature: f64, top_p: f64, seed: u64) -> Result<Sampler, ModelError> {
         if !(temperature.is_finite() && temperature >= 0.0) {
-            return Err(ModelError::Lower(format!(
+            return Err(ModelError::Run(format!(
                 "temperature {temperature} must be a finite number >= 0"
             )));
         }
         if !(top_p > 0.0 && top_p <= 1.0) {
-            return Err(ModelError::Lower(format!(
-                "top-p {top_p} must be in (0, 1]"
-            )));
+            return Err(ModelError::Run(format!("top-p {top_p} must be in (0, 1]")));
         }
         Ok(Sampler {
             temperature,
@@ -270,7 +273,7 @@ impl Sampler {
 /// `(predictions, mean NLL)` with the log-softmax taken in f64.
 pub fn perplexity(engine: &mut Engine, ids: &[u32]) -> Result<(usize, f64), ModelError> {
     if ids.len() < 2 {
-        return Err(ModelError::Lower(
+        return Err(ModelError::Run(
             "perplexity needs at least two tokens".into(),
         ));
     }
@@ -278,6 +281,12 @@ pub fn perplexity(engine: &mut Engine, ids: &[u32]) -> Result<(usize, f64), Mode
         return Err(ModelError::ContextFull {
             max_seq: engine.max_seq(),
         });
+    }
+    if let Some(&bad) = ids.iter().find(|&&t| t as usize >= engine.vocab) {
+        return Err(ModelError::Run(format!(
+            "token id {bad} is outside the model's vocabulary of {}",
+            engine.vocab
+        )));
     }
     engine.reset();
     let mut total = 0f64;

@@ -38,6 +38,9 @@ pub const DEFAULT_MAX_SEQ: u64 = 4096;
 pub const MAX_TILES: u64 = 64;
 /// Default GEMV tile width when `tiling.gemv.N_tile` is not set.
 pub const DEFAULT_BASE_WIDTH: u64 = 32;
+/// Largest KV cache (all layers, K and V) a lowering may ask for; beyond it `--max-seq` is
+/// almost certainly a mistake that would exhaust memory at load time.
+pub const MAX_KV_BYTES: u64 = 16 << 30;
 /// Most split-KV shards per layer.
 pub const MAX_PARTITIONS: u64 = 8;
 
@@ -319,14 +322,23 @@ impl Builder<'_> {
     }
 }
 
-/// Casts `t` to `dtype` (shares it when it already has that dtype).
-fn cast(t: &Arc<Tensor>, dtype: DType) -> Result<Arc<Tensor>, ModelError> {
+/// Casts `t` (named `name`) to `dtype`, sharing it when it already has that dtype. A value
+/// beyond F16's range is an error rather than a silent infinity.
+fn cast(name: &str, t: &Arc<Tensor>, dtype: DType) -> Result<Arc<Tensor>, ModelError> {
     if t.dtype() == dtype {
         return Ok(Arc::clone(t));
     }
-    Tensor::from_f32(dtype, t.shape(), &t.to_f32_vec())
+    let values = t.to_f32_vec();
+    if dtype == DType::F16 {
+        if let Some(x) = values.iter().find(|x| x.abs() > 65504.0) {
+            return Err(ModelError::Lower(format!(
+                "weight '{name}' holds {x}, beyond F16's range (use --dtype bf16 or f32)"
+            )));
+        }
+    }
+    Tensor::from_f32(dtype, t.shape(), &values)
         .map(Arc::new)
-        .map_err(|e| ModelError::Lower(format!("casting a weight to {dtype}: {e}")))
+        .map_err(|e| ModelError::Lower(format!("casting weight '{name}' to {dtype}: {e}")))
 }
 
 /// Lowers `model` to its single-token decode program for `target` under `cfg`.
@@ -375,6 +387,14 @@ pub fn lower(
         (nh * hd, nkv * hd, mc.intermediate as u64, mc.vocab as u64);
     let kv_len = opts.pos + 1;
     let dbytes = (opts.dtype.bits() / 8) as i64;
+    let kv_bytes = 2 * mc.n_layers as u64 * max_seq * kv_dim * dbytes as u64;
+    if kv_bytes > MAX_KV_BYTES {
+        return Err(ModelError::Lower(format!(
+            "a KV cache of {max_seq} positions needs {:.1} GiB (limit {} GiB); lower --max-seq",
+            kv_bytes as f64 / (1u64 << 30) as f64,
+            MAX_KV_BYTES >> 30
+        )));
+    }
     let parts = cfg
         .tile("attention", "n_partitions")
         .map_or(1, |p| p.max(1) as u64)
@@ -400,7 +420,7 @@ pub fn lower(
             .ok_or_else(|| ModelError::MissingTensor(name.to_string()))?;
         let shape = t.shape().to_vec();
         if weights.get(name).is_none() {
-            weights.insert_shared(name, cast(t, opts.dtype)?);
+            weights.insert_shared(name, cast(name, t, opts.dtype)?);
         }
         Ok(b.p.new_weight(name, opts.dtype, &shape, name))
     };
