@@ -270,7 +270,7 @@ impl WeightStore {
         }
         let mut text = String::new();
         json::write::write_compact(&Value::Object(header), &mut text);
-        while (8 + text.len()) % 8 != 0 {
+        while !(8 + text.len()).is_multiple_of(8) {
             text.push(' ');
         }
         let mut out = (text.len() as u64).to_le_bytes().to_vec();

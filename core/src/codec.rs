@@ -630,23 +630,22 @@ fn opt_str(s: &Option<String>) -> Value {
 /// The JSON document of a program (key order as the reference writes it). Refuses programs
 /// whose maps would repeat a key (a file our own reader would then refuse).
 pub fn to_value(p: &Program, reg: &Registry) -> R<Value> {
-    if let Some(pa) = &p.pages {
-        if let Some(b) = first_repeat(pa.buffer_to_page.iter().map(|&(b, _)| b)) {
-            return Err(IrError::Serialize(format!(
-                "the page table binds buffer {b} more than once"
-            )));
-        }
+    if let Some(pa) = &p.pages
+        && let Some(b) = first_repeat(pa.buffer_to_page.iter().map(|&(b, _)| b))
+    {
+        return Err(IrError::Serialize(format!(
+            "the page table binds buffer {b} more than once"
+        )));
     }
     if let Some(ScheduleConfig {
         sm_assignment: SmAssignment::Explicit(map),
         ..
     }) = &p.config
+        && let Some(t) = first_repeat(map.iter().map(|&(t, _)| t))
     {
-        if let Some(t) = first_repeat(map.iter().map(|&(t, _)| t)) {
-            return Err(IrError::Serialize(format!(
-                "the explicit SM assignment lists task {t} more than once"
-            )));
-        }
+        return Err(IrError::Serialize(format!(
+            "the explicit SM assignment lists task {t} more than once"
+        )));
     }
     if let Some(c) = &p.config {
         let groups: Vec<&str> = c.tiling.iter().map(|(g, _)| g.as_str()).collect();

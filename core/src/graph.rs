@@ -133,12 +133,12 @@ pub fn topo_order_with(
                 }
             }
         }
-        if let Some(&s) = queue_next.and_then(|next| next.get(t as usize)) {
-            if let Some(pc) = pending_ctr.get_mut(s as usize) {
-                *pc -= 1;
-                if *pc == 0 {
-                    queue.push_back(s);
-                }
+        if let Some(&s) = queue_next.and_then(|next| next.get(t as usize))
+            && let Some(pc) = pending_ctr.get_mut(s as usize)
+        {
+            *pc -= 1;
+            if *pc == 0 {
+                queue.push_back(s);
             }
         }
     }
@@ -457,7 +457,7 @@ mod tests {
         let mut ctr_of = Vec::new();
         for i in 0..n {
             // Share the previous task's counter sometimes (a join of two producers).
-            let c = if i > 0 && rng.next() % 5 == 0 {
+            let c = if i > 0 && rng.next().is_multiple_of(5) {
                 ctr_of[i - 1]
             } else {
                 p.new_counter("")
@@ -519,7 +519,7 @@ mod tests {
             let mut sets = Vec::new();
             for _ in 0..400 {
                 // Half the time draw S early and T late, so many questions need propagation.
-                let split = rng.next() % 2 == 0;
+                let split = rng.next().is_multiple_of(2);
                 let (s_hi, t_lo) = if split {
                     (n as u64 / 2, n as u64 / 2)
                 } else {

@@ -202,12 +202,12 @@ pub fn linear(c: &mut Checker<'_, '_>, gemm: bool) {
     c.float(out, "output");
     let qdtype = c.int("qdtype");
     let quant = matches!(qdtype, Some(QDTYPE_I8 | QDTYPE_I4));
-    if let Some(q) = qdtype {
-        if !quant {
-            c.mismatch(format!(
-                "param qdtype = {q} is not a weight-only mode (6 = int8, 7 = int4)"
-            ));
-        }
+    if let Some(q) = qdtype
+        && !quant
+    {
+        c.mismatch(format!(
+            "param qdtype = {q} is not a weight-only mode (6 = int8, 7 = int4)"
+        ));
     }
     let ni = c.ctx.n_inputs();
     if quant {

@@ -300,33 +300,33 @@ impl Registry {
         if spec.name.is_empty() {
             return Err(bad("empty name".into()));
         }
-        if let Some(max) = spec.max_inputs {
-            if max < spec.min_inputs {
-                return Err(bad(format!(
-                    "max inputs {max} < min inputs {}",
-                    spec.min_inputs
-                )));
-            }
+        if let Some(max) = spec.max_inputs
+            && max < spec.min_inputs
+        {
+            return Err(bad(format!(
+                "max inputs {max} < min inputs {}",
+                spec.min_inputs
+            )));
         }
         for decl in spec.params.iter() {
-            if let Some(ty) = param_field_type(&decl.name) {
-                if ty != decl.ty {
-                    return Err(bad(format!(
-                        "param '{}' is a device field of type {}, declared as {}",
-                        decl.name,
-                        ty.name(),
-                        decl.ty.name()
-                    )));
-                }
-            }
-        }
-        if let Some(abi) = spec.code.abi_name() {
-            if abi != spec.name {
+            if let Some(ty) = param_field_type(&decl.name)
+                && ty != decl.ty
+            {
                 return Err(bad(format!(
-                    "code {} belongs to the ABI opcode {abi}",
-                    spec.code.0
+                    "param '{}' is a device field of type {}, declared as {}",
+                    decl.name,
+                    ty.name(),
+                    decl.ty.name()
                 )));
             }
+        }
+        if let Some(abi) = spec.code.abi_name()
+            && abi != spec.name
+        {
+            return Err(bad(format!(
+                "code {} belongs to the ABI opcode {abi}",
+                spec.code.0
+            )));
         }
         if matches!(origin, Origin::Plugin(_)) && spec.code.0 < Opcode::FIRST_PLUGIN {
             return Err(bad(format!(

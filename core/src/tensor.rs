@@ -213,7 +213,7 @@ impl Tensor {
             DType::BOOL | DType::F8E4M3 | DType::F8E5M2 => Storage::Bytes(bytes.to_vec()),
         };
         let bits = dtype.bits() as usize;
-        if bits >= 8 && bytes.len() % (bits / 8) != 0 {
+        if bits >= 8 && !bytes.len().is_multiple_of(bits / 8) {
             return Err(OpError::Shape(format!(
                 "{} bytes is not a whole number of {dtype} elements",
                 bytes.len()

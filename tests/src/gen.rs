@@ -240,10 +240,10 @@ pub fn writers_of(p: &Program) -> Vec<Vec<TaskId>> {
     let mut w: Vec<Vec<TaskId>> = vec![Vec::new(); p.buffers.len()];
     for t in &p.tasks {
         for &b in &t.outputs {
-            if let Some(v) = w.get_mut(b as usize) {
-                if v.last() != Some(&t.id) {
-                    v.push(t.id);
-                }
+            if let Some(v) = w.get_mut(b as usize)
+                && v.last() != Some(&t.id)
+            {
+                v.push(t.id);
             }
         }
     }
@@ -255,10 +255,10 @@ pub fn users_of(p: &Program) -> Vec<Vec<TaskId>> {
     let mut u: Vec<Vec<TaskId>> = vec![Vec::new(); p.buffers.len()];
     for t in &p.tasks {
         for &b in t.inputs.iter().chain(&t.outputs) {
-            if let Some(v) = u.get_mut(b as usize) {
-                if v.last() != Some(&t.id) {
-                    v.push(t.id);
-                }
+            if let Some(v) = u.get_mut(b as usize)
+                && v.last() != Some(&t.id)
+            {
+                v.push(t.id);
             }
         }
     }
@@ -780,7 +780,7 @@ impl Gen {
         let mut extra: Vec<(&str, Value)> = Vec::new();
         if mode < 2 && m == 1 {
             // int8 weight-only quantisation with per-group fp16 scales.
-            let group = if k % 4 == 0 && self.rng.chance(50) {
+            let group = if k.is_multiple_of(4) && self.rng.chance(50) {
                 k / 4
             } else {
                 k
@@ -792,7 +792,7 @@ impl Gen {
             extra.push(("group", int(group)));
         } else if mode < 4 {
             // Weight dequantised on device by a DEQUANT task: the tiles read an activation.
-            let group = if k % 2 == 0 { 2 } else { 1 };
+            let group = if k.is_multiple_of(2) { 2 } else { 1 };
             let qw = self.weight("qw", &[n, k], DType::I8);
             let sc = self.weight("scales", &[n * k / group], DType::F32);
             let wd = self.act("wdq", &[n, k]);
@@ -1315,10 +1315,10 @@ pub fn generate(family: Family, seed: u64) -> Program {
             let pool = mixture_body(&mut g, steps, &[0, 1, 2, 3, 4, 5]);
             finish_pool(&mut g, &pool);
             let mut rng = g.rng.fork();
-            if rng.chance(40) {
-                if let Some(hb) = Hb::full(&g.p) {
-                    colour_pages(&mut g.p, &hb, 80, &mut rng);
-                }
+            if rng.chance(40)
+                && let Some(hb) = Hb::full(&g.p)
+            {
+                colour_pages(&mut g.p, &hb, 80, &mut rng);
             }
             if rng.chance(40) {
                 let strat = if rng.chance(50) {
@@ -1915,11 +1915,11 @@ pub fn llama_like_segments(cfg: &LlamaConfig) -> (Program, Vec<u32>) {
             t.sm = Some((i as i64 % num_sms) as i32);
         }
     }
-    if cfg.pages {
-        if let Some(hb) = Hb::layered(&lw.p, &lw.seg) {
-            let mut rng = Rng::new(0x9A6E);
-            colour_pages(&mut lw.p, &hb, 100, &mut rng);
-        }
+    if cfg.pages
+        && let Some(hb) = Hb::layered(&lw.p, &lw.seg)
+    {
+        let mut rng = Rng::new(0x9A6E);
+        colour_pages(&mut lw.p, &hb, 100, &mut rng);
     }
     (lw.p, lw.seg)
 }

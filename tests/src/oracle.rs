@@ -212,14 +212,12 @@ fn region_of(t: &amk_core::Task) -> Region {
         return Region::Whole;
     }
     let (mut r0, mut r1) = (0i64, i64::MAX);
-    if gemm {
-        if let Some(mt) = t.param_i64("M_tile").filter(|&m| m > 0) {
-            r0 = t.param_i64("m_off").unwrap_or(0);
-            if r0 < 0 {
-                return Region::Whole;
-            }
-            r1 = r0.saturating_add(mt);
+    if gemm && let Some(mt) = t.param_i64("M_tile").filter(|&m| m > 0) {
+        r0 = t.param_i64("m_off").unwrap_or(0);
+        if r0 < 0 {
+            return Region::Whole;
         }
+        r1 = r0.saturating_add(mt);
     }
     Region::Tile {
         c0: n_off,
@@ -745,10 +743,10 @@ fn sm_model_run(m: &Model<'_>) -> (Vec<u32>, Vec<Option<u32>>) {
         }
         if let Some(q) = qof[t as usize].filter(|&q| q != usize::MAX) {
             head[q] += 1;
-            if let Some(&nx) = queues[q].1.get(head[q]) {
-                if fireable(nx, &enabled, &head) {
-                    work.push(nx);
-                }
+            if let Some(&nx) = queues[q].1.get(head[q])
+                && fireable(nx, &enabled, &head)
+            {
+                work.push(nx);
             }
         }
     }
@@ -758,13 +756,12 @@ fn sm_model_run(m: &Model<'_>) -> (Vec<u32>, Vec<Option<u32>>) {
     let mut blocker = vec![None; m.n];
     for &t in &stuck {
         let ti = t as usize;
-        if let Some(q) = qof[ti].filter(|&q| q != usize::MAX) {
-            if let Some(&h) = queues[q].1.get(head[q]) {
-                if h != t {
-                    blocker[ti] = Some(h);
-                    continue;
-                }
-            }
+        if let Some(q) = qof[ti].filter(|&q| q != usize::MAX)
+            && let Some(&h) = queues[q].1.get(head[q])
+            && h != t
+        {
+            blocker[ti] = Some(h);
+            continue;
         }
         let task = &p.tasks[ti];
         'waits: for w in &task.waits {

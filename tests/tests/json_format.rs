@@ -617,10 +617,10 @@ fn unknown_fields_are_ignored(#[case] path: &[&str]) {
 fn unknown_fields_in_waits_are_ignored() {
     let text = edited(|root| {
         let t = obj_at(root, &["tasks"], Some(3));
-        if let Some(Value::Array(ws)) = t.0.iter_mut().find(|(k, _)| k == "waits").map(|(_, v)| v) {
-            if let Value::Object(w) = &mut ws[0] {
-                w.insert("kind", "acquire".into());
-            }
+        if let Some(Value::Array(ws)) = t.0.iter_mut().find(|(k, _)| k == "waits").map(|(_, v)| v)
+            && let Value::Object(w) = &mut ws[0]
+        {
+            w.insert("kind", "acquire".into());
         }
     });
     load_str(&text).expect("unknown wait field ignored");

@@ -252,14 +252,14 @@ fn run_job(job: &Job, reg: &Registry) -> Outcome {
         });
         failure = Some(format!("(b) FALSE ACCEPT {}{witness}", ctx()));
     }
-    if let Some(k) = intended {
-        if accepted || !kinds.contains(&k) {
-            failure = Some(format!(
-                "(c) mutant not rejected with {} {}",
-                k.as_str(),
-                ctx()
-            ));
-        }
+    if let Some(k) = intended
+        && (accepted || !kinds.contains(&k))
+    {
+        failure = Some(format!(
+            "(c) mutant not rejected with {} {}",
+            k.as_str(),
+            ctx()
+        ));
     }
     if !accepted && !rep.is_unsafe() && !kinds.iter().all(|&k| static_only(k)) {
         failure = Some(format!(

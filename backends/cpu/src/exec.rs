@@ -404,10 +404,10 @@ impl CpuSession {
         if race_seed.is_some() {
             written = vec![false; self.program.buffers.len()];
             for (buf, slot) in self.program.buffers.iter().zip(self.store.iter_mut()) {
-                if matches!(buf.kind, BufferKind::ACTIVATION | BufferKind::IO_OUTPUT) {
-                    if let Some(t) = slot.get_mut() {
-                        poison(t);
-                    }
+                if matches!(buf.kind, BufferKind::ACTIVATION | BufferKind::IO_OUTPUT)
+                    && let Some(t) = slot.get_mut()
+                {
+                    poison(t);
                 }
             }
         }

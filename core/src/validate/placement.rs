@@ -81,26 +81,26 @@ impl Validator<'_> {
             let before = self.count(ErrorKind::SmQueueOrder);
             self.direct_sm_violations();
             let direct_found = self.count(ErrorKind::SmQueueOrder) > before;
-            if let Some(path) = queue_cycle {
-                if !direct_found {
-                    let rendered: Vec<String> = path
-                        .iter()
-                        .map(|&t| match p.tasks[t as usize].sm {
-                            Some(s) => format!("{t}@SM{s}"),
-                            None => format!("{t}"),
-                        })
-                        .collect();
-                    let mut d = ValidationError::new(
-                        ErrorKind::SmQueueOrder,
-                        format!(
-                            "the SM queues deadlock: each SM runs its tasks in list order, and this cycle of dependencies and queue order can never make progress: {}",
-                            rendered.join(" -> ")
-                        ),
-                    );
-                    d.task = path.first().copied();
-                    d.path = path;
-                    self.err(d);
-                }
+            if let Some(path) = queue_cycle
+                && !direct_found
+            {
+                let rendered: Vec<String> = path
+                    .iter()
+                    .map(|&t| match p.tasks[t as usize].sm {
+                        Some(s) => format!("{t}@SM{s}"),
+                        None => format!("{t}"),
+                    })
+                    .collect();
+                let mut d = ValidationError::new(
+                    ErrorKind::SmQueueOrder,
+                    format!(
+                        "the SM queues deadlock: each SM runs its tasks in list order, and this cycle of dependencies and queue order can never make progress: {}",
+                        rendered.join(" -> ")
+                    ),
+                );
+                d.task = path.first().copied();
+                d.path = path;
+                self.err(d);
             }
         }
         let num_sms = p.target.as_ref().map(|t| t.num_sms);
@@ -178,16 +178,17 @@ impl Validator<'_> {
                 );
             }
         }
-        if let (Some(t), Some(Value::Str(gpu))) = (&self.p.target, self.p.meta.get("gpu")) {
-            if !gpu.is_empty() && *gpu != t.name {
-                self.warn(ValidationWarning::new(
+        if let (Some(t), Some(Value::Str(gpu))) = (&self.p.target, self.p.meta.get("gpu"))
+            && !gpu.is_empty()
+            && *gpu != t.name
+        {
+            self.warn(ValidationWarning::new(
                     WarningKind::GpuLabelMismatch,
                     format!(
                         "meta.gpu is '{gpu}' but the target is '{}'; results are filed under the target's name",
                         t.name
                     ),
                 ));
-            }
         }
     }
 }

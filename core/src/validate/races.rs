@@ -321,10 +321,11 @@ impl Validator<'_> {
         };
         let mut by_page: Vec<Vec<BufferId>> = vec![Vec::new(); pa.pages.len()];
         for &(b, pg) in &pa.buffer_to_page {
-            if (b as usize) < self.p.buffers.len() && !writers[b as usize].is_empty() {
-                if let Some(list) = by_page.get_mut(pg as usize) {
-                    list.push(b);
-                }
+            if (b as usize) < self.p.buffers.len()
+                && !writers[b as usize].is_empty()
+                && let Some(list) = by_page.get_mut(pg as usize)
+            {
+                list.push(b);
             }
         }
         by_page

@@ -150,22 +150,22 @@ impl<'a> Validator<'a> {
             }
         }
         for &b in &t.outputs {
-            if let Some(buf) = self.buf(b) {
-                if buf.kind.is_read_only() {
-                    self.err(
-                        ValidationError::new(
-                            ErrorKind::WriteReadonly,
-                            format!(
-                                "{} writes buffer #{b} ('{}') of kind {}, which is read-only",
-                                tag(t),
-                                buf.name,
-                                buf.kind
-                            ),
-                        )
-                        .task(t.id)
-                        .buffer(b),
-                    );
-                }
+            if let Some(buf) = self.buf(b)
+                && buf.kind.is_read_only()
+            {
+                self.err(
+                    ValidationError::new(
+                        ErrorKind::WriteReadonly,
+                        format!(
+                            "{} writes buffer #{b} ('{}') of kind {}, which is read-only",
+                            tag(t),
+                            buf.name,
+                            buf.kind
+                        ),
+                    )
+                    .task(t.id)
+                    .buffer(b),
+                );
             }
         }
         let Some(spec) = self.reg.get(t.op) else {
@@ -200,22 +200,22 @@ impl<'a> Validator<'a> {
                 .task(t.id),
             );
         }
-        if let Some(no) = spec.n_outputs {
-            if t.outputs.len() != no as usize {
-                op_ok = false;
-                self.err(
-                    ValidationError::new(
-                        ErrorKind::ArityOutputs,
-                        format!(
-                            "{} has {} outputs; {} writes exactly {no}",
-                            tag(t),
-                            t.outputs.len(),
-                            spec.name
-                        ),
-                    )
-                    .task(t.id),
-                );
-            }
+        if let Some(no) = spec.n_outputs
+            && t.outputs.len() != no as usize
+        {
+            op_ok = false;
+            self.err(
+                ValidationError::new(
+                    ErrorKind::ArityOutputs,
+                    format!(
+                        "{} has {} outputs; {} writes exactly {no}",
+                        tag(t),
+                        t.outputs.len(),
+                        spec.name
+                    ),
+                )
+                .task(t.id),
+            );
         }
         for decl in spec.required_params() {
             if !t.params.contains_key(&decl.name) {
@@ -280,38 +280,35 @@ impl<'a> Validator<'a> {
         // Zero-sized dims never load from JSON, but a program built in memory may have them;
         // op rules divide by dims, so refuse them here.
         for &b in t.inputs.iter().chain(&t.outputs) {
-            if let Some(buf) = self.buf(b) {
-                if buf.shape.contains(&0) {
-                    op_ok = false;
-                    self.err(
-                        ValidationError::new(
-                            ErrorKind::ShapeMismatch,
-                            format!(
-                                "{} uses buffer #{b} ('{}') with a zero-sized dim {:?}",
-                                tag(t),
-                                buf.name,
-                                buf.shape
-                            ),
-                        )
-                        .task(t.id)
-                        .buffer(b),
-                    );
-                }
+            if let Some(buf) = self.buf(b)
+                && buf.shape.contains(&0)
+            {
+                op_ok = false;
+                self.err(
+                    ValidationError::new(
+                        ErrorKind::ShapeMismatch,
+                        format!(
+                            "{} uses buffer #{b} ('{}') with a zero-sized dim {:?}",
+                            tag(t),
+                            buf.name,
+                            buf.shape
+                        ),
+                    )
+                    .task(t.id)
+                    .buffer(b),
+                );
             }
         }
-        if op_ok {
-            if let Some(check) = spec.check {
-                let ctx = TaskContext {
-                    task: t,
-                    buffers: &self.p.buffers,
-                    registry: self.reg,
-                };
-                for f in check(&ctx) {
-                    self.err(
-                        ValidationError::new(f.kind, format!("{}: {}", tag(t), f.message))
-                            .task(t.id),
-                    );
-                }
+        if op_ok && let Some(check) = spec.check {
+            let ctx = TaskContext {
+                task: t,
+                buffers: &self.p.buffers,
+                registry: self.reg,
+            };
+            for f in check(&ctx) {
+                self.err(
+                    ValidationError::new(f.kind, format!("{}: {}", tag(t), f.message)).task(t.id),
+                );
             }
         }
     }

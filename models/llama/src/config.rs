@@ -206,7 +206,7 @@ fn check_geometry(
     }
     if n_kv_heads == 0 {
         reasons.push("number of key/value heads is 0".into());
-    } else if n_heads % n_kv_heads != 0 {
+    } else if !n_heads.is_multiple_of(n_kv_heads) {
         reasons.push(format!(
             "attention heads ({n_heads}) not divisible by key/value heads ({n_kv_heads})"
         ));
@@ -215,7 +215,7 @@ fn check_geometry(
         Some(d) => d,
         None if n_heads == 0 => 0,
         None => {
-            if hidden % n_heads != 0 {
+            if !hidden.is_multiple_of(n_heads) {
                 reasons.push(format!(
                     "hidden size ({hidden}) not divisible by attention heads ({n_heads}) and no explicit head_dim"
                 ));

@@ -14,7 +14,7 @@ fn rows_perm(t: &Tensor, n_heads: usize, to_gguf: bool) -> Result<Tensor, ModelE
     let rows = *t.shape().first().ok_or_else(|| {
         ModelError::Shape("cannot permute the rows of a rank-0 tensor".to_string())
     })? as usize;
-    if n_heads == 0 || rows % n_heads != 0 || (rows / n_heads) % 2 != 0 {
+    if n_heads == 0 || !rows.is_multiple_of(n_heads) || !(rows / n_heads).is_multiple_of(2) {
         return Err(ModelError::Shape(format!(
             "{rows} rows cannot be split into {n_heads} heads of an even head_dim"
         )));
@@ -22,7 +22,7 @@ fn rows_perm(t: &Tensor, n_heads: usize, to_gguf: bool) -> Result<Tensor, ModelE
     let hd = rows / n_heads;
     let half = hd / 2;
     let bytes = t.to_le_bytes();
-    if rows == 0 || bytes.len() % rows != 0 {
+    if rows == 0 || !bytes.len().is_multiple_of(rows) {
         return Ok(t.clone());
     }
     let rb = bytes.len() / rows;

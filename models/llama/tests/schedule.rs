@@ -470,7 +470,7 @@ fn random_dag(seed: u64, n: usize) -> Program {
     let mut made: Vec<(BufferId, CounterId, i64)> = Vec::new();
     let mut i = 0;
     while i < n {
-        let group = if rng.next() % 6 == 0 {
+        let group = if rng.next().is_multiple_of(6) {
             2 + (rng.next() % 3) as usize
         } else {
             1
@@ -481,10 +481,10 @@ fn random_dag(seed: u64, n: usize) -> Program {
         for _ in 0..group.min(n - i) {
             // Inputs: mostly recent buffers (local structure), sometimes far ones.
             let pick = |rng: &mut SplitMix, made: &[(BufferId, CounterId, i64)]| {
-                if made.is_empty() || rng.next() % 8 == 0 {
+                if made.is_empty() || rng.next().is_multiple_of(8) {
                     None
                 } else {
-                    let span = if rng.next() % 4 == 0 {
+                    let span = if rng.next().is_multiple_of(4) {
                         made.len()
                     } else {
                         made.len().min(12)
@@ -493,7 +493,7 @@ fn random_dag(seed: u64, n: usize) -> Program {
                 }
             };
             let a = pick(&mut rng, &made[..earlier]);
-            let bsel = if rng.next() % 2 == 0 {
+            let bsel = if rng.next().is_multiple_of(2) {
                 pick(&mut rng, &made[..earlier])
             } else {
                 None

@@ -56,13 +56,13 @@ fn check(ctx: &TaskContext<'_>) -> Vec<Finding> {
         return c.finish();
     }
     let heads = out.numel() / hd;
-    if let Some(nh) = c.positive("n_heads") {
-        if nh as u64 != heads {
-            c.mismatch(format!(
-                "n_heads = {nh} but the output {} holds {heads} heads",
-                desc(out)
-            ));
-        }
+    if let Some(nh) = c.positive("n_heads")
+        && nh as u64 != heads
+    {
+        c.mismatch(format!(
+            "n_heads = {nh} but the output {} holds {heads} heads",
+            desc(out)
+        ));
     }
     for i in 0..c.ctx.n_inputs() {
         if let Some(part) = c.input(i) {

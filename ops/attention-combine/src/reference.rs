@@ -46,13 +46,13 @@ pub fn run(call: &mut CpuCall<'_, '_>) -> Result<(), OpError> {
         )));
     }
     let heads = out.numel() / hd;
-    if let Some(nh) = n_heads {
-        if usize::try_from(nh).ok() != Some(heads) || nh == 0 {
-            return Err(OpError::BadParam {
-                key: "n_heads".into(),
-                why: format!("{nh}, but the output {:?} holds {heads} heads", out.shape()),
-            });
-        }
+    if let Some(nh) = n_heads
+        && (usize::try_from(nh).ok() != Some(heads) || nh == 0)
+    {
+        return Err(OpError::BadParam {
+            key: "n_heads".into(),
+            why: format!("{nh}, but the output {:?} holds {heads} heads", out.shape()),
+        });
     }
     let stride = hd + 2;
     let want = heads

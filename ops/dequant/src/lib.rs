@@ -43,10 +43,10 @@ fn check(ctx: &TaskContext<'_>) -> Vec<Finding> {
     };
     c.same_numel(q, out);
     c.float(out, "output");
-    if let Some(qd) = c.int("qdtype") {
-        if !matches!(qd, 6 | 7) {
-            c.mismatch(format!("param qdtype = {qd} must be 6 (int8) or 7 (int4)"));
-        }
+    if let Some(qd) = c.int("qdtype")
+        && !matches!(qd, 6 | 7)
+    {
+        c.mismatch(format!("param qdtype = {qd} must be 6 (int8) or 7 (int4)"));
     }
     let Some(group) = c.positive("group") else {
         return c.finish();

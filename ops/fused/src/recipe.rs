@@ -156,14 +156,14 @@ pub fn check_recipe(recipe: &Map, n_inputs: usize, reg: &amk_core::Registry) -> 
                 ));
             }
         }
-        if let Some(d) = s.get("out_dtype") {
-            if !d.as_str().is_some_and(|d| OUT_DTYPES.contains(&d)) {
-                out.push(format!(
-                    "{at} out_dtype {} is not one of {}",
-                    d.render_compact(),
-                    OUT_DTYPES.join(", ")
-                ));
-            }
+        if let Some(d) = s.get("out_dtype")
+            && !d.as_str().is_some_and(|d| OUT_DTYPES.contains(&d))
+        {
+            out.push(format!(
+                "{at} out_dtype {} is not one of {}",
+                d.render_compact(),
+                OUT_DTYPES.join(", ")
+            ));
         }
         if let Some(shape) = s.get("out_shape") {
             let ok = shape

@@ -453,7 +453,7 @@ pub fn decode(t: &Tensor, start: usize, dst: &mut [f32]) -> Result<(), OpError> 
                 return Err(err());
             }
             let per_row = kd.div_ceil(2);
-            if start % kd == 0 && len % kd == 0 {
+            if start.is_multiple_of(kd) && len.is_multiple_of(kd) {
                 // Whole rows: two nibbles per byte, a lone low nibble closing an odd row.
                 for (r, d) in dst.chunks_exact_mut(kd).enumerate() {
                     let at = (start / kd + r) * per_row;

@@ -39,14 +39,14 @@ pub fn run(call: &mut CpuCall<'_, '_>) -> Result<(), OpError> {
         }
     };
     let cache = call.output(out_idx)?;
-    if let Some(src) = separate {
-        if src.numel() != cache.numel() {
-            return Err(OpError::Shape(format!(
-                "the cache input {:?} and the output {:?} hold different element counts",
-                src.shape(),
-                cache.shape()
-            )));
-        }
+    if let Some(src) = separate
+        && src.numel() != cache.numel()
+    {
+        return Err(OpError::Shape(format!(
+            "the cache input {:?} and the output {:?} hold different element counts",
+            src.shape(),
+            cache.shape()
+        )));
     }
     let shape = cache.shape().to_vec();
     // Destination element ranges (start, length) paired with the source offset in `new`.

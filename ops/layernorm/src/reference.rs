@@ -36,13 +36,13 @@ pub fn run(call: &mut CpuCall<'_, '_>) -> Result<(), OpError> {
         )));
     }
     for (t, what) in [(Some(w), "weight"), (b, "bias")] {
-        if let Some(t) = t {
-            if t.numel() != h {
-                return Err(OpError::Shape(format!(
-                    "LAYERNORM {what} must have hidden = {h} elements, has {}",
-                    t.numel()
-                )));
-            }
+        if let Some(t) = t
+            && t.numel() != h
+        {
+            return Err(OpError::Shape(format!(
+                "LAYERNORM {what} must have hidden = {h} elements, has {}",
+                t.numel()
+            )));
         }
     }
     let out = call.output(0)?;

@@ -51,19 +51,20 @@ fn check(ctx: &TaskContext<'_>) -> Vec<Finding> {
     c.integer(pos, "positions");
     c.float(x, "input");
     c.same_numel(x, out);
-    if let Some(theta) = c.real("theta") {
-        if theta <= 0.0 {
-            c.oob(format!("param theta = {theta} must be positive"));
-        }
+    if let Some(theta) = c.real("theta")
+        && theta <= 0.0
+    {
+        c.oob(format!("param theta = {theta} must be positive"));
     }
-    if let Some(p) = c.int("pairing") {
-        if p != reference::PAIRING_ROTATE_HALF && p != reference::PAIRING_ADJACENT {
-            c.oob(format!(
-                "param pairing = {p} must be {} (rotate-half) or {} (adjacent pairs)",
-                reference::PAIRING_ROTATE_HALF,
-                reference::PAIRING_ADJACENT
-            ));
-        }
+    if let Some(p) = c.int("pairing")
+        && p != reference::PAIRING_ROTATE_HALF
+        && p != reference::PAIRING_ADJACENT
+    {
+        c.oob(format!(
+            "param pairing = {p} must be {} (rotate-half) or {} (adjacent pairs)",
+            reference::PAIRING_ROTATE_HALF,
+            reference::PAIRING_ADJACENT
+        ));
     }
     let Some(hd) = c.positive("head_dim") else {
         return c.finish();

@@ -329,12 +329,12 @@ fn cast(name: &str, t: &Arc<Tensor>, dtype: DType) -> Result<Arc<Tensor>, ModelE
         return Ok(Arc::clone(t));
     }
     let values = t.to_f32_vec();
-    if dtype == DType::F16 {
-        if let Some(x) = values.iter().find(|x| x.abs() > 65504.0) {
-            return Err(ModelError::Lower(format!(
-                "weight '{name}' holds {x}, beyond F16's range (use --dtype bf16 or f32)"
-            )));
-        }
+    if dtype == DType::F16
+        && let Some(x) = values.iter().find(|x| x.abs() > 65504.0)
+    {
+        return Err(ModelError::Lower(format!(
+            "weight '{name}' holds {x}, beyond F16's range (use --dtype bf16 or f32)"
+        )));
     }
     Tensor::from_f32(dtype, t.shape(), &values)
         .map(Arc::new)

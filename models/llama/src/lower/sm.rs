@@ -176,13 +176,13 @@ fn check_grid(p: &Program, num_sms: u32) -> Result<(), ModelError> {
             i32::MAX
         )));
     }
-    if let Some(t) = &p.target {
-        if i64::from(num_sms) > t.num_sms {
-            return Err(ModelError::Lower(format!(
-                "num_sms {num_sms} exceeds the target '{}', which has {} SMs",
-                t.name, t.num_sms
-            )));
-        }
+    if let Some(t) = &p.target
+        && i64::from(num_sms) > t.num_sms
+    {
+        return Err(ModelError::Lower(format!(
+            "num_sms {num_sms} exceeds the target '{}', which has {} SMs",
+            t.name, t.num_sms
+        )));
     }
     Ok(())
 }
@@ -204,15 +204,15 @@ fn check_list_order(p: &Program) -> Result<(), ModelError> {
             if t.waits[..k].iter().any(|x| x.counter == w.counter) {
                 continue;
             }
-            if let Some(Some(j)) = last_producer.get(w.counter as usize) {
-                if *j >= i {
-                    count += 1;
-                    if bad.len() < LIST_LIMIT {
-                        bad.push(format!(
-                            "task {i} waits on counter {} produced by task {j}",
-                            w.counter
-                        ));
-                    }
+            if let Some(Some(j)) = last_producer.get(w.counter as usize)
+                && *j >= i
+            {
+                count += 1;
+                if bad.len() < LIST_LIMIT {
+                    bad.push(format!(
+                        "task {i} waits on counter {} produced by task {j}",
+                        w.counter
+                    ));
                 }
             }
         }
