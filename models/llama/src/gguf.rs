@@ -16,7 +16,7 @@ pub mod write;
 
 use crate::error::ModelError;
 use amk_core::ir::DType;
-use amk_core::tensor::Tensor;
+use amk_core::tensor::{Storage, Tensor};
 use half::{bf16, f16};
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -914,7 +914,8 @@ impl GgufFile {
         }
         let raw = self.tensor_bytes(name)?;
         let values = dequantize(info.ggml_type, raw).ok_or_else(|| Self::unsupported(info))?;
-        Tensor::from_f32(DType::F32, &info.shape, &values)
+        // Hand the dequantised vector over as the tensor's storage (no zero-fill, no copy).
+        Tensor::from_storage(DType::F32, &info.shape, Storage::F32(values))
             .map_err(|e| ModelError::Shape(format!("tensor '{name}': {e}")))
     }
 }
