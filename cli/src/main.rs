@@ -3,6 +3,7 @@
 
 mod model_cmd;
 mod ops_cmd;
+mod registry;
 mod run_cmd;
 mod validate_cmd;
 
@@ -13,6 +14,10 @@ use std::process::ExitCode;
 #[derive(Parser)]
 #[command(name = "amk", version, about, long_about = None)]
 struct Cli {
+    /// Load an op plugin (a shared library) before running the command; repeatable. Plugins
+    /// listed in the `AMK_PLUGINS` environment variable (`:`-separated) are loaded first.
+    #[arg(long = "plugin", value_name = "PATH", global = true)]
+    plugins: Vec<std::path::PathBuf>,
     #[command(subcommand)]
     command: Command,
 }
@@ -43,6 +48,7 @@ enum Command {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
+    registry::set_plugins(&cli.plugins);
     match cli.command {
         Command::Validate(args) => validate_cmd::run(&args),
         Command::Ops(cmd) => ops_cmd::run(&cmd),

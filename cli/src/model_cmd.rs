@@ -31,8 +31,8 @@ pub enum ModelCmdError {
     #[error("{0}")]
     Model(#[from] ModelError),
     /// The op registry could not be built.
-    #[error("cannot build the op registry: {0}")]
-    Registry(amk_core::IrError),
+    #[error("{0}")]
+    Registry(crate::registry::RegistryError),
     /// Writing output failed.
     #[error("{0}")]
     Io(#[from] std::io::Error),
@@ -210,7 +210,7 @@ fn parse_dtype(s: &str) -> Result<DType, ModelCmdError> {
 }
 
 fn registry() -> Result<Registry, ModelCmdError> {
-    amk_ops::registry().map_err(ModelCmdError::Registry)
+    crate::registry::registry().map_err(ModelCmdError::Registry)
 }
 
 /// Import + lower under the shared options; returns the model, the lowering and timings.

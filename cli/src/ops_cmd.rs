@@ -19,7 +19,22 @@ pub enum OpsCommand {
 fn origin_text(o: &Origin) -> String {
     match o {
         Origin::Builtin => "built-in".to_string(),
-        Origin::Plugin(p) => p.display().to_string(),
+        Origin::Plugin(p) => format!("plugin {}", p.display()),
+    }
+}
+
+/// `"built-in"` or `"plugin"` (JSON; the library path is in `"plugin"`).
+fn origin_kind(o: &Origin) -> &'static str {
+    match o {
+        Origin::Builtin => "built-in",
+        Origin::Plugin(_) => "plugin",
+    }
+}
+
+fn plugin_path(o: &Origin) -> Value {
+    match o {
+        Origin::Builtin => Value::Null,
+        Origin::Plugin(p) => Value::String(p.display().to_string()),
     }
 }
 
@@ -38,7 +53,8 @@ fn rows(reg: &Registry) -> Vec<Value> {
                 "required_params": params,
                 "cpu": reg.reference(spec.code).is_some(),
                 "cuda": false,
-                "origin": origin_text(origin),
+                "origin": origin_kind(origin),
+                "plugin": plugin_path(origin),
             })
         })
         .collect()
@@ -46,10 +62,10 @@ fn rows(reg: &Registry) -> Vec<Value> {
 
 /// Runs `amk ops ...`.
 pub fn run(cmd: &OpsCommand) -> ExitCode {
-    let reg = match amk_ops::registry() {
+    let reg = match crate::registry::registry() {
         Ok(r) => r,
         Err(e) => {
-            eprintln!("amk: cannot build the op registry: {e}");
+            eprintln!("amk: {e}");
             return ExitCode::from(2);
         }
     };

@@ -62,8 +62,8 @@ pub struct Args {
 #[derive(Debug, thiserror::Error)]
 pub enum RunError {
     /// The op registry could not be built.
-    #[error("cannot build the op registry: {0}")]
-    Registry(IrError),
+    #[error("{0}")]
+    Registry(crate::registry::RegistryError),
     /// The program file could not be read or parsed.
     #[error("{}: {source}", path.display())]
     Load {
@@ -298,7 +298,7 @@ struct RunOutput {
 fn run_inner(args: &Args) -> Result<RunOutput, RunError> {
     // The backend name first: a typo there should not wait on loading a large program.
     let backend = backend_by_name(&args.backend)?;
-    let reg: Registry = amk_ops::registry().map_err(RunError::Registry)?;
+    let reg: Registry = crate::registry::registry().map_err(RunError::Registry)?;
     let program = Program::load(&args.program, &reg).map_err(|source| RunError::Load {
         path: args.program.clone(),
         source,

@@ -88,10 +88,10 @@ fn outcome_json(file: &Path, o: &Outcome) -> Value {
 
 /// Runs the command; returns the documented exit status.
 pub fn run(args: &Args) -> ExitCode {
-    let reg = match amk_ops::registry() {
+    let reg = match crate::registry::registry() {
         Ok(r) => r,
         Err(e) => {
-            eprintln!("amk: cannot build the op registry: {e}");
+            eprintln!("amk: {e}");
             return ExitCode::from(2);
         }
     };

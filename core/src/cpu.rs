@@ -5,6 +5,8 @@ use crate::ir::Task;
 use crate::json::Value;
 use crate::registry::Registry;
 use crate::tensor::Tensor;
+use std::borrow::Cow;
+use std::sync::Arc;
 
 /// Why an op's reference implementation refused a call. Never a panic: every shape, dtype,
 /// parameter and index problem is one of these.
@@ -54,6 +56,14 @@ pub enum OpError {
     /// A FUSED recipe could not run.
     #[error("recipe: {0}")]
     Recipe(String),
+    /// An op loaded from a plugin returned a non-zero status.
+    #[error("plugin op returned status {status}: {message}")]
+    Plugin {
+        /// The status the plugin returned.
+        status: i32,
+        /// The message it wrote (empty if none).
+        message: String,
+    },
 }
 
 /// One input operand of a call.
@@ -172,4 +182,63 @@ pub struct Reference {
     /// caller passes such an input as [`Input::InPlace`]. Any other aliasing between an input
     /// and an output is resolved by the caller with a snapshot copy of the input.
     pub in_place: &'static [(usize, usize)],
+}
+
+/// A reference implementation that carries state (a plugin's C function and the library it
+/// lives in): what [`CpuReference::dynamic`] wraps.
+pub type DynReferenceFn = dyn Fn(&mut CpuCall<'_, '_>) -> Result<(), OpError> + Send + Sync;
+
+/// The callable part of a [`CpuReference`].
+#[derive(Clone)]
+pub enum RunFn {
+    /// A plain function linked into this binary (every built-in op).
+    Static(ReferenceFn),
+    /// A closure with state (ops loaded from plugins).
+    Dynamic(Arc<DynReferenceFn>),
+}
+
+impl std::fmt::Debug for RunFn {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            RunFn::Static(_) => f.write_str("Static(fn)"),
+            RunFn::Dynamic(_) => f.write_str("Dynamic(closure)"),
+        }
+    }
+}
+
+/// How the registry holds an op's CPU reference: a static [`Reference`] from an op crate, or a
+/// dynamic one registered at run time (plugins).
+#[derive(Debug, Clone)]
+pub struct CpuReference {
+    /// The implementation.
+    pub run: RunFn,
+    /// `(input, output)` pairs read and written in place (see [`Reference::in_place`]).
+    pub in_place: Cow<'static, [(usize, usize)]>,
+}
+
+impl CpuReference {
+    /// A dynamic reference with no in-place pairs.
+    pub fn dynamic(run: Arc<DynReferenceFn>) -> Self {
+        CpuReference {
+            run: RunFn::Dynamic(run),
+            in_place: Cow::Borrowed(&[]),
+        }
+    }
+
+    /// Calls the implementation.
+    pub fn call(&self, call: &mut CpuCall<'_, '_>) -> Result<(), OpError> {
+        match &self.run {
+            RunFn::Static(f) => f(call),
+            RunFn::Dynamic(f) => f(call),
+        }
+    }
+}
+
+impl From<Reference> for CpuReference {
+    fn from(r: Reference) -> Self {
+        CpuReference {
+            run: RunFn::Static(r.run),
+            in_place: Cow::Borrowed(r.in_place),
+        }
+    }
 }

@@ -21,7 +21,9 @@ pub mod testkit;
 pub mod validate;
 
 pub use backend::{Backend, BackendError, BoundWeights, Outputs, Session, WeightStore};
-pub use cpu::{CpuCall, Input, OpError, Reference, ReferenceFn};
+pub use cpu::{
+    CpuCall, CpuReference, DynReferenceFn, Input, OpError, Reference, ReferenceFn, RunFn,
+};
 pub use error::IrError;
 pub use import::Importer;
 pub use ir::*;

@@ -1,7 +1,7 @@
 //! The opcode registry: what each opcode is (arity, params, shape rules), collected from the
 //! op crates with `inventory` and passed explicitly to whoever needs it.
 
-use crate::cpu::Reference;
+use crate::cpu::{CpuReference, Reference};
 use crate::error::IrError;
 use crate::ir::{Buffer, Opcode, Task};
 use crate::json::value::key_eq;
@@ -261,7 +261,7 @@ pub enum Origin {
 #[derive(Debug, Clone, Default)]
 pub struct Registry {
     ops: Vec<(OpSpec, Origin)>,
-    references: Vec<Option<Reference>>,
+    references: Vec<Option<CpuReference>>,
     by_name: HashMap<String, usize>,
 }
 
@@ -295,6 +295,17 @@ impl Registry {
         spec: OpSpec,
         origin: Origin,
         reference: Option<Reference>,
+    ) -> Result<(), IrError> {
+        self.register_cpu(spec, origin, reference.map(CpuReference::from))
+    }
+
+    /// [`Registry::register`] with a static or dynamic CPU reference (plugins register
+    /// through this).
+    pub fn register_cpu(
+        &mut self,
+        spec: OpSpec,
+        origin: Origin,
+        reference: Option<CpuReference>,
     ) -> Result<(), IrError> {
         let bad = |why: String| IrError::Registry(format!("op '{}': {why}", spec.name));
         if spec.name.is_empty() {
@@ -364,7 +375,7 @@ impl Registry {
     }
 
     /// The CPU reference implementation of `op`, if it has one.
-    pub fn reference(&self, op: Opcode) -> Option<&Reference> {
+    pub fn reference(&self, op: Opcode) -> Option<&CpuReference> {
         self.ops
             .binary_search_by_key(&op, |(s, _)| s.code)
             .ok()

@@ -5,8 +5,8 @@ use crate::tiles::{Tile, copy_region, tile_of};
 use crate::{CpuOptions, FiringMode};
 use amk_core::sim::SplitMix;
 use amk_core::{
-    BackendError, Buffer, BufferKind, CpuCall, DType, Input, OpError, Outputs, Program, Reference,
-    Registry, Session, Storage, Task, TaskId, Tensor, WeightStore,
+    BackendError, Buffer, BufferKind, CpuCall, CpuReference, DType, Input, OpError, Outputs,
+    Program, Registry, Session, Storage, Task, TaskId, Tensor, WeightStore,
 };
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, PoisonError};
@@ -73,7 +73,7 @@ pub struct CpuSession {
     registry: Registry,
     options: CpuOptions,
     /// Reference of every task's op.
-    refs: Vec<Reference>,
+    refs: Vec<CpuReference>,
     /// Every buffer's value, by position.
     store: Vec<Slot>,
     /// Whether each IO_INPUT buffer has been given a value.
@@ -182,7 +182,7 @@ impl CpuSession {
                 }
                 n_writers[b as usize] += 1;
             }
-            refs.push(*reference);
+            refs.push(reference.clone());
         }
         let mut store = Vec::with_capacity(nb);
         let mut names: HashMap<String, Vec<u32>> = HashMap::new();
@@ -612,7 +612,7 @@ fn run_group(
     group: &[usize],
     batch: &[u32],
     program: &Program,
-    refs: &[Reference],
+    refs: &[CpuReference],
     registry: &Registry,
     store: &[Slot],
     tiles: &[Option<Tile>],
@@ -630,7 +630,7 @@ fn run_group(
             .iter()
             .map(|&b| Input::Tensor(store[b as usize].get()))
             .collect();
-        let result = (refs[t].run)(&mut CpuCall {
+        let result = refs[t].call(&mut CpuCall {
             task,
             registry: Some(registry),
             inputs: &ins,
@@ -657,7 +657,7 @@ fn op_error(t: usize, task: &Task, source: OpError) -> BackendError {
 fn fire(
     task: &Task,
     t: usize,
-    reference: &Reference,
+    reference: &CpuReference,
     registry: &Registry,
     store: &mut [Slot],
 ) -> Result<(), BackendError> {
@@ -695,7 +695,7 @@ fn fire(
                 },
             })
             .collect();
-        (reference.run)(&mut CpuCall {
+        reference.call(&mut CpuCall {
             task,
             registry: Some(registry),
             inputs: &ins,

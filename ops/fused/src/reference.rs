@@ -102,7 +102,7 @@ fn run_step(
     if op == Opcode::FUSED {
         return Err("nested FUSED is not allowed".into());
     }
-    let reference = *reg
+    let reference = reg
         .reference(op)
         .ok_or_else(|| format!("{name} has no CPU reference"))?;
 
@@ -192,7 +192,7 @@ fn run_step(
 
     // In-place pairs: the output starts as the argument, which is passed as that output.
     let mut inputs: Vec<Input<'_>> = tensors.iter().map(|t| Input::Tensor(t)).collect();
-    for &(a, o) in reference.in_place {
+    for &(a, o) in reference.in_place.iter() {
         let Some(&src) = tensors.get(a) else {
             continue;
         };
@@ -213,13 +213,14 @@ fn run_step(
         inputs[a] = Input::InPlace(o);
     }
 
-    (reference.run)(&mut CpuCall {
-        task: &task,
-        registry: Some(reg),
-        inputs: &inputs,
-        outputs,
-    })
-    .map_err(|e| format!("{name}: {e}"))?;
+    reference
+        .call(&mut CpuCall {
+            task: &task,
+            registry: Some(reg),
+            inputs: &inputs,
+            outputs,
+        })
+        .map_err(|e| format!("{name}: {e}"))?;
 
     if let (Some(k), Some(t)) = (slot, fresh.pop()) {
         scratch.insert(k, t);

@@ -42,5 +42,8 @@ fn registered_with_its_reference() {
     let reg = Registry::builtin().unwrap();
     let r = reg.reference(Opcode::NOP).expect("NOP has a CPU reference");
     assert!(r.in_place.is_empty());
-    call(r.run, &task(Opcode::NOP, 0, 0, &[]), &[], &mut []).unwrap();
+    let amk_core::RunFn::Static(run) = r.run else {
+        panic!("NOP is a static reference")
+    };
+    call(run, &task(Opcode::NOP, 0, 0, &[]), &[], &mut []).unwrap();
 }
