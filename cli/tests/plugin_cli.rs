@@ -14,20 +14,10 @@ fn amk() -> Command {
     c
 }
 
-/// The example's cdylib, built by cargo (this crate dev-depends on the example), next to the
-/// test executable in `target/<profile>/deps/` or one level up.
+/// The example's cdylib, built by cargo because this crate dev-depends on the example.
 fn example_so() -> PathBuf {
-    let name = format!(
-        "{}amk_plugin_example_gelu_tanh{}",
-        std::env::consts::DLL_PREFIX,
-        std::env::consts::DLL_SUFFIX
-    );
-    let exe = std::env::current_exe().unwrap();
-    let deps = exe.parent().unwrap();
-    [deps.join(&name), deps.parent().unwrap().join(&name)]
-        .into_iter()
-        .find(|p| p.exists())
-        .unwrap_or_else(|| panic!("{name} not found next to {}", exe.display()))
+    amk_plugin_abi::find_built_cdylib("amk_plugin_example_gelu_tanh")
+        .expect("the example plugin's shared library next to the test executable")
 }
 
 fn stderr(o: &Output) -> String {

@@ -24,7 +24,9 @@ mod host;
 pub mod plugin;
 
 pub use error::PluginError;
-pub use host::{CudaSource, LoadedOp, LoadedPlugin, PluginRegistry, load_plugin_with_entry};
+pub use host::{
+    CudaSource, LoadedOp, LoadedPlugin, PluginRegistry, find_built_cdylib, load_plugin_with_entry,
+};
 
 /// The ABI version this crate speaks.
 pub const ABI_VERSION: u32 = 1;

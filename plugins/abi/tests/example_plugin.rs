@@ -10,19 +10,10 @@ use amk_core::{Backend, BufferKind, DType, Opcode, Origin, Program, Tensor, Weig
 use amk_plugin_abi::{PluginError, PluginRegistry, load_plugin_with_entry};
 use std::path::PathBuf;
 
-/// The cdylib sits next to this test executable (`target/<profile>/deps/`) or one level up.
+/// The example's cdylib, built by cargo because this crate dev-depends on the example.
 fn example_so() -> PathBuf {
-    let name = format!(
-        "{}amk_plugin_example_gelu_tanh{}",
-        std::env::consts::DLL_PREFIX,
-        std::env::consts::DLL_SUFFIX
-    );
-    let exe = std::env::current_exe().unwrap();
-    let deps = exe.parent().unwrap();
-    [deps.join(&name), deps.parent().unwrap().join(&name)]
-        .into_iter()
-        .find(|p| p.exists())
-        .unwrap_or_else(|| panic!("{name} not found next to {}", exe.display()))
+    amk_plugin_abi::find_built_cdylib("amk_plugin_example_gelu_tanh")
+        .expect("the example plugin's shared library next to the test executable")
 }
 
 fn gelu_tanh_f64(x: f64) -> f64 {
