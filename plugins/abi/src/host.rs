@@ -539,6 +539,24 @@ fn call_plugin(f: CpuReferenceFnV1, call: &mut CpuCall<'_, '_>) -> Result<(), Op
     Ok(())
 }
 
+/// Where cargo put the shared library of the workspace crate whose library is named
+/// `lib_name` (e.g. `amk_plugin_example_gelu_tanh`), seen from the running executable: tests
+/// of a crate that dev-depends on a `cdylib` crate find it in `target/<profile>/deps/` (next
+/// to the test binary) or one level up. `None` when it is in neither place.
+pub fn find_built_cdylib(lib_name: &str) -> Option<std::path::PathBuf> {
+    let name = format!(
+        "{}{lib_name}{}",
+        std::env::consts::DLL_PREFIX,
+        std::env::consts::DLL_SUFFIX
+    );
+    let exe = std::env::current_exe().ok()?;
+    let deps = exe.parent()?;
+    [Some(deps.join(&name)), deps.parent().map(|p| p.join(&name))]
+        .into_iter()
+        .flatten()
+        .find(|p| p.exists())
+}
+
 #[cfg(test)]
 #[allow(clippy::unwrap_used, clippy::expect_used, clippy::panic, unsafe_code)]
 mod tests {
@@ -796,22 +814,4 @@ mod tests {
         let e = load_into(&mut reg, plugin(vec![o])).unwrap_err();
         assert!(e.to_string().contains("device field"), "{e}");
     }
-}
-
-/// Where cargo put the shared library of the workspace crate whose library is named
-/// `lib_name` (e.g. `amk_plugin_example_gelu_tanh`), seen from the running executable: tests
-/// of a crate that dev-depends on a `cdylib` crate find it in `target/<profile>/deps/` (next
-/// to the test binary) or one level up. `None` when it is in neither place.
-pub fn find_built_cdylib(lib_name: &str) -> Option<std::path::PathBuf> {
-    let name = format!(
-        "{}{lib_name}{}",
-        std::env::consts::DLL_PREFIX,
-        std::env::consts::DLL_SUFFIX
-    );
-    let exe = std::env::current_exe().ok()?;
-    let deps = exe.parent()?;
-    [Some(deps.join(&name)), deps.parent().map(|p| p.join(&name))]
-        .into_iter()
-        .flatten()
-        .find(|p| p.exists())
 }
