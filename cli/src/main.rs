@@ -38,7 +38,7 @@ enum Command {
     /// Import a model and lower it to a validated decode program (JSON).
     #[command(after_help = model_cmd::AFTER_HELP)]
     Lower(model_cmd::LowerArgs),
-    /// Generate text from a model, streaming it token by token (greedy decoding).
+    /// Generate text from a model, streaming it token by token (greedy, or sampled with --temperature).
     #[command(after_help = model_cmd::AFTER_HELP)]
     Generate(model_cmd::GenerateArgs),
     /// Teacher-forced perplexity of a model on a text file.
