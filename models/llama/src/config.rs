@@ -132,23 +132,7 @@ pub const MAX_DIM: usize = 1 << 24;
 /// Most decoder layers accepted.
 pub const MAX_LAYERS: usize = 4096;
 
-/// The numbers [`check_ranges`] bounds.
-struct Ranges {
-    hidden: usize,
-    n_heads: usize,
-    head_dim: usize,
-    intermediate: usize,
-    vocab: usize,
-    n_layers: usize,
-    rms_eps: f64,
-    rope_theta: f64,
-    max_position_embeddings: usize,
-}
-
-/// Values a file may hold but no real model has, each a reason: absurd sizes (which would
-/// otherwise exhaust memory or overflow before any tensor is read), zero widths, and norm /
-/// RoPE constants the ops cannot represent.
-fn check_ranges(r: &Ranges, reasons: &mut Vec<String>) {
+fn check_ranges(r: &ModelConfig, reasons: &mut Vec<String>) {
     for (name, v) in [
         ("hidden size", r.hidden),
         ("attention heads", r.n_heads),
@@ -188,6 +172,16 @@ fn check_ranges(r: &Ranges, reasons: &mut Vec<String>) {
             "rope_theta {} must be a finite number above 1",
             r.rope_theta
         ));
+    }
+}
+
+/// Adds the range reasons of `c` to `reasons`; the config if none, else every reason.
+fn finish(c: ModelConfig, mut reasons: Vec<String>) -> Result<ModelConfig, ModelError> {
+    check_ranges(&c, &mut reasons);
+    if reasons.is_empty() {
+        Ok(c)
+    } else {
+        Err(ModelError::Unsupported { reasons })
     }
 }
 
@@ -400,10 +394,11 @@ impl ModelConfig {
             opt_usize(root, "max_position_embeddings", "max_position_embeddings")?.unwrap_or(4096);
         let tie_word_embeddings = opt_bool(root, "tie_word_embeddings")?.unwrap_or(false);
         let attention_bias = opt_bool(root, "attention_bias")?.unwrap_or(is_qwen2);
-        check_ranges(
-            &Ranges {
+        finish(
+            ModelConfig {
                 hidden,
                 n_heads,
+                n_kv_heads,
                 head_dim,
                 intermediate,
                 vocab,
@@ -411,28 +406,12 @@ impl ModelConfig {
                 rms_eps,
                 rope_theta,
                 max_position_embeddings,
+                tie_word_embeddings,
+                attention_bias,
+                rope_scaling,
             },
-            &mut reasons,
-        );
-
-        if !reasons.is_empty() {
-            return Err(ModelError::Unsupported { reasons });
-        }
-        Ok(ModelConfig {
-            hidden,
-            n_heads,
-            n_kv_heads,
-            head_dim,
-            intermediate,
-            vocab,
-            n_layers,
-            rms_eps,
-            rope_theta,
-            max_position_embeddings,
-            tie_word_embeddings,
-            attention_bias,
-            rope_scaling,
-        })
+            reasons,
+        )
     }
 
     /// Reads the configuration of a GGUF file with `general.architecture = "llama"`.
@@ -518,10 +497,11 @@ impl ModelConfig {
         let attention_bias = names
             .iter()
             .any(|t| t.name.starts_with("blk.") && t.name.ends_with(".attn_q.bias"));
-        check_ranges(
-            &Ranges {
+        finish(
+            ModelConfig {
                 hidden,
                 n_heads,
+                n_kv_heads,
                 head_dim,
                 intermediate,
                 vocab,
@@ -529,27 +509,11 @@ impl ModelConfig {
                 rms_eps,
                 rope_theta,
                 max_position_embeddings,
+                tie_word_embeddings,
+                attention_bias,
+                rope_scaling: RopeScaling::None,
             },
-            &mut reasons,
-        );
-
-        if !reasons.is_empty() {
-            return Err(ModelError::Unsupported { reasons });
-        }
-        Ok(ModelConfig {
-            hidden,
-            n_heads,
-            n_kv_heads,
-            head_dim,
-            intermediate,
-            vocab,
-            n_layers,
-            rms_eps,
-            rope_theta,
-            max_position_embeddings,
-            tie_word_embeddings,
-            attention_bias,
-            rope_scaling: RopeScaling::None,
-        })
+            reasons,
+        )
     }
 }

@@ -547,34 +547,25 @@ pub fn lower(
             opts.dtype,
             &[max_seq, nkv, hd],
         );
-        let append_cost = (kv_dim as i64 * dbytes, 0);
-        let c_k = b.p.new_counter(format!("L{l}.kv_append_k ready"));
-        let t = b.p.push_task(
-            Opcode::KV_APPEND,
-            &[kr.buf, kc],
-            &[kc],
-            c_k,
-            &[kr.wait],
-            params(&[("pos", int(opts.pos))]),
-            format!("L{l}.kv_append_k"),
-        );
-        set_cost(&mut b.p, t, append_cost);
-        b.rules.push((t, PosRule::Append));
-        let c_v = b.p.new_counter(format!("L{l}.kv_append_v ready"));
-        let t = b.p.push_task(
-            Opcode::KV_APPEND,
-            &[v.buf, vc],
-            &[vc],
-            c_v,
-            &[v.wait],
-            params(&[("pos", int(opts.pos))]),
-            format!("L{l}.kv_append_v"),
-        );
-        set_cost(&mut b.p, t, append_cost);
-        b.rules.push((t, PosRule::Append));
+        // In place: each cache is both input and output (KV_APPEND's declared in-place pair).
+        let append = |b: &mut Builder<'_>, new: Val, cache: BufferId, tag: &str| {
+            let (val, t) = b.single(
+                Opcode::KV_APPEND,
+                &[new.buf, cache],
+                cache,
+                &[new.wait],
+                params(&[("pos", int(opts.pos))]),
+                format!("L{l}.kv_append_{tag}"),
+                (kv_dim as i64 * dbytes, 0),
+            );
+            b.rules.push((t, PosRule::Append));
+            val
+        };
+        let k_app = append(&mut b, kr, kc, "k");
+        let v_app = append(&mut b, v, vc, "v");
 
         let attn = b.act(format!("L{l}.attn"), &[1, q_dim]);
-        let att_waits = [qr.wait, (c_k, 1), (c_v, 1)];
+        let att_waits = [qr.wait, k_app.wait, v_app.wait];
         let att_cost = |rows: u64| {
             (
                 2 * rows as i64 * kv_dim as i64 * dbytes,
@@ -736,13 +727,6 @@ pub fn lower(
         positions: PositionPlan { rules, max_seq },
         page_stats,
     })
-}
-
-fn set_cost(p: &mut Program, t: TaskId, cost: (i64, i64)) {
-    if let Some(task) = p.tasks.get_mut(t as usize) {
-        task.est_bytes = cost.0;
-        task.est_flops = cost.1;
-    }
 }
 
 /// The FUSED recipe of a reshape bridge + ROPE: inputs `[reshape_id0, x, pos]`.
