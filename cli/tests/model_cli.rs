@@ -38,22 +38,9 @@ fn json(o: &Output) -> serde_json::Value {
     serde_json::from_slice(&o.stdout).unwrap_or_else(|e| panic!("{e}\n{}", text(o)))
 }
 
-/// GPT-2's byte → printable-char map (the ByteLevel alphabet).
+/// GPT-2's byte → character map (the alphabet of byte-level vocabularies).
 fn byte_chars() -> Vec<char> {
-    let mut keep: Vec<u32> = (b'!' as u32..=b'~' as u32).collect();
-    keep.extend(0xA1..=0xAC);
-    keep.extend(0xAE..=0xFF);
-    let mut extra = 0;
-    (0u32..256)
-        .map(|b| {
-            if keep.contains(&b) {
-                char::from_u32(b).unwrap()
-            } else {
-                extra += 1;
-                char::from_u32(255 + extra).unwrap()
-            }
-        })
-        .collect()
+    amk_model_llama::tokenizer::byte_level_alphabet().to_vec()
 }
 
 /// A byte-level BPE tokenizer.json: the 256 byte tokens (ids 0..255), three merges and an

@@ -86,8 +86,9 @@ pub struct Tokenizer {
 }
 
 /// GPT-2's byte → printable-character map (the alphabet byte-level BPE vocabularies are
-/// written in). Index: byte value.
-fn byte_level_alphabet() -> [char; 256] {
+/// written in). Index: byte value. Public so tools and tests can write byte-level
+/// vocabularies in the same alphabet.
+pub fn byte_level_alphabet() -> [char; 256] {
     let mut table = ['\0'; 256];
     let mut next = 256u32;
     for b in 0..=255u8 {

@@ -9,17 +9,7 @@ use amk_model_llama::{GgufFile, GgufValue, ModelError, Tokenizer, ValueType};
 
 /// GPT-2's byte → character map (the alphabet of byte-level vocabularies).
 fn byte_chars() -> Vec<char> {
-    let mut next = 256u32;
-    (0..=255u8)
-        .map(|b| {
-            if matches!(b, b'!'..=b'~' | 0xA1..=0xAC | 0xAE..=0xFF) {
-                char::from(b)
-            } else {
-                next += 1;
-                char::from_u32(next - 1).unwrap()
-            }
-        })
-        .collect()
+    amk_model_llama::tokenizer::byte_level_alphabet().to_vec()
 }
 
 fn strings(items: &[String]) -> GgufValue {
