@@ -334,23 +334,7 @@ fn position_patches_are_accepted_to_the_end_of_the_cache_and_refused_beyond() {
     let model = random_model(cfg(1, 32, 4, 2, 8, 48, 40), 5);
     let reg = registry();
     for parts in [1, 4] {
-        let sc = schedule(
-            &[("attention", &[("n_partitions", parts)])],
-            false,
-            SmAssignment::LoadBalance,
-            PageStrategy::None,
-        );
-        let l = lower(
-            &model,
-            &sc,
-            &h100(),
-            &LowerOptions {
-                max_seq: Some(12),
-                ..LowerOptions::default()
-            },
-        )
-        .unwrap();
-        let vp = amk_core::validate_owned(l.program.clone(), &reg).unwrap();
+        let (l, vp) = split_kv_program(&model, parts, &reg);
         for pos in 0..12 {
             vp.check_patch(&reg, &l.positions.edits(pos)).unwrap();
         }
@@ -543,23 +527,7 @@ fn param_patches_are_absolute_and_bound_to_their_program() {
     use amk_core::Session;
     let model = random_model(cfg(1, 32, 4, 2, 8, 48, 40), 5);
     let reg = registry();
-    let sc = schedule(
-        &[("attention", &[("n_partitions", 2)])],
-        false,
-        SmAssignment::LoadBalance,
-        PageStrategy::None,
-    );
-    let l = lower(
-        &model,
-        &sc,
-        &h100(),
-        &LowerOptions {
-            max_seq: Some(12),
-            ..LowerOptions::default()
-        },
-    )
-    .unwrap();
-    let vp = amk_core::validate_owned(l.program.clone(), &reg).unwrap();
+    let (l, vp) = split_kv_program(&model, 2, &reg);
     let shard = vp
         .program()
         .tasks
@@ -703,4 +671,25 @@ fn shaped_model_lazy(c: ModelConfig) -> Model {
         w.insert_shared(name, std::sync::Arc::clone(t));
     }
     Model::new(c, w, None, "shaped", ModelFormat::Hf).unwrap()
+}
+
+/// `model` lowered with `parts` split-KV shards and a 12-row cache, and its validation.
+fn split_kv_program(
+    model: &Model,
+    parts: i64,
+    reg: &Registry,
+) -> (amk_model_llama::lower::Lowered, amk_core::ValidatedProgram) {
+    let sc = schedule(
+        &[("attention", &[("n_partitions", parts)])],
+        false,
+        SmAssignment::LoadBalance,
+        PageStrategy::None,
+    );
+    let opts = LowerOptions {
+        max_seq: Some(12),
+        ..LowerOptions::default()
+    };
+    let l = lower(model, &sc, &h100(), &opts).unwrap();
+    let vp = amk_core::validate_owned(l.program.clone(), reg).unwrap();
+    (l, vp)
 }
