@@ -1,6 +1,7 @@
 //! The `amk` command line. Library crates do the work; this binary parses arguments, prints,
 //! and maps outcomes to exit codes.
 
+mod backend_choice;
 mod model_cmd;
 mod ops_cmd;
 mod registry;

@@ -3,11 +3,12 @@
 //! All three share one path: resolve the model (a path, or the default SmolLM2-135M-Instruct
 //! fetched and cached on first use), import it (HF directory or GGUF file), lower it under a
 //! ScheduleConfig for a GPU target, then (generate / perplexity) validate and run it on a
-//! backend one token per forward pass. Bad input is a typed [`ModelCmdError`] with a message
-//! and exit status 2; a backend failure exits 3.
+//! backend (`--backend cpu|cuda|auto`, see [`crate::backend_choice`]) one token per forward
+//! pass. Bad input is a typed [`ModelCmdError`] with a message and exit status 2; a backend
+//! failure exits 3.
 
-use amk_backend_cpu::CpuBackend;
-use amk_core::{Backend, DType, GpuTarget, Importer, Registry, ScheduleConfig};
+use crate::backend_choice::{self, BackendKind, BackendUnavailable};
+use amk_core::{DType, GpuTarget, Importer, Registry, ScheduleConfig};
 use amk_model_llama::gguf_import::GgufImporter;
 use amk_model_llama::hf::HfImporter;
 use amk_model_llama::lower::{LowerOptions, Lowered, lower};
@@ -33,6 +34,9 @@ pub enum ModelCmdError {
     /// The op registry could not be built.
     #[error("{0}")]
     Registry(crate::registry::RegistryError),
+    /// `--backend cuda` cannot be opened here.
+    #[error("{0}")]
+    Backend(#[from] BackendUnavailable),
     /// Writing output failed.
     #[error("{0}")]
     Io(#[from] std::io::Error),
@@ -52,7 +56,7 @@ impl ModelCmdError {
         match self {
             ModelCmdError::Usage(_) => "usage",
             ModelCmdError::Fetch(_) => "fetch",
-            ModelCmdError::Model(ModelError::Backend(_)) => "backend",
+            ModelCmdError::Model(ModelError::Backend(_)) | ModelCmdError::Backend(_) => "backend",
             ModelCmdError::Model(ModelError::Invalid(_)) => "rejected",
             ModelCmdError::Model(ModelError::ContextFull { .. }) => "context",
             ModelCmdError::Model(_) => "model",
@@ -132,9 +136,11 @@ pub struct GenerateArgs {
     /// Seed of the sampler (the same seed gives the same text).
     #[arg(long, default_value_t = 0)]
     seed: u64,
-    /// Execution backend (only `cpu` for now).
-    #[arg(long, default_value = "cpu")]
-    backend: String,
+    /// Execution backend: `cpu` (the CPU VM), `cuda` (the GPU megakernel; needs a build with
+    /// `--features cuda` and a GPU) or `auto` (cuda when available, else cpu). The choice is
+    /// reported on stderr.
+    #[arg(long, value_enum, default_value_t = BackendKind::Auto)]
+    backend: BackendKind,
     /// Worker threads of the CPU backend.
     #[arg(long, default_value_t = 1)]
     threads: usize,
@@ -148,9 +154,11 @@ pub struct PerplexityArgs {
     /// Text to score (teacher-forced).
     #[arg(long, value_name = "FILE")]
     text_file: PathBuf,
-    /// Execution backend (only `cpu` for now).
-    #[arg(long, default_value = "cpu")]
-    backend: String,
+    /// Execution backend: `cpu` (the CPU VM), `cuda` (the GPU megakernel; needs a build with
+    /// `--features cuda` and a GPU) or `auto` (cuda when available, else cpu). The choice is
+    /// reported on stderr.
+    #[arg(long, value_enum, default_value_t = BackendKind::Auto)]
+    backend: BackendKind,
     /// Worker threads of the CPU backend.
     #[arg(long, default_value_t = 1)]
     threads: usize,
@@ -161,10 +169,15 @@ pub const AFTER_HELP: &str = "\
 Exit status:
   0  success
   1  the lowered program was rejected by the validator (a bug: please report it)
-  2  bad invocation or input: unreadable or unsupported model, bad config, prompt too long, ...
+  2  bad invocation or input: unreadable or unsupported model, bad config, prompt too long,
+     --backend cuda where this build or machine has no CUDA backend, ...
   3  the backend failed while running
 
-With --json, stdout holds one JSON object; on failure {\"error\": {\"kind\": ..., \"message\": ...}}.";
+generate and perplexity print one line on stderr naming the backend that runs and why:
+`backend: cpu`, `backend: cuda (DEVICE)` or `backend: cpu (cuda unavailable: REASON)`.
+
+With --json, stdout holds one JSON object (generate and perplexity include \"backend\"); on
+failure {\"error\": {\"kind\": ..., \"message\": ...}}.";
 
 /// Finds the model: the given path, or the default one (fetched on first use).
 pub fn resolve_model(path: Option<&Path>, quiet: bool) -> Result<PathBuf, ModelCmdError> {
@@ -262,19 +275,6 @@ fn prepare(a: &ModelArgs, pos: u64, argmax: bool) -> Result<Prepared, ModelCmdEr
         import_s,
         lower_s,
     })
-}
-
-fn backend(name: &str, threads: usize) -> Result<Box<dyn Backend>, ModelCmdError> {
-    match name {
-        "cpu" => {
-            let mut b = CpuBackend::default();
-            b.options.threads = threads.max(1);
-            Ok(Box::new(b))
-        }
-        _ => Err(ModelCmdError::Usage(format!(
-            "--backend {name}: unknown backend (available: cpu)"
-        ))),
-    }
 }
 
 fn tokenizer(model: &Model) -> Result<&Tokenizer, ModelCmdError> {
@@ -375,7 +375,7 @@ fn generate_inner(a: &GenerateArgs) -> Result<(), ModelCmdError> {
             .map_err(|e| ModelCmdError::Usage(format!("{}: {e}", f.display())))?,
         (None, None) => "The capital of France is".to_string(),
     };
-    let backend = backend(&a.backend, a.threads)?;
+    let chosen = backend_choice::open(a.backend, a.threads)?;
     let mut sampler = Sampler::new(a.temperature, a.top_p, a.seed)
         .map_err(|e| ModelCmdError::Usage(e.to_string()))?;
     let reg = registry()?;
@@ -398,7 +398,7 @@ fn generate_inner(a: &GenerateArgs) -> Result<(), ModelCmdError> {
         return Err(ModelCmdError::Model(ModelError::ContextFull { max_seq }));
     }
     let t = Instant::now();
-    let mut engine = Engine::new(p.lowered, backend.as_ref(), &reg)?;
+    let mut engine = Engine::new(p.lowered, chosen.backend.as_ref(), &reg)?;
     let load_s = t.elapsed().as_secs_f64();
     let stop = if a.ignore_eos {
         Vec::new()
@@ -454,6 +454,7 @@ fn generate_inner(a: &GenerateArgs) -> Result<(), ModelCmdError> {
             "text": text_out,
             "tokens_per_s": decode_tps,
             "prompt_tokens_per_s": prompt_ids.len() as f64 / prefill_s.max(1e-9),
+            "backend": chosen.name(),
         });
         println!("{v}");
     } else {
@@ -471,7 +472,7 @@ fn generate_inner(a: &GenerateArgs) -> Result<(), ModelCmdError> {
             p.import_s,
             p.lower_s,
             load_s,
-            a.backend
+            chosen.name()
         );
     }
     Ok(())
@@ -485,7 +486,7 @@ pub fn run_perplexity(a: &PerplexityArgs) -> ExitCode {
 fn perplexity_inner(a: &PerplexityArgs) -> Result<(), ModelCmdError> {
     let text = std::fs::read_to_string(&a.text_file)
         .map_err(|e| ModelCmdError::Usage(format!("{}: {e}", a.text_file.display())))?;
-    let backend = backend(&a.backend, a.threads)?;
+    let chosen = backend_choice::open(a.backend, a.threads)?;
     let reg = registry()?;
     let p = prepare(&a.common, 0, false)?;
     let tok = tokenizer(&p.model)?.clone();
@@ -494,12 +495,12 @@ fn perplexity_inner(a: &PerplexityArgs) -> Result<(), ModelCmdError> {
     if ids.len() as u64 > max_seq {
         return Err(ModelCmdError::Model(ModelError::ContextFull { max_seq }));
     }
-    let mut engine = Engine::new(p.lowered, backend.as_ref(), &reg)?;
+    let mut engine = Engine::new(p.lowered, chosen.backend.as_ref(), &reg)?;
     let t = Instant::now();
     let (n, nll) = perplexity(&mut engine, &ids)?;
     let secs = t.elapsed().as_secs_f64();
     if a.common.json {
-        let v = serde_json::json!({"tokens": ids.len(), "predictions": n, "nll": nll, "perplexity": nll.exp()});
+        let v = serde_json::json!({"tokens": ids.len(), "predictions": n, "nll": nll, "perplexity": nll.exp(), "backend": chosen.name()});
         println!("{v}");
     } else {
         println!(

@@ -1,13 +1,14 @@
-//! `amk run PROGRAM --weights FILE [--set NAME=v1,v2,…]… [--steps N] [--backend cpu] [--json]`:
+//! `amk run PROGRAM --weights FILE [--set NAME=v1,v2,…]… [--steps N] [--backend cpu|cuda|auto]
+//! [--json]`:
 //! load, validate, bind weights, set the IO inputs, run forward passes, print the IO outputs.
 //!
 //! Everything the user can get wrong is checked before the backend runs and reported as a
 //! [`RunError`] naming the file or buffer; nothing here panics.
 
-use amk_backend_cpu::CpuBackend;
+use crate::backend_choice::{self, BackendKind, BackendUnavailable};
 use amk_core::{
-    Backend, BackendError, Buffer, BufferKind, DType, IrError, Program, Registry, Tensor,
-    ValidatedProgram, ValidationResult, WeightStore, validate_owned,
+    BackendError, Buffer, BufferKind, DType, IrError, Program, Registry, Tensor, ValidatedProgram,
+    ValidationResult, WeightStore, validate_owned,
 };
 use std::fmt::Write as _;
 use std::io::Write as _;
@@ -20,17 +21,20 @@ Every IO_INPUT buffer of the program needs one --set NAME=v1,v2,... with exactly
 comma-separated numbers as the buffer has elements (row-major): integers for integer dtypes
 (I32, I8, U8, I4 as a raw nibble 0..15, BOOL 0/1), finite decimals otherwise. The same inputs
 are used for every step; KV caches start zeroed and persist from step to step. The IO_OUTPUT
-buffers of the last step are printed.
+buffers of the last step are printed. One line on stderr names the backend that runs and why:
+`backend: cpu`, `backend: cuda (DEVICE)` or `backend: cpu (cuda unavailable: REASON)`.
 
 Exit status:
   0  the program ran; its outputs are on stdout
   1  the program was rejected by the validator (the report is printed)
   2  bad invocation or input: unreadable program or weights file, a weight missing or of the
-     wrong dtype/shape, an unknown, malformed, repeated or missing --set, an unknown backend
+     wrong dtype/shape, an unknown, malformed, repeated or missing --set, --backend cuda
+     where this build or machine has no CUDA backend
   3  the backend failed while running (an op refused a task, a race was detected, ...)
 
 With --json, stdout holds exactly
-  {\"outputs\": {NAME: {\"dtype\": \"F32\", \"shape\": [..], \"data\": [..]}, ...}}
+  {\"outputs\": {NAME: {\"dtype\": \"F32\", \"shape\": [..], \"data\": [..]}, ...},
+   \"backend\": \"cpu\"|\"cuda\"}
 (every value; NaN and infinities as the strings \"nan\", \"inf\", \"-inf\"), or on failure
   {\"error\": {\"kind\": \"load\"|\"rejected\"|\"weights\"|\"input\"|\"backend\"|\"run\",
               \"message\": \"...\", \"buffer\": NAME (when one is at fault)}}";
@@ -50,9 +54,11 @@ pub struct Args {
     /// Forward passes to run (same inputs each step); the last step's outputs are printed.
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u64).range(1..))]
     steps: u64,
-    /// Execution backend (only `cpu` for now).
-    #[arg(long, default_value = "cpu")]
-    backend: String,
+    /// Execution backend: `cpu` (the CPU VM), `cuda` (the GPU megakernel; needs a build with
+    /// `--features cuda` and a GPU) or `auto` (cuda when available, else cpu). The choice is
+    /// reported on stderr.
+    #[arg(long, value_enum, default_value_t = BackendKind::Auto)]
+    backend: BackendKind,
     /// Machine-readable output on stdout.
     #[arg(long)]
     json: bool,
@@ -80,9 +86,9 @@ pub enum RunError {
         /// The validation result.
         result: Box<ValidationResult>,
     },
-    /// The requested backend does not exist (in this build).
-    #[error("unknown backend '{0}': the only backend available is 'cpu'")]
-    UnknownBackend(String),
+    /// `--backend cuda` cannot be opened here.
+    #[error("{0}")]
+    Backend(#[from] BackendUnavailable),
     /// The weights file is unreadable, or a WEIGHT/CONST buffer cannot be bound to it.
     #[error("weights: {0}")]
     Weights(BackendError),
@@ -123,7 +129,7 @@ impl RunError {
     /// The `kind` of the `--json` error object.
     fn kind(&self) -> &'static str {
         match self {
-            RunError::Registry(_) | RunError::UnknownBackend(_) => "backend",
+            RunError::Registry(_) | RunError::Backend(_) => "backend",
             RunError::Load { .. } => "load",
             RunError::Rejected { .. } => "rejected",
             RunError::Weights(_) => "weights",
@@ -269,14 +275,6 @@ pub fn parse_inputs(p: &Program, sets: &[String]) -> Result<Vec<(String, Tensor)
     Ok(out)
 }
 
-/// A `Backend` by name.
-fn backend_by_name(name: &str) -> Result<Box<dyn Backend>, RunError> {
-    match name {
-        "cpu" => Ok(Box::new(CpuBackend::default())),
-        other => Err(RunError::UnknownBackend(other.to_string())),
-    }
-}
-
 /// Loads the weights (an empty store when no file is given).
 fn load_weights(path: Option<&Path>) -> Result<WeightStore, RunError> {
     match path {
@@ -296,8 +294,9 @@ struct RunOutput {
 }
 
 fn run_inner(args: &Args) -> Result<RunOutput, RunError> {
-    // The backend name first: a typo there should not wait on loading a large program.
-    let backend = backend_by_name(&args.backend)?;
+    // The backend first: an unavailable one should not wait on loading a large program.
+    let chosen = backend_choice::open(args.backend, 1)?;
+    let backend = chosen.backend.as_ref();
     let reg: Registry = crate::registry::registry().map_err(RunError::Registry)?;
     let program = Program::load(&args.program, &reg).map_err(|source| RunError::Load {
         path: args.program.clone(),
@@ -369,8 +368,8 @@ fn json_string(s: &str) -> String {
     serde_json::to_string(s).unwrap_or_else(|_| "\"\"".into())
 }
 
-/// The `--json` document, outputs in buffer order.
-fn outputs_json(outputs: &[(String, Tensor)]) -> String {
+/// The `--json` document, outputs in buffer order, then the backend that ran them.
+fn outputs_json(outputs: &[(String, Tensor)], backend: &str) -> String {
     let mut s = String::from("{\"outputs\": {");
     for (k, (name, t)) in outputs.iter().enumerate() {
         if k > 0 {
@@ -392,7 +391,7 @@ fn outputs_json(outputs: &[(String, Tensor)]) -> String {
         }
         s.push_str("]}");
     }
-    s.push_str("}}");
+    let _ = write!(s, "}}, \"backend\": {}}}", json_string(backend));
     s
 }
 
@@ -457,7 +456,7 @@ pub fn run(args: &Args) -> ExitCode {
                 );
             }
             let text = if args.json {
-                outputs_json(&o.outputs)
+                outputs_json(&o.outputs, o.backend)
             } else {
                 outputs_text(&o)
             };

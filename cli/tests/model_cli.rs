@@ -335,7 +335,7 @@ fn bad_arguments_are_typed_errors_with_exit_2() {
         .args(["--prompt", "hi", "--backend", "metal"])
         .output()
         .unwrap();
-    expect_usage_error(&o, "unknown backend");
+    expect_usage_error(&o, "invalid value 'metal'");
     let cfg = d.join("bad.json");
     std::fs::write(&cfg, r#"{"tiling": {"gemv": {"N_tiles": 8}}}"#).unwrap();
     let o = base()
@@ -355,6 +355,133 @@ fn bad_arguments_are_typed_errors_with_exit_2() {
         .unwrap();
     assert_eq!(o.status.code(), Some(2));
     assert_eq!(json(&o)["error"]["kind"], "usage");
+}
+
+/// What `CudaBackend::new` gives here: the device line, or why there is none.
+fn gpu() -> Result<String, String> {
+    amk_backend_cuda::CudaBackend::new(amk_backend_cuda::CudaOptions::default())
+        .map(|b| b.info().to_string())
+        .map_err(|e| e.to_string())
+}
+
+/// The one `backend: ...` line on stderr.
+fn backend_line(o: &Output) -> String {
+    let err = String::from_utf8_lossy(&o.stderr).into_owned();
+    let lines: Vec<&str> = err.lines().filter(|l| l.starts_with("backend:")).collect();
+    assert_eq!(lines.len(), 1, "one backend line expected\n{}", text(o));
+    lines[0].to_string()
+}
+
+#[test]
+fn backend_choice_on_generate_and_perplexity() {
+    let d = tiny_with_tokenizer("tiny-mqa", "backend");
+    let t = d.join("text.txt");
+    std::fs::write(&t, "hello world, hello").unwrap();
+    let ppl = |extra: &[&str]| {
+        amk()
+            .args(["perplexity", "--model"])
+            .arg(&d)
+            .arg("--text-file")
+            .arg(&t)
+            .args(["--max-seq", "64", "--json"])
+            .args(extra)
+            .output()
+            .unwrap()
+    };
+    // --backend cpu: the CPU VM as before, in every dtype; stdout is pure JSON.
+    let mut cpu = None;
+    for dtype in ["f32", "f16", "bf16"] {
+        let o = ppl(&["--backend", "cpu", "--dtype", dtype]);
+        assert!(o.status.success(), "{dtype}: {}", text(&o));
+        assert_eq!(backend_line(&o), "backend: cpu");
+        let v = json(&o);
+        assert_eq!(v["backend"], "cpu", "{v}");
+        assert!(v["nll"].as_f64().unwrap().is_finite(), "{v}");
+        if dtype == "f32" {
+            cpu = Some(v);
+        }
+    }
+    let cpu = cpu.unwrap();
+    // The default (auto): the GPU if there is one, else the CPU with the reason.
+    let o = ppl(&[]);
+    assert!(o.status.success(), "{}", text(&o));
+    let line = backend_line(&o);
+    let v = json(&o);
+    match gpu() {
+        Ok(info) => {
+            assert_eq!(line, format!("backend: cuda ({info})"));
+            assert_eq!(v["backend"], "cuda");
+            let (a, b) = (v["nll"].as_f64().unwrap(), cpu["nll"].as_f64().unwrap());
+            assert!(
+                (a - b).abs() < 1e-3 * b.abs().max(1.0),
+                "cuda {a} vs cpu {b}"
+            );
+        }
+        Err(why) => {
+            assert!(
+                line.starts_with("backend: cpu (cuda unavailable:"),
+                "{line}"
+            );
+            assert!(line.contains(why.lines().next().unwrap()), "{line}");
+            if !cfg!(feature = "cuda") {
+                assert!(line.contains("built without the `cuda` feature"), "{line}");
+            }
+            assert_eq!(v, cpu);
+        }
+    }
+
+    // generate --backend cpu / auto: the summary names the backend that ran.
+    let gen_args = ["--prompt", "hello", "-n", "2", "--ignore-eos"];
+    let o = amk()
+        .args(["generate", "--model"])
+        .arg(&d)
+        .args(gen_args)
+        .args(["--backend", "cpu", "--dtype", "bf16"])
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", text(&o));
+    assert_eq!(backend_line(&o), "backend: cpu");
+    assert!(
+        String::from_utf8_lossy(&o.stderr).contains("backend cpu]"),
+        "{}",
+        text(&o)
+    );
+    let o = amk()
+        .args(["generate", "--model"])
+        .arg(&d)
+        .args(gen_args)
+        .args(["--backend", "auto", "--json"])
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", text(&o));
+    let want = if gpu().is_ok() { "cuda" } else { "cpu" };
+    assert_eq!(json(&o)["backend"], want);
+    assert!(backend_line(&o).starts_with(&format!("backend: {want}")));
+
+    // --backend cuda without a usable GPU: exit 2 with the reason (plain and --json).
+    if let Err(why) = gpu() {
+        let why = why.lines().next().unwrap().to_string();
+        let needle = if cfg!(feature = "cuda") {
+            why.as_str()
+        } else {
+            "built without the `cuda` feature"
+        };
+        let o = amk()
+            .args(["generate", "--model"])
+            .arg(&d)
+            .args(gen_args)
+            .args(["--backend", "cuda"])
+            .output()
+            .unwrap();
+        expect_usage_error(&o, needle);
+        expect_usage_error(&o, "--backend cuda: the CUDA backend is unavailable");
+        let o = ppl(&["--backend", "cuda"]);
+        assert_eq!(o.status.code(), Some(2), "{}", text(&o));
+        let v = json(&o);
+        assert_eq!(v["error"]["kind"], "backend", "{v}");
+        let msg = v["error"]["message"].as_str().unwrap();
+        assert!(msg.contains(needle) && msg.contains("cuda"), "{msg}");
+    }
 }
 
 /// README's first command's path: no `--model` → the default SmolLM2-135M (fetched and cached

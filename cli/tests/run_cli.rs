@@ -223,7 +223,9 @@ fn json_outputs_match_the_f64_formula() {
     assert_eq!(out.status.code(), Some(0), "stderr: {}", stderr(&out));
     let doc: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     let top = doc.as_object().unwrap();
-    assert_eq!(top.keys().collect::<Vec<_>>(), vec!["outputs"]);
+    let mut keys: Vec<&String> = top.keys().collect();
+    keys.sort();
+    assert_eq!(keys, vec!["backend", "outputs"]);
     let outs = doc["outputs"].as_object().unwrap();
     let mut names: Vec<&String> = outs.keys().collect();
     names.sort();
@@ -372,14 +374,10 @@ fn bad_inputs_are_typed_errors_naming_the_buffer() {
     expect_error(&f, &["--set", &x, "--set", "tok"], 2, "NAME=", "input");
     // Missing input.
     expect_error(&f, &["--set", &x], 2, "tok", "input");
-    // Unknown backend.
-    expect_error(
-        &f,
-        &["--set", &x, "--set", &tok, "--backend", "cuda"],
-        2,
-        "cuda",
-        "backend",
-    );
+    // An unknown backend is refused by the parser.
+    let out = run(&f, &["--set", &x, "--set", &tok, "--backend", "metal"]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(stderr(&out).contains("'metal'"), "{}", stderr(&out));
     // A token id beyond the table fails in the op at run time.
     expect_error(
         &f,
@@ -524,4 +522,117 @@ fn rejected_and_unreadable_programs() {
         .unwrap();
     assert_eq!(out.status.code(), Some(2));
     assert!(stderr(&out).contains("absent.json"), "{}", stderr(&out));
+}
+
+/// What `CudaBackend::new` gives here: the device line, or why there is none.
+fn gpu() -> Result<String, String> {
+    amk_backend_cuda::CudaBackend::new(amk_backend_cuda::CudaOptions::default())
+        .map(|b| b.info().to_string())
+        .map_err(|e| e.to_string())
+}
+
+/// The `backend: ...` line on stderr (exactly one).
+fn backend_line(out: &Output) -> String {
+    let err = stderr(out);
+    let lines: Vec<&str> = err.lines().filter(|l| l.starts_with("backend:")).collect();
+    assert_eq!(lines.len(), 1, "one backend line expected: {err}");
+    lines[0].to_string()
+}
+
+#[test]
+fn backend_choice_is_announced_on_stderr() {
+    let f = fixture("backend");
+    let (x, tok) = (x_arg(), tok_arg());
+    let sets = ["--set", x.as_str(), "--set", tok.as_str()];
+    let with = |extra: &[&str]| {
+        let mut a = sets.to_vec();
+        a.extend_from_slice(extra);
+        run(&f, &a)
+    };
+    // --backend cpu: the CPU VM, as before; stdout stays pure JSON.
+    let cpu = with(&["--backend", "cpu", "--json"]);
+    assert_eq!(cpu.status.code(), Some(0), "stderr: {}", stderr(&cpu));
+    assert_eq!(backend_line(&cpu), "backend: cpu");
+    let cpu_doc: serde_json::Value = serde_json::from_slice(&cpu.stdout).unwrap();
+    assert_eq!(cpu_doc["backend"], "cpu");
+    let (_, _, best) = expected(&f.store);
+    assert_eq!(
+        cpu_doc["outputs"]["best"]["data"],
+        serde_json::json!([best])
+    );
+    let text = with(&["--backend", "cpu"]);
+    assert!(
+        stdout(&text).contains("on the cpu backend"),
+        "{}",
+        stdout(&text)
+    );
+
+    // No --backend and --backend auto: the GPU when there is one, else the CPU and why.
+    for extra in [&["--json"][..], &["--backend", "auto", "--json"]] {
+        let out = with(extra);
+        assert_eq!(out.status.code(), Some(0), "{extra:?}: {}", stderr(&out));
+        let line = backend_line(&out);
+        let doc: serde_json::Value = serde_json::from_slice(&out.stdout)
+            .unwrap_or_else(|e| panic!("{extra:?}: {e}: {}", stdout(&out)));
+        match gpu() {
+            Ok(info) => {
+                assert_eq!(line, format!("backend: cuda ({info})"));
+                assert_eq!(doc["backend"], "cuda");
+                assert_eq!(doc["outputs"]["best"]["data"], serde_json::json!([best]));
+            }
+            Err(why) => {
+                assert!(
+                    line.starts_with("backend: cpu (cuda unavailable:"),
+                    "{line}"
+                );
+                assert!(line.contains(why.lines().next().unwrap()), "{line}");
+                if !cfg!(feature = "cuda") {
+                    assert!(line.contains("built without the `cuda` feature"), "{line}");
+                }
+                assert_eq!(doc, cpu_doc, "{extra:?}");
+            }
+        }
+    }
+
+    // --backend cuda: the GPU, or exit 2 naming why not (before the program is loaded).
+    match gpu() {
+        Ok(info) => {
+            let out = with(&["--backend", "cuda", "--json"]);
+            assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+            assert_eq!(backend_line(&out), format!("backend: cuda ({info})"));
+        }
+        Err(why) => {
+            let why = why.lines().next().unwrap().to_string();
+            let needle = if cfg!(feature = "cuda") {
+                why.as_str()
+            } else {
+                "built without the `cuda` feature"
+            };
+            expect_error(
+                &f,
+                &[&sets[..], &["--backend", "cuda"]].concat(),
+                2,
+                needle,
+                "backend",
+            );
+            let out = with(&["--backend", "cuda"]);
+            assert!(
+                stderr(&out).contains("--backend cuda: the CUDA backend is unavailable"),
+                "{}",
+                stderr(&out)
+            );
+            assert!(
+                !stderr(&out).lines().any(|l| l.starts_with("backend:")),
+                "{}",
+                stderr(&out)
+            );
+            // An unreadable program is not even opened: the backend is checked first.
+            let out = amk()
+                .args(["run", "/nonexistent/prog.json", "--backend", "cuda"])
+                .output()
+                .unwrap();
+            assert_eq!(out.status.code(), Some(2));
+            assert!(stderr(&out).contains(needle), "{}", stderr(&out));
+        }
+    }
 }

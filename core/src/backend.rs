@@ -81,6 +81,28 @@ pub enum BackendError {
     /// The backend cannot run this (no reference for an op, feature not compiled, …).
     #[error("unsupported: {0}")]
     Unsupported(String),
+    /// A forward pass did not finish within the watchdog's limit; the device was told to
+    /// abort (whether it still answers is in the message).
+    #[error("timeout: the forward pass did not finish within {after_ms} ms ({detail})")]
+    Timeout {
+        /// The watchdog's limit.
+        after_ms: u64,
+        /// What became of the launch.
+        detail: String,
+    },
+    /// A task stopped on the device with an error (bad id, index out of range, …).
+    #[error("device error in task {task} ({label}): {reason}")]
+    DeviceTrap {
+        /// Task.
+        task: TaskId,
+        /// Its label or opcode.
+        label: String,
+        /// What went wrong.
+        reason: String,
+    },
+    /// The device or its driver failed.
+    #[error("device: {0}")]
+    Device(String),
 }
 
 /// One forward pass's IO outputs, by buffer name, in buffer order.
@@ -422,5 +444,72 @@ mod tests {
                 "cut {cut}"
             );
         }
+    }
+}
+
+/// Resolves a step's named IO inputs to buffer indices and checks each value's dtype and
+/// shape against its buffer (every backend's `Session::step` starts here, so they all refuse
+/// the same inputs with the same messages).
+pub fn io_input_targets(
+    program: &Program,
+    inputs: &[(&str, Tensor)],
+) -> Result<Vec<usize>, BackendError> {
+    inputs
+        .iter()
+        .map(|(name, value)| {
+            let err = |message: String| BackendError::Input {
+                name: name.to_string(),
+                message,
+            };
+            let all: Vec<usize> = (0..program.buffers.len())
+                .filter(|&b| program.buffers[b].name == *name)
+                .collect();
+            let Some(&first) = all.first() else {
+                return Err(err("no buffer has this name".into()));
+            };
+            let of_kind: Vec<usize> = all
+                .iter()
+                .copied()
+                .filter(|&b| program.buffers[b].kind == BufferKind::IO_INPUT)
+                .collect();
+            let b = match of_kind.as_slice() {
+                [b] => *b,
+                [] => {
+                    return Err(err(format!(
+                        "buffer {first} is a {} buffer, not {}",
+                        program.buffers[first].kind,
+                        BufferKind::IO_INPUT
+                    )));
+                }
+                many => {
+                    return Err(err(format!(
+                        "{} {} buffers have this name",
+                        many.len(),
+                        BufferKind::IO_INPUT
+                    )));
+                }
+            };
+            let buf = &program.buffers[b];
+            if value.dtype() != buf.dtype || value.shape() != buf.shape.as_slice() {
+                return Err(err(format!(
+                    "expected {} {:?}, got {} {:?}",
+                    buf.dtype,
+                    buf.shape,
+                    value.dtype(),
+                    value.shape()
+                )));
+            }
+            Ok(b)
+        })
+        .collect()
+}
+
+/// The error for an IO input no step has given yet.
+pub fn io_input_never_set(buffer: &crate::ir::Buffer) -> BackendError {
+    BackendError::Input {
+        name: buffer.name.clone(),
+        message: "never set: every IO input must be given at the first step (values persist to \
+                  later steps)"
+            .into(),
     }
 }

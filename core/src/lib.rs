@@ -28,7 +28,7 @@ pub use error::IrError;
 pub use import::Importer;
 pub use ir::*;
 pub use registry::{
-    CheckFn, Finding, OpRegistration, OpSpec, Origin, PARAM_FIELDS, ParamDecl, ParamType, Registry,
+    CheckFn, CudaSource, Finding, OpRegistration, OpSpec, Origin, PARAM_FIELDS, ParamDecl, ParamType, Registry,
     TaskContext, WriteRegion,
 };
 pub use tensor::{Storage, Tensor};

@@ -244,6 +244,41 @@ pub struct OpRegistration {
     pub spec: OpSpec,
     /// The CPU reference implementation (the numeric oracle every backend is judged against).
     pub reference: Option<Reference>,
+    /// The CUDA device function (compiled into the megakernel by the CUDA backend).
+    pub cuda: Option<CudaSource>,
+}
+
+/// An op's CUDA device function: source text compiled into the megakernel, and its entry.
+///
+/// The source defines `__device__ void <entry>(const amk_task_ctx& ctx)`, which the whole
+/// block calls once per task. It includes no headers, defines no `__global__` and never traps;
+/// the backend wraps it in a namespace of its own, so helper names never collide across ops.
+/// `docs/adding-an-op.md` states the full contract.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CudaSource {
+    /// The device source text.
+    pub source: Cow<'static, str>,
+    /// The device function's name.
+    pub entry: Cow<'static, str>,
+    /// Dynamic shared memory the function needs per block, in bytes.
+    pub shared_bytes: u32,
+}
+
+impl CudaSource {
+    /// A built-in op's source (const-friendly, for `inventory::submit!`).
+    pub const fn builtin(source: &'static str, entry: &'static str) -> Self {
+        CudaSource {
+            source: Cow::Borrowed(source),
+            entry: Cow::Borrowed(entry),
+            shared_bytes: 0,
+        }
+    }
+
+    /// The same source with a shared-memory need.
+    pub const fn with_shared(mut self, bytes: u32) -> Self {
+        self.shared_bytes = bytes;
+        self
+    }
 }
 
 inventory::collect!(OpRegistration);
@@ -262,6 +297,7 @@ pub enum Origin {
 pub struct Registry {
     ops: Vec<(OpSpec, Origin)>,
     references: Vec<Option<CpuReference>>,
+    cuda: Vec<Option<CudaSource>>,
     by_name: HashMap<String, usize>,
 }
 
@@ -278,7 +314,12 @@ impl Registry {
         regs.sort_by_key(|r| r.spec.code);
         let mut reg = Registry::empty();
         for r in regs {
-            reg.register_with(r.spec.clone(), Origin::Builtin, r.reference)?;
+            reg.register_full(
+                r.spec.clone(),
+                Origin::Builtin,
+                r.reference.map(CpuReference::from),
+                r.cuda.clone(),
+            )?;
         }
         Ok(reg)
     }
@@ -306,6 +347,18 @@ impl Registry {
         spec: OpSpec,
         origin: Origin,
         reference: Option<CpuReference>,
+    ) -> Result<(), IrError> {
+        self.register_full(spec, origin, reference, None)
+    }
+
+    /// [`Registry::register`] with every implementation an op can carry: a CPU reference
+    /// and a CUDA device function.
+    pub fn register_full(
+        &mut self,
+        spec: OpSpec,
+        origin: Origin,
+        reference: Option<CpuReference>,
+        cuda: Option<CudaSource>,
     ) -> Result<(), IrError> {
         let bad = |why: String| IrError::Registry(format!("op '{}': {why}", spec.name));
         if spec.name.is_empty() {
@@ -358,6 +411,7 @@ impl Registry {
         let pos = self.ops.partition_point(|(s, _)| s.code < spec.code);
         self.ops.insert(pos, (spec, origin));
         self.references.insert(pos, reference);
+        self.cuda.insert(pos, cuda);
         self.by_name.clear();
         for (i, (s, _)) in self.ops.iter().enumerate() {
             self.by_name.insert(s.name.to_string(), i);
@@ -380,6 +434,14 @@ impl Registry {
             .binary_search_by_key(&op, |(s, _)| s.code)
             .ok()
             .and_then(|i| self.references[i].as_ref())
+    }
+
+    /// The CUDA device function of `op`, if it has one.
+    pub fn cuda(&self, op: Opcode) -> Option<&CudaSource> {
+        self.ops
+            .binary_search_by_key(&op, |(s, _)| s.code)
+            .ok()
+            .and_then(|i| self.cuda[i].as_ref())
     }
 
     /// Where `op` came from.

@@ -319,12 +319,7 @@ impl CpuSession {
     /// Checks every input, then stores them all (nothing changes on an error), then checks
     /// that every IO_INPUT has a value.
     fn set_inputs(&mut self, inputs: &[(&str, Tensor)]) -> Result<(), BackendError> {
-        let mut targets = Vec::with_capacity(inputs.len());
-        for (name, value) in inputs {
-            let b = self.find(name, BufferKind::IO_INPUT)?;
-            self.check_fits(b, value)?;
-            targets.push(b);
-        }
+        let targets = amk_core::backend::io_input_targets(&self.program, inputs)?;
         for (&b, (_, value)) in targets.iter().zip(inputs) {
             match self.store[b].get_mut() {
                 Some(t) => t.clone_from(value),
@@ -334,12 +329,7 @@ impl CpuSession {
         }
         for (b, buf) in self.program.buffers.iter().enumerate() {
             if buf.kind == BufferKind::IO_INPUT && !self.io_set[b] {
-                return Err(BackendError::Input {
-                    name: buf.name.clone(),
-                    message: "never set: every IO input must be given at the first step \
-                              (values persist to later steps)"
-                        .into(),
-                });
+                return Err(amk_core::backend::io_input_never_set(buf));
             }
         }
         Ok(())

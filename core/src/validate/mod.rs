@@ -41,27 +41,6 @@ pub fn validate(p: &Program, reg: &Registry) -> ValidationResult {
     Validator::new(p, reg, &idx).run()
 }
 
-/// `next[t]`: the task after `t` in its SM's queue (task-list order), or `NO_NEXT`.
-fn queue_successors(p: &Program) -> Vec<TaskId> {
-    let mut next = vec![crate::graph::NO_NEXT; p.tasks.len()];
-    // SM ids are small in practice: index a vector, fall back to a map for odd values.
-    let mut dense = vec![crate::graph::NO_NEXT; 1024];
-    let mut sparse: HashMap<i32, TaskId> = HashMap::new();
-    for (i, t) in p.tasks.iter().enumerate() {
-        if let Some(s) = t.sm {
-            let slot = match usize::try_from(s) {
-                Ok(k) if k < dense.len() => &mut dense[k],
-                _ => sparse.entry(s).or_insert(crate::graph::NO_NEXT),
-            };
-            if *slot != crate::graph::NO_NEXT {
-                next[*slot as usize] = i as TaskId;
-            }
-            *slot = i as TaskId;
-        }
-    }
-    next
-}
-
 fn ids_are_canonical(p: &Program) -> bool {
     p.tasks.iter().enumerate().all(|(i, t)| t.id as usize == i)
         && p.buffers
@@ -166,7 +145,7 @@ impl<'a> Validator<'a> {
         self.check_waits();
         // With SMs assigned, one Kahn pass over dependency + queue-order edges usually decides
         // both acyclicity and queue safety (its order is a valid dependency order too).
-        let next = self.p.sm_assigned().then(|| queue_successors(self.p));
+        let next = self.p.sm_assigned().then(|| crate::graph::queue_successors(self.p));
         let (order, queue_deadlock) = match next
             .as_deref()
             .map(|n| crate::graph::topo_order_with(self.p, self.idx, Some(n)))

@@ -1,7 +1,8 @@
 //! Opcode `ALLREDUCE_SHARD` (code 15): Sum of shards (the single-node all-reduce).
 //!
 //! This crate owns everything about the op: its spec (arity, params), its static shape rule
-//! for the validator, and (as they land) its CPU reference and CUDA device function.
+//! for the validator, its CPU reference (`reference.rs`) and its CUDA device function
+//! (`allreduce-shard.cu`).
 
 use amk_core::opcheck::{self, Checker};
 use amk_core::{Finding, OpRegistration, OpSpec, Opcode, Reference, TaskContext};
@@ -26,6 +27,10 @@ amk_core::inventory::submit! {
     OpRegistration {
         spec: SPEC,
         reference: Some(Reference { run: reference::run, in_place: &[] }),
+        cuda: Some(amk_core::CudaSource::builtin(
+            include_str!("allreduce-shard.cu"),
+            "amk_op_allreduce_shard",
+        )),
     }
 }
 

@@ -1,7 +1,8 @@
 //! Opcode `ATTENTION_COMBINE` (code 18): Merges split-KV attention partials [acc|m|l] into the normalised output.
 //!
 //! This crate owns everything about the op: its spec (arity, params), its static shape rule
-//! for the validator, and (as they land) its CPU reference and CUDA device function.
+//! for the validator, its CPU reference (`reference.rs`) and its CUDA device function
+//! (`attention-combine.cu`).
 
 use amk_core::opcheck::{Checker, desc};
 use amk_core::{
@@ -34,6 +35,7 @@ amk_core::inventory::submit! {
     OpRegistration {
         spec: SPEC,
         reference: Some(Reference { run: reference::run, in_place: &[] }),
+        cuda: Some(amk_core::CudaSource::builtin(include_str!("attention-combine.cu"), "amk_op_attention_combine")),
     }
 }
 

@@ -1,7 +1,8 @@
 //! Opcode `ATTENTION_TILE` (code 7): GQA decode attention over cache rows [kv_start, kv_start+kv_len); flags bit 1 writes un-normalised [acc|m|l] partials.
 //!
 //! This crate owns everything about the op: its spec (arity, params), its static shape rule
-//! for the validator, and (as they land) its CPU reference and CUDA device function.
+//! for the validator, its CPU reference (`reference.rs`) and its CUDA device function
+//! (`attention-tile.cu`).
 
 use amk_core::opcheck::{Checker, desc};
 use amk_core::{
@@ -41,6 +42,7 @@ amk_core::inventory::submit! {
     OpRegistration {
         spec: SPEC,
         reference: Some(Reference { run: reference::run, in_place: &[] }),
+        cuda: Some(amk_core::CudaSource::builtin(include_str!("attention-tile.cu"), "amk_op_attention_tile")),
     }
 }
 

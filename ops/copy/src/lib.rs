@@ -1,7 +1,8 @@
 //! Opcode `COPY` (code 1): Copies one buffer into another, cast to the output dtype.
 //!
 //! This crate owns everything about the op: its spec (arity, params), its static shape rule
-//! for the validator, and (as they land) its CPU reference and CUDA device function.
+//! for the validator, its CPU reference (`reference.rs`) and its CUDA device function
+//! (`copy.cu`).
 
 use amk_core::opcheck::Checker;
 use amk_core::{Finding, OpRegistration, OpSpec, Opcode, Reference, TaskContext};
@@ -26,6 +27,7 @@ amk_core::inventory::submit! {
     OpRegistration {
         spec: SPEC,
         reference: Some(Reference { run: reference::run, in_place: &[] }),
+        cuda: Some(amk_core::CudaSource::builtin(include_str!("copy.cu"), "amk_op_copy")),
     }
 }
 

@@ -1,8 +1,8 @@
 //! Opcode `DEQUANT` (code 13): Group-wise dequantisation (q - zero) * scale.
 //!
 //! This crate owns everything about the op: its spec (arity, params), its static shape rule
-//! for the validator, its CPU reference ([`reference`](mod@reference)) and (as it lands) its
-//! CUDA device function.
+//! for the validator, its CPU reference ([`reference`](mod@reference)) and its CUDA device
+//! function (`dequant.cu`).
 
 use amk_core::opcheck::{Checker, desc};
 use amk_core::{
@@ -32,6 +32,7 @@ amk_core::inventory::submit! {
     OpRegistration {
         spec: SPEC,
         reference: Some(Reference { run: reference::run, in_place: &[] }),
+        cuda: Some(amk_core::CudaSource::builtin(include_str!("dequant.cu"), "amk_op_dequant")),
     }
 }
 

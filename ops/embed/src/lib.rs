@@ -1,7 +1,8 @@
 //! Opcode `EMBED` (code 2): Gathers table rows by integer ids; also the flat-to-heads reshape bridge.
 //!
 //! This crate owns everything about the op: its spec (arity, params), its static shape rule
-//! for the validator, and (as they land) its CPU reference and CUDA device function.
+//! for the validator, its CPU reference (`reference.rs`) and its CUDA device function
+//! (`embed.cu`).
 
 use amk_core::opcheck::{Checker, desc};
 use amk_core::{
@@ -30,6 +31,7 @@ amk_core::inventory::submit! {
     OpRegistration {
         spec: SPEC,
         reference: Some(Reference { run: reference::run, in_place: &[] }),
+        cuda: Some(amk_core::CudaSource::builtin(include_str!("embed.cu"), "amk_op_embed")),
     }
 }
 

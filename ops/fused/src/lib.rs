@@ -2,8 +2,8 @@
 //!
 //! This crate owns everything about the op: its spec (arity, params), its static recipe rule
 //! for the validator ([`recipe`]), its CPU reference ([`mod@reference`], which runs each step
-//! through the registry's reference of the step's op) and (as it lands) its CUDA device
-//! function.
+//! through the registry's reference of the step's op) and its CUDA device function
+//! (`fused.cu`, which runs the steps the backend expanded from the recipe at load).
 
 pub mod recipe;
 pub mod reference;
@@ -31,6 +31,7 @@ amk_core::inventory::submit! {
     OpRegistration {
         spec: SPEC,
         reference: Some(Reference { run: reference::run, in_place: &[] }),
+        cuda: Some(amk_core::CudaSource::builtin(include_str!("fused.cu"), "amk_op_fused")),
     }
 }
 

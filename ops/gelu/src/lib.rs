@@ -1,7 +1,8 @@
 //! Opcode `GELU` (code 10): Exact (erf) GELU, element-wise.
 //!
 //! This crate owns everything about the op: its spec (arity, params), its static shape rule
-//! for the validator, and (as they land) its CPU reference and CUDA device function.
+//! for the validator, its CPU reference (`reference.rs`) and its CUDA device function
+//! (`gelu.cu`).
 
 use amk_core::opcheck::{self, Checker};
 use amk_core::{Finding, OpRegistration, OpSpec, Opcode, Reference, TaskContext};
@@ -26,6 +27,7 @@ amk_core::inventory::submit! {
     OpRegistration {
         spec: SPEC,
         reference: Some(Reference { run: reference::run, in_place: &[] }),
+        cuda: Some(amk_core::CudaSource::builtin(include_str!("gelu.cu"), "amk_op_gelu")),
     }
 }
 

@@ -2,7 +2,7 @@
 //!
 //! This crate owns everything about the op: its spec (arity, params), its static shape rule
 //! for the validator, its CPU reference ([`reference`](mod@reference): GEMV_TILE's linear
-//! tile over a row range) and (as it lands) its CUDA device function.
+//! tile over a row range) and its CUDA device function (`gemm-tile.cu`).
 
 use amk_core::opcheck::{self, Checker};
 use amk_core::{
@@ -37,6 +37,7 @@ amk_core::inventory::submit! {
     OpRegistration {
         spec: SPEC,
         reference: Some(Reference { run: reference::run, in_place: &[] }),
+        cuda: Some(amk_core::CudaSource::builtin(include_str!("gemm-tile.cu"), "amk_op_gemm_tile")),
     }
 }
 

@@ -2,7 +2,7 @@
 //!
 //! This crate owns everything about the op: its spec (arity, params), its static shape rule
 //! for the validator, its CPU reference ([`reference`](mod@reference), shared with GEMM_TILE
-//! through [`reference::linear`]) and (as it lands) its CUDA device function.
+//! through [`reference::linear`]) and its CUDA device function (`gemv-tile.cu`).
 
 use amk_core::opcheck::{self, Checker};
 use amk_core::{
@@ -38,6 +38,7 @@ amk_core::inventory::submit! {
     OpRegistration {
         spec: SPEC,
         reference: Some(Reference { run: reference::run, in_place: &[] }),
+        cuda: Some(amk_core::CudaSource::builtin(include_str!("gemv-tile.cu"), "amk_op_gemv_tile")),
     }
 }
 

@@ -1,7 +1,8 @@
 //! Opcode `KV_APPEND` (code 16): Writes new K or V rows into the cache at pos, in place.
 //!
 //! This crate owns everything about the op: its spec (arity, params), its static shape rule
-//! for the validator, and (as they land) its CPU reference and CUDA device function.
+//! for the validator, its CPU reference (`reference.rs`) and its CUDA device function
+//! (`kv-append.cu`).
 
 use amk_core::opcheck::{Checker, desc};
 use amk_core::{
@@ -28,6 +29,7 @@ amk_core::inventory::submit! {
     OpRegistration {
         spec: SPEC,
         reference: Some(Reference { run: reference::run, in_place: &[(1, 0)] }),
+        cuda: Some(amk_core::CudaSource::builtin(include_str!("kv-append.cu"), "amk_op_kv_append")),
     }
 }
 

@@ -1,7 +1,8 @@
 //! Opcode `NOP` (code 0): Does nothing: a pure synchronisation point.
 //!
 //! This crate owns everything about the op: its spec (arity, params), its static shape rule
-//! for the validator, and (as they land) its CPU reference and CUDA device function.
+//! for the validator, its CPU reference (`reference.rs`) and its CUDA device function
+//! (`nop.cu`).
 
 use amk_core::{OpRegistration, OpSpec, Opcode, Reference};
 use std::borrow::Cow;
@@ -25,5 +26,6 @@ amk_core::inventory::submit! {
     OpRegistration {
         spec: SPEC,
         reference: Some(Reference { run: reference::run, in_place: &[] }),
+        cuda: Some(amk_core::CudaSource::builtin(include_str!("nop.cu"), "amk_op_nop")),
     }
 }

@@ -6,7 +6,8 @@
 //! `tile_out_of_bounds` (an out-of-range param value, like a non-positive `theta`).
 //!
 //! This crate owns everything about the op: its spec (arity, params), its static shape rule
-//! for the validator, and (as they land) its CPU reference and CUDA device function.
+//! for the validator, its CPU reference (`reference.rs`) and its CUDA device function
+//! (`rope.cu`).
 
 use amk_core::opcheck::{Checker, desc};
 use amk_core::{
@@ -39,6 +40,7 @@ amk_core::inventory::submit! {
     OpRegistration {
         spec: SPEC,
         reference: Some(Reference { run: reference::run, in_place: &[] }),
+        cuda: Some(amk_core::CudaSource::builtin(include_str!("rope.cu"), "amk_op_rope")),
     }
 }
 

@@ -3,7 +3,8 @@
 //!
 //! `x` is viewed as heads of `head_dim` (even). With `half = head_dim / 2`, frequency `i`
 //! (`0 ≤ i < half`) is `inv_freq[i] = 1 / theta^(i / half)` and its angle `ang = pos ·
-//! inv_freq[i]`, both computed in fp32 as the reference does; `cos`/`sin` of that fp32 angle
+//! inv_freq[i]`, both rounded to fp32 step by step (the power is taken in f64 and rounded to
+//! fp32, see [`inv_freq`]); `cos`/`sin` of that fp32 angle
 //! are rounded to fp32 from f64, and the rotation itself is fp32, cast on store. Which dims
 //! form the rotated pair depends on `pairing`:
 //! - `0` (default), rotate-half (Llama / NeoX): dims `i` and `i + half`,
@@ -25,11 +26,18 @@ pub const PAIRING_ADJACENT: i64 = 1;
 /// Exclusive upper bound of a position (they are int32 on the device).
 const POSITION_LIMIT: u64 = 1 << 31;
 
-/// `inv_freq[i] = 1 / theta^(i / half)` for `i < half`, every step in fp32 as the reference
-/// (and HuggingFace) compute it: `arange(half) / half`, the power, then the reciprocal.
+/// `inv_freq[i] = 1 / theta^(i / half)` for `i < half`, every step rounded to fp32 as the
+/// reference (and HuggingFace) compute it: `arange(half) / half` in fp32, the power, then the
+/// reciprocal in fp32. The power itself is taken in f64 and rounded to fp32 (a correctly
+/// rounded fp32 power in practice), so the CUDA device function, which does the same with
+/// CUDA's f64 `pow`, gets the same fp32 value; a libm `powf` is not guaranteed to round the
+/// same way on every platform.
 pub fn inv_freq(theta: f32, half: usize) -> Vec<f32> {
     (0..half)
-        .map(|i| 1.0 / theta.powf(i as f32 / half as f32))
+        .map(|i| {
+            let e = i as f32 / half as f32;
+            1.0f32 / ((theta as f64).powf(e as f64) as f32)
+        })
         .collect()
 }
 

@@ -1,7 +1,8 @@
 //! Opcode `SAMPLE_ARGMAX` (code 17): Index of the largest logit of each row (lowest index on ties), as I32.
 //!
 //! This crate owns everything about the op: its spec (arity, params), its static shape rule
-//! for the validator, and (as they land) its CPU reference and CUDA device function.
+//! for the validator, its CPU reference ([`reference`](mod@reference)) and its CUDA device
+//! function (`sample-argmax.cu`).
 
 use amk_core::opcheck::{Checker, desc};
 use amk_core::{DType, Finding, OpRegistration, OpSpec, Opcode, Reference, TaskContext};
@@ -28,6 +29,7 @@ amk_core::inventory::submit! {
     OpRegistration {
         spec: SPEC,
         reference: Some(Reference { run: reference::run, in_place: &[] }),
+        cuda: Some(amk_core::CudaSource::builtin(include_str!("sample-argmax.cu"), "amk_op_sample_argmax")),
     }
 }
 

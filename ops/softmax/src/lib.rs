@@ -1,7 +1,8 @@
 //! Opcode `SOFTMAX` (code 14): Softmax along one dimension (default: the last).
 //!
 //! This crate owns everything about the op: its spec (arity, params), its static shape rule
-//! for the validator, and (as they land) its CPU reference and CUDA device function.
+//! for the validator, its CPU reference (`reference.rs`) and its CUDA device function
+//! (`softmax.cu`).
 
 use amk_core::opcheck::{self, Checker, desc};
 use amk_core::{
@@ -28,6 +29,7 @@ amk_core::inventory::submit! {
     OpRegistration {
         spec: SPEC,
         reference: Some(Reference { run: reference::run, in_place: &[] }),
+        cuda: Some(amk_core::CudaSource::builtin(include_str!("softmax.cu"), "amk_op_softmax")),
     }
 }
 

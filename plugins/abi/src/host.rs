@@ -28,17 +28,9 @@ const MAX_SOURCE: usize = 16 << 20;
 /// Size of the error buffer handed to references.
 const ERR_CAP: usize = 1024;
 
-/// A plugin op's CUDA device function, copied from the descriptor (carried for the CUDA
-/// backend; not compiled yet).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct CudaSource {
-    /// Source text.
-    pub source: String,
-    /// Device function name.
-    pub entry: String,
-    /// Dynamic shared memory it needs, in bytes.
-    pub shared_bytes: u32,
-}
+/// A plugin op's CUDA device function, copied from the descriptor into owned strings and
+/// registered with the op, so the CUDA backend compiles it into the megakernel.
+pub use amk_core::CudaSource;
 
 /// One op a loaded plugin registered.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -200,7 +192,7 @@ pub(crate) unsafe fn register_descriptor(
         let (spec, loaded, reference) = read_op(&p, i, od)?;
         let cpu = reference.map(|f| dynamic_reference(f, lib.clone(), &spec));
         staged
-            .register_cpu(spec, Origin::Plugin(p.clone()), cpu)
+            .register_full(spec, Origin::Plugin(p.clone()), cpu, loaded.cuda.clone())
             .map_err(|source| PluginError::Registry {
                 path: p.clone(),
                 source,
@@ -395,8 +387,8 @@ fn read_op(p: &Path, i: usize, od: &OpDescriptorV1) -> Result<ReadOp, PluginErro
     let cuda = match (cuda_source.is_empty(), cuda_entry.is_empty()) {
         (true, true) => None,
         (false, false) => Some(CudaSource {
-            source: cuda_source,
-            entry: cuda_entry,
+            source: cuda_source.into(),
+            entry: cuda_entry.into(),
             shared_bytes: od.cuda_shared_bytes,
         }),
         _ => {
@@ -633,7 +625,7 @@ mod tests {
         assert_eq!(loaded.version, "1.0");
         assert_eq!(loaded.ops.len(), 1);
         let cuda = loaded.ops[0].cuda.as_ref().unwrap();
-        assert_eq!((cuda.entry.as_str(), cuda.shared_bytes), ("f", 128));
+        assert_eq!((cuda.entry.as_ref(), cuda.shared_bytes), ("f", 128));
         assert_eq!(reg.resolve_name("t.a"), Some(Opcode(1000)));
         assert_eq!(
             reg.origin(Opcode(1000)),

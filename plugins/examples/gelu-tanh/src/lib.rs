@@ -14,13 +14,30 @@ pub const CODE: u32 = 1001;
 /// The op's namespaced name.
 pub const NAME: &str = "example.gelu_tanh";
 
-/// CUDA device function (carried by the host for the CUDA backend; not compiled yet).
-const CUDA_SOURCE: &str = r#"
-__device__ __forceinline__ float amk_example_gelu_tanh(float x) {
-    const float k = 0.7978845608028654f; // sqrt(2 / pi)
+/// CUDA device function, compiled into the megakernel by the CUDA backend (the contract is
+/// in `docs/plugins.md`): the whole block runs one task, elementwise over the output, with the
+/// same fp32 formula as [`gelu_tanh`] and the same cast on store.
+pub const CUDA_SOURCE: &str = r#"
+__device__ __forceinline__ float gelu_tanh_scalar(float x) {
+    const float k = 0.7978846f; // sqrt(2 / pi), as the CPU reference rounds it
     return 0.5f * x * (1.0f + tanhf(k * (x + 0.044715f * x * x * x)));
 }
+
+__device__ void amk_example_gelu_tanh(const amk_task_ctx& ctx) {
+    const amk_buffer_t* x = amk_in(ctx, 0);
+    const amk_buffer_t* y = amk_out(ctx, 0);
+    const bool ok_in = x->dtype == AMK_F32 || x->dtype == AMK_F16 || x->dtype == AMK_BF16;
+    const bool ok_out = y->dtype == AMK_F32 || y->dtype == AMK_F16 || y->dtype == AMK_BF16;
+    if (!ok_in || !ok_out) { amk_fail(ctx, AMK_ERR_DTYPE, ok_in ? y->dtype : x->dtype); return; }
+    if (x->numel != y->numel) { amk_fail(ctx, AMK_ERR_SHAPE, y->numel); return; }
+    for (long long i = threadIdx.x; i < y->numel; i += AMK_THREADS) {
+        amk_st(y, i, gelu_tanh_scalar(amk_ld(x, i)));
+    }
+}
 "#;
+
+/// The CUDA entry name.
+pub const CUDA_ENTRY: &str = "amk_example_gelu_tanh";
 
 /// The tanh-approximated GELU of one value, in fp32.
 pub fn gelu_tanh(x: f32) -> f32 {
@@ -61,7 +78,7 @@ cpu_reference!(pub gelu_tanh_c => gelu_tanh_reference);
 /// The op table.
 static OPS: [OpDescriptorV1; 1] = [OpDescriptorV1::new(NAME, CODE, 1, 1, 1, Some(gelu_tanh_c))
     .with_summary("y = 0.5·x·(1 + tanh(√(2/π)(x + 0.044715x³))), elementwise")
-    .with_cuda(CUDA_SOURCE, "amk_example_gelu_tanh", 0)];
+    .with_cuda(CUDA_SOURCE, CUDA_ENTRY, 0)];
 
 export_plugin!(PluginDescriptorV1::new(
     "amk-example-gelu-tanh",

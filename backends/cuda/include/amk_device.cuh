@@ -1,0 +1,302 @@
+/* amk_device.cuh — what every op's device function may use.
+ *
+ * The contract (docs/adding-an-op.md has the long form):
+ *   __device__ void amk_op_<name>(const amk_task_ctx& ctx);
+ * - The whole block (blockDim.x == AMK_THREADS) calls it once per task; every thread returns,
+ *   and control flow around __syncthreads() is block-uniform.
+ * - Operands: amk_in(ctx, i) / amk_out(ctx, j); params: ctx.inst->params; dynamic shared
+ *   memory: ctx.smem (ctx.smem_bytes bytes).
+ * - fp32 math, cast on store (amk_ld / amk_st switch on the dtype, rounding like the CPU VM).
+ *   Activations and KV caches are written inside the same launch: never read them through the
+ *   read-only path (no __ldg, no const __restrict__).
+ * - Never touches counters, never traps: errors go through amk_fail(), after which the function
+ *   returns (block-uniformly).
+ * - No fast-math intrinsics (__expf, __sinf, __powf, __fdividef, ...): fp32 results must stay
+ *   within 1e-5 of the CPU VM.
+ */
+#ifndef AMK_DEVICE_CUH
+#define AMK_DEVICE_CUH
+
+#ifndef AMK_THREADS
+#define AMK_THREADS 256
+#endif
+#define AMK_WARPS (AMK_THREADS / 32)
+
+struct amk_task_ctx {
+  const amk_device_program_t* prog;
+  const amk_instruction_t* inst;
+  int32_t task;          /* the task's id (index into prog->instructions) */
+  int32_t step;          /* FUSED step index, -1 for an ordinary task */
+  unsigned char* smem;   /* dynamic shared memory */
+  int32_t smem_bytes;
+  int* failed;           /* block-shared: set by amk_fail */
+};
+
+__device__ __forceinline__ const amk_buffer_t* amk_in(const amk_task_ctx& c, int i) {
+  return &c.prog->buffers[c.inst->inputs[i]];
+}
+__device__ __forceinline__ const amk_buffer_t* amk_out(const amk_task_ctx& c, int j) {
+  return &c.prog->buffers[c.inst->outputs[j]];
+}
+
+/* Records the launch's first error (task, op, code, detail), raises the abort flag so every
+ * other block stops waiting, and marks this block failed. Any number of threads may call it. */
+__device__ __noinline__ void amk_fail(const amk_task_ctx& c, int code, long long detail) {
+  amk_status_t* st = c.prog->status;
+  if (atomicCAS(&st->code, 0, -1) == 0) {
+    st->task = c.task;
+    st->op = c.inst->op;
+    st->step = c.step;
+    st->detail = detail;
+    __threadfence_system();
+    *((volatile int32_t*)&st->code) = code;
+    __threadfence_system();
+  }
+  *c.prog->abort_flag = -1;
+  __threadfence_system();
+  *c.failed = 1;
+}
+
+/* ---- scalar conversions (bit-exact with the CPU VM's `half` crate and cast rules) ---- */
+
+__device__ __forceinline__ float amk_f16_to_f32(uint16_t h) {
+  float f;
+  asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h));
+  return f;
+}
+__device__ __forceinline__ uint16_t amk_f32_to_f16(float f) {
+  uint16_t h;
+  asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(f));
+  return h;
+}
+__device__ __forceinline__ float amk_bf16_to_f32(uint16_t h) {
+  return __uint_as_float(((uint32_t)h) << 16);
+}
+/* Round to nearest even; NaN stays a quiet NaN (as `half::bf16::from_f32`). */
+__device__ __forceinline__ uint16_t amk_f32_to_bf16(float f) {
+  uint32_t u = __float_as_uint(f);
+  if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40u);
+  u += 0x7fffu + ((u >> 16) & 1u);
+  return (uint16_t)(u >> 16);
+}
+
+/* fp8: exp bits, mantissa bits, bias; e4m3 has no infinity (only S.1111.111 is NaN). */
+__device__ __forceinline__ float amk_f8_to_f32(uint8_t b, int eb, int mb, int bias, bool ieee) {
+  float sign = (b & 0x80) ? -1.0f : 1.0f;
+  int e = (b >> mb) & ((1 << eb) - 1);
+  int m = b & ((1 << mb) - 1);
+  int emax = (1 << eb) - 1;
+  if (ieee && e == emax) return m == 0 ? sign * __int_as_float(0x7f800000) : __int_as_float(0x7fc00000);
+  if (!ieee && e == emax && m == (1 << mb) - 1) return __int_as_float(0x7fc00000);
+  float scale = (float)(1 << mb);
+  if (e == 0) return sign * ((float)m / scale) * ldexpf(1.0f, 1 - bias);
+  return sign * (1.0f + (float)m / scale) * ldexpf(1.0f, e - bias);
+}
+/* Nearest code, ties to the even code, saturating (the CPU's binary search, same answers). */
+__device__ __noinline__ uint8_t amk_f32_to_f8(float x, int eb, int mb, int bias, bool ieee) {
+  if (x != x) return 0x7f;
+  uint8_t sign = (__float_as_uint(x) >> 31) ? 0x80 : 0;
+  float a = fabsf(x);
+  int max_code = ieee ? ((((1 << eb) - 2) << mb) | ((1 << mb) - 1)) : 0x7e;
+  if (ieee && isinf(a)) return sign | (uint8_t)(((1 << eb) - 1) << mb);
+  if (a >= amk_f8_to_f32((uint8_t)max_code, eb, mb, bias, ieee)) return sign | (uint8_t)max_code;
+  int lo = 0, hi = max_code;
+  while (lo < hi) {
+    int mid = lo + (hi - lo + 1) / 2;
+    if (amk_f8_to_f32((uint8_t)mid, eb, mb, bias, ieee) <= a) lo = mid; else hi = mid - 1;
+  }
+  float vb = amk_f8_to_f32((uint8_t)lo, eb, mb, bias, ieee);
+  float va = amk_f8_to_f32((uint8_t)(lo + 1), eb, mb, bias, ieee);
+  int code = (a - vb < va - a || (a - vb == va - a && lo % 2 == 0)) ? lo : lo + 1;
+  return sign | (uint8_t)code;
+}
+
+/* Rust `as` casts from f32: truncate toward zero, saturate, NaN -> 0. */
+__device__ __forceinline__ int32_t amk_f32_to_i32_sat(float x) {
+  if (x != x) return 0;
+  if (x >= 2147483647.0f) return 2147483647;
+  if (x <= -2147483648.0f) return (int32_t)0x80000000;
+  return (int32_t)x;
+}
+__device__ __forceinline__ long long amk_f32_to_i64_sat(float x) {
+  if (x != x) return 0;
+  if (x >= 9.2233720368547758e18f) return 0x7fffffffffffffffLL;
+  if (x <= -9.2233720368547758e18f) return (long long)0x8000000000000000ULL;
+  return (long long)x;
+}
+
+/* Element i of a row-packed I4 buffer: rows of ceil(K/2) bytes, K = last dim, low nibble first. */
+__device__ __forceinline__ long long amk_i4_byte(const amk_buffer_t* b, long long i, int* shift) {
+  long long k = b->rank > 0 ? b->shape[b->rank - 1] : 1;
+  if (k < 1) k = 1;
+  long long row = i / k, col = i % k;
+  *shift = 4 * (int)(col & 1);
+  return row * ((k + 1) / 2) + col / 2;
+}
+
+/* ---- element loads and stores by dtype (the CPU VM's get_f32 / set_f32 / get_i64 / set_i64) ---- */
+
+__device__ __forceinline__ float amk_ld(const amk_buffer_t* b, long long i) {
+  switch (b->dtype) {
+    case AMK_F32: return ((const float*)b->ptr)[i];
+    case AMK_F16: return amk_f16_to_f32(((const uint16_t*)b->ptr)[i]);
+    case AMK_BF16: return amk_bf16_to_f32(((const uint16_t*)b->ptr)[i]);
+    case AMK_I32: return (float)((const int32_t*)b->ptr)[i];
+    case AMK_I8: return (float)((const int8_t*)b->ptr)[i];
+    case AMK_U8: return (float)((const uint8_t*)b->ptr)[i];
+    case AMK_BOOL: return ((const uint8_t*)b->ptr)[i] != 0 ? 1.0f : 0.0f;
+    case AMK_F8E4M3: return amk_f8_to_f32(((const uint8_t*)b->ptr)[i], 4, 3, 7, false);
+    case AMK_F8E5M2: return amk_f8_to_f32(((const uint8_t*)b->ptr)[i], 5, 2, 15, true);
+    case AMK_I4: {
+      int s;
+      long long at = amk_i4_byte(b, i, &s);
+      return (float)((((const uint8_t*)b->ptr)[at] >> s) & 0xf);
+    }
+    default: return __int_as_float(0x7fc00000);
+  }
+}
+
+__device__ __forceinline__ void amk_st(const amk_buffer_t* b, long long i, float x) {
+  switch (b->dtype) {
+    case AMK_F32: ((float*)b->ptr)[i] = x; break;
+    case AMK_F16: ((uint16_t*)b->ptr)[i] = amk_f32_to_f16(x); break;
+    case AMK_BF16: ((uint16_t*)b->ptr)[i] = amk_f32_to_bf16(x); break;
+    case AMK_I32: ((int32_t*)b->ptr)[i] = amk_f32_to_i32_sat(x); break;
+    case AMK_I8: {
+      int32_t v = amk_f32_to_i32_sat(x);
+      ((int8_t*)b->ptr)[i] = (int8_t)(v < -128 ? -128 : (v > 127 ? 127 : v));
+      break;
+    }
+    case AMK_U8: {
+      int32_t v = amk_f32_to_i32_sat(x);
+      ((uint8_t*)b->ptr)[i] = (uint8_t)(v < 0 ? 0 : (v > 255 ? 255 : v));
+      break;
+    }
+    case AMK_BOOL: ((uint8_t*)b->ptr)[i] = (x != 0.0f) ? 1 : 0; break;
+    case AMK_F8E4M3: ((uint8_t*)b->ptr)[i] = amk_f32_to_f8(x, 4, 3, 7, false); break;
+    case AMK_F8E5M2: ((uint8_t*)b->ptr)[i] = amk_f32_to_f8(x, 5, 2, 15, true); break;
+    case AMK_I4: {
+      /* Two elements share a byte: callers writing I4 must give both nibbles of a byte to the
+       * same thread (or serialise); this read-modify-write is not atomic. */
+      int s;
+      long long at = amk_i4_byte(b, i, &s);
+      long long q = amk_f32_to_i64_sat(x);
+      uint8_t v = (uint8_t)(q < 0 ? 0 : (q > 15 ? 15 : q));
+      uint8_t* p = (uint8_t*)b->ptr + at;
+      *p = (uint8_t)((*p & ~(0xf << s)) | (v << s));
+      break;
+    }
+    default: break;
+  }
+}
+
+__device__ __forceinline__ long long amk_ldi(const amk_buffer_t* b, long long i) {
+  switch (b->dtype) {
+    case AMK_I32: return ((const int32_t*)b->ptr)[i];
+    case AMK_I8: return ((const int8_t*)b->ptr)[i];
+    case AMK_U8: return ((const uint8_t*)b->ptr)[i];
+    default: return amk_f32_to_i64_sat(amk_ld(b, i));
+  }
+}
+
+__device__ __forceinline__ void amk_sti(const amk_buffer_t* b, long long i, long long x) {
+  switch (b->dtype) {
+    case AMK_I32:
+      ((int32_t*)b->ptr)[i] = (int32_t)(x < -2147483648LL ? -2147483648LL : (x > 2147483647LL ? 2147483647LL : x));
+      break;
+    case AMK_I8: ((int8_t*)b->ptr)[i] = (int8_t)(x < -128 ? -128 : (x > 127 ? 127 : x)); break;
+    case AMK_U8: ((uint8_t*)b->ptr)[i] = (uint8_t)(x < 0 ? 0 : (x > 255 ? 255 : x)); break;
+    default: amk_st(b, i, (float)x); break;
+  }
+}
+
+__device__ __forceinline__ bool amk_is_float(int dtype) {
+  return dtype == AMK_F32 || dtype == AMK_F16 || dtype == AMK_BF16 || dtype == AMK_F8E4M3 ||
+         dtype == AMK_F8E5M2;
+}
+
+/* Last dim of a buffer (1 for rank 0), as the CPU VM's `last_dim`. */
+__device__ __forceinline__ long long amk_last_dim(const amk_buffer_t* b) {
+  return b->rank > 0 ? b->shape[b->rank - 1] : 1;
+}
+
+/* Bytes a buffer occupies (row-packed I4: rows of ceil(K/2) bytes). */
+__device__ __forceinline__ long long amk_buffer_bytes(const amk_buffer_t* b) {
+  switch (b->dtype) {
+    case AMK_F32: case AMK_I32: return b->numel * 4;
+    case AMK_F16: case AMK_BF16: return b->numel * 2;
+    case AMK_I4: {
+      long long k = amk_last_dim(b);
+      if (k < 1) return 0;
+      return (b->numel / k) * ((k + 1) / 2);
+    }
+    default: return b->numel;
+  }
+}
+
+/* ---- block reductions (every thread calls; every thread gets the result) ---- */
+
+__device__ __forceinline__ float amk_warp_sum(float v) {
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+__device__ __forceinline__ double amk_warp_sum_d(double v) {
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+__device__ __forceinline__ float amk_warp_max(float v) {
+  for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+  return v;
+}
+
+__device__ __noinline__ float amk_block_sum(float v) {
+  __shared__ float red[32];
+  v = amk_warp_sum(v);
+  const int w = threadIdx.x >> 5, l = threadIdx.x & 31;
+  __syncthreads();
+  if (l == 0) red[w] = v;
+  __syncthreads();
+  float t = (threadIdx.x < AMK_WARPS) ? red[threadIdx.x] : 0.0f;
+  if (w == 0) t = amk_warp_sum(t);
+  if (threadIdx.x == 0) red[0] = t;
+  __syncthreads();
+  t = red[0];
+  __syncthreads();
+  return t;
+}
+
+__device__ __noinline__ double amk_block_sum_d(double v) {
+  __shared__ double red[32];
+  v = amk_warp_sum_d(v);
+  const int w = threadIdx.x >> 5, l = threadIdx.x & 31;
+  __syncthreads();
+  if (l == 0) red[w] = v;
+  __syncthreads();
+  double t = (threadIdx.x < AMK_WARPS) ? red[threadIdx.x] : 0.0;
+  if (w == 0) t = amk_warp_sum_d(t);
+  if (threadIdx.x == 0) red[0] = t;
+  __syncthreads();
+  t = red[0];
+  __syncthreads();
+  return t;
+}
+
+/* Max ignoring nothing: NaN propagates like fmaxf (NaN loses); callers needing NaN-aware
+ * semantics handle them before reducing. */
+__device__ __noinline__ float amk_block_max(float v) {
+  __shared__ float red[32];
+  v = amk_warp_max(v);
+  const int w = threadIdx.x >> 5, l = threadIdx.x & 31;
+  __syncthreads();
+  if (l == 0) red[w] = v;
+  __syncthreads();
+  float t = (threadIdx.x < AMK_WARPS) ? red[threadIdx.x] : -__int_as_float(0x7f800000);
+  if (w == 0) t = amk_warp_max(t);
+  if (threadIdx.x == 0) red[0] = t;
+  __syncthreads();
+  t = red[0];
+  __syncthreads();
+  return t;
+}
+
+#endif /* AMK_DEVICE_CUH */

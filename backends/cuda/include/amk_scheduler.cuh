@@ -1,0 +1,131 @@
+/* amk_scheduler.cuh — the persistent megakernel: one block per SM queue, each running its
+ * queue's tasks in order, waiting on counters before and signalling one after every task.
+ *
+ * Included by the generated source after every op and the generated amk_dispatch().
+ * Deadlock freedom: the host orders every queue by one global topological order and launches
+ * cooperatively (all blocks co-resident), so the earliest unfinished task is never blocked.
+ */
+#ifndef AMK_SCHEDULER_CUH
+#define AMK_SCHEDULER_CUH
+
+#ifndef AMK_SPIN_TIGHT
+#define AMK_SPIN_TIGHT 64      /* spins before the first sleep */
+#endif
+#ifndef AMK_SPIN_SLEEP_NS
+#define AMK_SPIN_SLEEP_NS 32   /* short sleeps: a late wait costs at most this much extra */
+#endif
+#ifndef AMK_ABORT_POLL
+#define AMK_ABORT_POLL 256     /* spins between reads of the host-mapped abort flag */
+#endif
+
+__device__ __forceinline__ uint32_t amk_ld_acquire(const amk_counter_t* p) {
+  uint32_t v;
+  asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
+  return v;
+}
+
+__device__ __forceinline__ void amk_red_release_add(amk_counter_t* p, uint32_t v) {
+  asm volatile("red.release.gpu.global.add.u32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
+}
+
+/* Thread 0 spins on every wait of `in`; the block learns the outcome through `go`.
+ * Returns false when the abort flag was raised (by the host's watchdog or a failing task). */
+__device__ __forceinline__ bool amk_wait_all(const amk_device_program_t& prog,
+                                             const amk_instruction_t* in, volatile int* go) {
+  if (threadIdx.x == 0) {
+    int ok = 1;
+    for (int w = 0; w < in->n_waits && ok; ++w) {
+      const amk_counter_t* c = prog.counters + (long long)in->wait_counter[w] * AMK_COUNTER_STRIDE;
+      const uint32_t target = (uint32_t)in->wait_threshold[w] * prog.epoch;
+      uint32_t spins = 0;
+      while (amk_ld_acquire(c) < target) {
+        ++spins;
+        if (spins > AMK_SPIN_TIGHT) __nanosleep(AMK_SPIN_SLEEP_NS);
+        if (spins % AMK_ABORT_POLL == 0 && *prog.abort_flag != 0) {
+          ok = 0;
+          break;
+        }
+      }
+    }
+    /* Order every later load of the block after the acquires (the barrier below carries it
+     to the other threads). */
+    __threadfence();
+    *go = ok;
+  }
+  __syncthreads();
+  return *go != 0;
+}
+
+/* Every thread's stores of the task are done (barrier), then one release increment. */
+__device__ __forceinline__ void amk_signal(const amk_device_program_t& prog, int counter) {
+  __syncthreads();
+  if (threadIdx.x == 0 && counter >= 0) {
+    __threadfence(); /* the block's stores (ordered by the barrier) before the release */
+    amk_red_release_add(prog.counters + (long long)counter * AMK_COUNTER_STRIDE, 1u);
+  }
+}
+
+/* Ids an instruction names must be in range (the host checks too; this guards the device
+ * against a corrupted table). */
+__device__ __forceinline__ bool amk_check_ids(const amk_task_ctx& c) {
+  const amk_instruction_t* in = c.inst;
+  const int nb = c.prog->n_buffers, nc = c.prog->n_counters;
+  bool ok = true;
+  long long bad = 0;
+  int code = AMK_OK;
+  if (in->n_inputs < 0 || in->n_inputs > AMK_MAX_INPUTS || in->n_outputs < 0 ||
+      in->n_outputs > AMK_MAX_OUTPUTS || in->n_waits < 0 || in->n_waits > AMK_MAX_WAITS) {
+    ok = false; code = AMK_ERR_SHAPE; bad = in->n_inputs;
+  }
+  for (int i = 0; ok && i < in->n_inputs; ++i)
+    if (in->inputs[i] < 0 || in->inputs[i] >= nb) { ok = false; code = AMK_ERR_BAD_BUFFER_ID; bad = in->inputs[i]; }
+  for (int i = 0; ok && i < in->n_outputs; ++i)
+    if (in->outputs[i] < 0 || in->outputs[i] >= nb) { ok = false; code = AMK_ERR_BAD_BUFFER_ID; bad = in->outputs[i]; }
+  for (int i = 0; ok && i < in->n_waits; ++i)
+    if (in->wait_counter[i] < 0 || in->wait_counter[i] >= nc) { ok = false; code = AMK_ERR_BAD_COUNTER_ID; bad = in->wait_counter[i]; }
+  if (ok && in->out_counter >= nc) { ok = false; code = AMK_ERR_BAD_COUNTER_ID; bad = in->out_counter; }
+  if (!ok) amk_fail(c, code, bad);
+  return ok;
+}
+
+extern "C" __global__ void __launch_bounds__(AMK_THREADS, 1)
+amk_megakernel(const amk_device_program_t prog) {
+  extern __shared__ __align__(16) unsigned char amk_smem[];
+  __shared__ int s_go;
+  __shared__ int s_failed;
+  if (threadIdx.x == 0) s_failed = 0;
+  __syncthreads();
+  const int q = blockIdx.x;
+  if (q >= prog.n_queues) return;
+  for (int i = prog.queue_off[q]; i < prog.queue_off[q + 1]; ++i) {
+    const int t = prog.queue_tasks[i];
+    amk_task_ctx c;
+    c.prog = &prog;
+    c.inst = &prog.instructions[t];
+    c.task = t;
+    c.step = -1;
+    c.smem = amk_smem;
+    c.smem_bytes = prog.smem_bytes;
+    c.failed = &s_failed;
+    if (!amk_check_ids(c)) return;
+    if (!amk_wait_all(prog, c.inst, &s_go)) return;
+    amk_dispatch(c);
+    __syncthreads();
+    if (s_failed) return;
+    amk_signal(prog, c.inst->out_counter);
+  }
+}
+
+/* Overwrites the instruction records named in `ids` with `recs` (per-token param patches:
+ * one copy and one small launch instead of one copy per record). */
+extern "C" __global__ void amk_apply_patches(amk_instruction_t* instructions, const int32_t* ids,
+                                             const amk_instruction_t* recs, int n) {
+  const int words = (int)(sizeof(amk_instruction_t) / 4);
+  for (long long k = (long long)blockIdx.x * blockDim.x + threadIdx.x; k < (long long)n * words;
+       k += (long long)gridDim.x * blockDim.x) {
+    const int r = (int)(k / words), w = (int)(k % words);
+    ((int32_t*)&instructions[ids[r]])[w] = ((const int32_t*)&recs[r])[w];
+  }
+}
+
+#endif /* AMK_SCHEDULER_CUH */

@@ -1,0 +1,137 @@
+//! The megakernel's source text: the ABI header, the device helpers, every registered op's
+//! device function (built-ins and plugins, each in a namespace of its own), a generated
+//! dispatcher and the scheduler loop. Pure and deterministic: the same registry and options
+//! give the same text, which is what the cubin cache keys on.
+
+use amk_core::{Opcode, Registry};
+
+/// The C ABI header (mirrored by [`crate::abi`]).
+pub const ABI_HEADER: &str = include_str!("../include/amk_abi.h");
+/// Device helpers every op may use.
+pub const DEVICE_HELPERS: &str = include_str!("../include/amk_device.cuh");
+/// The persistent scheduler loop (the `amk_megakernel` entry).
+pub const SCHEDULER: &str = include_str!("../include/amk_scheduler.cuh");
+/// Name of the kernel entry.
+pub const KERNEL_NAME: &str = "amk_megakernel";
+/// Name of the param-patch scatter kernel.
+pub const PATCH_KERNEL_NAME: &str = "amk_apply_patches";
+/// Threads per block unless configured otherwise.
+pub const DEFAULT_THREADS: u32 = 256;
+
+/// Knobs baked into the source (and so into the cache key).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Knobs {
+    /// Threads per block (a multiple of 32, at most 1024).
+    pub threads: u32,
+}
+
+impl Default for Knobs {
+    fn default() -> Self {
+        Knobs {
+            threads: DEFAULT_THREADS,
+        }
+    }
+}
+
+/// One op compiled in.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CompiledOp {
+    /// Opcode.
+    pub code: Opcode,
+    /// Device function name.
+    pub entry: String,
+    /// Dynamic shared memory it needs.
+    pub shared_bytes: u32,
+}
+
+/// The assembled source and what went into it.
+#[derive(Debug, Clone)]
+pub struct Megakernel {
+    /// CUDA C++ source for NVRTC.
+    pub source: String,
+    /// The ops compiled in, by code.
+    pub ops: Vec<CompiledOp>,
+}
+
+impl Megakernel {
+    /// Largest dynamic shared memory any op asks for.
+    pub fn max_shared_bytes(&self) -> u32 {
+        self.ops.iter().map(|o| o.shared_bytes).max().unwrap_or(0)
+    }
+    /// Whether `op` has a device function in this kernel.
+    pub fn has(&self, op: Opcode) -> bool {
+        self.ops.binary_search_by_key(&op, |o| o.code).is_ok()
+    }
+}
+
+fn is_identifier(s: &str) -> bool {
+    let mut c = s.chars();
+    matches!(c.next(), Some(ch) if ch == '_' || ch.is_ascii_alphabetic())
+        && c.all(|ch| ch == '_' || ch.is_ascii_alphanumeric())
+}
+
+/// Assembles the megakernel for every op of `registry` that has a CUDA device function.
+/// Refuses entry names that are not C identifiers and sources holding NUL bytes (both would
+/// break the generated text, and plugin sources come from outside).
+pub fn megakernel_source(registry: &Registry, knobs: Knobs) -> Result<Megakernel, String> {
+    if knobs.threads == 0 || knobs.threads % 32 != 0 || knobs.threads > 1024 {
+        return Err(format!(
+            "threads per block must be a multiple of 32 in 32..=1024, got {}",
+            knobs.threads
+        ));
+    }
+    let mut src = String::with_capacity(256 << 10);
+    src.push_str("// amk megakernel — generated; do not edit.\n");
+    src.push_str(&format!("#define AMK_THREADS {}\n", knobs.threads));
+    for part in [ABI_HEADER, DEVICE_HELPERS] {
+        src.push_str(part);
+        src.push('\n');
+    }
+    src.push_str("__device__ void amk_dispatch_step(const amk_task_ctx& c);\n");
+    let mut ops = Vec::new();
+    for (spec, _) in registry.iter() {
+        let Some(cuda) = registry.cuda(spec.code) else {
+            continue;
+        };
+        if !is_identifier(&cuda.entry) {
+            return Err(format!(
+                "op {}: CUDA entry '{}' is not a C identifier",
+                spec.name, cuda.entry
+            ));
+        }
+        if cuda.source.contains('\0') {
+            return Err(format!("op {}: CUDA source holds a NUL byte", spec.name));
+        }
+        let file = spec.name.replace(['"', '\\'], "_");
+        src.push_str(&format!(
+            "namespace amk_op_{code} {{\n#line 1 \"op {file}\"\n{body}\n}} // namespace amk_op_{code}\n",
+            code = spec.code.0,
+            body = cuda.source,
+        ));
+        ops.push(CompiledOp {
+            code: spec.code,
+            entry: cuda.entry.to_string(),
+            shared_bytes: cuda.shared_bytes,
+        });
+    }
+    src.push_str("#line 1 \"amk generated dispatcher\"\n");
+    for (name, with_fused) in [("amk_dispatch", true), ("amk_dispatch_step", false)] {
+        src.push_str(&format!(
+            "__device__ __noinline__ void {name}(const amk_task_ctx& c) {{\n  switch (c.inst->op) {{\n"
+        ));
+        for o in &ops {
+            if o.code == Opcode::FUSED && !with_fused {
+                continue;
+            }
+            src.push_str(&format!(
+                "    case {code}: amk_op_{code}::{entry}(c); break;\n",
+                code = o.code.0,
+                entry = o.entry
+            ));
+        }
+        src.push_str("    default: amk_fail(c, AMK_ERR_UNKNOWN_OPCODE, c.inst->op);\n  }\n}\n");
+    }
+    src.push_str(SCHEDULER);
+    src.push('\n');
+    Ok(Megakernel { source: src, ops })
+}

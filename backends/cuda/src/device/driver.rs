@@ -1,0 +1,378 @@
+//! Thin RAII wrappers over the CUDA driver calls the backend makes. cudarc's safe layer
+//! tracks streams and events per allocation; the megakernel needs none of that (one launch
+//! at a time, a handful of long-lived allocations), so it goes through the result layer.
+#![allow(unsafe_code)]
+
+use crate::CudaError;
+use cudarc::driver::result::DriverError;
+use cudarc::driver::{CudaContext, result, sys};
+use std::ffi::c_void;
+use std::sync::Arc;
+
+/// Maps a driver error to ours, naming the call.
+pub fn drv(call: &'static str) -> impl Fn(DriverError) -> CudaError {
+    move |e: DriverError| CudaError::Driver {
+        call,
+        message: describe(&e),
+    }
+}
+
+/// `NAME: text` of a driver error.
+pub fn describe(e: &DriverError) -> String {
+    let name = e
+        .error_name()
+        .map(|s| s.to_string_lossy().into_owned())
+        .unwrap_or_else(|_| format!("{:?}", e.0));
+    let text = e
+        .error_string()
+        .map(|s| s.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    format!("{name}: {text}")
+}
+
+/// Device memory, freed on drop.
+#[derive(Debug)]
+pub struct DeviceMem {
+    ctx: Arc<CudaContext>,
+    ptr: sys::CUdeviceptr,
+    bytes: usize,
+}
+
+impl DeviceMem {
+    /// `bytes` of device memory (at least 1), zeroed.
+    pub fn zeroed(ctx: &Arc<CudaContext>, bytes: usize) -> Result<Self, CudaError> {
+        ctx.bind_to_thread().map_err(drv("cuCtxSetCurrent"))?;
+        let bytes = bytes.max(1);
+        // SAFETY: plain allocation in the bound context.
+        let ptr = unsafe { result::malloc_sync(bytes) }.map_err(drv("cuMemAlloc"))?;
+        let m = DeviceMem {
+            ctx: ctx.clone(),
+            ptr,
+            bytes,
+        };
+        // SAFETY: `ptr` owns `bytes` bytes.
+        unsafe { result::memset_d8_sync(ptr, 0, bytes) }.map_err(drv("cuMemsetD8"))?;
+        Ok(m)
+    }
+
+    /// Device memory holding a copy of `data`.
+    pub fn from_slice<T: bytemuck::Pod>(
+        ctx: &Arc<CudaContext>,
+        data: &[T],
+    ) -> Result<Self, CudaError> {
+        let m = Self::zeroed(ctx, std::mem::size_of_val(data))?;
+        m.write(0, bytemuck::cast_slice(data))?;
+        Ok(m)
+    }
+
+    /// The device address.
+    pub fn ptr(&self) -> u64 {
+        self.ptr
+    }
+
+    /// Copies `data` to byte `offset` (synchronous).
+    pub fn write(&self, offset: usize, data: &[u8]) -> Result<(), CudaError> {
+        if data.is_empty() {
+            return Ok(());
+        }
+        if offset.checked_add(data.len()).is_none_or(|e| e > self.bytes) {
+            return Err(CudaError::Layout(format!(
+                "write of {} bytes at {offset} overruns a {}-byte allocation",
+                data.len(),
+                self.bytes
+            )));
+        }
+        self.ctx.bind_to_thread().map_err(drv("cuCtxSetCurrent"))?;
+        // SAFETY: the destination range lies inside this allocation (checked above).
+        unsafe { result::memcpy_htod_sync(self.ptr + offset as u64, data) }
+            .map_err(drv("cuMemcpyHtoD"))
+    }
+
+    /// Copies `out.len()` bytes from byte `offset` (synchronous).
+    pub fn read(&self, offset: usize, out: &mut [u8]) -> Result<(), CudaError> {
+        if out.is_empty() {
+            return Ok(());
+        }
+        if offset.checked_add(out.len()).is_none_or(|e| e > self.bytes) {
+            return Err(CudaError::Layout(format!(
+                "read of {} bytes at {offset} overruns a {}-byte allocation",
+                out.len(),
+                self.bytes
+            )));
+        }
+        self.ctx.bind_to_thread().map_err(drv("cuCtxSetCurrent"))?;
+        // SAFETY: the source range lies inside this allocation (checked above).
+        unsafe { result::memcpy_dtoh_sync(out, self.ptr + offset as u64) }
+            .map_err(drv("cuMemcpyDtoH"))
+    }
+
+    /// Zeroes the whole allocation (synchronous).
+    pub fn zero(&self) -> Result<(), CudaError> {
+        self.ctx.bind_to_thread().map_err(drv("cuCtxSetCurrent"))?;
+        // SAFETY: `ptr` owns `bytes` bytes.
+        unsafe { result::memset_d8_sync(self.ptr, 0, self.bytes) }.map_err(drv("cuMemsetD8"))
+    }
+}
+
+impl Drop for DeviceMem {
+    fn drop(&mut self) {
+        if self.ctx.bind_to_thread().is_ok() {
+            // SAFETY: allocated by malloc_sync in this context, freed once.
+            let _ = unsafe { result::free_sync(self.ptr) };
+        }
+    }
+}
+
+/// One `i32` of page-locked host memory mapped into the device's address space: the host
+/// writes it while a kernel runs (the watchdog's abort flag) and the kernel sees the write.
+#[derive(Debug)]
+pub struct MappedFlag {
+    ctx: Arc<CudaContext>,
+    host: *mut c_void,
+    dev: sys::CUdeviceptr,
+}
+
+// SAFETY: the pointer is owned by this value and only accessed through volatile reads and
+// writes of one i32; the driver allocation is process-wide.
+unsafe impl Send for MappedFlag {}
+
+impl MappedFlag {
+    /// A mapped flag, set to 0.
+    pub fn new(ctx: &Arc<CudaContext>) -> Result<Self, CudaError> {
+        ctx.bind_to_thread().map_err(drv("cuCtxSetCurrent"))?;
+        let flags = sys::CU_MEMHOSTALLOC_DEVICEMAP | sys::CU_MEMHOSTALLOC_PORTABLE;
+        // SAFETY: allocates 64 bytes of pinned, mapped host memory.
+        let host = unsafe { result::malloc_host(64, flags) }.map_err(drv("cuMemHostAlloc"))?;
+        let mut dev: sys::CUdeviceptr = 0;
+        // SAFETY: `host` came from cuMemHostAlloc with DEVICEMAP; valid out-pointer.
+        let r = unsafe { sys::cuMemHostGetDevicePointer_v2(&mut dev, host, 0) };
+        let f = MappedFlag {
+            ctx: ctx.clone(),
+            host,
+            dev,
+        };
+        r.result().map_err(drv("cuMemHostGetDevicePointer"))?;
+        f.set(0);
+        Ok(f)
+    }
+    /// The device address.
+    pub fn dev_ptr(&self) -> u64 {
+        self.dev
+    }
+    /// Writes the flag (visible to a running kernel).
+    pub fn set(&self, v: i32) {
+        // SAFETY: `host` points at at least 4 bytes of live pinned memory, aligned.
+        unsafe { std::ptr::write_volatile(self.host as *mut i32, v) };
+        std::sync::atomic::fence(std::sync::atomic::Ordering::SeqCst);
+    }
+}
+
+impl Drop for MappedFlag {
+    fn drop(&mut self) {
+        if self.ctx.bind_to_thread().is_ok() {
+            // SAFETY: allocated by malloc_host, freed once.
+            let _ = unsafe { result::free_host(self.host) };
+        }
+    }
+}
+
+/// A CUDA event, destroyed on drop.
+#[derive(Debug)]
+pub struct Event {
+    ctx: Arc<CudaContext>,
+    ev: sys::CUevent,
+}
+
+// SAFETY: a driver handle owned by this value; the driver API is thread-safe.
+unsafe impl Send for Event {}
+
+impl Event {
+    /// A timing event.
+    pub fn new(ctx: &Arc<CudaContext>) -> Result<Self, CudaError> {
+        ctx.bind_to_thread().map_err(drv("cuCtxSetCurrent"))?;
+        let ev = result::event::create(sys::CUevent_flags::CU_EVENT_DEFAULT)
+            .map_err(drv("cuEventCreate"))?;
+        Ok(Event {
+            ctx: ctx.clone(),
+            ev,
+        })
+    }
+    /// Records the event on the null stream.
+    pub fn record(&self) -> Result<(), CudaError> {
+        // SAFETY: a live event on the null stream.
+        unsafe { result::event::record(self.ev, std::ptr::null_mut()) }
+            .map_err(drv("cuEventRecord"))
+    }
+    /// `Ok(true)` once the work before the event finished, `Ok(false)` while it runs, an
+    /// error if the device failed.
+    pub fn done(&self) -> Result<bool, DriverError> {
+        // SAFETY: a live event.
+        match unsafe { result::event::query(self.ev) } {
+            Ok(()) => Ok(true),
+            Err(e) if e.0 == sys::CUresult::CUDA_ERROR_NOT_READY => Ok(false),
+            Err(e) => Err(e),
+        }
+    }
+    /// Milliseconds from `self` to `end` (both complete).
+    pub fn elapsed_ms(&self, end: &Event) -> Result<f32, CudaError> {
+        // SAFETY: two live, completed events of one context.
+        unsafe { result::event::elapsed(self.ev, end.ev) }.map_err(drv("cuEventElapsedTime"))
+    }
+}
+
+impl Drop for Event {
+    fn drop(&mut self) {
+        if self.ctx.bind_to_thread().is_ok() {
+            // SAFETY: created by event::create, destroyed once.
+            let _ = unsafe { result::event::destroy(self.ev) };
+        }
+    }
+}
+
+/// A loaded cubin and its two kernels.
+#[derive(Debug)]
+pub struct Module {
+    ctx: Arc<CudaContext>,
+    module: sys::CUmodule,
+    /// The megakernel.
+    pub kernel: sys::CUfunction,
+    /// The param-patch scatter kernel.
+    pub patch: sys::CUfunction,
+    /// Registers per thread of the megakernel.
+    pub regs: i32,
+    /// Local memory (stack) per thread of the megakernel, bytes.
+    pub local_bytes: i32,
+}
+
+// SAFETY: driver handles owned by this value; the driver API is thread-safe.
+unsafe impl Send for Module {}
+// SAFETY: as above; functions are only read after load.
+unsafe impl Sync for Module {}
+
+impl Module {
+    /// Loads `cubin` and looks up the kernels.
+    pub fn load(ctx: &Arc<CudaContext>, cubin: &[u8]) -> Result<Self, CudaError> {
+        ctx.bind_to_thread().map_err(drv("cuCtxSetCurrent"))?;
+        // The driver reads an ELF image through a bare pointer: hand it an owned, padded copy.
+        let mut image = cubin.to_vec();
+        image.extend_from_slice(&[0u8; 16]);
+        // SAFETY: `image` is a complete cubin (NVRTC output) that outlives the call.
+        let module = unsafe { result::module::load_data(image.as_ptr() as *const c_void) }
+            .map_err(drv("cuModuleLoadData"))?;
+        let mut m = Module {
+            ctx: ctx.clone(),
+            module,
+            kernel: std::ptr::null_mut(),
+            patch: std::ptr::null_mut(),
+            regs: 0,
+            local_bytes: 0,
+        };
+        let name = |s: &str| std::ffi::CString::new(s).unwrap_or_default();
+        // SAFETY: live module; names are NUL-free literals.
+        m.kernel = unsafe { result::module::get_function(module, name(crate::assemble::KERNEL_NAME)) }
+            .map_err(drv("cuModuleGetFunction"))?;
+        // SAFETY: as above.
+        m.patch =
+            unsafe { result::module::get_function(module, name(crate::assemble::PATCH_KERNEL_NAME)) }
+                .map_err(drv("cuModuleGetFunction"))?;
+        // SAFETY: live function handle.
+        unsafe {
+            m.regs = result::function::get_function_attribute(
+                m.kernel,
+                sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_NUM_REGS,
+            )
+            .unwrap_or(-1);
+            m.local_bytes = result::function::get_function_attribute(
+                m.kernel,
+                sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_LOCAL_SIZE_BYTES,
+            )
+            .unwrap_or(-1);
+        }
+        Ok(m)
+    }
+
+    /// Allows `bytes` of dynamic shared memory per block of the megakernel.
+    pub fn set_max_dynamic_smem(&self, bytes: usize) -> Result<(), CudaError> {
+        self.ctx.bind_to_thread().map_err(drv("cuCtxSetCurrent"))?;
+        // SAFETY: live function handle.
+        unsafe {
+            result::function::set_function_attribute(
+                self.kernel,
+                sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                bytes as i32,
+            )
+        }
+        .map_err(drv("cuFuncSetAttribute"))
+    }
+
+    /// Co-resident megakernel blocks per SM at `threads` and `smem` bytes.
+    pub fn occupancy(&self, threads: u32, smem: usize) -> Result<usize, CudaError> {
+        self.ctx.bind_to_thread().map_err(drv("cuCtxSetCurrent"))?;
+        // SAFETY: live function handle.
+        let n = unsafe {
+            result::occupancy::max_active_block_per_multiprocessor(
+                self.kernel,
+                threads as i32,
+                smem,
+            )
+        }
+        .map_err(drv("cuOccupancyMaxActiveBlocksPerMultiprocessor"))?;
+        Ok(n.max(0) as usize)
+    }
+
+    /// Cooperative launch of the megakernel with `prog` by value, on the null stream.
+    pub fn launch(
+        &self,
+        prog: &crate::abi::AmkDeviceProgram,
+        grid: u32,
+        threads: u32,
+        smem: u32,
+    ) -> Result<(), CudaError> {
+        self.ctx.bind_to_thread().map_err(drv("cuCtxSetCurrent"))?;
+        let mut arg = *prog;
+        let mut params = [&mut arg as *mut _ as *mut c_void];
+        // SAFETY: the kernel takes exactly one by-value amk_device_program_t, whose layout
+        // `AmkDeviceProgram` mirrors (asserted); the driver copies it at launch.
+        unsafe {
+            result::launch_cooperative_kernel(
+                self.kernel,
+                (grid, 1, 1),
+                (threads, 1, 1),
+                smem,
+                std::ptr::null_mut(),
+                &mut params,
+            )
+        }
+        .map_err(drv("cuLaunchCooperativeKernel"))
+    }
+
+    /// Launches the patch scatter: `n` records from `recs` to the instruction table.
+    pub fn launch_patch(&self, instructions: u64, ids: u64, recs: u64, n: i32) -> Result<(), CudaError> {
+        self.ctx.bind_to_thread().map_err(drv("cuCtxSetCurrent"))?;
+        let (mut a, mut b, mut c, mut d) = (instructions, ids, recs, n);
+        let mut params = [
+            &mut a as *mut _ as *mut c_void,
+            &mut b as *mut _ as *mut c_void,
+            &mut c as *mut _ as *mut c_void,
+            &mut d as *mut _ as *mut c_void,
+        ];
+        let words = n as u64 * (std::mem::size_of::<crate::abi::AmkInstruction>() as u64 / 4);
+        let grid = words.div_ceil(256).clamp(1, 1024) as u32;
+        // SAFETY: matches `amk_apply_patches(amk_instruction_t*, const int32_t*, const
+        // amk_instruction_t*, int)`; the three pointers are live device allocations.
+        unsafe {
+            result::launch_kernel(self.patch, (grid, 1, 1), (256, 1, 1), 0, std::ptr::null_mut(), &mut params)
+        }
+        .map_err(drv("cuLaunchKernel"))
+    }
+}
+
+impl Drop for Module {
+    fn drop(&mut self) {
+        if self.ctx.bind_to_thread().is_ok() {
+            // SAFETY: loaded once, unloaded once; no launch is in flight (sessions finish
+            // every launch before returning).
+            let _ = unsafe { result::module::unload(self.module) };
+        }
+    }
+}

@@ -1,0 +1,444 @@
+//! A program loaded on the device: its memory, tables and the launch loop with the watchdog.
+
+use super::driver::{DeviceMem, Event, MappedFlag, Module, describe};
+use super::CudaBackend;
+use crate::abi::{AmkDeviceProgram, AmkInstruction, AmkStatus, COUNTER_STRIDE, status};
+use crate::tables::{self, Placement, Tables, pack_params, task_label};
+use crate::CudaError;
+use amk_core::{
+    BackendError, BufferKind, Outputs, ParamPatch, Program, Registry, Session, Tensor,
+    WeightStore,
+};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// How long the watchdog waits for the kernel to stop after raising the abort flag.
+const ABORT_GRACE: Duration = Duration::from_secs(2);
+
+/// A loaded program: everything lives on the device for the session's life (weights uploaded
+/// once, tables built once); a step zeroes the counters, launches once and reads the outputs.
+pub struct CudaSession {
+    module: Arc<Module>,
+    program: Program,
+    program_id: u64,
+    registry: Registry,
+    tables: Tables,
+    /// The device copy of each instruction record, mirrored on the host.
+    current: Vec<AmkInstruction>,
+    patched: Vec<usize>,
+    arena: DeviceMem,
+    _weights: Vec<DeviceMem>,
+    _descs: DeviceMem,
+    instructions: DeviceMem,
+    _fused: (DeviceMem, DeviceMem),
+    _queues: (DeviceMem, DeviceMem),
+    counters: DeviceMem,
+    status: DeviceMem,
+    patch_ids: DeviceMem,
+    patch_recs: DeviceMem,
+    abort: MappedFlag,
+    prog: AmkDeviceProgram,
+    grid: u32,
+    threads: u32,
+    smem: u32,
+    io_set: Vec<bool>,
+    watchdog: Duration,
+    lost: Option<String>,
+    last_ms: Option<f32>,
+    start: Event,
+    end: Event,
+}
+
+impl std::fmt::Debug for CudaSession {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CudaSession")
+            .field("tasks", &self.program.tasks.len())
+            .field("grid", &self.grid)
+            .field("threads", &self.threads)
+            .finish()
+    }
+}
+
+impl CudaSession {
+    /// Lays out and uploads `program` (validated by the caller, except in tests of the
+    /// watchdog). `program_id` binds param patches to it.
+    pub(crate) fn load(
+        backend: &CudaBackend,
+        program: &Program,
+        program_id: u64,
+        weights: &WeightStore,
+        registry: &Registry,
+    ) -> Result<Self, CudaError> {
+        let inner = &backend.inner;
+        let ctx = &inner.ctx;
+        let (module, mk) = backend.module_for(registry)?;
+        for t in &program.tasks {
+            if !mk.has(t.op) {
+                return Err(CudaError::UnsupportedOp {
+                    task: t.id,
+                    label: t.display_label(),
+                    op: registry
+                        .name_of(t.op)
+                        .map_or_else(|| t.op.0.to_string(), |n| n.into_owned()),
+                });
+            }
+        }
+        let threads = inner.options.threads;
+        let smem = mk.max_shared_bytes() as usize;
+        if smem > inner.smem_optin {
+            return Err(CudaError::DeviceUnsuitable {
+                device: inner.info.name.clone(),
+                why: format!(
+                    "ops need {smem} B of shared memory per block, the device allows {}",
+                    inner.smem_optin
+                ),
+            });
+        }
+        if smem > 48 << 10 {
+            module.set_max_dynamic_smem(smem)?;
+        }
+        let per_sm = module.occupancy(threads, smem)?;
+        let resident = per_sm * inner.info.sms;
+        if resident == 0 {
+            return Err(CudaError::Occupancy {
+                needed: 1,
+                resident,
+                per_sm,
+                sms: inner.info.sms,
+                threads,
+                smem,
+            });
+        }
+        let tables = tables::build(program, registry, resident).map_err(CudaError::Layout)?;
+        for s in &tables.fused_steps {
+            if !mk.has(amk_core::Opcode(s.op as u16)) {
+                return Err(CudaError::Layout(format!(
+                    "a FUSED step uses op {}, which has no CUDA device function",
+                    s.op
+                )));
+            }
+        }
+        let grid = tables.queues.len();
+        if grid > resident {
+            return Err(CudaError::Occupancy {
+                needed: grid,
+                resident,
+                per_sm,
+                sms: inner.info.sms,
+                threads,
+                smem,
+            });
+        }
+
+        // Memory: weights once (deduplicated by tensor), one zeroed arena for the rest.
+        let bound = weights.bind(program)?;
+        let mut uploads: Vec<DeviceMem> = Vec::new();
+        let mut by_tensor: std::collections::HashMap<*const Tensor, usize> = Default::default();
+        let mut weight_ptr = vec![0u64; program.buffers.len()];
+        for (b, t) in bound.by_buffer.iter().enumerate() {
+            let Some(t) = t else { continue };
+            let key = Arc::as_ptr(t);
+            let slot = match by_tensor.get(&key) {
+                Some(&i) => i,
+                None => {
+                    uploads.push(DeviceMem::from_slice(ctx, &t.to_le_bytes())?);
+                    by_tensor.insert(key, uploads.len() - 1);
+                    uploads.len() - 1
+                }
+            };
+            weight_ptr[b] = uploads[slot].ptr();
+        }
+        let arena = DeviceMem::zeroed(ctx, tables.arena_bytes as usize)?;
+        let mut descs = tables.buffers.clone();
+        for (d, p) in descs.iter_mut().zip(&tables.placement) {
+            d.ptr = match *p {
+                Placement::Weight(b) => weight_ptr[b],
+                Placement::Arena { offset, .. } => arena.ptr() + offset,
+            };
+            if d.ptr == 0 {
+                return Err(CudaError::Layout("a weight buffer has no bound tensor".into()));
+            }
+        }
+        let descs_mem = DeviceMem::from_slice(ctx, &descs)?;
+        let instructions = DeviceMem::from_slice(ctx, &tables.instructions)?;
+        let fused_steps = DeviceMem::from_slice(ctx, &tables.fused_steps)?;
+        let fused_off = DeviceMem::from_slice(ctx, &tables.fused_off)?;
+        let queue_tasks = DeviceMem::from_slice(ctx, &tables.queues.tasks)?;
+        let queue_off = DeviceMem::from_slice(ctx, &tables.queues.off)?;
+        let counters = DeviceMem::zeroed(ctx, program.counters.len().max(1) * COUNTER_STRIDE * 4)?;
+        let status_mem = DeviceMem::zeroed(ctx, std::mem::size_of::<AmkStatus>())?;
+        let n = tables.instructions.len().max(1);
+        let patch_ids = DeviceMem::zeroed(ctx, n * 4)?;
+        let patch_recs = DeviceMem::zeroed(ctx, n * std::mem::size_of::<AmkInstruction>())?;
+        let abort = MappedFlag::new(ctx)?;
+        let prog = AmkDeviceProgram {
+            buffers: descs_mem.ptr(),
+            instructions: instructions.ptr(),
+            fused_steps: fused_steps.ptr(),
+            fused_off: fused_off.ptr(),
+            queue_tasks: queue_tasks.ptr(),
+            queue_off: queue_off.ptr(),
+            counters: counters.ptr(),
+            abort_flag: abort.dev_ptr(),
+            status: status_mem.ptr(),
+            n_buffers: descs.len() as i32,
+            n_counters: program.counters.len() as i32,
+            n_instructions: tables.instructions.len() as i32,
+            n_queues: grid as i32,
+            smem_bytes: smem as i32,
+            epoch: 1,
+        };
+        Ok(CudaSession {
+            current: tables.instructions.clone(),
+            module,
+            program: program.clone(),
+            program_id,
+            registry: registry.clone(),
+            patched: Vec::new(),
+            arena,
+            _weights: uploads,
+            _descs: descs_mem,
+            instructions,
+            _fused: (fused_steps, fused_off),
+            _queues: (queue_tasks, queue_off),
+            counters,
+            status: status_mem,
+            patch_ids,
+            patch_recs,
+            abort,
+            prog,
+            grid: grid as u32,
+            threads,
+            smem: smem as u32,
+            io_set: vec![false; program.buffers.len()],
+            watchdog: inner.options.watchdog,
+            lost: None,
+            last_ms: None,
+            start: Event::new(ctx)?,
+            end: Event::new(ctx)?,
+            tables,
+        })
+    }
+
+    /// Kernel time of the last forward pass, from device events.
+    pub fn last_kernel_ms(&self) -> Option<f32> {
+        self.last_ms
+    }
+
+    /// Blocks per launch.
+    pub fn grid(&self) -> u32 {
+        self.grid
+    }
+
+    /// Registers per thread and stack bytes per thread of the megakernel.
+    pub fn kernel_resources(&self) -> (i32, i32) {
+        (self.module.regs, self.module.local_bytes)
+    }
+
+    /// Sets the watchdog limit for later steps.
+    pub fn set_watchdog(&mut self, limit: Duration) {
+        self.watchdog = limit;
+    }
+
+    fn arena_range(&self, b: usize) -> Result<(usize, usize), CudaError> {
+        match self.tables.placement[b] {
+            Placement::Arena { offset, bytes } => Ok((offset as usize, bytes as usize)),
+            Placement::Weight(_) => Err(CudaError::Layout(format!(
+                "buffer '{}' is a weight, not an IO buffer",
+                self.program.buffers[b].name
+            ))),
+        }
+    }
+
+    /// Uploads IO inputs, launches once, waits under the watchdog, reads the IO outputs.
+    pub fn run(&mut self, inputs: &[(&str, Tensor)]) -> Result<Outputs, CudaError> {
+        if let Some(why) = &self.lost {
+            return Err(CudaError::ContextLost(why.clone()));
+        }
+        let targets = amk_core::backend::io_input_targets(&self.program, inputs)?;
+        for (&b, (_, value)) in targets.iter().zip(inputs) {
+            let (off, _) = self.arena_range(b)?;
+            self.arena.write(off, &value.to_le_bytes())?;
+            self.io_set[b] = true;
+        }
+        for (b, buf) in self.program.buffers.iter().enumerate() {
+            if buf.kind == BufferKind::IO_INPUT && !self.io_set[b] {
+                return Err(amk_core::backend::io_input_never_set(buf).into());
+            }
+        }
+        self.launch_and_wait()?;
+        let mut out = Outputs::default();
+        for (b, buf) in self.program.buffers.iter().enumerate() {
+            if buf.kind != BufferKind::IO_OUTPUT {
+                continue;
+            }
+            let (off, bytes) = self.arena_range(b)?;
+            let mut host = vec![0u8; bytes];
+            self.arena.read(off, &mut host)?;
+            let t = Tensor::from_le_bytes(buf.dtype, &buf.shape, &host).map_err(|e| {
+                CudaError::Layout(format!("output '{}': {e}", buf.name))
+            })?;
+            out.tensors.push((buf.name.clone(), t));
+        }
+        Ok(out)
+    }
+
+    fn launch_and_wait(&mut self) -> Result<(), CudaError> {
+        self.counters.zero()?;
+        self.status.zero()?;
+        self.abort.set(0);
+        self.start.record()?;
+        self.module
+            .launch(&self.prog, self.grid, self.threads, self.smem)?;
+        self.end.record()?;
+        let t0 = Instant::now();
+        let mut nap = Duration::from_micros(20);
+        let mut aborted_at: Option<Instant> = None;
+        loop {
+            match self.end.done() {
+                Ok(true) => break,
+                Ok(false) => {}
+                Err(e) => {
+                    let why = format!("the forward pass failed: {}", describe(&e));
+                    self.lost = Some(why.clone());
+                    return Err(CudaError::ContextLost(why));
+                }
+            }
+            match aborted_at {
+                None if t0.elapsed() > self.watchdog => {
+                    self.abort.set(1);
+                    aborted_at = Some(Instant::now());
+                }
+                Some(at) if at.elapsed() > ABORT_GRACE => {
+                    let why = "a forward pass ignored the abort flag".to_string();
+                    self.lost = Some(why);
+                    return Err(CudaError::Timeout {
+                        after: self.watchdog,
+                        recovered: false,
+                    });
+                }
+                _ => {}
+            }
+            std::thread::sleep(nap);
+            nap = (nap * 2).min(Duration::from_millis(1));
+        }
+        if aborted_at.is_some() {
+            return Err(CudaError::Timeout {
+                after: self.watchdog,
+                recovered: true,
+            });
+        }
+        self.last_ms = self.start.elapsed_ms(&self.end).ok();
+        let mut st = [0u8; std::mem::size_of::<AmkStatus>()];
+        self.status.read(0, &mut st)?;
+        let st: AmkStatus = bytemuck::pod_read_unaligned(&st);
+        if st.code != status::OK {
+            let t = st.task.max(0) as usize;
+            return Err(CudaError::Trap {
+                task: self.program.tasks.get(t).map_or(st.task as u32, |x| x.id),
+                label: task_label(&self.program, t),
+                step: (st.step >= 0).then_some(st.step as u32),
+                reason: format!(
+                    "{} (op {})",
+                    status::describe(st.code),
+                    self.registry
+                        .name_of(amk_core::Opcode(st.op as u16))
+                        .map_or_else(|| st.op.to_string(), |n| n.into_owned())
+                ),
+                detail: st.detail,
+            });
+        }
+        Ok(())
+    }
+
+    /// Applies an absolute param patch: previously patched records go back to their loaded
+    /// values, the new edits are packed like at load, and only the touched records are
+    /// uploaded (one copy of ids, one of records, one small scatter launch).
+    pub fn patch(&mut self, patch: &ParamPatch) -> Result<(), CudaError> {
+        if let Some(why) = &self.lost {
+            return Err(CudaError::ContextLost(why.clone()));
+        }
+        if patch.program_id() != self.program_id {
+            return Err(BackendError::Unsupported(
+                "param patch was checked against another program than the one this session runs"
+                    .into(),
+            )
+            .into());
+        }
+        let mut touched: Vec<usize> = std::mem::take(&mut self.patched);
+        let mut edits: std::collections::BTreeMap<usize, amk_core::json::Map> = Default::default();
+        for (t, key, v) in patch.entries() {
+            let t = *t as usize;
+            let task = self.program.tasks.get(t).ok_or_else(|| {
+                CudaError::Layout(format!("param patch names task {t}, which does not exist"))
+            })?;
+            edits
+                .entry(t)
+                .or_insert_with(|| task.params.clone())
+                .insert(key.clone(), amk_core::json::Value::Int(*v));
+        }
+        let mut new_records = std::collections::BTreeMap::new();
+        for t in &touched {
+            new_records.insert(*t, self.tables.instructions[*t]);
+        }
+        for (t, params) in &edits {
+            let spec = self
+                .registry
+                .get(self.program.tasks[*t].op)
+                .ok_or_else(|| CudaError::Layout(format!("task {t}: op not registered")))?;
+            let mut rec = self.tables.instructions[*t];
+            rec.params = pack_params(spec, params)
+                .map_err(|e| CudaError::Layout(format!("task {t}: {e}")))?;
+            new_records.insert(*t, rec);
+        }
+        let mut ids: Vec<i32> = Vec::new();
+        let mut recs: Vec<AmkInstruction> = Vec::new();
+        for (t, rec) in new_records {
+            if self.current[t] != rec {
+                ids.push(t as i32);
+                recs.push(rec);
+                self.current[t] = rec;
+            }
+        }
+        touched.clear();
+        touched.extend(edits.keys().copied());
+        self.patched = touched;
+        if ids.is_empty() {
+            return Ok(());
+        }
+        self.patch_ids.write(0, bytemuck::cast_slice(&ids))?;
+        self.patch_recs.write(0, bytemuck::cast_slice(&recs))?;
+        self.module.launch_patch(
+            self.instructions.ptr(),
+            self.patch_ids.ptr(),
+            self.patch_recs.ptr(),
+            ids.len() as i32,
+        )
+    }
+}
+
+impl CudaSession {
+    /// Test hook (see `testing::overwrite_opcode`).
+    #[cfg(feature = "testing")]
+    pub(crate) fn overwrite_opcode(&mut self, task: usize, op: i32) -> Result<(), CudaError> {
+        let mut rec = *self
+            .current
+            .get(task)
+            .ok_or_else(|| CudaError::Layout(format!("no task {task}")))?;
+        rec.op = op;
+        self.current[task] = rec;
+        self.instructions.write(
+            task * std::mem::size_of::<AmkInstruction>(),
+            bytemuck::bytes_of(&rec),
+        )
+    }
+}
+
+impl Session for CudaSession {
+    fn step(&mut self, inputs: &[(&str, Tensor)]) -> Result<Outputs, BackendError> {
+        Ok(self.run(inputs)?)
+    }
+    fn set_params(&mut self, patch: &ParamPatch) -> Result<(), BackendError> {
+        Ok(self.patch(patch)?)
+    }
+}

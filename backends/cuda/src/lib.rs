@@ -1,0 +1,158 @@
+//! The CUDA backend: every registered op's device function (built-in and plugin) plus a
+//! generated dispatcher and a persistent scheduler loop, compiled by NVRTC into one megakernel
+//! for the live device; one cooperative launch runs a whole forward pass.
+//!
+//! Without the `cuda` feature the crate still builds: the host-side layout ([`tables`],
+//! [`queues`]), the source assembly ([`assemble`]) and the ABI mirrors ([`abi`]) are plain
+//! Rust, tested everywhere; [`CudaBackend::new`] then answers [`CudaError::NotCompiled`].
+//! With it, the driver and NVRTC are loaded at run time (nothing CUDA is needed to build), and
+//! every entry point checks they are present before the first call.
+
+pub mod abi;
+pub mod assemble;
+mod error;
+pub mod queues;
+pub mod tables;
+
+#[cfg(feature = "cuda")]
+mod device;
+#[cfg(feature = "cuda")]
+pub use device::{CudaBackend, CudaSession, compile_for_arch, driver_present, nvrtc};
+#[cfg(not(feature = "cuda"))]
+mod stub;
+#[cfg(not(feature = "cuda"))]
+pub use stub::{CudaBackend, CudaSession};
+
+#[cfg(feature = "testing")]
+pub mod testing;
+
+pub use error::CudaError;
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+/// Default watchdog limit for one forward pass.
+pub const DEFAULT_WATCHDOG: Duration = Duration::from_secs(10);
+
+/// How to open the device.
+#[derive(Debug, Clone)]
+pub struct CudaOptions {
+    /// Device ordinal.
+    pub device: usize,
+    /// A forward pass running longer than this is aborted with [`CudaError::Timeout`].
+    pub watchdog: Duration,
+    /// Where compiled cubins are cached (`None`: `$AMK_CUDA_CACHE`, else
+    /// `$XDG_CACHE_HOME/amk/cubin`, else `~/.cache/amk/cubin`).
+    pub cache_dir: Option<PathBuf>,
+    /// Threads per block.
+    pub threads: u32,
+}
+
+impl Default for CudaOptions {
+    fn default() -> Self {
+        CudaOptions {
+            device: 0,
+            watchdog: std::env::var("AMK_CUDA_WATCHDOG_MS")
+                .ok()
+                .and_then(|v| v.parse::<u64>().ok())
+                .map_or(DEFAULT_WATCHDOG, Duration::from_millis),
+            cache_dir: None,
+            threads: assemble::DEFAULT_THREADS,
+        }
+    }
+}
+
+/// What the device is.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DeviceInfo {
+    /// Name (e.g. `NVIDIA H100 80GB HBM3`).
+    pub name: String,
+    /// Compute capability.
+    pub compute_capability: (i32, i32),
+    /// Streaming multiprocessors.
+    pub sms: usize,
+    /// The NVRTC target (`sm_90a` on Hopper).
+    pub arch: String,
+    /// Global memory in bytes.
+    pub memory: usize,
+}
+
+impl std::fmt::Display for DeviceInfo {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "{}, {}, {} SMs, {:.1} GiB",
+            self.name,
+            self.arch,
+            self.sms,
+            self.memory as f64 / (1u64 << 30) as f64
+        )
+    }
+}
+
+/// The NVRTC architecture name for a compute capability: `sm_90a` for Hopper (so the
+/// architecture-specific instructions are available), `sm_XY` otherwise.
+pub fn arch_for(cc: (i32, i32)) -> String {
+    match cc {
+        (9, 0) => "sm_90a".into(),
+        (major, minor) => format!("sm_{major}{minor}"),
+    }
+}
+
+/// Helpers for GPU tests: open the device or say visibly why the test is skipped.
+pub mod test_support {
+    use crate::{CudaBackend, CudaError, CudaOptions};
+
+    /// Whether `AMK_REQUIRE_GPU=1`: a missing device then fails the test instead of
+    /// skipping it.
+    pub fn gpu_required() -> bool {
+        std::env::var("AMK_REQUIRE_GPU").is_ok_and(|v| v == "1")
+    }
+
+    /// Reports a test that cannot run here: fails under `AMK_REQUIRE_GPU=1`, else prints
+    /// `SKIPPED` with the reason on stderr.
+    #[allow(clippy::panic)] // a test helper: failing the test is its job
+    pub fn skip(test: &str, why: &dyn std::fmt::Display) {
+        if gpu_required() {
+            panic!("{test}: AMK_REQUIRE_GPU=1 but {why}");
+        }
+        eprintln!("SKIPPED {test}: {why}");
+    }
+
+    /// The default device, or `None` after [`skip`] when there is none (or no driver, or
+    /// no `cuda` feature).
+    pub fn gpu_or_skip(test: &str) -> Option<CudaBackend> {
+        match CudaBackend::new(CudaOptions::default()) {
+            Ok(b) => Some(b),
+            Err(e) => {
+                skip(test, &e);
+                None
+            }
+        }
+    }
+
+    /// Like [`gpu_or_skip`] with a given watchdog.
+    pub fn gpu_with_watchdog(test: &str, watchdog: std::time::Duration) -> Option<CudaBackend> {
+        match CudaBackend::new(CudaOptions {
+            watchdog,
+            ..CudaOptions::default()
+        }) {
+            Ok(b) => Some(b),
+            Err(e) => {
+                skip(test, &e);
+                None
+            }
+        }
+    }
+
+    /// Whether an error means "no GPU here" rather than a failure.
+    pub fn is_absent(e: &CudaError) -> bool {
+        matches!(
+            e,
+            CudaError::NotCompiled
+                | CudaError::DriverMissing
+                | CudaError::NvrtcMissing
+                | CudaError::NoDevice
+        )
+    }
+}

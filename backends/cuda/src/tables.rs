@@ -1,0 +1,483 @@
+//! Program → device tables, on the host, with no GPU: buffer descriptors (and where each
+//! buffer's memory comes from), one instruction record per task, FUSED recipes expanded into
+//! step records, and the per-SM queues. Built once per loaded program; the session only fills
+//! in device addresses and re-packs the records a param patch touches.
+
+use crate::abi::{
+    AmkBuffer, AmkInstruction, AmkParams, MAX_EXT_PARAMS, PRESENT_EXT0, STEP_ZERO_OUTPUTS,
+};
+use crate::queues::{Queues, build_queues};
+use amk_core::json::{Map, Value};
+use amk_core::registry::param_field_index;
+use amk_core::{
+    BufferKind, DType, OpSpec, Opcode, ParamType, Program, Registry, Task,
+    abi as core_abi,
+};
+use std::collections::HashMap;
+
+/// Alignment of every arena buffer (wide vector loads need 16; 256 keeps rows of common
+/// widths on separate cache-line groups).
+pub const ARENA_ALIGN: u64 = 256;
+
+/// Where a device buffer's memory comes from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Placement {
+    /// The bound weight tensor of program buffer `.0` (uploaded once, shared by every buffer
+    /// bound to the same tensor).
+    Weight(usize),
+    /// `bytes` at `offset` in the zero-initialised arena (activations, KV caches, IO, FUSED
+    /// scratch).
+    Arena {
+        /// Byte offset (a multiple of [`ARENA_ALIGN`]).
+        offset: u64,
+        /// Size in bytes.
+        bytes: u64,
+    },
+}
+
+/// Everything the device needs, minus addresses.
+#[derive(Debug, Clone)]
+pub struct Tables {
+    /// Descriptors of program buffers (in program order), then FUSED scratch buffers;
+    /// `ptr` is 0 until the session fills it in.
+    pub buffers: Vec<AmkBuffer>,
+    /// Where each descriptor's memory is.
+    pub placement: Vec<Placement>,
+    /// Arena size in bytes.
+    pub arena_bytes: u64,
+    /// One record per task, in program order.
+    pub instructions: Vec<AmkInstruction>,
+    /// Expanded FUSED steps, task after task.
+    pub fused_steps: Vec<AmkInstruction>,
+    /// `fused_off[t]..fused_off[t + 1]`: task t's steps (empty for non-FUSED tasks).
+    pub fused_off: Vec<i32>,
+    /// The per-block queues.
+    pub queues: Queues,
+}
+
+/// Lays out `program` for the device. `max_blocks` is how many blocks can be co-resident
+/// (queues beyond it are folded onto others); `sms` is the device's SM count.
+pub fn build(
+    program: &Program,
+    registry: &Registry,
+    max_blocks: usize,
+) -> Result<Tables, String> {
+    let buffer_index: HashMap<u32, usize> = program
+        .buffers
+        .iter()
+        .enumerate()
+        .map(|(i, b)| (b.id, i))
+        .collect();
+    let counter_index: HashMap<u32, usize> = program
+        .counters
+        .iter()
+        .enumerate()
+        .map(|(i, c)| (c.id, i))
+        .collect();
+    let mut tb = TableBuilder {
+        buffers: Vec::with_capacity(program.buffers.len()),
+        placement: Vec::with_capacity(program.buffers.len()),
+        arena_bytes: 0,
+    };
+    for (i, b) in program.buffers.iter().enumerate() {
+        let kind = if matches!(b.kind, BufferKind::WEIGHT | BufferKind::CONST) {
+            Some(i)
+        } else {
+            None
+        };
+        tb.push(b.dtype, &b.shape, b.space.code() as i32, kind)
+            .map_err(|e| format!("buffer '{}': {e}", b.name))?;
+    }
+    let buf = |id: u32, t: &Task| -> Result<i32, String> {
+        buffer_index
+            .get(&id)
+            .map(|&i| i as i32)
+            .ok_or_else(|| format!("task {} names buffer {id}, which does not exist", t.id))
+    };
+    let ctr = |id: u32, t: &Task| -> Result<i32, String> {
+        counter_index
+            .get(&id)
+            .map(|&i| i as i32)
+            .ok_or_else(|| format!("task {} names counter {id}, which does not exist", t.id))
+    };
+
+    let mut instructions = Vec::with_capacity(program.tasks.len());
+    let mut fused_steps = Vec::new();
+    let mut fused_off = Vec::with_capacity(program.tasks.len() + 1);
+    for t in &program.tasks {
+        let spec = registry
+            .get(t.op)
+            .ok_or_else(|| format!("task {}: op {} is not registered", t.id, t.op))?;
+        let mut rec = AmkInstruction::zeroed_record();
+        rec.op = t.op.0 as i32;
+        let n_in = t.inputs.len().min(core_abi::MAX_INPUTS);
+        if t.inputs.len() > core_abi::MAX_INPUTS && t.op != Opcode::FUSED {
+            return Err(format!(
+                "task {} has {} inputs; an instruction holds {}",
+                t.id,
+                t.inputs.len(),
+                core_abi::MAX_INPUTS
+            ));
+        }
+        rec.n_inputs = n_in as i32;
+        for (k, &b) in t.inputs.iter().take(n_in).enumerate() {
+            rec.inputs[k] = buf(b, t)?;
+        }
+        if t.outputs.len() > core_abi::MAX_OUTPUTS {
+            return Err(format!("task {} has {} outputs", t.id, t.outputs.len()));
+        }
+        rec.n_outputs = t.outputs.len() as i32;
+        for (k, &b) in t.outputs.iter().enumerate() {
+            rec.outputs[k] = buf(b, t)?;
+        }
+        if t.waits.len() > core_abi::MAX_WAITS {
+            return Err(format!("task {} has {} waits", t.id, t.waits.len()));
+        }
+        rec.n_waits = t.waits.len() as i32;
+        for (k, w) in t.waits.iter().enumerate() {
+            rec.wait_counter[k] = ctr(w.counter, t)?;
+            rec.wait_threshold[k] = i32::try_from(w.threshold)
+                .map_err(|_| format!("task {}: wait threshold {} overflows", t.id, w.threshold))?;
+        }
+        rec.out_counter = ctr(t.out_counter, t)?;
+        rec.sm = t.sm.unwrap_or(-1);
+        rec.params = pack_params(spec, &t.params).map_err(|e| format!("task {}: {e}", t.id))?;
+        instructions.push(rec);
+
+        fused_off.push(fused_steps.len() as i32);
+        if t.op == Opcode::FUSED {
+            let ins: Vec<i32> = t
+                .inputs
+                .iter()
+                .map(|&b| buf(b, t))
+                .collect::<Result<_, _>>()?;
+            let out = match t.outputs.first() {
+                Some(&b) => buf(b, t)?,
+                None => return Err(format!("FUSED task {} has no output", t.id)),
+            };
+            expand_fused(t, &ins, out, registry, &mut tb, &mut fused_steps)
+                .map_err(|e| format!("FUSED task {}: {e}", t.id))?;
+        }
+    }
+    fused_off.push(fused_steps.len() as i32);
+    if fused_steps.len() > i32::MAX as usize || tb.buffers.len() > i32::MAX as usize {
+        return Err("too many records".into());
+    }
+    let queues = build_queues(program, max_blocks)?;
+    Ok(Tables {
+        buffers: tb.buffers,
+        placement: tb.placement,
+        arena_bytes: tb.arena_bytes,
+        instructions,
+        fused_steps,
+        fused_off,
+        queues,
+    })
+}
+
+struct TableBuilder {
+    buffers: Vec<AmkBuffer>,
+    placement: Vec<Placement>,
+    arena_bytes: u64,
+}
+
+impl TableBuilder {
+    /// Adds a descriptor; `weight = Some(b)` places it on program buffer b's bound tensor.
+    fn push(
+        &mut self,
+        dtype: DType,
+        shape: &[u64],
+        space: i32,
+        weight: Option<usize>,
+    ) -> Result<i32, String> {
+        if shape.len() > core_abi::MAX_RANK {
+            return Err(format!(
+                "rank {} exceeds the device's {}",
+                shape.len(),
+                core_abi::MAX_RANK
+            ));
+        }
+        let mut d = AmkBuffer::zeroed_desc();
+        d.rank = shape.len() as i32;
+        d.dtype = dtype.code() as i32;
+        d.space = space;
+        let mut numel: u64 = 1;
+        for (k, &s) in shape.iter().enumerate() {
+            d.shape[k] = i64::try_from(s).map_err(|_| "dimension overflows int64".to_string())?;
+            numel = numel
+                .checked_mul(s)
+                .ok_or_else(|| "element count overflows".to_string())?;
+        }
+        let mut stride: i64 = 1;
+        for k in (0..shape.len()).rev() {
+            d.stride[k] = stride;
+            stride = stride.saturating_mul(d.shape[k]);
+        }
+        d.numel = i64::try_from(numel).map_err(|_| "element count overflows".to_string())?;
+        let placement = match weight {
+            Some(b) => Placement::Weight(b),
+            None => {
+                let bytes = storage_bytes(dtype, shape);
+                let offset = self.arena_bytes.next_multiple_of(ARENA_ALIGN);
+                self.arena_bytes = offset
+                    .checked_add(bytes.max(1))
+                    .ok_or_else(|| "arena size overflows".to_string())?;
+                Placement::Arena { offset, bytes }
+            }
+        };
+        self.buffers.push(d);
+        self.placement.push(placement);
+        Ok((self.buffers.len() - 1) as i32)
+    }
+}
+
+/// Bytes a buffer of `dtype` and `shape` occupies (row-packed I4: rows of ⌈K/2⌉ bytes).
+pub fn storage_bytes(dtype: DType, shape: &[u64]) -> u64 {
+    let numel: u64 = shape.iter().product();
+    match dtype {
+        DType::I4 => {
+            let k = shape.last().copied().unwrap_or(1);
+            if k == 0 {
+                0
+            } else {
+                (numel / k) * k.div_ceil(2)
+            }
+        }
+        d => numel * (d.bits() as u64 / 8),
+    }
+}
+
+impl AmkInstruction {
+    fn zeroed_record() -> Self {
+        let mut r: AmkInstruction = bytemuck::Zeroable::zeroed();
+        r.out_counter = -1;
+        r.sm = -1;
+        r
+    }
+}
+
+impl AmkBuffer {
+    fn zeroed_desc() -> Self {
+        bytemuck::Zeroable::zeroed()
+    }
+}
+
+/// Packs a task's params into the device record: device fields by name (ints checked to fit
+/// int32, reals rounded to f32), op-declared params outside them into `ext` in declaration
+/// order, a `present` bit for each; object params (FUSED recipes) stay on the host.
+pub fn pack_params(spec: &OpSpec, params: &Map) -> Result<AmkParams, String> {
+    let mut p: AmkParams = bytemuck::Zeroable::zeroed();
+    for (key, value) in params.iter() {
+        if let Some(idx) = param_field_index(key) {
+            set_field(&mut p, idx, key, value)?;
+            p.present |= 1 << idx;
+        }
+    }
+    let ext: Vec<_> = spec
+        .params
+        .iter()
+        .filter(|d| param_field_index(&d.name).is_none() && d.ty != ParamType::Object)
+        .collect();
+    if ext.len() > MAX_EXT_PARAMS {
+        return Err(format!(
+            "op {} declares {} params outside the device fields; an instruction carries {}",
+            spec.name,
+            ext.len(),
+            MAX_EXT_PARAMS
+        ));
+    }
+    for (i, d) in ext.iter().enumerate() {
+        if let Some(v) = params.get(&d.name) {
+            p.ext[i] = match d.ty {
+                ParamType::Int => int32(&d.name, v)?,
+                _ => (real(&d.name, v)? as f32).to_bits() as i32,
+            };
+            p.present |= 1 << (PRESENT_EXT0 + i as u32);
+        }
+    }
+    Ok(p)
+}
+
+fn int32(key: &str, v: &Value) -> Result<i32, String> {
+    match v {
+        Value::Int(i) => {
+            i32::try_from(*i).map_err(|_| format!("param '{key}' = {i} does not fit int32"))
+        }
+        Value::Bool(b) => Ok(*b as i32),
+        other => Err(format!(
+            "param '{key}' must be an integer, found {}",
+            other.type_name()
+        )),
+    }
+}
+
+fn real(key: &str, v: &Value) -> Result<f64, String> {
+    match v {
+        Value::Int(i) => Ok(*i as f64),
+        Value::Float(f) => Ok(*f),
+        other => Err(format!(
+            "param '{key}' must be a number, found {}",
+            other.type_name()
+        )),
+    }
+}
+
+fn set_field(p: &mut AmkParams, idx: usize, key: &str, v: &Value) -> Result<(), String> {
+    let slot: &mut i32 = match idx {
+        0 => &mut p.k,
+        1 => &mut p.n,
+        2 => &mut p.m,
+        3 => &mut p.n_tile,
+        4 => &mut p.m_tile,
+        5 => &mut p.n_off,
+        6 => &mut p.m_off,
+        7 => &mut p.hidden,
+        8 => &mut p.vocab,
+        9 => &mut p.head_dim,
+        10 => &mut p.n_heads,
+        11 => &mut p.n_kv_heads,
+        12 => &mut p.kv_start,
+        13 => &mut p.kv_len,
+        14 => &mut p.pos,
+        15 => &mut p.qdtype,
+        16 => &mut p.flags,
+        17 => &mut p.dim,
+        18 => &mut p.group,
+        19 => {
+            p.eps = real(key, v)? as f32;
+            return Ok(());
+        }
+        20 => {
+            p.scale = real(key, v)? as f32;
+            return Ok(());
+        }
+        21 => {
+            p.theta = real(key, v)? as f32;
+            return Ok(());
+        }
+        _ => return Err(format!("param '{key}' has no device field")),
+    };
+    *slot = int32(key, v)?;
+    Ok(())
+}
+
+/// Expands a FUSED task's recipe into step records. Arguments resolve statically to buffer
+/// ids: task input k → the task's buffer; slot j → the scratch buffer last written to slot j.
+/// Every slot write gets a fresh zero-initialised scratch buffer (flag [`STEP_ZERO_OUTPUTS`]);
+/// the final step writes the task output. A step op's in-place pairs become a COPY of the
+/// argument into the output first, as the CPU reference starts the output as the argument.
+fn expand_fused(
+    t: &Task,
+    ins: &[i32],
+    out: i32,
+    registry: &Registry,
+    tb: &mut TableBuilder,
+    steps_out: &mut Vec<AmkInstruction>,
+) -> Result<(), String> {
+    let Some(Value::Object(recipe)) = t.params.get("recipe") else {
+        return Err("params.recipe is not an object".into());
+    };
+    let problems = op_fused::recipe::check_recipe(recipe, t.inputs.len(), registry);
+    if !problems.is_empty() {
+        return Err(problems.join("; "));
+    }
+    let out_desc = tb.buffers[out as usize];
+    let steps = recipe.get("steps").and_then(Value::as_array).unwrap_or(&[]);
+    let mut slots: HashMap<i64, i32> = HashMap::new();
+    for (i, step) in steps.iter().enumerate() {
+        let s = step.as_object().ok_or(format!("step {i} is not an object"))?;
+        let code = s
+            .get("op")
+            .and_then(Value::as_i64)
+            .and_then(|c| u16::try_from(c).ok())
+            .ok_or(format!("step {i} has no usable op code"))?;
+        let op = Opcode(code);
+        let spec = registry
+            .get(op)
+            .ok_or(format!("step {i}: op {code} is not registered"))?;
+        let mut rec = AmkInstruction::zeroed_record();
+        rec.op = code as i32;
+        let args = s.get("args").and_then(Value::as_array).unwrap_or(&[]);
+        if args.len() > core_abi::MAX_INPUTS {
+            return Err(format!("step {i} has {} arguments", args.len()));
+        }
+        rec.n_inputs = args.len() as i32;
+        for (j, a) in args.iter().enumerate() {
+            let m = a.as_object();
+            let get = |k: &str| m.and_then(|m| m.get(k)).and_then(Value::as_i64);
+            rec.inputs[j] = match (get("in"), get("s")) {
+                (Some(k), None) => *usize::try_from(k)
+                    .ok()
+                    .and_then(|k| ins.get(k))
+                    .ok_or(format!("step {i} argument {j}: no task input {k}"))?,
+                (None, Some(k)) => *slots
+                    .get(&k)
+                    .ok_or(format!("step {i} argument {j}: slot {k} is unwritten"))?,
+                _ => return Err(format!("step {i} argument {j} is malformed")),
+            };
+        }
+        let params = match s.get("params") {
+            Some(Value::Object(m)) => m.clone(),
+            _ => Map::new(),
+        };
+        rec.params = pack_params(spec, &params).map_err(|e| format!("step {i}: {e}"))?;
+        let slot = match s.get("out") {
+            Some(Value::Str(f)) if f == "final" => None,
+            Some(Value::Int(-1)) => None,
+            Some(Value::Int(k)) if *k >= 0 => Some(*k),
+            _ => return Err(format!("step {i}: 'out' is malformed")),
+        };
+        rec.n_outputs = 1;
+        rec.outputs[0] = match slot {
+            None => out,
+            Some(k) => {
+                let shape: Vec<u64> = match s.get("out_shape").and_then(Value::as_array) {
+                    Some(dims) => dims
+                        .iter()
+                        .map(|d| d.as_i64().and_then(|d| u64::try_from(d).ok()))
+                        .collect::<Option<_>>()
+                        .ok_or(format!("step {i}: out_shape is malformed"))?,
+                    None => out_desc.shape[..out_desc.rank as usize]
+                        .iter()
+                        .map(|&d| d as u64)
+                        .collect(),
+                };
+                let dtype =
+                    op_fused::reference::scratch_dtype(s.get("out_dtype").and_then(Value::as_str))
+                        .ok_or(format!("step {i}: out_dtype is malformed"))?;
+                let id = tb.push(dtype, &shape, 0, None)?;
+                slots.insert(k, id);
+                rec.sm = STEP_ZERO_OUTPUTS;
+                id
+            }
+        };
+        let in_place = registry
+            .reference(op)
+            .map(|r| r.in_place.to_vec())
+            .unwrap_or_default();
+        for (a, o) in in_place {
+            if o != 0 || a >= args.len() {
+                continue;
+            }
+            let mut copy = AmkInstruction::zeroed_record();
+            copy.op = Opcode::COPY.0 as i32;
+            copy.n_inputs = 1;
+            copy.inputs[0] = rec.inputs[a];
+            copy.n_outputs = 1;
+            copy.outputs[0] = rec.outputs[0];
+            steps_out.push(copy);
+            rec.inputs[a] = rec.outputs[0];
+            rec.sm = 0;
+        }
+        steps_out.push(rec);
+    }
+    Ok(())
+}
+
+/// The label of task index `t` for error messages.
+pub fn task_label(program: &Program, t: usize) -> String {
+    program
+        .tasks
+        .get(t)
+        .map_or_else(|| format!("task #{t}"), Task::display_label)
+}

@@ -1,0 +1,379 @@
+//! GPU tests (`--features cuda`): they need an NVIDIA device with its driver and NVRTC, skip
+//! visibly without them (`SKIPPED …` on stderr) and fail instead under `AMK_REQUIRE_GPU=1`.
+//! The model tests read SmolLM2 from `$AMK_TEST_GGUF` (never fetched here: a GPU machine may
+//! have no network). `docs/gpu-testing.md` says how to build these on a machine without CUDA
+//! and run them on one with it.
+#![cfg(feature = "cuda")]
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // test file
+
+use amk_backend_cpu::CpuBackend;
+use amk_backend_cuda::assemble::Knobs;
+use amk_backend_cuda::test_support::{gpu_or_skip, gpu_with_watchdog, skip};
+use amk_backend_cuda::{CudaBackend, CudaError, compile_for_arch, nvrtc};
+use amk_core::json::{Map, Value};
+use amk_core::{
+    Backend, BufferKind, CudaSource, DType, OpSpec, Opcode, Origin, Program, Registry, Tensor,
+    WeightStore, WriteRegion, validate_owned,
+};
+use std::borrow::Cow;
+use std::time::{Duration, Instant};
+
+fn registry() -> Registry {
+    amk_ops::registry().unwrap()
+}
+
+/// The built-in ops plus the example plugin's op, registered from its crate (the cdylib is not
+/// part of a test archive; its CUDA source and entry are the same constants).
+fn registry_with_plugin() -> Registry {
+    let mut reg = registry();
+    let spec = OpSpec {
+        code: Opcode(amk_plugin_example_gelu_tanh::CODE as u16),
+        name: Cow::Borrowed(amk_plugin_example_gelu_tanh::NAME),
+        min_inputs: 1,
+        max_inputs: Some(1),
+        n_outputs: Some(1),
+        params: Cow::Borrowed(&[]),
+        write_region: WriteRegion::Whole,
+        check: None,
+        summary: Cow::Borrowed("example plugin op"),
+    };
+    let cuda = CudaSource {
+        source: Cow::Borrowed(amk_plugin_example_gelu_tanh::CUDA_SOURCE),
+        entry: Cow::Borrowed(amk_plugin_example_gelu_tanh::CUDA_ENTRY),
+        shared_bytes: 0,
+    };
+    reg.register_full(
+        spec,
+        Origin::Plugin("libamk_plugin_example_gelu_tanh.so".into()),
+        None,
+        Some(cuda),
+    )
+    .unwrap();
+    reg
+}
+
+#[test]
+fn probe_reports_the_device() {
+    let Some(b) = gpu_or_skip("probe_reports_the_device") else {
+        return;
+    };
+    let v = nvrtc::version().unwrap();
+    eprintln!("device: {} (NVRTC {}.{})", b.info(), v.0, v.1);
+    assert!(b.info().sms > 0);
+}
+
+/// The megakernel (every built-in op and the example plugin's op) compiles for every
+/// architecture we target. Needs NVRTC only, not a device.
+#[test]
+fn megakernel_compiles_for_sm80_sm89_sm90_sm120() {
+    if !nvrtc::nvrtc_present() {
+        skip("megakernel_compiles_for_sm80_sm89_sm90_sm120", &CudaError::NvrtcMissing);
+        return;
+    }
+    let reg = registry_with_plugin();
+    // One thread per architecture: NVRTC compiles independent programs in parallel.
+    let archs = ["sm_80", "sm_89", "sm_90", "sm_90a", "sm_120"];
+    let results: Vec<_> = std::thread::scope(|s| {
+        let handles: Vec<_> = archs
+            .iter()
+            .map(|&arch| {
+                let reg = &reg;
+                s.spawn(move || {
+                    let t = Instant::now();
+                    (arch, compile_for_arch(reg, arch, Knobs::default()), t.elapsed())
+                })
+            })
+            .collect();
+        handles.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    for (arch, cubin, took) in results {
+        let cubin = cubin.unwrap_or_else(|e| panic!("{arch}: {e}"));
+        assert!(cubin.starts_with(b"\x7fELF"), "{arch}: not an ELF cubin");
+        eprintln!("{arch}: {} bytes in {:.1} s", cubin.len(), took.as_secs_f64());
+    }
+}
+
+mod conformance {
+    amk_conformance::conformance_tests!(maybe: amk_backend_cuda::test_support::gpu_or_skip(
+        "conformance"
+    ));
+}
+
+fn params(kv: &[(&str, Value)]) -> Map {
+    let mut m = Map::new();
+    for (k, v) in kv {
+        m.insert(*k, v.clone());
+    }
+    m
+}
+
+/// A two-task COPY chain `x → a → y` (validated), and its input.
+fn copy_chain() -> (Program, Tensor) {
+    let mut p = Program::new();
+    let x = p.new_buffer("x", BufferKind::IO_INPUT, DType::F32, &[37]);
+    let a = p.new_buffer("a", BufferKind::ACTIVATION, DType::F32, &[37]);
+    let y = p.new_buffer("y", BufferKind::IO_OUTPUT, DType::F32, &[37]);
+    let c0 = p.new_counter("a ready");
+    let c1 = p.new_counter("y ready");
+    p.push_task(Opcode::COPY, &[x], &[a], c0, &[], Map::new(), "copy x");
+    p.push_task(Opcode::COPY, &[a], &[y], c1, &[(c0, 1)], Map::new(), "copy a");
+    let xs: Vec<f32> = (0..37).map(|i| 0.37 * i as f32 - 3.1).collect();
+    (p, Tensor::from_f32(DType::F32, &[37], &xs).unwrap())
+}
+
+fn run_copy_chain(b: &CudaBackend, reg: &Registry) {
+    let (p, x) = copy_chain();
+    let v = validate_owned(p, reg).map_err(|r| r.report()).unwrap();
+    let mut s = b.load(&v, &WeightStore::new(), reg).unwrap();
+    let out = s.step(&[("x", x.clone())]).unwrap();
+    assert_eq!(out.get("y").unwrap().to_f32_vec(), x.to_f32_vec());
+}
+
+/// A task whose wait can never be met (threshold 2, one producer — the validator would refuse
+/// it, so it is loaded through the `testing` entry): the watchdog raises the abort flag, the
+/// kernel stops, `Timeout` comes back, and the same backend runs a good program afterwards.
+#[cfg(feature = "testing")]
+#[test]
+fn watchdog_times_out_and_the_device_stays_usable() {
+    let limit = Duration::from_millis(1500);
+    let Some(b) = gpu_with_watchdog("watchdog_times_out_and_the_device_stays_usable", limit)
+    else {
+        return;
+    };
+    let reg = registry();
+    let (mut p, x) = copy_chain();
+    p.tasks[1].waits[0].threshold = 2;
+    let mut s =
+        amk_backend_cuda::testing::load_unvalidated(&b, &p, &WeightStore::new(), &reg).unwrap();
+    let t = Instant::now();
+    let err = s.run(&[("x", x.clone())]).unwrap_err();
+    let took = t.elapsed();
+    match err {
+        CudaError::Timeout { after, recovered } => {
+            assert_eq!(after, limit);
+            assert!(recovered, "the kernel ignored the abort flag");
+        }
+        other => panic!("expected Timeout, got {other}"),
+    }
+    assert!(took >= limit && took < limit + Duration::from_secs(3), "took {took:?}");
+    // The same session can launch again (and times out again: its program is still stuck)…
+    assert!(matches!(s.run(&[]), Err(CudaError::Timeout { recovered: true, .. })));
+    // …and a good program runs on the same device.
+    run_copy_chain(&b, &reg);
+}
+
+/// A device-side error names its task: an EMBED id out of the table, then a corrupted opcode.
+#[cfg(feature = "testing")]
+#[test]
+fn device_errors_name_the_task_and_the_device_stays_usable() {
+    let Some(b) = gpu_or_skip("device_errors_name_the_task_and_the_device_stays_usable") else {
+        return;
+    };
+    let reg = registry();
+    let mut p = Program::new();
+    let ids = p.new_buffer("ids", BufferKind::IO_INPUT, DType::I32, &[2]);
+    let table = p.new_buffer("table", BufferKind::WEIGHT, DType::F32, &[5, 8]);
+    p.buffers[table as usize].source = Some("table".into());
+    let y = p.new_buffer("y", BufferKind::IO_OUTPUT, DType::F32, &[2, 8]);
+    let c = p.new_counter("y");
+    p.push_task(
+        Opcode::EMBED,
+        &[ids, table],
+        &[y],
+        c,
+        &[],
+        params(&[("hidden", Value::Int(8))]),
+        "gather",
+    );
+    let mut w = WeightStore::new();
+    let tv: Vec<f32> = (0..40).map(|i| i as f32 * 0.5 + 0.25).collect();
+    w.insert("table", Tensor::from_f32(DType::F32, &[5, 8], &tv).unwrap());
+    let v = validate_owned(p.clone(), &reg).map_err(|r| r.report()).unwrap();
+    let mut s = b.load_session(&v, &w, &reg).unwrap();
+    let bad = Tensor::from_i64(DType::I32, &[2], &[1, 7]).unwrap();
+    match s.run(&[("ids", bad)]) {
+        Err(CudaError::Trap {
+            task, label, detail, ..
+        }) => {
+            assert_eq!((task, label.as_str(), detail), (0, "gather", 7));
+        }
+        other => panic!("expected a trap, got {other:?}"),
+    }
+    let good = Tensor::from_i64(DType::I32, &[2], &[4, 0]).unwrap();
+    let out = s.run(&[("ids", good)]).unwrap();
+    let got = out.get("y").unwrap().to_f32_vec();
+    assert_eq!(&got[..8], &tv[32..40]);
+    assert_eq!(&got[8..], &tv[..8]);
+
+    let mut s2 = amk_backend_cuda::testing::load_unvalidated(&b, &p, &w, &reg).unwrap();
+    amk_backend_cuda::testing::overwrite_opcode(&mut s2, 0, 999).unwrap();
+    let good = Tensor::from_i64(DType::I32, &[2], &[4, 0]).unwrap();
+    match s2.run(&[("ids", good.clone())]) {
+        Err(CudaError::Trap {
+            task,
+            reason,
+            detail,
+            ..
+        }) => {
+            assert_eq!((task, detail), (0, 999));
+            assert!(reason.contains("unknown opcode"), "{reason}");
+        }
+        other => panic!("expected a trap, got {other:?}"),
+    }
+    // The first session still works after the other one trapped.
+    assert_eq!(s.run(&[("ids", good)]).unwrap().get("y").unwrap().to_f32_vec()[..8], tv[32..40]);
+}
+
+/// The example plugin's op, compiled into the megakernel from its source, runs on the device
+/// and matches the plugin's own Rust formula.
+#[test]
+fn plugin_op_runs_on_the_device() {
+    let Some(b) = gpu_or_skip("plugin_op_runs_on_the_device") else {
+        return;
+    };
+    let reg = registry_with_plugin();
+    let mut p = Program::new();
+    let n = 1000u64;
+    let x = p.new_buffer("x", BufferKind::IO_INPUT, DType::F32, &[n]);
+    let y = p.new_buffer("y", BufferKind::IO_OUTPUT, DType::F32, &[n]);
+    let c = p.new_counter("y");
+    p.push_task(
+        Opcode(amk_plugin_example_gelu_tanh::CODE as u16),
+        &[x],
+        &[y],
+        c,
+        &[],
+        Map::new(),
+        "gelu",
+    );
+    let v = validate_owned(p, &reg).map_err(|r| r.report()).unwrap();
+    let mut s = b.load_session(&v, &WeightStore::new(), &reg).unwrap();
+    let xs: Vec<f32> = (0..n).map(|i| (i as f32 - 500.0) * 0.013 + 0.0007).collect();
+    let out = s
+        .run(&[("x", Tensor::from_f32(DType::F32, &[n], &xs).unwrap())])
+        .unwrap();
+    let got = out.get("y").unwrap().to_f32_vec();
+    let scale = xs.iter().fold(0f32, |m, &x| m.max(amk_plugin_example_gelu_tanh::gelu_tanh(x).abs()));
+    for (i, (&g, &x)) in got.iter().zip(&xs).enumerate() {
+        let w = amk_plugin_example_gelu_tanh::gelu_tanh(x);
+        assert!((g - w).abs() <= 1e-5 * scale, "[{i}] x={x}: {g} vs {w}");
+    }
+}
+
+// ---- SmolLM2 on the device ---------------------------------------------------------------------
+
+mod smollm2 {
+    use super::*;
+    use amk_core::{GpuTarget, ScheduleConfig};
+    use amk_model_llama::Model;
+    use amk_model_llama::lower::{LowerOptions, lower};
+    use amk_model_llama::run::{Engine, argmax, generate_greedy};
+
+    /// The committed HF reference (embedded: the test may run where the source tree is not).
+    const HF: &str = include_str!("../../../tests/reference/smollm2_hf.json");
+
+    fn model(test: &str) -> Option<Model> {
+        let Some(path) = std::env::var_os("AMK_TEST_GGUF") else {
+            skip(test, &"AMK_TEST_GGUF is not set (the SmolLM2 GGUF)");
+            return None;
+        };
+        Some(amk_model_llama::gguf_import::import_gguf(std::path::Path::new(&path)).unwrap())
+    }
+
+    fn engine(m: &Model, backend: &dyn Backend, dtype: DType, max_seq: u64) -> Engine {
+        let target = GpuTarget::by_name("h100").unwrap();
+        let opts = LowerOptions {
+            max_seq: Some(max_seq),
+            dtype,
+            ..LowerOptions::default()
+        };
+        let lowered = lower(m, &ScheduleConfig::default(), &target, &opts).unwrap();
+        Engine::new(lowered, backend, &registry()).unwrap()
+    }
+
+    fn prompts() -> Vec<(String, Vec<u32>, Vec<u32>, Vec<f64>)> {
+        let doc: serde_json::Value = serde_json::from_str(HF).unwrap();
+        let ids = |v: &serde_json::Value| -> Vec<u32> {
+            v.as_array().unwrap().iter().map(|x| x.as_u64().unwrap() as u32).collect()
+        };
+        doc["prompts"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|p| {
+                (
+                    p["name"].as_str().unwrap().to_string(),
+                    ids(&p["prompt_ids"]),
+                    ids(&p["generated_ids"]),
+                    p["top2_gap"]
+                        .as_array()
+                        .unwrap()
+                        .iter()
+                        .map(|g| g.as_f64().unwrap())
+                        .collect(),
+                )
+            })
+            .collect()
+    }
+
+    /// f32 logits on the device within 1e-5 (max error / max |logit|) of the CPU VM at the
+    /// first 5 positions of a prompt.
+    #[test]
+    fn smollm2_f32_logits_match_the_cpu_vm() {
+        let name = "smollm2_f32_logits_match_the_cpu_vm";
+        let Some(gpu) = gpu_or_skip(name) else { return };
+        let Some(m) = model(name) else { return };
+        let mut cpu = engine(&m, &CpuBackend::default(), DType::F32, 64);
+        let mut dev = engine(&m, &gpu, DType::F32, 64);
+        let (_, prompt, _, _) = prompts().into_iter().next().unwrap();
+        for (pos, &tok) in prompt.iter().take(5).enumerate() {
+            let want = cpu.step(tok).unwrap();
+            let got = dev.step(tok).unwrap();
+            let scale = want.iter().fold(0f32, |a, &w| a.max(w.abs()));
+            let err = got.iter().zip(&want).fold(0f32, |a, (&g, &w)| a.max((g - w).abs()));
+            eprintln!("pos {pos}: max error {err:e}, relative {:e}", err / scale);
+            assert!(err <= 1e-5 * scale, "pos {pos}: relative error {:e}", err / scale);
+            assert_eq!(argmax(&got), argmax(&want), "pos {pos}");
+        }
+    }
+
+    /// f32 greedy continuations on the device equal HF's, token for token, for every prompt.
+    #[test]
+    fn smollm2_f32_greedy_matches_transformers() {
+        let name = "smollm2_f32_greedy_matches_transformers";
+        let Some(gpu) = gpu_or_skip(name) else { return };
+        let Some(m) = model(name) else { return };
+        let mut e = engine(&m, &gpu, DType::F32, 128);
+        for (pname, prompt, want, _) in prompts() {
+            let got = generate_greedy(&mut e, &prompt, want.len(), &[], &mut |_| true).unwrap();
+            assert_eq!(got, want, "{pname}");
+            eprintln!("{pname}: {} tokens identical to HF", want.len());
+        }
+    }
+
+    /// bf16 greedy tokens equal the f32 ones (= HF's, which the CPU VM reproduces exactly) for
+    /// 32 tokens on at least 4 of 5 prompts.
+    #[test]
+    fn smollm2_bf16_greedy_matches_f32_on_most_prompts() {
+        let name = "smollm2_bf16_greedy_matches_f32_on_most_prompts";
+        let Some(gpu) = gpu_or_skip(name) else { return };
+        let Some(m) = model(name) else { return };
+        let mut e = engine(&m, &gpu, DType::BF16, 128);
+        let mut identical = 0;
+        for (pname, prompt, want, gaps) in prompts().into_iter().take(5) {
+            let want = &want[..32];
+            let got = generate_greedy(&mut e, &prompt, 32, &[], &mut |_| true).unwrap();
+            match got.iter().zip(want).position(|(a, b)| a != b) {
+                None => {
+                    identical += 1;
+                    eprintln!("{pname}: 32 bf16 tokens identical to f32");
+                }
+                Some(i) => eprintln!(
+                    "{pname}: bf16 diverges at token {i} ({} vs {}; HF top-2 gap there {})",
+                    got[i], want[i], gaps[i]
+                ),
+            }
+        }
+        assert!(identical >= 4, "only {identical} of 5 prompts identical");
+    }
+}

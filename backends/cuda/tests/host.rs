@@ -1,0 +1,369 @@
+//! Host-side tests of the CUDA backend (no GPU, no CUDA libraries): the C header against the
+//! Rust mirrors, the table layout, the queues and the source assembly.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // test file
+
+use amk_backend_cuda::abi::{self, AmkInstruction};
+use amk_backend_cuda::assemble::{ABI_HEADER, Knobs, megakernel_source};
+use amk_backend_cuda::queues::build_queues;
+use amk_backend_cuda::tables::{self, Placement, pack_params};
+use amk_core::json::{Map, Value};
+use amk_core::registry::param_field_index;
+use amk_core::{BufferKind, DType, MemSpace, Opcode, Program, Registry, abi as core_abi};
+use std::collections::{BTreeMap, HashMap};
+
+fn registry() -> Registry {
+    amk_ops::registry().unwrap()
+}
+
+/// `#define NAME value` lines of the header.
+fn defines() -> HashMap<String, String> {
+    ABI_HEADER
+        .lines()
+        .filter_map(|l| l.trim().strip_prefix("#define "))
+        .filter_map(|l| {
+            let mut it = l.split_whitespace();
+            Some((it.next()?.to_string(), it.next()?.to_string()))
+        })
+        .collect()
+}
+
+/// `NAME = value,` enumerator lines of the header.
+fn enumerators() -> HashMap<String, i64> {
+    ABI_HEADER
+        .lines()
+        .filter_map(|l| {
+            let l = l.trim().trim_end_matches(',');
+            let (name, rest) = l.split_once(" = ")?;
+            let v = rest.split_whitespace().next()?.trim_end_matches(',');
+            if !name.starts_with("AMK_") {
+                return None;
+            }
+            Some((name.to_string(), v.parse().ok()?))
+        })
+        .collect()
+}
+
+/// `(struct, field) -> offset` from the `/*@N*/` comments, and `struct -> size` from
+/// `/*@size N*/`.
+fn layouts() -> (BTreeMap<(String, String), usize>, BTreeMap<String, usize>) {
+    let (mut offs, mut sizes) = (BTreeMap::new(), BTreeMap::new());
+    let mut current: Option<String> = None;
+    for l in ABI_HEADER.lines() {
+        let t = l.trim();
+        if let Some(rest) = t.strip_prefix("typedef struct ") {
+            let name = rest.split_whitespace().next().unwrap().to_string();
+            let size = rest
+                .split("/*@size ")
+                .nth(1)
+                .and_then(|s| s.split('*').next())
+                .map(|s| s.trim().parse::<usize>().unwrap())
+                .unwrap_or_else(|| panic!("struct {name} has no @size comment"));
+            sizes.insert(name.clone(), size);
+            current = Some(name);
+            continue;
+        }
+        if t.starts_with('}') {
+            current = None;
+            continue;
+        }
+        let (Some(s), Some((decl, rest))) = (&current, t.split_once(';')) else {
+            continue;
+        };
+        let Some(off) = rest
+            .split("/*@")
+            .nth(1)
+            .and_then(|x| x.split('*').next())
+            .and_then(|x| x.trim().parse::<usize>().ok())
+        else {
+            panic!("field `{t}` of {s} has no @offset comment");
+        };
+        let field = decl
+            .split_whitespace()
+            .last()
+            .unwrap()
+            .trim_start_matches('*')
+            .split('[')
+            .next()
+            .unwrap()
+            .to_string();
+        offs.insert((s.clone(), field), off);
+    }
+    (offs, sizes)
+}
+
+#[test]
+fn header_layouts_match_the_rust_mirrors() {
+    let (offs, sizes) = layouts();
+    for (s, size) in abi::struct_sizes() {
+        assert_eq!(sizes.get(s), Some(&size), "size of {s}");
+    }
+    let mirrored = abi::field_offsets();
+    for &(s, f, off) in &mirrored {
+        assert_eq!(
+            offs.get(&(s.to_string(), f.to_string())),
+            Some(&off),
+            "offset of {s}.{f}"
+        );
+    }
+    assert_eq!(offs.len(), mirrored.len(), "the header has fields the mirrors lack");
+}
+
+#[test]
+fn header_constants_match_the_core() {
+    let d = defines();
+    let num = |k: &str| -> i64 { d[k].parse().unwrap_or_else(|_| panic!("{k} = {}", d[k])) };
+    assert_eq!(num("AMK_ABI_VERSION_MAJOR"), core_abi::VERSION_MAJOR as i64);
+    assert_eq!(num("AMK_ABI_VERSION_MINOR"), core_abi::VERSION_MINOR as i64);
+    assert_eq!(num("AMK_MAX_INPUTS"), core_abi::MAX_INPUTS as i64);
+    assert_eq!(num("AMK_MAX_OUTPUTS"), core_abi::MAX_OUTPUTS as i64);
+    assert_eq!(num("AMK_MAX_WAITS"), core_abi::MAX_WAITS as i64);
+    assert_eq!(num("AMK_MAX_RANK"), core_abi::MAX_RANK as i64);
+    assert_eq!(num("AMK_MAX_EXT_PARAMS"), abi::MAX_EXT_PARAMS as i64);
+    assert_eq!(num("AMK_COUNTER_STRIDE"), abi::COUNTER_STRIDE as i64);
+    assert_eq!(num("AMK_P_EXT0"), abi::PRESENT_EXT0 as i64);
+    // Presence bits follow the host's device-field table.
+    for (key, _) in amk_core::PARAM_FIELDS {
+        let name = format!("AMK_P_{}", key.to_uppercase());
+        assert_eq!(
+            num(&name),
+            param_field_index(key).unwrap() as i64,
+            "{name}"
+        );
+    }
+    let e = enumerators();
+    for dt in DType::ALL {
+        assert_eq!(e[&format!("AMK_{}", dt.name())], dt.code() as i64, "{dt}");
+    }
+    for ms in MemSpace::ALL {
+        assert_eq!(e[&format!("AMK_{}", ms.name())], ms.code() as i64, "{ms}");
+    }
+    for code in 0..Opcode::ABI_COUNT {
+        let op = Opcode(code);
+        let name = op.abi_name().unwrap();
+        assert_eq!(e[&format!("AMK_OP_{name}")], code as i64, "{name}");
+    }
+    for (name, code) in [
+        ("AMK_ERR_UNKNOWN_OPCODE", abi::status::UNKNOWN_OPCODE),
+        ("AMK_ERR_BAD_BUFFER_ID", abi::status::BAD_BUFFER_ID),
+        ("AMK_ERR_BAD_COUNTER_ID", abi::status::BAD_COUNTER_ID),
+        ("AMK_ERR_INDEX", abi::status::INDEX),
+        ("AMK_ERR_SHAPE", abi::status::SHAPE),
+        ("AMK_ERR_DTYPE", abi::status::DTYPE),
+        ("AMK_ERR_PARAM", abi::status::PARAM),
+        ("AMK_ERR_ABORTED", abi::status::ABORTED),
+    ] {
+        assert_eq!(e[name], code as i64, "{name}");
+    }
+}
+
+fn params(kv: &[(&str, Value)]) -> Map {
+    let mut m = Map::new();
+    for (k, v) in kv {
+        m.insert(*k, v.clone());
+    }
+    m
+}
+
+#[test]
+fn params_pack_at_their_fields_with_presence_bits_and_ext_slots() {
+    let reg = registry();
+    let rope = reg.get(Opcode::ROPE).unwrap();
+    let p = pack_params(
+        rope,
+        &params(&[
+            ("head_dim", Value::Int(64)),
+            ("theta", Value::Float(1e5)),
+            ("pairing", Value::Int(1)),
+        ]),
+    )
+    .unwrap();
+    assert_eq!(p.head_dim, 64);
+    assert_eq!(p.theta, 1e5f32);
+    assert_eq!(p.ext[0], 1);
+    let bits = (1 << param_field_index("head_dim").unwrap())
+        | (1 << param_field_index("theta").unwrap())
+        | (1 << abi::PRESENT_EXT0);
+    assert_eq!(p.present, bits);
+    let bytes = bytemuck::bytes_of(&p);
+    assert_eq!(&bytes[36..40], &64i32.to_le_bytes());
+    assert_eq!(&bytes[84..88], &1e5f32.to_le_bytes());
+    // Absent optional params stay 0 with no presence bit.
+    let p = pack_params(rope, &params(&[("head_dim", Value::Int(8)), ("theta", Value::Int(10000))]))
+        .unwrap();
+    assert_eq!((p.ext[0], p.present >> abi::PRESENT_EXT0), (0, 0));
+    // Out of int32: refused, never truncated.
+    let gemv = reg.get(Opcode::GEMV_TILE).unwrap();
+    let e = pack_params(gemv, &params(&[("K", Value::Int(1 << 40))])).unwrap_err();
+    assert!(e.contains("int32"), "{e}");
+}
+
+/// A toy program: COPYs and an ADD over assigned and unassigned SMs, a weight, IO.
+fn toy(sms: &[Option<i32>]) -> Program {
+    let mut p = Program::new();
+    let x = p.new_buffer("x", BufferKind::IO_INPUT, DType::F32, &[3, 5]);
+    let w = p.new_buffer("w", BufferKind::WEIGHT, DType::BF16, &[3, 5]);
+    p.buffers[w as usize].source = Some("w".into());
+    let mut prev = x;
+    let mut prev_c = None;
+    for (i, &sm) in sms.iter().enumerate() {
+        let a = p.new_buffer(format!("a{i}"), BufferKind::ACTIVATION, DType::F32, &[3, 5]);
+        let c = p.new_counter(format!("c{i}"));
+        let waits: Vec<_> = prev_c.map(|c| (c, 1)).into_iter().collect();
+        let t = p.push_task(Opcode::ADD, &[prev, w], &[a], c, &waits, Map::new(), "");
+        p.tasks[t as usize].sm = sm;
+        prev = a;
+        prev_c = Some(c);
+    }
+    let y = p.new_buffer("y", BufferKind::IO_OUTPUT, DType::F32, &[3, 5]);
+    let c = p.new_counter("y");
+    p.push_task(Opcode::COPY, &[prev], &[y], c, &[(prev_c.unwrap(), 1)], Map::new(), "out");
+    p
+}
+
+#[test]
+fn tables_place_weights_and_align_the_arena() {
+    let p = toy(&[Some(0), Some(1), None]);
+    let t = tables::build(&p, &registry(), 132).unwrap();
+    assert_eq!(t.buffers.len(), p.buffers.len());
+    for (i, (d, b)) in t.buffers.iter().zip(&p.buffers).enumerate() {
+        assert_eq!(d.dtype, b.dtype.code() as i32, "buffer {i}");
+        assert_eq!(d.numel, b.numel() as i64);
+        assert_eq!(&d.shape[..2], &[3, 5]);
+        assert_eq!(&d.stride[..2], &[5, 1]);
+        match t.placement[i] {
+            Placement::Weight(j) => assert_eq!((j, b.kind), (i, BufferKind::WEIGHT)),
+            Placement::Arena { offset, bytes } => {
+                assert_eq!(offset % tables::ARENA_ALIGN, 0);
+                assert_eq!(bytes, b.nbytes());
+            }
+        }
+    }
+    let r: &AmkInstruction = &t.instructions[1];
+    assert_eq!((r.op, r.n_inputs, r.n_outputs, r.n_waits), (Opcode::ADD.0 as i32, 2, 1, 1));
+    assert_eq!((r.wait_counter[0], r.wait_threshold[0], r.out_counter), (0, 1, 1));
+    assert_eq!(t.fused_off, vec![0; p.tasks.len() + 1]);
+}
+
+/// Every queue runs in one global topological order, SM assignments are kept (folded modulo
+/// the resident blocks), unassigned tasks spread over several queues; a lockstep simulation
+/// of the blocks finishes every task.
+#[test]
+fn queues_follow_sm_assignment_and_never_deadlock() {
+    for (sms, blocks) in [
+        (vec![Some(0), Some(1), Some(2), Some(0)], 132),
+        (vec![None, None, None, None, None], 132),
+        (vec![Some(5), None, Some(2), None, Some(7), Some(1)], 3),
+        (vec![Some(131), Some(0), None], 2),
+    ] {
+        let p = toy(&sms);
+        let q = build_queues(&p, blocks).unwrap();
+        assert!(q.len() <= blocks);
+        let mut seen = vec![false; p.tasks.len()];
+        for k in 0..q.len() {
+            for &t in q.queue(k) {
+                assert!(!seen[t as usize]);
+                seen[t as usize] = true;
+                if let Some(s) = p.tasks[t as usize].sm {
+                    assert_eq!(s as usize % q.len(), k, "task {t} on queue {k}");
+                }
+            }
+        }
+        assert!(seen.iter().all(|&s| s), "every task queued");
+        if sms.iter().all(Option::is_none) {
+            let used = (0..q.len()).filter(|&k| !q.queue(k).is_empty()).count();
+            assert!(used > 1, "unassigned tasks all on one queue");
+        }
+        simulate(&p, &q);
+    }
+}
+
+/// Runs the queues in lockstep the way the device does (a block waits on its head task's
+/// counters) and asserts every task finishes.
+fn simulate(p: &Program, q: &amk_backend_cuda::queues::Queues) {
+    let mut counters = vec![0i64; p.counters.len()];
+    let mut head = vec![0usize; q.len()];
+    let mut done = 0;
+    loop {
+        let mut progressed = false;
+        for k in 0..q.len() {
+            let Some(&t) = q.queue(k).get(head[k]) else { continue };
+            let task = &p.tasks[t as usize];
+            if task.waits.iter().all(|w| counters[w.counter as usize] >= w.threshold) {
+                counters[task.out_counter as usize] += 1;
+                head[k] += 1;
+                done += 1;
+                progressed = true;
+            }
+        }
+        if !progressed {
+            break;
+        }
+    }
+    assert_eq!(done, p.tasks.len(), "deadlock: {done} of {} tasks ran", p.tasks.len());
+}
+
+#[test]
+fn the_source_has_one_case_per_op_and_is_deterministic() {
+    let reg = registry();
+    let a = megakernel_source(&reg, Knobs::default()).unwrap();
+    let b = megakernel_source(&reg, Knobs::default()).unwrap();
+    assert_eq!(a.source, b.source);
+    for code in 0..Opcode::ABI_COUNT {
+        assert!(a.has(Opcode(code)), "op {code} has no device function");
+        assert!(
+            a.source.contains(&format!("    case {code}: amk_op_{code}::")),
+            "no dispatch case for {code}"
+        );
+    }
+    assert!(a.source.contains("#define AMK_THREADS 256"));
+    let e = megakernel_source(&reg, Knobs { threads: 100 }).unwrap_err();
+    assert!(e.contains("multiple of 32"), "{e}");
+}
+
+/// The op sources keep the device contract: no includes, kernels or traps of their own, no
+/// fast-math intrinsics (they would break the 1e-5 agreement with the CPU VM).
+#[test]
+fn op_sources_keep_the_device_contract() {
+    let reg = registry();
+    for (spec, _) in reg.iter() {
+        let cuda = reg
+            .cuda(spec.code)
+            .unwrap_or_else(|| panic!("{} has no CUDA source", spec.name));
+        let src = cuda.source.as_ref();
+        assert!(
+            src.contains(&format!("void {}(const amk_task_ctx&", cuda.entry)),
+            "{}: no `void {}(const amk_task_ctx& ...)`",
+            spec.name,
+            cuda.entry
+        );
+        for banned in [
+            "#include", "__global__", "__trap", "__expf(", "__sinf(", "__cosf(", "__powf(",
+            "__fdividef(", "__logf(", "__exp10f(", "__tanf(", "asm(\"trap",
+        ] {
+            assert!(!src.contains(banned), "{} uses {banned}", spec.name);
+        }
+    }
+}
+
+#[cfg(not(feature = "cuda"))]
+#[test]
+fn without_the_feature_the_backend_says_so() {
+    let e = amk_backend_cuda::CudaBackend::new(amk_backend_cuda::CudaOptions::default())
+        .unwrap_err();
+    assert!(matches!(e, amk_backend_cuda::CudaError::NotCompiled), "{e}");
+    assert!(e.to_string().contains("--features cuda"));
+}
+
+/// With the feature but no driver (as on machines without a GPU), opening the backend is a
+/// typed error, never cudarc's panic.
+#[cfg(feature = "cuda")]
+#[test]
+fn without_a_driver_the_backend_errors_instead_of_panicking() {
+    match amk_backend_cuda::CudaBackend::new(amk_backend_cuda::CudaOptions::default()) {
+        Ok(b) => eprintln!("a device is present: {}", b.info()),
+        Err(e) => {
+            eprintln!("no device: {e}");
+            assert!(amk_backend_cuda::test_support::is_absent(&e), "{e}");
+        }
+    }
+}

@@ -1,0 +1,405 @@
+/* GEMV_TILE (opcode 5): columns [n_off, n_off + N_tile) of y = x @ W^T (+ bias), for every
+ * row of x (viewed as [M, K]); W is [N, K] (torch Linear layout). Float weights (+ optional
+ * float bias of N), or weight-only quantised ones (qdtype 6 = int8: I8 without zeros, U8 with;
+ * qdtype 7 = row-packed int4, low nibble first) with float group scales (and zeros) of
+ * N * ceil(K / group) elements: w = (q - z) * s, z = zeros[..] or 8 (int4) / 0 (int8).
+ *
+ * Parallelisation: one warp per output column n (weight row), warps stride over the tile.
+ * Each warp streams its weight row once per chunk of up to LT_MAXR rows of x. Fast path: the
+ * weight row read as 16-byte vectors (L1::no_allocate, LT_U vectors in flight per lane), x
+ * read with plain vector loads (it stays in L1 for all the warps), fp32 accumulation in 4
+ * partial sums per row, warp shuffle reduce, cast on store. Everything else (K not a multiple
+ * of the vector width, a group that splits a vector, fp8 operands, misaligned storage) takes
+ * the scalar path: lanes stride over k, same numerics.
+ *
+ * Weights are loaded through the ordinary coherent path (not ld.global.nc): a program may
+ * produce W in the same launch (DEQUANT -> GEMV), and a plain load is as fast here. */
+
+constexpr int LT_MAXR = 1; /* rows of x sharing one pass over a weight row (GEMM_TILE: 4) */
+constexpr int LT_U = 4;    /* 16-byte weight vectors in flight per lane (GEMM_TILE: 2) */
+
+enum { LT_W_F32 = 0, LT_W_F16 = 1, LT_W_BF16 = 2, LT_W_I8 = 3, LT_W_U8 = 4, LT_W_I4 = 5 };
+
+struct lt_args {
+  const amk_buffer_t* xb;
+  const amk_buffer_t* wb;
+  const amk_buffer_t* ob;
+  const amk_buffer_t* bias;   /* float mode only, may be null */
+  const amk_buffer_t* scales; /* quantised mode only */
+  const amk_buffer_t* zeros;  /* quantised mode only, may be null */
+  const void* x;
+  const void* w;
+  long long wrow_bytes; /* bytes of one weight row */
+  long long ldo;        /* last dim of the output */
+  long long n_groups;   /* ceil(K / group) */
+  int K, n_off, n_tile, m0, m_rows;
+  int wk;               /* LT_W_* */
+  int group;
+  int vpg, vpg_shift;   /* 16-byte vectors per group (fast quant path); shift if a power of 2, else -1 */
+  float offset;         /* subtracted without zeros: 8 (int4) or 0 (int8) */
+};
+
+template <int WK> struct lt_ve { static constexpr int v = 4; };
+template <> struct lt_ve<LT_W_F16> { static constexpr int v = 8; };
+template <> struct lt_ve<LT_W_BF16> { static constexpr int v = 8; };
+template <> struct lt_ve<LT_W_I8> { static constexpr int v = 16; };
+template <> struct lt_ve<LT_W_U8> { static constexpr int v = 16; };
+template <> struct lt_ve<LT_W_I4> { static constexpr int v = 32; };
+
+/* Elements per 16-byte weight vector, at run time. */
+__device__ __forceinline__ int lt_ve_of(int wk) {
+  switch (wk) {
+    case LT_W_F32: return 4;
+    case LT_W_F16: case LT_W_BF16: return 8;
+    case LT_W_I8: case LT_W_U8: return 16;
+    default: return 32;
+  }
+}
+
+/* One 16-byte weight vector: coherent global load, not kept in L1 (x stays there), with an
+ * L2 prefetch hint for the rest of the row. */
+__device__ __forceinline__ uint4 lt_ldw(const uint4* p) {
+  uint4 v;
+  asm volatile("ld.global.L1::no_allocate.L2::256B.v4.u32 {%0, %1, %2, %3}, [%4];"
+               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+               : "l"(p));
+  return v;
+}
+
+/* Out-of-line amk_ld / amk_st (their fp8 and I4 cases are large: keep one copy). */
+__device__ __noinline__ float lt_ld_slow(const amk_buffer_t* b, long long i) { return amk_ld(b, i); }
+__device__ __noinline__ void lt_st_slow(const amk_buffer_t* b, long long i, float v) { amk_st(b, i, v); }
+
+/* A float operand element (scales, zeros, bias): fast cases inline, the rest via amk_ld. */
+__device__ __forceinline__ float lt_ldf(const amk_buffer_t* b, long long i) {
+  const int dt = b->dtype;
+  const void* p = b->ptr;
+  if (dt == AMK_F16) return amk_f16_to_f32(((const uint16_t*)p)[i]);
+  if (dt == AMK_F32) return ((const float*)p)[i];
+  if (dt == AMK_BF16) return amk_bf16_to_f32(((const uint16_t*)p)[i]);
+  return lt_ld_slow(b, i);
+}
+
+/* Cast on store: fast cases inline, the rest via amk_st. */
+__device__ __forceinline__ void lt_stf(const amk_buffer_t* b, long long i, float v) {
+  const int dt = b->dtype;
+  void* p = b->ptr;
+  if (dt == AMK_F32) ((float*)p)[i] = v;
+  else if (dt == AMK_BF16) ((uint16_t*)p)[i] = amk_f32_to_bf16(v);
+  else if (dt == AMK_F16) ((uint16_t*)p)[i] = amk_f32_to_f16(v);
+  else lt_st_slow(b, i, v);
+}
+
+/* A 16-bit activation (XT = AMK_BF16 covers F16 too, picked by the warp-uniform `bf`). */
+__device__ __forceinline__ float lt_h2f(uint32_t h, bool bf) {
+  return bf ? __uint_as_float(h << 16) : amk_f16_to_f32((uint16_t)h);
+}
+
+/* The VE stored values of one weight vector as exact floats (integers as stored: I4 the raw
+ * nibble 0..15, I8 signed, U8 unsigned; the magic-number conversions are exact). */
+template <int WK>
+__device__ __forceinline__ void lt_decode(const uint4 v, float* w) {
+  const uint32_t u[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    if constexpr (WK == LT_W_F32) {
+      w[i] = __uint_as_float(u[i]);
+    } else if constexpr (WK == LT_W_BF16) {
+      w[2 * i] = __uint_as_float(u[i] << 16);
+      w[2 * i + 1] = __uint_as_float(u[i] & 0xffff0000u);
+    } else if constexpr (WK == LT_W_F16) {
+      w[2 * i] = amk_f16_to_f32((uint16_t)(u[i] & 0xffffu));
+      w[2 * i + 1] = amk_f16_to_f32((uint16_t)(u[i] >> 16));
+    } else if constexpr (WK == LT_W_I8) {
+      const uint32_t t = u[i] ^ 0x80808080u; /* s + 128 in every byte */
+#pragma unroll
+      for (int j = 0; j < 4; ++j)
+        w[4 * i + j] = __uint_as_float(__byte_perm(t, 0x4B000000u, 0x7440u | j)) - 8388736.0f;
+    } else if constexpr (WK == LT_W_U8) {
+#pragma unroll
+      for (int j = 0; j < 4; ++j)
+        w[4 * i + j] = __uint_as_float(__byte_perm(u[i], 0x4B000000u, 0x7440u | j)) - 8388608.0f;
+    } else { /* LT_W_I4: element e of the word is bits [4e, 4e + 4) */
+#pragma unroll
+      for (int j = 0; j < 8; ++j)
+        w[8 * i + j] = __uint_as_float(0x4B000000u | ((u[i] >> (4 * j)) & 0xfu)) - 8388608.0f;
+    }
+  }
+}
+
+/* VE consecutive x elements from element index k (aligned: K % VE == 0), as floats; XT is
+ * AMK_F32 or AMK_BF16 (16-bit: `bf` picks bf16 or f16). */
+template <int XT, int VE>
+__device__ __forceinline__ void lt_ldx(const void* x, long long k, float* xs, bool bf) {
+  if constexpr (XT == AMK_F32) {
+    const float4* q = (const float4*)((const float*)x + k);
+#pragma unroll
+    for (int i = 0; i < VE / 4; ++i) {
+      const float4 f = q[i];
+      xs[4 * i] = f.x;
+      xs[4 * i + 1] = f.y;
+      xs[4 * i + 2] = f.z;
+      xs[4 * i + 3] = f.w;
+    }
+  } else if constexpr (VE == 4) {
+    const uint2 t = *(const uint2*)((const uint16_t*)x + k);
+    xs[0] = lt_h2f(t.x & 0xffffu, bf);
+    xs[1] = lt_h2f(t.x >> 16, bf);
+    xs[2] = lt_h2f(t.y & 0xffffu, bf);
+    xs[3] = lt_h2f(t.y >> 16, bf);
+  } else {
+    const uint4* q = (const uint4*)((const uint16_t*)x + k);
+#pragma unroll
+    for (int i = 0; i < VE / 8; ++i) {
+      const uint4 t = q[i];
+      const uint32_t u[4] = {t.x, t.y, t.z, t.w};
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        xs[8 * i + 2 * j] = lt_h2f(u[j] & 0xffffu, bf);
+        xs[8 * i + 2 * j + 1] = lt_h2f(u[j] >> 16, bf);
+      }
+    }
+  }
+}
+
+/* Sum of the 4 partials across the warp, plus the bias, stored at (row, n) by lane 0. */
+__device__ __forceinline__ void lt_store(const lt_args& a, const float (*acc)[4], int r0, int mr,
+                                         int n, float bias) {
+  const int lane = threadIdx.x & 31;
+#pragma unroll
+  for (int r = 0; r < LT_MAXR; ++r) {
+    if (r < mr) { /* warp-uniform */
+      float t = (acc[r][0] + acc[r][1]) + (acc[r][2] + acc[r][3]);
+      t = amk_warp_sum(t);
+      if (lane == 0) lt_stf(a.ob, (long long)(a.m0 + r0 + r) * a.ldo + n, t + bias);
+    }
+  }
+}
+
+/* Fast path: K % VE == 0 (so every weight and x row is vector-aligned), quantised groups hold
+ * whole vectors. */
+template <int WK, int XT>
+__device__ __noinline__ void lt_fast(const lt_args& args) {
+  const lt_args a = args; /* one copy in registers (the callee's own allocation) */
+  constexpr int VE = lt_ve<WK>::v;
+  constexpr bool QUANT = WK >= LT_W_I8;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int nvec = a.K / VE;
+  const bool bf = a.xb->dtype == AMK_BF16;
+  for (int j = warp; j < a.n_tile; j += AMK_WARPS) {
+    const int n = a.n_off + j;
+    const uint4* wrow = (const uint4*)((const unsigned char*)a.w + (long long)n * a.wrow_bytes);
+    const long long sbase = (long long)n * a.n_groups;
+    const float bias = (!QUANT && a.bias) ? lt_ldf(a.bias, n) : 0.0f;
+    for (int r0 = 0; r0 < a.m_rows; r0 += LT_MAXR) {
+      const int mr = min(LT_MAXR, a.m_rows - r0);
+      const long long xrow0 = (long long)(a.m0 + r0) * a.K;
+      float acc[LT_MAXR][4];
+#pragma unroll
+      for (int r = 0; r < LT_MAXR; ++r)
+#pragma unroll
+        for (int i = 0; i < 4; ++i) acc[r][i] = 0.0f;
+      for (int v0 = 0; v0 < nvec; v0 += 32 * LT_U) {
+        uint4 wv[LT_U];
+#pragma unroll
+        for (int u = 0; u < LT_U; ++u) {
+          const int v = v0 + u * 32 + lane;
+          if (v < nvec) wv[u] = lt_ldw(wrow + v);
+          else wv[u] = make_uint4(0u, 0u, 0u, 0u);
+        }
+#pragma unroll
+        for (int u = 0; u < LT_U; ++u) {
+          const int v = v0 + u * 32 + lane;
+          if (v < nvec) {
+            float w[VE];
+            lt_decode<WK>(wv[u], w);
+            if constexpr (QUANT) {
+              const int g = a.vpg_shift >= 0 ? (v >> a.vpg_shift) : v / a.vpg;
+              const float s = lt_ldf(a.scales, sbase + g);
+              const float z = a.zeros ? lt_ldf(a.zeros, sbase + g) : a.offset;
+#pragma unroll
+              for (int i = 0; i < VE; ++i) w[i] = (w[i] - z) * s;
+            }
+            const long long k = (long long)v * VE;
+#pragma unroll
+            for (int r = 0; r < LT_MAXR; ++r) {
+              if (r < mr) {
+                float xs[VE];
+                lt_ldx<XT, VE>(a.x, xrow0 + (long long)r * a.K + k, xs, bf);
+#pragma unroll
+                for (int i = 0; i < VE; ++i) acc[r][i & 3] = fmaf(xs[i], w[i], acc[r][i & 3]);
+              }
+            }
+          }
+        }
+      }
+      lt_store(a, acc, r0, mr, n, bias);
+    }
+  }
+}
+
+/* The real weight W[n, k] (generic path). */
+__device__ __forceinline__ float lt_wval(const lt_args& a, int n, int k) {
+  if (a.wk < LT_W_I8) return lt_ldf(a.wb, (long long)n * a.K + k);
+  float q;
+  const unsigned char* row = (const unsigned char*)a.w + (long long)n * a.wrow_bytes;
+  if (a.wk == LT_W_I4) q = (float)((row[k >> 1] >> (4 * (k & 1))) & 0xf);
+  else if (a.wk == LT_W_I8) q = (float)((const signed char*)row)[k];
+  else q = (float)row[k];
+  const long long gi = (long long)n * a.n_groups + k / a.group;
+  const float s = lt_ldf(a.scales, gi);
+  const float z = a.zeros ? lt_ldf(a.zeros, gi) : a.offset;
+  return (q - z) * s;
+}
+
+/* Scalar path for every shape and dtype: lanes stride over k (coalesced), one warp per n. */
+__device__ __noinline__ void lt_generic(const lt_args& args) {
+  const lt_args a = args;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  for (int j = warp; j < a.n_tile; j += AMK_WARPS) {
+    const int n = a.n_off + j;
+    const float bias = (a.wk < LT_W_I8 && a.bias) ? lt_ldf(a.bias, n) : 0.0f;
+    for (int r0 = 0; r0 < a.m_rows; r0 += LT_MAXR) {
+      const int mr = min(LT_MAXR, a.m_rows - r0);
+      const long long xrow0 = (long long)(a.m0 + r0) * a.K;
+      float acc[LT_MAXR][4];
+#pragma unroll
+      for (int r = 0; r < LT_MAXR; ++r)
+#pragma unroll
+        for (int i = 0; i < 4; ++i) acc[r][i] = 0.0f;
+      for (int k = lane; k < a.K; k += 32) {
+        const float w = lt_wval(a, n, k);
+#pragma unroll
+        for (int r = 0; r < LT_MAXR; ++r)
+          if (r < mr) acc[r][0] = fmaf(lt_ldf(a.xb, xrow0 + (long long)r * a.K + k), w, acc[r][0]);
+      }
+      lt_store(a, acc, r0, mr, n, bias);
+    }
+  }
+}
+
+template <int WK>
+__device__ __forceinline__ void lt_fast_x(const lt_args& a, int xt) {
+  if (xt == AMK_F32) lt_fast<WK, AMK_F32>(a);
+  else lt_fast<WK, AMK_BF16>(a); /* BF16 or F16 */
+}
+
+/* Validates what the CPU reference checks at run time (cheap, block-uniform), then computes
+ * rows [m0, m0 + m_rows) of the tile. `gemm`: GEMM_TILE's row range from M_tile / m_off. */
+__device__ __forceinline__ void lt_run(const amk_task_ctx& ctx, bool gemm) {
+  const amk_params_t& p = ctx.inst->params;
+  const int nin = ctx.inst->n_inputs;
+  if (nin < 2 || nin > 4 || ctx.inst->n_outputs < 1) {
+    amk_fail(ctx, AMK_ERR_SHAPE, nin);
+    return;
+  }
+  lt_args a;
+  a.xb = amk_in(ctx, 0);
+  a.wb = amk_in(ctx, 1);
+  a.ob = amk_out(ctx, 0);
+  a.bias = nullptr;
+  a.scales = nullptr;
+  a.zeros = nullptr;
+  a.K = p.K;
+  a.n_tile = p.N_tile;
+  a.n_off = p.n_off;
+  if (a.K <= 0) { amk_fail(ctx, AMK_ERR_PARAM, a.K); return; }
+  if (a.n_tile <= 0) { amk_fail(ctx, AMK_ERR_PARAM, a.n_tile); return; }
+  if (a.n_off < 0) { amk_fail(ctx, AMK_ERR_PARAM, a.n_off); return; }
+  const int xdt = a.xb->dtype, wdt = a.wb->dtype;
+  if (amk_last_dim(a.wb) != a.K || amk_last_dim(a.xb) != a.K) {
+    amk_fail(ctx, AMK_ERR_SHAPE, a.K);
+    return;
+  }
+  if (!amk_is_float(xdt)) { amk_fail(ctx, AMK_ERR_DTYPE, xdt); return; }
+  const long long n = a.wb->numel / a.K, m = a.xb->numel / a.K;
+  const bool quant = amk_has(p, AMK_P_QDTYPE);
+  a.offset = 0.0f;
+  a.group = a.K;
+  a.vpg = 1;
+  a.vpg_shift = 0;
+  a.n_groups = 1;
+  if (!quant) {
+    if (nin == 4) { amk_fail(ctx, AMK_ERR_SHAPE, nin); return; }
+    if (!amk_is_float(wdt)) { amk_fail(ctx, AMK_ERR_DTYPE, wdt); return; }
+    if (nin == 3) {
+      a.bias = amk_in(ctx, 2);
+      if (!amk_is_float(a.bias->dtype)) { amk_fail(ctx, AMK_ERR_DTYPE, a.bias->dtype); return; }
+      if (a.bias->numel != n) { amk_fail(ctx, AMK_ERR_SHAPE, a.bias->numel); return; }
+    }
+    a.wk = wdt == AMK_F32 ? LT_W_F32 : wdt == AMK_F16 ? LT_W_F16 : wdt == AMK_BF16 ? LT_W_BF16 : -1;
+  } else {
+    const int qd = p.qdtype;
+    if (qd != 6 && qd != 7) { amk_fail(ctx, AMK_ERR_PARAM, qd); return; }
+    if (nin < 3) { amk_fail(ctx, AMK_ERR_SHAPE, nin); return; }
+    const bool asym = nin == 4;
+    const int want = qd == 7 ? AMK_I4 : (asym ? AMK_U8 : AMK_I8);
+    if (wdt != want) { amk_fail(ctx, AMK_ERR_DTYPE, wdt); return; }
+    if (amk_has(p, AMK_P_GROUP)) {
+      if (p.group <= 0) { amk_fail(ctx, AMK_ERR_PARAM, p.group); return; }
+      a.group = p.group;
+    }
+    a.n_groups = (a.K + a.group - 1) / a.group;
+    a.scales = amk_in(ctx, 2);
+    a.zeros = asym ? amk_in(ctx, 3) : nullptr;
+    for (int i = 0; i < 2; ++i) {
+      const amk_buffer_t* t = i == 0 ? a.scales : a.zeros;
+      if (!t) continue;
+      if (!amk_is_float(t->dtype)) { amk_fail(ctx, AMK_ERR_DTYPE, t->dtype); return; }
+      if (t->numel != n * a.n_groups) { amk_fail(ctx, AMK_ERR_SHAPE, t->numel); return; }
+    }
+    a.offset = qd == 7 ? 8.0f : 0.0f;
+    a.wk = qd == 7 ? LT_W_I4 : (asym ? LT_W_U8 : LT_W_I8);
+  }
+  if ((long long)a.n_off + a.n_tile > n) { amk_fail(ctx, AMK_ERR_SHAPE, (long long)a.n_off + a.n_tile); return; }
+  if (!amk_is_float(a.ob->dtype)) { amk_fail(ctx, AMK_ERR_DTYPE, a.ob->dtype); return; }
+  a.ldo = amk_last_dim(a.ob);
+  if ((long long)a.n_off + a.n_tile > a.ldo || a.ldo <= 0 || a.ob->numel / a.ldo != m) {
+    amk_fail(ctx, AMK_ERR_SHAPE, a.ldo);
+    return;
+  }
+  a.m0 = 0;
+  a.m_rows = (int)m;
+  if (gemm) {
+    const int mt = p.M_tile;
+    if (mt <= 0) { amk_fail(ctx, AMK_ERR_PARAM, mt); return; }
+    const bool has_off = amk_has(p, AMK_P_M_OFF);
+    const int mo = has_off ? p.m_off : 0;
+    if (mo < 0) { amk_fail(ctx, AMK_ERR_PARAM, mo); return; }
+    if ((long long)mo + mt > m) { amk_fail(ctx, AMK_ERR_SHAPE, (long long)mo + mt); return; }
+    if (has_off) {
+      a.m0 = mo;
+      a.m_rows = mt;
+    }
+  }
+  a.x = a.xb->ptr;
+  a.w = a.wb->ptr;
+  a.wrow_bytes = a.wk == LT_W_I4 ? (long long)(a.K + 1) / 2
+               : (long long)a.K * (a.wk == LT_W_F32 ? 4 : (a.wk == LT_W_F16 || a.wk == LT_W_BF16) ? 2 : 1);
+
+  bool fast = a.wk >= 0 && (xdt == AMK_F32 || xdt == AMK_F16 || xdt == AMK_BF16) &&
+              (((unsigned long long)a.x | (unsigned long long)a.w) & 15ull) == 0;
+  if (fast) {
+    const int ve = lt_ve_of(a.wk);
+    fast = a.K % ve == 0;
+    if (fast && a.wk >= LT_W_I8) {
+      fast = a.group % ve == 0;
+      a.vpg = a.group / ve;
+      a.vpg_shift = (a.vpg & (a.vpg - 1)) == 0 ? __ffs(a.vpg) - 1 : -1;
+    }
+  }
+  if (!fast) {
+    lt_generic(a);
+    return;
+  }
+  switch (a.wk) {
+    case LT_W_F32: lt_fast_x<LT_W_F32>(a, xdt); break;
+    case LT_W_F16: lt_fast_x<LT_W_F16>(a, xdt); break;
+    case LT_W_BF16: lt_fast_x<LT_W_BF16>(a, xdt); break;
+    case LT_W_I8: lt_fast_x<LT_W_I8>(a, xdt); break;
+    case LT_W_U8: lt_fast_x<LT_W_U8>(a, xdt); break;
+    default: lt_fast_x<LT_W_I4>(a, xdt); break;
+  }
+}
+
+__device__ void amk_op_gemv_tile(const amk_task_ctx& ctx) { lt_run(ctx, false); }

@@ -1,0 +1,61 @@
+#!/usr/bin/env bash
+# Builds the GPU test archive on a machine without CUDA, and runs it on a machine with it.
+# docs/gpu-testing.md explains each step.
+#
+#   scripts/gpu-check.sh build            # here: archive + cargo-nextest + amk binary → gpu-carry/a
+#   scripts/gpu-check.sh split-model F    # here: the GGUF in two parts → gpu-carry/b, gpu-carry/c
+#   scripts/gpu-check.sh run [FILTER]     # there: unpack gpu-carry/a, run the tests (-j 1)
+#   scripts/gpu-check.sh join-model       # there: gpu-carry/b + gpu-carry/c → $AMK_HOME/model.gguf
+set -euo pipefail
+cd "$(dirname "$0")/.."
+CARRY=gpu-carry
+AMK_HOME=${AMK_HOME:-$HOME/amk-gpu}
+
+case "${1:-}" in
+build)
+    mkdir -p "$CARRY/a"
+    cargo nextest archive -p amk-backend-cuda --features amk-backend-cuda/testing \
+        --cargo-profile gpu --zstd-level 19 --archive-file "$CARRY/a/gpu.tar.zst"
+    cargo build -p amk --features cuda --profile gpu
+    cp target/gpu/amk "$CARRY/a/amk"
+    gzip -9 -c "$(command -v cargo-nextest)" > "$CARRY/a/cargo-nextest.gz"
+    du -sh "$CARRY/a"/*
+    ;;
+split-model)
+    model=${2:?usage: gpu-check.sh split-model FILE.gguf}
+    mkdir -p "$CARRY/b" "$CARRY/c"
+    half=$(( ($(stat -c %s "$model") + 1) / 2 ))
+    head -c "$half" "$model" > "$CARRY/b/model.part0"
+    tail -c +$((half + 1)) "$model" > "$CARRY/c/model.part1"
+    sha256sum "$model" | cut -d' ' -f1 > "$CARRY/b/model.sha256"
+    du -sh "$CARRY/b"/* "$CARRY/c"/*
+    ;;
+stage-part0)
+    mkdir -p "$AMK_HOME"
+    cp "$CARRY/b/model.part0" "$CARRY/b/model.sha256" "$AMK_HOME/"
+    ;;
+join-model)
+    cat "$AMK_HOME/model.part0" "$CARRY/c/model.part1" > "$AMK_HOME/model.gguf"
+    echo "$(cat "$AMK_HOME/model.sha256")  $AMK_HOME/model.gguf" | sha256sum -c -
+    ;;
+run)
+    mkdir -p "$AMK_HOME/x"
+    if [ ! -x "$AMK_HOME/cargo-nextest" ]; then
+        gunzip -c "$CARRY/a/cargo-nextest.gz" > "$AMK_HOME/cargo-nextest"
+        chmod +x "$AMK_HOME/cargo-nextest"
+    fi
+    export AMK_REQUIRE_GPU=1 AMK_CUDA_CACHE="$AMK_HOME/cubin"
+    if [ -f "$AMK_HOME/model.gguf" ]; then export AMK_TEST_GGUF="$AMK_HOME/model.gguf"; fi
+    nvidia-smi -L || true
+    filter=${2:-all()}
+    # One GPU: one test process at a time (cooperative launches from parallel processes
+    # would time-slice the device and trip the watchdog).
+    "$AMK_HOME/cargo-nextest" nextest run --archive-file "$CARRY/a/gpu.tar.zst" \
+        --workspace-remap . --extract-to "$AMK_HOME/x" --extract-overwrite \
+        -j 1 --no-fail-fast --success-output final --failure-output final -E "$filter"
+    ;;
+*)
+    sed -n '2,9p' "$0"
+    exit 2
+    ;;
+esac
