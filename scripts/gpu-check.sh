@@ -4,7 +4,7 @@
 #
 #   scripts/gpu-check.sh build            # here: archive + cargo-nextest + amk binary → gpu-carry/a
 #   scripts/gpu-check.sh split-model F    # here: the GGUF in two parts → gpu-carry/b, gpu-carry/c
-#   scripts/gpu-check.sh run [FILTER]     # there: unpack gpu-carry/a, run the tests (-j 1)
+#   scripts/gpu-check.sh run [FILTER]     # there: keep gpu-carry/a in $AMK_HOME, run the tests (-j 1)
 #   scripts/gpu-check.sh join-model       # there: gpu-carry/b + gpu-carry/c → $AMK_HOME/model.gguf
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -16,6 +16,7 @@ build)
     mkdir -p "$CARRY/a"
     cargo nextest archive -p amk-backend-cuda --features amk-backend-cuda/testing \
         --cargo-profile gpu --zstd-level 19 --archive-file "$CARRY/a/gpu.tar.zst"
+    cp target/gpu/deps/libamk_plugin_example_gelu_tanh.so "$CARRY/a/"
     cargo build -p amk --features cuda --profile gpu
     cp target/gpu/amk "$CARRY/a/amk"
     gzip -9 -c "$(command -v cargo-nextest)" > "$CARRY/a/cargo-nextest.gz"
@@ -39,20 +40,26 @@ join-model)
     echo "$(cat "$AMK_HOME/model.sha256")  $AMK_HOME/model.gguf" | sha256sum -c -
     ;;
 run)
+    # Keep what gpu-carry/a brought outside the checkout, so later runs need only the model.
     mkdir -p "$AMK_HOME/x"
-    if [ ! -x "$AMK_HOME/cargo-nextest" ]; then
+    if [ -d "$CARRY/a" ]; then
+        cp "$CARRY/a"/gpu.tar.zst "$CARRY/a"/amk "$CARRY/a"/libamk_plugin_example_gelu_tanh.so "$AMK_HOME/"
         gunzip -c "$CARRY/a/cargo-nextest.gz" > "$AMK_HOME/cargo-nextest"
-        chmod +x "$AMK_HOME/cargo-nextest"
+        chmod +x "$AMK_HOME/cargo-nextest" "$AMK_HOME/amk"
     fi
     export AMK_REQUIRE_GPU=1 AMK_CUDA_CACHE="$AMK_HOME/cubin"
+    export AMK_TEST_PLUGIN="$AMK_HOME/libamk_plugin_example_gelu_tanh.so"
     if [ -f "$AMK_HOME/model.gguf" ]; then export AMK_TEST_GGUF="$AMK_HOME/model.gguf"; fi
     nvidia-smi -L || true
     filter=${2:-all()}
+    # RUN_IGNORED=only runs the ignored performance report.
+    ignored=${RUN_IGNORED:-default}
     # One GPU: one test process at a time (cooperative launches from parallel processes
     # would time-slice the device and trip the watchdog).
-    "$AMK_HOME/cargo-nextest" nextest run --archive-file "$CARRY/a/gpu.tar.zst" \
+    "$AMK_HOME/cargo-nextest" nextest run --archive-file "$AMK_HOME/gpu.tar.zst" \
         --workspace-remap . --extract-to "$AMK_HOME/x" --extract-overwrite \
-        -j 1 --no-fail-fast --success-output final --failure-output final -E "$filter"
+        -j 1 --no-fail-fast --success-output final --failure-output final \
+        --run-ignored "$ignored" -E "$filter"
     ;;
 *)
     sed -n '2,9p' "$0"

@@ -52,7 +52,7 @@ fn rows(reg: &Registry) -> Vec<Value> {
                 "outputs": spec.n_outputs,
                 "required_params": params,
                 "cpu": reg.reference(spec.code).is_some(),
-                "cuda": false,
+                "cuda": reg.cuda(spec.code).is_some(),
                 "origin": origin_kind(origin),
                 "plugin": plugin_path(origin),
             })
@@ -92,7 +92,7 @@ pub fn run(cmd: &OpsCommand) -> ExitCode {
                         spec.arity_text(),
                         spec.n_outputs.map_or("var".to_string(), |n| n.to_string()),
                         yes(reg.reference(spec.code).is_some()),
-                        yes(false),
+                        yes(reg.cuda(spec.code).is_some()),
                         origin_text(origin),
                         params.join(" ")
                     );

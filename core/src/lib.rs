@@ -28,8 +28,8 @@ pub use error::IrError;
 pub use import::Importer;
 pub use ir::*;
 pub use registry::{
-    CheckFn, CudaSource, Finding, OpRegistration, OpSpec, Origin, PARAM_FIELDS, ParamDecl, ParamType, Registry,
-    TaskContext, WriteRegion,
+    CheckFn, CudaSource, Finding, OpRegistration, OpSpec, Origin, PARAM_FIELDS, ParamDecl,
+    ParamType, Registry, TaskContext, WriteRegion,
 };
 pub use tensor::{Storage, Tensor};
 pub use validate::{

@@ -726,7 +726,11 @@ fn same_outputs(k: usize, got: &Outputs, want: &Outputs, tol: Tol) -> CaseResult
             tol,
         )?;
         if g.dtype() == DType::F32 {
-            close_rel(&format!("step {k}: output '{name}' vs the oracle"), g, &want)?;
+            close_rel(
+                &format!("step {k}: output '{name}' vs the oracle"),
+                g,
+                &want,
+            )?;
         }
     }
     Ok(())

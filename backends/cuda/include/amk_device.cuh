@@ -234,6 +234,189 @@ __device__ __forceinline__ long long amk_buffer_bytes(const amk_buffer_t* b) {
   }
 }
 
+/* ---- fast element access and elementwise loops (shared by the ops) ---- */
+
+/* amk_ld / amk_st / amk_ldi / amk_sti out of line: their fp8 and I4 cases are large, so the
+ * megakernel keeps one copy of each and the inline helpers below call it for the rare dtypes. */
+__device__ __noinline__ float amk_ld_slow(const amk_buffer_t* b, long long i) { return amk_ld(b, i); }
+__device__ __noinline__ void amk_st_slow(const amk_buffer_t* b, long long i, float x) {
+  amk_st(b, i, x);
+}
+__device__ __noinline__ long long amk_ldi_slow(const amk_buffer_t* b, long long i) {
+  return amk_ldi(b, i);
+}
+__device__ __noinline__ void amk_sti_slow(const amk_buffer_t* b, long long i, long long x) {
+  amk_sti(b, i, x);
+}
+
+/* amk_ld with F32/BF16/F16 inline, every other dtype through amk_ld_slow (same results). */
+__device__ __forceinline__ float amk_ldf(const amk_buffer_t* b, long long i) {
+  const int dt = b->dtype;
+  if (dt == AMK_F32) return ((const float*)b->ptr)[i];
+  if (dt == AMK_BF16) return amk_bf16_to_f32(((const uint16_t*)b->ptr)[i]);
+  if (dt == AMK_F16) return amk_f16_to_f32(((const uint16_t*)b->ptr)[i]);
+  return amk_ld_slow(b, i);
+}
+/* amk_st with F32/BF16/F16 inline, every other dtype through amk_st_slow (same results). */
+__device__ __forceinline__ void amk_stf(const amk_buffer_t* b, long long i, float x) {
+  const int dt = b->dtype;
+  if (dt == AMK_F32) ((float*)b->ptr)[i] = x;
+  else if (dt == AMK_BF16) ((uint16_t*)b->ptr)[i] = amk_f32_to_bf16(x);
+  else if (dt == AMK_F16) ((uint16_t*)b->ptr)[i] = amk_f32_to_f16(x);
+  else amk_st_slow(b, i, x);
+}
+/* amk_ld / amk_st with only F32 inline (smallest code), the rest out of line. */
+__device__ __forceinline__ float amk_ldf32(const amk_buffer_t* b, long long i) {
+  if (b->dtype == AMK_F32) return ((const float*)b->ptr)[i];
+  return amk_ld_slow(b, i);
+}
+__device__ __forceinline__ void amk_stf32(const amk_buffer_t* b, long long i, float x) {
+  if (b->dtype == AMK_F32) ((float*)b->ptr)[i] = x;
+  else amk_st_slow(b, i, x);
+}
+/* amk_ldi / amk_sti with the I32 case inline. */
+__device__ __forceinline__ long long amk_ldif(const amk_buffer_t* b, long long i) {
+  return b->dtype == AMK_I32 ? (long long)((const int32_t*)b->ptr)[i] : amk_ldi_slow(b, i);
+}
+__device__ __forceinline__ void amk_stif(const amk_buffer_t* b, long long i, long long x) {
+  if (b->dtype == AMK_I32)
+    ((int32_t*)b->ptr)[i] =
+        (int32_t)(x < -2147483648LL ? -2147483648LL : (x > 2147483647LL ? 2147483647LL : x));
+  else
+    amk_sti_slow(b, i, x);
+}
+
+/* The CPU VM's DType::is_integer. */
+__device__ __forceinline__ bool amk_is_int(int dt) {
+  return dt == AMK_I32 || dt == AMK_I8 || dt == AMK_I4 || dt == AMK_U8 || dt == AMK_BOOL;
+}
+/* Dtypes with a vectorised 8-element load/store (amk_ld8 / amk_st8). */
+__device__ __forceinline__ bool amk_is_vec(int dt) {
+  return dt == AMK_F32 || dt == AMK_BF16 || dt == AMK_F16;
+}
+/* Element size of the dtypes whose same-dtype copy is the identity on the stored bits, else 0. */
+__device__ __forceinline__ int amk_raw_size(int dt) {
+  switch (dt) {
+    case AMK_F32: case AMK_I32: return 4;
+    case AMK_F16: case AMK_BF16: return 2;
+    case AMK_I8: case AMK_U8: return 1;
+    default: return 0; /* BOOL (normalises to 0/1), fp8 (NaN codes), I4 (padding nibbles) */
+  }
+}
+
+/* Elements 8u .. 8u+7 of an F32/BF16/F16 array as f32 (exact, as amk_ld): one or two 16-byte
+ * loads, so the base must be 16-byte aligned. */
+__device__ __forceinline__ void amk_ld8(const void* p, int dt, long long u, float* f) {
+  if (dt == AMK_F32) {
+    const uint4* q = (const uint4*)p + 2 * u;
+    const uint4 a = q[0], b = q[1];
+    f[0] = __uint_as_float(a.x); f[1] = __uint_as_float(a.y);
+    f[2] = __uint_as_float(a.z); f[3] = __uint_as_float(a.w);
+    f[4] = __uint_as_float(b.x); f[5] = __uint_as_float(b.y);
+    f[6] = __uint_as_float(b.z); f[7] = __uint_as_float(b.w);
+  } else {
+    const uint4 a = ((const uint4*)p)[u];
+    const uint32_t w[4] = {a.x, a.y, a.z, a.w};
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+      const uint16_t lo = (uint16_t)(w[k] & 0xffffu), hi = (uint16_t)(w[k] >> 16);
+      if (dt == AMK_BF16) {
+        f[2 * k] = amk_bf16_to_f32(lo);
+        f[2 * k + 1] = amk_bf16_to_f32(hi);
+      } else {
+        f[2 * k] = amk_f16_to_f32(lo);
+        f[2 * k + 1] = amk_f16_to_f32(hi);
+      }
+    }
+  }
+}
+
+/* Stores f[0..8) at elements 8u .. 8u+7 of an F32/BF16/F16 array, cast on store exactly as
+ * amk_st (16-byte stores). */
+__device__ __forceinline__ void amk_st8(void* p, int dt, long long u, const float* f) {
+  if (dt == AMK_F32) {
+    uint4* q = (uint4*)p + 2 * u;
+    q[0] = make_uint4(__float_as_uint(f[0]), __float_as_uint(f[1]), __float_as_uint(f[2]),
+                      __float_as_uint(f[3]));
+    q[1] = make_uint4(__float_as_uint(f[4]), __float_as_uint(f[5]), __float_as_uint(f[6]),
+                      __float_as_uint(f[7]));
+  } else {
+    uint32_t w[4];
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+      uint16_t lo, hi;
+      if (dt == AMK_BF16) {
+        lo = amk_f32_to_bf16(f[2 * k]);
+        hi = amk_f32_to_bf16(f[2 * k + 1]);
+      } else {
+        lo = amk_f32_to_f16(f[2 * k]);
+        hi = amk_f32_to_f16(f[2 * k + 1]);
+      }
+      w[k] = (uint32_t)lo | ((uint32_t)hi << 16);
+    }
+    ((uint4*)p)[u] = make_uint4(w[0], w[1], w[2], w[3]);
+  }
+}
+
+/* Calls g(e) for every output element e in [lo, n), block-strided and coalesced. An I4 output
+ * packs two elements per byte (rows of ceil(K/2) bytes): there each thread owns whole bytes and
+ * writes both nibbles itself, so no two threads read-modify-write one byte (lo must be 0). */
+template <typename G>
+__device__ __forceinline__ void amk_each_out(const amk_buffer_t* out, long long lo, long long n,
+                                             G g) {
+  if (out->dtype == AMK_I4) {
+    const long long k = amk_last_dim(out);
+    if (k < 1) return;
+    const long long bpr = (k + 1) / 2;
+    const long long nbytes = (n / k) * bpr;
+    for (long long b = threadIdx.x; b < nbytes; b += AMK_THREADS) {
+      const long long row = b / bpr, c = b - row * bpr;
+      const long long e = row * k + 2 * c;
+      g(e);
+      if (2 * c + 1 < k) g(e + 1);
+    }
+    return;
+  }
+  for (long long i = lo + threadIdx.x; i < n; i += AMK_THREADS) g(i);
+}
+
+/* out[i] = f(in_0[i], .., in_{NIN-1}[i]) over n elements, f taking the f32 values (amk_ld) and
+ * returning the f32 result (cast on store). When every operand is F32/BF16/F16 the body runs
+ * 8 elements at a time with 16-byte loads/stores (bases are 256-byte aligned), the tail and
+ * every other dtype combination element by element (amk_each_out). */
+template <int NIN, typename F>
+__device__ __forceinline__ void amk_ew_apply(const amk_buffer_t* const* in,
+                                             const amk_buffer_t* out, long long n, F f) {
+  bool vec = amk_is_vec(out->dtype);
+#pragma unroll
+  for (int k = 0; k < NIN; ++k) vec = vec && amk_is_vec(in[k]->dtype);
+  long long done = 0;
+  if (vec) {
+    const long long nv = n / 8;
+    for (long long u = threadIdx.x; u < nv; u += AMK_THREADS) {
+      float a[NIN][8];
+#pragma unroll
+      for (int k = 0; k < NIN; ++k) amk_ld8(in[k]->ptr, in[k]->dtype, u, a[k]);
+      float r[8];
+#pragma unroll
+      for (int e = 0; e < 8; ++e) {
+        float t[NIN];
+#pragma unroll
+        for (int k = 0; k < NIN; ++k) t[k] = a[k][e];
+        r[e] = f(t);
+      }
+      amk_st8(out->ptr, out->dtype, u, r);
+    }
+    done = nv * 8;
+  }
+  amk_each_out(out, done, n, [&](long long i) {
+    float t[NIN];
+#pragma unroll
+    for (int k = 0; k < NIN; ++k) t[k] = amk_ldf(in[k], i);
+    amk_stf(out, i, f(t));
+  });
+}
+
 /* ---- block reductions (every thread calls; every thread gets the result) ---- */
 
 __device__ __forceinline__ float amk_warp_sum(float v) {
@@ -249,15 +432,27 @@ __device__ __forceinline__ float amk_warp_max(float v) {
   return v;
 }
 
-__device__ __noinline__ float amk_block_sum(float v) {
-  __shared__ float red[32];
-  v = amk_warp_sum(v);
+/* Warp reduce: fmaxf when MAX, else the float (or double) sum. */
+template <typename T, bool MAX>
+__device__ __forceinline__ T amk_warp_reduce(T v) {
+  if constexpr (MAX) return amk_warp_max(v);
+  else if constexpr (sizeof(T) == 8) return amk_warp_sum_d(v);
+  else return amk_warp_sum(v);
+}
+/* The block reduction behind amk_block_sum / amk_block_sum_d / amk_block_max: warp reduce,
+ * one partial per warp in shared memory, warp 0 reduces those, everyone reads the result.
+ * Starts and ends with a barrier (callers rely on both). MAX: fmaxf, identity -inf; else sum,
+ * identity 0. Each instantiation has its own 32-entry shared scratch. */
+template <typename T, bool MAX>
+__device__ __forceinline__ T amk_block_reduce(T v) {
+  __shared__ T red[32];
+  v = amk_warp_reduce<T, MAX>(v);
   const int w = threadIdx.x >> 5, l = threadIdx.x & 31;
   __syncthreads();
   if (l == 0) red[w] = v;
   __syncthreads();
-  float t = (threadIdx.x < AMK_WARPS) ? red[threadIdx.x] : 0.0f;
-  if (w == 0) t = amk_warp_sum(t);
+  T t = (threadIdx.x < AMK_WARPS) ? red[threadIdx.x] : (MAX ? -__int_as_float(0x7f800000) : (T)0);
+  if (w == 0) t = amk_warp_reduce<T, MAX>(t);
   if (threadIdx.x == 0) red[0] = t;
   __syncthreads();
   t = red[0];
@@ -265,38 +460,10 @@ __device__ __noinline__ float amk_block_sum(float v) {
   return t;
 }
 
-__device__ __noinline__ double amk_block_sum_d(double v) {
-  __shared__ double red[32];
-  v = amk_warp_sum_d(v);
-  const int w = threadIdx.x >> 5, l = threadIdx.x & 31;
-  __syncthreads();
-  if (l == 0) red[w] = v;
-  __syncthreads();
-  double t = (threadIdx.x < AMK_WARPS) ? red[threadIdx.x] : 0.0;
-  if (w == 0) t = amk_warp_sum_d(t);
-  if (threadIdx.x == 0) red[0] = t;
-  __syncthreads();
-  t = red[0];
-  __syncthreads();
-  return t;
-}
-
+__device__ __noinline__ float amk_block_sum(float v) { return amk_block_reduce<float, false>(v); }
+__device__ __noinline__ double amk_block_sum_d(double v) { return amk_block_reduce<double, false>(v); }
 /* Max ignoring nothing: NaN propagates like fmaxf (NaN loses); callers needing NaN-aware
  * semantics handle them before reducing. */
-__device__ __noinline__ float amk_block_max(float v) {
-  __shared__ float red[32];
-  v = amk_warp_max(v);
-  const int w = threadIdx.x >> 5, l = threadIdx.x & 31;
-  __syncthreads();
-  if (l == 0) red[w] = v;
-  __syncthreads();
-  float t = (threadIdx.x < AMK_WARPS) ? red[threadIdx.x] : -__int_as_float(0x7f800000);
-  if (w == 0) t = amk_warp_max(t);
-  if (threadIdx.x == 0) red[0] = t;
-  __syncthreads();
-  t = red[0];
-  __syncthreads();
-  return t;
-}
+__device__ __noinline__ float amk_block_max(float v) { return amk_block_reduce<float, true>(v); }
 
 #endif /* AMK_DEVICE_CUH */

@@ -9,6 +9,8 @@ use amk_core::{Opcode, Registry};
 pub const ABI_HEADER: &str = include_str!("../include/amk_abi.h");
 /// Device helpers every op may use.
 pub const DEVICE_HELPERS: &str = include_str!("../include/amk_device.cuh");
+/// The GEMV/GEMM weight-streaming tile (amk_tile_run), after DEVICE_HELPERS in every megakernel.
+pub const TILE_HELPERS: &str = include_str!("../include/amk_tile.cuh");
 /// The persistent scheduler loop (the `amk_megakernel` entry).
 pub const SCHEDULER: &str = include_str!("../include/amk_scheduler.cuh");
 /// Name of the kernel entry.
@@ -74,7 +76,7 @@ fn is_identifier(s: &str) -> bool {
 /// Refuses entry names that are not C identifiers and sources holding NUL bytes (both would
 /// break the generated text, and plugin sources come from outside).
 pub fn megakernel_source(registry: &Registry, knobs: Knobs) -> Result<Megakernel, String> {
-    if knobs.threads == 0 || knobs.threads % 32 != 0 || knobs.threads > 1024 {
+    if knobs.threads == 0 || !knobs.threads.is_multiple_of(32) || knobs.threads > 1024 {
         return Err(format!(
             "threads per block must be a multiple of 32 in 32..=1024, got {}",
             knobs.threads
@@ -83,7 +85,7 @@ pub fn megakernel_source(registry: &Registry, knobs: Knobs) -> Result<Megakernel
     let mut src = String::with_capacity(256 << 10);
     src.push_str("// amk megakernel — generated; do not edit.\n");
     src.push_str(&format!("#define AMK_THREADS {}\n", knobs.threads));
-    for part in [ABI_HEADER, DEVICE_HELPERS] {
+    for part in [ABI_HEADER, DEVICE_HELPERS, TILE_HELPERS] {
         src.push_str(part);
         src.push('\n');
     }

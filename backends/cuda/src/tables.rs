@@ -10,8 +10,7 @@ use crate::queues::{Queues, build_queues};
 use amk_core::json::{Map, Value};
 use amk_core::registry::param_field_index;
 use amk_core::{
-    BufferKind, DType, OpSpec, Opcode, ParamType, Program, Registry, Task,
-    abi as core_abi,
+    BufferKind, DType, OpSpec, Opcode, ParamType, Program, Registry, Task, abi as core_abi,
 };
 use std::collections::HashMap;
 
@@ -57,11 +56,7 @@ pub struct Tables {
 
 /// Lays out `program` for the device. `max_blocks` is how many blocks can be co-resident
 /// (queues beyond it are folded onto others); `sms` is the device's SM count.
-pub fn build(
-    program: &Program,
-    registry: &Registry,
-    max_blocks: usize,
-) -> Result<Tables, String> {
+pub fn build(program: &Program, registry: &Registry, max_blocks: usize) -> Result<Tables, String> {
     let buffer_index: HashMap<u32, usize> = program
         .buffers
         .iter()
@@ -237,13 +232,9 @@ pub fn storage_bytes(dtype: DType, shape: &[u64]) -> u64 {
     match dtype {
         DType::I4 => {
             let k = shape.last().copied().unwrap_or(1);
-            if k == 0 {
-                0
-            } else {
-                (numel / k) * k.div_ceil(2)
-            }
+            numel.checked_div(k).map_or(0, |rows| rows * k.div_ceil(2))
         }
-        d => numel * (d.bits() as u64 / 8),
+        d => numel * (d.bits() / 8),
     }
 }
 
@@ -385,7 +376,9 @@ fn expand_fused(
     let steps = recipe.get("steps").and_then(Value::as_array).unwrap_or(&[]);
     let mut slots: HashMap<i64, i32> = HashMap::new();
     for (i, step) in steps.iter().enumerate() {
-        let s = step.as_object().ok_or(format!("step {i} is not an object"))?;
+        let s = step
+            .as_object()
+            .ok_or(format!("step {i} is not an object"))?;
         let code = s
             .get("op")
             .and_then(Value::as_i64)

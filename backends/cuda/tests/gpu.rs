@@ -12,43 +12,30 @@ use amk_backend_cuda::test_support::{gpu_or_skip, gpu_with_watchdog, skip};
 use amk_backend_cuda::{CudaBackend, CudaError, compile_for_arch, nvrtc};
 use amk_core::json::{Map, Value};
 use amk_core::{
-    Backend, BufferKind, CudaSource, DType, OpSpec, Opcode, Origin, Program, Registry, Tensor,
-    WeightStore, WriteRegion, validate_owned,
+    Backend, BufferKind, DType, Opcode, Program, Registry, Tensor, WeightStore, validate_owned,
 };
-use std::borrow::Cow;
 use std::time::{Duration, Instant};
 
 fn registry() -> Registry {
     amk_ops::registry().unwrap()
 }
 
-/// The built-in ops plus the example plugin's op, registered from its crate (the cdylib is not
-/// part of a test archive; its CUDA source and entry are the same constants).
+/// The built-in ops plus the example plugin's op, loaded from its shared library (built with
+/// the workspace; `$AMK_TEST_PLUGIN` names it where the tests run from an archive), exactly as
+/// `amk --plugin` loads it: its CUDA source comes from the library's descriptor.
 fn registry_with_plugin() -> Registry {
+    use amk_plugin_abi::PluginRegistry;
+    let path = std::env::var_os("AMK_TEST_PLUGIN")
+        .map(std::path::PathBuf::from)
+        .or_else(|| amk_plugin_abi::find_built_cdylib("amk_plugin_example_gelu_tanh"))
+        .expect("the example plugin library: build the workspace or set AMK_TEST_PLUGIN");
     let mut reg = registry();
-    let spec = OpSpec {
-        code: Opcode(amk_plugin_example_gelu_tanh::CODE as u16),
-        name: Cow::Borrowed(amk_plugin_example_gelu_tanh::NAME),
-        min_inputs: 1,
-        max_inputs: Some(1),
-        n_outputs: Some(1),
-        params: Cow::Borrowed(&[]),
-        write_region: WriteRegion::Whole,
-        check: None,
-        summary: Cow::Borrowed("example plugin op"),
-    };
-    let cuda = CudaSource {
-        source: Cow::Borrowed(amk_plugin_example_gelu_tanh::CUDA_SOURCE),
-        entry: Cow::Borrowed(amk_plugin_example_gelu_tanh::CUDA_ENTRY),
-        shared_bytes: 0,
-    };
-    reg.register_full(
-        spec,
-        Origin::Plugin("libamk_plugin_example_gelu_tanh.so".into()),
-        None,
-        Some(cuda),
-    )
-    .unwrap();
+    let loaded = reg.load_plugin(&path).unwrap();
+    let cuda = loaded.ops[0]
+        .cuda
+        .as_ref()
+        .expect("the example ships CUDA source");
+    assert_eq!(cuda.entry, amk_plugin_example_gelu_tanh::CUDA_ENTRY);
     reg
 }
 
@@ -67,7 +54,10 @@ fn probe_reports_the_device() {
 #[test]
 fn megakernel_compiles_for_sm80_sm89_sm90_sm120() {
     if !nvrtc::nvrtc_present() {
-        skip("megakernel_compiles_for_sm80_sm89_sm90_sm120", &CudaError::NvrtcMissing);
+        skip(
+            "megakernel_compiles_for_sm80_sm89_sm90_sm120",
+            &CudaError::NvrtcMissing,
+        );
         return;
     }
     let reg = registry_with_plugin();
@@ -80,7 +70,11 @@ fn megakernel_compiles_for_sm80_sm89_sm90_sm120() {
                 let reg = &reg;
                 s.spawn(move || {
                     let t = Instant::now();
-                    (arch, compile_for_arch(reg, arch, Knobs::default()), t.elapsed())
+                    (
+                        arch,
+                        compile_for_arch(reg, arch, Knobs::default()),
+                        t.elapsed(),
+                    )
                 })
             })
             .collect();
@@ -89,7 +83,60 @@ fn megakernel_compiles_for_sm80_sm89_sm90_sm120() {
     for (arch, cubin, took) in results {
         let cubin = cubin.unwrap_or_else(|e| panic!("{arch}: {e}"));
         assert!(cubin.starts_with(b"\x7fELF"), "{arch}: not an ELF cubin");
-        eprintln!("{arch}: {} bytes in {:.1} s", cubin.len(), took.as_secs_f64());
+        eprintln!(
+            "{arch}: {} bytes in {:.1} s",
+            cubin.len(),
+            took.as_secs_f64()
+        );
+    }
+}
+
+/// A source NVRTC refuses: the error carries the compiler's log and the path of the generated
+/// source, which is written out in full.
+#[test]
+fn compile_errors_report_the_log_and_the_dumped_source() {
+    if !nvrtc::nvrtc_present() {
+        skip(
+            "compile_errors_report_the_log_and_the_dumped_source",
+            &CudaError::NvrtcMissing,
+        );
+        return;
+    }
+    let mut reg = Registry::empty();
+    let spec = amk_core::OpSpec {
+        code: Opcode(1234),
+        name: std::borrow::Cow::Borrowed("test.broken"),
+        min_inputs: 1,
+        max_inputs: Some(1),
+        n_outputs: Some(1),
+        params: std::borrow::Cow::Borrowed(&[]),
+        write_region: amk_core::WriteRegion::Whole,
+        check: None,
+        summary: std::borrow::Cow::Borrowed("does not compile"),
+    };
+    let cuda = amk_core::CudaSource::builtin(
+        "__device__ void amk_broken(const amk_task_ctx& ctx) { this_is_not_declared(ctx); }",
+        "amk_broken",
+    );
+    reg.register_full(
+        spec,
+        amk_core::Origin::Plugin("broken.so".into()),
+        None,
+        Some(cuda),
+    )
+    .unwrap();
+    match compile_for_arch(&reg, "sm_80", Knobs::default()) {
+        Err(CudaError::Compile {
+            arch,
+            log,
+            source_path,
+        }) => {
+            assert_eq!(arch, "sm_80");
+            assert!(log.contains("this_is_not_declared"), "{log}");
+            let dumped = std::fs::read_to_string(&source_path).unwrap();
+            assert!(dumped.contains("amk_broken") && dumped.contains("amk_megakernel"));
+        }
+        other => panic!("expected a compile error, got {other:?}"),
     }
 }
 
@@ -116,7 +163,15 @@ fn copy_chain() -> (Program, Tensor) {
     let c0 = p.new_counter("a ready");
     let c1 = p.new_counter("y ready");
     p.push_task(Opcode::COPY, &[x], &[a], c0, &[], Map::new(), "copy x");
-    p.push_task(Opcode::COPY, &[a], &[y], c1, &[(c0, 1)], Map::new(), "copy a");
+    p.push_task(
+        Opcode::COPY,
+        &[a],
+        &[y],
+        c1,
+        &[(c0, 1)],
+        Map::new(),
+        "copy a",
+    );
     let xs: Vec<f32> = (0..37).map(|i| 0.37 * i as f32 - 3.1).collect();
     (p, Tensor::from_f32(DType::F32, &[37], &xs).unwrap())
 }
@@ -136,8 +191,7 @@ fn run_copy_chain(b: &CudaBackend, reg: &Registry) {
 #[test]
 fn watchdog_times_out_and_the_device_stays_usable() {
     let limit = Duration::from_millis(1500);
-    let Some(b) = gpu_with_watchdog("watchdog_times_out_and_the_device_stays_usable", limit)
-    else {
+    let Some(b) = gpu_with_watchdog("watchdog_times_out_and_the_device_stays_usable", limit) else {
         return;
     };
     let reg = registry();
@@ -155,9 +209,18 @@ fn watchdog_times_out_and_the_device_stays_usable() {
         }
         other => panic!("expected Timeout, got {other}"),
     }
-    assert!(took >= limit && took < limit + Duration::from_secs(3), "took {took:?}");
+    assert!(
+        took >= limit && took < limit + Duration::from_secs(3),
+        "took {took:?}"
+    );
     // The same session can launch again (and times out again: its program is still stuck)…
-    assert!(matches!(s.run(&[]), Err(CudaError::Timeout { recovered: true, .. })));
+    assert!(matches!(
+        s.run(&[]),
+        Err(CudaError::Timeout {
+            recovered: true,
+            ..
+        })
+    ));
     // …and a good program runs on the same device.
     run_copy_chain(&b, &reg);
 }
@@ -188,12 +251,17 @@ fn device_errors_name_the_task_and_the_device_stays_usable() {
     let mut w = WeightStore::new();
     let tv: Vec<f32> = (0..40).map(|i| i as f32 * 0.5 + 0.25).collect();
     w.insert("table", Tensor::from_f32(DType::F32, &[5, 8], &tv).unwrap());
-    let v = validate_owned(p.clone(), &reg).map_err(|r| r.report()).unwrap();
+    let v = validate_owned(p.clone(), &reg)
+        .map_err(|r| r.report())
+        .unwrap();
     let mut s = b.load_session(&v, &w, &reg).unwrap();
     let bad = Tensor::from_i64(DType::I32, &[2], &[1, 7]).unwrap();
     match s.run(&[("ids", bad)]) {
         Err(CudaError::Trap {
-            task, label, detail, ..
+            task,
+            label,
+            detail,
+            ..
         }) => {
             assert_eq!((task, label.as_str(), detail), (0, "gather", 7));
         }
@@ -221,11 +289,18 @@ fn device_errors_name_the_task_and_the_device_stays_usable() {
         other => panic!("expected a trap, got {other:?}"),
     }
     // The first session still works after the other one trapped.
-    assert_eq!(s.run(&[("ids", good)]).unwrap().get("y").unwrap().to_f32_vec()[..8], tv[32..40]);
+    assert_eq!(
+        s.run(&[("ids", good)])
+            .unwrap()
+            .get("y")
+            .unwrap()
+            .to_f32_vec()[..8],
+        tv[32..40]
+    );
 }
 
-/// The example plugin's op, compiled into the megakernel from its source, runs on the device
-/// and matches the plugin's own Rust formula.
+/// The example plugin's op, loaded from its library and compiled into the megakernel from the
+/// source its descriptor carries, runs on the device and matches the plugin's own formula.
 #[test]
 fn plugin_op_runs_on_the_device() {
     let Some(b) = gpu_or_skip("plugin_op_runs_on_the_device") else {
@@ -248,12 +323,16 @@ fn plugin_op_runs_on_the_device() {
     );
     let v = validate_owned(p, &reg).map_err(|r| r.report()).unwrap();
     let mut s = b.load_session(&v, &WeightStore::new(), &reg).unwrap();
-    let xs: Vec<f32> = (0..n).map(|i| (i as f32 - 500.0) * 0.013 + 0.0007).collect();
+    let xs: Vec<f32> = (0..n)
+        .map(|i| (i as f32 - 500.0) * 0.013 + 0.0007)
+        .collect();
     let out = s
         .run(&[("x", Tensor::from_f32(DType::F32, &[n], &xs).unwrap())])
         .unwrap();
     let got = out.get("y").unwrap().to_f32_vec();
-    let scale = xs.iter().fold(0f32, |m, &x| m.max(amk_plugin_example_gelu_tanh::gelu_tanh(x).abs()));
+    let scale = xs.iter().fold(0f32, |m, &x| {
+        m.max(amk_plugin_example_gelu_tanh::gelu_tanh(x).abs())
+    });
     for (i, (&g, &x)) in got.iter().zip(&xs).enumerate() {
         let w = amk_plugin_example_gelu_tanh::gelu_tanh(x);
         assert!((g - w).abs() <= 1e-5 * scale, "[{i}] x={x}: {g} vs {w}");
@@ -291,10 +370,17 @@ mod smollm2 {
         Engine::new(lowered, backend, &registry()).unwrap()
     }
 
-    fn prompts() -> Vec<(String, Vec<u32>, Vec<u32>, Vec<f64>)> {
+    /// `(name, prompt ids, HF's greedy ids, HF's top-2 gaps)` of each reference prompt.
+    type Prompt = (String, Vec<u32>, Vec<u32>, Vec<f64>);
+
+    fn prompts() -> Vec<Prompt> {
         let doc: serde_json::Value = serde_json::from_str(HF).unwrap();
         let ids = |v: &serde_json::Value| -> Vec<u32> {
-            v.as_array().unwrap().iter().map(|x| x.as_u64().unwrap() as u32).collect()
+            v.as_array()
+                .unwrap()
+                .iter()
+                .map(|x| x.as_u64().unwrap() as u32)
+                .collect()
         };
         doc["prompts"]
             .as_array()
@@ -323,16 +409,28 @@ mod smollm2 {
         let name = "smollm2_f32_logits_match_the_cpu_vm";
         let Some(gpu) = gpu_or_skip(name) else { return };
         let Some(m) = model(name) else { return };
-        let mut cpu = engine(&m, &CpuBackend::default(), DType::F32, 64);
+        let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
+        let cpu_backend = CpuBackend::new(amk_backend_cpu::CpuOptions {
+            threads,
+            ..Default::default()
+        });
+        let mut cpu = engine(&m, &cpu_backend, DType::F32, 64);
         let mut dev = engine(&m, &gpu, DType::F32, 64);
         let (_, prompt, _, _) = prompts().into_iter().next().unwrap();
         for (pos, &tok) in prompt.iter().take(5).enumerate() {
             let want = cpu.step(tok).unwrap();
             let got = dev.step(tok).unwrap();
             let scale = want.iter().fold(0f32, |a, &w| a.max(w.abs()));
-            let err = got.iter().zip(&want).fold(0f32, |a, (&g, &w)| a.max((g - w).abs()));
+            let err = got
+                .iter()
+                .zip(&want)
+                .fold(0f32, |a, (&g, &w)| a.max((g - w).abs()));
             eprintln!("pos {pos}: max error {err:e}, relative {:e}", err / scale);
-            assert!(err <= 1e-5 * scale, "pos {pos}: relative error {:e}", err / scale);
+            assert!(
+                err <= 1e-5 * scale,
+                "pos {pos}: relative error {:e}",
+                err / scale
+            );
             assert_eq!(argmax(&got), argmax(&want), "pos {pos}");
         }
     }
@@ -375,5 +473,273 @@ mod smollm2 {
             }
         }
         assert!(identical >= 4, "only {identical} of 5 prompts identical");
+    }
+}
+
+// ---- performance report (ignored by default: `--run-ignored only -E 'test(perf_report)'`) ----
+
+mod perf {
+    use super::*;
+    use amk_core::sim::SplitMix;
+    use amk_core::{GpuTarget, ScheduleConfig, validate_owned};
+    use amk_model_llama::config::ModelConfig;
+    use amk_model_llama::lower::{LowerOptions, lower};
+    use amk_model_llama::model::tensor_names;
+    use amk_model_llama::run::argmax;
+    use amk_model_llama::{Model, ModelFormat};
+
+    /// A Llama-3.2-1B-shaped model with random weights (uniform ±0.02, norms 1 ± 0.1: never
+    /// zeros), RoPE scaling left out (the shape is what is measured).
+    fn llama_1b_random() -> Model {
+        let cfg = ModelConfig::from_hf_json(
+            r#"{"architectures": ["LlamaForCausalLM"], "model_type": "llama",
+                "hidden_size": 2048, "intermediate_size": 8192, "num_attention_heads": 32,
+                "num_key_value_heads": 8, "head_dim": 64, "num_hidden_layers": 16,
+                "vocab_size": 128256, "rms_norm_eps": 1e-5, "rope_theta": 500000.0,
+                "max_position_embeddings": 131072, "tie_word_embeddings": true,
+                "hidden_act": "silu"}"#,
+        )
+        .unwrap();
+        let mut w = WeightStore::new();
+        let mut rng = SplitMix(0x1b1b_2024);
+        for (name, shape) in tensor_names(&cfg) {
+            let n: u64 = shape.iter().product();
+            let norm = name.ends_with("norm.weight");
+            let vals: Vec<f32> = (0..n)
+                .map(|_| {
+                    let u = (rng.next() >> 40) as f32 / (1u64 << 24) as f32 * 2.0 - 1.0;
+                    if norm { 1.0 + 0.1 * u } else { 0.02 * u }
+                })
+                .collect();
+            w.insert(name, Tensor::from_f32(DType::BF16, &shape, &vals).unwrap());
+        }
+        Model::new(cfg, w, None, "random llama-3.2-1b shape", ModelFormat::Hf).unwrap()
+    }
+
+    fn quantile(sorted: &[f64], q: f64) -> f64 {
+        sorted[((sorted.len() - 1) as f64 * q).round() as usize]
+    }
+
+    /// Logits of one decode step of `m` lowered in `dtype` at `pos` (fresh caches) on `backend`,
+    /// and the validated program with its weights.
+    fn step_logits(
+        backend: &dyn Backend,
+        m: &Model,
+        dtype: DType,
+        pos: u64,
+    ) -> (Vec<f32>, amk_core::ValidatedProgram, WeightStore) {
+        let reg = registry();
+        let target = GpuTarget::by_name("h100").unwrap();
+        let opts = LowerOptions {
+            dtype,
+            max_seq: Some(1024),
+            pos,
+            ..LowerOptions::default()
+        };
+        let lowered = lower(m, &ScheduleConfig::default(), &target, &opts).unwrap();
+        let v = validate_owned(lowered.program, &reg)
+            .map_err(|r| r.report())
+            .unwrap();
+        let mut s = backend.load(&v, &lowered.weights, &reg).unwrap();
+        let logits = s
+            .step(&inputs(m, pos))
+            .unwrap()
+            .get("logits")
+            .unwrap()
+            .to_f32_vec();
+        (logits, v, lowered.weights)
+    }
+
+    fn inputs(m: &Model, pos: u64) -> [(&'static str, Tensor); 3] {
+        let token = (pos as i64 * 7919 + 1234) % m.config.vocab as i64;
+        let scalar = |x: i64| Tensor::from_i64(DType::I32, &[1], &[x]).unwrap();
+        [
+            ("token_id", scalar(token)),
+            ("pos", scalar(pos as i64)),
+            ("reshape_id0", scalar(0)),
+        ]
+    }
+
+    /// max |a − b| / max |b|.
+    fn rel(a: &[f32], b: &[f32]) -> f64 {
+        let scale = b.iter().fold(0f64, |s, &w| s.max(w.abs() as f64));
+        let err = a
+            .iter()
+            .zip(b)
+            .fold(0f64, |s, (&x, &w)| s.max((x - w).abs() as f64));
+        err / scale
+    }
+
+    /// Times one decode step (the kernel, from device events) of `m` in bf16 at `pos`, after a
+    /// correctness gate against an f32 reference on the CPU VM: the device's bf16 logits must
+    /// be as close to the f32 ones as bf16 itself allows (at most twice the CPU VM's own bf16
+    /// error, or 1e-2 of the largest logit). The caches start empty, so at pos 511 attention
+    /// sees 511 zero keys — an ill-conditioned input where bf16 alone moves logits by several
+    /// percent; the gate's bound follows the CPU's own bf16 error for that reason.
+    fn point(
+        gpu: &CudaBackend,
+        cpu: &CpuBackend,
+        m: &Model,
+        name: &str,
+        pos: u64,
+        bw: f64,
+    ) -> String {
+        let (want, _, _) = step_logits(cpu, m, DType::F32, pos);
+        let (cpu16, v, weights) = step_logits(cpu, m, DType::BF16, pos);
+        let reg = registry();
+        let mut s = gpu.load_session(&v, &weights, &reg).unwrap();
+        let x = inputs(m, pos);
+        let got = s.run(&x).unwrap().get("logits").unwrap().to_f32_vec();
+        let (e_dev, e_cpu) = (rel(&got, &want), rel(&cpu16, &want));
+        assert!(
+            e_dev <= (2.0 * e_cpu).max(1e-2),
+            "{name} pos {pos}: device bf16 is {e_dev:e} from f32, the CPU VM's bf16 {e_cpu:e}"
+        );
+        for _ in 0..20 {
+            s.run(&x).unwrap();
+        }
+        let mut ms: Vec<f64> = (0..200)
+            .map(|_| {
+                s.run(&x).unwrap();
+                s.last_kernel_ms().unwrap() as f64
+            })
+            .collect();
+        ms.sort_by(f64::total_cmp);
+        let p = v.program();
+        let kv_bytes: u64 = p
+            .buffers
+            .iter()
+            .filter(|b| b.kind == BufferKind::KV_CACHE)
+            .map(|b| b.nbytes() / b.shape[0].max(1) * (pos + 1))
+            .sum();
+        let bytes = p.total_weight_bytes() + kv_bytes;
+        let floor_ms = bytes as f64 / bw * 1e3;
+        let med = quantile(&ms, 0.5);
+        format!(
+            "| {name} | {pos} | {:.3} | {:.3} | {:.3} | {:.1} | {:.3} | {:.1} % | {} | {:.1e} / {:.1e} | {} |",
+            med,
+            quantile(&ms, 0.1),
+            quantile(&ms, 0.9),
+            bytes as f64 / 1e6,
+            floor_ms,
+            100.0 * floor_ms / med,
+            s.grid(),
+            e_dev,
+            e_cpu,
+            if argmax(&got) == argmax(&want) {
+                "yes"
+            } else {
+                "no"
+            },
+        )
+    }
+
+    /// Diagnostic: one decode step of SmolLM2 at many positions (fresh caches), device vs CPU VM,
+    /// f32 and bf16; prints the relative logit error per position.
+    #[test]
+    #[ignore = "diagnostic: run on a GPU with --run-ignored"]
+    fn kv_length_sweep() {
+        let Some(gpu) = gpu_or_skip("kv_length_sweep") else {
+            return;
+        };
+        let Some(path) = std::env::var_os("AMK_TEST_GGUF") else {
+            return;
+        };
+        let m = amk_model_llama::gguf_import::import_gguf(std::path::Path::new(&path)).unwrap();
+        let reg = registry();
+        let target = GpuTarget::by_name("h100").unwrap();
+        let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
+        let cpu_backend = CpuBackend::new(amk_backend_cpu::CpuOptions {
+            threads,
+            ..Default::default()
+        });
+        for dtype in [DType::F32, DType::BF16] {
+            for pos in [
+                0u64, 31, 32, 33, 64, 127, 128, 129, 200, 255, 256, 257, 300, 400, 511,
+            ] {
+                let opts = LowerOptions {
+                    dtype,
+                    max_seq: Some(1024),
+                    pos,
+                    ..LowerOptions::default()
+                };
+                let lowered = lower(&m, &ScheduleConfig::default(), &target, &opts).unwrap();
+                let v = validate_owned(lowered.program, &reg)
+                    .map_err(|r| r.report())
+                    .unwrap();
+                let scalar = |x: i64| Tensor::from_i64(DType::I32, &[1], &[x]).unwrap();
+                let inputs = [
+                    ("token_id", scalar(1234)),
+                    ("pos", scalar(pos as i64)),
+                    ("reshape_id0", scalar(0)),
+                ];
+                let mut cpu = cpu_backend.load(&v, &lowered.weights, &reg).unwrap();
+                let want = cpu
+                    .step(&inputs)
+                    .unwrap()
+                    .get("logits")
+                    .unwrap()
+                    .to_f32_vec();
+                let mut s = gpu.load_session(&v, &lowered.weights, &reg).unwrap();
+                let got = s.run(&inputs).unwrap().get("logits").unwrap().to_f32_vec();
+                let scale = want.iter().fold(0f32, |a, &w| a.max(w.abs()));
+                let err = got
+                    .iter()
+                    .zip(&want)
+                    .fold(0f32, |a, (&g, &w)| a.max((g - w).abs()));
+                eprintln!(
+                    "{dtype} pos {pos}: relative error {:e}, argmax {} vs {}",
+                    err / scale,
+                    argmax(&got),
+                    argmax(&want)
+                );
+            }
+        }
+    }
+
+    #[test]
+    #[ignore = "performance report: run on a GPU with --run-ignored"]
+    fn perf_report() {
+        let Some(gpu) = gpu_or_skip("perf_report") else {
+            return;
+        };
+        let bw = gpu.read_bandwidth(2 << 30, 20).unwrap();
+        let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
+        let cpu = CpuBackend::new(amk_backend_cpu::CpuOptions {
+            threads,
+            ..Default::default()
+        });
+        let (regs, stack) = {
+            let reg = registry();
+            let (p, _) = copy_chain();
+            let v = validate_owned(p, &reg).unwrap();
+            let s = gpu.load_session(&v, &WeightStore::new(), &reg).unwrap();
+            s.kernel_resources()
+        };
+        let mut rows = vec![
+            format!("device: {}; read bandwidth {:.0} GB/s (2 GiB, median of 20); megakernel {regs} registers/thread, {stack} B stack/thread", gpu.info(), bw / 1e9),
+            "| model | pos | median ms | p10 | p90 | MB read | floor ms | % of floor | blocks | bf16 err vs f32: device / CPU VM | argmax = f32 |".into(),
+            "|---|---|---|---|---|---|---|---|---|---|---|".into(),
+        ];
+        if let Some(path) = std::env::var_os("AMK_TEST_GGUF") {
+            let m = amk_model_llama::gguf_import::import_gguf(std::path::Path::new(&path)).unwrap();
+            for pos in [0, 511] {
+                rows.push(point(&gpu, &cpu, &m, "SmolLM2-135M", pos, bw));
+            }
+        } else {
+            eprintln!("SmolLM2 skipped: AMK_TEST_GGUF is not set");
+        }
+        let m = llama_1b_random();
+        for pos in [0, 511] {
+            rows.push(point(
+                &gpu,
+                &cpu,
+                &m,
+                "Llama-3.2-1B shape (random)",
+                pos,
+                bw,
+            ));
+        }
+        eprintln!("{}", rows.join("\n"));
     }
 }

@@ -105,7 +105,11 @@ fn header_layouts_match_the_rust_mirrors() {
             "offset of {s}.{f}"
         );
     }
-    assert_eq!(offs.len(), mirrored.len(), "the header has fields the mirrors lack");
+    assert_eq!(
+        offs.len(),
+        mirrored.len(),
+        "the header has fields the mirrors lack"
+    );
 }
 
 #[test]
@@ -124,11 +128,7 @@ fn header_constants_match_the_core() {
     // Presence bits follow the host's device-field table.
     for (key, _) in amk_core::PARAM_FIELDS {
         let name = format!("AMK_P_{}", key.to_uppercase());
-        assert_eq!(
-            num(&name),
-            param_field_index(key).unwrap() as i64,
-            "{name}"
-        );
+        assert_eq!(num(&name), param_field_index(key).unwrap() as i64, "{name}");
     }
     let e = enumerators();
     for dt in DType::ALL {
@@ -188,8 +188,11 @@ fn params_pack_at_their_fields_with_presence_bits_and_ext_slots() {
     assert_eq!(&bytes[36..40], &64i32.to_le_bytes());
     assert_eq!(&bytes[84..88], &1e5f32.to_le_bytes());
     // Absent optional params stay 0 with no presence bit.
-    let p = pack_params(rope, &params(&[("head_dim", Value::Int(8)), ("theta", Value::Int(10000))]))
-        .unwrap();
+    let p = pack_params(
+        rope,
+        &params(&[("head_dim", Value::Int(8)), ("theta", Value::Int(10000))]),
+    )
+    .unwrap();
     assert_eq!((p.ext[0], p.present >> abi::PRESENT_EXT0), (0, 0));
     // Out of int32: refused, never truncated.
     let gemv = reg.get(Opcode::GEMV_TILE).unwrap();
@@ -216,7 +219,15 @@ fn toy(sms: &[Option<i32>]) -> Program {
     }
     let y = p.new_buffer("y", BufferKind::IO_OUTPUT, DType::F32, &[3, 5]);
     let c = p.new_counter("y");
-    p.push_task(Opcode::COPY, &[prev], &[y], c, &[(prev_c.unwrap(), 1)], Map::new(), "out");
+    p.push_task(
+        Opcode::COPY,
+        &[prev],
+        &[y],
+        c,
+        &[(prev_c.unwrap(), 1)],
+        Map::new(),
+        "out",
+    );
     p
 }
 
@@ -239,8 +250,14 @@ fn tables_place_weights_and_align_the_arena() {
         }
     }
     let r: &AmkInstruction = &t.instructions[1];
-    assert_eq!((r.op, r.n_inputs, r.n_outputs, r.n_waits), (Opcode::ADD.0 as i32, 2, 1, 1));
-    assert_eq!((r.wait_counter[0], r.wait_threshold[0], r.out_counter), (0, 1, 1));
+    assert_eq!(
+        (r.op, r.n_inputs, r.n_outputs, r.n_waits),
+        (Opcode::ADD.0 as i32, 2, 1, 1)
+    );
+    assert_eq!(
+        (r.wait_counter[0], r.wait_threshold[0], r.out_counter),
+        (0, 1, 1)
+    );
     assert_eq!(t.fused_off, vec![0; p.tasks.len() + 1]);
 }
 
@@ -285,12 +302,18 @@ fn simulate(p: &Program, q: &amk_backend_cuda::queues::Queues) {
     let mut done = 0;
     loop {
         let mut progressed = false;
-        for k in 0..q.len() {
-            let Some(&t) = q.queue(k).get(head[k]) else { continue };
+        for (k, h) in head.iter_mut().enumerate() {
+            let Some(&t) = q.queue(k).get(*h) else {
+                continue;
+            };
             let task = &p.tasks[t as usize];
-            if task.waits.iter().all(|w| counters[w.counter as usize] >= w.threshold) {
+            if task
+                .waits
+                .iter()
+                .all(|w| counters[w.counter as usize] >= w.threshold)
+            {
                 counters[task.out_counter as usize] += 1;
-                head[k] += 1;
+                *h += 1;
                 done += 1;
                 progressed = true;
             }
@@ -299,7 +322,12 @@ fn simulate(p: &Program, q: &amk_backend_cuda::queues::Queues) {
             break;
         }
     }
-    assert_eq!(done, p.tasks.len(), "deadlock: {done} of {} tasks ran", p.tasks.len());
+    assert_eq!(
+        done,
+        p.tasks.len(),
+        "deadlock: {done} of {} tasks ran",
+        p.tasks.len()
+    );
 }
 
 #[test]
@@ -311,7 +339,8 @@ fn the_source_has_one_case_per_op_and_is_deterministic() {
     for code in 0..Opcode::ABI_COUNT {
         assert!(a.has(Opcode(code)), "op {code} has no device function");
         assert!(
-            a.source.contains(&format!("    case {code}: amk_op_{code}::")),
+            a.source
+                .contains(&format!("    case {code}: amk_op_{code}::")),
             "no dispatch case for {code}"
         );
     }
@@ -337,8 +366,18 @@ fn op_sources_keep_the_device_contract() {
             cuda.entry
         );
         for banned in [
-            "#include", "__global__", "__trap", "__expf(", "__sinf(", "__cosf(", "__powf(",
-            "__fdividef(", "__logf(", "__exp10f(", "__tanf(", "asm(\"trap",
+            "#include",
+            "__global__",
+            "__trap",
+            "__expf(",
+            "__sinf(",
+            "__cosf(",
+            "__powf(",
+            "__fdividef(",
+            "__logf(",
+            "__exp10f(",
+            "__tanf(",
+            "asm(\"trap",
         ] {
             assert!(!src.contains(banned), "{} uses {banned}", spec.name);
         }
@@ -348,8 +387,8 @@ fn op_sources_keep_the_device_contract() {
 #[cfg(not(feature = "cuda"))]
 #[test]
 fn without_the_feature_the_backend_says_so() {
-    let e = amk_backend_cuda::CudaBackend::new(amk_backend_cuda::CudaOptions::default())
-        .unwrap_err();
+    let e =
+        amk_backend_cuda::CudaBackend::new(amk_backend_cuda::CudaOptions::default()).unwrap_err();
     assert!(matches!(e, amk_backend_cuda::CudaError::NotCompiled), "{e}");
     assert!(e.to_string().contains("--features cuda"));
 }

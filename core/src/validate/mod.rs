@@ -145,7 +145,10 @@ impl<'a> Validator<'a> {
         self.check_waits();
         // With SMs assigned, one Kahn pass over dependency + queue-order edges usually decides
         // both acyclicity and queue safety (its order is a valid dependency order too).
-        let next = self.p.sm_assigned().then(|| crate::graph::queue_successors(self.p));
+        let next = self
+            .p
+            .sm_assigned()
+            .then(|| crate::graph::queue_successors(self.p));
         let (order, queue_deadlock) = match next
             .as_deref()
             .map(|n| crate::graph::topo_order_with(self.p, self.idx, Some(n)))

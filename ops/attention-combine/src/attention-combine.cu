@@ -16,18 +16,6 @@
 
 #define COMBINE_MAX_P 8
 
-/* fp32 inline, any other dtype through one out-of-line copy of amk_ld / amk_st. */
-__device__ __noinline__ float cmb_ld_any(const amk_buffer_t* b, long long i) { return amk_ld(b, i); }
-__device__ __noinline__ void cmb_st_any(const amk_buffer_t* b, long long i, float x) { amk_st(b, i, x); }
-__device__ __forceinline__ float cmb_ld(const amk_buffer_t* b, long long i) {
-  if (b->dtype == AMK_F32) return ((const float*)b->ptr)[i];
-  return cmb_ld_any(b, i);
-}
-__device__ __forceinline__ void cmb_st(const amk_buffer_t* b, long long i, float x) {
-  if (b->dtype == AMK_F32) ((float*)b->ptr)[i] = x;
-  else cmb_st_any(b, i, x);
-}
-
 __device__ void amk_op_attention_combine(const amk_task_ctx& ctx) {
   const amk_params_t& p = ctx.inst->params;
   const amk_buffer_t* out = amk_out(ctx, 0);
@@ -60,8 +48,8 @@ __device__ void amk_op_attention_combine(const amk_task_ctx& ctx) {
     for (int i = 0; i < COMBINE_MAX_P; ++i) {
       if (i < np) {
         const amk_buffer_t* part = amk_in(ctx, i);
-        mp[i] = cmb_ld(part, base + hd);
-        lp[i] = cmb_ld(part, base + hd + 1);
+        mp[i] = amk_ldf32(part, base + hd);
+        lp[i] = amk_ldf32(part, base + hd + 1);
         m = fmaxf(m, mp[i]);
       }
     }
@@ -78,10 +66,10 @@ __device__ void amk_op_attention_combine(const amk_task_ctx& ctx) {
 #pragma unroll
     for (int i = 0; i < COMBINE_MAX_P; ++i) {
       if (i < np) {
-        const float term = (w[i] == 0.0f) ? 0.0f : __fmul_rn(cmb_ld(amk_in(ctx, i), base + d), w[i]);
+        const float term = (w[i] == 0.0f) ? 0.0f : __fmul_rn(amk_ldf32(amk_in(ctx, i), base + d), w[i]);
         acc = __fadd_rn(acc, term);
       }
     }
-    cmb_st(out, idx, __fdiv_rn(acc, denom));
+    amk_stf32(out, idx, __fdiv_rn(acc, denom));
   }
 }

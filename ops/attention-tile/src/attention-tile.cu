@@ -23,22 +23,12 @@
 
 #define ATT_SLICE_K 8 /* acc registers per lane: 8 x 32 = 256 dims per pass */
 
-/* Out-of-line generic load/store (keeps the unrolled loops small for the rare dtypes). */
-__device__ __noinline__ float att_ld_any(const amk_buffer_t* b, long long i) { return amk_ld(b, i); }
-__device__ __noinline__ void att_st_any(const amk_buffer_t* b, long long i, float x) { amk_st(b, i, x); }
-
 template <int DT>
 __device__ __forceinline__ float att_ld(const amk_buffer_t* b, long long i) {
   if (DT == AMK_F32) return ((const float*)b->ptr)[i];
   if (DT == AMK_F16) return amk_f16_to_f32(((const uint16_t*)b->ptr)[i]);
   if (DT == AMK_BF16) return amk_bf16_to_f32(((const uint16_t*)b->ptr)[i]);
-  return att_ld_any(b, i);
-}
-
-/* Query load: fp32 inline, anything else out of line. */
-__device__ __forceinline__ float att_ldq(const amk_buffer_t* b, long long i) {
-  if (b->dtype == AMK_F32) return ((const float*)b->ptr)[i];
-  return att_ld_any(b, i);
+  return amk_ld_slow(b, i);
 }
 
 /* One reduce-scatter step: lanes with bit O keep the upper half of part[0..2O), the others the
@@ -89,7 +79,7 @@ __device__ void att_heads(const amk_task_ctx& ctx, const amk_buffer_t* q, const 
 #pragma unroll
         for (int t = 0; t < 32; ++t) part[t] = 0.0f;
         for (int d = lane; d < hd; d += 32) {
-          const float qd = att_ldq(q, qoff + d); /* q: any float dtype */
+          const float qd = amk_ldf32(q, qoff + d); /* q: any float dtype */
 #pragma unroll
           for (int t = 0; t < 32; ++t)
             if (t < cnt) part[t] += qd * att_ld<DT>(kc, cbase + (long long)t * row + d);
@@ -124,11 +114,11 @@ __device__ void att_heads(const amk_task_ctx& ctx, const amk_buffer_t* q, const 
 #pragma unroll
       for (int k = 0; k < ATT_SLICE_K; ++k) {
         const int d = d0 + lane + 32 * k;
-        if (d < hd) att_st_any(out, obase + d, partial ? acc[k] : __fdiv_rn(acc[k], l));
+        if (d < hd) amk_st_slow(out, obase + d, partial ? acc[k] : __fdiv_rn(acc[k], l));
       }
       if (partial && d0 == 0 && lane == 0) {
-        att_st_any(out, obase + hd, m);
-        att_st_any(out, obase + hd + 1, l);
+        amk_st_slow(out, obase + hd, m);
+        amk_st_slow(out, obase + hd + 1, l);
       }
     }
   }

@@ -14,18 +14,6 @@
  * one element per thread step, generic loads/stores. The scale/zero math is identical in every
  * path: (q - z) * s, q exact. */
 
-__device__ __noinline__ float dq_ld_slow(const amk_buffer_t* b, long long i) { return amk_ld(b, i); }
-__device__ __noinline__ void dq_st_slow(const amk_buffer_t* b, long long i, float v) { amk_st(b, i, v); }
-
-__device__ __forceinline__ float dq_ldf(const amk_buffer_t* b, long long i) {
-  const int dt = b->dtype;
-  const void* p = b->ptr;
-  if (dt == AMK_F16) return amk_f16_to_f32(((const uint16_t*)p)[i]);
-  if (dt == AMK_F32) return ((const float*)p)[i];
-  if (dt == AMK_BF16) return amk_bf16_to_f32(((const uint16_t*)p)[i]);
-  return dq_ld_slow(b, i);
-}
-
 __device__ __forceinline__ uint32_t dq_pack2(float a, float b, bool bf) {
   const uint32_t lo = bf ? amk_f32_to_bf16(a) : amk_f32_to_f16(a);
   const uint32_t hi = bf ? amk_f32_to_bf16(b) : amk_f32_to_f16(b);
@@ -51,7 +39,7 @@ __device__ __forceinline__ void dq_store(const amk_buffer_t* ob, long long e, co
     }
   } else {
 #pragma unroll
-    for (int i = 0; i < NE; ++i) dq_st_slow(ob, e + i, v[i]);
+    for (int i = 0; i < NE; ++i) amk_st_slow(ob, e + i, v[i]);
   }
 }
 
@@ -97,8 +85,8 @@ __device__ void amk_op_dequant(const amk_task_ctx& ctx) {
     for (long long w = tid; w < nw; w += AMK_THREADS) {
       const uint32_t u = q[w];
       const long long g = (8 * w) / group;
-      const float s = dq_ldf(sb, g);
-      const float z = zb ? dq_ldf(zb, g) : offset;
+      const float s = amk_ldf(sb, g);
+      const float z = zb ? amk_ldf(zb, g) : offset;
       float v[8];
 #pragma unroll
       for (int j = 0; j < 8; ++j) v[j] = ((float)((u >> (4 * j)) & 0xfu) - z) * s;
@@ -113,8 +101,8 @@ __device__ void amk_op_dequant(const amk_task_ctx& ctx) {
     for (long long w = tid; w < nw; w += AMK_THREADS) {
       const uint32_t u = q[w];
       const long long g = (4 * w) / group;
-      const float s = dq_ldf(sb, g);
-      const float z = zb ? dq_ldf(zb, g) : offset;
+      const float s = amk_ldf(sb, g);
+      const float z = zb ? amk_ldf(zb, g) : offset;
       float v[4];
 #pragma unroll
       for (int j = 0; j < 4; ++j) {
@@ -134,16 +122,16 @@ __device__ void amk_op_dequant(const amk_task_ctx& ctx) {
       const long long row = i / kd, col = i - row * kd;
       qf = (float)((((const uint8_t*)qb->ptr)[row * rb + (col >> 1)] >> (4 * (int)(col & 1))) & 0xfu);
     } else {
-      qf = dq_ldf(qb, i);
+      qf = amk_ldf(qb, i);
     }
     const long long g = i / group;
-    const float s = dq_ldf(sb, g);
-    const float z = zb ? dq_ldf(zb, g) : offset;
+    const float s = amk_ldf(sb, g);
+    const float z = zb ? amk_ldf(zb, g) : offset;
     const float v = (qf - z) * s;
     const int dt = ob->dtype;
     if (dt == AMK_F32) ((float*)ob->ptr)[i] = v;
     else if (dt == AMK_BF16) ((uint16_t*)ob->ptr)[i] = amk_f32_to_bf16(v);
     else if (dt == AMK_F16) ((uint16_t*)ob->ptr)[i] = amk_f32_to_f16(v);
-    else dq_st_slow(ob, i, v);
+    else amk_st_slow(ob, i, v);
   }
 }

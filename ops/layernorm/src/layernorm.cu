@@ -11,27 +11,6 @@
  * elements per byte) is written by one thread per row in block mode, so no two threads
  * read-modify-write one byte. */
 
-/* Element load/store with exactly amk_ld/amk_st's results: F32/BF16/F16 inline, every other
- * dtype through one out-of-line call (keeps the megakernel's code size down). */
-__device__ __noinline__ float ld_slow(const amk_buffer_t* b, long long i) { return amk_ld(b, i); }
-__device__ __noinline__ void st_slow(const amk_buffer_t* b, long long i, float x) {
-  amk_st(b, i, x);
-}
-__device__ __forceinline__ float ld_f(const amk_buffer_t* b, long long i) {
-  const int dt = b->dtype;
-  if (dt == AMK_F32) return ((const float*)b->ptr)[i];
-  if (dt == AMK_BF16) return amk_bf16_to_f32(((const uint16_t*)b->ptr)[i]);
-  if (dt == AMK_F16) return amk_f16_to_f32(((const uint16_t*)b->ptr)[i]);
-  return ld_slow(b, i);
-}
-__device__ __forceinline__ void st_f(const amk_buffer_t* b, long long i, float x) {
-  const int dt = b->dtype;
-  if (dt == AMK_F32) ((float*)b->ptr)[i] = x;
-  else if (dt == AMK_BF16) ((uint16_t*)b->ptr)[i] = amk_f32_to_bf16(x);
-  else if (dt == AMK_F16) ((uint16_t*)b->ptr)[i] = amk_f32_to_f16(x);
-  else st_slow(b, i, x);
-}
-
 __device__ void amk_op_layernorm(const amk_task_ctx& ctx) {
   const amk_params_t& p = ctx.inst->params;
   const int nin = ctx.inst->n_inputs;
@@ -61,18 +40,18 @@ __device__ void amk_op_layernorm(const amk_task_ctx& ctx) {
     for (long long r = warp; r < rows; r += AMK_WARPS) {
       const long long base = r * h;
       double s = 0.0;
-      for (long long j = lane; j < h; j += 32) s += (double)ld_f(x, base + j);
+      for (long long j = lane; j < h; j += 32) s += (double)amk_ldf(x, base + j);
       const double mean = amk_warp_sum_d(s) / dh;
       double q = 0.0;
       for (long long j = lane; j < h; j += 32) {
-        const double d = (double)ld_f(x, base + j) - mean;
+        const double d = (double)amk_ldf(x, base + j) - mean;
         q += d * d;
       }
       const double rstd = 1.0 / sqrt(amk_warp_sum_d(q) / dh + eps);
       for (long long j = lane; j < h; j += 32) {
-        const double d = (double)ld_f(x, base + j) - mean;
-        const double bj = b ? (double)ld_f(b, j) : 0.0;
-        st_f(out, base + j, (float)(d * rstd * (double)ld_f(w, j) + bj));
+        const double d = (double)amk_ldf(x, base + j) - mean;
+        const double bj = b ? (double)amk_ldf(b, j) : 0.0;
+        amk_stf(out, base + j, (float)(d * rstd * (double)amk_ldf(w, j) + bj));
       }
     }
     return;
@@ -80,21 +59,21 @@ __device__ void amk_op_layernorm(const amk_task_ctx& ctx) {
   for (long long r = 0; r < rows; ++r) {
     const long long base = r * h;
     double s = 0.0;
-    for (long long j = threadIdx.x; j < h; j += AMK_THREADS) s += (double)ld_f(x, base + j);
+    for (long long j = threadIdx.x; j < h; j += AMK_THREADS) s += (double)amk_ldf(x, base + j);
     /* amk_block_sum_d starts and ends with a barrier: the previous row's I4 writes are done */
     const double mean = amk_block_sum_d(s) / dh;
     double q = 0.0;
     for (long long j = threadIdx.x; j < h; j += AMK_THREADS) {
-      const double d = (double)ld_f(x, base + j) - mean;
+      const double d = (double)amk_ldf(x, base + j) - mean;
       q += d * d;
     }
     const double rstd = 1.0 / sqrt(amk_block_sum_d(q) / dh + eps);
     const long long j0 = i4 ? (threadIdx.x == 0 ? 0 : h) : threadIdx.x;
     const long long js = i4 ? 1 : AMK_THREADS;
     for (long long j = j0; j < h; j += js) {
-      const double d = (double)ld_f(x, base + j) - mean;
-      const double bj = b ? (double)ld_f(b, j) : 0.0;
-      st_f(out, base + j, (float)(d * rstd * (double)ld_f(w, j) + bj));
+      const double d = (double)amk_ldf(x, base + j) - mean;
+      const double bj = b ? (double)amk_ldf(b, j) : 0.0;
+      amk_stf(out, base + j, (float)(d * rstd * (double)amk_ldf(w, j) + bj));
     }
   }
 }

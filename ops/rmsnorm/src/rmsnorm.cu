@@ -10,27 +10,6 @@
  * elements per byte) is written by one thread per row in block mode, so no two threads
  * read-modify-write one byte. */
 
-/* Element load/store with exactly amk_ld/amk_st's results: F32/BF16/F16 inline, every other
- * dtype through one out-of-line call (keeps the megakernel's code size down). */
-__device__ __noinline__ float ld_slow(const amk_buffer_t* b, long long i) { return amk_ld(b, i); }
-__device__ __noinline__ void st_slow(const amk_buffer_t* b, long long i, float x) {
-  amk_st(b, i, x);
-}
-__device__ __forceinline__ float ld_f(const amk_buffer_t* b, long long i) {
-  const int dt = b->dtype;
-  if (dt == AMK_F32) return ((const float*)b->ptr)[i];
-  if (dt == AMK_BF16) return amk_bf16_to_f32(((const uint16_t*)b->ptr)[i]);
-  if (dt == AMK_F16) return amk_f16_to_f32(((const uint16_t*)b->ptr)[i]);
-  return ld_slow(b, i);
-}
-__device__ __forceinline__ void st_f(const amk_buffer_t* b, long long i, float x) {
-  const int dt = b->dtype;
-  if (dt == AMK_F32) ((float*)b->ptr)[i] = x;
-  else if (dt == AMK_BF16) ((uint16_t*)b->ptr)[i] = amk_f32_to_bf16(x);
-  else if (dt == AMK_F16) ((uint16_t*)b->ptr)[i] = amk_f32_to_f16(x);
-  else st_slow(b, i, x);
-}
-
 __device__ void amk_op_rmsnorm(const amk_task_ctx& ctx) {
   const amk_params_t& p = ctx.inst->params;
   const amk_buffer_t* x = amk_in(ctx, 0);
@@ -54,14 +33,14 @@ __device__ void amk_op_rmsnorm(const amk_task_ctx& ctx) {
       const long long base = r * h;
       double s = 0.0;
       for (long long j = lane; j < h; j += 32) {
-        const double v = (double)ld_f(x, base + j);
+        const double v = (double)amk_ldf(x, base + j);
         s += v * v;
       }
       s = amk_warp_sum_d(s);
       const double inv = 1.0 / sqrt(s / (double)h + eps);
       for (long long j = lane; j < h; j += 32) {
-        const double v = (double)ld_f(x, base + j);
-        st_f(out, base + j, (float)(v * inv * (double)ld_f(w, j)));
+        const double v = (double)amk_ldf(x, base + j);
+        amk_stf(out, base + j, (float)(v * inv * (double)amk_ldf(w, j)));
       }
     }
     return;
@@ -70,7 +49,7 @@ __device__ void amk_op_rmsnorm(const amk_task_ctx& ctx) {
     const long long base = r * h;
     double s = 0.0;
     for (long long j = threadIdx.x; j < h; j += AMK_THREADS) {
-      const double v = (double)ld_f(x, base + j);
+      const double v = (double)amk_ldf(x, base + j);
       s += v * v;
     }
     /* amk_block_sum_d starts and ends with a barrier: the previous row's I4 writes are done */
@@ -79,8 +58,8 @@ __device__ void amk_op_rmsnorm(const amk_task_ctx& ctx) {
     const long long j0 = i4 ? (threadIdx.x == 0 ? 0 : h) : threadIdx.x;
     const long long js = i4 ? 1 : AMK_THREADS;
     for (long long j = j0; j < h; j += js) {
-      const double v = (double)ld_f(x, base + j);
-      st_f(out, base + j, (float)(v * inv * (double)ld_f(w, j)));
+      const double v = (double)amk_ldf(x, base + j);
+      amk_stf(out, base + j, (float)(v * inv * (double)amk_ldf(w, j)));
     }
   }
 }

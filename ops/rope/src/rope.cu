@@ -28,26 +28,14 @@ __device__ __forceinline__ float rope_inv_freq(float theta, int i, int half) {
   return __fdiv_rn(1.0f, pw);
 }
 
-/* fp32 inline, any other dtype through one out-of-line copy of amk_ld / amk_st. */
-__device__ __noinline__ float rope_ld_any(const amk_buffer_t* b, long long i) { return amk_ld(b, i); }
-__device__ __noinline__ void rope_st_any(const amk_buffer_t* b, long long i, float x) { amk_st(b, i, x); }
-__device__ __forceinline__ float rope_ld(const amk_buffer_t* b, long long i) {
-  if (b->dtype == AMK_F32) return ((const float*)b->ptr)[i];
-  return rope_ld_any(b, i);
-}
-__device__ __forceinline__ void rope_st(const amk_buffer_t* b, long long i, float x) {
-  if (b->dtype == AMK_F32) ((float*)b->ptr)[i] = x;
-  else rope_st_any(b, i, x);
-}
-
 __device__ __noinline__ void rope_rotate(const amk_buffer_t* x, const amk_buffer_t* out,
                                             long long a, long long b, float c, float s) {
-  const float x1 = rope_ld(x, a);
-  const float x2 = rope_ld(x, b);
+  const float x1 = amk_ldf32(x, a);
+  const float x2 = amk_ldf32(x, b);
   const float ya = __fsub_rn(__fmul_rn(x1, c), __fmul_rn(x2, s));
   const float yb = __fadd_rn(__fmul_rn(x2, c), __fmul_rn(x1, s));
-  rope_st(out, a, ya);
-  rope_st(out, b, yb);
+  amk_stf32(out, a, ya);
+  amk_stf32(out, b, yb);
 }
 
 __device__ void amk_op_rope(const amk_task_ctx& ctx) {

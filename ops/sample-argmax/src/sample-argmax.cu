@@ -25,8 +25,6 @@ __device__ __forceinline__ void sa_merge(float& bv, int& bi, float ov, int oi) {
   }
 }
 
-__device__ __noinline__ float sa_ld_slow(const amk_buffer_t* b, long long i) { return amk_ld(b, i); }
-
 __device__ void amk_op_sample_argmax(const amk_task_ctx& ctx) {
   __shared__ float s_v[AMK_WARPS];
   __shared__ int s_i[AMK_WARPS];
@@ -84,7 +82,7 @@ __device__ void amk_op_sample_argmax(const amk_task_ctx& ctx) {
         sa_take(bv, bi, bf ? amk_bf16_to_f32(h) : amk_f16_to_f32(h), j);
       }
     } else {
-      for (int j = tid; j < V; j += AMK_THREADS) sa_take(bv, bi, sa_ld_slow(xb, base + j), j);
+      for (int j = tid; j < V; j += AMK_THREADS) sa_take(bv, bi, amk_ld_slow(xb, base + j), j);
     }
     /* Warp reduce, then the warps' winners through shared memory. */
 #pragma unroll

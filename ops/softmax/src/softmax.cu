@@ -12,27 +12,6 @@
  * indices (coalesced), serial over the axis. An I4 output (two elements per byte) is computed
  * and written by thread 0 alone. */
 
-/* Element load/store with exactly amk_ld/amk_st's results: F32/BF16/F16 inline, every other
- * dtype through one out-of-line call (keeps the megakernel's code size down). */
-__device__ __noinline__ float ld_slow(const amk_buffer_t* b, long long i) { return amk_ld(b, i); }
-__device__ __noinline__ void st_slow(const amk_buffer_t* b, long long i, float x) {
-  amk_st(b, i, x);
-}
-__device__ __forceinline__ float ld_f(const amk_buffer_t* b, long long i) {
-  const int dt = b->dtype;
-  if (dt == AMK_F32) return ((const float*)b->ptr)[i];
-  if (dt == AMK_BF16) return amk_bf16_to_f32(((const uint16_t*)b->ptr)[i]);
-  if (dt == AMK_F16) return amk_f16_to_f32(((const uint16_t*)b->ptr)[i]);
-  return ld_slow(b, i);
-}
-__device__ __forceinline__ void st_f(const amk_buffer_t* b, long long i, float x) {
-  const int dt = b->dtype;
-  if (dt == AMK_F32) ((float*)b->ptr)[i] = x;
-  else if (dt == AMK_BF16) ((uint16_t*)b->ptr)[i] = amk_f32_to_bf16(x);
-  else if (dt == AMK_F16) ((uint16_t*)b->ptr)[i] = amk_f32_to_f16(x);
-  else st_slow(b, i, x);
-}
-
 /* Slice s of [outer, n, inner]: element j sits at first + j * inner. */
 __device__ __forceinline__ long long slice_first(long long s, long long n, long long inner) {
   const long long o = s / inner, i = s - o * inner;
@@ -73,12 +52,12 @@ __device__ void amk_op_softmax(const amk_task_ctx& ctx) {
     for (long long s = s0; s < slices; s += ss) {
       const long long f = slice_first(s, n, inner);
       float m = neg_inf;
-      for (long long j = 0; j < n; ++j) m = fmaxf(m, ld_f(x, f + j * inner));
+      for (long long j = 0; j < n; ++j) m = fmaxf(m, amk_ldf(x, f + j * inner));
       float sum = 0.0f;
-      for (long long j = 0; j < n; ++j) sum += expf(ld_f(x, f + j * inner) - m);
+      for (long long j = 0; j < n; ++j) sum += expf(amk_ldf(x, f + j * inner) - m);
       for (long long j = 0; j < n; ++j) {
         const long long at = f + j * inner;
-        st_f(out, at, expf(ld_f(x, at) - m) / sum);
+        amk_stf(out, at, expf(amk_ldf(x, at) - m) / sum);
       }
     }
     return;
@@ -89,14 +68,14 @@ __device__ void amk_op_softmax(const amk_task_ctx& ctx) {
     for (long long s = warp; s < slices; s += AMK_WARPS) {
       const long long f = slice_first(s, n, inner);
       float m = neg_inf;
-      for (long long j = lane; j < n; j += 32) m = fmaxf(m, ld_f(x, f + j * inner));
+      for (long long j = lane; j < n; j += 32) m = fmaxf(m, amk_ldf(x, f + j * inner));
       m = amk_warp_max(m);
       float sum = 0.0f;
-      for (long long j = lane; j < n; j += 32) sum += expf(ld_f(x, f + j * inner) - m);
+      for (long long j = lane; j < n; j += 32) sum += expf(amk_ldf(x, f + j * inner) - m);
       sum = amk_warp_sum(sum);
       for (long long j = lane; j < n; j += 32) {
         const long long at = f + j * inner;
-        st_f(out, at, expf(ld_f(x, at) - m) / sum);
+        amk_stf(out, at, expf(amk_ldf(x, at) - m) / sum);
       }
     }
     return;
@@ -106,15 +85,15 @@ __device__ void amk_op_softmax(const amk_task_ctx& ctx) {
     const long long f = slice_first(s, n, inner);
     float m = neg_inf;
     for (long long j = threadIdx.x; j < n; j += AMK_THREADS)
-      m = fmaxf(m, ld_f(x, f + j * inner));
+      m = fmaxf(m, amk_ldf(x, f + j * inner));
     m = amk_block_max(m);
     float sum = 0.0f;
     for (long long j = threadIdx.x; j < n; j += AMK_THREADS)
-      sum += expf(ld_f(x, f + j * inner) - m);
+      sum += expf(amk_ldf(x, f + j * inner) - m);
     sum = amk_block_sum(sum);
     for (long long j = threadIdx.x; j < n; j += AMK_THREADS) {
       const long long at = f + j * inner;
-      st_f(out, at, expf(ld_f(x, at) - m) / sum);
+      amk_stf(out, at, expf(amk_ldf(x, at) - m) / sum);
     }
   }
 }

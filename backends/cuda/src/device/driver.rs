@@ -75,7 +75,10 @@ impl DeviceMem {
         if data.is_empty() {
             return Ok(());
         }
-        if offset.checked_add(data.len()).is_none_or(|e| e > self.bytes) {
+        if offset
+            .checked_add(data.len())
+            .is_none_or(|e| e > self.bytes)
+        {
             return Err(CudaError::Layout(format!(
                 "write of {} bytes at {offset} overruns a {}-byte allocation",
                 data.len(),
@@ -199,6 +202,7 @@ impl Event {
     }
     /// Records the event on the null stream.
     pub fn record(&self) -> Result<(), CudaError> {
+        self.ctx.bind_to_thread().map_err(drv("cuCtxSetCurrent"))?;
         // SAFETY: a live event on the null stream.
         unsafe { result::event::record(self.ev, std::ptr::null_mut()) }
             .map_err(drv("cuEventRecord"))
@@ -212,6 +216,11 @@ impl Event {
             Err(e) if e.0 == sys::CUresult::CUDA_ERROR_NOT_READY => Ok(false),
             Err(e) => Err(e),
         }
+    }
+    /// Blocks until the event completes.
+    pub fn wait(&self) -> Result<(), CudaError> {
+        // SAFETY: a live event.
+        unsafe { result::event::synchronize(self.ev) }.map_err(drv("cuEventSynchronize"))
     }
     /// Milliseconds from `self` to `end` (both complete).
     pub fn elapsed_ms(&self, end: &Event) -> Result<f32, CudaError> {
@@ -269,12 +278,14 @@ impl Module {
         };
         let name = |s: &str| std::ffi::CString::new(s).unwrap_or_default();
         // SAFETY: live module; names are NUL-free literals.
-        m.kernel = unsafe { result::module::get_function(module, name(crate::assemble::KERNEL_NAME)) }
-            .map_err(drv("cuModuleGetFunction"))?;
-        // SAFETY: as above.
-        m.patch =
-            unsafe { result::module::get_function(module, name(crate::assemble::PATCH_KERNEL_NAME)) }
+        m.kernel =
+            unsafe { result::module::get_function(module, name(crate::assemble::KERNEL_NAME)) }
                 .map_err(drv("cuModuleGetFunction"))?;
+        // SAFETY: as above.
+        m.patch = unsafe {
+            result::module::get_function(module, name(crate::assemble::PATCH_KERNEL_NAME))
+        }
+        .map_err(drv("cuModuleGetFunction"))?;
         // SAFETY: live function handle.
         unsafe {
             m.regs = result::function::get_function_attribute(
@@ -347,7 +358,13 @@ impl Module {
     }
 
     /// Launches the patch scatter: `n` records from `recs` to the instruction table.
-    pub fn launch_patch(&self, instructions: u64, ids: u64, recs: u64, n: i32) -> Result<(), CudaError> {
+    pub fn launch_patch(
+        &self,
+        instructions: u64,
+        ids: u64,
+        recs: u64,
+        n: i32,
+    ) -> Result<(), CudaError> {
         self.ctx.bind_to_thread().map_err(drv("cuCtxSetCurrent"))?;
         let (mut a, mut b, mut c, mut d) = (instructions, ids, recs, n);
         let mut params = [
@@ -361,7 +378,14 @@ impl Module {
         // SAFETY: matches `amk_apply_patches(amk_instruction_t*, const int32_t*, const
         // amk_instruction_t*, int)`; the three pointers are live device allocations.
         unsafe {
-            result::launch_kernel(self.patch, (grid, 1, 1), (256, 1, 1), 0, std::ptr::null_mut(), &mut params)
+            result::launch_kernel(
+                self.patch,
+                (grid, 1, 1),
+                (256, 1, 1),
+                0,
+                std::ptr::null_mut(),
+                &mut params,
+            )
         }
         .map_err(drv("cuLaunchKernel"))
     }
@@ -372,6 +396,71 @@ impl Drop for Module {
         if self.ctx.bind_to_thread().is_ok() {
             // SAFETY: loaded once, unloaded once; no launch is in flight (sessions finish
             // every launch before returning).
+            let _ = unsafe { result::module::unload(self.module) };
+        }
+    }
+}
+
+/// A small standalone kernel (not the megakernel): loaded from its own cubin.
+#[derive(Debug)]
+pub struct Kernel {
+    ctx: Arc<CudaContext>,
+    module: sys::CUmodule,
+    func: sys::CUfunction,
+}
+
+impl Kernel {
+    /// Loads `name` from `cubin`.
+    pub fn load(ctx: &Arc<CudaContext>, cubin: &[u8], name: &str) -> Result<Self, CudaError> {
+        ctx.bind_to_thread().map_err(drv("cuCtxSetCurrent"))?;
+        let mut image = cubin.to_vec();
+        image.extend_from_slice(&[0u8; 16]);
+        // SAFETY: a complete cubin that outlives the call.
+        let module = unsafe { result::module::load_data(image.as_ptr() as *const c_void) }
+            .map_err(drv("cuModuleLoadData"))?;
+        let mut k = Kernel {
+            ctx: ctx.clone(),
+            module,
+            func: std::ptr::null_mut(),
+        };
+        let cname =
+            std::ffi::CString::new(name).map_err(|_| CudaError::Layout("bad name".into()))?;
+        // SAFETY: live module, NUL-free name.
+        k.func = unsafe { result::module::get_function(module, cname) }
+            .map_err(drv("cuModuleGetFunction"))?;
+        Ok(k)
+    }
+
+    /// Launches with raw parameter pointers on the null stream.
+    ///
+    /// # Safety
+    /// `params` must match the kernel's parameter list.
+    pub unsafe fn launch(
+        &self,
+        grid: u32,
+        block: u32,
+        params: &mut [*mut c_void],
+    ) -> Result<(), CudaError> {
+        self.ctx.bind_to_thread().map_err(drv("cuCtxSetCurrent"))?;
+        // SAFETY: the caller guarantees the parameter list.
+        unsafe {
+            result::launch_kernel(
+                self.func,
+                (grid, 1, 1),
+                (block, 1, 1),
+                0,
+                std::ptr::null_mut(),
+                params,
+            )
+        }
+        .map_err(drv("cuLaunchKernel"))
+    }
+}
+
+impl Drop for Kernel {
+    fn drop(&mut self) {
+        if self.ctx.bind_to_thread().is_ok() {
+            // SAFETY: loaded once, unloaded once, nothing in flight (callers synchronise).
             let _ = unsafe { result::module::unload(self.module) };
         }
     }

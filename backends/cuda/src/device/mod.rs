@@ -77,9 +77,18 @@ impl CudaBackend {
         let cc = ctx
             .compute_capability()
             .map_err(drv("cuDeviceComputeCapability"))?;
-        let sms = attr(A::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, "cuDeviceGetAttribute")?;
-        let coop = attr(A::CU_DEVICE_ATTRIBUTE_COOPERATIVE_LAUNCH, "cuDeviceGetAttribute")?;
-        let map = attr(A::CU_DEVICE_ATTRIBUTE_CAN_MAP_HOST_MEMORY, "cuDeviceGetAttribute")?;
+        let sms = attr(
+            A::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT,
+            "cuDeviceGetAttribute",
+        )?;
+        let coop = attr(
+            A::CU_DEVICE_ATTRIBUTE_COOPERATIVE_LAUNCH,
+            "cuDeviceGetAttribute",
+        )?;
+        let map = attr(
+            A::CU_DEVICE_ATTRIBUTE_CAN_MAP_HOST_MEMORY,
+            "cuDeviceGetAttribute",
+        )?;
         let smem_optin = attr(
             A::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN,
             "cuDeviceGetAttribute",
@@ -93,7 +102,9 @@ impl CudaBackend {
             return Err(unsuitable("no cooperative launch"));
         }
         if map != 1 {
-            return Err(unsuitable("cannot map host memory (needed for the abort flag)"));
+            return Err(unsuitable(
+                "cannot map host memory (needed for the abort flag)",
+            ));
         }
         let info = DeviceInfo {
             name: name.clone(),
@@ -181,6 +192,70 @@ impl CudaBackend {
         registry: &Registry,
     ) -> Result<CudaSession, CudaError> {
         CudaSession::load(self, program.program(), program.id(), weights, registry)
+    }
+}
+
+/// A read-only streaming kernel for [`CudaBackend::read_bandwidth`]: 16-byte loads, grid-stride,
+/// an XOR the compiler cannot drop.
+const READ_BW_SOURCE: &str = r#"
+extern "C" __global__ void amk_read_bw(const uint4* __restrict__ p, long long n,
+                                       unsigned int* sink) {
+  unsigned int acc = 0;
+  for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < n;
+       i += (long long)gridDim.x * blockDim.x) {
+    const uint4 v = __ldg(p + i);
+    acc ^= v.x ^ v.y ^ v.z ^ v.w;
+  }
+  if (acc == 0x9e3779b9u) sink[0] = acc;
+}
+"#;
+
+impl CudaBackend {
+    /// This device's read bandwidth in bytes/s: the median of `reps` passes of a streaming
+    /// kernel over `bytes` of random (never zero) data, timed with device events. It is the
+    /// floor's denominator for performance reports (bytes a forward pass must read / this).
+    pub fn read_bandwidth(&self, bytes: usize, reps: usize) -> Result<f64, CudaError> {
+        let ctx = &self.inner.ctx;
+        let cubin = nvrtc::compile_cached(
+            READ_BW_SOURCE,
+            &self.inner.info.arch,
+            Some(&self.inner.cache_dir),
+        )?;
+        let k = driver::Kernel::load(ctx, &cubin, "amk_read_bw")?;
+        let n16 = (bytes / 16).max(1);
+        let mut host = vec![0u8; n16 * 16];
+        let mut s = 0x243f_6a88_85a3_08d3u64;
+        for c in host.chunks_mut(8) {
+            s ^= s << 13;
+            s ^= s >> 7;
+            s ^= s << 17;
+            c.copy_from_slice(&(s | 1).to_le_bytes()[..c.len()]);
+        }
+        let data = driver::DeviceMem::from_slice(ctx, &host)?;
+        drop(host);
+        let sink = driver::DeviceMem::zeroed(ctx, 4)?;
+        let (start, end) = (driver::Event::new(ctx)?, driver::Event::new(ctx)?);
+        let grid = (self.inner.info.sms * 8) as u32;
+        let mut times = Vec::with_capacity(reps);
+        for i in 0..reps + 3 {
+            let (mut p, mut n, mut q) = (data.ptr(), n16 as i64, sink.ptr());
+            let mut params = [
+                &mut p as *mut _ as *mut std::ffi::c_void,
+                &mut n as *mut _ as *mut std::ffi::c_void,
+                &mut q as *mut _ as *mut std::ffi::c_void,
+            ];
+            start.record()?;
+            // SAFETY: (const uint4*, long long, unsigned int*) — two live device pointers.
+            unsafe { k.launch(grid, 512, &mut params)? };
+            end.record()?;
+            end.wait()?;
+            if i >= 3 {
+                times.push(start.elapsed_ms(&end)? as f64);
+            }
+        }
+        times.sort_by(f64::total_cmp);
+        let ms = times[times.len() / 2];
+        Ok((n16 * 16) as f64 / (ms * 1e-3))
     }
 }
 

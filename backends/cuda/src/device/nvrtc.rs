@@ -215,11 +215,7 @@ fn cubin_of(prog: sys::nvrtcProgram) -> Result<Vec<u8>, CudaError> {
 }
 
 fn c_chars_to_string(v: &[c_char]) -> String {
-    let bytes: Vec<u8> = v
-        .iter()
-        .map(|&c| c as u8)
-        .take_while(|&b| b != 0)
-        .collect();
+    let bytes: Vec<u8> = v.iter().map(|&c| c as u8).take_while(|&b| b != 0).collect();
     String::from_utf8_lossy(&bytes).into_owned()
 }
 

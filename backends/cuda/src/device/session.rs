@@ -1,13 +1,12 @@
 //! A program loaded on the device: its memory, tables and the launch loop with the watchdog.
 
-use super::driver::{DeviceMem, Event, MappedFlag, Module, describe};
 use super::CudaBackend;
+use super::driver::{DeviceMem, Event, MappedFlag, Module, describe};
+use crate::CudaError;
 use crate::abi::{AmkDeviceProgram, AmkInstruction, AmkStatus, COUNTER_STRIDE, status};
 use crate::tables::{self, Placement, Tables, pack_params, task_label};
-use crate::CudaError;
 use amk_core::{
-    BackendError, BufferKind, Outputs, ParamPatch, Program, Registry, Session, Tensor,
-    WeightStore,
+    BackendError, BufferKind, Outputs, ParamPatch, Program, Registry, Session, Tensor, WeightStore,
 };
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -156,7 +155,9 @@ impl CudaSession {
                 Placement::Arena { offset, .. } => arena.ptr() + offset,
             };
             if d.ptr == 0 {
-                return Err(CudaError::Layout("a weight buffer has no bound tensor".into()));
+                return Err(CudaError::Layout(
+                    "a weight buffer has no bound tensor".into(),
+                ));
             }
         }
         let descs_mem = DeviceMem::from_slice(ctx, &descs)?;
@@ -275,9 +276,8 @@ impl CudaSession {
             let (off, bytes) = self.arena_range(b)?;
             let mut host = vec![0u8; bytes];
             self.arena.read(off, &mut host)?;
-            let t = Tensor::from_le_bytes(buf.dtype, &buf.shape, &host).map_err(|e| {
-                CudaError::Layout(format!("output '{}': {e}", buf.name))
-            })?;
+            let t = Tensor::from_le_bytes(buf.dtype, &buf.shape, &host)
+                .map_err(|e| CudaError::Layout(format!("output '{}': {e}", buf.name)))?;
             out.tensors.push((buf.name.clone(), t));
         }
         Ok(out)
