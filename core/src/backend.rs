@@ -414,39 +414,6 @@ fn tensor_from_entry(name: &str, info: &Value, data: &[u8]) -> Result<Tensor, St
     Tensor::from_le_bytes(dtype, &shape, bytes).map_err(|e| format!("tensor '{name}': {e}"))
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::sim::SplitMix;
-
-    #[test]
-    fn safetensors_round_trip_and_corruption_is_an_error() {
-        let mut rng = SplitMix(3);
-        let mut s = WeightStore::new();
-        s.insert(
-            "a.weight",
-            Tensor::random(DType::F32, &[3, 5], &mut rng, -1.0, 1.0),
-        );
-        s.insert("b", Tensor::random(DType::BF16, &[7], &mut rng, -1.0, 1.0));
-        s.insert(
-            "ids",
-            Tensor::random(DType::I32, &[2, 2], &mut rng, 0.0, 9.0),
-        );
-        let bytes = s.to_safetensors_bytes();
-        let back = WeightStore::from_safetensors_bytes(&bytes).unwrap();
-        assert_eq!(back.len(), 3);
-        for n in s.names() {
-            assert_eq!(s.get(n), back.get(n));
-        }
-        for cut in [0, 4, 8, 20, bytes.len() - 1] {
-            assert!(
-                WeightStore::from_safetensors_bytes(&bytes[..cut]).is_err(),
-                "cut {cut}"
-            );
-        }
-    }
-}
-
 /// Resolves a step's named IO inputs to buffer indices and checks each value's dtype and
 /// shape against its buffer (every backend's `Session::step` starts here, so they all refuse
 /// the same inputs with the same messages).
@@ -511,5 +478,38 @@ pub fn io_input_never_set(buffer: &crate::ir::Buffer) -> BackendError {
         message: "never set: every IO input must be given at the first step (values persist to \
                   later steps)"
             .into(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::sim::SplitMix;
+
+    #[test]
+    fn safetensors_round_trip_and_corruption_is_an_error() {
+        let mut rng = SplitMix(3);
+        let mut s = WeightStore::new();
+        s.insert(
+            "a.weight",
+            Tensor::random(DType::F32, &[3, 5], &mut rng, -1.0, 1.0),
+        );
+        s.insert("b", Tensor::random(DType::BF16, &[7], &mut rng, -1.0, 1.0));
+        s.insert(
+            "ids",
+            Tensor::random(DType::I32, &[2, 2], &mut rng, 0.0, 9.0),
+        );
+        let bytes = s.to_safetensors_bytes();
+        let back = WeightStore::from_safetensors_bytes(&bytes).unwrap();
+        assert_eq!(back.len(), 3);
+        for n in s.names() {
+            assert_eq!(s.get(n), back.get(n));
+        }
+        for cut in [0, 4, 8, 20, bytes.len() - 1] {
+            assert!(
+                WeightStore::from_safetensors_bytes(&bytes[..cut]).is_err(),
+                "cut {cut}"
+            );
+        }
     }
 }

@@ -443,6 +443,27 @@ impl<'a> Reach<'a> {
     }
 }
 
+/// `next[t]`: the task after `t` in its SM's queue (task-list order), or `NO_NEXT`.
+pub fn queue_successors(p: &Program) -> Vec<TaskId> {
+    let mut next = vec![NO_NEXT; p.tasks.len()];
+    // SM ids are small in practice: index a vector, fall back to a map for odd values.
+    let mut dense = vec![NO_NEXT; 1024];
+    let mut sparse: HashMap<i32, TaskId> = HashMap::new();
+    for (i, t) in p.tasks.iter().enumerate() {
+        if let Some(s) = t.sm {
+            let slot = match usize::try_from(s) {
+                Ok(k) if k < dense.len() => &mut dense[k],
+                _ => sparse.entry(s).or_insert(NO_NEXT),
+            };
+            if *slot != NO_NEXT {
+                next[*slot as usize] = i as TaskId;
+            }
+            *slot = i as TaskId;
+        }
+    }
+    next
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -610,25 +631,4 @@ mod tests {
             assert!(edges.contains(&(w[0], w[1])), "{:?} is not an edge", w);
         }
     }
-}
-
-/// `next[t]`: the task after `t` in its SM's queue (task-list order), or `NO_NEXT`.
-pub fn queue_successors(p: &Program) -> Vec<TaskId> {
-    let mut next = vec![NO_NEXT; p.tasks.len()];
-    // SM ids are small in practice: index a vector, fall back to a map for odd values.
-    let mut dense = vec![NO_NEXT; 1024];
-    let mut sparse: HashMap<i32, TaskId> = HashMap::new();
-    for (i, t) in p.tasks.iter().enumerate() {
-        if let Some(s) = t.sm {
-            let slot = match usize::try_from(s) {
-                Ok(k) if k < dense.len() => &mut dense[k],
-                _ => sparse.entry(s).or_insert(NO_NEXT),
-            };
-            if *slot != NO_NEXT {
-                next[*slot as usize] = i as TaskId;
-            }
-            *slot = i as TaskId;
-        }
-    }
-    next
 }

@@ -190,8 +190,8 @@ pub fn check_instantiated(instantiated: &[&str]) -> CaseResult {
 /// compiles and skips visibly on machines without the device.
 #[macro_export]
 macro_rules! conformance_tests {
-    (maybe: $backend:expr) => {
-        $crate::conformance_tests!(@cases maybe ($backend)
+    (@all $mode:ident ($backend:expr)) => {
+        $crate::conformance_tests!(@cases $mode ($backend)
             op_nop op_copy op_embed op_rmsnorm op_layernorm op_gemv_tile op_gemm_tile
             op_attention_tile op_rope op_silu_mul op_gelu op_add op_mul op_dequant op_softmax
             op_allreduce_shard op_kv_append op_sample_argmax op_attention_combine op_fused
@@ -200,11 +200,13 @@ macro_rules! conformance_tests {
             family_sm_assigned family_paged family_mixture
             llama_pos0 llama_pos3 llama_split_kv llama_sm_pages llama_bf16 llama_wide);
     };
-    (@cases maybe ($backend:expr) $($case:ident)*) => {
+    (@cases $mode:ident ($backend:expr) $($case:ident)*) => {
         $(
             #[test]
             fn $case() -> ::std::result::Result<(), $crate::conformance::Failure> {
-                let Some(backend) = $backend else { return Ok(()) };
+                let Some(backend) = $crate::conformance_tests!(@backend $mode ($backend)) else {
+                    return Ok(());
+                };
                 $crate::conformance::run_case(stringify!($case), &backend)
             }
         )*
@@ -212,29 +214,14 @@ macro_rules! conformance_tests {
         fn every_case_is_instantiated() -> ::std::result::Result<(), $crate::conformance::Failure> {
             $crate::conformance::check_instantiated(&[$(stringify!($case)),*])
         }
+    };
+    (@backend maybe ($backend:expr)) => { $backend };
+    (@backend always ($backend:expr)) => { Some($backend) };
+    (maybe: $backend:expr) => {
+        $crate::conformance_tests!(@all maybe ($backend));
     };
     ($backend:expr) => {
-        $crate::conformance_tests!(@cases ($backend)
-            op_nop op_copy op_embed op_rmsnorm op_layernorm op_gemv_tile op_gemm_tile
-            op_attention_tile op_rope op_silu_mul op_gelu op_add op_mul op_dequant op_softmax
-            op_allreduce_shard op_kv_append op_sample_argmax op_attention_combine op_fused
-            dag_chain dag_fan_in dag_tiled_groups dag_split_kv dag_kv_append_steps
-            family_chain family_fan_in family_tiled family_kv_attention family_split_kv
-            family_sm_assigned family_paged family_mixture
-            llama_pos0 llama_pos3 llama_split_kv llama_sm_pages llama_bf16 llama_wide);
-    };
-    (@cases ($backend:expr) $($case:ident)*) => {
-        $(
-            #[test]
-            fn $case() -> ::std::result::Result<(), $crate::conformance::Failure> {
-                let backend = $backend;
-                $crate::conformance::run_case(stringify!($case), &backend)
-            }
-        )*
-        #[test]
-        fn every_case_is_instantiated() -> ::std::result::Result<(), $crate::conformance::Failure> {
-            $crate::conformance::check_instantiated(&[$(stringify!($case)),*])
-        }
+        $crate::conformance_tests!(@all always ($backend));
     };
 }
 
