@@ -184,7 +184,7 @@ typedef struct amk_status { /*@size 24*/
 } amk_status_t;
 
 /* The kernel's one parameter, passed by value. */
-typedef struct amk_device_program { /*@size 96*/
+typedef struct amk_device_program { /*@size 104*/
   const amk_buffer_t* buffers;            /*@0*/
   const amk_instruction_t* instructions;  /*@8*/
   const amk_instruction_t* fused_steps;   /*@16*/ /* every FUSED task's expanded steps */
@@ -200,6 +200,11 @@ typedef struct amk_device_program { /*@size 96*/
   int32_t n_queues;                       /*@84*/
   int32_t smem_bytes;                     /*@88*/ /* dynamic shared memory per block */
   uint32_t epoch;                         /*@92*/ /* counters wait for threshold * epoch */
+  uint64_t* trace;                        /*@96*/ /* null, or AMK_TRACE_WORDS per task */
 } amk_device_program_t;
+
+/* Per-task trace (when `trace` is set): %globaltimer nanoseconds when the block reached the
+ * task, when its waits were met, when it signalled; then the block that ran it. */
+#define AMK_TRACE_WORDS 4
 
 #endif /* AMK_ABI_H */

@@ -18,6 +18,12 @@
 #define AMK_ABORT_POLL 256     /* spins between reads of the host-mapped abort flag */
 #endif
 
+__device__ __forceinline__ uint64_t amk_globaltimer() {
+  uint64_t t;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+  return t;
+}
+
 __device__ __forceinline__ uint32_t amk_ld_acquire(const amk_counter_t* p) {
   uint32_t v;
   asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
@@ -99,6 +105,8 @@ amk_megakernel(const amk_device_program_t prog) {
   if (q >= prog.n_queues) return;
   for (int i = prog.queue_off[q]; i < prog.queue_off[q + 1]; ++i) {
     const int t = prog.queue_tasks[i];
+    uint64_t* tr = prog.trace ? prog.trace + (long long)t * AMK_TRACE_WORDS : (uint64_t*)0;
+    if (tr && threadIdx.x == 0) { tr[0] = amk_globaltimer(); tr[3] = (uint64_t)q; }
     amk_task_ctx c;
     c.prog = &prog;
     c.inst = &prog.instructions[t];
@@ -109,10 +117,12 @@ amk_megakernel(const amk_device_program_t prog) {
     c.failed = &s_failed;
     if (!amk_check_ids(c)) return;
     if (!amk_wait_all(prog, c.inst, &s_go)) return;
+    if (tr && threadIdx.x == 0) tr[1] = amk_globaltimer();
     amk_dispatch(c);
     __syncthreads();
     if (s_failed) return;
     amk_signal(prog, c.inst->out_counter);
+    if (tr && threadIdx.x == 0) tr[2] = amk_globaltimer();
   }
 }
 

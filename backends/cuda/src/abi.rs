@@ -149,7 +149,12 @@ pub struct AmkDeviceProgram {
     pub n_queues: i32,
     pub smem_bytes: i32,
     pub epoch: u32,
+    /// 0, or [`TRACE_WORDS`] u64 per task (see `amk_abi.h`).
+    pub trace: u64,
 }
+
+/// Words of the per-task trace: reached, ready, done (ns), block.
+pub const TRACE_WORDS: usize = 4;
 
 /// Step flag in `AmkInstruction::sm` of a FUSED step: zero the step's outputs before it runs
 /// (fresh scratch slots start at zero, as in the CPU reference).
@@ -186,7 +191,7 @@ pub fn field_offsets() -> Vec<(&'static str, &'static str, usize)> {
         "counters" => counters, "abort_flag" => abort_flag, "status" => status,
         "n_buffers" => n_buffers, "n_counters" => n_counters,
         "n_instructions" => n_instructions, "n_queues" => n_queues, "smem_bytes" => smem_bytes,
-        "epoch" => epoch);
+        "epoch" => epoch, "trace" => trace);
     v
 }
 
@@ -211,4 +216,4 @@ const _: () = assert!(offset_of!(AmkInstruction, out_counter) == 128);
 const _: () = assert!(offset_of!(AmkInstruction, params) == 136);
 const _: () = assert!(size_of::<AmkInstruction>() == 240);
 const _: () = assert!(size_of::<AmkStatus>() == 24);
-const _: () = assert!(size_of::<AmkDeviceProgram>() == 96);
+const _: () = assert!(size_of::<AmkDeviceProgram>() == 104);

@@ -17,7 +17,7 @@ pub mod tables;
 #[cfg(feature = "cuda")]
 mod device;
 #[cfg(feature = "cuda")]
-pub use device::{CudaBackend, CudaSession, compile_for_arch, driver_present, nvrtc};
+pub use device::{CudaBackend, CudaSession, TaskTrace, compile_for_arch, driver_present, nvrtc};
 #[cfg(not(feature = "cuda"))]
 mod stub;
 #[cfg(not(feature = "cuda"))]

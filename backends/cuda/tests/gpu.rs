@@ -605,6 +605,9 @@ mod perf {
             })
             .collect();
         ms.sort_by(f64::total_cmp);
+        s.enable_trace().unwrap();
+        s.run(&x).unwrap();
+        eprintln!("{name} pos {pos}:\n{}", trace_report(&s));
         let p = v.program();
         let kv_bytes: u64 = p
             .buffers
@@ -632,6 +635,67 @@ mod perf {
                 "no"
             },
         )
+    }
+
+    /// Where one traced step's time goes: per op, how many tasks, their mean and total run
+    /// time, their mean wait; and the handoff latency (a task's waits met → after its last
+    /// producer signalled).
+    fn trace_report(s: &amk_backend_cuda::CudaSession) -> String {
+        use std::collections::BTreeMap;
+        let tr = s.trace().unwrap();
+        let p = s.program();
+        let t0 = tr.iter().map(|t| t.reached).min().unwrap_or(0);
+        let t1 = tr.iter().map(|t| t.done).max().unwrap_or(0);
+        let mut done_of_counter: Vec<u64> = vec![0; p.counters.len()];
+        for t in &tr {
+            let c = p.tasks[t.task].out_counter as usize;
+            done_of_counter[c] = done_of_counter[c].max(t.done);
+        }
+        let mut by_op: BTreeMap<String, (usize, f64, f64)> = BTreeMap::new();
+        let mut handoffs: Vec<f64> = Vec::new();
+        for t in &tr {
+            let task = &p.tasks[t.task];
+            let e = by_op.entry(task.op.to_string()).or_default();
+            e.0 += 1;
+            e.1 += t.done.saturating_sub(t.ready) as f64 / 1e3;
+            e.2 += t.ready.saturating_sub(t.reached) as f64 / 1e3;
+            let last = task
+                .waits
+                .iter()
+                .map(|w| done_of_counter[w.counter as usize])
+                .max();
+            if let Some(last) = last
+                && t.ready > t.reached
+                && last > 0
+            {
+                handoffs.push(t.ready.saturating_sub(last) as f64 / 1e3);
+            }
+        }
+        handoffs.sort_by(f64::total_cmp);
+        let mut out = format!(
+            "  traced step {:.3} ms over {} tasks; handoff (producer signalled -> waiter ready) median {:.2} us, p90 {:.2} us\n  | op | tasks | mean run us | total run ms | mean wait us |\n",
+            (t1 - t0) as f64 / 1e6,
+            tr.len(),
+            if handoffs.is_empty() {
+                0.0
+            } else {
+                quantile(&handoffs, 0.5)
+            },
+            if handoffs.is_empty() {
+                0.0
+            } else {
+                quantile(&handoffs, 0.9)
+            },
+        );
+        for (op, (n, run, wait)) in by_op {
+            out.push_str(&format!(
+                "  | {op} | {n} | {:.2} | {:.3} | {:.2} |\n",
+                run / n as f64,
+                run / 1e3,
+                wait / n as f64
+            ));
+        }
+        out
     }
 
     /// Diagnostic: one decode step of SmolLM2 at many positions (fresh caches), device vs CPU VM,

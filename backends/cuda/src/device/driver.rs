@@ -70,6 +70,11 @@ impl DeviceMem {
         self.ptr
     }
 
+    /// The context this memory belongs to.
+    pub fn context(&self) -> &Arc<CudaContext> {
+        &self.ctx
+    }
+
     /// Copies `data` to byte `offset` (synchronous).
     pub fn write(&self, offset: usize, data: &[u8]) -> Result<(), CudaError> {
         if data.is_empty() {

@@ -5,7 +5,7 @@ mod driver;
 pub mod nvrtc;
 mod session;
 
-pub use session::CudaSession;
+pub use session::{CudaSession, TaskTrace};
 
 use crate::assemble::{Knobs, Megakernel, megakernel_source};
 use crate::{CudaError, CudaOptions, DeviceInfo, arch_for};

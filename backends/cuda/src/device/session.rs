@@ -46,6 +46,22 @@ pub struct CudaSession {
     last_ms: Option<f32>,
     start: Event,
     end: Event,
+    trace: Option<DeviceMem>,
+}
+
+/// When one task ran, from the device's `%globaltimer` (nanoseconds; one clock for all SMs).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TaskTrace {
+    /// Task index.
+    pub task: usize,
+    /// The block (queue) that ran it.
+    pub block: u32,
+    /// When the block reached the task.
+    pub reached: u64,
+    /// When its waits were met.
+    pub ready: u64,
+    /// When it signalled its counter.
+    pub done: u64,
 }
 
 impl std::fmt::Debug for CudaSession {
@@ -188,6 +204,7 @@ impl CudaSession {
             n_queues: grid as i32,
             smem_bytes: smem as i32,
             epoch: 1,
+            trace: 0,
         };
         Ok(CudaSession {
             current: tables.instructions.clone(),
@@ -217,6 +234,7 @@ impl CudaSession {
             last_ms: None,
             start: Event::new(ctx)?,
             end: Event::new(ctx)?,
+            trace: None,
             tables,
         })
     }
@@ -234,6 +252,49 @@ impl CudaSession {
     /// Registers per thread and stack bytes per thread of the megakernel.
     pub fn kernel_resources(&self) -> (i32, i32) {
         (self.module.regs, self.module.local_bytes)
+    }
+
+    /// Records, from the next step on, when every task was reached, ready and done (for
+    /// performance analysis; a few global stores per task).
+    pub fn enable_trace(&mut self) -> Result<(), CudaError> {
+        if self.trace.is_none() {
+            let words = self.program.tasks.len().max(1) * crate::abi::TRACE_WORDS;
+            let mem = DeviceMem::zeroed(self.arena.context(), words * 8)?;
+            self.prog.trace = mem.ptr();
+            self.trace = Some(mem);
+        }
+        Ok(())
+    }
+
+    /// The last step's per-task trace (empty unless [`CudaSession::enable_trace`] was called).
+    pub fn trace(&self) -> Result<Vec<TaskTrace>, CudaError> {
+        let Some(mem) = &self.trace else {
+            return Ok(Vec::new());
+        };
+        let n = self.program.tasks.len();
+        let mut raw = vec![0u8; n * crate::abi::TRACE_WORDS * 8];
+        mem.read(0, &mut raw)?;
+        let w: Vec<u64> = raw
+            .chunks_exact(8)
+            .map(|c| u64::from_le_bytes(c.try_into().unwrap_or([0; 8])))
+            .collect();
+        Ok((0..n)
+            .map(|t| {
+                let r = &w[t * crate::abi::TRACE_WORDS..(t + 1) * crate::abi::TRACE_WORDS];
+                TaskTrace {
+                    task: t,
+                    block: r[3] as u32,
+                    reached: r[0],
+                    ready: r[1],
+                    done: r[2],
+                }
+            })
+            .collect())
+    }
+
+    /// The program this session runs.
+    pub fn program(&self) -> &Program {
+        &self.program
     }
 
     /// Sets the watchdog limit for later steps.
