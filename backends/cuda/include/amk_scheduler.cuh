@@ -14,8 +14,10 @@
 #ifndef AMK_SPIN_SLEEP_NS
 #define AMK_SPIN_SLEEP_NS 32   /* short sleeps: a late wait costs at most this much extra */
 #endif
-#ifndef AMK_ABORT_POLL
-#define AMK_ABORT_POLL 256     /* spins between reads of the host-mapped abort flag */
+#ifndef AMK_ABORT_POLL_NS
+#define AMK_ABORT_POLL_NS 100000 /* ns between reads of the host-mapped abort flag (a PCIe
+                                    round trip: polled by time, not by spins, so that many
+                                    idle blocks do not flood the bus) */
 #endif
 
 __device__ __forceinline__ uint64_t amk_globaltimer() {
@@ -44,12 +46,21 @@ __device__ __forceinline__ bool amk_wait_all(const amk_device_program_t& prog,
       const amk_counter_t* c = prog.counters + (long long)in->wait_counter[w] * AMK_COUNTER_STRIDE;
       const uint32_t target = (uint32_t)in->wait_threshold[w] * prog.epoch;
       uint32_t spins = 0;
+      uint64_t next_poll = 0;
       while (amk_ld_acquire(c) < target) {
         ++spins;
         if (spins > AMK_SPIN_TIGHT) __nanosleep(AMK_SPIN_SLEEP_NS);
-        if (spins % AMK_ABORT_POLL == 0 && *prog.abort_flag != 0) {
-          ok = 0;
-          break;
+        if ((spins & 63) == 0) {
+          const uint64_t now = amk_globaltimer();
+          if (next_poll == 0) {
+            next_poll = now + AMK_ABORT_POLL_NS;
+          } else if (now >= next_poll) {
+            if (*prog.abort_flag != 0) {
+              ok = 0;
+              break;
+            }
+            next_poll = now + AMK_ABORT_POLL_NS;
+          }
         }
       }
     }

@@ -525,6 +525,7 @@ mod perf {
     fn step_logits(
         backend: &dyn Backend,
         m: &Model,
+        cfg: &ScheduleConfig,
         dtype: DType,
         pos: u64,
     ) -> (Vec<f32>, amk_core::ValidatedProgram, WeightStore) {
@@ -536,7 +537,7 @@ mod perf {
             pos,
             ..LowerOptions::default()
         };
-        let lowered = lower(m, &ScheduleConfig::default(), &target, &opts).unwrap();
+        let lowered = lower(m, cfg, &target, &opts).unwrap();
         let v = validate_owned(lowered.program, &reg)
             .map_err(|r| r.report())
             .unwrap();
@@ -580,12 +581,13 @@ mod perf {
         gpu: &CudaBackend,
         cpu: &CpuBackend,
         m: &Model,
+        cfg: &ScheduleConfig,
         name: &str,
         pos: u64,
         bw: f64,
     ) -> String {
-        let (want, _, _) = step_logits(cpu, m, DType::F32, pos);
-        let (cpu16, v, weights) = step_logits(cpu, m, DType::BF16, pos);
+        let (want, _, _) = step_logits(cpu, m, cfg, DType::F32, pos);
+        let (cpu16, v, weights) = step_logits(cpu, m, cfg, DType::BF16, pos);
         let reg = registry();
         let mut s = gpu.load_session(&v, &weights, &reg).unwrap();
         let x = inputs(m, pos);
@@ -698,6 +700,61 @@ mod perf {
         out
     }
 
+    /// Diagnostic: SmolLM2 and the 1B shape under other schedules (SM assignment, GEMV width,
+    /// split-KV), same gate and timing as `perf_report`.
+    #[test]
+    #[ignore = "diagnostic: run on a GPU with --run-ignored"]
+    fn schedule_variants() {
+        let Some(gpu) = gpu_or_skip("schedule_variants") else {
+            return;
+        };
+        let bw = gpu.read_bandwidth(2 << 30, 20).unwrap();
+        let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
+        let cpu = CpuBackend::new(amk_backend_cpu::CpuOptions {
+            threads,
+            ..Default::default()
+        });
+        let cfg = |j: &str| amk_core::codec::schedule_config_from_json(j).unwrap();
+        let variants = [
+            ("round_robin", r#"{"sm_assignment": "round_robin"}"#),
+            ("N_tile 128", r#"{"tiling": {"gemv": {"N_tile": 128}}}"#),
+            (
+                "split-KV 8",
+                r#"{"tiling": {"attention": {"n_partitions": 8}}}"#,
+            ),
+        ];
+        let mut rows = Vec::new();
+        if let Some(path) = std::env::var_os("AMK_TEST_GGUF") {
+            let m = amk_model_llama::gguf_import::import_gguf(std::path::Path::new(&path)).unwrap();
+            for (name, j) in &variants {
+                for pos in [0, 511] {
+                    rows.push(point(
+                        &gpu,
+                        &cpu,
+                        &m,
+                        &cfg(j),
+                        &format!("SmolLM2 {name}"),
+                        pos,
+                        bw,
+                    ));
+                }
+            }
+        }
+        let m = llama_1b_random();
+        for (name, j) in &variants[2..] {
+            rows.push(point(
+                &gpu,
+                &cpu,
+                &m,
+                &cfg(j),
+                &format!("1B {name}"),
+                511,
+                bw,
+            ));
+        }
+        eprintln!("{}", rows.join("\n"));
+    }
+
     /// Diagnostic: one decode step of SmolLM2 at many positions (fresh caches), device vs CPU VM,
     /// f32 and bf16; prints the relative logit error per position.
     #[test]
@@ -788,7 +845,15 @@ mod perf {
         if let Some(path) = std::env::var_os("AMK_TEST_GGUF") {
             let m = amk_model_llama::gguf_import::import_gguf(std::path::Path::new(&path)).unwrap();
             for pos in [0, 511] {
-                rows.push(point(&gpu, &cpu, &m, "SmolLM2-135M", pos, bw));
+                rows.push(point(
+                    &gpu,
+                    &cpu,
+                    &m,
+                    &ScheduleConfig::default(),
+                    "SmolLM2-135M",
+                    pos,
+                    bw,
+                ));
             }
         } else {
             eprintln!("SmolLM2 skipped: AMK_TEST_GGUF is not set");
@@ -799,6 +864,7 @@ mod perf {
                 &gpu,
                 &cpu,
                 &m,
+                &ScheduleConfig::default(),
                 "Llama-3.2-1B shape (random)",
                 pos,
                 bw,
