@@ -14,6 +14,12 @@
 #ifndef AMK_SPIN_SLEEP_NS
 #define AMK_SPIN_SLEEP_NS 32   /* short sleeps: a late wait costs at most this much extra */
 #endif
+#ifndef AMK_SPIN_BACKOFF1
+#define AMK_SPIN_BACKOFF1 256  /* spins before sleeping 16x longer */
+#endif
+#ifndef AMK_SPIN_BACKOFF2
+#define AMK_SPIN_BACKOFF2 1024 /* spins before sleeping 64x longer (2 us) */
+#endif
 #ifndef AMK_ABORT_POLL_NS
 #define AMK_ABORT_POLL_NS 100000 /* ns between reads of the host-mapped abort flag (a PCIe
                                     round trip: polled by time, not by spins, so that many
@@ -49,7 +55,13 @@ __device__ __forceinline__ bool amk_wait_all(const amk_device_program_t& prog,
       uint64_t next_poll = 0;
       while (amk_ld_acquire(c) < target) {
         ++spins;
-        if (spins > AMK_SPIN_TIGHT) __nanosleep(AMK_SPIN_SLEEP_NS);
+        /* Short waits stay tight (a late wake costs at most AMK_SPIN_SLEEP_NS); long waits
+           (a layer's attention) back off so that idle blocks do not load the L2 lines the
+           working blocks need. */
+        if (spins > AMK_SPIN_TIGHT)
+          __nanosleep(spins < AMK_SPIN_BACKOFF1 ? AMK_SPIN_SLEEP_NS
+                      : spins < AMK_SPIN_BACKOFF2 ? AMK_SPIN_SLEEP_NS * 16
+                                                  : AMK_SPIN_SLEEP_NS * 64);
         if ((spins & 63) == 0) {
           const uint64_t now = amk_globaltimer();
           if (next_poll == 0) {
