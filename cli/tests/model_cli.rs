@@ -4,7 +4,9 @@
 //! a typed message with exit status 2, never a panic.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // test file
 
+mod common;
 use amk_core::WeightStore;
+use common::{backend_line, gpu};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
@@ -357,21 +359,6 @@ fn bad_arguments_are_typed_errors_with_exit_2() {
     assert_eq!(json(&o)["error"]["kind"], "usage");
 }
 
-/// What `CudaBackend::new` gives here: the device line, or why there is none.
-fn gpu() -> Result<String, String> {
-    amk_backend_cuda::CudaBackend::new(amk_backend_cuda::CudaOptions::default())
-        .map(|b| b.info().to_string())
-        .map_err(|e| e.to_string())
-}
-
-/// The one `backend: ...` line on stderr.
-fn backend_line(o: &Output) -> String {
-    let err = String::from_utf8_lossy(&o.stderr).into_owned();
-    let lines: Vec<&str> = err.lines().filter(|l| l.starts_with("backend:")).collect();
-    assert_eq!(lines.len(), 1, "one backend line expected\n{}", text(o));
-    lines[0].to_string()
-}
-
 #[test]
 fn backend_choice_on_generate_and_perplexity() {
     let d = tiny_with_tokenizer("tiny-mqa", "backend");
@@ -418,14 +405,7 @@ fn backend_choice_on_generate_and_perplexity() {
             );
         }
         Err(why) => {
-            assert!(
-                line.starts_with("backend: cpu (cuda unavailable:"),
-                "{line}"
-            );
-            assert!(line.contains(why.lines().next().unwrap()), "{line}");
-            if !cfg!(feature = "cuda") {
-                assert!(line.contains("built without the `cuda` feature"), "{line}");
-            }
+            common::assert_cpu_fallback(&line, &why);
             assert_eq!(v, cpu);
         }
     }

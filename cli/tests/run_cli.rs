@@ -3,10 +3,12 @@
 //! bad input mapped to its exit code with a message naming the buffer.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // test file
 
+mod common;
 use amk_core::json::{Map, Value};
 use amk_core::sim::SplitMix;
 use amk_core::testkit::random_nonzero;
 use amk_core::{BufferKind, DType, Opcode, Program, Tensor, WeightStore};
+use common::{backend_line, gpu};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
@@ -524,21 +526,6 @@ fn rejected_and_unreadable_programs() {
     assert!(stderr(&out).contains("absent.json"), "{}", stderr(&out));
 }
 
-/// What `CudaBackend::new` gives here: the device line, or why there is none.
-fn gpu() -> Result<String, String> {
-    amk_backend_cuda::CudaBackend::new(amk_backend_cuda::CudaOptions::default())
-        .map(|b| b.info().to_string())
-        .map_err(|e| e.to_string())
-}
-
-/// The `backend: ...` line on stderr (exactly one).
-fn backend_line(out: &Output) -> String {
-    let err = stderr(out);
-    let lines: Vec<&str> = err.lines().filter(|l| l.starts_with("backend:")).collect();
-    assert_eq!(lines.len(), 1, "one backend line expected: {err}");
-    lines[0].to_string()
-}
-
 #[test]
 fn backend_choice_is_announced_on_stderr() {
     let f = fixture("backend");
@@ -581,14 +568,7 @@ fn backend_choice_is_announced_on_stderr() {
                 assert_eq!(doc["outputs"]["best"]["data"], serde_json::json!([best]));
             }
             Err(why) => {
-                assert!(
-                    line.starts_with("backend: cpu (cuda unavailable:"),
-                    "{line}"
-                );
-                assert!(line.contains(why.lines().next().unwrap()), "{line}");
-                if !cfg!(feature = "cuda") {
-                    assert!(line.contains("built without the `cuda` feature"), "{line}");
-                }
+                common::assert_cpu_fallback(&line, &why);
                 assert_eq!(doc, cpu_doc, "{extra:?}");
             }
         }

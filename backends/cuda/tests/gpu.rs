@@ -20,6 +20,20 @@ fn registry() -> Registry {
     amk_ops::registry().unwrap()
 }
 
+/// The CPU VM on every core (the oracle the device is compared with).
+fn cpu_vm() -> CpuBackend {
+    CpuBackend::new(amk_backend_cpu::CpuOptions {
+        threads: std::thread::available_parallelism().map_or(1, |n| n.get()),
+        ..Default::default()
+    })
+}
+
+/// SmolLM2 from `$AMK_TEST_GGUF`, if set (never fetched: a GPU machine may have no network).
+fn smollm2_from_env() -> Option<amk_model_llama::Model> {
+    let path = std::env::var_os("AMK_TEST_GGUF")?;
+    Some(amk_model_llama::gguf_import::import_gguf(std::path::Path::new(&path)).unwrap())
+}
+
 /// The built-in ops plus the example plugin's op, loaded from its shared library (built with
 /// the workspace; `$AMK_TEST_PLUGIN` names it where the tests run from an archive), exactly as
 /// `amk --plugin` loads it: its CUDA source comes from the library's descriptor.
@@ -352,11 +366,11 @@ mod smollm2 {
     const HF: &str = include_str!("../../../tests/reference/smollm2_hf.json");
 
     fn model(test: &str) -> Option<Model> {
-        let Some(path) = std::env::var_os("AMK_TEST_GGUF") else {
+        let m = smollm2_from_env();
+        if m.is_none() {
             skip(test, &"AMK_TEST_GGUF is not set (the SmolLM2 GGUF)");
-            return None;
-        };
-        Some(amk_model_llama::gguf_import::import_gguf(std::path::Path::new(&path)).unwrap())
+        }
+        m
     }
 
     fn engine(m: &Model, backend: &dyn Backend, dtype: DType, max_seq: u64) -> Engine {
@@ -409,11 +423,7 @@ mod smollm2 {
         let name = "smollm2_f32_logits_match_the_cpu_vm";
         let Some(gpu) = gpu_or_skip(name) else { return };
         let Some(m) = model(name) else { return };
-        let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
-        let cpu_backend = CpuBackend::new(amk_backend_cpu::CpuOptions {
-            threads,
-            ..Default::default()
-        });
+        let cpu_backend = cpu_vm();
         let mut cpu = engine(&m, &cpu_backend, DType::F32, 64);
         let mut dev = engine(&m, &gpu, DType::F32, 64);
         let (_, prompt, _, _) = prompts().into_iter().next().unwrap();
@@ -709,11 +719,7 @@ mod perf {
             return;
         };
         let bw = gpu.read_bandwidth(2 << 30, 20).unwrap();
-        let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
-        let cpu = CpuBackend::new(amk_backend_cpu::CpuOptions {
-            threads,
-            ..Default::default()
-        });
+        let cpu = cpu_vm();
         let cfg = |j: &str| amk_core::codec::schedule_config_from_json(j).unwrap();
         let variants = [
             ("round_robin", r#"{"sm_assignment": "round_robin"}"#),
@@ -724,8 +730,7 @@ mod perf {
             ),
         ];
         let mut rows = Vec::new();
-        if let Some(path) = std::env::var_os("AMK_TEST_GGUF") {
-            let m = amk_model_llama::gguf_import::import_gguf(std::path::Path::new(&path)).unwrap();
+        if let Some(m) = smollm2_from_env() {
             for (name, j) in &variants {
                 for pos in [0, 511] {
                     rows.push(point(
@@ -763,17 +768,12 @@ mod perf {
         let Some(gpu) = gpu_or_skip("kv_length_sweep") else {
             return;
         };
-        let Some(path) = std::env::var_os("AMK_TEST_GGUF") else {
+        let Some(m) = smollm2_from_env() else {
             return;
         };
-        let m = amk_model_llama::gguf_import::import_gguf(std::path::Path::new(&path)).unwrap();
         let reg = registry();
         let target = GpuTarget::by_name("h100").unwrap();
-        let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
-        let cpu_backend = CpuBackend::new(amk_backend_cpu::CpuOptions {
-            threads,
-            ..Default::default()
-        });
+        let cpu_backend = cpu_vm();
         for dtype in [DType::F32, DType::BF16] {
             for pos in [
                 0u64, 31, 32, 33, 64, 127, 128, 129, 200, 255, 256, 257, 300, 400, 511,
@@ -803,14 +803,9 @@ mod perf {
                     .to_f32_vec();
                 let mut s = gpu.load_session(&v, &lowered.weights, &reg).unwrap();
                 let got = s.run(&inputs).unwrap().get("logits").unwrap().to_f32_vec();
-                let scale = want.iter().fold(0f32, |a, &w| a.max(w.abs()));
-                let err = got
-                    .iter()
-                    .zip(&want)
-                    .fold(0f32, |a, (&g, &w)| a.max((g - w).abs()));
                 eprintln!(
                     "{dtype} pos {pos}: relative error {:e}, argmax {} vs {}",
-                    err / scale,
+                    rel(&got, &want),
                     argmax(&got),
                     argmax(&want)
                 );
@@ -825,11 +820,7 @@ mod perf {
             return;
         };
         let bw = gpu.read_bandwidth(2 << 30, 20).unwrap();
-        let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
-        let cpu = CpuBackend::new(amk_backend_cpu::CpuOptions {
-            threads,
-            ..Default::default()
-        });
+        let cpu = cpu_vm();
         let (regs, stack) = {
             let reg = registry();
             let (p, _) = copy_chain();
@@ -842,8 +833,7 @@ mod perf {
             "| model | pos | median ms | p10 | p90 | MB read | floor ms | % of floor | blocks | bf16 err vs f32: device / CPU VM | argmax = f32 |".into(),
             "|---|---|---|---|---|---|---|---|---|---|---|".into(),
         ];
-        if let Some(path) = std::env::var_os("AMK_TEST_GGUF") {
-            let m = amk_model_llama::gguf_import::import_gguf(std::path::Path::new(&path)).unwrap();
+        if let Some(m) = smollm2_from_env() {
             for pos in [0, 511] {
                 rows.push(point(
                     &gpu,

@@ -1,0 +1,33 @@
+//! Helpers shared by the CLI tests that check `--backend`.
+
+use std::process::Output;
+
+/// The device `--backend auto` would pick, or why there is none (as the CLI reports it).
+pub fn gpu() -> Result<String, String> {
+    amk_backend_cuda::CudaBackend::new(amk_backend_cuda::CudaOptions::default())
+        .map(|b| b.info().to_string())
+        .map_err(|e| e.to_string())
+}
+
+/// The one `backend: ...` line on stderr.
+pub fn backend_line(o: &Output) -> String {
+    let err = String::from_utf8_lossy(&o.stderr).into_owned();
+    let lines: Vec<&str> = err.lines().filter(|l| l.starts_with("backend:")).collect();
+    assert_eq!(lines.len(), 1, "one backend line expected: {err}");
+    lines[0].to_string()
+}
+
+/// `line` says the CPU VM runs because CUDA is unavailable for the reason `why`.
+pub fn assert_cpu_fallback(line: &str, why: &str) {
+    assert!(
+        line.starts_with("backend: cpu (cuda unavailable:"),
+        "{line}"
+    );
+    assert!(
+        line.contains(why.lines().next().unwrap_or_default()),
+        "{line}"
+    );
+    if !cfg!(feature = "cuda") {
+        assert!(line.contains("built without the `cuda` feature"), "{line}");
+    }
+}
