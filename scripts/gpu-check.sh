@@ -6,10 +6,23 @@
 #   scripts/gpu-check.sh split-model F    # here: the GGUF in two parts → gpu-carry/b, gpu-carry/c
 #   scripts/gpu-check.sh run [FILTER]     # there: keep gpu-carry/a in $AMK_HOME, run the tests (-j 1)
 #   scripts/gpu-check.sh join-model       # there: gpu-carry/b + gpu-carry/c → $AMK_HOME/model.gguf
+#   scripts/gpu-check.sh bench [SHAPE..]  # there: amk bench per shape (POS, BENCH_ARGS, BENCH_OUT)
+#   scripts/gpu-check.sh compare [SHAPE..] # there: amk bench + the PyTorch baseline, ratio table
 set -euo pipefail
 cd "$(dirname "$0")/.."
 CARRY=gpu-carry
 AMK_HOME=${AMK_HOME:-$HOME/amk-gpu}
+
+# Keep what gpu-carry/a brought outside the checkout, so later runs need only the model.
+install() {
+    mkdir -p "$AMK_HOME/x"
+    if [ -d "$CARRY/a" ]; then
+        cp "$CARRY/a"/gpu.tar.zst "$CARRY/a"/amk "$CARRY/a"/libamk_plugin_example_gelu_tanh.so "$AMK_HOME/"
+        gunzip -c "$CARRY/a/cargo-nextest.gz" > "$AMK_HOME/cargo-nextest"
+        chmod +x "$AMK_HOME/cargo-nextest" "$AMK_HOME/amk"
+    fi
+    export AMK_CUDA_CACHE="$AMK_HOME/cubin"
+}
 
 case "${1:-}" in
 build)
@@ -40,14 +53,8 @@ join-model)
     echo "$(cat "$AMK_HOME/model.sha256")  $AMK_HOME/model.gguf" | sha256sum -c -
     ;;
 run)
-    # Keep what gpu-carry/a brought outside the checkout, so later runs need only the model.
-    mkdir -p "$AMK_HOME/x"
-    if [ -d "$CARRY/a" ]; then
-        cp "$CARRY/a"/gpu.tar.zst "$CARRY/a"/amk "$CARRY/a"/libamk_plugin_example_gelu_tanh.so "$AMK_HOME/"
-        gunzip -c "$CARRY/a/cargo-nextest.gz" > "$AMK_HOME/cargo-nextest"
-        chmod +x "$AMK_HOME/cargo-nextest" "$AMK_HOME/amk"
-    fi
-    export AMK_REQUIRE_GPU=1 AMK_CUDA_CACHE="$AMK_HOME/cubin"
+    install
+    export AMK_REQUIRE_GPU=1
     export AMK_TEST_PLUGIN="$AMK_HOME/libamk_plugin_example_gelu_tanh.so"
     if [ -f "$AMK_HOME/model.gguf" ]; then export AMK_TEST_GGUF="$AMK_HOME/model.gguf"; fi
     nvidia-smi -L || true
@@ -61,8 +68,30 @@ run)
         -j 1 --no-fail-fast --success-output final --failure-output final \
         --run-ignored "$ignored" -E "$filter"
     ;;
+bench)
+    install
+    shift
+    out=${BENCH_OUT:-$AMK_HOME/bench}
+    mkdir -p "$out"
+    status=0
+    for s in ${*:-smollm2-135m llama-3.2-1b llama-3.1-8b}; do
+        # shellcheck disable=SC2086 # BENCH_ARGS is a list of flags
+        "$AMK_HOME/amk" bench --shape "$s" --pos "${POS:-0,511}" ${BENCH_ARGS:-} \
+            > "$out/$s.md" 2> "$out/$s.err" || status=$?
+        grep -h "^| $s\|GATE\|^error" "$out/$s.md" "$out/$s.err" || true
+    done
+    exit $status
+    ;;
+compare)
+    install
+    shift
+    shapes=$(echo "${*:-smollm2-135m llama-3.2-1b llama-3.1-8b}" | tr ' ' ',')
+    mkdir -p "${BENCH_OUT:-$AMK_HOME/bench}"
+    python3 bench/compare.py --amk "$AMK_HOME/amk" --shapes "$shapes" --pos "${POS:-0,511}" \
+        --json-out "${BENCH_OUT:-$AMK_HOME/bench}/compare.json"
+    ;;
 *)
-    sed -n '2,9p' "$0"
+    sed -n '2,11p' "$0"
     exit 2
     ;;
 esac

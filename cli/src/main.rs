@@ -2,6 +2,7 @@
 //! and maps outcomes to exit codes.
 
 mod backend_choice;
+mod bench_cmd;
 mod model_cmd;
 mod ops_cmd;
 mod registry;
@@ -45,6 +46,10 @@ enum Command {
     /// Teacher-forced perplexity of a model on a text file.
     #[command(after_help = model_cmd::AFTER_HELP)]
     Perplexity(model_cmd::PerplexityArgs),
+    /// Time one decode step on the GPU (median/p10/p90 over many launches) against the
+    /// bandwidth floor, after a correctness gate against an f32 reference.
+    #[command(after_help = bench_cmd::AFTER_HELP)]
+    Bench(bench_cmd::BenchArgs),
 }
 
 fn main() -> ExitCode {
@@ -57,5 +62,6 @@ fn main() -> ExitCode {
         Command::Lower(args) => model_cmd::run_lower(&args),
         Command::Generate(args) => model_cmd::run_generate(&args),
         Command::Perplexity(args) => model_cmd::run_perplexity(&args),
+        Command::Bench(args) => bench_cmd::run(&args),
     }
 }

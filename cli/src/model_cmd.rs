@@ -40,6 +40,12 @@ pub enum ModelCmdError {
     /// Writing output failed.
     #[error("{0}")]
     Io(#[from] std::io::Error),
+    /// The GPU failed while loading or running (benchmarks).
+    #[error("{0}")]
+    Device(#[from] amk_backend_cuda::CudaError),
+    /// A benchmark's half-precision output disagreed with its f32 reference.
+    #[error("correctness gate failed: {0}")]
+    Gate(String),
 }
 
 impl ModelCmdError {
@@ -47,7 +53,9 @@ impl ModelCmdError {
     /// the lowered program, 2 for everything the user can fix.
     pub fn exit_code(&self) -> u8 {
         match self {
-            ModelCmdError::Model(ModelError::Backend(_)) => 3,
+            ModelCmdError::Model(ModelError::Backend(_))
+            | ModelCmdError::Device(_)
+            | ModelCmdError::Gate(_) => 3,
             ModelCmdError::Model(ModelError::Invalid(_)) => 1,
             _ => 2,
         }
@@ -62,6 +70,8 @@ impl ModelCmdError {
             ModelCmdError::Model(_) => "model",
             ModelCmdError::Registry(_) => "registry",
             ModelCmdError::Io(_) => "io",
+            ModelCmdError::Device(_) => "backend",
+            ModelCmdError::Gate(_) => "gate",
         }
     }
 }
@@ -211,7 +221,7 @@ pub fn import_model(path: &Path) -> Result<Model, ModelCmdError> {
     )))
 }
 
-fn parse_dtype(s: &str) -> Result<DType, ModelCmdError> {
+pub fn parse_dtype(s: &str) -> Result<DType, ModelCmdError> {
     match s.to_ascii_lowercase().as_str() {
         "f32" | "float32" => Ok(DType::F32),
         "f16" | "float16" => Ok(DType::F16),
@@ -222,7 +232,7 @@ fn parse_dtype(s: &str) -> Result<DType, ModelCmdError> {
     }
 }
 
-fn registry() -> Result<Registry, ModelCmdError> {
+pub fn registry() -> Result<Registry, ModelCmdError> {
     crate::registry::registry().map_err(ModelCmdError::Registry)
 }
 
@@ -234,27 +244,36 @@ struct Prepared {
     lower_s: f64,
 }
 
-fn prepare(a: &ModelArgs, pos: u64, argmax: bool) -> Result<Prepared, ModelCmdError> {
-    let cfg = match &a.config {
-        None => ScheduleConfig::default(),
+/// The ScheduleConfig in `path` (JSON), or the default.
+pub fn schedule_config(path: Option<&Path>) -> Result<ScheduleConfig, ModelCmdError> {
+    match path {
+        None => Ok(ScheduleConfig::default()),
         Some(p) => {
             let text = std::fs::read_to_string(p)
                 .map_err(|e| ModelCmdError::Usage(format!("{}: {e}", p.display())))?;
             amk_core::codec::schedule_config_from_json(&text)
-                .map_err(|e| ModelCmdError::Usage(format!("{}: {e}", p.display())))?
+                .map_err(|e| ModelCmdError::Usage(format!("{}: {e}", p.display())))
         }
-    };
-    let target = GpuTarget::by_name(&a.target).ok_or_else(|| {
+    }
+}
+
+/// The built-in GPU target `name`; an unknown name lists the known ones.
+pub fn target_named(name: &str) -> Result<GpuTarget, ModelCmdError> {
+    GpuTarget::by_name(name).ok_or_else(|| {
         ModelCmdError::Usage(format!(
-            "--target {}: unknown GPU (known: {})",
-            a.target,
+            "--target {name}: unknown GPU (known: {})",
             GpuTarget::builtin()
                 .iter()
                 .map(|t| t.name.clone())
                 .collect::<Vec<_>>()
                 .join(", ")
         ))
-    })?;
+    })
+}
+
+fn prepare(a: &ModelArgs, pos: u64, argmax: bool) -> Result<Prepared, ModelCmdError> {
+    let cfg = schedule_config(a.config.as_deref())?;
+    let target = target_named(&a.target)?;
     let dtype = parse_dtype(&a.dtype)?;
     let path = resolve_model(a.model.as_deref(), a.json)?;
     let t0 = Instant::now();
@@ -286,7 +305,7 @@ fn tokenizer(model: &Model) -> Result<&Tokenizer, ModelCmdError> {
     })
 }
 
-fn finish(json: bool, r: Result<(), ModelCmdError>) -> ExitCode {
+pub fn finish(json: bool, r: Result<(), ModelCmdError>) -> ExitCode {
     match r {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {

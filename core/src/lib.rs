@@ -16,6 +16,7 @@ pub mod json;
 pub mod opcheck;
 pub mod registry;
 pub mod sim;
+pub mod synth;
 pub mod tensor;
 pub mod testkit;
 pub mod validate;

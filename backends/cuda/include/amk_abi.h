@@ -183,8 +183,15 @@ typedef struct amk_status { /*@size 24*/
   int64_t detail;     /*@16*/
 } amk_status_t;
 
+/* A byte range of global memory to pull into L2 before a task's wait (its weight rows): the
+ * weights do not depend on any counter, so their first bytes stream while the block waits. */
+typedef struct amk_prefetch { /*@size 16*/
+  uint64_t addr;      /*@0*/ /* device address, 0 = none */
+  uint64_t bytes;     /*@8*/
+} amk_prefetch_t;
+
 /* The kernel's one parameter, passed by value. */
-typedef struct amk_device_program { /*@size 104*/
+typedef struct amk_device_program { /*@size 112*/
   const amk_buffer_t* buffers;            /*@0*/
   const amk_instruction_t* instructions;  /*@8*/
   const amk_instruction_t* fused_steps;   /*@16*/ /* every FUSED task's expanded steps */
@@ -201,6 +208,7 @@ typedef struct amk_device_program { /*@size 104*/
   int32_t smem_bytes;                     /*@88*/ /* dynamic shared memory per block */
   uint32_t epoch;                         /*@92*/ /* counters wait for threshold * epoch */
   uint64_t* trace;                        /*@96*/ /* null, or AMK_TRACE_WORDS per task */
+  const amk_prefetch_t* prefetch;         /*@104*/ /* n_instructions ranges (bytes 0 = none) */
 } amk_device_program_t;
 
 /* Per-task trace (when `trace` is set): %globaltimer nanoseconds when the block reached the

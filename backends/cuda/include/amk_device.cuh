@@ -22,6 +22,15 @@
 #endif
 #define AMK_WARPS (AMK_THREADS / 32)
 
+#ifndef AMK_PF_FIRST
+#define AMK_PF_FIRST (128 * 1024) /* bytes of a task's weights pulled into L2 before its wait */
+#endif
+
+/* An L2 prefetch of the 128-byte line holding `p` (a hint: never faults, holds no register). */
+__device__ __forceinline__ void amk_prefetch_l2(const void* p) {
+  asm volatile("prefetch.global.L2 [%0];" ::"l"(p));
+}
+
 struct amk_task_ctx {
   const amk_device_program_t* prog;
   const amk_instruction_t* inst;
@@ -304,18 +313,34 @@ __device__ __forceinline__ int amk_raw_size(int dt) {
   }
 }
 
-/* Elements 8u .. 8u+7 of an F32/BF16/F16 array as f32 (exact, as amk_ld): one or two 16-byte
- * loads, so the base must be 16-byte aligned. */
-__device__ __forceinline__ void amk_ld8(const void* p, int dt, long long u, float* f) {
-  if (dt == AMK_F32) {
-    const uint4* q = (const uint4*)p + 2 * u;
-    const uint4 a = q[0], b = q[1];
+/* 16-byte alignment of a buffer base (the vector paths need it; arena buffers are 256-aligned). */
+__device__ __forceinline__ bool amk_al16(const void* p) {
+  return (((unsigned long long)p) & 15ull) == 0;
+}
+
+/* The raw bits of elements 8u .. 8u+7 of an F32/BF16/F16 array: one 16-byte load (a; b is 0)
+ * for 16-bit dtypes, two (a, b) for F32; the base must be 16-byte aligned. Branch-free, so a
+ * caller can put several in flight before it converts any (amk_cvt8). W32 = false: the caller
+ * knows dt is BF16 or F16 (one load, b = 0, no registers for b once inlined). */
+template <bool W32 = true>
+__device__ __forceinline__ void amk_ld8_raw(const void* p, int dt, long long u, uint4& a,
+                                            uint4& b) {
+  const bool f32 = W32 && dt == AMK_F32;
+  const uint4* q = (const uint4*)p + (f32 ? 2 * u : u);
+  a = q[0];
+  b = make_uint4(0u, 0u, 0u, 0u);
+  if (f32) b = q[1];
+}
+
+/* The 8 f32 values of amk_ld8_raw's bits (exact, as amk_ld). W32 = false: dt is BF16 or F16. */
+template <bool W32 = true>
+__device__ __forceinline__ void amk_cvt8(int dt, const uint4& a, const uint4& b, float* f) {
+  if (W32 && dt == AMK_F32) {
     f[0] = __uint_as_float(a.x); f[1] = __uint_as_float(a.y);
     f[2] = __uint_as_float(a.z); f[3] = __uint_as_float(a.w);
     f[4] = __uint_as_float(b.x); f[5] = __uint_as_float(b.y);
     f[6] = __uint_as_float(b.z); f[7] = __uint_as_float(b.w);
   } else {
-    const uint4 a = ((const uint4*)p)[u];
     const uint32_t w[4] = {a.x, a.y, a.z, a.w};
 #pragma unroll
     for (int k = 0; k < 4; ++k) {
@@ -329,6 +354,14 @@ __device__ __forceinline__ void amk_ld8(const void* p, int dt, long long u, floa
       }
     }
   }
+}
+
+/* Elements 8u .. 8u+7 of an F32/BF16/F16 array as f32 (exact, as amk_ld): one or two 16-byte
+ * loads, so the base must be 16-byte aligned. */
+__device__ __forceinline__ void amk_ld8(const void* p, int dt, long long u, float* f) {
+  uint4 a, b;
+  amk_ld8_raw(p, dt, u, a, b);
+  amk_cvt8(dt, a, b, f);
 }
 
 /* Stores f[0..8) at elements 8u .. 8u+7 of an F32/BF16/F16 array, cast on store exactly as
@@ -380,36 +413,102 @@ __device__ __forceinline__ void amk_each_out(const amk_buffer_t* out, long long 
   for (long long i = lo + threadIdx.x; i < n; i += AMK_THREADS) g(i);
 }
 
+/* Vectors of 8 elements each thread has in flight per round in amk_ew_apply: W32 (some input is
+ * F32, two 16-byte loads a vector) and 16-bit inputs (one). */
+#ifndef AMK_EW_UNROLL32
+#define AMK_EW_UNROLL32 4
+#endif
+#ifndef AMK_EW_UNROLL16
+#define AMK_EW_UNROLL16 8
+#endif
+
+/* The vector body of amk_ew_apply over vectors [0, nv) (input k: base ip[k], dtype idt[k]; out:
+ * op, odt; all F32/BF16/F16 with 16-byte aligned bases; W32 = false: every input is BF16/F16).
+ * Rounds of U vectors per thread: every load of the round is issued before any is used, then
+ * the values are computed and stored, so a latency-bound size (8192 elements: one round) waits
+ * for memory once, not once per vector. Each thread reads and writes only its own elements, so
+ * out may alias an input of the same dtype. Called out of line (amk_ew_vec): its own register
+ * allocation, so the megakernel's large dispatch function does not spill the loads in flight. */
+template <int NIN, bool W32, typename F>
+__device__ __forceinline__ void amk_ew_body(const void* const* ip, const int* idt, void* op,
+                                            int odt, long long nv, F f) {
+  constexpr int U = W32 ? AMK_EW_UNROLL32 : AMK_EW_UNROLL16;
+  for (long long u0 = threadIdx.x; u0 < nv; u0 += (long long)U * AMK_THREADS) {
+    uint4 ra[U][NIN], rb[U][NIN];
+#pragma unroll
+    for (int q = 0; q < U; ++q) {
+      const long long u = u0 + (long long)q * AMK_THREADS;
+#pragma unroll
+      for (int k = 0; k < NIN; ++k) {
+        /* defined when skipped: no value carried over from the previous round */
+        ra[q][k] = rb[q][k] = make_uint4(0u, 0u, 0u, 0u);
+        if (u < nv) amk_ld8_raw<W32>(ip[k], idt[k], u, ra[q][k], rb[q][k]);
+      }
+    }
+#pragma unroll
+    for (int q = 0; q < U; ++q) {
+      const long long u = u0 + (long long)q * AMK_THREADS;
+      if (u < nv) {
+        float a[NIN][8];
+#pragma unroll
+        for (int k = 0; k < NIN; ++k) amk_cvt8<W32>(idt[k], ra[q][k], rb[q][k], a[k]);
+        float r[8];
+#pragma unroll
+        for (int e = 0; e < 8; ++e) {
+          float t[NIN];
+#pragma unroll
+          for (int k = 0; k < NIN; ++k) t[k] = a[k][e];
+          r[e] = f(t);
+        }
+        amk_st8(op, odt, u, r);
+      }
+    }
+  }
+}
+/* amk_ew_body out of line for one or two inputs (operands as scalars: no array in memory). */
+template <int NIN, bool W32, typename F>
+__device__ __noinline__ void amk_ew_vec(const void* p0, int d0, const void* p1, int d1, void* op,
+                                        int odt, long long nv, F f) {
+  const void* const ip[2] = {p0, p1};
+  const int idt[2] = {d0, d1};
+  amk_ew_body<NIN, W32>(ip, idt, op, odt, nv, f);
+}
+
 /* out[i] = f(in_0[i], .., in_{NIN-1}[i]) over n elements, f taking the f32 values (amk_ld) and
- * returning the f32 result (cast on store). When every operand is F32/BF16/F16 the body runs
- * 8 elements at a time with 16-byte loads/stores (bases are 256-byte aligned), the tail and
- * every other dtype combination element by element (amk_each_out). */
+ * returning the f32 result (cast on store). When every operand is F32/BF16/F16 with a 16-byte
+ * aligned base (arena bases are 256-byte aligned) the body runs 8 elements per vector with
+ * 16-byte loads/stores (amk_ew_body: every load of a round in flight at once; out of line for
+ * one or two inputs); the tail and every other dtype combination go element by element
+ * (amk_each_out). */
 template <int NIN, typename F>
 __device__ __forceinline__ void amk_ew_apply(const amk_buffer_t* const* in,
                                              const amk_buffer_t* out, long long n, F f) {
-  bool vec = amk_is_vec(out->dtype);
+  const void* ip[NIN];
+  int idt[NIN];
+  void* const op = out->ptr;
+  const int odt = out->dtype;
+  bool vec = amk_is_vec(odt) && amk_al16(op);
+  bool w32 = false;
 #pragma unroll
-  for (int k = 0; k < NIN; ++k) vec = vec && amk_is_vec(in[k]->dtype);
-  long long done = 0;
-  if (vec) {
-    const long long nv = n / 8;
-    for (long long u = threadIdx.x; u < nv; u += AMK_THREADS) {
-      float a[NIN][8];
-#pragma unroll
-      for (int k = 0; k < NIN; ++k) amk_ld8(in[k]->ptr, in[k]->dtype, u, a[k]);
-      float r[8];
-#pragma unroll
-      for (int e = 0; e < 8; ++e) {
-        float t[NIN];
-#pragma unroll
-        for (int k = 0; k < NIN; ++k) t[k] = a[k][e];
-        r[e] = f(t);
-      }
-      amk_st8(out->ptr, out->dtype, u, r);
-    }
-    done = nv * 8;
+  for (int k = 0; k < NIN; ++k) {
+    ip[k] = in[k]->ptr;
+    idt[k] = in[k]->dtype;
+    vec = vec && amk_is_vec(idt[k]) && amk_al16(ip[k]);
+    w32 = w32 || idt[k] == AMK_F32;
   }
-  amk_each_out(out, done, n, [&](long long i) {
+  const long long nv = vec ? n / 8 : 0;
+  if (nv > 0) {
+    if constexpr (NIN <= 2) {
+      const void* const p1 = ip[NIN - 1];
+      const int d1 = idt[NIN - 1];
+      if (w32) amk_ew_vec<NIN, true>(ip[0], idt[0], p1, d1, op, odt, nv, f);
+      else amk_ew_vec<NIN, false>(ip[0], idt[0], p1, d1, op, odt, nv, f);
+    } else {
+      if (w32) amk_ew_body<NIN, true>(ip, idt, op, odt, nv, f);
+      else amk_ew_body<NIN, false>(ip, idt, op, odt, nv, f);
+    }
+  }
+  amk_each_out(out, nv * 8, n, [&](long long i) {
     float t[NIN];
 #pragma unroll
     for (int k = 0; k < NIN; ++k) t[k] = amk_ldf(in[k], i);

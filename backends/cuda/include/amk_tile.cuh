@@ -6,7 +6,7 @@
  * N * ceil(K / group) elements: w = (q - z) * s, z = zeros[..] or 8 (int4) / 0 (int8).
  *
  * Entry: amk_tile_run<MAXR, UNROLL>(ctx, gemm). MAXR = rows of x sharing one pass over a weight
- * row (GEMV_TILE 1, GEMM_TILE 4), UNROLL = 16-byte weight vectors in flight per lane (GEMV_TILE 4,
+ * row (GEMV_TILE 1, GEMM_TILE 4), UNROLL = 16-byte weight vectors in flight per lane (GEMV_TILE 8,
  * GEMM_TILE 2: code size). Each op instantiates its own copy (its own registers and code).
  *
  * Parallelisation: one warp per output column n (weight row), warps stride over the tile.
@@ -22,6 +22,10 @@
 
 #ifndef AMK_TILE_CUH
 #define AMK_TILE_CUH
+
+#ifndef AMK_TILE_PF_AHEAD
+#define AMK_TILE_PF_AHEAD (128 * 1024) /* bytes of weights a block keeps prefetched ahead */
+#endif
 
 /* Weight kinds of the fast path (amk_tile_args::wk; -1: generic path only). */
 enum {
@@ -43,6 +47,7 @@ struct amk_tile_args {
   long long n_groups;   /* ceil(K / group) */
   int K, n_off, n_tile, m0, m_rows;
   int wk;               /* AMK_TILE_W_* */
+  bool pf;              /* prefetch rows ahead (the program has prefetch ranges) */
   int group;
   int vpg, vpg_shift;   /* 16-byte vectors per group (fast quant path); shift if a power of 2, else -1 */
   float offset;         /* subtracted without zeros: 8 (int4) or 0 (int8) */
@@ -172,9 +177,19 @@ __device__ __noinline__ void amk_tile_fast(const amk_tile_args& args) {
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int nvec = a.K / VE;
   const bool bf = a.xb->dtype == AMK_BF16;
+  /* L2 prefetch distance, in rows per warp: AMK_TILE_PF_AHEAD bytes ahead of the block's
+     consumption. The scheduler prefetched the tile's first AMK_PF_FIRST bytes before the
+     wait; rows past them are pulled in this far ahead, so the 16-byte loads below hit L2
+     and the bytes in flight do not depend on registers. */
+  const int pf_rows = max(1, (int)(AMK_TILE_PF_AHEAD / ((long long)AMK_WARPS * a.wrow_bytes)));
   for (int j = warp; j < a.n_tile; j += AMK_WARPS) {
     const int n = a.n_off + j;
     const uint4* wrow = (const uint4*)((const unsigned char*)a.w + (long long)n * a.wrow_bytes);
+    const int jp = j + pf_rows * AMK_WARPS;
+    if (a.pf && jp < a.n_tile && (long long)jp * a.wrow_bytes >= AMK_PF_FIRST) {
+      const unsigned char* prow = (const unsigned char*)a.w + (long long)(a.n_off + jp) * a.wrow_bytes;
+      for (long long o = (long long)lane * 128; o < a.wrow_bytes; o += 32 * 128) amk_prefetch_l2(prow + o);
+    }
     const long long sbase = (long long)n * a.n_groups;
     const float bias = (!QUANT && a.bias) ? amk_ldf(a.bias, n) : 0.0f;
     for (int r0 = 0; r0 < a.m_rows; r0 += MAXR) {
@@ -362,6 +377,7 @@ __device__ __forceinline__ void amk_tile_run(const amk_task_ctx& ctx, bool gemm)
   }
   a.x = a.xb->ptr;
   a.w = a.wb->ptr;
+  a.pf = ctx.prog->prefetch != nullptr;
   a.wrow_bytes = a.wk == AMK_TILE_W_I4 ? (long long)(a.K + 1) / 2
                : (long long)a.K * (a.wk == AMK_TILE_W_F32 ? 4 : (a.wk == AMK_TILE_W_F16 || a.wk == AMK_TILE_W_BF16) ? 2 : 1);
 

@@ -151,6 +151,17 @@ pub struct AmkDeviceProgram {
     pub epoch: u32,
     /// 0, or [`TRACE_WORDS`] u64 per task (see `amk_abi.h`).
     pub trace: u64,
+    /// One [`AmkPrefetch`] per instruction.
+    pub prefetch: u64,
+}
+
+/// `amk_prefetch_t`: bytes a task pulls into L2 before its wait.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Pod, Zeroable)]
+#[allow(missing_docs)]
+pub struct AmkPrefetch {
+    pub addr: u64,
+    pub bytes: u64,
 }
 
 /// Words of the per-task trace: reached, ready, done (ns), block.
@@ -191,18 +202,20 @@ pub fn field_offsets() -> Vec<(&'static str, &'static str, usize)> {
         "counters" => counters, "abort_flag" => abort_flag, "status" => status,
         "n_buffers" => n_buffers, "n_counters" => n_counters,
         "n_instructions" => n_instructions, "n_queues" => n_queues, "smem_bytes" => smem_bytes,
-        "epoch" => epoch, "trace" => trace);
+        "epoch" => epoch, "trace" => trace, "prefetch" => prefetch);
+    f!(v, "amk_prefetch", AmkPrefetch, "addr" => addr, "bytes" => bytes);
     v
 }
 
 /// `(struct, size)` of every mirrored struct.
-pub fn struct_sizes() -> [(&'static str, usize); 5] {
+pub fn struct_sizes() -> [(&'static str, usize); 6] {
     [
         ("amk_params", size_of::<AmkParams>()),
         ("amk_buffer", size_of::<AmkBuffer>()),
         ("amk_instruction", size_of::<AmkInstruction>()),
         ("amk_status", size_of::<AmkStatus>()),
         ("amk_device_program", size_of::<AmkDeviceProgram>()),
+        ("amk_prefetch", size_of::<AmkPrefetch>()),
     ]
 }
 
@@ -216,4 +229,5 @@ const _: () = assert!(offset_of!(AmkInstruction, out_counter) == 128);
 const _: () = assert!(offset_of!(AmkInstruction, params) == 136);
 const _: () = assert!(size_of::<AmkInstruction>() == 240);
 const _: () = assert!(size_of::<AmkStatus>() == 24);
-const _: () = assert!(size_of::<AmkDeviceProgram>() == 104);
+const _: () = assert!(size_of::<AmkDeviceProgram>() == 112);
+const _: () = assert!(size_of::<AmkPrefetch>() == 16);

@@ -46,6 +46,10 @@ pub struct CudaOptions {
     pub cache_dir: Option<PathBuf>,
     /// Threads per block.
     pub threads: u32,
+    /// Pull each GEMV/GEMM tile's weights into L2 ahead of use (before the task's wait, and
+    /// a fixed distance ahead while it streams). Off by default: measured 7–10 % slower on
+    /// the H100 (docs/perf-notes.md); `AMK_CUDA_PREFETCH=1` turns it on.
+    pub prefetch: bool,
 }
 
 impl Default for CudaOptions {
@@ -58,6 +62,7 @@ impl Default for CudaOptions {
                 .map_or(DEFAULT_WATCHDOG, Duration::from_millis),
             cache_dir: None,
             threads: assemble::DEFAULT_THREADS,
+            prefetch: std::env::var("AMK_CUDA_PREFETCH").is_ok_and(|v| v == "1"),
         }
     }
 }

@@ -29,6 +29,72 @@ impl CudaBackend {
     pub fn info(&self) -> &DeviceInfo {
         match self._never {}
     }
+    /// Unreachable in this build (no backend can be opened).
+    pub fn load_session(
+        &self,
+        _program: &ValidatedProgram,
+        _weights: &WeightStore,
+        _registry: &Registry,
+    ) -> Result<CudaSession, CudaError> {
+        match self._never {}
+    }
+    /// Unreachable in this build (no backend can be opened).
+    pub fn load_session_synthetic(
+        &self,
+        _program: &ValidatedProgram,
+        _synth: &amk_core::synth::SyntheticWeights,
+        _registry: &Registry,
+    ) -> Result<CudaSession, CudaError> {
+        match self._never {}
+    }
+    /// Unreachable in this build (no backend can be opened).
+    pub fn read_bandwidth(&self, _bytes: usize, _reps: usize) -> Result<f64, CudaError> {
+        match self._never {}
+    }
+}
+
+/// The session API, unreachable in this build (no session can be created).
+impl CudaSession {
+    /// Unreachable in this build.
+    pub fn run(
+        &mut self,
+        _inputs: &[(&str, amk_core::Tensor)],
+    ) -> Result<amk_core::Outputs, CudaError> {
+        match self._never {}
+    }
+    /// Unreachable in this build.
+    pub fn last_kernel_ms(&self) -> Option<f32> {
+        match self._never {}
+    }
+    /// Unreachable in this build.
+    pub fn grid(&self) -> u32 {
+        match self._never {}
+    }
+    /// Unreachable in this build.
+    pub fn program(&self) -> &amk_core::Program {
+        match self._never {}
+    }
+    /// Unreachable in this build.
+    pub fn fill_synthetic(
+        &mut self,
+        _buffer: usize,
+        _seed: u64,
+        _init: amk_core::synth::Init,
+    ) -> Result<(), CudaError> {
+        match self._never {}
+    }
+    /// Unreachable in this build.
+    pub fn poison_outputs(&mut self) -> Result<(), CudaError> {
+        match self._never {}
+    }
+    /// Unreachable in this build.
+    pub fn enable_trace(&mut self) -> Result<(), CudaError> {
+        match self._never {}
+    }
+    /// Unreachable in this build.
+    pub fn trace_summary(&self) -> Result<String, CudaError> {
+        match self._never {}
+    }
 }
 
 impl Backend for CudaBackend {

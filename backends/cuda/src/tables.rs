@@ -4,7 +4,8 @@
 //! in device addresses and re-packs the records a param patch touches.
 
 use crate::abi::{
-    AmkBuffer, AmkInstruction, AmkParams, MAX_EXT_PARAMS, PRESENT_EXT0, STEP_ZERO_OUTPUTS,
+    AmkBuffer, AmkInstruction, AmkParams, AmkPrefetch, MAX_EXT_PARAMS, PRESENT_EXT0,
+    STEP_ZERO_OUTPUTS,
 };
 use crate::queues::{Queues, build_queues};
 use amk_core::json::{Map, Value};
@@ -473,4 +474,49 @@ pub fn task_label(program: &Program, t: usize) -> String {
         .tasks
         .get(t)
         .map_or_else(|| format!("task #{t}"), Task::display_label)
+}
+
+/// Per instruction, the weight rows a GEMV/GEMM tile streams (device address and bytes, from
+/// its input 1 and its `K`, `N_tile`, `n_off`), which the scheduler pulls into L2 before the
+/// task's wait; zero for every other task. `descs` carry device addresses.
+///
+/// Only the two tile ops are listed: they are where the bytes are, and their footprint is a
+/// plain row range. An op whose footprint is not a row range gets none (prefetching is a
+/// hint; it never changes a result).
+pub fn prefetch_ranges(instructions: &[AmkInstruction], descs: &[AmkBuffer]) -> Vec<AmkPrefetch> {
+    let none = AmkPrefetch { addr: 0, bytes: 0 };
+    instructions
+        .iter()
+        .map(|r| {
+            let tile =
+                r.op == i32::from(Opcode::GEMV_TILE.0) || r.op == i32::from(Opcode::GEMM_TILE.0);
+            if !tile || r.n_inputs < 2 {
+                return none;
+            }
+            let Some(w) = usize::try_from(r.inputs[1]).ok().and_then(|i| descs.get(i)) else {
+                return none;
+            };
+            let (k, n_tile, n_off) = (r.params.k, r.params.n_tile, r.params.n_off);
+            if k <= 0 || n_tile <= 0 || n_off < 0 || w.ptr == 0 {
+                return none;
+            }
+            let k = k as u64;
+            let row = match w.dtype {
+                0 | 5 => 4 * k,
+                1 | 2 => 2 * k,
+                7 => k.div_ceil(2),
+                _ => k,
+            };
+            let total = match w.dtype {
+                7 => (w.numel.max(0) as u64 / k) * row,
+                _ => w.numel.max(0) as u64 * (row / k.max(1)).max(1),
+            };
+            let start = (n_off as u64 * row).min(total);
+            let bytes = (n_tile as u64 * row).min(total - start);
+            AmkPrefetch {
+                addr: w.ptr + start,
+                bytes,
+            }
+        })
+        .collect()
 }

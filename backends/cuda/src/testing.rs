@@ -12,7 +12,13 @@ pub fn load_unvalidated(
     weights: &WeightStore,
     registry: &Registry,
 ) -> Result<CudaSession, CudaError> {
-    CudaSession::load(backend, program, u64::MAX, weights, registry)
+    CudaSession::load(
+        backend,
+        program,
+        u64::MAX,
+        crate::device::WeightSource::Store(weights),
+        registry,
+    )
 }
 
 /// Overwrites the opcode of task `task`'s device record (to exercise the dispatcher's

@@ -355,6 +355,70 @@ fn plugin_op_runs_on_the_device() {
 
 // ---- SmolLM2 on the device ---------------------------------------------------------------------
 
+/// Weights generated on the device (`load_session_synthetic`) are the host's
+/// `SyntheticWeights::materialize` bit for bit: the SmolLM2-135M shape in f32 with synthetic
+/// weights gives the CPU VM's logits (within the f32 conformance bound) at two positions.
+#[test]
+fn synthetic_weights_on_the_device_match_the_host() {
+    use amk_core::{GpuTarget, ScheduleConfig, validate_owned};
+    use amk_model_llama::Model;
+    use amk_model_llama::lower::{LowerOptions, lower};
+    use amk_model_llama::presets;
+    let Some(gpu) = gpu_or_skip("synthetic_weights_on_the_device_match_the_host") else {
+        return;
+    };
+    let reg = registry();
+    let cfg = presets::preset("smollm2-135m").unwrap();
+    let synth = presets::synthetic_weights(&cfg, 42);
+    let m = Model::shape_only(cfg, "smollm2-135m shape");
+    let target = GpuTarget::by_name("h100").unwrap();
+    for pos in [0u64, 5] {
+        let opts = LowerOptions {
+            dtype: DType::F32,
+            max_seq: Some(64),
+            pos,
+            ..LowerOptions::default()
+        };
+        let lowered = lower(&m, &ScheduleConfig::default(), &target, &opts).unwrap();
+        assert!(
+            lowered.weights.is_empty(),
+            "a shape-only model lowers without data"
+        );
+        let v = validate_owned(lowered.program, &reg)
+            .map_err(|r| r.report())
+            .unwrap();
+        let host = synth.materialize(v.program()).unwrap();
+        let scalar = |x: i64| Tensor::from_i64(DType::I32, &[1], &[x]).unwrap();
+        let inputs = [
+            ("token_id", scalar(777)),
+            ("pos", scalar(pos as i64)),
+            ("reshape_id0", scalar(0)),
+        ];
+        let want = cpu_vm()
+            .load(&v, &host, &reg)
+            .unwrap()
+            .step(&inputs)
+            .unwrap()
+            .get("logits")
+            .unwrap()
+            .to_f32_vec();
+        let mut s = gpu.load_session_synthetic(&v, &synth, &reg).unwrap();
+        s.poison_outputs().unwrap();
+        let got = s.run(&inputs).unwrap().get("logits").unwrap().to_f32_vec();
+        let scale = want.iter().fold(0f32, |a, &w| a.max(w.abs()));
+        let err = got
+            .iter()
+            .zip(&want)
+            .fold(0f32, |a, (&g, &w)| a.max((g - w).abs()));
+        assert!(
+            err <= 1e-5 * scale,
+            "pos {pos}: device {err:e} from the CPU VM (max |logit| {scale})"
+        );
+        let spread = want.iter().fold(f32::INFINITY, |a, &w| a.min(w));
+        assert!(scale > 0.0 && spread < scale, "degenerate logits");
+    }
+}
+
 mod smollm2 {
     use super::*;
     use amk_core::{GpuTarget, ScheduleConfig};
@@ -619,7 +683,7 @@ mod perf {
         ms.sort_by(f64::total_cmp);
         s.enable_trace().unwrap();
         s.run(&x).unwrap();
-        eprintln!("{name} pos {pos}:\n{}", trace_report(&s));
+        eprintln!("{name} pos {pos}:\n{}", s.trace_summary().unwrap());
         let p = v.program();
         let kv_bytes: u64 = p
             .buffers
@@ -647,67 +711,6 @@ mod perf {
                 "no"
             },
         )
-    }
-
-    /// Where one traced step's time goes: per op, how many tasks, their mean and total run
-    /// time, their mean wait; and the handoff latency (a task's waits met → after its last
-    /// producer signalled).
-    fn trace_report(s: &amk_backend_cuda::CudaSession) -> String {
-        use std::collections::BTreeMap;
-        let tr = s.trace().unwrap();
-        let p = s.program();
-        let t0 = tr.iter().map(|t| t.reached).min().unwrap_or(0);
-        let t1 = tr.iter().map(|t| t.done).max().unwrap_or(0);
-        let mut done_of_counter: Vec<u64> = vec![0; p.counters.len()];
-        for t in &tr {
-            let c = p.tasks[t.task].out_counter as usize;
-            done_of_counter[c] = done_of_counter[c].max(t.done);
-        }
-        let mut by_op: BTreeMap<String, (usize, f64, f64)> = BTreeMap::new();
-        let mut handoffs: Vec<f64> = Vec::new();
-        for t in &tr {
-            let task = &p.tasks[t.task];
-            let e = by_op.entry(task.op.to_string()).or_default();
-            e.0 += 1;
-            e.1 += t.done.saturating_sub(t.ready) as f64 / 1e3;
-            e.2 += t.ready.saturating_sub(t.reached) as f64 / 1e3;
-            let last = task
-                .waits
-                .iter()
-                .map(|w| done_of_counter[w.counter as usize])
-                .max();
-            if let Some(last) = last
-                && t.ready > t.reached
-                && last > 0
-            {
-                handoffs.push(t.ready.saturating_sub(last) as f64 / 1e3);
-            }
-        }
-        handoffs.sort_by(f64::total_cmp);
-        let mut out = format!(
-            "  traced step {:.3} ms over {} tasks; handoff (producer signalled -> waiter ready) median {:.2} us, p90 {:.2} us\n  | op | tasks | mean run us | total run ms | mean wait us |\n",
-            (t1 - t0) as f64 / 1e6,
-            tr.len(),
-            if handoffs.is_empty() {
-                0.0
-            } else {
-                quantile(&handoffs, 0.5)
-            },
-            if handoffs.is_empty() {
-                0.0
-            } else {
-                quantile(&handoffs, 0.9)
-            },
-        );
-        for (op, (n, run, wait)) in by_op {
-            out.push_str(&format!(
-                "  | {op} | {n} | {:.2} | {:.3} | {:.2} |\n",
-                run / n as f64,
-                run / 1e3,
-                wait / n as f64
-            ));
-        }
-        out
     }
 
     /// Diagnostic: SmolLM2 and the 1B shape under other schedules (SM assignment, GEMV width,

@@ -101,6 +101,14 @@ pub enum ModelError {
     /// The tokenizer could not be built or could not encode/decode.
     #[error("tokenizer: {0}")]
     Tokenizer(String),
+    /// A model shape name no preset has.
+    #[error("unknown model shape '{name}' (known: {known})")]
+    UnknownShape {
+        /// The name asked for.
+        name: String,
+        /// The preset names, comma-separated.
+        known: String,
+    },
     /// The model cannot be lowered with the requested options (and why).
     #[error("lowering: {0}")]
     Lower(String),

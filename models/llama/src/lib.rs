@@ -13,6 +13,7 @@ pub mod hf;
 pub mod lower;
 pub mod model;
 pub mod permute;
+pub mod presets;
 pub mod run;
 pub mod safetensors;
 pub mod tokenizer;

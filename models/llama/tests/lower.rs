@@ -190,7 +190,10 @@ fn schedule(
             })
             .collect(),
         fusion_grouping: if fusion {
-            vec![vec!["embed".into(), "rope".into()]]
+            vec![
+                vec!["embed".into(), "rope".into()],
+                vec!["gemv".into(), "add".into()],
+            ]
         } else {
             vec![]
         },
@@ -243,6 +246,7 @@ fn registry() -> Registry {
 #[case::mqa_split3(cfg(2, 32, 4, 1, 8, 48, 40), schedule(&[("gemv", &[("N_tile", 16)]), ("attention", &[("n_partitions", 3)])], false, SmAssignment::LoadBalance, PageStrategy::None))]
 #[case::fused_rope(cfg(2, 32, 4, 2, 8, 48, 40), schedule(&[("gemv", &[("base_width", 20)])], true, SmAssignment::RoundRobin, PageStrategy::GraphColor))]
 #[case::split8_fused(cfg(1, 32, 2, 2, 16, 64, 50), schedule(&[("attention", &[("n_partitions", 8)])], true, SmAssignment::LoadBalance, PageStrategy::GraphColor))]
+#[case::sm_tiles_fused(cfg(2, 32, 4, 2, 8, 48, 40), schedule(&[("gemv", &[("sm_multiple", 1)])], true, SmAssignment::LoadBalance, PageStrategy::GraphColor))]
 fn lowered_decode_matches_f64_forward(#[case] c: ModelConfig, #[case] sc: ScheduleConfig) {
     let model = random_model(c, 7);
     let tokens = [3u32, 17, 0, 29, 5, 5, 11, 2, 31, 8];
@@ -692,4 +696,43 @@ fn split_kv_program(
     let l = lower(model, &sc, &h100(), &opts).unwrap();
     let vp = amk_core::validate_owned(l.program.clone(), reg).unwrap();
     (l, vp)
+}
+
+/// `gemv.sm_multiple` (the tuned schedule) splits every projection over all SMs in row
+/// counts a multiple of 8: on the Llama-3.2-1B shape the LM head becomes 132 tiles of 976
+/// rows (the reference rule: 64 tiles of 2,004), the down-projection 128 tiles of 16 rows;
+/// the program validates and a shape-only model lowers without weight data.
+#[test]
+fn sm_multiple_tiles_every_projection_over_all_sms() {
+    use amk_model_llama::lower::tuned_schedule;
+    use amk_model_llama::presets;
+    let reg = amk_ops::registry().unwrap();
+    let m = Model::shape_only(presets::preset("llama-3.2-1b").unwrap(), "1b shape");
+    let target = GpuTarget::by_name("h100").unwrap();
+    let tiles = |cfg: &ScheduleConfig, prefix: &str| -> Vec<i64> {
+        let lowered = lower(&m, cfg, &target, &LowerOptions::default()).unwrap();
+        assert!(lowered.weights.is_empty());
+        let v = amk_core::validate_owned(lowered.program, &reg)
+            .map_err(|r| r.report())
+            .unwrap();
+        v.program()
+            .tasks
+            .iter()
+            .filter(|t| t.label.starts_with(prefix) && t.label[prefix.len()..].starts_with('['))
+            .map(|t| t.params.get("N_tile").and_then(|v| v.as_i64()).unwrap())
+            .collect()
+    };
+    let tuned = tuned_schedule();
+    let head = tiles(&tuned, "lm_head");
+    assert_eq!(head.len(), 132);
+    assert!(head[..131].iter().all(|&w| w == 976) && head[131] == 128256 - 131 * 976);
+    let down = tiles(&tuned, "L3.down_add");
+    assert_eq!((down.len(), down[0]), (128, 16));
+    let gate = tiles(&tuned, "L0.gate");
+    assert!(
+        gate.iter().all(|w| w % 8 == 0) && gate.len() == 128,
+        "{gate:?}"
+    );
+    let reference = tiles(&ScheduleConfig::default(), "lm_head");
+    assert_eq!((reference.len(), reference[0]), (64, 2004));
 }

@@ -6,30 +6,472 @@
  * the un-normalised [acc | m | l] per head (an empty shard writes acc = 0, m = -inf, l = 0).
  * Cache [max_seq, n_kv, hd] (any rank but 4, viewed flat) or batched [B, max_seq, n_kv, hd]
  * (rank 4; the value cache is read with the key cache's geometry, as the CPU does).
- *
- * Parallelisation: one warp per (batch, query head), heads strided over the block's warps;
- * no block barriers. Rows are processed in chunks of 32:
- *  - scores: every lane accumulates partial dot products of its dims (d = lane + 32k, so the
- *    32 lanes read 32 consecutive elements of a cache row) for all 32 rows of the chunk, then
- *    a butterfly reduce-scatter (31 shuffles) leaves row t's full dot product in lane t;
- *  - online softmax over the chunks (fp32): m only ever grows; when it grows the running l and
- *    acc are rescaled by expf(m_old - m_new) (exactly 1 when it does not), so once the maximum
- *    is reached every e_j is exactly the CPU's expf(s_j - m);
- *  - acc: lanes own dims (coalesced value-row reads), e_t broadcast by shuffle.
- * head_dim > 256 runs the online pass once per 256-dim slice of acc (scores recomputed; the
- * same m and l come out each time).
  * fp32 throughout (the CPU is fp32), expf (never __expf), IEEE division.
+ *
+ * Fast path (K and V both F32, BF16 or F16, head_dim a multiple of 8 and <= 256, both caches
+ * 16-byte aligned): bandwidth-bound, every K and V row read once per block.
+ *  - A "segment" is one cache row of one kv head (head_dim elements). L lanes (a power of two,
+ *    4..32, L * 8 >= head_dim) form a group that owns a segment: lane li holds dims
+ *    8li .. 8li+7 as one 16-byte vector (two for F32). A warp has 32 / L groups.
+ *  - A work unit is (batch b, kv head g, chunk of up to 4 of the rep query heads sharing g):
+ *    the chunk's q vectors live in registers, so each K/V row is read once for all of them.
+ *    Units are spread over the block's groups (GPU = a power of two groups per unit, a unit's
+ *    groups contiguous); a unit's rows are dealt round-robin to its groups in batches of R rows
+ *    per group, the next batch's loads issued before the current one is consumed, and L2
+ *    prefetches issued ATT_PF_AHEAD batches ahead (no registers held).
+ *  - Scores: 4 partial dot products per lane (its q registers hold the heads in a lane-
+ *    dependent order, so the reduce-scatter needs no selects), a reduce-scatter across the
+ *    group's lanes leaves the full score of query head hr = 2*[li & L/2] + [li & L/4] in each
+ *    lane, which runs the online softmax (m, l) of that head; e_j and the rescale factors
+ *    reach the other lanes by shuffle, and every lane updates acc[4 heads][its 8 dims] (the
+ *    rescale is skipped, warp-uniformly, when no lane's maximum grew).
+ *  - Online softmax per group (fp32): m only grows; the rescale factor is exactly 1 when it
+ *    does not, else expf(m_old - m_new). Groups of a unit are merged by the standard combine
+ *    (M = max m_w, l = sum l_w exp(m_w - M), acc = sum acc_w exp(m_w - M)): by shuffles inside
+ *    a warp, then (units spanning several warps) through a static shared buffer.
+ *  - Rows whose score is -inf contribute e = 0 (as the CPU does whenever the final maximum is
+ *    finite); when every score is -inf (or NaN) the CPU's l and acc are NaN, and so are ours.
+ * Other cases (fp8 caches, mixed K/V dtypes, odd or > 256 head_dim, unaligned caches) take the
+ * generic path: one warp per (batch, query head), rows in chunks of 32:
+ *  - scores: every lane accumulates partial dot products of its dims (d = lane + 32k) for all
+ *    32 rows of the chunk, then a butterfly reduce-scatter leaves row t's dot product in lane t;
+ *  - online softmax over the chunks as above; acc: lanes own dims, e_t broadcast by shuffle;
+ *  - head_dim > 256 runs the online pass once per 256-dim slice of acc (scores recomputed).
  */
 
-#define ATT_SLICE_K 8 /* acc registers per lane: 8 x 32 = 256 dims per pass */
+#define ATT_SLICE_K 8   /* generic path: acc registers per lane, 8 x 32 = 256 dims per pass */
+#define ATT_RB 4        /* fast path: query heads per work unit */
+#define ATT_SLOT 256    /* fast path: floats per warp in the cross-warp combine buffer */
+#define ATT_PF_AHEAD 4  /* fast path: L2 prefetch distance, in batches */
+
+#define ATT_FULL 0xffffffffu
+
+/* ------------------------------------------------------------------------------------------ */
+/* Fast path                                                                                   */
+/* ------------------------------------------------------------------------------------------ */
+
+/* One lane's 8 elements of a cache row: one 16-byte vector (two for F32). */
+template <int DT>
+struct att_vec {
+  uint4 x[DT == AMK_F32 ? 2 : 1];
+};
+
+/* v = the lane's vector at byte address p, or zeros when !ok (rows past the range, idle lanes). */
+template <int DT>
+__device__ __forceinline__ void att_vload(att_vec<DT>& v, const char* p, bool ok) {
+  const uint4 z = make_uint4(0u, 0u, 0u, 0u);
+  if constexpr (DT == AMK_F32) {
+    v.x[0] = z;
+    v.x[1] = z;
+    if (ok) {
+      v.x[0] = ((const uint4*)p)[0];
+      v.x[1] = ((const uint4*)p)[1];
+    }
+  } else {
+    v.x[0] = z;
+    if (ok) v.x[0] = *(const uint4*)p;
+  }
+}
 
 template <int DT>
-__device__ __forceinline__ float att_ld(const amk_buffer_t* b, long long i) {
-  if (DT == AMK_F32) return ((const float*)b->ptr)[i];
-  if (DT == AMK_F16) return amk_f16_to_f32(((const uint16_t*)b->ptr)[i]);
-  if (DT == AMK_BF16) return amk_bf16_to_f32(((const uint16_t*)b->ptr)[i]);
-  return amk_ld_slow(b, i);
+__device__ __forceinline__ void att_cvt(const att_vec<DT>& v, float (&f)[8]) {
+  if constexpr (DT == AMK_F32) {
+    f[0] = __uint_as_float(v.x[0].x); f[1] = __uint_as_float(v.x[0].y);
+    f[2] = __uint_as_float(v.x[0].z); f[3] = __uint_as_float(v.x[0].w);
+    f[4] = __uint_as_float(v.x[1].x); f[5] = __uint_as_float(v.x[1].y);
+    f[6] = __uint_as_float(v.x[1].z); f[7] = __uint_as_float(v.x[1].w);
+  } else {
+    const uint32_t w[4] = {v.x[0].x, v.x[0].y, v.x[0].z, v.x[0].w};
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+      if constexpr (DT == AMK_BF16) {
+        f[2 * k] = __uint_as_float(w[k] << 16);
+        f[2 * k + 1] = __uint_as_float(w[k] & 0xffff0000u);
+      } else {
+        f[2 * k] = amk_f16_to_f32((uint16_t)(w[k] & 0xffffu));
+        f[2 * k + 1] = amk_f16_to_f32((uint16_t)(w[k] >> 16));
+      }
+    }
+  }
 }
+
+/* First two levels of a reduce-scatter of the 4 heads' partial dot products over the L lanes
+ * of a group (o1 = L/2, o2 = L/4). The lane's own head is hr = 2*[li & o1] + [li & o2], and
+ * its partial sums come permuted: p[r] belongs to head r ^ hr. Then the heads a lane keeps
+ * at each level are always p[0], p[1] (level 1) and q0 (level 2), and its partner sends
+ * exactly the same heads (the partner's hr differs in that level's bit), so no selects are
+ * needed. Returns head hr's sum over the 4 lanes li ^ {0, o1, o2, o1|o2}; the remaining
+ * butterfly levels (xor o2/2 .. 1) follow in the caller. */
+__device__ __forceinline__ float att_rs2(const float (&p)[ATT_RB], int o1, int o2) {
+  const float q0 = p[0] + __shfl_xor_sync(ATT_FULL, p[2], o1); /* head hr       */
+  const float q1 = p[1] + __shfl_xor_sync(ATT_FULL, p[3], o1); /* head hr ^ 1   */
+  return q0 + __shfl_xor_sync(ATT_FULL, q1, o2);              /* head hr, 4 lanes */
+}
+
+/* A lane's 8 fp32 values (passed by value, in registers, to the out-of-line helpers). */
+struct att_f8 {
+  float v[8];
+};
+
+/* q elements qe .. qe+7 as f32, any float dtype (the rare non-vector q dtypes, or an unaligned
+ * q). Out of line: keeps the instantiations small. */
+__device__ __noinline__ att_f8 att_ld_q8(const amk_buffer_t* q, long long qe) {
+  att_f8 r;
+#pragma unroll
+  for (int d = 0; d < 8; ++d) r.v[d] = amk_ldf(q, qe + d);
+  return r;
+}
+
+/* Stores one head's result: lane li's 8 dims (when act), and m, l (lane 0, partial). Every
+ * score -inf or NaN (kv_len > 0, m = -inf): the CPU's e_j are all NaN, hence l and acc.
+ * Out of line (once per head and lane). */
+__device__ __noinline__ void att_store_head(const amk_buffer_t* out, long long base, int hd,
+                                            int li, bool act, att_f8 a, float m, float l,
+                                            bool partial, int kv_len) {
+  const float NEG_INF = -__int_as_float(0x7f800000);
+  const bool nan = kv_len > 0 && m == NEG_INF;
+  const float qnan = __int_as_float(0x7fc00000);
+  if (nan) l = qnan;
+  if (act) {
+#pragma unroll
+    for (int d = 0; d < 8; ++d) {
+      const float v = nan ? qnan : a.v[d];
+      amk_stf(out, base + 8 * li + d, partial ? v : __fdiv_rn(v, l));
+    }
+  }
+  if (partial && li == 0) {
+    amk_stf(out, base + hd, m);
+    amk_stf(out, base + hd + 1, l);
+  }
+}
+
+/* Cross-warp combine buffer of the fast path (one per block, shared by its instantiations). */
+__shared__ __align__(16) float att_s_acc[AMK_WARPS * ATT_SLOT];
+__shared__ float att_s_ml[AMK_WARPS * ATT_RB * 2];
+
+/* The cross-warp combine of heads r0 .. min(r0 + HPR, rb) - 1 of a unit whose WU warps
+ * (warp .. warp + WU - 1) left their states in att_s_acc / att_s_ml, and the store of the
+ * result (lane li's dims). Out of line: one copy for every instantiation. */
+__device__ __noinline__ void att_xwarp_store(const amk_buffer_t* out, int warp, int WU, int r0,
+                                             int HPR, int rb, int L, int li, bool act,
+                                             long long obase, long long per_head, int hd,
+                                             bool partial, int kv_len) {
+  const float NEG_INF = -__int_as_float(0x7f800000);
+  for (int r = r0; r < r0 + HPR && r < rb; ++r) {
+    float M = NEG_INF;
+    for (int w = 0; w < WU; ++w) M = fmaxf(M, att_s_ml[((warp + w) * ATT_RB + r) * 2]);
+    float lt = 0.0f;
+    att_f8 a;
+#pragma unroll
+    for (int d = 0; d < 8; ++d) a.v[d] = 0.0f;
+    for (int w = 0; w < WU; ++w) {
+      const float mw = att_s_ml[((warp + w) * ATT_RB + r) * 2];
+      const float lw = att_s_ml[((warp + w) * ATT_RB + r) * 2 + 1];
+      const float wt = (mw == M) ? 1.0f : expf(mw - M);
+      lt += lw * wt;
+      if (act) {
+        const float* sp = att_s_acc + (warp + w) * ATT_SLOT + (r - r0) * (L * 8) + 8 * li;
+#pragma unroll
+        for (int d = 0; d < 8; ++d) a.v[d] += sp[d] * wt;
+      }
+    }
+    att_store_head(out, obase + r * per_head, hd, li, act, a, M, lt, partial, kv_len);
+  }
+}
+
+template <int DT>
+__device__ void att_fast(const amk_buffer_t* q, const amk_buffer_t* kc, const amk_buffer_t* vc,
+                         const amk_buffer_t* out, int hd, int nh, int nkv, int rep,
+                         long long batch, long long row, long long per_batch, long long kv_start,
+                         int kv_len, float scale, bool partial) {
+  constexpr int R = DT == AMK_F32 ? 2 : 4; /* rows per group per batch */
+  float* const s_acc = att_s_acc;
+  float* const s_ml = att_s_ml;
+
+  const float NEG_INF = -__int_as_float(0x7f800000);
+  const int lane = threadIdx.x & 31;
+  const int warp = threadIdx.x >> 5;
+  const int nv = hd >> 3; /* 8-element vectors per segment, 1..32 */
+  int lg = 2;
+  while ((1 << lg) < nv) ++lg;
+  const int L = 1 << lg;      /* lanes per group, 4..32 */
+  const int GW = 32 >> lg;    /* groups per warp */
+  const int NG = AMK_WARPS * GW;
+  const int li = lane & (L - 1);
+  const int gw = lane >> lg;
+  const int G = warp * GW + gw;
+  const int o1 = L >> 1, o2 = L >> 2;
+  const int hr = ((li & o1) ? 2 : 0) + ((li & o2) ? 1 : 0);
+  int src[ATT_RB]; /* the lane of this group holding head r's m, l */
+#pragma unroll
+  for (int r = 0; r < ATT_RB; ++r) src[r] = (lane & ~(L - 1)) + ((r & 2) ? o1 : 0) + ((r & 1) ? o2 : 0);
+  const bool act = li < nv;
+  const int nrc = (rep + ATT_RB - 1) / ATT_RB;
+  const long long U = batch * nkv * nrc;
+  const long long per_head = partial ? (long long)hd + 2 : (long long)hd;
+  const bool qvec = amk_is_vec(q->dtype) && (((unsigned long long)q->ptr) & 15u) == 0;
+
+  for (long long u0 = 0; u0 < U; u0 += NG) {
+    const int UC = (int)((U - u0) < (long long)NG ? (U - u0) : (long long)NG);
+    int lgp = 0;
+    while ((2 << lgp) * UC <= NG) ++lgp;
+    const int GPU = 1 << lgp; /* groups per unit */
+    const int ui = G >> lgp;
+    const int sub = G & (GPU - 1);
+    const bool gact = ui < UC;
+    const long long u = u0 + (gact ? ui : 0);
+    const int rc = (int)(u % nrc);
+    const long long bg = u / nrc;
+    const int g = (int)(bg % nkv);
+    const long long b = bg / nkv;
+    const int hq0 = g * rep + rc * ATT_RB;
+    const int rb = min(ATT_RB, rep - rc * ATT_RB);
+    const long long bh0 = b * nh + hq0;
+
+    float qr[ATT_RB][8]; /* q of the unit's heads (qr[r]: head r ^ hr), this lane's dims */
+    float m = NEG_INF, l = 0.0f;
+    float acc[ATT_RB][8];
+#pragma unroll
+    for (int r = 0; r < ATT_RB; ++r)
+#pragma unroll
+      for (int d = 0; d < 8; ++d) acc[r][d] = 0.0f;
+
+    /* Byte addresses: the group's row j = j0 + i*GPU + sub (i < R) of the batch at j0 lies at
+     * base + (j0 + sub) * rowb + off[i]; it exists iff j0 < lim[i] (never for idle groups). */
+    constexpr int ESZ = DT == AMK_F32 ? 4 : 2;
+    const long long rowb = row * ESZ;
+    const int step = GPU * R; /* rows per batch of the unit */
+    const long long bstep = (long long)step * rowb;
+    const long long e0 = b * per_batch + (kv_start + sub) * row + (long long)g * hd + 8 * li;
+    const char* kld = (const char*)kc->ptr + e0 * ESZ; /* the next batch to load */
+    const char* vld = (const char*)vc->ptr + e0 * ESZ;
+    long long off[R];
+    int lim[R];
+#pragma unroll
+    for (int i = 0; i < R; ++i) {
+      off[i] = (long long)i * GPU * rowb;
+      lim[i] = gact ? kv_len - sub - i * GPU : -1;
+    }
+    /* L2 prefetch, ATT_PF_AHEAD batches ahead: a batch of a group is R rows x (K, V) x nl
+     * 128-byte lines; lane li takes line slots li, li + L, ... (fixed per lane). */
+    const int nl = (hd * ESZ + 127) >> 7;
+    const int nslot = R * 2 * nl;
+    int pst[2], plim[2];
+    long long po[2];
+#pragma unroll
+    for (int k = 0; k < 2; ++k) {
+      const int sl = li + k * L; /* nslot <= 2L for every fast-path shape */
+      const int si = sl / (2 * nl);
+      pst[k] = (sl / nl) & 1;
+      plim[k] = -1;
+      po[k] = (long long)ATT_PF_AHEAD * bstep + 128 * (sl % nl) - 8 * li * ESZ;
+#pragma unroll
+      for (int i = 0; i < R; ++i)
+        if (sl < nslot && si == i) {
+          po[k] += off[i];
+          plim[k] = lim[i];
+        }
+    }
+    /* prefetch of the batch ATT_PF_AHEAD after the one at jl, whose row-0 addresses are kp, vp */
+    auto prefetch = [&](int jl, const char* kp, const char* vp) {
+      const int jp = jl + ATT_PF_AHEAD * step;
+#pragma unroll
+      for (int k = 0; k < 2; ++k)
+        if (jp < plim[k]) amk_prefetch_l2((pst[k] ? vp : kp) + po[k]);
+    };
+    auto load = [&](att_vec<DT>(&kb)[R], att_vec<DT>(&vb)[R], int jl, const char* kp,
+                    const char* vp) {
+#pragma unroll
+      for (int i = 0; i < R; ++i) {
+        const bool ok = act && jl < lim[i];
+        att_vload<DT>(kb[i], kp + off[i], ok);
+        att_vload<DT>(vb[i], vp + off[i], ok);
+      }
+    };
+    auto process = [&](const att_vec<DT>(&kb)[R], const att_vec<DT>(&vb)[R], int j0) {
+      float sc[R];
+#pragma unroll
+      for (int i = 0; i < R; ++i) {
+        float kf[8];
+        att_cvt<DT>(kb[i], kf);
+        float p[ATT_RB];
+#pragma unroll
+        for (int r = 0; r < ATT_RB; ++r) {
+          float s = 0.0f;
+#pragma unroll
+          for (int d = 0; d < 8; ++d) s += qr[r][d] * kf[d];
+          p[r] = s;
+        }
+        sc[i] = att_rs2(p, o1, o2);
+      }
+      /* the remaining butterfly levels, all R rows at once (identical sums in every lane of a
+       * head: fp32 addition commutes) */
+      for (int o = o2 >> 1; o > 0; o >>= 1) {
+#pragma unroll
+        for (int i = 0; i < R; ++i) sc[i] += __shfl_xor_sync(ATT_FULL, sc[i], o);
+      }
+#pragma unroll
+      for (int i = 0; i < R; ++i) sc[i] = j0 < lim[i] ? sc[i] * scale : NEG_INF;
+      float m_new = m;
+#pragma unroll
+      for (int i = 0; i < R; ++i) m_new = fmaxf(m_new, sc[i]);
+      /* expf evaluated unconditionally, then selected (no branches): alpha is exactly 1 when
+       * m did not grow (also -inf to -inf), e = 0 for a -inf score (also when m_new = -inf) */
+      const float ea = expf(m - m_new);
+      const float alpha = (m_new == m) ? 1.0f : ea;
+      float e[R];
+      float es = 0.0f;
+#pragma unroll
+      for (int i = 0; i < R; ++i) {
+        const float x = expf(sc[i] - m_new);
+        e[i] = (sc[i] == NEG_INF) ? 0.0f : x;
+        es += e[i];
+      }
+      l = l * alpha + es;
+      m = m_new;
+      if (__any_sync(ATT_FULL, alpha != 1.0f)) { /* warp-uniform; rare once m settles */
+#pragma unroll
+        for (int r = 0; r < ATT_RB; ++r) {
+          const float ar = __shfl_sync(ATT_FULL, alpha, src[r]);
+#pragma unroll
+          for (int d = 0; d < 8; ++d) acc[r][d] *= ar;
+        }
+      }
+#pragma unroll
+      for (int i = 0; i < R; ++i) {
+        float vf[8];
+        att_cvt<DT>(vb[i], vf);
+#pragma unroll
+        for (int r = 0; r < ATT_RB; ++r) {
+          const float er = __shfl_sync(ATT_FULL, e[i], src[r]);
+#pragma unroll
+          for (int d = 0; d < 8; ++d) acc[r][d] += er * vf[d];
+        }
+      }
+    };
+
+    /* ---- the rows: two register buffers (the next batch's loads in flight while one is
+     * consumed), L2 prefetches ATT_PF_AHEAD batches ahead ---- */
+    for (int t = 1; t < ATT_PF_AHEAD; ++t) /* batch 0 is loaded at once */
+      prefetch((t - ATT_PF_AHEAD) * step, kld + (t - ATT_PF_AHEAD) * bstep,
+               vld + (t - ATT_PF_AHEAD) * bstep);
+    att_vec<DT> ka[R], va[R], kb[R], vb[R];
+    int jl = 0;
+    prefetch(jl, kld, vld);
+    load(ka, va, jl, kld, vld);
+    jl += step;
+    kld += bstep;
+    vld += bstep;
+    /* q of the unit's heads, this lane's dims, qr[r] holding head r ^ hr (0 for absent heads
+     * and idle lanes); loaded after the first batch's K/V loads are in flight */
+#pragma unroll
+    for (int r = 0; r < ATT_RB; ++r) {
+#pragma unroll
+      for (int d = 0; d < 8; ++d) qr[r][d] = 0.0f;
+      const int hh = r ^ hr; /* permuted: see att_rs2 */
+      if (gact && act && hh < rb) {
+        const long long qe = (bh0 + hh) * hd + 8 * li;
+        if (qvec) {
+          amk_ld8(q->ptr, q->dtype, qe >> 3, qr[r]);
+        } else {
+          const att_f8 t = att_ld_q8(q, qe);
+#pragma unroll
+          for (int d = 0; d < 8; ++d) qr[r][d] = t.v[d];
+        }
+      }
+    }
+    for (int j0 = 0; j0 < kv_len;) {
+      prefetch(jl, kld, vld);
+      load(kb, vb, jl, kld, vld);
+      jl += step;
+      kld += bstep;
+      vld += bstep;
+      process(ka, va, j0);
+      j0 += step;
+      if (j0 >= kv_len) break;
+      prefetch(jl, kld, vld);
+      load(ka, va, jl, kld, vld);
+      jl += step;
+      kld += bstep;
+      vld += bstep;
+      process(kb, vb, j0);
+      j0 += step;
+    }
+
+    /* ---- merge the unit's groups inside the warp ---- */
+    const int span = GPU < GW ? GPU : GW;
+#pragma unroll 1
+    for (int o = L; o < span * L; o <<= 1) {
+      const float mo = __shfl_xor_sync(ATT_FULL, m, o);
+      const float lo = __shfl_xor_sync(ATT_FULL, l, o);
+      const float M = fmaxf(m, mo);
+      const float wa = (m == M) ? 1.0f : expf(m - M);
+      const float wb = (mo == M) ? 1.0f : expf(mo - M);
+      l = l * wa + lo * wb;
+      m = M;
+#pragma unroll
+      for (int r = 0; r < ATT_RB; ++r) {
+        const float war = __shfl_sync(ATT_FULL, wa, src[r]);
+        const float wbr = __shfl_sync(ATT_FULL, wb, src[r]);
+#pragma unroll
+        for (int d = 0; d < 8; ++d)
+          acc[r][d] = acc[r][d] * war + __shfl_xor_sync(ATT_FULL, acc[r][d], o) * wbr;
+      }
+    }
+
+    if (GPU <= GW) {
+      /* the unit lives in one warp: its first group writes */
+      float mr[ATT_RB], lr[ATT_RB];
+#pragma unroll
+      for (int r = 0; r < ATT_RB; ++r) {
+        mr[r] = __shfl_sync(ATT_FULL, m, src[r]);
+        lr[r] = __shfl_sync(ATT_FULL, l, src[r]);
+      }
+      if (gact && sub == 0) {
+#pragma unroll
+        for (int r = 0; r < ATT_RB; ++r) {
+          if (r < rb) {
+            att_f8 a;
+#pragma unroll
+            for (int d = 0; d < 8; ++d) a.v[d] = acc[r][d];
+            att_store_head(out, (bh0 + r) * per_head, hd, li, act, a, mr[r], lr[r], partial,
+                           kv_len);
+          }
+        }
+      }
+    } else {
+      /* the unit spans WU warps (block-uniform branch): merge their states through shared
+       * memory, HPR heads per round; the unit's first warp writes */
+      const int WU = GPU / GW;
+      const int HPR = GW < ATT_RB ? GW : ATT_RB;
+      const bool lead = gact && gw == 0 && (warp & (WU - 1)) == 0;
+      for (int r0 = 0; r0 < ATT_RB; r0 += HPR) {
+        __syncthreads(); /* the previous round's (or chunk's) readers are done */
+        if (gw == 0) {
+#pragma unroll
+          for (int r = 0; r < ATT_RB; ++r)
+            if (act && r >= r0 && r < r0 + HPR) {
+              float* dst = s_acc + warp * ATT_SLOT + (r - r0) * (L * 8) + 8 * li;
+#pragma unroll
+              for (int d = 0; d < 8; ++d) dst[d] = acc[r][d];
+            }
+          if ((li & (o2 - 1)) == 0) { /* the lane holding head hr's m, l (= src[hr]) */
+            s_ml[(warp * ATT_RB + hr) * 2] = m;
+            s_ml[(warp * ATT_RB + hr) * 2 + 1] = l;
+          }
+        }
+        __syncthreads();
+        if (lead)
+          att_xwarp_store(out, warp, WU, r0, HPR, rb, L, li, act, bh0 * per_head, per_head, hd,
+                          partial, kv_len);
+      }
+    }
+  }
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* Generic path                                                                                */
+/* ------------------------------------------------------------------------------------------ */
 
 /* One reduce-scatter step: lanes with bit O keep the upper half of part[0..2O), the others the
  * lower half, and add the partner's copy of the half they keep. */
@@ -40,15 +482,14 @@ __device__ __forceinline__ void att_rs_step(float (&part)[32], int lane) {
   for (int t = 0; t < O; ++t) {
     const float send = upper ? part[t] : part[t + O];
     const float keep = upper ? part[t + O] : part[t];
-    part[t] = keep + __shfl_xor_sync(0xffffffffu, send, O);
+    part[t] = keep + __shfl_xor_sync(ATT_FULL, send, O);
   }
 }
 
-template <int DT>
-__device__ void att_heads(const amk_task_ctx& ctx, const amk_buffer_t* q, const amk_buffer_t* kc,
-                          const amk_buffer_t* vc, const amk_buffer_t* out, int hd, int nh,
-                          int rep, long long batch, long long row, long long per_batch,
-                          long long kv_start, int kv_len, float scale, bool partial) {
+__device__ void att_heads(const amk_buffer_t* q, const amk_buffer_t* kc, const amk_buffer_t* vc,
+                          const amk_buffer_t* out, int hd, int nh, int rep, long long batch,
+                          long long row, long long per_batch, long long kv_start, int kv_len,
+                          float scale, bool partial) {
   const int lane = threadIdx.x & 31;
   const int warp = threadIdx.x >> 5;
   const float NEG_INF = -__int_as_float(0x7f800000);
@@ -79,10 +520,10 @@ __device__ void att_heads(const amk_task_ctx& ctx, const amk_buffer_t* q, const 
 #pragma unroll
         for (int t = 0; t < 32; ++t) part[t] = 0.0f;
         for (int d = lane; d < hd; d += 32) {
-          const float qd = amk_ldf32(q, qoff + d); /* q: any float dtype */
+          const float qd = amk_ldf(q, qoff + d); /* q: any float dtype */
 #pragma unroll
           for (int t = 0; t < 32; ++t)
-            if (t < cnt) part[t] += qd * att_ld<DT>(kc, cbase + (long long)t * row + d);
+            if (t < cnt) part[t] += qd * amk_ldf(kc, cbase + (long long)t * row + d);
         }
         att_rs_step<16>(part, lane);
         att_rs_step<8>(part, lane);
@@ -100,12 +541,12 @@ __device__ void att_heads(const amk_task_ctx& ctx, const amk_buffer_t* q, const 
         for (int k = 0; k < ATT_SLICE_K; ++k) acc[k] *= alpha;
         /* ---- acc += e_t * v_t over this slice's dims ---- */
         for (int t = 0; t < cnt; ++t) {
-          const float et = __shfl_sync(0xffffffffu, e, t);
+          const float et = __shfl_sync(ATT_FULL, e, t);
           const long long vrow = cbase + (long long)t * row;
 #pragma unroll
           for (int k = 0; k < ATT_SLICE_K; ++k) {
             const int d = d0 + lane + 32 * k;
-            if (d < hd) acc[k] += et * att_ld<DT>(vc, vrow + d);
+            if (d < hd) acc[k] += et * amk_ldf(vc, vrow + d);
           }
         }
       }
@@ -165,24 +606,21 @@ __device__ void amk_op_attention_tile(const amk_task_ctx& ctx) {
   const long long per_head = partial ? (long long)hd + 2 : (long long)hd;
   if (out->numel != batch * nh * per_head) { amk_fail(ctx, AMK_ERR_SHAPE, out->numel); return; }
 
-  /* The key cache's dtype picks the load path; the value cache normally shares it. */
+  /* The fast path needs both caches in one vector dtype, whole 16-byte vectors per lane and
+   * 16-byte aligned bases (then every row offset is a multiple of 8 elements). */
   const int dt = (kc->dtype == vc->dtype) ? kc->dtype : -1;
-  switch (dt) {
-    case AMK_F32:
-      att_heads<AMK_F32>(ctx, q, kc, vc, out, hd, nh, rep, batch, row, per_batch, p.kv_start,
-                         p.kv_len, scale, partial);
-      break;
-    case AMK_BF16:
-      att_heads<AMK_BF16>(ctx, q, kc, vc, out, hd, nh, rep, batch, row, per_batch, p.kv_start,
-                          p.kv_len, scale, partial);
-      break;
-    case AMK_F16:
-      att_heads<AMK_F16>(ctx, q, kc, vc, out, hd, nh, rep, batch, row, per_batch, p.kv_start,
-                         p.kv_len, scale, partial);
-      break;
-    default:
-      att_heads<-1>(ctx, q, kc, vc, out, hd, nh, rep, batch, row, per_batch, p.kv_start,
-                    p.kv_len, scale, partial);
-      break;
-  }
+  const bool fast = (dt == AMK_BF16 || dt == AMK_F16 || dt == AMK_F32) && (hd & 7) == 0 &&
+                    hd <= 256 && ((((unsigned long long)kc->ptr) | ((unsigned long long)vc->ptr)) & 15u) == 0;
+  if (fast && dt == AMK_BF16)
+    att_fast<AMK_BF16>(q, kc, vc, out, hd, nh, nkv, rep, batch, row, per_batch, p.kv_start,
+                       p.kv_len, scale, partial);
+  else if (fast && dt == AMK_F16)
+    att_fast<AMK_F16>(q, kc, vc, out, hd, nh, nkv, rep, batch, row, per_batch, p.kv_start,
+                      p.kv_len, scale, partial);
+  else if (fast)
+    att_fast<AMK_F32>(q, kc, vc, out, hd, nh, nkv, rep, batch, row, per_batch, p.kv_start,
+                      p.kv_len, scale, partial);
+  else
+    att_heads(q, kc, vc, out, hd, nh, rep, batch, row, per_batch, p.kv_start, p.kv_len, scale,
+              partial);
 }

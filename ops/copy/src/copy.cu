@@ -2,17 +2,68 @@
  * the semantics are ops/copy/src/reference.rs.
  * Parallelisation: block-strided; same-dtype copies are 16-byte vector byte copies, F32/BF16/F16
  * casts go 8 elements per step, everything else element by element (whole bytes per thread
- * for an I4 output). */
+ * for an I4 output). The vector loops issue each thread's COPY_NB loads of a step before
+ * storing any (a dependent load-store chain would wait one memory latency per element). */
+
+#define COPY_NB 4 /* 16-byte loads in flight per thread */
 
 /* Byte copy of `bytes` bytes between 16-byte aligned bases: uint4 body, byte tail. */
 __device__ __forceinline__ void raw_copy(void* dst, const void* src, long long bytes) {
   const long long nv = bytes / 16;
   const uint4* s = (const uint4*)src;
   uint4* d = (uint4*)dst;
-  for (long long v = threadIdx.x; v < nv; v += AMK_THREADS) d[v] = s[v];
+  for (long long b = 0; b < nv; b += (long long)COPY_NB * AMK_THREADS) {
+    uint4 r[COPY_NB];
+#pragma unroll
+    for (int k = 0; k < COPY_NB; ++k) {
+      const long long v = b + threadIdx.x + (long long)k * AMK_THREADS;
+      r[k] = make_uint4(0u, 0u, 0u, 0u); /* defined on every path: no undef kept live */
+      if (v < nv) r[k] = s[v];
+    }
+#pragma unroll
+    for (int k = 0; k < COPY_NB; ++k) {
+      const long long v = b + threadIdx.x + (long long)k * AMK_THREADS;
+      if (v < nv) d[v] = r[k];
+    }
+  }
   const unsigned char* sb = (const unsigned char*)src;
   unsigned char* db = (unsigned char*)dst;
   for (long long b = nv * 16 + threadIdx.x; b < bytes; b += AMK_THREADS) db[b] = sb[b];
+}
+
+/* Raw 16-byte words of F32/BF16/F16 elements 8u .. 8u+7 (w1 only for F32): loads only. */
+__device__ __forceinline__ void copy_ld8_raw(const void* p, bool f32, long long u, uint4& w0,
+                                             uint4& w1) {
+  if (f32) {
+    const uint4* q = (const uint4*)p + 2 * u;
+    w0 = q[0];
+    w1 = q[1];
+  } else {
+    w0 = ((const uint4*)p)[u];
+    w1 = make_uint4(0u, 0u, 0u, 0u);
+  }
+}
+/* Those words as f32 (exact, as amk_ld). */
+__device__ __forceinline__ void copy_unpack8(const uint4& w0, const uint4& w1, int dt, float* f) {
+  if (dt == AMK_F32) {
+    f[0] = __uint_as_float(w0.x); f[1] = __uint_as_float(w0.y);
+    f[2] = __uint_as_float(w0.z); f[3] = __uint_as_float(w0.w);
+    f[4] = __uint_as_float(w1.x); f[5] = __uint_as_float(w1.y);
+    f[6] = __uint_as_float(w1.z); f[7] = __uint_as_float(w1.w);
+  } else {
+    const uint32_t w[4] = {w0.x, w0.y, w0.z, w0.w};
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+      const uint16_t l = (uint16_t)(w[k] & 0xffffu), h = (uint16_t)(w[k] >> 16);
+      if (dt == AMK_BF16) {
+        f[2 * k] = amk_bf16_to_f32(l);
+        f[2 * k + 1] = amk_bf16_to_f32(h);
+      } else {
+        f[2 * k] = amk_f16_to_f32(l);
+        f[2 * k + 1] = amk_f16_to_f32(h);
+      }
+    }
+  }
 }
 
 /* COPY x -> out (ops/copy/src/reference.rs): out[i] = x[i] cast on store, operands viewed.
@@ -35,11 +86,27 @@ __device__ void amk_op_copy(const amk_task_ctx& ctx) {
   const bool ints = amk_is_int(x->dtype) && amk_is_int(out->dtype);
   long long done = 0;
   if (!ints && amk_is_vec(x->dtype) && amk_is_vec(out->dtype)) {
+    constexpr int NB = COPY_NB / 2;
     const long long nv = n / 8;
-    for (long long u = threadIdx.x; u < nv; u += AMK_THREADS) {
-      float f[8];
-      amk_ld8(x->ptr, x->dtype, u, f);
-      amk_st8(out->ptr, out->dtype, u, f);
+    const int sdt = x->dtype, ddt = out->dtype;
+    const bool f32 = sdt == AMK_F32;
+    for (long long b = 0; b < nv; b += (long long)NB * AMK_THREADS) {
+      uint4 w0[NB], w1[NB];
+#pragma unroll
+      for (int k = 0; k < NB; ++k) {
+        const long long u = b + threadIdx.x + (long long)k * AMK_THREADS;
+        w0[k] = w1[k] = make_uint4(0u, 0u, 0u, 0u);
+        if (u < nv) copy_ld8_raw(x->ptr, f32, u, w0[k], w1[k]);
+      }
+#pragma unroll
+      for (int k = 0; k < NB; ++k) {
+        const long long u = b + threadIdx.x + (long long)k * AMK_THREADS;
+        if (u < nv) {
+          float f[8];
+          copy_unpack8(w0[k], w1[k], sdt, f);
+          amk_st8(out->ptr, ddt, u, f);
+        }
+      }
     }
     done = nv * 8;
   }

@@ -1,7 +1,99 @@
 /* embed.cu — CUDA device function of EMBED (amk_op_embed);
  * the semantics are ops/embed/src/reference.rs.
- * Parallelisation: ids validated block-wide first; then coalesced row copies, 16/8/4-byte
- * vectors for same-dtype rows, 8-element F32/BF16/F16 casts, scalar otherwise. */
+ * Parallelisation: one id (the decode case: the token lookup, and the reshape bridge with
+ * ids = [0] over a [1, dim] activation) is read by every thread itself (same value, so a bad id
+ * fails block-uniformly, no barrier) and its row copied with 16-byte accesses, each thread
+ * keeping EMB_NB loads in flight; for a one-row table (the bridge: only id 0 is valid) the row
+ * is loaded while the id is still in flight and stored only once the id checked out. Several
+ * ids: validated block-wide first, then coalesced row copies, 16/8/4-byte vectors for
+ * same-dtype rows, 8-element F32/BF16/F16 casts, scalar otherwise. */
+
+#define EMB_NB 4 /* 16-byte loads in flight per thread */
+
+/* Raw 16-byte words of F32/BF16/F16 elements 8u .. 8u+7 (w1 only for F32): loads only. */
+__device__ __forceinline__ void emb_ld8_raw(const void* p, bool f32, long long u, uint4& w0,
+                                            uint4& w1) {
+  if (f32) {
+    const uint4* q = (const uint4*)p + 2 * u;
+    w0 = q[0];
+    w1 = q[1];
+  } else {
+    w0 = ((const uint4*)p)[u];
+    w1 = make_uint4(0u, 0u, 0u, 0u);
+  }
+}
+/* Those words as f32 (exact, as amk_ld). */
+__device__ __forceinline__ void emb_unpack8(const uint4& w0, const uint4& w1, int dt, float* f) {
+  if (dt == AMK_F32) {
+    f[0] = __uint_as_float(w0.x); f[1] = __uint_as_float(w0.y);
+    f[2] = __uint_as_float(w0.z); f[3] = __uint_as_float(w0.w);
+    f[4] = __uint_as_float(w1.x); f[5] = __uint_as_float(w1.y);
+    f[6] = __uint_as_float(w1.z); f[7] = __uint_as_float(w1.w);
+  } else {
+    const uint32_t w[4] = {w0.x, w0.y, w0.z, w0.w};
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+      const uint16_t l = (uint16_t)(w[k] & 0xffffu), h = (uint16_t)(w[k] >> 16);
+      if (dt == AMK_BF16) {
+        f[2 * k] = amk_bf16_to_f32(l);
+        f[2 * k + 1] = amk_bf16_to_f32(h);
+      } else {
+        f[2 * k] = amk_f16_to_f32(l);
+        f[2 * k + 1] = amk_f16_to_f32(h);
+      }
+    }
+  }
+}
+
+/* d[v] = s[v] for v < units (16-byte units), each thread loading EMB_NB units before storing
+ * any. check() runs once in every thread after the first loads were issued and before any
+ * store; false stops the copy (it has failed the task). */
+template <typename C>
+__device__ __forceinline__ void emb_copy16(const uint4* s, uint4* d, long long units, C check) {
+  long long b = 0;
+  do {
+    uint4 r[EMB_NB];
+#pragma unroll
+    for (int k = 0; k < EMB_NB; ++k) {
+      const long long v = b + threadIdx.x + (long long)k * AMK_THREADS;
+      r[k] = make_uint4(0u, 0u, 0u, 0u); /* defined on every path: no undef kept live */
+      if (v < units) r[k] = s[v];
+    }
+    if (b == 0 && !check()) return;
+#pragma unroll
+    for (int k = 0; k < EMB_NB; ++k) {
+      const long long v = b + threadIdx.x + (long long)k * AMK_THREADS;
+      if (v < units) d[v] = r[k];
+    }
+    b += (long long)EMB_NB * AMK_THREADS;
+  } while (b < units);
+}
+
+/* out[8v .. 8v+7] = table row elements 8v .. 8v+7 (F32/BF16/F16 cast, exact as amk_ld/amk_st)
+ * for v < units, EMB_NB/2 units in flight per thread. */
+__device__ __forceinline__ void emb_cast8(const void* src, int sdt, void* dst, int ddt,
+                                          long long units) {
+  constexpr int NB = EMB_NB / 2;
+  const bool f32 = sdt == AMK_F32;
+  for (long long b = 0; b < units; b += (long long)NB * AMK_THREADS) {
+    uint4 w0[NB], w1[NB];
+#pragma unroll
+    for (int k = 0; k < NB; ++k) {
+      const long long v = b + threadIdx.x + (long long)k * AMK_THREADS;
+      w0[k] = w1[k] = make_uint4(0u, 0u, 0u, 0u);
+      if (v < units) emb_ld8_raw(src, f32, v, w0[k], w1[k]);
+    }
+#pragma unroll
+    for (int k = 0; k < NB; ++k) {
+      const long long v = b + threadIdx.x + (long long)k * AMK_THREADS;
+      if (v < units) {
+        float f[8];
+        emb_unpack8(w0[k], w1[k], sdt, f);
+        amk_st8(dst, ddt, v, f);
+      }
+    }
+  }
+}
 
 /* out row k (upr units of U) = table row ids[k]. Row-major: one row per step when rows are
  * wide, else flattened over (k, unit) so short rows still use every thread. */
@@ -48,23 +140,65 @@ __device__ void amk_op_embed(const amk_task_ctx& ctx) {
     amk_fail(ctx, AMK_ERR_SHAPE, out->numel);
     return;
   }
-  /* Validate every id first (block-wide), report the first bad one as the CPU does. */
-  __syncthreads(); /* s_bad may still be read by a previous call of this block */
-  if (threadIdx.x == 0) s_bad = ~0ull;
-  __syncthreads();
-  for (long long k = threadIdx.x; k < n_ids; k += AMK_THREADS) {
-    const long long id = amk_ldif(ids, k);
-    if (id < 0 || id >= rows) atomicMin(&s_bad, (unsigned long long)k);
-  }
-  __syncthreads();
-  const unsigned long long bad = s_bad;
-  if (bad != ~0ull) {
-    amk_fail(ctx, AMK_ERR_INDEX, amk_ldif(ids, (long long)bad));
-    return;
-  }
-  if (n == 0) return;
   const int sz = amk_raw_size(table->dtype);
-  if (table->dtype == out->dtype && sz > 0) {
+  const bool same = table->dtype == out->dtype && sz > 0;
+  const bool exact_ints = amk_is_int(table->dtype) && amk_is_int(out->dtype);
+  const bool al16 = ((((unsigned long long)table->ptr) | ((unsigned long long)out->ptr)) & 15) == 0;
+  if (n_ids == 1) {
+    /* One id: every thread reads it (the same value: a failure is block-uniform). */
+    const auto check = [&](long long id) -> bool {
+      if (id < 0 || id >= rows) {
+        amk_fail(ctx, AMK_ERR_INDEX, id);
+        return false;
+      }
+      return true;
+    };
+    const long long rb = row * sz;
+    const bool raw16 = same && rb % 16 == 0 && al16;
+    if (raw16 && rows == 1) {
+      /* Bit copy of the only row (the bridge): a one-row table admits only id 0, so the row's
+       * loads are issued first and the id is read and checked while they are in flight
+       * (nothing is stored before the check). */
+      emb_copy16((const uint4*)table->ptr, (uint4*)out->ptr, rb / 16,
+                 [&]() { return check(amk_ldif(ids, 0)); });
+      return;
+    }
+    const long long id = amk_ldif(ids, 0);
+    if (!check(id)) return;
+    if (raw16) {
+      /* Bit copy of row id. */
+      emb_copy16((const uint4*)table->ptr + id * (rb / 16), (uint4*)out->ptr, rb / 16,
+                 []() { return true; });
+      return;
+    }
+    if (n == 0) return;
+    if (!same && !exact_ints && amk_is_vec(table->dtype) && amk_is_vec(out->dtype) &&
+        row % 8 == 0 && al16) {
+      /* F32/BF16/F16 cast of the row (e.g. a bf16 table into f32 activations). */
+      emb_cast8(table->dtype == AMK_F32 ? (const void*)((const float*)table->ptr + id * row)
+                                        : (const void*)((const uint16_t*)table->ptr + id * row),
+                table->dtype, out->ptr, out->dtype, row / 8);
+      return;
+    }
+    /* Anything else: the general paths below (they read the id again, same value). */
+  } else {
+    /* Validate every id first (block-wide), report the first bad one as the CPU does. */
+    __syncthreads(); /* s_bad may still be read by a previous call of this block */
+    if (threadIdx.x == 0) s_bad = ~0ull;
+    __syncthreads();
+    for (long long k = threadIdx.x; k < n_ids; k += AMK_THREADS) {
+      const long long id = amk_ldif(ids, k);
+      if (id < 0 || id >= rows) atomicMin(&s_bad, (unsigned long long)k);
+    }
+    __syncthreads();
+    const unsigned long long bad = s_bad;
+    if (bad != ~0ull) {
+      amk_fail(ctx, AMK_ERR_INDEX, amk_ldif(ids, (long long)bad));
+      return;
+    }
+    if (n == 0) return;
+  }
+  if (same) {
     /* Same dtype: bit copy of whole rows, widest access the row length allows (row starts are
      * then aligned to it, both bases being 256-byte aligned). */
     const long long rb = row * sz;
@@ -75,7 +209,6 @@ __device__ void amk_op_embed(const amk_task_ctx& ctx) {
     else gather_raw<uint8_t>(ids, table->ptr, out->ptr, n_ids, rb);
     return;
   }
-  const bool exact_ints = amk_is_int(table->dtype) && amk_is_int(out->dtype);
   if (!exact_ints && amk_is_vec(table->dtype) && amk_is_vec(out->dtype) && row % 8 == 0) {
     /* F32/BF16/F16 cast (e.g. a bf16 table into f32 activations): 8 elements per step. */
     const long long upr = row / 8, total = n_ids * upr;

@@ -6,6 +6,7 @@
  *
  * The tile machinery (validation, fp/int8/int4 weight streaming, scalar fallback) is
  * backends/cuda/include/amk_tile.cuh: here one row of x per pass over a weight row (MAXR = 1),
- * 4 16-byte weight vectors in flight per lane, every row of x. */
+ * 8 16-byte weight vectors in flight per lane (a whole 2048-wide bf16 row per warp: 4 KB; 32 KB
+ * per block), every row of x. */
 
-__device__ void amk_op_gemv_tile(const amk_task_ctx& ctx) { amk_tile_run<1, 4>(ctx, false); }
+__device__ void amk_op_gemv_tile(const amk_task_ctx& ctx) { amk_tile_run<1, 8>(ctx, false); }

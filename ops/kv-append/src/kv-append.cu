@@ -12,9 +12,50 @@
  * (the CPU's "separate" path), the cache is first copied into it, then a barrier, then the rows.
  *
  * Parallelisation: the whole block streams the destination spans, consecutive threads on
- * consecutive elements (coalesced). An I4 cache (two elements per byte) is written by one
- * thread, since amk_st's nibble read-modify-write is not atomic.
+ * consecutive elements (coalesced). F32/BF16/F16 new rows and cache (any pair) with spans and
+ * offsets that are whole 8-element units (the decode case: one [n_kv, hd] row) go 8 elements
+ * per 16-byte access, each thread issuing KVA_NB units' loads before converting and storing
+ * any (values through f32 exactly as amk_ld / amk_st). Everything else element by element. An
+ * I4 cache (two elements per byte) is written by one thread, since amk_st's nibble
+ * read-modify-write is not atomic.
  */
+
+#define KVA_NB 4 /* 8-element units in flight per thread */
+
+/* Raw 16-byte words of F32/BF16/F16 elements 8u .. 8u+7 (w1 only for F32): loads only. */
+__device__ __forceinline__ void kva_ld8_raw(const void* p, bool f32, long long u, uint4& w0,
+                                            uint4& w1) {
+  if (f32) {
+    const uint4* q = (const uint4*)p + 2 * u;
+    w0 = q[0];
+    w1 = q[1];
+  } else {
+    w0 = ((const uint4*)p)[u];
+    w1 = make_uint4(0u, 0u, 0u, 0u);
+  }
+}
+/* Those words as f32 (exact, as amk_ld). */
+__device__ __forceinline__ void kva_unpack8(const uint4& w0, const uint4& w1, int dt, float* f) {
+  if (dt == AMK_F32) {
+    f[0] = __uint_as_float(w0.x); f[1] = __uint_as_float(w0.y);
+    f[2] = __uint_as_float(w0.z); f[3] = __uint_as_float(w0.w);
+    f[4] = __uint_as_float(w1.x); f[5] = __uint_as_float(w1.y);
+    f[6] = __uint_as_float(w1.z); f[7] = __uint_as_float(w1.w);
+  } else {
+    const uint32_t w[4] = {w0.x, w0.y, w0.z, w0.w};
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+      const uint16_t l = (uint16_t)(w[k] & 0xffffu), h = (uint16_t)(w[k] >> 16);
+      if (dt == AMK_BF16) {
+        f[2 * k] = amk_bf16_to_f32(l);
+        f[2 * k + 1] = amk_bf16_to_f32(h);
+      } else {
+        f[2 * k] = amk_f16_to_f32(l);
+        f[2 * k + 1] = amk_f16_to_f32(h);
+      }
+    }
+  }
+}
 
 /* One element: fp32 -> fp32 and same-width 16-bit copies inline, anything else out of line. */
 __device__ __noinline__ void kva_copy_any(const amk_buffer_t* d, long long i, const amk_buffer_t* s,
@@ -58,6 +99,38 @@ __device__ void amk_op_kv_append(const amk_task_ctx& ctx) {
     dst_step = max_seq * per;
   } else {
     amk_fail(ctx, AMK_ERR_SHAPE, cache->rank);
+    return;
+  }
+
+  /* Vector path: unit u (8 elements) of new goes to cache unit (dst0 + s*dst_step)/8 + i for
+   * span s = u / upr, i = u % upr. */
+  if (!separate && amk_is_vec(nw->dtype) && amk_is_vec(cache->dtype) && len % 8 == 0 &&
+      dst0 % 8 == 0 && dst_step % 8 == 0 && n_spans * (len / 8) < 0x7fffffffLL &&
+      ((((unsigned long long)nw->ptr) | ((unsigned long long)cache->ptr)) & 15) == 0) {
+    const unsigned upr = (unsigned)(len / 8);
+    const unsigned units = (unsigned)(n_spans * upr);
+    const long long d0 = dst0 / 8, dstep = dst_step / 8;
+    const int sdt = nw->dtype, ddt = cache->dtype;
+    const bool f32 = sdt == AMK_F32;
+    for (unsigned b = 0; b < units; b += KVA_NB * AMK_THREADS) {
+      uint4 w0[KVA_NB], w1[KVA_NB];
+#pragma unroll
+      for (int k = 0; k < KVA_NB; ++k) {
+        const unsigned u = b + threadIdx.x + (unsigned)k * AMK_THREADS;
+        w0[k] = w1[k] = make_uint4(0u, 0u, 0u, 0u); /* defined on every path */
+        if (u < units) kva_ld8_raw(nw->ptr, f32, u, w0[k], w1[k]);
+      }
+#pragma unroll
+      for (int k = 0; k < KVA_NB; ++k) {
+        const unsigned u = b + threadIdx.x + (unsigned)k * AMK_THREADS;
+        if (u < units) {
+          const unsigned s = n_spans == 1 ? 0u : u / upr;
+          float f[8];
+          kva_unpack8(w0[k], w1[k], sdt, f);
+          amk_st8(cache->ptr, ddt, d0 + (long long)s * dstep + (u - s * upr), f);
+        }
+      }
+    }
     return;
   }
 

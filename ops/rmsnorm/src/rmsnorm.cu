@@ -6,9 +6,147 @@
  *
  * Parallelisation: many short rows (rows > 1, hidden <= 1024, and rows >= AMK_WARPS / 2 or
  * hidden <= 256): one warp per row, lanes strided over the row, shuffle reduce. Otherwise the
- * whole block per row (block-strided, coalesced), rows one after the other. An I4 output (two
- * elements per byte) is written by one thread per row in block mode, so no two threads
- * read-modify-write one byte. */
+ * whole block per row (block-strided, coalesced), rows one after the other.
+ *
+ * Vector path (the decode case): x, w and out F32/BF16/F16 with 16-byte aligned bases, hidden a
+ * multiple of 8 (so every row is 16-byte aligned) and at most 4 vectors of 8 elements per thread
+ * (block rows up to 8192 elements, every warp row): each thread issues all its 16-byte loads of
+ * w and of its row of x before it uses any, keeps x in registers from the sum of squares to the
+ * output (no reload), waits for w only at the output, and the block reduce takes one barrier.
+ * Decode latency: about one round trip for x and w together, one barrier, the stores.
+ *
+ * Scalar path (anything else: hidden not a multiple of 8, other dtypes, unaligned bases, wider
+ * rows, an I4 output): the element loops. An I4 output (two elements per byte) is written by one
+ * thread per row in block mode, so no two threads read-modify-write one byte. */
+
+/* Vectors of 8 elements per thread on the vector path: block rows up to 8 * AMK_THREADS * RMS_VB
+ * elements (8192), warp rows (hidden <= 1024) up to 8 * 32 * RMS_VW. Wider rows take the scalar
+ * path. */
+#define RMS_VB 4
+#define RMS_VW 4
+
+/* Block sum of per-thread f64 partials with one barrier: warp shuffle, one partial per warp in
+ * shared memory, every thread adds the AMK_WARPS partials in the same order (all get the same
+ * value). Calls alternate between two slots (par = call count & 1): a warp can only write a slot
+ * again after the next call's barrier, by which time every thread has read it. The scheduler's
+ * barrier after each task covers the first call of the next one. */
+__device__ __forceinline__ double rms_block_sum(double s, int par) {
+  __shared__ double red[2][AMK_WARPS];
+  s = amk_warp_sum_d(s);
+  if ((threadIdx.x & 31) == 0) red[par][threadIdx.x >> 5] = s;
+  __syncthreads();
+  double t = 0.0;
+#pragma unroll
+  for (int k = 0; k < AMK_WARPS; ++k) t += red[par][k];
+  return t;
+}
+
+/* The vector path keeps only the raw bits of x and w in registers (a uint4 pair per vector of 8
+ * elements) and converts them where it uses them (one instruction per element); vector
+ * u = t + q * G of a row (q < V, u < hv = hidden / 8), t the thread's index in its group of G
+ * threads. */
+
+/* Issues the 16-byte loads of the thread's vectors of the row at vector offset ub. */
+template <int G, int V>
+__device__ __forceinline__ void rms_ld(const void* p, int dt, long long ub, long long hv, int t,
+                                       uint4* a, uint4* b) {
+#pragma unroll
+  for (int q = 0; q < V; ++q) {
+    const long long u = t + (long long)q * G;
+    a[q] = b[q] = make_uint4(0u, 0u, 0u, 0u); /* defined when skipped (no carried value) */
+    if (u < hv) amk_ld8_raw(p, dt, ub + u, a[q], b[q]);
+  }
+}
+
+/* Hides the raw bits' origin from the optimiser (emits nothing): values converted after this are
+ * converted again from the raw registers, instead of f32/f64 copies of every element being kept
+ * live (or hoisted out of a row loop), which would not fit in the megakernel's registers. Only
+ * for bits already waited for: it is a use. */
+template <int V>
+__device__ __forceinline__ void rms_opaque(uint4* a, uint4* b) {
+#pragma unroll
+  for (int q = 0; q < V; ++q)
+    asm volatile("" : "+r"(a[q].x), "+r"(a[q].y), "+r"(a[q].z), "+r"(a[q].w), "+r"(b[q].x),
+                 "+r"(b[q].y), "+r"(b[q].z), "+r"(b[q].w));
+}
+
+/* The thread's f64 sum of squares of its elements of x. */
+template <int G, int V>
+__device__ __forceinline__ double rms_sumsq(int dt, long long hv, int t, const uint4* a,
+                                            const uint4* b) {
+  double s = 0.0;
+#pragma unroll
+  for (int q = 0; q < V; ++q) {
+    if (t + (long long)q * G < hv) {
+      float f[8];
+      amk_cvt8(dt, a[q], b[q], f);
+#pragma unroll
+      for (int e = 0; e < 8; ++e) {
+        const double v = (double)f[e];
+        s += v * v;
+      }
+    }
+  }
+  return s;
+}
+
+/* y = (float)(x * inv * w) per element (f64, as the reference), cast on store (16-byte stores). */
+template <int G, int V>
+__device__ __forceinline__ void rms_store(void* op, int odt, long long ub, long long hv, int t,
+                                          int xdt, const uint4* xa, const uint4* xb, int wdt,
+                                          const uint4* wa, const uint4* wb, double inv) {
+#pragma unroll
+  for (int q = 0; q < V; ++q) {
+    const long long u = t + (long long)q * G;
+    if (u < hv) {
+      float xf[8], wf[8], o[8];
+      amk_cvt8(xdt, xa[q], xb[q], xf);
+      amk_cvt8(wdt, wa[q], wb[q], wf);
+#pragma unroll
+      for (int e = 0; e < 8; ++e) o[e] = (float)((double)xf[e] * inv * (double)wf[e]);
+      amk_st8(op, odt, ub + u, o);
+    }
+  }
+}
+
+/* Rows r0, r0 + rstep, .. < rows, each by a group of G threads (G = 32: one warp, t = lane,
+ * shuffle reduce; G = AMK_THREADS: the whole block, t = threadIdx.x, r0 = 0, rstep = 1, so the
+ * row loop and its barriers are block-uniform). Needs hidden % 8 == 0, hidden / 8 <= G * V, x,
+ * w and out (base, dtype) F32/BF16/F16 with 16-byte aligned bases. w and the first row of x are
+ * loaded together; each row's loads of x are all issued before any is used, x stays in
+ * registers from the reduce to the store, and w (used only at the store) is waited for only
+ * there, so with one row (decode) its HBM latency overlaps x's and the reduce. Out of line: its
+ * own register allocation, so the megakernel's large dispatch function spills nothing in
+ * flight. */
+template <int G, int V>
+__device__ __noinline__ void rms_rows(const void* xp, int xdt, const void* wp, int wdt, void* op,
+                                      int odt, long long h, double eps, long long rows,
+                                      long long r0, long long rstep, int t) {
+  const long long hv = h >> 3;
+  const double dh = (double)h;
+  if (r0 >= rows) return; /* warp mode: a warp without rows (warp-uniform); block: no rows */
+  uint4 wa[V], wb[V], xa[V], xb[V];
+  rms_ld<G, V>(wp, wdt, 0, hv, t, wa, wb);
+  rms_ld<G, V>(xp, xdt, r0 * hv, hv, t, xa, xb);
+  int par = 0;
+#pragma unroll 1
+  for (long long r = r0;;) {
+    double s = rms_sumsq<G, V>(xdt, hv, t, xa, xb);
+    rms_opaque<V>(xa, xb);
+    if (G == 32) {
+      s = amk_warp_sum_d(s);
+    } else {
+      s = rms_block_sum(s, par);
+      par ^= 1;
+    }
+    const double inv = 1.0 / sqrt(s / dh + eps);
+    rms_store<G, V>(op, odt, r * hv, hv, t, xdt, xa, xb, wdt, wa, wb, inv);
+    r += rstep;
+    if (r >= rows) break;
+    rms_opaque<V>(wa, wb); /* w's conversion stays in the loop (waited for by now) */
+    rms_ld<G, V>(xp, xdt, r * hv, hv, t, xa, xb);
+  }
+}
 
 __device__ void amk_op_rmsnorm(const amk_task_ctx& ctx) {
   const amk_params_t& p = ctx.inst->params;
@@ -27,8 +165,17 @@ __device__ void amk_op_rmsnorm(const amk_task_ctx& ctx) {
   }
   const long long rows = x->numel / h;
   const bool i4 = out->dtype == AMK_I4;
-  if (!i4 && rows > 1 && h <= 1024 && (rows >= AMK_WARPS / 2 || h <= 256)) {
+  const bool warp_rows = !i4 && rows > 1 && h <= 1024 && (rows >= AMK_WARPS / 2 || h <= 256);
+  const bool vec = (h & 7) == 0 && amk_is_vec(x->dtype) && amk_is_vec(w->dtype) &&
+                   amk_is_vec(out->dtype) && amk_al16(x->ptr) && amk_al16(w->ptr) &&
+                   amk_al16(out->ptr);
+  if (warp_rows) {
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    if (vec && (h >> 3) <= 32 * RMS_VW) {
+      rms_rows<32, RMS_VW>(x->ptr, x->dtype, w->ptr, w->dtype, out->ptr, out->dtype, h, eps, rows,
+                           warp, AMK_WARPS, lane);
+      return;
+    }
     for (long long r = warp; r < rows; r += AMK_WARPS) {
       const long long base = r * h;
       double s = 0.0;
@@ -43,6 +190,11 @@ __device__ void amk_op_rmsnorm(const amk_task_ctx& ctx) {
         amk_stf(out, base + j, (float)(v * inv * (double)amk_ldf(w, j)));
       }
     }
+    return;
+  }
+  if (vec && (h >> 3) <= (long long)AMK_THREADS * RMS_VB) {
+    rms_rows<AMK_THREADS, RMS_VB>(x->ptr, x->dtype, w->ptr, w->dtype, out->ptr, out->dtype, h,
+                                  eps, rows, 0, 1, threadIdx.x);
     return;
   }
   for (long long r = 0; r < rows; ++r) {

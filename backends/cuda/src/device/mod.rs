@@ -3,9 +3,11 @@
 
 mod driver;
 pub mod nvrtc;
+mod report;
 mod session;
+mod synth;
 
-pub use session::{CudaSession, TaskTrace};
+pub use session::{CudaSession, TaskTrace, WeightSource};
 
 use crate::assemble::{Knobs, Megakernel, megakernel_source};
 use crate::{CudaError, CudaOptions, DeviceInfo, arch_for};
@@ -191,7 +193,30 @@ impl CudaBackend {
         weights: &WeightStore,
         registry: &Registry,
     ) -> Result<CudaSession, CudaError> {
-        CudaSession::load(self, program.program(), program.id(), weights, registry)
+        CudaSession::load(
+            self,
+            program.program(),
+            program.id(),
+            WeightSource::Store(weights),
+            registry,
+        )
+    }
+
+    /// Loads a validated program whose weights are generated on the device from `synth`
+    /// (every WEIGHT/CONST buffer needs an init there): no host tensors, no upload.
+    pub fn load_session_synthetic(
+        &self,
+        program: &ValidatedProgram,
+        synth: &amk_core::synth::SyntheticWeights,
+        registry: &Registry,
+    ) -> Result<CudaSession, CudaError> {
+        CudaSession::load(
+            self,
+            program.program(),
+            program.id(),
+            WeightSource::Synthetic(synth),
+            registry,
+        )
     }
 }
 

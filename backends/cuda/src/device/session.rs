@@ -8,8 +8,18 @@ use crate::tables::{self, Placement, Tables, pack_params, task_label};
 use amk_core::{
     BackendError, BufferKind, Outputs, ParamPatch, Program, Registry, Session, Tensor, WeightStore,
 };
+use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
+
+/// Where a session's weights come from.
+#[derive(Debug, Clone, Copy)]
+pub enum WeightSource<'a> {
+    /// Host tensors, uploaded once.
+    Store(&'a WeightStore),
+    /// Generated on the device from a seed (`amk_core::synth`), never on the host.
+    Synthetic(&'a amk_core::synth::SyntheticWeights),
+}
 
 /// How long the watchdog waits for the kernel to stop after raising the abort flag.
 const ABORT_GRACE: Duration = Duration::from_secs(2);
@@ -17,17 +27,19 @@ const ABORT_GRACE: Duration = Duration::from_secs(2);
 /// A loaded program: everything lives on the device for the session's life (weights uploaded
 /// once, tables built once); a step zeroes the counters, launches once and reads the outputs.
 pub struct CudaSession {
+    backend: CudaBackend,
     module: Arc<Module>,
     program: Program,
     program_id: u64,
-    registry: Registry,
+    pub(super) registry: Registry,
     tables: Tables,
     /// The device copy of each instruction record, mirrored on the host.
     current: Vec<AmkInstruction>,
     patched: Vec<usize>,
     arena: DeviceMem,
     _weights: Vec<DeviceMem>,
-    _descs: DeviceMem,
+    /// Buffer descriptors and per-instruction prefetch ranges.
+    _descs: (DeviceMem, DeviceMem),
     instructions: DeviceMem,
     _fused: (DeviceMem, DeviceMem),
     _queues: (DeviceMem, DeviceMem),
@@ -81,7 +93,7 @@ impl CudaSession {
         backend: &CudaBackend,
         program: &Program,
         program_id: u64,
-        weights: &WeightStore,
+        weights: WeightSource<'_>,
         registry: &Registry,
     ) -> Result<Self, CudaError> {
         let inner = &backend.inner;
@@ -146,22 +158,53 @@ impl CudaSession {
         }
 
         // Memory: weights once (deduplicated by tensor), one zeroed arena for the rest.
-        let bound = weights.bind(program)?;
         let mut uploads: Vec<DeviceMem> = Vec::new();
-        let mut by_tensor: std::collections::HashMap<*const Tensor, usize> = Default::default();
         let mut weight_ptr = vec![0u64; program.buffers.len()];
-        for (b, t) in bound.by_buffer.iter().enumerate() {
-            let Some(t) = t else { continue };
-            let key = Arc::as_ptr(t);
-            let slot = match by_tensor.get(&key) {
-                Some(&i) => i,
-                None => {
-                    uploads.push(DeviceMem::from_slice(ctx, &t.to_le_bytes())?);
-                    by_tensor.insert(key, uploads.len() - 1);
-                    uploads.len() - 1
+        match weights {
+            WeightSource::Store(store) => {
+                let bound = store.bind(program)?;
+                let mut by_tensor: HashMap<*const Tensor, usize> = HashMap::new();
+                for (b, t) in bound.by_buffer.iter().enumerate() {
+                    let Some(t) = t else { continue };
+                    let key = Arc::as_ptr(t);
+                    let slot = match by_tensor.get(&key) {
+                        Some(&i) => i,
+                        None => {
+                            uploads.push(DeviceMem::from_slice(ctx, &t.to_le_bytes())?);
+                            by_tensor.insert(key, uploads.len() - 1);
+                            uploads.len() - 1
+                        }
+                    };
+                    weight_ptr[b] = uploads[slot].ptr();
                 }
-            };
-            weight_ptr[b] = uploads[slot].ptr();
+            }
+            WeightSource::Synthetic(synth) => {
+                let mut by_name: HashMap<&str, (usize, &amk_core::Buffer)> = HashMap::new();
+                for w in synth.plan(program)? {
+                    let (b, src) = (w.buffer, w.name);
+                    let buf = &program.buffers[b];
+                    let slot = match by_name.get(src) {
+                        Some(&(i, first)) => {
+                            if first.dtype != buf.dtype || first.shape != buf.shape {
+                                return Err(CudaError::Layout(format!(
+                                    "buffers '{}' and '{}' name tensor '{src}' with different dtypes or shapes",
+                                    first.name, buf.name
+                                )));
+                            }
+                            i
+                        }
+                        None => {
+                            let mem = DeviceMem::zeroed(ctx, buf.nbytes() as usize)?;
+                            let ts = amk_core::synth::tensor_seed(synth.seed, w.seed_name);
+                            backend.synth_fill(mem.ptr(), buf.numel(), buf.dtype, ts, w.init)?;
+                            uploads.push(mem);
+                            by_name.insert(src, (uploads.len() - 1, buf));
+                            uploads.len() - 1
+                        }
+                    };
+                    weight_ptr[b] = uploads[slot].ptr();
+                }
+            }
         }
         let arena = DeviceMem::zeroed(ctx, tables.arena_bytes as usize)?;
         let mut descs = tables.buffers.clone();
@@ -177,6 +220,8 @@ impl CudaSession {
             }
         }
         let descs_mem = DeviceMem::from_slice(ctx, &descs)?;
+        let prefetch =
+            DeviceMem::from_slice(ctx, &tables::prefetch_ranges(&tables.instructions, &descs))?;
         let instructions = DeviceMem::from_slice(ctx, &tables.instructions)?;
         let fused_steps = DeviceMem::from_slice(ctx, &tables.fused_steps)?;
         let fused_off = DeviceMem::from_slice(ctx, &tables.fused_off)?;
@@ -205,8 +250,14 @@ impl CudaSession {
             smem_bytes: smem as i32,
             epoch: 1,
             trace: 0,
+            prefetch: if inner.options.prefetch {
+                prefetch.ptr()
+            } else {
+                0
+            },
         };
         Ok(CudaSession {
+            backend: backend.clone(),
             current: tables.instructions.clone(),
             module,
             program: program.clone(),
@@ -215,7 +266,7 @@ impl CudaSession {
             patched: Vec::new(),
             arena,
             _weights: uploads,
-            _descs: descs_mem,
+            _descs: (descs_mem, prefetch),
             instructions,
             _fused: (fused_steps, fused_off),
             _queues: (queue_tasks, queue_off),
@@ -295,6 +346,43 @@ impl CudaSession {
     /// The program this session runs.
     pub fn program(&self) -> &Program {
         &self.program
+    }
+
+    /// Fills buffer `buffer` (an activation or KV-cache buffer, not a weight) with the
+    /// synthetic tensor named after the buffer (`amk_core::synth`, seed `seed`): e.g. a KV
+    /// cache holding a random prefix for a benchmark at a later position.
+    pub fn fill_synthetic(
+        &mut self,
+        buffer: usize,
+        seed: u64,
+        init: amk_core::synth::Init,
+    ) -> Result<(), CudaError> {
+        let buf = self
+            .program
+            .buffers
+            .get(buffer)
+            .ok_or_else(|| CudaError::Layout(format!("no buffer {buffer}")))?;
+        let (off, _) = self.arena_range(buffer)?;
+        let ts = amk_core::synth::tensor_seed(seed, &buf.name);
+        self.backend.synth_fill(
+            self.arena.ptr() + off as u64,
+            buf.numel(),
+            buf.dtype,
+            ts,
+            init,
+        )
+    }
+
+    /// Overwrites every IO output with all-ones bytes (NaN for floats, -1 for integers), so a
+    /// step that fails to write an output cannot pass for one that did.
+    pub fn poison_outputs(&mut self) -> Result<(), CudaError> {
+        for b in 0..self.program.buffers.len() {
+            if self.program.buffers[b].kind == BufferKind::IO_OUTPUT {
+                let (off, bytes) = self.arena_range(b)?;
+                self.arena.write(off, &vec![0xffu8; bytes])?;
+            }
+        }
+        Ok(())
     }
 
     /// Sets the watchdog limit for later steps.

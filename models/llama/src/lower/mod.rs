@@ -24,7 +24,7 @@ pub mod sm;
 
 use crate::config::RopeScaling;
 use crate::error::ModelError;
-use crate::model::{EMBED, FINAL_NORM, LM_HEAD, Model, layer_tensor};
+use crate::model::{self, EMBED, FINAL_NORM, LM_HEAD, Model, ModelFormat, layer_tensor};
 use amk_core::json::{Map, Value};
 use amk_core::{
     BufferId, BufferKind, CounterId, DType, GpuTarget, Opcode, Program, ScheduleConfig, TaskId,
@@ -44,10 +44,13 @@ pub const MAX_KV_BYTES: u64 = 16 << 30;
 /// Most split-KV shards per layer.
 pub const MAX_PARTITIONS: u64 = 8;
 
-/// Op groups `fusion_grouping` may name, each fused into one FUSED task per occurrence:
-/// `["embed", "rope"]` turns each reshape bridge + ROPE pair (q and k of every layer) into one
-/// task, saving two tasks and two counters per layer-projection.
-pub const FUSIBLE: &[&[&str]] = &[&["embed", "rope"]];
+/// Op groups `fusion_grouping` may name:
+/// * `["embed", "rope"]` turns each reshape bridge + ROPE pair (q and k of every layer) into one
+///   FUSED task, saving two tasks and two counters per layer-projection;
+/// * `["gemv", "add"]` folds each residual ADD into the projection before it (o_proj,
+///   down_proj): the GEMV tiles take the residual stream as their bias input, so
+///   `h + W·x` is one phase instead of two (one rounding instead of two in f16/bf16).
+pub const FUSIBLE: &[&[&str]] = &[&["embed", "rope"], &["gemv", "add"]];
 
 /// Options that are not part of the search space.
 #[derive(Debug, Clone, PartialEq)]
@@ -134,10 +137,20 @@ pub struct Lowered {
     pub page_stats: Option<pages::PageStats>,
 }
 
-/// GEMV tile width for an `n`-wide projection under `cfg` (the reference's rule): `N_tile`
-/// clamped to `[1, n]`, else `max(16, base_width)`; widened so no projection exceeds
-/// [`MAX_TILES`] tiles.
-pub fn gemv_tile_width(cfg: &ScheduleConfig, n: u64) -> u64 {
+/// GEMV tile width for an `n`-wide projection under `cfg` on `num_sms` SMs.
+///
+/// * `gemv.sm_multiple = m` (m ≥ 1): about `m × num_sms` tiles, each a multiple of
+///   [`SM_TILE_ROWS`] rows (so every warp of a block gets whole rows) and at least that many.
+///   Every phase then streams on every SM — the reference's rule below leaves half the chip
+///   idle in the 1B down-projection and puts a 1B LM head on 64 SMs with 8 MB each.
+/// * otherwise the reference's rule: `N_tile` clamped to `[1, n]`, else `max(16, base_width)`;
+///   widened so no projection exceeds [`MAX_TILES`] tiles.
+pub fn gemv_tile_width(cfg: &ScheduleConfig, n: u64, num_sms: u64) -> u64 {
+    if let Some(m) = cfg.tile("gemv", "sm_multiple").filter(|&m| m >= 1) {
+        let tiles = (m as u64).saturating_mul(num_sms.max(1));
+        let w = n.div_ceil(tiles).next_multiple_of(SM_TILE_ROWS);
+        return w.max(SM_TILE_ROWS).min(n).max(1);
+    }
     let w = match cfg.tile("gemv", "N_tile") {
         Some(t) => (t.max(1) as u64).min(n).max(1),
         None => {
@@ -154,8 +167,22 @@ pub fn gemv_tile_width(cfg: &ScheduleConfig, n: u64) -> u64 {
     }
 }
 
+/// The schedule the CUDA megakernel runs fastest with (docs/perf-notes.md has the
+/// measurements): every projection split over all SMs (`gemv.sm_multiple` 1), residual adds
+/// folded into the projections (`["gemv", "add"]`) and the load-balancing SM assignment. The default [`ScheduleConfig`] keeps the reference's tiling.
+pub fn tuned_schedule() -> ScheduleConfig {
+    ScheduleConfig {
+        tiling: vec![("gemv".into(), vec![("sm_multiple".into(), 1)])],
+        fusion_grouping: vec![vec!["gemv".into(), "add".into()]],
+        ..ScheduleConfig::default()
+    }
+}
+
+/// Row granularity of `gemv.sm_multiple` tiles: the CUDA backend's warps per block.
+pub const SM_TILE_ROWS: u64 = 8;
+
 const TILING_KEYS: &[(&str, &[&str])] = &[
-    ("gemv", &["N_tile", "base_width"]),
+    ("gemv", &["N_tile", "base_width", "sm_multiple"]),
     ("attention", &["n_partitions", "kv_block"]),
 ];
 
@@ -222,6 +249,7 @@ fn params(kv: &[(&str, Value)]) -> Map {
 struct Builder<'a> {
     p: Program,
     cfg: &'a ScheduleConfig,
+    num_sms: u64,
     dtype: DType,
     dbytes: i64,
     rules: Vec<(TaskId, PosRule)>,
@@ -295,8 +323,27 @@ impl Builder<'_> {
         n: u64,
         label: &str,
     ) -> Val {
+        self.proj_plus(x, w, bias.map(|b| (b, None)), out, k, n, label)
+    }
+
+    /// [`Builder::proj`] whose bias may be another task's output (a residual stream), then
+    /// waited for as well.
+    #[allow(clippy::too_many_arguments)]
+    fn proj_plus(
+        &mut self,
+        x: Val,
+        w: BufferId,
+        bias: Option<(BufferId, Option<(CounterId, i64)>)>,
+        out: BufferId,
+        k: u64,
+        n: u64,
+        label: &str,
+    ) -> Val {
+        let mut waits = vec![x.wait];
+        waits.extend(bias.and_then(|(_, wait)| wait));
+        let bias = bias.map(|(b, _)| b);
         let c = self.p.new_counter(format!("{label} ready"));
-        let width = gemv_tile_width(self.cfg, n);
+        let width = gemv_tile_width(self.cfg, n, self.num_sms);
         let mut ins = vec![x.buf, w];
         ins.extend(bias);
         let (mut i, mut off) = (0u64, 0u64);
@@ -307,7 +354,7 @@ impl Builder<'_> {
                 &ins,
                 out,
                 c,
-                &[x.wait],
+                &waits,
                 params(&[("K", int(k)), ("N_tile", int(nt)), ("n_off", int(off))]),
                 format!("{label}[{i}]"),
                 (k as i64 * self.dbytes * nt as i64, 2 * (k * nt) as i64),
@@ -404,24 +451,42 @@ pub fn lower(
         .fusion_grouping
         .iter()
         .any(|g| g.len() == 2 && g[0] == "embed" && g[1] == "rope");
+    let fuse_resid = cfg
+        .fusion_grouping
+        .iter()
+        .any(|g| g.len() == 2 && g[0] == "gemv" && g[1] == "add");
 
     let mut b = Builder {
         p: Program::new(),
         cfg,
+        num_sms: target.num_sms.max(1) as u64,
         dtype: opts.dtype,
         dbytes,
         rules: Vec::new(),
     };
     let mut weights = WeightStore::new();
+    // A shape-only model has no data: shapes come from the config and the backend generates
+    // the values, so `weights` stays empty.
+    let synthetic_shapes: Option<std::collections::HashMap<String, Vec<u64>>> = (model.format
+        == ModelFormat::Synthetic)
+        .then(|| model::tensor_names(mc).into_iter().collect());
     let mut weight = |b: &mut Builder<'_>, name: &str| -> Result<BufferId, ModelError> {
-        let t = model
-            .weights
-            .get(name)
-            .ok_or_else(|| ModelError::MissingTensor(name.to_string()))?;
-        let shape = t.shape().to_vec();
-        if weights.get(name).is_none() {
-            weights.insert_shared(name, cast(name, t, opts.dtype)?);
-        }
+        let shape = match &synthetic_shapes {
+            Some(shapes) => shapes
+                .get(name)
+                .ok_or_else(|| ModelError::MissingTensor(name.to_string()))?
+                .clone(),
+            None => {
+                let t = model
+                    .weights
+                    .get(name)
+                    .ok_or_else(|| ModelError::MissingTensor(name.to_string()))?;
+                if weights.get(name).is_none() {
+                    weights.insert_shared(name, cast(name, t, opts.dtype)?);
+                }
+                t.shape().to_vec()
+            }
+        };
         Ok(b.p.new_weight(name, opts.dtype, &shape, name))
     };
     let meta = &mut b.p.meta;
@@ -632,18 +697,25 @@ pub fn lower(
             )
             .0
         };
-        let o = b.act(format!("L{l}.o"), &[1, h]);
-        let o = b.proj(attn, wo, None, o, q_dim, h, &format!("L{l}.o"));
-        let hm = b.act(format!("L{l}.h_mid"), &[1, h]);
-        let (hm, _) = b.single(
-            Opcode::ADD,
-            &[resid.buf, o.buf],
-            hm,
-            &[resid.wait, o.wait],
-            Map::new(),
-            format!("L{l}.add_attn"),
-            (2 * h as i64 * dbytes, h as i64),
-        );
+        let hm = if fuse_resid {
+            let hm = b.act(format!("L{l}.h_mid"), &[1, h]);
+            let bias = Some((resid.buf, Some(resid.wait)));
+            b.proj_plus(attn, wo, bias, hm, q_dim, h, &format!("L{l}.o_add"))
+        } else {
+            let o = b.act(format!("L{l}.o"), &[1, h]);
+            let o = b.proj(attn, wo, None, o, q_dim, h, &format!("L{l}.o"));
+            let hm = b.act(format!("L{l}.h_mid"), &[1, h]);
+            b.single(
+                Opcode::ADD,
+                &[resid.buf, o.buf],
+                hm,
+                &[resid.wait, o.wait],
+                Map::new(),
+                format!("L{l}.add_attn"),
+                (2 * h as i64 * dbytes, h as i64),
+            )
+            .0
+        };
         let mn = b.act(format!("L{l}.mn"), &[1, h]);
         let (mn, _) = b.single(
             Opcode::RMSNORM,
@@ -668,11 +740,15 @@ pub fn lower(
             format!("L{l}.swiglu"),
             (2 * inter as i64 * dbytes, 4 * inter as i64),
         );
-        let down = b.act(format!("L{l}.down"), &[1, h]);
-        let down = b.proj(act, wd, None, down, inter, h, &format!("L{l}.down"));
-        let ho = b.act(format!("L{l}.h_out"), &[1, h]);
-        resid = b
-            .single(
+        resid = if fuse_resid {
+            let ho = b.act(format!("L{l}.h_out"), &[1, h]);
+            let bias = Some((hm.buf, Some(hm.wait)));
+            b.proj_plus(act, wd, bias, ho, inter, h, &format!("L{l}.down_add"))
+        } else {
+            let down = b.act(format!("L{l}.down"), &[1, h]);
+            let down = b.proj(act, wd, None, down, inter, h, &format!("L{l}.down"));
+            let ho = b.act(format!("L{l}.h_out"), &[1, h]);
+            b.single(
                 Opcode::ADD,
                 &[hm.buf, down.buf],
                 ho,
@@ -681,7 +757,8 @@ pub fn lower(
                 format!("L{l}.add_mlp"),
                 (2 * h as i64 * dbytes, h as i64),
             )
-            .0;
+            .0
+        };
     }
     let fnorm = weight(&mut b, FINAL_NORM)?;
     let hf = b.act("hf".into(), &[1, h]);
