@@ -561,6 +561,54 @@ __device__ __forceinline__ T amk_block_reduce(T v) {
 
 __device__ __noinline__ float amk_block_sum(float v) { return amk_block_reduce<float, false>(v); }
 __device__ __noinline__ double amk_block_sum_d(double v) { return amk_block_reduce<double, false>(v); }
+
+/* ---- vector-row helpers of the norms (RMSNORM, LAYERNORM) ---- */
+
+/* Block sum of per-thread f64 partials with one barrier: warp shuffle, one partial per warp in
+ * shared memory, every thread adds the AMK_WARPS partials in the same order (all get the same
+ * value). Calls alternate between two slots (par = call count & 1): a warp can only write a slot
+ * again after the next call's barrier, by which time every thread has read it. The scheduler's
+ * barrier after each task covers the first call of the next one. */
+__device__ __forceinline__ double amk_norm_block_sum(double s, int par) {
+  __shared__ double red[2][AMK_WARPS];
+  s = amk_warp_sum_d(s);
+  if ((threadIdx.x & 31) == 0) red[par][threadIdx.x >> 5] = s;
+  __syncthreads();
+  double t = 0.0;
+#pragma unroll
+  for (int k = 0; k < AMK_WARPS; ++k) t += red[par][k];
+  return t;
+}
+
+/* The vector path keeps only the raw bits of the row operands in registers (a uint4 pair per vector of 8
+ * elements) and converts them where it uses them (one instruction per element); vector
+ * u = t + q * G of a row (q < V, u < hv = hidden / 8), t the thread's index in its group of G
+ * threads. */
+
+/* Issues the 16-byte loads of the thread's vectors of the row at vector offset ub. */
+template <int G, int V>
+__device__ __forceinline__ void amk_norm_ld(const void* p, int dt, long long ub, long long hv, int t,
+                                       uint4* a, uint4* b) {
+#pragma unroll
+  for (int q = 0; q < V; ++q) {
+    const long long u = t + (long long)q * G;
+    a[q] = b[q] = make_uint4(0u, 0u, 0u, 0u); /* defined when skipped (no carried value) */
+    if (u < hv) amk_ld8_raw(p, dt, ub + u, a[q], b[q]);
+  }
+}
+
+/* Hides the raw bits' origin from the optimiser (emits nothing): values converted after this are
+ * converted again from the raw registers, instead of f32/f64 copies of every element being kept
+ * live (or hoisted out of a row loop), which would not fit in the megakernel's registers. Only
+ * for bits already waited for: it is a use. */
+template <int V>
+__device__ __forceinline__ void amk_norm_opaque(uint4* a, uint4* b) {
+#pragma unroll
+  for (int q = 0; q < V; ++q)
+    asm volatile("" : "+r"(a[q].x), "+r"(a[q].y), "+r"(a[q].z), "+r"(a[q].w), "+r"(b[q].x),
+                 "+r"(b[q].y), "+r"(b[q].z), "+r"(b[q].w));
+}
+
 /* Max ignoring nothing: NaN propagates like fmaxf (NaN loses); callers needing NaN-aware
  * semantics handle them before reducing. */
 __device__ __noinline__ float amk_block_max(float v) { return amk_block_reduce<float, true>(v); }

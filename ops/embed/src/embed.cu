@@ -10,40 +10,6 @@
 
 #define EMB_NB 4 /* 16-byte loads in flight per thread */
 
-/* Raw 16-byte words of F32/BF16/F16 elements 8u .. 8u+7 (w1 only for F32): loads only. */
-__device__ __forceinline__ void emb_ld8_raw(const void* p, bool f32, long long u, uint4& w0,
-                                            uint4& w1) {
-  if (f32) {
-    const uint4* q = (const uint4*)p + 2 * u;
-    w0 = q[0];
-    w1 = q[1];
-  } else {
-    w0 = ((const uint4*)p)[u];
-    w1 = make_uint4(0u, 0u, 0u, 0u);
-  }
-}
-/* Those words as f32 (exact, as amk_ld). */
-__device__ __forceinline__ void emb_unpack8(const uint4& w0, const uint4& w1, int dt, float* f) {
-  if (dt == AMK_F32) {
-    f[0] = __uint_as_float(w0.x); f[1] = __uint_as_float(w0.y);
-    f[2] = __uint_as_float(w0.z); f[3] = __uint_as_float(w0.w);
-    f[4] = __uint_as_float(w1.x); f[5] = __uint_as_float(w1.y);
-    f[6] = __uint_as_float(w1.z); f[7] = __uint_as_float(w1.w);
-  } else {
-    const uint32_t w[4] = {w0.x, w0.y, w0.z, w0.w};
-#pragma unroll
-    for (int k = 0; k < 4; ++k) {
-      const uint16_t l = (uint16_t)(w[k] & 0xffffu), h = (uint16_t)(w[k] >> 16);
-      if (dt == AMK_BF16) {
-        f[2 * k] = amk_bf16_to_f32(l);
-        f[2 * k + 1] = amk_bf16_to_f32(h);
-      } else {
-        f[2 * k] = amk_f16_to_f32(l);
-        f[2 * k + 1] = amk_f16_to_f32(h);
-      }
-    }
-  }
-}
 
 /* d[v] = s[v] for v < units (16-byte units), each thread loading EMB_NB units before storing
  * any. check() runs once in every thread after the first loads were issued and before any
@@ -81,14 +47,14 @@ __device__ __forceinline__ void emb_cast8(const void* src, int sdt, void* dst, i
     for (int k = 0; k < NB; ++k) {
       const long long v = b + threadIdx.x + (long long)k * AMK_THREADS;
       w0[k] = w1[k] = make_uint4(0u, 0u, 0u, 0u);
-      if (v < units) emb_ld8_raw(src, f32, v, w0[k], w1[k]);
+      if (v < units) amk_ld8_raw(src, f32 ? AMK_F32 : AMK_BF16, v, w0[k], w1[k]);
     }
 #pragma unroll
     for (int k = 0; k < NB; ++k) {
       const long long v = b + threadIdx.x + (long long)k * AMK_THREADS;
       if (v < units) {
         float f[8];
-        emb_unpack8(w0[k], w1[k], sdt, f);
+        amk_cvt8(sdt, w0[k], w1[k], f);
         amk_st8(dst, ddt, v, f);
       }
     }

@@ -25,49 +25,6 @@
 #define LN_VB 4
 #define LN_VW 4
 
-/* Block sum of per-thread f64 partials with one barrier (every thread gets the same value, the
- * AMK_WARPS warp partials added in order). Calls alternate between two slots (par = call count
- * & 1): a warp writes a slot again only after the next call's barrier, when every thread has
- * read it; the scheduler's barrier after each task covers the next task's first call. */
-__device__ __forceinline__ double ln_block_sum(double s, int par) {
-  __shared__ double red[2][AMK_WARPS];
-  s = amk_warp_sum_d(s);
-  if ((threadIdx.x & 31) == 0) red[par][threadIdx.x >> 5] = s;
-  __syncthreads();
-  double t = 0.0;
-#pragma unroll
-  for (int k = 0; k < AMK_WARPS; ++k) t += red[par][k];
-  return t;
-}
-
-/* The vector path keeps only the raw bits of x, w and b in registers (a uint4 pair per vector of
- * 8 elements) and converts them where it uses them (one instruction per element); vector
- * u = t + q * G of a row (q < V, u < hv = hidden / 8), t the thread's index in its group of G
- * threads. */
-
-/* Issues the 16-byte loads of the thread's vectors of the row at vector offset ub. */
-template <int G, int V>
-__device__ __forceinline__ void ln_ld(const void* p, int dt, long long ub, long long hv, int t,
-                                      uint4* a, uint4* b) {
-#pragma unroll
-  for (int q = 0; q < V; ++q) {
-    const long long u = t + (long long)q * G;
-    a[q] = b[q] = make_uint4(0u, 0u, 0u, 0u); /* defined when skipped (no carried value) */
-    if (u < hv) amk_ld8_raw(p, dt, ub + u, a[q], b[q]);
-  }
-}
-
-/* Hides the raw bits' origin from the optimiser (emits nothing): values converted after this are
- * converted again from the raw registers, instead of f32/f64 copies of every element being kept
- * live (or hoisted out of a row loop), which would not fit in the megakernel's registers. Only
- * for bits already waited for: it is a use. */
-template <int V>
-__device__ __forceinline__ void ln_opaque(uint4* a, uint4* b) {
-#pragma unroll
-  for (int q = 0; q < V; ++q)
-    asm volatile("" : "+r"(a[q].x), "+r"(a[q].y), "+r"(a[q].z), "+r"(a[q].w), "+r"(b[q].x),
-                 "+r"(b[q].y), "+r"(b[q].z), "+r"(b[q].w));
-}
 
 /* The thread's f64 sum of its elements of x (PASS 0), or of (x - mean)^2 (PASS 1). */
 template <int G, int V, int PASS>
@@ -138,28 +95,28 @@ __device__ __noinline__ void ln_rows(const void* xp, int xdt, const void* wp, in
   const double dh = (double)h;
   if (r0 >= rows) return; /* warp mode: a warp without rows (warp-uniform); block: no rows */
   uint4 wa[V], wb[V], ba[V], bb[V], xa[V], xb[V];
-  ln_ld<G, V>(wp, wdt, 0, hv, t, wa, wb);
-  if (HAS_B) ln_ld<G, V>(bp, bdt, 0, hv, t, ba, bb);
-  ln_ld<G, V>(xp, xdt, r0 * hv, hv, t, xa, xb);
+  amk_norm_ld<G, V>(wp, wdt, 0, hv, t, wa, wb);
+  if (HAS_B) amk_norm_ld<G, V>(bp, bdt, 0, hv, t, ba, bb);
+  amk_norm_ld<G, V>(xp, xdt, r0 * hv, hv, t, xa, xb);
 #pragma unroll 1
   for (long long r = r0;;) {
     /* block: the mean's reduce on slot 0, the variance's on slot 1 (alternating calls) */
     double s = ln_part<G, V, 0>(xdt, hv, t, xa, xb, 0.0);
-    ln_opaque<V>(xa, xb);
-    s = G == 32 ? amk_warp_sum_d(s) : ln_block_sum(s, 0);
+    amk_norm_opaque<V>(xa, xb);
+    s = G == 32 ? amk_warp_sum_d(s) : amk_norm_block_sum(s, 0);
     const double mean = s / dh;
     double qs = ln_part<G, V, 1>(xdt, hv, t, xa, xb, mean);
-    ln_opaque<V>(xa, xb);
-    qs = G == 32 ? amk_warp_sum_d(qs) : ln_block_sum(qs, 1);
+    amk_norm_opaque<V>(xa, xb);
+    qs = G == 32 ? amk_warp_sum_d(qs) : amk_norm_block_sum(qs, 1);
     const double rstd = 1.0 / sqrt(qs / dh + eps);
     ln_store<G, V, HAS_B>(op, odt, r * hv, hv, t, xdt, xa, xb, wdt, wa, wb, bdt, ba, bb, mean,
                           rstd);
     r += rstep;
     if (r >= rows) break;
     /* w's and b's conversions stay in the loop (waited for by now) */
-    ln_opaque<V>(wa, wb);
-    if (HAS_B) ln_opaque<V>(ba, bb);
-    ln_ld<G, V>(xp, xdt, r * hv, hv, t, xa, xb);
+    amk_norm_opaque<V>(wa, wb);
+    if (HAS_B) amk_norm_opaque<V>(ba, bb);
+    amk_norm_ld<G, V>(xp, xdt, r * hv, hv, t, xa, xb);
   }
 }
 

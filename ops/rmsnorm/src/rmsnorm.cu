@@ -25,50 +25,6 @@
 #define RMS_VB 4
 #define RMS_VW 4
 
-/* Block sum of per-thread f64 partials with one barrier: warp shuffle, one partial per warp in
- * shared memory, every thread adds the AMK_WARPS partials in the same order (all get the same
- * value). Calls alternate between two slots (par = call count & 1): a warp can only write a slot
- * again after the next call's barrier, by which time every thread has read it. The scheduler's
- * barrier after each task covers the first call of the next one. */
-__device__ __forceinline__ double rms_block_sum(double s, int par) {
-  __shared__ double red[2][AMK_WARPS];
-  s = amk_warp_sum_d(s);
-  if ((threadIdx.x & 31) == 0) red[par][threadIdx.x >> 5] = s;
-  __syncthreads();
-  double t = 0.0;
-#pragma unroll
-  for (int k = 0; k < AMK_WARPS; ++k) t += red[par][k];
-  return t;
-}
-
-/* The vector path keeps only the raw bits of x and w in registers (a uint4 pair per vector of 8
- * elements) and converts them where it uses them (one instruction per element); vector
- * u = t + q * G of a row (q < V, u < hv = hidden / 8), t the thread's index in its group of G
- * threads. */
-
-/* Issues the 16-byte loads of the thread's vectors of the row at vector offset ub. */
-template <int G, int V>
-__device__ __forceinline__ void rms_ld(const void* p, int dt, long long ub, long long hv, int t,
-                                       uint4* a, uint4* b) {
-#pragma unroll
-  for (int q = 0; q < V; ++q) {
-    const long long u = t + (long long)q * G;
-    a[q] = b[q] = make_uint4(0u, 0u, 0u, 0u); /* defined when skipped (no carried value) */
-    if (u < hv) amk_ld8_raw(p, dt, ub + u, a[q], b[q]);
-  }
-}
-
-/* Hides the raw bits' origin from the optimiser (emits nothing): values converted after this are
- * converted again from the raw registers, instead of f32/f64 copies of every element being kept
- * live (or hoisted out of a row loop), which would not fit in the megakernel's registers. Only
- * for bits already waited for: it is a use. */
-template <int V>
-__device__ __forceinline__ void rms_opaque(uint4* a, uint4* b) {
-#pragma unroll
-  for (int q = 0; q < V; ++q)
-    asm volatile("" : "+r"(a[q].x), "+r"(a[q].y), "+r"(a[q].z), "+r"(a[q].w), "+r"(b[q].x),
-                 "+r"(b[q].y), "+r"(b[q].z), "+r"(b[q].w));
-}
 
 /* The thread's f64 sum of squares of its elements of x. */
 template <int G, int V>
@@ -126,25 +82,25 @@ __device__ __noinline__ void rms_rows(const void* xp, int xdt, const void* wp, i
   const double dh = (double)h;
   if (r0 >= rows) return; /* warp mode: a warp without rows (warp-uniform); block: no rows */
   uint4 wa[V], wb[V], xa[V], xb[V];
-  rms_ld<G, V>(wp, wdt, 0, hv, t, wa, wb);
-  rms_ld<G, V>(xp, xdt, r0 * hv, hv, t, xa, xb);
+  amk_norm_ld<G, V>(wp, wdt, 0, hv, t, wa, wb);
+  amk_norm_ld<G, V>(xp, xdt, r0 * hv, hv, t, xa, xb);
   int par = 0;
 #pragma unroll 1
   for (long long r = r0;;) {
     double s = rms_sumsq<G, V>(xdt, hv, t, xa, xb);
-    rms_opaque<V>(xa, xb);
+    amk_norm_opaque<V>(xa, xb);
     if (G == 32) {
       s = amk_warp_sum_d(s);
     } else {
-      s = rms_block_sum(s, par);
+      s = amk_norm_block_sum(s, par);
       par ^= 1;
     }
     const double inv = 1.0 / sqrt(s / dh + eps);
     rms_store<G, V>(op, odt, r * hv, hv, t, xdt, xa, xb, wdt, wa, wb, inv);
     r += rstep;
     if (r >= rows) break;
-    rms_opaque<V>(wa, wb); /* w's conversion stays in the loop (waited for by now) */
-    rms_ld<G, V>(xp, xdt, r * hv, hv, t, xa, xb);
+    amk_norm_opaque<V>(wa, wb); /* w's conversion stays in the loop (waited for by now) */
+    amk_norm_ld<G, V>(xp, xdt, r * hv, hv, t, xa, xb);
   }
 }
 

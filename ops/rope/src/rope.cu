@@ -55,28 +55,6 @@ __device__ __forceinline__ void rope_pair(float x1, float x2, float c, float s, 
   yb = __fadd_rn(__fmul_rn(x2, c), __fmul_rn(x1, s));
 }
 
-/* 8 F32/BF16/F16 values from raw 16-byte words (hi only used for F32), exact as amk_ld. */
-__device__ __forceinline__ void rope_unpack8(const uint4& lo, const uint4& hi, int dt, float* f) {
-  if (dt == AMK_F32) {
-    f[0] = __uint_as_float(lo.x); f[1] = __uint_as_float(lo.y);
-    f[2] = __uint_as_float(lo.z); f[3] = __uint_as_float(lo.w);
-    f[4] = __uint_as_float(hi.x); f[5] = __uint_as_float(hi.y);
-    f[6] = __uint_as_float(hi.z); f[7] = __uint_as_float(hi.w);
-  } else {
-    const uint32_t w[4] = {lo.x, lo.y, lo.z, lo.w};
-#pragma unroll
-    for (int k = 0; k < 4; ++k) {
-      const uint16_t l = (uint16_t)(w[k] & 0xffffu), h = (uint16_t)(w[k] >> 16);
-      if (dt == AMK_BF16) {
-        f[2 * k] = amk_bf16_to_f32(l);
-        f[2 * k + 1] = amk_bf16_to_f32(h);
-      } else {
-        f[2 * k] = amk_f16_to_f32(l);
-        f[2 * k + 1] = amk_f16_to_f32(h);
-      }
-    }
-  }
-}
 
 /* Raw words of the 8 elements at element offset e (a multiple of 8): one 16-byte load for a
  * 16-bit dtype, two for F32. Nothing is consumed here, so a thread's loads stay in flight. */
@@ -220,8 +198,8 @@ __device__ __forceinline__ bool rope_run(const amk_task_ctx& ctx, const amk_buff
         if (u >= units) continue;
         if (VEC) {
           float fa[8], fb[8], c[8], s[8], ya[8], yb[8];
-          rope_unpack8(ra[k], rah[k], xdt, fa);
-          rope_unpack8(rb[k], rbh[k], xdt, fb);
+          amk_cvt8(xdt, ra[k], rah[k], fa);
+          amk_cvt8(xdt, rb[k], rbh[k], fb);
           const float4* cp = (const float4*)(s_cos + ti[k]);
           const float4* sp = (const float4*)(s_sin + ti[k]);
           const float4 c0 = cp[0], c1 = cp[1], s0 = sp[0], s1 = sp[1];
