@@ -331,7 +331,7 @@ fn bench(a: &BenchArgs) -> Result<(), ModelCmdError> {
                 last = Some(s.run(&inputs)?);
                 ms.push(s.last_kernel_ms().map_or(f64::NAN, f64::from));
             }
-            let after = logits(last, &v)?;
+            let after = logits(last)?;
             let again = Gate::check(&after, &want, a.tolerance);
             if again.passed() {
                 times = Some(summarize(&ms));
@@ -416,13 +416,11 @@ fn inputs(v: &ValidatedProgram, pos: u64) -> Vec<(&'static str, Tensor)> {
 fn step(s: &mut CudaSession, v: &ValidatedProgram, pos: u64) -> Result<Vec<f32>, ModelCmdError> {
     s.poison_outputs()?;
     let out = s.run(&inputs(v, pos))?;
-    logits(Some(out), v)
+    logits(Some(out))
 }
 
-fn logits(
-    out: Option<amk_core::Outputs>,
-    _v: &ValidatedProgram,
-) -> Result<Vec<f32>, ModelCmdError> {
+/// The `logits` output of a step as f32.
+fn logits(out: Option<amk_core::Outputs>) -> Result<Vec<f32>, ModelCmdError> {
     out.as_ref()
         .and_then(|o| o.get("logits"))
         .map(|t| t.to_f32_vec())

@@ -556,7 +556,6 @@ mod perf {
     use super::*;
     use amk_core::sim::SplitMix;
     use amk_core::{GpuTarget, ScheduleConfig, validate_owned};
-    use amk_model_llama::config::ModelConfig;
     use amk_model_llama::lower::{LowerOptions, lower};
     use amk_model_llama::model::tensor_names;
     use amk_model_llama::run::argmax;
@@ -565,15 +564,7 @@ mod perf {
     /// A Llama-3.2-1B-shaped model with random weights (uniform ±0.02, norms 1 ± 0.1: never
     /// zeros), RoPE scaling left out (the shape is what is measured).
     fn llama_1b_random() -> Model {
-        let cfg = ModelConfig::from_hf_json(
-            r#"{"architectures": ["LlamaForCausalLM"], "model_type": "llama",
-                "hidden_size": 2048, "intermediate_size": 8192, "num_attention_heads": 32,
-                "num_key_value_heads": 8, "head_dim": 64, "num_hidden_layers": 16,
-                "vocab_size": 128256, "rms_norm_eps": 1e-5, "rope_theta": 500000.0,
-                "max_position_embeddings": 131072, "tie_word_embeddings": true,
-                "hidden_act": "silu"}"#,
-        )
-        .unwrap();
+        let cfg = amk_model_llama::presets::preset("llama-3.2-1b").unwrap();
         let mut w = WeightStore::new();
         let mut rng = SplitMix(0x1b1b_2024);
         for (name, shape) in tensor_names(&cfg) {
