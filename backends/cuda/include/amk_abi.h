@@ -183,8 +183,9 @@ typedef struct amk_status { /*@size 24*/
   int64_t detail;     /*@16*/
 } amk_status_t;
 
-/* A byte range of global memory to pull into L2 before a task's wait (its weight rows): the
- * weights do not depend on any counter, so their first bytes stream while the block waits. */
+/* A GEMV tile's weight rows, which no task of the program writes: the scheduler starts
+ * streaming them into shared memory (amk_tile.cuh's ring, sm_90+) before the task's wait, so
+ * only the activation load waits on the counters. */
 typedef struct amk_prefetch { /*@size 16*/
   uint64_t addr;      /*@0*/ /* device address, 0 = none */
   uint64_t bytes;     /*@8*/
@@ -208,7 +209,7 @@ typedef struct amk_device_program { /*@size 112*/
   int32_t smem_bytes;                     /*@88*/ /* dynamic shared memory per block */
   uint32_t epoch;                         /*@92*/ /* counters wait for threshold * epoch */
   uint64_t* trace;                        /*@96*/ /* null, or AMK_TRACE_WORDS per task */
-  const amk_prefetch_t* prefetch;         /*@104*/ /* n_instructions ranges (bytes 0 = none) */
+  const amk_prefetch_t* prefetch;         /*@104*/ /* null, or n_instructions ranges (bytes 0 = none) */
 } amk_device_program_t;
 
 /* Per-task trace (when `trace` is set): %globaltimer nanoseconds when the block reached the

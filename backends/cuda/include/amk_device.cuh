@@ -22,10 +22,6 @@
 #endif
 #define AMK_WARPS (AMK_THREADS / 32)
 
-#ifndef AMK_PF_FIRST
-#define AMK_PF_FIRST (128 * 1024) /* bytes of a task's weights pulled into L2 before its wait */
-#endif
-
 /* An L2 prefetch of the 128-byte line holding `p` (a hint: never faults, holds no register). */
 __device__ __forceinline__ void amk_prefetch_l2(const void* p) {
   asm volatile("prefetch.global.L2 [%0];" ::"l"(p));

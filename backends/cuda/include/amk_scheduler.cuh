@@ -26,18 +26,6 @@
                                     idle blocks do not flood the bus) */
 #endif
 
-/* Every thread issues L2 prefetches for its share of the first AMK_PF_FIRST bytes of the
- * task's prefetch range (one per 128-byte line): fire-and-forget, no registers held, so the
- * memory system streams the weights while thread 0 waits on the task's counters. */
-__device__ __forceinline__ void amk_prefetch_task(const amk_device_program_t& prog, int t) {
-  if (!prog.prefetch) return;
-  const amk_prefetch_t pf = prog.prefetch[t];
-  if (pf.addr == 0 || pf.bytes == 0) return;
-  const uint64_t n = pf.bytes < (uint64_t)AMK_PF_FIRST ? pf.bytes : (uint64_t)AMK_PF_FIRST;
-  for (uint64_t o = (uint64_t)threadIdx.x * 128u; o < n; o += (uint64_t)AMK_THREADS * 128u)
-    amk_prefetch_l2((const void*)(pf.addr + o));
-}
-
 __device__ __forceinline__ uint64_t amk_globaltimer() {
   uint64_t t;
   asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
@@ -134,7 +122,12 @@ amk_megakernel(const amk_device_program_t prog) {
   extern __shared__ __align__(16) unsigned char amk_smem[];
   __shared__ int s_go;
   __shared__ int s_failed;
-  if (threadIdx.x == 0) s_failed = 0;
+  if (threadIdx.x == 0) {
+    s_failed = 0;
+#if AMK_RING
+    amk_ring_init();
+#endif
+  }
   __syncthreads();
   const int q = blockIdx.x;
   if (q >= prog.n_queues) return;
@@ -151,12 +144,25 @@ amk_megakernel(const amk_device_program_t prog) {
     c.smem_bytes = prog.smem_bytes;
     c.failed = &s_failed;
     if (!amk_check_ids(c)) return;
-    amk_prefetch_task(prog, t);
-    if (!amk_wait_all(prog, c.inst, &s_go)) return;
+#if AMK_RING
+    /* A tile's weights do not depend on any counter: start streaming them now. */
+    if (threadIdx.x == 0) amk_ring_prestart(c);
+#endif
+    if (!amk_wait_all(prog, c.inst, &s_go)) {
+#if AMK_RING
+      if (threadIdx.x == 0 && amk_ring_started == t) amk_ring_drain(); /* no copy outlives the block */
+#endif
+      return;
+    }
     if (tr && threadIdx.x == 0) tr[1] = amk_globaltimer();
     amk_dispatch(c);
     __syncthreads();
-    if (s_failed) return;
+    if (s_failed) {
+#if AMK_RING
+      if (threadIdx.x == 0 && amk_ring_started == t) amk_ring_drain();
+#endif
+      return;
+    }
     amk_signal(prog, c.inst->out_counter);
     if (tr && threadIdx.x == 0) tr[2] = amk_globaltimer();
   }

@@ -23,10 +23,6 @@
 #ifndef AMK_TILE_CUH
 #define AMK_TILE_CUH
 
-#ifndef AMK_TILE_PF_AHEAD
-#define AMK_TILE_PF_AHEAD (128 * 1024) /* bytes of weights a block keeps prefetched ahead */
-#endif
-
 /* Weight kinds of the fast path (amk_tile_args::wk; -1: generic path only). */
 enum {
   AMK_TILE_W_F32 = 0, AMK_TILE_W_F16 = 1, AMK_TILE_W_BF16 = 2,
@@ -47,7 +43,6 @@ struct amk_tile_args {
   long long n_groups;   /* ceil(K / group) */
   int K, n_off, n_tile, m0, m_rows;
   int wk;               /* AMK_TILE_W_* */
-  bool pf;              /* prefetch rows ahead (the program has prefetch ranges) */
   int group;
   int vpg, vpg_shift;   /* 16-byte vectors per group (fast quant path); shift if a power of 2, else -1 */
   float offset;         /* subtracted without zeros: 8 (int4) or 0 (int8) */
@@ -177,19 +172,9 @@ __device__ __noinline__ void amk_tile_fast(const amk_tile_args& args) {
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int nvec = a.K / VE;
   const bool bf = a.xb->dtype == AMK_BF16;
-  /* L2 prefetch distance, in rows per warp: AMK_TILE_PF_AHEAD bytes ahead of the block's
-     consumption. The scheduler prefetched the tile's first AMK_PF_FIRST bytes before the
-     wait; rows past them are pulled in this far ahead, so the 16-byte loads below hit L2
-     and the bytes in flight do not depend on registers. */
-  const int pf_rows = max(1, (int)(AMK_TILE_PF_AHEAD / ((long long)AMK_WARPS * a.wrow_bytes)));
   for (int j = warp; j < a.n_tile; j += AMK_WARPS) {
     const int n = a.n_off + j;
     const uint4* wrow = (const uint4*)((const unsigned char*)a.w + (long long)n * a.wrow_bytes);
-    const int jp = j + pf_rows * AMK_WARPS;
-    if (a.pf && jp < a.n_tile && (long long)jp * a.wrow_bytes >= AMK_PF_FIRST) {
-      const unsigned char* prow = (const unsigned char*)a.w + (long long)(a.n_off + jp) * a.wrow_bytes;
-      for (long long o = (long long)lane * 128; o < a.wrow_bytes; o += 32 * 128) amk_prefetch_l2(prow + o);
-    }
     const long long sbase = (long long)n * a.n_groups;
     const float bias = (!QUANT && a.bias) ? amk_ldf(a.bias, n) : 0.0f;
     for (int r0 = 0; r0 < a.m_rows; r0 += MAXR) {
@@ -286,6 +271,266 @@ __device__ __forceinline__ void amk_tile_fast_x(const amk_tile_args& a, int xt) 
   else amk_tile_fast<WK, AMK_BF16, MAXR, UNROLL>(a); /* BF16 or F16 */
 }
 
+/* ---- The shared-memory weight ring (sm_90+) ------------------------------------------------
+ * A GEMV tile's weight rows [n_off, n_off + N_tile) are one contiguous run of bytes. On sm_90+
+ * that run is streamed into dynamic shared memory by cp.async.bulk copies of whole-row chunks
+ * (about AMK_RING_CHUNK bytes), `stages` of them in flight, each completing on its own mbarrier.
+ * The bytes in flight then cost no registers (the register path above is bounded by the
+ * megakernel's register budget) and the copies can be issued before the task's wait: weights
+ * never depend on a counter, so the scheduler starts the first stages of a tile whose weights
+ * no task writes (the host's prefetch table names them) and only the activation load waits.
+ *
+ * Consumers: a chunk of rc rows is split over the warps (a warp per row, or AMK_WARPS / rc warps
+ * per row, each over a lane-strided slice of the row's 16-byte vectors); each warp's partial is
+ * reduced by shuffles, written to amk_ring_part, and after the chunk's barrier thread r sums the
+ * partials of row r in a fixed order (so results are deterministic) and stores it.
+ *
+ * Phases: the mbarriers are initialised once per launch; amk_ring_parity keeps, per stage, the
+ * parity of its next completion, so tasks with different chunk sizes share the barriers. */
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+#define AMK_RING 1
+#else
+#define AMK_RING 0
+#endif
+#define AMK_RING_MAX_STAGES 16
+#ifndef AMK_RING_CHUNK
+#define AMK_RING_CHUNK (32 * 1024) /* target bytes per chunk (whole rows) */
+#endif
+#define AMK_RING_MAX_ROWS 64       /* rows per chunk at most (amk_ring_part's size) */
+
+#if AMK_RING
+__shared__ __align__(8) unsigned long long amk_ring_bar[AMK_RING_MAX_STAGES];
+__shared__ unsigned int amk_ring_parity; /* bit s: parity of stage s's next completion */
+__shared__ int amk_ring_started;         /* task whose first stages are in flight, or -1 */
+__shared__ int amk_ring_issued;          /* stages that task has in flight */
+__shared__ float amk_ring_part[2][AMK_RING_MAX_ROWS];
+
+struct amk_ring_plan {
+  const unsigned char* src; /* the tile's first weight byte */
+  int ring_off;             /* where the ring starts in dynamic shared memory (x is before it) */
+  long long total;          /* bytes of the tile (whole rows) */
+  unsigned int chunk;       /* bytes per full chunk: rows * row bytes */
+  int rows;                 /* rows per full chunk */
+  int nchunks;
+  int stages;               /* chunks in flight (<= nchunks) */
+};
+
+__device__ __forceinline__ unsigned int amk_smem_addr(const void* p) {
+  return (unsigned int)__cvta_generic_to_shared(p);
+}
+
+/* Bytes that the row of x takes at the start of dynamic shared memory (16-bit or f32 x). */
+__device__ __forceinline__ int amk_ring_x_bytes(int xdt, long long K) {
+  return (int)(((xdt == AMK_F32 ? 4 : 2) * K + 127) & ~127ll);
+}
+
+/* The chunking of `total` bytes of `wrow`-byte rows into the ring that follows `xbytes` of
+ * staged x in `smem_bytes` of shared memory; false when the ring cannot take them (alignment,
+ * or a row larger than half the ring). */
+__device__ __forceinline__ bool amk_ring_plan_make(const unsigned char* src, long long wrow,
+                                                   long long total, int xbytes, int smem_bytes,
+                                                   amk_ring_plan& p) {
+  const int ring_bytes = smem_bytes - xbytes;
+  if (ring_bytes <= 0 || wrow <= 0 || (wrow & 15) || total <= 0 || total % wrow != 0 ||
+      ((unsigned long long)src & 15ull) != 0)
+    return false;
+  long long rows = AMK_RING_CHUNK / wrow;
+  if (rows < 1) rows = 1;
+  if (rows > AMK_RING_MAX_ROWS) rows = AMK_RING_MAX_ROWS;
+  if (rows < AMK_WARPS) { /* a power of two, so that every warp takes a share of each row */
+    long long r = 1;
+    while (2 * r <= rows) r *= 2;
+    rows = r;
+  }
+  while (rows > 1 && 2 * rows * wrow > ring_bytes) rows /= 2;
+  if (2 * rows * wrow > ring_bytes) return false;
+  const long long n_rows = total / wrow;
+  p.src = src;
+  p.ring_off = xbytes;
+  p.total = total;
+  p.rows = (int)rows;
+  p.chunk = (unsigned int)(rows * wrow);
+  p.nchunks = (int)((n_rows + rows - 1) / rows);
+  p.stages = min(min(AMK_RING_MAX_STAGES, ring_bytes / (int)p.chunk), p.nchunks);
+  return true;
+}
+
+/* Thread 0: chunk i of the tile into its stage (i % stages). */
+__device__ __forceinline__ void amk_ring_issue(unsigned char* smem, const amk_ring_plan& p, int i) {
+  const int s = i % p.stages;
+  const long long off = (long long)i * p.chunk;
+  const long long left = p.total - off;
+  const unsigned int bytes = left < (long long)p.chunk ? (unsigned int)left : p.chunk;
+  const unsigned int bar = amk_smem_addr(&amk_ring_bar[s]);
+  const unsigned int dst = amk_smem_addr(smem + p.ring_off + (long long)s * p.chunk);
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(bar), "r"(bytes) : "memory");
+  asm volatile(
+      "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(dst),
+      "l"(p.src + off), "r"(bytes), "r"(bar)
+      : "memory");
+}
+
+/* Thread 0: the first `stages` chunks, after ordering earlier shared-memory accesses of the
+ * block before the copies' writes. */
+__device__ __forceinline__ void amk_ring_begin(unsigned char* smem, const amk_ring_plan& p) {
+  asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+  for (int i = 0; i < p.stages; ++i) amk_ring_issue(smem, p, i);
+}
+
+/* Blocks until stage s's next completion (its parity bit in `bits`, flipped `uses` times). */
+__device__ __forceinline__ void amk_ring_wait_stage(int s, unsigned int parity) {
+  const unsigned int bar = amk_smem_addr(&amk_ring_bar[s]);
+  unsigned int ok;
+  do {
+    asm volatile(
+        "{\n\t.reg .pred p;\n\tmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n\t"
+        "selp.u32 %0, 1, 0, p;\n\t}"
+        : "=r"(ok)
+        : "r"(bar), "r"(parity)
+        : "memory");
+  } while (!ok);
+}
+
+/* Thread 0, once every thread is done waiting: each stage's parity flips once per use. */
+__device__ __forceinline__ void amk_ring_retire(int stages, int nchunks) {
+  unsigned int bits = amk_ring_parity;
+  for (int s = 0; s < stages; ++s)
+    if (((nchunks - s + stages - 1) / stages) & 1) bits ^= 1u << s;
+  amk_ring_parity = bits;
+  amk_ring_started = -1;
+  amk_ring_issued = 0;
+}
+
+/* Thread 0: waits out the stages a prestart put in flight (a task that does not consume them,
+ * or a block leaving early), so no copy outlives its use and the phases stay in step. */
+__device__ __forceinline__ void amk_ring_drain() {
+  const int n = amk_ring_issued;
+  const unsigned int bits = amk_ring_parity;
+  for (int s = 0; s < n; ++s) amk_ring_wait_stage(s, (bits >> s) & 1u);
+  amk_ring_retire(n, n);
+}
+
+/* Thread 0, at block start: the barriers (one arrival each: the issuing thread's). */
+__device__ __forceinline__ void amk_ring_init() {
+  for (int s = 0; s < AMK_RING_MAX_STAGES; ++s)
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(amk_smem_addr(&amk_ring_bar[s])) : "memory");
+  asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+  amk_ring_parity = 0;
+  amk_ring_started = -1;
+  amk_ring_issued = 0;
+}
+
+/* The tile's rows through the ring (float weights, one row of x). `started`: the scheduler
+ * already issued the first p.stages chunks. x is staged in shared memory first (after the
+ * wait; every chunk reads it), then each lane loads AMK_RING_UNROLL weight vectors before
+ * using any. */
+#ifndef AMK_RING_UNROLL
+#define AMK_RING_UNROLL 4
+#endif
+template <int WK, int XT>
+__device__ __noinline__ void amk_tile_ring(const amk_tile_args& args, unsigned char* smem,
+                                           const amk_ring_plan& plan, bool started) {
+  const amk_tile_args a = args;
+  const amk_ring_plan p = plan;
+  constexpr int VE = amk_tile_ve<WK>::v;
+  constexpr int U = AMK_RING_UNROLL;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int nvec = a.K / VE;
+  const bool bf = a.xb->dtype == AMK_BF16;
+  const unsigned int bits = amk_ring_parity;
+  if (threadIdx.x == 0 && !started) amk_ring_begin(smem, p);
+  { /* x -> shared memory: 8-byte units (K * size is a multiple of 8: K % 4 == 0) */
+    const int units = (int)((long long)a.K * (XT == AMK_F32 ? 4 : 2) / 8);
+    const uint2* src = (const uint2*)a.x;
+    uint2* dst = (uint2*)smem;
+    for (int u = threadIdx.x; u < units; u += AMK_THREADS) dst[u] = src[u];
+  }
+  __syncthreads();
+  const unsigned char* ring = smem + p.ring_off;
+  for (int i = 0; i < p.nchunks; ++i) {
+    const int s = i % p.stages;
+    const int rc = min(p.rows, a.n_tile - i * p.rows);
+    const int G = rc >= AMK_WARPS ? 1 : AMK_WARPS / rc;
+    const int n_mine = a.n_off + i * p.rows + (int)threadIdx.x;
+    /* The bias (or residual) of this thread's row, loaded now, used after the barrier. */
+    const float bias = ((int)threadIdx.x < rc && a.bias) ? amk_ldf(a.bias, n_mine) : 0.0f;
+    float* part = amk_ring_part[i & 1];
+    amk_ring_wait_stage(s, ((bits >> s) & 1u) ^ ((unsigned int)(i / p.stages) & 1u));
+    const unsigned char* base = ring + (long long)s * p.chunk;
+    const int g = warp % G;
+    for (int r = warp / G; r < rc; r += AMK_WARPS / G) {
+      const uint4* wr = (const uint4*)(base + (long long)r * a.wrow_bytes);
+      float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+      for (int v0 = g * 32 + lane; v0 < nvec; v0 += 32 * G * U) {
+        uint4 wv[U];
+#pragma unroll
+        for (int u = 0; u < U; ++u) {
+          const int v = v0 + u * 32 * G;
+          wv[u] = v < nvec ? wr[v] : make_uint4(0u, 0u, 0u, 0u);
+        }
+#pragma unroll
+        for (int u = 0; u < U; ++u) {
+          const int v = v0 + u * 32 * G;
+          if (v < nvec) {
+            float w[VE], xs[VE];
+            amk_tile_decode<WK>(wv[u], w);
+            amk_tile_ldx<XT, VE>(smem, (long long)v * VE, xs, bf);
+#pragma unroll
+            for (int e = 0; e < VE; ++e) acc[e & 3] = fmaf(xs[e], w[e], acc[e & 3]);
+          }
+        }
+      }
+      const float t = amk_warp_sum((acc[0] + acc[1]) + (acc[2] + acc[3]));
+      if (lane == 0) part[r * G + g] = t;
+    }
+    __syncthreads(); /* stage s consumed, the partials visible */
+    if (threadIdx.x == 0 && i + p.stages < p.nchunks) {
+      asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+      amk_ring_issue(smem, p, i + p.stages);
+    }
+    if ((int)threadIdx.x < rc) {
+      const float* q = part + threadIdx.x * G;
+      float t = q[0];
+      for (int j = 1; j < G; ++j) t += q[j];
+      amk_stf(a.ob, n_mine, t + bias);
+    }
+  }
+  if (threadIdx.x == 0) amk_ring_retire(p.stages, p.nchunks);
+}
+
+template <int WK>
+__device__ __forceinline__ void amk_tile_ring_x(const amk_tile_args& a, int xt, unsigned char* smem,
+                                                const amk_ring_plan& p, bool started) {
+  if (xt == AMK_F32) amk_tile_ring<WK, AMK_F32>(a, smem, p, started);
+  else amk_tile_ring<WK, AMK_BF16>(a, smem, p, started); /* BF16 or F16 */
+}
+
+/* Bytes of one row of a float weight of dtype `dt` and K columns; 0 for other dtypes. */
+__device__ __forceinline__ long long amk_ring_row_bytes(int dt, long long K) {
+  return dt == AMK_F32 ? 4 * K : (dt == AMK_F16 || dt == AMK_BF16) ? 2 * K : 0;
+}
+
+/* Scheduler, thread 0, before the task's wait: starts the ring for a GEMV tile the host's
+ * prefetch table names (its weights are never written in this program). */
+__device__ __forceinline__ void amk_ring_prestart(const amk_task_ctx& c) {
+  const amk_device_program_t& prog = *c.prog;
+  if (!prog.prefetch || c.inst->op != AMK_OP_GEMV_TILE || c.inst->n_inputs < 2) return;
+  const amk_prefetch_t pf = prog.prefetch[c.task];
+  if (pf.addr == 0 || pf.bytes == 0) return;
+  const long long K = c.inst->params.K;
+  const int xdt = amk_in(c, 0)->dtype;
+  if (xdt != AMK_F32 && xdt != AMK_F16 && xdt != AMK_BF16) return;
+  const long long wrow = amk_ring_row_bytes(amk_in(c, 1)->dtype, K);
+  amk_ring_plan p;
+  if (!amk_ring_plan_make((const unsigned char*)pf.addr, wrow, (long long)pf.bytes, amk_ring_x_bytes(xdt, K),
+                          c.smem_bytes, p))
+    return;
+  amk_ring_begin(c.smem, p);
+  amk_ring_started = c.task;
+  amk_ring_issued = p.stages;
+}
+#endif /* AMK_RING */
+
 /* Validates what the CPU reference checks at run time (cheap, block-uniform), then computes
  * rows [m0, m0 + m_rows) of the tile. `gemm`: GEMM_TILE's row range from M_tile / m_off. */
 template <int MAXR, int UNROLL>
@@ -377,7 +622,6 @@ __device__ __forceinline__ void amk_tile_run(const amk_task_ctx& ctx, bool gemm)
   }
   a.x = a.xb->ptr;
   a.w = a.wb->ptr;
-  a.pf = ctx.prog->prefetch != nullptr;
   a.wrow_bytes = a.wk == AMK_TILE_W_I4 ? (long long)(a.K + 1) / 2
                : (long long)a.K * (a.wk == AMK_TILE_W_F32 ? 4 : (a.wk == AMK_TILE_W_F16 || a.wk == AMK_TILE_W_BF16) ? 2 : 1);
 
@@ -392,6 +636,30 @@ __device__ __forceinline__ void amk_tile_run(const amk_task_ctx& ctx, bool gemm)
       a.vpg_shift = (a.vpg & (a.vpg - 1)) == 0 ? __ffs(a.vpg) - 1 : -1;
     }
   }
+#if AMK_RING
+  /* Stages the scheduler started before the wait (all threads read the flag it set before
+     the wait's barrier). */
+  const bool started = ctx.step < 0 && amk_ring_started == ctx.task;
+  amk_ring_plan rp;
+  if (fast && MAXR == 1 && a.m_rows == 1 && a.m0 == 0 && a.wk <= AMK_TILE_W_BF16 &&
+      amk_ring_plan_make((const unsigned char*)a.w + (long long)a.n_off * a.wrow_bytes, a.wrow_bytes,
+                         (long long)a.n_tile * a.wrow_bytes, amk_ring_x_bytes(xdt, a.K), ctx.smem_bytes, rp)) {
+    bool go = started;
+    if (started && (rp.src != (const unsigned char*)ctx.prog->prefetch[ctx.task].addr ||
+                    rp.total != (long long)ctx.prog->prefetch[ctx.task].bytes)) {
+      if (threadIdx.x == 0) amk_ring_drain(); /* not this tile's bytes: wait them out */
+      __syncthreads();
+      go = false;
+    }
+    switch (a.wk) {
+      case AMK_TILE_W_F32: amk_tile_ring_x<AMK_TILE_W_F32>(a, xdt, ctx.smem, rp, go); break;
+      case AMK_TILE_W_F16: amk_tile_ring_x<AMK_TILE_W_F16>(a, xdt, ctx.smem, rp, go); break;
+      default: amk_tile_ring_x<AMK_TILE_W_BF16>(a, xdt, ctx.smem, rp, go); break;
+    }
+    return;
+  }
+  if (started && threadIdx.x == 0) amk_ring_drain(); /* the register path does not use them */
+#endif
   if (!fast) {
     amk_tile_generic<MAXR>(a);
     return;

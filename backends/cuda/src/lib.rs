@@ -34,6 +34,9 @@ use std::time::Duration;
 /// Default watchdog limit for one forward pass.
 pub const DEFAULT_WATCHDOG: Duration = Duration::from_secs(10);
 
+/// Default most bytes of the GEMV weight ring per block ([`CudaOptions::ring_bytes`]): off.
+pub const DEFAULT_RING_BYTES: usize = 0;
+
 /// How to open the device.
 #[derive(Debug, Clone)]
 pub struct CudaOptions {
@@ -46,10 +49,15 @@ pub struct CudaOptions {
     pub cache_dir: Option<PathBuf>,
     /// Threads per block.
     pub threads: u32,
-    /// Pull each GEMV/GEMM tile's weights into L2 ahead of use (before the task's wait, and
-    /// a fixed distance ahead while it streams). Off by default: measured 7–10 % slower on
-    /// the H100 (docs/perf-notes.md); `AMK_CUDA_PREFETCH=1` turns it on.
-    pub prefetch: bool,
+    /// Most bytes of shared memory per block for the GEMV weight ring (sm_90+; capped by
+    /// what the device allows). 0 (the default) streams weights through registers only:
+    /// the ring measured slower on the H100, because the shared memory it takes comes out of
+    /// the L1 cache that the megakernel's stack and re-read operands live in
+    /// (docs/perf-notes.md). `AMK_CUDA_RING_KB` sets it (e.g. 192).
+    pub ring_bytes: usize,
+    /// Start a GEMV tile's weight copies into the ring before the task's wait (its weights
+    /// never depend on a counter). Default on; `AMK_CUDA_PRESTART=0` turns it off.
+    pub prestart: bool,
 }
 
 impl Default for CudaOptions {
@@ -62,7 +70,11 @@ impl Default for CudaOptions {
                 .map_or(DEFAULT_WATCHDOG, Duration::from_millis),
             cache_dir: None,
             threads: assemble::DEFAULT_THREADS,
-            prefetch: std::env::var("AMK_CUDA_PREFETCH").is_ok_and(|v| v == "1"),
+            ring_bytes: std::env::var("AMK_CUDA_RING_KB")
+                .ok()
+                .and_then(|v| v.parse::<usize>().ok())
+                .map_or(DEFAULT_RING_BYTES, |kb| kb << 10),
+            prestart: std::env::var("AMK_CUDA_PRESTART").map_or(true, |v| v != "0"),
         }
     }
 }
@@ -128,6 +140,17 @@ pub mod test_support {
     /// no `cuda` feature).
     pub fn gpu_or_skip(test: &str) -> Option<CudaBackend> {
         match CudaBackend::new(CudaOptions::default()) {
+            Ok(b) => Some(b),
+            Err(e) => {
+                skip(test, &e);
+                None
+            }
+        }
+    }
+
+    /// Like [`gpu_or_skip`] with the given options.
+    pub fn gpu_with_options(test: &str, options: CudaOptions) -> Option<CudaBackend> {
+        match CudaBackend::new(options) {
             Ok(b) => Some(b),
             Err(e) => {
                 skip(test, &e);

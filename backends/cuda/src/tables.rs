@@ -476,46 +476,59 @@ pub fn task_label(program: &Program, t: usize) -> String {
         .map_or_else(|| format!("task #{t}"), Task::display_label)
 }
 
-/// Per instruction, the weight rows a GEMV/GEMM tile streams (device address and bytes, from
-/// its input 1 and its `K`, `N_tile`, `n_off`), which the scheduler pulls into L2 before the
-/// task's wait; zero for every other task. `descs` carry device addresses.
+/// Per instruction, the weight rows a GEMV tile streams (device address and bytes, from its
+/// input 1 and its `K`, `N_tile`, `n_off`), which the scheduler starts copying into shared
+/// memory before the task's wait; zero for every other task. `descs` carry device addresses.
 ///
-/// Only the two tile ops are listed: they are where the bytes are, and their footprint is a
-/// plain row range. An op whose footprint is not a row range gets none (prefetching is a
-/// hint; it never changes a result).
-pub fn prefetch_ranges(instructions: &[AmkInstruction], descs: &[AmkBuffer]) -> Vec<AmkPrefetch> {
+/// Listed only where starting early is safe and the ring will take it: GEMV_TILE over a float
+/// weight (F32/F16/BF16) bound from the model's tensors, that no instruction of the program
+/// writes (so no counter orders it), with the row range inside the buffer. The device checks
+/// the rest (alignment, one row of x) and waits out the copies of a tile it does not stream.
+pub fn prefetch_ranges(
+    instructions: &[AmkInstruction],
+    descs: &[AmkBuffer],
+    placement: &[Placement],
+) -> Vec<AmkPrefetch> {
     let none = AmkPrefetch { addr: 0, bytes: 0 };
+    let mut written = vec![false; descs.len()];
+    for r in instructions {
+        for &o in r.outputs.iter().take(r.n_outputs.max(0) as usize) {
+            if let Some(w) = usize::try_from(o).ok().and_then(|i| written.get_mut(i)) {
+                *w = true;
+            }
+        }
+    }
     instructions
         .iter()
         .map(|r| {
-            let tile =
-                r.op == i32::from(Opcode::GEMV_TILE.0) || r.op == i32::from(Opcode::GEMM_TILE.0);
-            if !tile || r.n_inputs < 2 {
+            if r.op != i32::from(Opcode::GEMV_TILE.0) || r.n_inputs < 2 {
                 return none;
             }
-            let Some(w) = usize::try_from(r.inputs[1]).ok().and_then(|i| descs.get(i)) else {
+            let Some(wi) = usize::try_from(r.inputs[1])
+                .ok()
+                .filter(|&i| i < descs.len())
+            else {
                 return none;
             };
+            let w = &descs[wi];
+            let constant = matches!(placement.get(wi), Some(Placement::Weight(_))) && !written[wi];
             let (k, n_tile, n_off) = (r.params.k, r.params.n_tile, r.params.n_off);
-            if k <= 0 || n_tile <= 0 || n_off < 0 || w.ptr == 0 {
+            if !constant || k <= 0 || n_tile <= 0 || n_off < 0 || w.ptr == 0 {
                 return none;
             }
-            let k = k as u64;
-            let row = match w.dtype {
-                0 | 5 => 4 * k,
-                1 | 2 => 2 * k,
-                7 => k.div_ceil(2),
-                _ => k,
+            let esize: u64 = match w.dtype {
+                0 => 4,
+                1 | 2 => 2,
+                _ => return none,
             };
-            let total = match w.dtype {
-                7 => (w.numel.max(0) as u64 / k) * row,
-                _ => w.numel.max(0) as u64 * (row / k.max(1)).max(1),
-            };
-            let start = (n_off as u64 * row).min(total);
-            let bytes = (n_tile as u64 * row).min(total - start);
+            let (k, row) = (k as u64, esize * k as u64);
+            let rows = w.numel.max(0) as u64 / k;
+            if n_off as u64 + n_tile as u64 > rows {
+                return none;
+            }
             AmkPrefetch {
-                addr: w.ptr + start,
-                bytes,
+                addr: w.ptr + n_off as u64 * row,
+                bytes: n_tile as u64 * row,
             }
         })
         .collect()

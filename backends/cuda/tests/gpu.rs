@@ -160,6 +160,20 @@ mod conformance {
     ));
 }
 
+/// The whole suite again with the shared-memory weight ring on (off by default), so that the
+/// ring's streaming, its start before the wait and its phase tracking across tasks stay
+/// checked against the CPU VM.
+mod conformance_ring {
+    amk_conformance::conformance_tests!(maybe: amk_backend_cuda::test_support::gpu_with_options(
+        "conformance_ring",
+        amk_backend_cuda::CudaOptions {
+            ring_bytes: 192 << 10,
+            prestart: true,
+            ..amk_backend_cuda::CudaOptions::default()
+        }
+    ));
+}
+
 fn params(kv: &[(&str, Value)]) -> Map {
     let mut m = Map::new();
     for (k, v) in kv {

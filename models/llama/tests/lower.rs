@@ -728,11 +728,73 @@ fn sm_multiple_tiles_every_projection_over_all_sms() {
     assert!(head[..131].iter().all(|&w| w == 976) && head[131] == 128256 - 131 * 976);
     let down = tiles(&tuned, "L3.down_add");
     assert_eq!((down.len(), down[0]), (128, 16));
+    // Projections of one phase share the SMs in proportion to their rows: Q 88, K 22, V 22
+    // SMs (2048, 512, 512 rows); gate and up 66 each.
     let gate = tiles(&tuned, "L0.gate");
     assert!(
-        gate.iter().all(|w| w % 8 == 0) && gate.len() == 128,
+        gate.iter().all(|&w| w == 128) && gate.len() == 64,
         "{gate:?}"
     );
+    let (q, k) = (tiles(&tuned, "L0.q"), tiles(&tuned, "L0.k"));
+    assert!(
+        q.len() == 86 && q[..85].iter().all(|&w| w == 24) && q[85] == 8,
+        "{q:?}"
+    );
+    assert_eq!((k.len(), k[0], k[21]), (22, 24, 512 - 21 * 24));
     let reference = tiles(&ScheduleConfig::default(), "lm_head");
     assert_eq!((reference.len(), reference[0]), (64, 2004));
+}
+
+/// With the tuned schedule no SM runs two GEMV tiles of one phase (the Q, K and V tiles of a
+/// layer; its gate and up tiles), so a phase costs one task's fixed overhead per SM.
+#[test]
+fn tuned_phases_put_one_tile_per_sm() {
+    use amk_model_llama::lower::tuned_schedule;
+    use amk_model_llama::presets;
+    let reg = amk_ops::registry().unwrap();
+    let target = GpuTarget::by_name("h100").unwrap();
+    for shape in ["llama-3.2-1b", "smollm2-135m", "llama-3.1-8b"] {
+        let m = Model::shape_only(presets::preset(shape).unwrap(), shape);
+        let lowered = lower(&m, &tuned_schedule(), &target, &LowerOptions::default()).unwrap();
+        let v = amk_core::validate_owned(lowered.program, &reg)
+            .map_err(|r| r.report())
+            .unwrap();
+        for (l, phase) in [(1, &["q", "k", "v"][..]), (2, &["gate", "up"][..])] {
+            let sms: Vec<i32> = v
+                .program()
+                .tasks
+                .iter()
+                .filter(|t| {
+                    phase
+                        .iter()
+                        .any(|p| t.label.starts_with(&format!("L{l}.{p}[")))
+                })
+                .map(|t| t.sm.expect("the lowering assigns every task an SM"))
+                .collect();
+            let mut distinct = sms.clone();
+            distinct.sort_unstable();
+            distinct.dedup();
+            assert!(
+                sms.len() > 64,
+                "{shape} L{l} {phase:?}: {} tiles",
+                sms.len()
+            );
+            assert_eq!(
+                distinct.len(),
+                sms.len(),
+                "{shape} L{l} {phase:?}: an SM runs two tiles"
+            );
+        }
+    }
+}
+
+/// SM shares are proportional to rows, at least 1 each, and sum to the SM count.
+#[rstest::rstest]
+#[case(132, &[2048, 512, 512], &[88, 22, 22])]
+#[case(132, &[576, 192, 192], &[79, 27, 26])]
+#[case(132, &[8192, 8192], &[66, 66])]
+#[case(2, &[100, 1, 1], &[1, 1, 1])]
+#[case(10, &[0, 0], &[10, 10])]
+fn sm_shares_are_proportional(#[case] sms: u64, #[case] rows: &[u64], #[case] want: &[u64]) {
+    assert_eq!(amk_model_llama::lower::sm_shares(sms, rows), want);
 }

@@ -256,6 +256,8 @@ pub struct Module {
     pub regs: i32,
     /// Local memory (stack) per thread of the megakernel, bytes.
     pub local_bytes: i32,
+    /// Static shared memory per block of the megakernel (bytes; -1 if the driver did not say).
+    pub static_smem: i32,
 }
 
 // SAFETY: driver handles owned by this value; the driver API is thread-safe.
@@ -280,6 +282,7 @@ impl Module {
             patch: std::ptr::null_mut(),
             regs: 0,
             local_bytes: 0,
+            static_smem: 0,
         };
         let name = |s: &str| std::ffi::CString::new(s).unwrap_or_default();
         // SAFETY: live module; names are NUL-free literals.
@@ -303,8 +306,19 @@ impl Module {
                 sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_LOCAL_SIZE_BYTES,
             )
             .unwrap_or(-1);
+            m.static_smem = result::function::get_function_attribute(
+                m.kernel,
+                sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES,
+            )
+            .unwrap_or(-1);
         }
         Ok(m)
+    }
+
+    /// Static shared memory per block; when the driver did not say, a generous guess (16 KiB)
+    /// so that a ring sized from it still fits.
+    pub fn static_smem(&self) -> usize {
+        usize::try_from(self.static_smem).unwrap_or(16 << 10)
     }
 
     /// Allows `bytes` of dynamic shared memory per block of the megakernel.

@@ -33,6 +33,7 @@ impl CudaSession {
             }
         }
         let mut by_op: BTreeMap<String, (usize, f64, f64)> = BTreeMap::new();
+        let mut by_kind: BTreeMap<String, (usize, f64, f64)> = BTreeMap::new();
         let mut handoffs: Vec<f64> = Vec::new();
         for t in &tr {
             let task = &p.tasks[t.task];
@@ -40,10 +41,22 @@ impl CudaSession {
                 .registry
                 .name_of(task.op)
                 .map_or_else(|| task.op.to_string(), |n| n.into_owned());
-            let e = by_op.entry(name).or_default();
-            e.0 += 1;
-            e.1 += t.done.saturating_sub(t.ready) as f64 / 1e3;
-            e.2 += t.ready.saturating_sub(t.reached) as f64 / 1e3;
+            let (run, wait) = (
+                t.done.saturating_sub(t.ready) as f64 / 1e3,
+                t.ready.saturating_sub(t.reached) as f64 / 1e3,
+            );
+            for e in [
+                by_op.entry(name).or_default(),
+                // The label without its numbers: one row per kind of task (a layer's
+                // projection, its tiles, ...), where per-op means hide the shapes.
+                by_kind
+                    .entry(task.label.chars().filter(|c| !c.is_ascii_digit()).collect())
+                    .or_default(),
+            ] {
+                e.0 += 1;
+                e.1 += run;
+                e.2 += wait;
+            }
             let last = task
                 .waits
                 .iter()
@@ -69,6 +82,16 @@ impl CudaSession {
                 "  | {op} | {n} | {:.2} | {:.3} | {:.2} |\n",
                 run / n as f64,
                 run / 1e3,
+                wait / n as f64
+            ));
+        }
+        out.push_str(
+            "  | task kind (label without numbers) | tasks | mean run us | mean wait us |\n",
+        );
+        for (kind, (n, run, wait)) in by_kind {
+            out.push_str(&format!(
+                "  | {kind} | {n} | {:.2} | {:.2} |\n",
+                run / n as f64,
                 wait / n as f64
             ));
         }

@@ -111,7 +111,18 @@ impl CudaSession {
             }
         }
         let threads = inner.options.threads;
-        let smem = mk.max_shared_bytes() as usize;
+        // The GEMV weight ring (sm_90+) takes the dynamic shared memory that the device
+        // allows beside the kernel's static shared memory, up to `ring_bytes`.
+        let ring = if inner.info.compute_capability.0 >= 9 {
+            inner
+                .options
+                .ring_bytes
+                .min(inner.smem_optin.saturating_sub(module.static_smem()))
+                & !1023
+        } else {
+            0
+        };
+        let smem = (mk.max_shared_bytes() as usize).max(ring);
         if smem > inner.smem_optin {
             return Err(CudaError::DeviceUnsuitable {
                 device: inner.info.name.clone(),
@@ -220,8 +231,10 @@ impl CudaSession {
             }
         }
         let descs_mem = DeviceMem::from_slice(ctx, &descs)?;
-        let prefetch =
-            DeviceMem::from_slice(ctx, &tables::prefetch_ranges(&tables.instructions, &descs))?;
+        let prefetch = DeviceMem::from_slice(
+            ctx,
+            &tables::prefetch_ranges(&tables.instructions, &descs, &tables.placement),
+        )?;
         let instructions = DeviceMem::from_slice(ctx, &tables.instructions)?;
         let fused_steps = DeviceMem::from_slice(ctx, &tables.fused_steps)?;
         let fused_off = DeviceMem::from_slice(ctx, &tables.fused_off)?;
@@ -250,7 +263,7 @@ impl CudaSession {
             smem_bytes: smem as i32,
             epoch: 1,
             trace: 0,
-            prefetch: if inner.options.prefetch {
+            prefetch: if inner.options.prestart && ring > 0 {
                 prefetch.ptr()
             } else {
                 0

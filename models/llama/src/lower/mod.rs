@@ -167,6 +167,43 @@ pub fn gemv_tile_width(cfg: &ScheduleConfig, n: u64, num_sms: u64) -> u64 {
     }
 }
 
+/// How many of `num_sms` SMs each of several projections that read the same input (Q, K, V;
+/// gate, up) spans under `gemv.sm_multiple`: shares in proportion to their rows (largest
+/// remainders, at least 1 each). The load-balancing SM assignment then puts the projections
+/// of one phase on disjoint SMs, so that no SM streams two tiles of a phase one after the
+/// other while another has none: every task pays a fixed cost (its wait, descriptor loads and
+/// signal, about 5 µs on the H100 — docs/perf-notes.md), and a phase lasts as long as its
+/// slowest SM.
+pub fn sm_shares(num_sms: u64, rows: &[u64]) -> Vec<u64> {
+    let total: u64 = rows.iter().sum();
+    let sms = num_sms.max(rows.len() as u64);
+    if total == 0 {
+        return vec![sms; rows.len()];
+    }
+    let mut share: Vec<u64> = rows.iter().map(|&r| (sms * r / total).max(1)).collect();
+    // Raising a zero share to 1 may overshoot: take the excess from the largest shares.
+    while share.iter().sum::<u64>() > sms {
+        let (i, _) = share
+            .iter()
+            .enumerate()
+            .max_by_key(|&(i, s)| (*s, std::cmp::Reverse(i)))
+            .unwrap_or((0, &0));
+        share[i] -= 1;
+    }
+    // Largest remainder first; ties to the earlier projection.
+    let mut order: Vec<usize> = (0..rows.len()).collect();
+    order.sort_by_key(|&i| std::cmp::Reverse((sms * rows[i]) % total));
+    let mut left = sms - share.iter().sum::<u64>();
+    for &i in order.iter().cycle() {
+        if left == 0 {
+            break;
+        }
+        share[i] += 1;
+        left -= 1;
+    }
+    share
+}
+
 /// The schedule the CUDA megakernel runs fastest with (docs/perf-notes.md has the
 /// measurements): every projection split over all SMs (`gemv.sm_multiple` 1), residual adds
 /// folded into the projections (`["gemv", "add"]`) and the load-balancing SM assignment. The default [`ScheduleConfig`] keeps the reference's tiling.
@@ -323,7 +360,23 @@ impl Builder<'_> {
         n: u64,
         label: &str,
     ) -> Val {
-        self.proj_plus(x, w, bias.map(|b| (b, None)), out, k, n, label)
+        self.proj_on(x, w, bias, out, k, n, label, self.num_sms)
+    }
+
+    /// [`Builder::proj`] over a share of `sms` SMs (see [`sm_shares`]).
+    #[allow(clippy::too_many_arguments)] // reason: one projection's full description
+    fn proj_on(
+        &mut self,
+        x: Val,
+        w: BufferId,
+        bias: Option<BufferId>,
+        out: BufferId,
+        k: u64,
+        n: u64,
+        label: &str,
+        sms: u64,
+    ) -> Val {
+        self.proj_plus_on(x, w, bias.map(|b| (b, None)), out, k, n, label, sms)
     }
 
     /// [`Builder::proj`] whose bias may be another task's output (a residual stream), then
@@ -339,11 +392,27 @@ impl Builder<'_> {
         n: u64,
         label: &str,
     ) -> Val {
+        self.proj_plus_on(x, w, bias, out, k, n, label, self.num_sms)
+    }
+
+    /// [`Builder::proj_plus`] over a share of `sms` SMs.
+    #[allow(clippy::too_many_arguments)]
+    fn proj_plus_on(
+        &mut self,
+        x: Val,
+        w: BufferId,
+        bias: Option<(BufferId, Option<(CounterId, i64)>)>,
+        out: BufferId,
+        k: u64,
+        n: u64,
+        label: &str,
+        sms: u64,
+    ) -> Val {
         let mut waits = vec![x.wait];
         waits.extend(bias.and_then(|(_, wait)| wait));
         let bias = bias.map(|(b, _)| b);
         let c = self.p.new_counter(format!("{label} ready"));
-        let width = gemv_tile_width(self.cfg, n, self.num_sms);
+        let width = gemv_tile_width(self.cfg, n, sms);
         let mut ins = vec![x.buf, w];
         ins.extend(bias);
         let (mut i, mut off) = (0u64, 0u64);
@@ -555,9 +624,10 @@ pub fn lower(
         let q = b.act(format!("L{l}.q"), &[1, q_dim]);
         let k = b.act(format!("L{l}.k"), &[1, kv_dim]);
         let v = b.act(format!("L{l}.v"), &[1, kv_dim]);
-        let q = b.proj(an, wq, bq, q, h, q_dim, &format!("L{l}.q"));
-        let k = b.proj(an, wk, bk, k, h, kv_dim, &format!("L{l}.k"));
-        let v = b.proj(an, wv, bv, v, h, kv_dim, &format!("L{l}.v"));
+        let s = sm_shares(b.num_sms, &[q_dim, kv_dim, kv_dim]);
+        let q = b.proj_on(an, wq, bq, q, h, q_dim, &format!("L{l}.q"), s[0]);
+        let k = b.proj_on(an, wk, bk, k, h, kv_dim, &format!("L{l}.k"), s[1]);
+        let v = b.proj_on(an, wv, bv, v, h, kv_dim, &format!("L{l}.v"), s[2]);
         // Reshape bridge [1, n·hd] → [n, hd] (EMBED of row 0) then ROPE — or both in one
         // FUSED task.
         let rope = |b: &mut Builder<'_>, x: Val, shape: &[u64], dim: u64, tag: &str| {
@@ -728,8 +798,9 @@ pub fn lower(
         );
         let gate = b.act(format!("L{l}.gate"), &[1, inter]);
         let up = b.act(format!("L{l}.up"), &[1, inter]);
-        let gate = b.proj(mn, wg, None, gate, h, inter, &format!("L{l}.gate"));
-        let up = b.proj(mn, wu, None, up, h, inter, &format!("L{l}.up"));
+        let s = sm_shares(b.num_sms, &[inter, inter]);
+        let gate = b.proj_on(mn, wg, None, gate, h, inter, &format!("L{l}.gate"), s[0]);
+        let up = b.proj_on(mn, wu, None, up, h, inter, &format!("L{l}.up"), s[1]);
         let act = b.act(format!("L{l}.act"), &[1, inter]);
         let (act, _) = b.single(
             Opcode::SILU_MUL,
