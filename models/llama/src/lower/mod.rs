@@ -348,7 +348,8 @@ impl Builder<'_> {
         )
     }
 
-    /// GEMV tiles of `x[1, k] @ w[n, k]^T (+ bias) -> out[1, n]`, one counter.
+    /// GEMV tiles of `x[1, k] @ w[n, k]^T (+ bias) -> out[1, n]` over `sms` SMs (all of them,
+    /// or a share: [`sm_shares`]), one counter.
     #[allow(clippy::too_many_arguments)] // reason: one projection's full description
     fn proj(
         &mut self,
@@ -359,45 +360,15 @@ impl Builder<'_> {
         k: u64,
         n: u64,
         label: &str,
-    ) -> Val {
-        self.proj_on(x, w, bias, out, k, n, label, self.num_sms)
-    }
-
-    /// [`Builder::proj`] over a share of `sms` SMs (see [`sm_shares`]).
-    #[allow(clippy::too_many_arguments)] // reason: one projection's full description
-    fn proj_on(
-        &mut self,
-        x: Val,
-        w: BufferId,
-        bias: Option<BufferId>,
-        out: BufferId,
-        k: u64,
-        n: u64,
-        label: &str,
         sms: u64,
     ) -> Val {
-        self.proj_plus_on(x, w, bias.map(|b| (b, None)), out, k, n, label, sms)
+        self.proj_plus(x, w, bias.map(|b| (b, None)), out, k, n, label, sms)
     }
 
-    /// [`Builder::proj`] whose bias may be another task's output (a residual stream), then
-    /// waited for as well.
+    /// [`Builder::proj`] whose bias may be another task's output (a residual
+    /// stream), then waited for as well.
     #[allow(clippy::too_many_arguments)]
     fn proj_plus(
-        &mut self,
-        x: Val,
-        w: BufferId,
-        bias: Option<(BufferId, Option<(CounterId, i64)>)>,
-        out: BufferId,
-        k: u64,
-        n: u64,
-        label: &str,
-    ) -> Val {
-        self.proj_plus_on(x, w, bias, out, k, n, label, self.num_sms)
-    }
-
-    /// [`Builder::proj_plus`] over a share of `sms` SMs.
-    #[allow(clippy::too_many_arguments)]
-    fn proj_plus_on(
         &mut self,
         x: Val,
         w: BufferId,
@@ -625,9 +596,9 @@ pub fn lower(
         let k = b.act(format!("L{l}.k"), &[1, kv_dim]);
         let v = b.act(format!("L{l}.v"), &[1, kv_dim]);
         let s = sm_shares(b.num_sms, &[q_dim, kv_dim, kv_dim]);
-        let q = b.proj_on(an, wq, bq, q, h, q_dim, &format!("L{l}.q"), s[0]);
-        let k = b.proj_on(an, wk, bk, k, h, kv_dim, &format!("L{l}.k"), s[1]);
-        let v = b.proj_on(an, wv, bv, v, h, kv_dim, &format!("L{l}.v"), s[2]);
+        let q = b.proj(an, wq, bq, q, h, q_dim, &format!("L{l}.q"), s[0]);
+        let k = b.proj(an, wk, bk, k, h, kv_dim, &format!("L{l}.k"), s[1]);
+        let v = b.proj(an, wv, bv, v, h, kv_dim, &format!("L{l}.v"), s[2]);
         // Reshape bridge [1, n·hd] → [n, hd] (EMBED of row 0) then ROPE — or both in one
         // FUSED task.
         let rope = |b: &mut Builder<'_>, x: Val, shape: &[u64], dim: u64, tag: &str| {
@@ -770,10 +741,19 @@ pub fn lower(
         let hm = if fuse_resid {
             let hm = b.act(format!("L{l}.h_mid"), &[1, h]);
             let bias = Some((resid.buf, Some(resid.wait)));
-            b.proj_plus(attn, wo, bias, hm, q_dim, h, &format!("L{l}.o_add"))
+            b.proj_plus(
+                attn,
+                wo,
+                bias,
+                hm,
+                q_dim,
+                h,
+                &format!("L{l}.o_add"),
+                b.num_sms,
+            )
         } else {
             let o = b.act(format!("L{l}.o"), &[1, h]);
-            let o = b.proj(attn, wo, None, o, q_dim, h, &format!("L{l}.o"));
+            let o = b.proj(attn, wo, None, o, q_dim, h, &format!("L{l}.o"), b.num_sms);
             let hm = b.act(format!("L{l}.h_mid"), &[1, h]);
             b.single(
                 Opcode::ADD,
@@ -799,8 +779,8 @@ pub fn lower(
         let gate = b.act(format!("L{l}.gate"), &[1, inter]);
         let up = b.act(format!("L{l}.up"), &[1, inter]);
         let s = sm_shares(b.num_sms, &[inter, inter]);
-        let gate = b.proj_on(mn, wg, None, gate, h, inter, &format!("L{l}.gate"), s[0]);
-        let up = b.proj_on(mn, wu, None, up, h, inter, &format!("L{l}.up"), s[1]);
+        let gate = b.proj(mn, wg, None, gate, h, inter, &format!("L{l}.gate"), s[0]);
+        let up = b.proj(mn, wu, None, up, h, inter, &format!("L{l}.up"), s[1]);
         let act = b.act(format!("L{l}.act"), &[1, inter]);
         let (act, _) = b.single(
             Opcode::SILU_MUL,
@@ -814,10 +794,28 @@ pub fn lower(
         resid = if fuse_resid {
             let ho = b.act(format!("L{l}.h_out"), &[1, h]);
             let bias = Some((hm.buf, Some(hm.wait)));
-            b.proj_plus(act, wd, bias, ho, inter, h, &format!("L{l}.down_add"))
+            b.proj_plus(
+                act,
+                wd,
+                bias,
+                ho,
+                inter,
+                h,
+                &format!("L{l}.down_add"),
+                b.num_sms,
+            )
         } else {
             let down = b.act(format!("L{l}.down"), &[1, h]);
-            let down = b.proj(act, wd, None, down, inter, h, &format!("L{l}.down"));
+            let down = b.proj(
+                act,
+                wd,
+                None,
+                down,
+                inter,
+                h,
+                &format!("L{l}.down"),
+                b.num_sms,
+            );
             let ho = b.act(format!("L{l}.h_out"), &[1, h]);
             b.single(
                 Opcode::ADD,
@@ -849,7 +847,7 @@ pub fn lower(
     };
     let logits =
         b.p.new_buffer("logits", BufferKind::IO_OUTPUT, opts.dtype, &[1, vocab]);
-    let logits = b.proj(hf, head, None, logits, h, vocab, "lm_head");
+    let logits = b.proj(hf, head, None, logits, h, vocab, "lm_head", b.num_sms);
     if opts.argmax {
         let next =
             b.p.new_buffer("next_token", BufferKind::IO_OUTPUT, DType::I32, &[1]);
