@@ -348,6 +348,41 @@ impl Builder<'_> {
         )
     }
 
+    /// `resid + x @ w^T` (`x` of `k` columns, `resid` the `[1, h]` residual stream) into a new
+    /// activation `out`. Fused (`["gemv", "add"]`): the tiles take the residual as their bias
+    /// input (labels `{tag}_add[i]`). Otherwise tiles into the activation `tag`, then an ADD
+    /// labelled `add_label`.
+    fn proj_residual(
+        &mut self,
+        fuse: bool,
+        (x, w, k): (Val, BufferId, u64),
+        (resid, h): (Val, u64),
+        tag: &str,
+        out: &str,
+        add_label: &str,
+    ) -> Val {
+        if fuse {
+            let o = self.act(out.into(), &[1, h]);
+            let bias = Some((resid.buf, Some(resid.wait)));
+            return self.proj_plus(x, w, bias, o, k, h, &format!("{tag}_add"), self.num_sms);
+        }
+        let y = self.act(tag.into(), &[1, h]);
+        let y = self.proj(x, w, None, y, k, h, tag, self.num_sms);
+        let o = self.act(out.into(), &[1, h]);
+        let cost = (2 * h as i64 * self.dbytes, h as i64);
+        let waits = [resid.wait, y.wait];
+        self.single(
+            Opcode::ADD,
+            &[resid.buf, y.buf],
+            o,
+            &waits,
+            Map::new(),
+            add_label.into(),
+            cost,
+        )
+        .0
+    }
+
     /// GEMV tiles of `x[1, k] @ w[n, k]^T (+ bias) -> out[1, n]` over `sms` SMs (all of them,
     /// or a share: [`sm_shares`]), one counter.
     #[allow(clippy::too_many_arguments)] // reason: one projection's full description
@@ -738,34 +773,14 @@ pub fn lower(
             )
             .0
         };
-        let hm = if fuse_resid {
-            let hm = b.act(format!("L{l}.h_mid"), &[1, h]);
-            let bias = Some((resid.buf, Some(resid.wait)));
-            b.proj_plus(
-                attn,
-                wo,
-                bias,
-                hm,
-                q_dim,
-                h,
-                &format!("L{l}.o_add"),
-                b.num_sms,
-            )
-        } else {
-            let o = b.act(format!("L{l}.o"), &[1, h]);
-            let o = b.proj(attn, wo, None, o, q_dim, h, &format!("L{l}.o"), b.num_sms);
-            let hm = b.act(format!("L{l}.h_mid"), &[1, h]);
-            b.single(
-                Opcode::ADD,
-                &[resid.buf, o.buf],
-                hm,
-                &[resid.wait, o.wait],
-                Map::new(),
-                format!("L{l}.add_attn"),
-                (2 * h as i64 * dbytes, h as i64),
-            )
-            .0
-        };
+        let hm = b.proj_residual(
+            fuse_resid,
+            (attn, wo, q_dim),
+            (resid, h),
+            &format!("L{l}.o"),
+            &format!("L{l}.h_mid"),
+            &format!("L{l}.add_attn"),
+        );
         let mn = b.act(format!("L{l}.mn"), &[1, h]);
         let (mn, _) = b.single(
             Opcode::RMSNORM,
@@ -791,43 +806,14 @@ pub fn lower(
             format!("L{l}.swiglu"),
             (2 * inter as i64 * dbytes, 4 * inter as i64),
         );
-        resid = if fuse_resid {
-            let ho = b.act(format!("L{l}.h_out"), &[1, h]);
-            let bias = Some((hm.buf, Some(hm.wait)));
-            b.proj_plus(
-                act,
-                wd,
-                bias,
-                ho,
-                inter,
-                h,
-                &format!("L{l}.down_add"),
-                b.num_sms,
-            )
-        } else {
-            let down = b.act(format!("L{l}.down"), &[1, h]);
-            let down = b.proj(
-                act,
-                wd,
-                None,
-                down,
-                inter,
-                h,
-                &format!("L{l}.down"),
-                b.num_sms,
-            );
-            let ho = b.act(format!("L{l}.h_out"), &[1, h]);
-            b.single(
-                Opcode::ADD,
-                &[hm.buf, down.buf],
-                ho,
-                &[hm.wait, down.wait],
-                Map::new(),
-                format!("L{l}.add_mlp"),
-                (2 * h as i64 * dbytes, h as i64),
-            )
-            .0
-        };
+        resid = b.proj_residual(
+            fuse_resid,
+            (act, wd, inter),
+            (hm, h),
+            &format!("L{l}.down"),
+            &format!("L{l}.h_out"),
+            &format!("L{l}.add_mlp"),
+        );
     }
     let fnorm = weight(&mut b, FINAL_NORM)?;
     let hf = b.act("hf".into(), &[1, h]);
