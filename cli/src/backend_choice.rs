@@ -32,6 +32,8 @@ pub struct Chosen {
     pub backend: Box<dyn Backend>,
     /// `backend: NAME (WHY)` as printed on stderr.
     pub line: String,
+    /// The GPU's SM count when the CUDA backend was opened (lowering lays tiles out for it).
+    pub gpu_sms: Option<usize>,
 }
 
 impl Chosen {
@@ -47,6 +49,14 @@ fn cpu(threads: usize) -> Box<dyn Backend> {
     Box::new(b)
 }
 
+fn gpu(b: CudaBackend) -> Chosen {
+    Chosen {
+        line: format!("backend: cuda ({})", b.info()),
+        gpu_sms: Some(b.info().sms),
+        backend: Box::new(b),
+    }
+}
+
 /// First line of a message (the stderr note is one line).
 fn one_line(e: &dyn std::fmt::Display) -> String {
     let s = e.to_string();
@@ -60,26 +70,17 @@ pub fn choose(kind: BackendKind, cpu_threads: usize) -> Result<Chosen, BackendUn
         BackendKind::Cpu => Ok(Chosen {
             backend: cpu(cpu_threads),
             line: "backend: cpu".into(),
+            gpu_sms: None,
         }),
-        BackendKind::Cuda => {
-            let b = CudaBackend::new(CudaOptions::default()).map_err(BackendUnavailable)?;
-            let line = format!("backend: cuda ({})", b.info());
-            Ok(Chosen {
-                backend: Box::new(b),
-                line,
-            })
-        }
+        BackendKind::Cuda => CudaBackend::new(CudaOptions::default())
+            .map(gpu)
+            .map_err(BackendUnavailable),
         BackendKind::Auto => match CudaBackend::new(CudaOptions::default()) {
-            Ok(b) => {
-                let line = format!("backend: cuda ({})", b.info());
-                Ok(Chosen {
-                    backend: Box::new(b),
-                    line,
-                })
-            }
+            Ok(b) => Ok(gpu(b)),
             Err(e) => Ok(Chosen {
                 backend: cpu(cpu_threads),
                 line: format!("backend: cpu (cuda unavailable: {})", one_line(&e)),
+                gpu_sms: None,
             }),
         },
     }

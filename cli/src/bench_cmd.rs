@@ -15,10 +15,9 @@ use crate::model_cmd::{
     ModelCmdError, finish, import_model, parse_dtype, registry, schedule_config, target_named,
 };
 use amk_backend_cuda::{CudaBackend, CudaOptions, CudaSession};
-use amk_core::ScheduleConfig;
 use amk_core::synth::{Init, SyntheticWeights};
 use amk_core::{BufferKind, DType, Registry, Tensor, ValidatedProgram};
-use amk_model_llama::lower::{LowerOptions, Lowered, lower, tuned_schedule};
+use amk_model_llama::lower::{LowerOptions, Lowered, lower};
 use amk_model_llama::presets;
 use amk_model_llama::{Model, ModelError};
 use std::path::PathBuf;
@@ -61,10 +60,10 @@ pub struct BenchArgs {
     /// KV-cache length (default: max(1024, largest position + 1)).
     #[arg(long, value_name = "N")]
     max_seq: Option<u64>,
-    /// ScheduleConfig JSON (tiling, fusion_grouping, sm_assignment, ...). Default: the tuned
-    /// schedule (every projection split over all SMs); `--config default` is the reference
-    /// tiling.
-    #[arg(long, value_name = "cfg.json")]
+    /// ScheduleConfig JSON (tiling, fusion_grouping, sm_assignment, ...), or `default` (the
+    /// reference tiling) or `tuned`. Default: the tuned schedule (every projection split over
+    /// all SMs, the projections of one phase on disjoint SMs).
+    #[arg(long, value_name = "cfg.json|default|tuned")]
     config: Option<PathBuf>,
     /// GPU target the schedule is laid out for; its SM count is replaced by the device's.
     #[arg(long, default_value = "h100")]
@@ -258,11 +257,7 @@ fn bench(a: &BenchArgs) -> Result<(), ModelCmdError> {
             "--pos needs at least one position".into(),
         ));
     }
-    let (cfg, schedule) = match a.config.as_deref() {
-        None => (tuned_schedule(), "tuned".to_string()),
-        Some(p) if p.as_os_str() == "default" => (ScheduleConfig::default(), "default".into()),
-        Some(p) => (schedule_config(Some(p))?, p.display().to_string()),
-    };
+    let (cfg, schedule) = schedule_config(a.config.as_deref(), true)?;
     let mut target = target_named(&a.target)?;
     let reg = registry()?;
     let subject = subject(a)?;

@@ -11,7 +11,7 @@ use crate::backend_choice::{self, BackendKind, BackendUnavailable};
 use amk_core::{DType, GpuTarget, Importer, Registry, ScheduleConfig};
 use amk_model_llama::gguf_import::GgufImporter;
 use amk_model_llama::hf::HfImporter;
-use amk_model_llama::lower::{LowerOptions, Lowered, lower};
+use amk_model_llama::lower::{LowerOptions, Lowered, lower, tuned_schedule};
 use amk_model_llama::run::{Engine, Sampler, generate, perplexity};
 use amk_model_llama::{Model, ModelError, Tokenizer};
 use std::io::Write as _;
@@ -84,8 +84,11 @@ pub struct ModelArgs {
     /// and cached on first use ($AMK_MODEL_CACHE, else the user cache directory).
     #[arg(long, value_name = "PATH")]
     model: Option<PathBuf>,
-    /// ScheduleConfig JSON (tiling, fusion_grouping, sm_assignment, page_allocation, ...).
-    #[arg(long, value_name = "cfg.json")]
+    /// ScheduleConfig JSON (tiling, fusion_grouping, sm_assignment, page_allocation, ...),
+    /// or `default` (the reference tiling) or `tuned` (every projection over all SMs, residual
+    /// adds in the projections). Default: `tuned` when the CUDA backend runs (laid out for the
+    /// device's SM count), else `default`.
+    #[arg(long, value_name = "cfg.json|default|tuned")]
     config: Option<PathBuf>,
     /// GPU target the schedule is laid out for (SM count, shared memory).
     #[arg(long, default_value = "h100")]
@@ -244,15 +247,23 @@ struct Prepared {
     lower_s: f64,
 }
 
-/// The ScheduleConfig in `path` (JSON), or the default.
-pub fn schedule_config(path: Option<&Path>) -> Result<ScheduleConfig, ModelCmdError> {
-    match path {
-        None => Ok(ScheduleConfig::default()),
-        Some(p) => {
+/// The schedule `--config` names, and how to name it in reports: `default` (the reference
+/// tiling), `tuned` ([`tuned_schedule`]) or a ScheduleConfig JSON file; without `--config`,
+/// `tuned` when `tuned_by_default` (the CUDA backend runs it) and `default` otherwise.
+pub fn schedule_config(
+    path: Option<&Path>,
+    tuned_by_default: bool,
+) -> Result<(ScheduleConfig, String), ModelCmdError> {
+    match path.map(|p| (p, p.to_str())) {
+        None if tuned_by_default => Ok((tuned_schedule(), "tuned".into())),
+        None | Some((_, Some("default"))) => Ok((ScheduleConfig::default(), "default".into())),
+        Some((_, Some("tuned"))) => Ok((tuned_schedule(), "tuned".into())),
+        Some((p, _)) => {
             let text = std::fs::read_to_string(p)
                 .map_err(|e| ModelCmdError::Usage(format!("{}: {e}", p.display())))?;
-            amk_core::codec::schedule_config_from_json(&text)
-                .map_err(|e| ModelCmdError::Usage(format!("{}: {e}", p.display())))
+            let cfg = amk_core::codec::schedule_config_from_json(&text)
+                .map_err(|e| ModelCmdError::Usage(format!("{}: {e}", p.display())))?;
+            Ok((cfg, p.display().to_string()))
         }
     }
 }
@@ -271,9 +282,19 @@ pub fn target_named(name: &str) -> Result<GpuTarget, ModelCmdError> {
     })
 }
 
-fn prepare(a: &ModelArgs, pos: u64, argmax: bool) -> Result<Prepared, ModelCmdError> {
-    let cfg = schedule_config(a.config.as_deref())?;
-    let target = target_named(&a.target)?;
+/// Imports and lowers the model. `gpu_sms`: the SM count of the CUDA device that will run
+/// the program (its schedule is then the tuned one by default, laid out for that many SMs).
+fn prepare(
+    a: &ModelArgs,
+    pos: u64,
+    argmax: bool,
+    gpu_sms: Option<usize>,
+) -> Result<Prepared, ModelCmdError> {
+    let (cfg, _) = schedule_config(a.config.as_deref(), gpu_sms.is_some())?;
+    let mut target = target_named(&a.target)?;
+    if let Some(sms) = gpu_sms {
+        target.num_sms = sms as i64;
+    }
     let dtype = parse_dtype(&a.dtype)?;
     let path = resolve_model(a.model.as_deref(), a.json)?;
     let t0 = Instant::now();
@@ -327,7 +348,7 @@ pub fn run_lower(a: &LowerArgs) -> ExitCode {
 
 fn lower_inner(a: &LowerArgs) -> Result<(), ModelCmdError> {
     let reg = registry()?;
-    let p = prepare(&a.common, a.pos, true)?;
+    let p = prepare(&a.common, a.pos, true, None)?;
     let prog = &p.lowered.program;
     let t = Instant::now();
     let result = amk_core::validate(prog, &reg);
@@ -398,7 +419,7 @@ fn generate_inner(a: &GenerateArgs) -> Result<(), ModelCmdError> {
     let mut sampler = Sampler::new(a.temperature, a.top_p, a.seed)
         .map_err(|e| ModelCmdError::Usage(e.to_string()))?;
     let reg = registry()?;
-    let p = prepare(&a.common, 0, true)?;
+    let p = prepare(&a.common, 0, true, chosen.gpu_sms)?;
     let tok = tokenizer(&p.model)?.clone();
     let rendered = if a.chat {
         tok.apply_chat_template(&[("user", text.as_str())], true)?
@@ -507,7 +528,7 @@ fn perplexity_inner(a: &PerplexityArgs) -> Result<(), ModelCmdError> {
         .map_err(|e| ModelCmdError::Usage(format!("{}: {e}", a.text_file.display())))?;
     let chosen = backend_choice::open(a.backend, a.threads)?;
     let reg = registry()?;
-    let p = prepare(&a.common, 0, false)?;
+    let p = prepare(&a.common, 0, false, chosen.gpu_sms)?;
     let tok = tokenizer(&p.model)?.clone();
     let ids = tok.encode(&text)?;
     let max_seq = p.lowered.positions.max_seq;

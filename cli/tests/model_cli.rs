@@ -191,6 +191,16 @@ fn generate_and_perplexity_on_an_hf_directory() {
         "{}",
         text(&b)
     );
+    // The named schedules too (`tuned` is what the CUDA backend runs by default).
+    for name in ["tuned", "default"] {
+        let c = run(&["--backend", "cpu", "--config", name]);
+        assert_eq!(
+            json(&c)["generated_ids"],
+            v["generated_ids"],
+            "{name}: {}",
+            text(&c)
+        );
+    }
 
     let t = d.join("text.txt");
     std::fs::write(&t, "hello hello world, hello!").unwrap();
@@ -534,4 +544,34 @@ fn sampling_is_seeded_and_checked() {
     assert_eq!(nucleus, greedy);
     expect_usage_error(&run(&["--temperature=-1"]), "temperature");
     expect_usage_error(&run(&["--top-p", "1.5"]), "top-p");
+}
+
+/// `--config tuned` and `--config default` name the two built-in schedules: `default` is what
+/// `amk lower` uses without `--config`, and `tuned` lays the projections out over the target's
+/// SMs (more, smaller GEMV tiles than the reference tiling on this tiny model).
+#[test]
+fn lower_takes_the_named_schedules() {
+    let d = scratch("lower-named");
+    let tasks = |extra: &[&str]| {
+        let o = amk()
+            .args(["lower", "--model"])
+            .arg(reference("tiny-gqa"))
+            .args(["--json", "-o"])
+            .arg(d.join("p.json"))
+            .args(extra)
+            .output()
+            .unwrap();
+        assert!(o.status.success(), "{extra:?}: {}", text(&o));
+        json(&o)["tasks"].as_u64().unwrap()
+    };
+    let (plain, default, tuned) = (
+        tasks(&[]),
+        tasks(&["--config", "default"]),
+        tasks(&["--config", "tuned"]),
+    );
+    assert_eq!(plain, default);
+    assert_ne!(
+        tuned, default,
+        "the tuned schedule should change the tiling"
+    );
 }
