@@ -364,7 +364,7 @@ impl Builder<'_> {
         if fuse {
             let o = self.act(out.into(), &[1, h]);
             let bias = Some((resid.buf, Some(resid.wait)));
-            return self.proj_plus(x, w, bias, o, k, h, &format!("{tag}_add"), self.num_sms);
+            return self.proj(x, w, bias, o, k, h, &format!("{tag}_add"), self.num_sms);
         }
         let y = self.act(tag.into(), &[1, h]);
         let y = self.proj(x, w, None, y, k, h, tag, self.num_sms);
@@ -384,26 +384,10 @@ impl Builder<'_> {
     }
 
     /// GEMV tiles of `x[1, k] @ w[n, k]^T (+ bias) -> out[1, n]` over `sms` SMs (all of them,
-    /// or a share: [`sm_shares`]), one counter.
+    /// or a share: [`sm_shares`]), one counter. The bias may be another task's output (a
+    /// residual stream, with the wait on its counter), then waited for as well.
     #[allow(clippy::too_many_arguments)] // reason: one projection's full description
     fn proj(
-        &mut self,
-        x: Val,
-        w: BufferId,
-        bias: Option<BufferId>,
-        out: BufferId,
-        k: u64,
-        n: u64,
-        label: &str,
-        sms: u64,
-    ) -> Val {
-        self.proj_plus(x, w, bias.map(|b| (b, None)), out, k, n, label, sms)
-    }
-
-    /// [`Builder::proj`] whose bias may be another task's output (a residual
-    /// stream), then waited for as well.
-    #[allow(clippy::too_many_arguments)]
-    fn proj_plus(
         &mut self,
         x: Val,
         w: BufferId,
@@ -602,11 +586,12 @@ pub fn lower(
         let wq = weight(&mut b, &w("self_attn.q_proj.weight"))?;
         let wk = weight(&mut b, &w("self_attn.k_proj.weight"))?;
         let wv = weight(&mut b, &w("self_attn.v_proj.weight"))?;
+        // Biases as the tiles' third input (weights: nothing to wait for).
         let (bq, bk, bv) = if mc.attention_bias {
             (
-                Some(weight(&mut b, &w("self_attn.q_proj.bias"))?),
-                Some(weight(&mut b, &w("self_attn.k_proj.bias"))?),
-                Some(weight(&mut b, &w("self_attn.v_proj.bias"))?),
+                Some((weight(&mut b, &w("self_attn.q_proj.bias"))?, None)),
+                Some((weight(&mut b, &w("self_attn.k_proj.bias"))?, None)),
+                Some((weight(&mut b, &w("self_attn.v_proj.bias"))?, None)),
             )
         } else {
             (None, None, None)
