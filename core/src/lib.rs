@@ -32,7 +32,7 @@ pub use registry::{
     CheckFn, CudaSource, Finding, OpRegistration, OpSpec, Origin, PARAM_FIELDS, ParamDecl,
     ParamType, Registry, TaskContext, WriteRegion,
 };
-pub use tensor::{Storage, Tensor};
+pub use tensor::{Storage, Tensor, round_to};
 pub use validate::{
     ErrorKind, ParamPatch, ValidatedProgram, ValidationError, ValidationResult, ValidationWarning,
     WarningKind, validate, validate_owned,

@@ -291,3 +291,78 @@ pub fn linear(c: &mut Checker<'_, '_>, gemm: bool) {
         }
     }
 }
+
+/// The operand rule shared by the fused decode tiles (RMSNORM_GEMV, GATE_UP_SILU,
+/// QKV_ROPE_APPEND): `x` (input `x_in`) is one row of `K` elements, every weight in `weights`
+/// (input indices) is `[N, K]` with `N` rows, the optional RMS-norm weight (input `norm`) holds
+/// `K` elements and then param `eps` is required; every operand and the outputs are F32, F16
+/// or BF16 (the fused device tiles stream float weights only). Returns `(K, rows of each
+/// weight)`, or `None` when a later rule has nothing to check against.
+pub fn fused_row(
+    c: &mut Checker<'_, '_>,
+    weights: &[usize],
+    norm: Option<usize>,
+) -> Option<(u64, Vec<u64>)> {
+    let x = c.input(0)?;
+    let k = c.positive("K")? as u64;
+    fn vec_dtype(c: &mut Checker<'_, '_>, b: &Buffer, role: &str) -> bool {
+        let ok = matches!(
+            b.dtype,
+            crate::DType::F32 | crate::DType::F16 | crate::DType::BF16
+        );
+        if !ok {
+            c.mismatch(format!("{role} {} must be F32, F16 or BF16", desc(b)));
+        }
+        ok
+    }
+    let mut ok = vec_dtype(c, x, "input");
+    if x.last_dim() != k || x.numel() != k {
+        c.mismatch(format!(
+            "the input {} must be one row of K = {k} elements",
+            desc(x)
+        ));
+        ok = false;
+    }
+    let mut rows = Vec::with_capacity(weights.len());
+    for &i in weights {
+        let w = c.input(i)?;
+        ok &= vec_dtype(c, w, "weight");
+        if w.last_dim() != k {
+            c.mismatch(format!(
+                "param K = {k} must equal the last dim of the weight {}",
+                desc(w)
+            ));
+            ok = false;
+        }
+        rows.push(w.numel() / k.max(1));
+    }
+    if let Some(i) = norm {
+        let nw = c.input(i)?;
+        ok &= vec_dtype(c, nw, "norm weight");
+        c.numel_is(nw, k, "norm weight");
+        if c.real("eps").is_none() {
+            c.mismatch("a norm weight input needs the param eps");
+            ok = false;
+        }
+    }
+    for j in 0..c.ctx.n_outputs() {
+        if let Some(o) = c.output(j) {
+            ok &= vec_dtype(c, o, "output");
+        }
+    }
+    ok.then_some((k, rows))
+}
+
+/// A column tile `[n_off, n_off + N_tile)` must lie within `n` (what it indexes, named by
+/// `what`); returns the tile's end.
+pub fn tile_within(c: &mut Checker<'_, '_>, n: u64, what: &str) -> Option<u64> {
+    let n_tile = c.positive("N_tile");
+    let n_off = c.non_negative("n_off");
+    let (n_tile, n_off) = (n_tile?, n_off?);
+    let end = n_off.saturating_add(n_tile) as u64;
+    if end > n {
+        c.oob(format!("columns [{n_off}, {end}) exceed the {n} {what}"));
+        return None;
+    }
+    Some(end)
+}

@@ -154,6 +154,10 @@ impl<'a> TaskContext<'a> {
     pub fn n_inputs(&self) -> usize {
         self.task.inputs.len()
     }
+    /// Number of outputs.
+    pub fn n_outputs(&self) -> usize {
+        self.task.outputs.len()
+    }
 }
 
 /// One problem an op's check found.

@@ -51,6 +51,22 @@ fn row_len(shape: &[u64]) -> usize {
     shape.last().copied().unwrap_or(1) as usize
 }
 
+/// `x` as an element of `dtype` would read back after [`Tensor::set_f32`]: F32 unchanged,
+/// F16/BF16 rounded to nearest even (fused ops use it to round an intermediate exactly as the
+/// unfused program rounds it on store).
+pub fn round_to(dtype: DType, x: f32) -> f32 {
+    match dtype {
+        DType::F32 => x,
+        DType::F16 => f16::from_f32(x).to_f32(),
+        DType::BF16 => bf16::from_f32(x).to_f32(),
+        _ => {
+            let mut t = Tensor::zeros(dtype, &[1]);
+            t.set_f32(0, x);
+            t.get_f32(0)
+        }
+    }
+}
+
 impl Tensor {
     /// A tensor of zeros.
     pub fn zeros(dtype: DType, shape: &[u64]) -> Tensor {

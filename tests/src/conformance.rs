@@ -5,7 +5,7 @@
 //! `source`) and inputs, runs it for two or three forward passes on the backend under test and
 //! checks the IO outputs of every pass:
 //! - against an **f64 formula** written here, independent of the ops' references: one case per
-//!   opcode (all 20), hand-built DAGs (chains, fan-in joins, tiled GEMV/GEMM groups, split-KV
+//!   opcode (all 23), hand-built DAGs (chains, fan-in joins, tiled GEMV/GEMM groups, split-KV
 //!   attention + ATTENTION_COMBINE, in-place KV_APPEND across steps) and toy Llama decode
 //!   programs ([`crate::llama_like_with`]);
 //! - against the **CPU backend in list order** (the oracle) for the generator families of
@@ -195,6 +195,7 @@ macro_rules! conformance_tests {
             op_nop op_copy op_embed op_rmsnorm op_layernorm op_gemv_tile op_gemm_tile
             op_attention_tile op_rope op_silu_mul op_gelu op_add op_mul op_dequant op_softmax
             op_allreduce_shard op_kv_append op_sample_argmax op_attention_combine op_fused
+            op_rmsnorm_gemv op_gate_up_silu op_qkv_rope_append
             dag_chain dag_fan_in dag_tiled_groups dag_split_kv dag_kv_append_steps
             family_chain family_fan_in family_tiled family_kv_attention family_split_kv
             family_sm_assigned family_paged family_mixture
@@ -326,6 +327,21 @@ pub const CASES: &[Case] = &[
         name: "op_fused",
         about: "FUSED gelu(x)*0.5 recipe",
         run: op_fused,
+    },
+    Case {
+        name: "op_rmsnorm_gemv",
+        about: "RMSNORM_GEMV: tiles with bias (vector path), odd K (generic path)",
+        run: op_rmsnorm_gemv,
+    },
+    Case {
+        name: "op_gate_up_silu",
+        about: "GATE_UP_SILU: with the norm (vector path), without, odd K",
+        run: op_gate_up_silu,
+    },
+    Case {
+        name: "op_qkv_rope_append",
+        about: "QKV_ROPE_APPEND: GQA heads, RoPE, cache rows at pos, two tiles",
+        run: op_qkv_rope_append,
     },
     Case {
         name: "dag_chain",
@@ -1531,6 +1547,165 @@ fn op_fused(c: &Ctx<'_>) -> CaseResult {
 }
 
 // ---- hand-built DAGs ---------------------------------------------------------------------------
+
+fn op_rmsnorm_gemv(c: &Ctx<'_>) -> CaseResult {
+    let mut t = Tiny::new(41);
+    let x = t.input("x", DType::F32, &[1, 24]);
+    let (nw, nwv) = t.weight("norm", DType::F32, &[24], 0.5, 1.5);
+    let (w, wv) = t.weight("w", DType::F32, &[10, 24], -0.5, 0.5);
+    let (bias, bv) = t.weight("bias", DType::F32, &[10], -0.5, 0.5);
+    let x13 = t.input("x13", DType::F32, &[1, 13]);
+    let (nw13, nw13v) = t.weight("norm13", DType::F32, &[13], 0.5, 1.5);
+    let (w13, w13v) = t.weight("w13", DType::F32, &[5, 13], -0.5, 0.5);
+    let y = t.output("y", DType::F32, &[1, 10]);
+    let y13 = t.output("y13", DType::F32, &[1, 5]);
+    let ct = t.counter();
+    for (off, nt) in [(0, 6), (6, 4)] {
+        t.task_on(
+            ct,
+            Opcode::RMSNORM_GEMV,
+            &[x, nw, w, bias],
+            &[y],
+            &[],
+            &[
+                ("eps", real(1e-5)),
+                ("K", int(24)),
+                ("N_tile", int(nt)),
+                ("n_off", int(off)),
+            ],
+        );
+    }
+    t.task(
+        Opcode::RMSNORM_GEMV,
+        &[x13, nw13, w13],
+        &[y13],
+        &[],
+        &[
+            ("eps", real(1e-6)),
+            ("K", int(13)),
+            ("N_tile", int(5)),
+            ("n_off", int(0)),
+        ],
+    );
+    check_formula(c, t, 2, F32_TOL, no_change, |ins| {
+        let xn = rmsnorm(&in_vals(ins, "x")?, &nwv, 1e-5);
+        let xn13 = rmsnorm(&in_vals(ins, "x13")?, &nw13v, 1e-6);
+        Ok(vec![
+            ("y", linear(&xn, &wv, 24, Some(&bv))),
+            ("y13", linear(&xn13, &w13v, 13, None)),
+        ])
+    })
+}
+
+fn op_gate_up_silu(c: &Ctx<'_>) -> CaseResult {
+    let mut t = Tiny::new(42);
+    let x = t.input("x", DType::F32, &[1, 16]);
+    let (nw, nwv) = t.weight("norm", DType::F32, &[16], 0.5, 1.5);
+    let (wg, wgv) = t.weight("wg", DType::F32, &[12, 16], -0.5, 0.5);
+    let (wu, wuv) = t.weight("wu", DType::F32, &[12, 16], -0.5, 0.5);
+    let x10 = t.input("x10", DType::F32, &[1, 10]);
+    let (wg10, wg10v) = t.weight("wg10", DType::F32, &[3, 10], -0.5, 0.5);
+    let (wu10, wu10v) = t.weight("wu10", DType::F32, &[3, 10], -0.5, 0.5);
+    let y = t.output("y", DType::F32, &[1, 12]);
+    let yp = t.output("y_plain", DType::F32, &[1, 12]);
+    let y10 = t.output("y10", DType::F32, &[1, 3]);
+    let ct = t.counter();
+    for (off, nt) in [(0, 8), (8, 4)] {
+        let tile = [("K", int(16)), ("N_tile", int(nt)), ("n_off", int(off))];
+        let mut normed = tile.to_vec();
+        normed.push(("eps", real(1e-5)));
+        t.task_on(
+            ct,
+            Opcode::GATE_UP_SILU,
+            &[x, wg, wu, nw],
+            &[y],
+            &[],
+            &normed,
+        );
+    }
+    let tile = [("K", int(16)), ("N_tile", int(12)), ("n_off", int(0))];
+    t.task(Opcode::GATE_UP_SILU, &[x, wg, wu], &[yp], &[], &tile);
+    let tile10 = [("K", int(10)), ("N_tile", int(3)), ("n_off", int(0))];
+    t.task(
+        Opcode::GATE_UP_SILU,
+        &[x10, wg10, wu10],
+        &[y10],
+        &[],
+        &tile10,
+    );
+    let swiglu = |x: &[f64], wg: &[f64], wu: &[f64], k: usize| -> Vec<f64> {
+        let (g, u) = (linear(x, wg, k, None), linear(x, wu, k, None));
+        g.iter().zip(&u).map(|(g, u)| silu(*g) * u).collect()
+    };
+    check_formula(c, t, 2, F32_TOL, no_change, |ins| {
+        let xv = in_vals(ins, "x")?;
+        let xn = rmsnorm(&xv, &nwv, 1e-5);
+        Ok(vec![
+            ("y", swiglu(&xn, &wgv, &wuv, 16)),
+            ("y_plain", swiglu(&xv, &wgv, &wuv, 16)),
+            ("y10", swiglu(&in_vals(ins, "x10")?, &wg10v, &wu10v, 10)),
+        ])
+    })
+}
+
+fn op_qkv_rope_append(c: &Ctx<'_>) -> CaseResult {
+    let (nh, nkv, hd, k, pos, seq) = (2usize, 1usize, 8usize, 16usize, 2usize, 4usize);
+    let theta = 10000.0;
+    let mut t = Tiny::new(43);
+    let x = t.input("x", DType::F32, &[1, k as u64]);
+    let (nw, nwv) = t.weight("norm", DType::F32, &[k as u64], 0.5, 1.5);
+    let (wq, wqv) = t.weight("wq", DType::F32, &[(nh * hd) as u64, k as u64], -0.5, 0.5);
+    let (wk, wkv) = t.weight("wk", DType::F32, &[(nkv * hd) as u64, k as u64], -0.5, 0.5);
+    let (wv, wvv) = t.weight("wv", DType::F32, &[(nkv * hd) as u64, k as u64], -0.5, 0.5);
+    let q = t.output("q", DType::F32, &[nh as u64, hd as u64]);
+    let kc = t.kv("kcache", &[seq as u64, nkv as u64, hd as u64]);
+    let vc = t.kv("vcache", &[seq as u64, nkv as u64, hd as u64]);
+    let k_out = t.output("k_all", DType::F32, &[seq as u64, nkv as u64, hd as u64]);
+    let v_out = t.output("v_all", DType::F32, &[seq as u64, nkv as u64, hd as u64]);
+    let ct = t.counter();
+    // Two tiles: units [0, 20) (Q heads and half of K) and [20, 32).
+    for (off, nt) in [(0, 20), (20, 12)] {
+        t.task_on(
+            ct,
+            Opcode::QKV_ROPE_APPEND,
+            &[x, wq, wk, wv, nw],
+            &[q, kc, vc],
+            &[],
+            &[
+                ("K", int(k as i64)),
+                ("N_tile", int(nt)),
+                ("n_off", int(off)),
+                ("head_dim", int(hd as i64)),
+                ("n_heads", int(nh as i64)),
+                ("n_kv_heads", int(nkv as i64)),
+                ("theta", real(theta)),
+                ("pos", int(pos as i64)),
+                ("eps", real(1e-5)),
+            ],
+        );
+    }
+    t.task(Opcode::COPY, &[kc], &[k_out], &[(ct, 2)], &[]);
+    t.task(Opcode::COPY, &[vc], &[v_out], &[(ct, 2)], &[]);
+    check_formula(c, t, 2, F32_TOL, no_change, |ins| {
+        let xn = rmsnorm(&in_vals(ins, "x")?, &nwv, 1e-5);
+        let p = [pos as f64];
+        let row = nkv * hd;
+        let mut k_all = vec![0.0; seq * row];
+        let mut v_all = vec![0.0; seq * row];
+        k_all[pos * row..(pos + 1) * row].copy_from_slice(&rope(
+            &linear(&xn, &wkv, k, None),
+            &p,
+            hd,
+            theta,
+        ));
+        v_all[pos * row..(pos + 1) * row].copy_from_slice(&linear(&xn, &wvv, k, None));
+        Ok(vec![
+            ("q", rope(&linear(&xn, &wqv, k, None), &p, hd, theta)),
+            ("k_all", k_all),
+            ("v_all", v_all),
+        ])
+    })
+}
 
 /// Tiles `[x, w(, extra..)] -> out` of widths `widths` (summing to N) on one new counter.
 fn gemv_tiles(

@@ -605,6 +605,122 @@ __device__ __forceinline__ void amk_norm_opaque(uint4* a, uint4* b) {
                  "+r"(b[q].y), "+r"(b[q].z), "+r"(b[q].w));
 }
 
+/* ---- RoPE arithmetic shared by ROPE and QKV_ROPE_APPEND (ops/rope/src/reference.rs) ---- */
+
+/* inv_freq[i] = 1 / theta^(i / half): the quotient and the reciprocal in fp32, the power in f64
+ * rounded to fp32 (as the CPU reference). */
+__device__ __forceinline__ float amk_rope_inv_freq(float theta, int i, int half) {
+  const float e = __fdiv_rn((float)i, (float)half);
+  const float pw = (float)pow((double)theta, (double)e);
+  return __fdiv_rn(1.0f, pw);
+}
+/* The rotation of one pair, every product and sum rounded separately (no FMA contraction:
+ * the CPU rounds each step). */
+__device__ __forceinline__ void amk_rope_pair(float x1, float x2, float c, float s, float& ya,
+                                          float& yb) {
+  ya = __fsub_rn(__fmul_rn(x1, c), __fmul_rn(x2, s));
+  yb = __fadd_rn(__fmul_rn(x2, c), __fmul_rn(x1, s));
+}
+
+/* cos (w == 0) or sin (w == 1) of an fp32 angle, rounded to fp32 from f64 as the CPU. */
+__device__ __noinline__ float amk_rope_trig(float ang, int w) {
+  return w ? (float)sin((double)ang) : (float)cos((double)ang);
+}
+
+/* x as a dtype of the fused tiles (F32/F16/BF16) rounds it on store: the value read back. */
+__device__ __forceinline__ float amk_round_dt(int dt, float x) {
+  if (dt == AMK_BF16) return amk_bf16_to_f32(amk_f32_to_bf16(x));
+  if (dt == AMK_F16) return amk_f16_to_f32(amk_f32_to_f16(x));
+  return x;
+}
+
+/* ---- RMSNORM's vector path (also the fused decode tiles' prologue) ---- */
+
+/* Vectors of 8 elements per thread on the vector path: block rows up to 8 * AMK_THREADS * AMK_RMS_VB
+ * elements (8192), warp rows (hidden <= 1024) up to 8 * 32 * AMK_RMS_VW. Wider rows take the scalar
+ * path. */
+#define AMK_RMS_VB 4
+#define AMK_RMS_VW 4
+
+
+/* The thread's f64 sum of squares of its elements of x. */
+template <int G, int V>
+__device__ __forceinline__ double amk_rms_sumsq(int dt, long long hv, int t, const uint4* a,
+                                            const uint4* b) {
+  double s = 0.0;
+#pragma unroll
+  for (int q = 0; q < V; ++q) {
+    if (t + (long long)q * G < hv) {
+      float f[8];
+      amk_cvt8(dt, a[q], b[q], f);
+#pragma unroll
+      for (int e = 0; e < 8; ++e) {
+        const double v = (double)f[e];
+        s += v * v;
+      }
+    }
+  }
+  return s;
+}
+
+/* y = (float)(x * inv * w) per element (f64, as the reference), cast on store (16-byte stores). */
+template <int G, int V>
+__device__ __forceinline__ void amk_rms_store(void* op, int odt, long long ub, long long hv, int t,
+                                          int xdt, const uint4* xa, const uint4* xb, int wdt,
+                                          const uint4* wa, const uint4* wb, double inv) {
+#pragma unroll
+  for (int q = 0; q < V; ++q) {
+    const long long u = t + (long long)q * G;
+    if (u < hv) {
+      float xf[8], wf[8], o[8];
+      amk_cvt8(xdt, xa[q], xb[q], xf);
+      amk_cvt8(wdt, wa[q], wb[q], wf);
+#pragma unroll
+      for (int e = 0; e < 8; ++e) o[e] = (float)((double)xf[e] * inv * (double)wf[e]);
+      amk_st8(op, odt, ub + u, o);
+    }
+  }
+}
+
+/* Rows r0, r0 + rstep, .. < rows, each by a group of G threads (G = 32: one warp, t = lane,
+ * shuffle reduce; G = AMK_THREADS: the whole block, t = threadIdx.x, r0 = 0, rstep = 1, so the
+ * row loop and its barriers are block-uniform). Needs hidden % 8 == 0, hidden / 8 <= G * V, x,
+ * w and out (base, dtype) F32/BF16/F16 with 16-byte aligned bases. w and the first row of x are
+ * loaded together; each row's loads of x are all issued before any is used, x stays in
+ * registers from the reduce to the store, and w (used only at the store) is waited for only
+ * there, so with one row (decode) its HBM latency overlaps x's and the reduce. Out of line: its
+ * own register allocation, so the megakernel's large dispatch function spills nothing in
+ * flight. */
+template <int G, int V>
+__device__ __noinline__ void amk_rms_rows(const void* xp, int xdt, const void* wp, int wdt, void* op,
+                                      int odt, long long h, double eps, long long rows,
+                                      long long r0, long long rstep, int t) {
+  const long long hv = h >> 3;
+  const double dh = (double)h;
+  if (r0 >= rows) return; /* warp mode: a warp without rows (warp-uniform); block: no rows */
+  uint4 wa[V], wb[V], xa[V], xb[V];
+  amk_norm_ld<G, V>(wp, wdt, 0, hv, t, wa, wb);
+  amk_norm_ld<G, V>(xp, xdt, r0 * hv, hv, t, xa, xb);
+  int par = 0;
+#pragma unroll 1
+  for (long long r = r0;;) {
+    double s = amk_rms_sumsq<G, V>(xdt, hv, t, xa, xb);
+    amk_norm_opaque<V>(xa, xb);
+    if (G == 32) {
+      s = amk_warp_sum_d(s);
+    } else {
+      s = amk_norm_block_sum(s, par);
+      par ^= 1;
+    }
+    const double inv = 1.0 / sqrt(s / dh + eps);
+    amk_rms_store<G, V>(op, odt, r * hv, hv, t, xdt, xa, xb, wdt, wa, wb, inv);
+    r += rstep;
+    if (r >= rows) break;
+    amk_norm_opaque<V>(wa, wb); /* w's conversion stays in the loop (waited for by now) */
+    amk_norm_ld<G, V>(xp, xdt, r * hv, hv, t, xa, xb);
+  }
+}
+
 /* Max ignoring nothing: NaN propagates like fmaxf (NaN loses); callers needing NaN-aware
  * semantics handle them before reducing. */
 __device__ __noinline__ float amk_block_max(float v) { return amk_block_reduce<float, true>(v); }

@@ -73,11 +73,34 @@ impl Opcode {
     pub const FIRST_EXTENDED: u16 = 20;
     /// First code a plugin may request.
     pub const FIRST_PLUGIN: u16 = 1000;
+    /// RMS normalisation of one row fused into a GEMV column tile (our code 20).
+    pub const RMSNORM_GEMV: Opcode = Opcode(20);
+    /// A column tile of `silu(x·Wg^T) · (x·Wu^T)`, optionally RMS-normalising x first (21).
+    pub const GATE_UP_SILU: Opcode = Opcode(21);
+    /// A tile of the Q/K/V projections with RoPE, K and V appended to the caches,
+    /// optionally RMS-normalising x first (22).
+    pub const QKV_ROPE_APPEND: Opcode = Opcode(22);
+    /// Our appended built-in opcodes (code ≥ 20), in code order.
+    pub const EXTENDED_OPS: &'static [Opcode] = &[
+        Opcode::RMSNORM_GEMV,
+        Opcode::GATE_UP_SILU,
+        Opcode::QKV_ROPE_APPEND,
+    ];
+
+    /// The canonical name of one of our appended built-in opcodes.
+    pub const fn extended_name(self) -> Option<&'static str> {
+        match self.0 {
+            20 => Some("RMSNORM_GEMV"),
+            21 => Some("GATE_UP_SILU"),
+            22 => Some("QKV_ROPE_APPEND"),
+            _ => None,
+        }
+    }
 }
 
 impl std::fmt::Display for Opcode {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self.abi_name() {
+        match self.abi_name().or(self.extended_name()) {
             Some(n) => f.write_str(n),
             None => write!(f, "op#{}", self.0),
         }

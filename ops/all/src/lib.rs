@@ -10,6 +10,7 @@ extern crate op_copy;
 extern crate op_dequant;
 extern crate op_embed;
 extern crate op_fused;
+extern crate op_gate_up_silu;
 extern crate op_gelu;
 extern crate op_gemm_tile;
 extern crate op_gemv_tile;
@@ -17,7 +18,9 @@ extern crate op_kv_append;
 extern crate op_layernorm;
 extern crate op_mul;
 extern crate op_nop;
+extern crate op_qkv_rope_append;
 extern crate op_rmsnorm;
+extern crate op_rmsnorm_gemv;
 extern crate op_rope;
 extern crate op_sample_argmax;
 extern crate op_silu_mul;
@@ -37,14 +40,17 @@ pub fn registry() -> Result<Registry, IrError> {
         &op_dequant::SPEC,
         &op_embed::SPEC,
         &op_fused::SPEC,
+        &op_gate_up_silu::SPEC,
         &op_gelu::SPEC,
         &op_gemm_tile::SPEC,
         &op_gemv_tile::SPEC,
         &op_kv_append::SPEC,
         &op_layernorm::SPEC,
         &op_mul::SPEC,
+        &op_qkv_rope_append::SPEC,
         &op_nop::SPEC,
         &op_rmsnorm::SPEC,
+        &op_rmsnorm_gemv::SPEC,
         &op_rope::SPEC,
         &op_sample_argmax::SPEC,
         &op_silu_mul::SPEC,

@@ -1,17 +1,26 @@
-//! The built-in registry holds exactly the 20 ABI opcodes, under their canonical codes and
-//! names, with the arities of the spec (notes §1.3, plus our GEMV/GEMM 2–4 inputs fix).
+//! The built-in registry holds exactly the 20 ABI opcodes and our 3 appended fused ones (codes
+//! 20–22), under their canonical codes and names, with the arities of the spec (notes §1.3,
+//! plus our GEMV/GEMM 2–4 inputs fix).
 
 use amk_core::{Opcode, Origin, ParamType};
 use rstest::rstest;
 
 #[test]
-fn registry_holds_exactly_the_abi_opcodes() {
+fn registry_holds_exactly_the_abi_and_extended_opcodes() {
     let reg = amk_ops::registry().unwrap();
-    assert_eq!(reg.len(), 20);
+    assert_eq!(reg.len(), 23);
     let codes: Vec<u16> = reg.iter().map(|(s, _)| s.code.0).collect();
-    assert_eq!(codes, (0..20).collect::<Vec<u16>>());
+    assert_eq!(codes, (0..23).collect::<Vec<u16>>());
+    assert_eq!(
+        Opcode::EXTENDED_OPS.iter().map(|o| o.0).collect::<Vec<_>>(),
+        [20, 21, 22]
+    );
     for (spec, origin) in reg.iter() {
-        assert_eq!(Some(spec.name.as_ref()), spec.code.abi_name());
+        assert_eq!(
+            Some(spec.name.as_ref()),
+            spec.code.abi_name().or(spec.code.extended_name())
+        );
+        assert_eq!(spec.code.to_string(), spec.name);
         assert_eq!(*origin, Origin::Builtin);
         assert_eq!(reg.resolve_name(&spec.name), Some(spec.code));
         assert!(
@@ -43,6 +52,9 @@ fn registry_holds_exactly_the_abi_opcodes() {
 #[case("SAMPLE_ARGMAX", 17, 1, Some(1), Some(1), &[])]
 #[case("ATTENTION_COMBINE", 18, 2, Some(8), Some(1), &["head_dim"])]
 #[case("FUSED", 19, 1, None, Some(1), &["recipe"])]
+#[case("RMSNORM_GEMV", 20, 3, Some(4), Some(1), &["eps", "K", "N_tile", "n_off"])]
+#[case("GATE_UP_SILU", 21, 3, Some(4), Some(1), &["K", "N_tile", "n_off"])]
+#[case("QKV_ROPE_APPEND", 22, 4, Some(5), Some(3), &["K", "N_tile", "n_off", "head_dim", "n_heads", "n_kv_heads", "theta", "pos"])]
 fn spec_matches_the_table(
     #[case] name: &str,
     #[case] code: u16,
@@ -76,7 +88,7 @@ fn duplicates_are_refused() {
     let gemv = reg.get(Opcode::GEMV_TILE).unwrap().clone();
     assert!(reg.register(gemv.clone(), Origin::Builtin).is_err());
     let mut renamed = gemv.clone();
-    renamed.code = Opcode(20);
+    renamed.code = Opcode(23);
     assert!(
         reg.register(renamed, Origin::Builtin).is_err(),
         "duplicate name"

@@ -368,6 +368,25 @@ fn store(
     Ok(())
 }
 
+/// `Σ_k x[k]·W[n, k]` for a float weight `W` of rows `x.len()` long: the sum GEMV_TILE
+/// computes, in the same order (the fused tiles reuse it so that their results equal the
+/// unfused program's). `scratch` holds a widened row (`x.len()` elements) when `W` is F16.
+pub fn float_row_dot(x: &[f32], w: &Tensor, n: usize, scratch: &mut [f32]) -> Result<f32, OpError> {
+    let k = x.len();
+    match w.storage() {
+        Storage::F32(v) => Ok(dot(x, slice(v, n * k, k, "weight")?)),
+        Storage::BF16(v) => Ok(dot_bf16(
+            x,
+            v.get(n * k..(n + 1) * k).ok_or_else(|| short("weight"))?,
+        )),
+        _ => {
+            let row = scratch.get_mut(..k).ok_or_else(|| short("scratch"))?;
+            decode(w, n * k, row)?;
+            Ok(dot(x, row))
+        }
+    }
+}
+
 /// `Σ a[i]·b[i]` over the common length, in fp32 with 16 independent partial sums (so the
 /// loop vectorises), then the sum of the lanes plus the ragged tail.
 pub fn dot(a: &[f32], b: &[f32]) -> f32 {

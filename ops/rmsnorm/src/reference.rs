@@ -8,7 +8,7 @@
 //! `x`'s last dim) are required; `w` and `y` are viewed (element counts `hidden` and
 //! `x.numel` respectively).
 
-use amk_core::{CpuCall, OpError};
+use amk_core::{CpuCall, OpError, Tensor, round_to};
 
 /// Runs one RMSNORM task.
 pub fn run(call: &mut CpuCall<'_, '_>) -> Result<(), OpError> {
@@ -45,15 +45,75 @@ pub fn run(call: &mut CpuCall<'_, '_>) -> Result<(), OpError> {
     }
     let wv: Vec<f64> = (0..h).map(|j| w.get_f32(j) as f64).collect();
     let mut row = vec![0.0f64; h];
+    let mut y = vec![0.0f32; h];
     for base in (0..n).step_by(h) {
         for (j, v) in row.iter_mut().enumerate() {
             *v = x.get_f32(base + j) as f64;
         }
-        let mean_sq = row.iter().map(|v| v * v).sum::<f64>() / h as f64;
-        let inv = 1.0 / (mean_sq + eps).sqrt();
-        for (j, (v, wj)) in row.iter().zip(&wv).enumerate() {
-            out.set_f32(base + j, (v * inv * wj) as f32);
+        rms_row(&row, &wv, eps, &mut y);
+        for (j, &v) in y.iter().enumerate() {
+            out.set_f32(base + j, v);
         }
     }
     Ok(())
+}
+
+/// One row: `y[j] = (x[j] · rsqrt(mean(x²) + eps) · w[j])` carried in f64 and rounded once to
+/// f32 (the caller casts on store). `eps` is the f32 param widened; the slices have one length.
+pub fn rms_row(x: &[f64], w: &[f64], eps: f64, y: &mut [f32]) {
+    let mean_sq = x.iter().map(|v| v * v).sum::<f64>() / x.len().max(1) as f64;
+    let inv = 1.0 / (mean_sq + eps).sqrt();
+    for ((o, v), wj) in y.iter_mut().zip(x).zip(w) {
+        *o = (v * inv * wj) as f32;
+    }
+}
+
+/// The fused ops' prologue (RMSNORM_GEMV, GATE_UP_SILU, QKV_ROPE_APPEND): the normalised row
+/// of the one-row `x` with weight `w` (both of `x.numel()` elements, checked by the caller),
+/// rounded to `x`'s dtype — exactly what an RMSNORM task would store into an activation of
+/// that dtype for the projection to read.
+pub fn normed_row(x: &Tensor, w: &Tensor, eps: f32) -> Vec<f32> {
+    let h = x.numel();
+    let row: Vec<f64> = (0..h).map(|j| x.get_f32(j) as f64).collect();
+    let wv: Vec<f64> = (0..h).map(|j| w.get_f32(j) as f64).collect();
+    let mut y = vec![0.0f32; h];
+    rms_row(&row, &wv, eps as f64, &mut y);
+    let dt = x.dtype();
+    y.iter_mut().for_each(|v| *v = round_to(dt, *v));
+    y
+}
+
+/// The row a fused decode tile multiplies (RMSNORM_GEMV, GATE_UP_SILU, QKV_ROPE_APPEND): input
+/// 0 must be one row of `k` elements; with a norm weight (input `norm`, `k` elements, param
+/// `eps` required) it is [`normed_row`], otherwise `x` as f32.
+pub fn fused_input(
+    call: &CpuCall<'_, '_>,
+    norm: Option<usize>,
+    k: usize,
+) -> Result<Vec<f32>, OpError> {
+    let x = call.input(0)?;
+    if x.numel() != k || x.last_dim() != k {
+        return Err(OpError::Shape(format!(
+            "the input {:?} must be one row of K = {k} elements",
+            x.shape()
+        )));
+    }
+    if x.dtype().is_integer() {
+        return Err(OpError::DType(format!(
+            "the input must be floating point, got {}",
+            x.dtype()
+        )));
+    }
+    let Some(i) = norm else {
+        return Ok(x.to_f32_vec());
+    };
+    let w = call.input(i)?;
+    if w.numel() != k {
+        return Err(OpError::Shape(format!(
+            "the norm weight {:?} must hold K = {k} elements",
+            w.shape()
+        )));
+    }
+    let eps = call.real("eps")? as f32;
+    Ok(normed_row(x, w, eps))
 }

@@ -35,26 +35,10 @@
 #define ROPE_NB 2    /* 8-pair units in flight per thread */
 #define ROPE_NS 4    /* single pairs in flight per thread */
 
-__device__ __forceinline__ float rope_inv_freq(float theta, int i, int half) {
-  const float e = __fdiv_rn((float)i, (float)half);
-  const float pw = (float)pow((double)theta, (double)e);
-  return __fdiv_rn(1.0f, pw);
-}
 /* Out-of-line copy for the paths where nothing is in flight (one copy of the f64 power). */
 __device__ __noinline__ float rope_inv_freq_call(float theta, int i, int half) {
-  return rope_inv_freq(theta, i, half);
+  return amk_rope_inv_freq(theta, i, half);
 }
-/* cos (w == 0) or sin (w == 1) of an fp32 angle, rounded to fp32 from f64 as the CPU. */
-__device__ __noinline__ float rope_trig_call(float ang, int w) {
-  return w ? (float)sin((double)ang) : (float)cos((double)ang);
-}
-
-__device__ __forceinline__ void rope_pair(float x1, float x2, float c, float s, float& ya,
-                                          float& yb) {
-  ya = __fsub_rn(__fmul_rn(x1, c), __fmul_rn(x2, s));
-  yb = __fadd_rn(__fmul_rn(x2, c), __fmul_rn(x1, s));
-}
-
 
 /* Raw words of the 8 elements at element offset e (a multiple of 8): one 16-byte load for a
  * 16-bit dtype, two for F32. Nothing is consumed here, so a thread's loads stay in flight. */
@@ -145,7 +129,7 @@ __device__ __forceinline__ bool rope_run(const amk_task_ctx& ctx, const amk_buff
         float inv0 = 0.0f;
         if (direct) {
           if ((int)tid < 2 * E) {
-            inv0 = rope_inv_freq(theta, (int)tid < E ? (int)tid : (int)tid - E, half);
+            inv0 = amk_rope_inv_freq(theta, (int)tid < E ? (int)tid : (int)tid - E, half);
           } else if (tid == AMK_THREADS - 1 || tid == AMK_THREADS - 33) {
             /* Two idle threads of two warps evaluate sin(1) and cos(1) now: f64 sin/cos read
              * their polynomial coefficients from a global table (one sector per quadrant
@@ -184,7 +168,7 @@ __device__ __forceinline__ bool rope_run(const amk_task_ctx& ctx, const amk_buff
             const int e = j - w * E;
             const int rr = e / half, i = e - rr * half;
             const float pf = (float)amk_ldif(pb, r0 + rr);
-            const float t = rope_trig_call(__fmul_rn(pf, s_inv[i]), w);
+            const float t = amk_rope_trig(__fmul_rn(pf, s_inv[i]), w);
             if (w) s_sin[e] = t;
             else s_cos[e] = t;
           }
@@ -209,19 +193,19 @@ __device__ __forceinline__ bool rope_run(const amk_task_ctx& ctx, const amk_buff
           s[4] = s1.x; s[5] = s1.y; s[6] = s1.z; s[7] = s1.w;
           if (pairing == 0) {
 #pragma unroll
-            for (int q = 0; q < 8; ++q) rope_pair(fa[q], fb[q], c[q], s[q], ya[q], yb[q]);
+            for (int q = 0; q < 8; ++q) amk_rope_pair(fa[q], fb[q], c[q], s[q], ya[q], yb[q]);
           } else {
 #pragma unroll
             for (int q = 0; q < 4; ++q) {
-              rope_pair(fa[2 * q], fa[2 * q + 1], c[q], s[q], ya[2 * q], ya[2 * q + 1]);
-              rope_pair(fb[2 * q], fb[2 * q + 1], c[4 + q], s[4 + q], yb[2 * q], yb[2 * q + 1]);
+              amk_rope_pair(fa[2 * q], fa[2 * q + 1], c[q], s[q], ya[2 * q], ya[2 * q + 1]);
+              amk_rope_pair(fb[2 * q], fb[2 * q + 1], c[4 + q], s[4 + q], yb[2 * q], yb[2 * q + 1]);
             }
           }
           amk_st8(out->ptr, odt, (long long)(ea[k] >> 3), ya);
           amk_st8(out->ptr, odt, (long long)(eb[k] >> 3), yb);
         } else {
           float ya, yb;
-          rope_pair(x1[k], x2[k], s_cos[ti[k]], s_sin[ti[k]], ya, yb);
+          amk_rope_pair(x1[k], x2[k], s_cos[ti[k]], s_sin[ti[k]], ya, yb);
           amk_stf(out, ea[k], ya);
           amk_stf(out, eb[k], yb);
         }
@@ -350,8 +334,8 @@ __device__ void amk_op_rope(const amk_task_ctx& ctx) {
     const int i = (int)(kk - head * half);
     const float pf = (float)amk_ldif(pb, r);
     const float ang = __fmul_rn(pf, rope_inv_freq_call(theta, i, half));
-    const float c = rope_trig_call(ang, 0);
-    const float s = rope_trig_call(ang, 1);
+    const float c = amk_rope_trig(ang, 0);
+    const float s = amk_rope_trig(ang, 1);
     const long long base = r * row_len + head * hd;
     long long a, b;
     if (pairing == 1) {
@@ -362,7 +346,7 @@ __device__ void amk_op_rope(const amk_task_ctx& ctx) {
       b = a + half;
     }
     float ya, yb;
-    rope_pair(amk_ldf(x, a), amk_ldf(x, b), c, s, ya, yb);
+    amk_rope_pair(amk_ldf(x, a), amk_ldf(x, b), c, s, ya, yb);
     amk_stf(out, a, ya);
     amk_stf(out, b, yb);
   }

@@ -49,8 +49,30 @@ pub const MAX_PARTITIONS: u64 = 8;
 ///   FUSED task, saving two tasks and two counters per layer-projection;
 /// * `["gemv", "add"]` folds each residual ADD into the projection before it (o_proj,
 ///   down_proj): the GEMV tiles take the residual stream as their bias input, so
-///   `h + W·x` is one phase instead of two (one rounding instead of two in f16/bf16).
-pub const FUSIBLE: &[&[&str]] = &[&["embed", "rope"], &["gemv", "add"]];
+///   `h + W·x` is one phase instead of two (one rounding instead of two in f16/bf16);
+/// * `["rmsnorm", "gemv"]` folds every RMSNORM into the projections that read it: each tile
+///   normalises the row itself (RMSNORM_GEMV, or the norm input of the fused ops below);
+/// * `["gemv", "silu_mul"]` makes the gate/up projections and SILU_MUL one set of
+///   GATE_UP_SILU tiles;
+/// * `["gemv", "rope", "kv_append"]` makes the Q/K/V projections, the reshapes, ROPE and
+///   KV_APPEND one set of QKV_ROPE_APPEND tiles (models without attention biases).
+///
+/// The fused ops round every intermediate as the unfused program stores it, so on the CPU VM a
+/// fused program's logits equal the unfused one's.
+pub const FUSIBLE: &[&[&str]] = &[
+    &["embed", "rope"],
+    &["gemv", "add"],
+    &["rmsnorm", "gemv"],
+    &["gemv", "silu_mul"],
+    &["gemv", "rope", "kv_append"],
+];
+
+/// Whether `cfg.fusion_grouping` names `group`.
+fn fuses(cfg: &ScheduleConfig, group: &[&str]) -> bool {
+    cfg.fusion_grouping
+        .iter()
+        .any(|g| g.len() == group.len() && g.iter().zip(group).all(|(a, b)| a == b))
+}
 
 /// Options that are not part of the search space.
 #[derive(Debug, Clone, PartialEq)]
@@ -205,12 +227,19 @@ pub fn sm_shares(num_sms: u64, rows: &[u64]) -> Vec<u64> {
 }
 
 /// The schedule the CUDA megakernel runs fastest with (docs/perf-notes.md has the
-/// measurements): every projection split over all SMs (`gemv.sm_multiple` 1), residual adds
-/// folded into the projections (`["gemv", "add"]`) and the load-balancing SM assignment. The default [`ScheduleConfig`] keeps the reference's tiling.
+/// measurements): every projection split over all SMs (`gemv.sm_multiple` 1), every fusion of
+/// [`FUSIBLE`] but the reshape+ROPE one (which the Q/K/V fusion subsumes) and the
+/// load-balancing SM assignment. The default [`ScheduleConfig`] keeps the reference's tiling.
 pub fn tuned_schedule() -> ScheduleConfig {
+    let group = |g: &[&str]| g.iter().map(|s| s.to_string()).collect::<Vec<_>>();
     ScheduleConfig {
         tiling: vec![("gemv".into(), vec![("sm_multiple".into(), 1)])],
-        fusion_grouping: vec![vec!["gemv".into(), "add".into()]],
+        fusion_grouping: vec![
+            group(&["gemv", "add"]),
+            group(&["rmsnorm", "gemv"]),
+            group(&["gemv", "silu_mul"]),
+            group(&["gemv", "rope", "kv_append"]),
+        ],
         ..ScheduleConfig::default()
     }
 }
@@ -290,6 +319,8 @@ struct Builder<'a> {
     dtype: DType,
     dbytes: i64,
     rules: Vec<(TaskId, PosRule)>,
+    /// The model's RMS-norm epsilon (the fused tiles normalise with it).
+    eps: Value,
 }
 
 /// A value some task produced: its buffer and what a consumer waits for.
@@ -297,6 +328,20 @@ struct Builder<'a> {
 struct Val {
     buf: BufferId,
     wait: (CounterId, i64),
+}
+
+/// The row a projection multiplies: a value, or a value the tiles RMS-normalise themselves
+/// with the norm weight `norm` (`["rmsnorm", "gemv"]`).
+#[derive(Clone, Copy)]
+struct Row {
+    x: Val,
+    norm: Option<BufferId>,
+}
+
+impl From<Val> for Row {
+    fn from(x: Val) -> Row {
+        Row { x, norm: None }
+    }
 }
 
 impl Builder<'_> {
@@ -364,10 +409,19 @@ impl Builder<'_> {
         if fuse {
             let o = self.act(out.into(), &[1, h]);
             let bias = Some((resid.buf, Some(resid.wait)));
-            return self.proj(x, w, bias, o, k, h, &format!("{tag}_add"), self.num_sms);
+            return self.proj(
+                x.into(),
+                w,
+                bias,
+                o,
+                k,
+                h,
+                &format!("{tag}_add"),
+                self.num_sms,
+            );
         }
         let y = self.act(tag.into(), &[1, h]);
-        let y = self.proj(x, w, None, y, k, h, tag, self.num_sms);
+        let y = self.proj(x.into(), w, None, y, k, h, tag, self.num_sms);
         let o = self.act(out.into(), &[1, h]);
         let cost = (2 * h as i64 * self.dbytes, h as i64);
         let waits = [resid.wait, y.wait];
@@ -385,11 +439,12 @@ impl Builder<'_> {
 
     /// GEMV tiles of `x[1, k] @ w[n, k]^T (+ bias) -> out[1, n]` over `sms` SMs (all of them,
     /// or a share: [`sm_shares`]), one counter. The bias may be another task's output (a
-    /// residual stream, with the wait on its counter), then waited for as well.
+    /// residual stream, with the wait on its counter), then waited for as well. A row with a
+    /// norm weight makes them RMSNORM_GEMV tiles (`[x, norm, w (, bias)]` and `eps`).
     #[allow(clippy::too_many_arguments)] // reason: one projection's full description
     fn proj(
         &mut self,
-        x: Val,
+        x: Row,
         w: BufferId,
         bias: Option<(BufferId, Option<(CounterId, i64)>)>,
         out: BufferId,
@@ -398,23 +453,34 @@ impl Builder<'_> {
         label: &str,
         sms: u64,
     ) -> Val {
-        let mut waits = vec![x.wait];
+        let mut waits = vec![x.x.wait];
         waits.extend(bias.and_then(|(_, wait)| wait));
         let bias = bias.map(|(b, _)| b);
         let c = self.p.new_counter(format!("{label} ready"));
         let width = gemv_tile_width(self.cfg, n, sms);
-        let mut ins = vec![x.buf, w];
+        let mut ins = vec![x.x.buf];
+        ins.extend(x.norm);
+        ins.push(w);
         ins.extend(bias);
+        let op = if x.norm.is_some() {
+            Opcode::RMSNORM_GEMV
+        } else {
+            Opcode::GEMV_TILE
+        };
         let (mut i, mut off) = (0u64, 0u64);
         while off < n {
             let nt = width.min(n - off);
+            let mut pr = params(&[("K", int(k)), ("N_tile", int(nt)), ("n_off", int(off))]);
+            if x.norm.is_some() {
+                pr.insert("eps", self.eps.clone());
+            }
             self.task(
-                Opcode::GEMV_TILE,
+                op,
                 &ins,
                 out,
                 c,
                 &waits,
-                params(&[("K", int(k)), ("N_tile", int(nt)), ("n_off", int(off))]),
+                pr,
                 format!("{label}[{i}]"),
                 (k as i64 * self.dbytes * nt as i64, 2 * (k * nt) as i64),
             );
@@ -425,6 +491,101 @@ impl Builder<'_> {
             buf: out,
             wait: (c, i as i64),
         }
+    }
+
+    /// An RMS norm of `x` (`[1, h]`) with weight `nw`: its own RMSNORM task (output
+    /// `{prefix}.{name}`, label `{prefix}.{label}`; no prefix: bare names), or — fused — the row
+    /// the consuming tiles normalise themselves.
+    #[allow(clippy::too_many_arguments)] // reason: one norm's full description
+    fn norm_row(
+        &mut self,
+        fuse: bool,
+        x: Val,
+        nw: BufferId,
+        h: u64,
+        prefix: &str,
+        name: &str,
+        label: &str,
+    ) -> Row {
+        if fuse {
+            return Row { x, norm: Some(nw) };
+        }
+        let named = |s: &str| {
+            if prefix.is_empty() {
+                s.to_string()
+            } else {
+                format!("{prefix}.{s}")
+            }
+        };
+        let y = self.act(named(name), &[1, h]);
+        let pr = params(&[("eps", self.eps.clone()), ("hidden", int(h))]);
+        let cost = (h as i64 * self.dbytes, 4 * h as i64);
+        self.single(
+            Opcode::RMSNORM,
+            &[x.buf, nw],
+            y,
+            &[x.wait],
+            pr,
+            named(label),
+            cost,
+        )
+        .0
+        .into()
+    }
+
+    /// Tiles of a fused op over `units` output units (`width` each, the last one ragged), all
+    /// over `[x (, norm)] + weights` with params `base` plus the tile's `K`/`N_tile`/`n_off` (and
+    /// `eps` with a norm), one counter; each unit streams `rows` weight rows of `k`. Returns
+    /// the value (the first output) and the tasks.
+    #[allow(clippy::too_many_arguments)] // reason: one fused op's full description
+    fn fused_tiles(
+        &mut self,
+        op: Opcode,
+        x: Row,
+        weights: &[BufferId],
+        outs: &[BufferId],
+        (k, units, width, rows): (u64, u64, u64, u64),
+        base: &Map,
+        label: &str,
+    ) -> (Val, Vec<TaskId>) {
+        let c = self.p.new_counter(format!("{label} ready"));
+        let mut ins = vec![x.x.buf];
+        ins.extend_from_slice(weights);
+        ins.extend(x.norm);
+        let (mut tasks, mut off) = (Vec::new(), 0u64);
+        while off < units {
+            let nt = width.min(units - off);
+            let mut pr = base.clone();
+            for (key, v) in [("K", k), ("N_tile", nt), ("n_off", off)] {
+                pr.insert(key, int(v));
+            }
+            if x.norm.is_some() {
+                pr.insert("eps", self.eps.clone());
+            }
+            let t = self.p.push_task(
+                op,
+                &ins,
+                outs,
+                c,
+                &[x.x.wait],
+                pr,
+                format!("{label}[{}]", tasks.len()),
+            );
+            if let Some(task) = self.p.tasks.get_mut(t as usize) {
+                task.est_bytes = (rows * k * nt) as i64 * self.dbytes;
+                task.est_flops = 2 * (rows * k * nt) as i64;
+            }
+            tasks.push(t);
+            off += nt;
+        }
+        let n = tasks.len() as i64;
+        (
+            Val {
+                buf: outs[0],
+                wait: (c, n),
+            },
+            tasks,
+        )
     }
 }
 
@@ -506,14 +667,12 @@ pub fn lower(
         .map_or(1, |p| p.max(1) as u64)
         .min(MAX_PARTITIONS)
         .min(target.num_sms.max(1) as u64);
-    let fuse_rope = cfg
-        .fusion_grouping
-        .iter()
-        .any(|g| g.len() == 2 && g[0] == "embed" && g[1] == "rope");
-    let fuse_resid = cfg
-        .fusion_grouping
-        .iter()
-        .any(|g| g.len() == 2 && g[0] == "gemv" && g[1] == "add");
+    let fuse_rope = fuses(cfg, &["embed", "rope"]);
+    let fuse_resid = fuses(cfg, &["gemv", "add"]);
+    let fuse_norm = fuses(cfg, &["rmsnorm", "gemv"]);
+    let fuse_mlp = fuses(cfg, &["gemv", "silu_mul"]);
+    // QKV_ROPE_APPEND has no bias inputs: models with attention biases keep separate tiles.
+    let fuse_qkv = fuses(cfg, &["gemv", "rope", "kv_append"]) && !mc.attention_bias;
 
     let mut b = Builder {
         p: Program::new(),
@@ -522,6 +681,7 @@ pub fn lower(
         dtype: opts.dtype,
         dbytes,
         rules: Vec::new(),
+        eps: Value::Float(mc.rms_eps),
     };
     let mut weights = WeightStore::new();
     // A shape-only model has no data: shapes come from the config and the backend generates
@@ -577,7 +737,6 @@ pub fn lower(
         "embed".into(),
         (h as i64 * dbytes, 0),
     );
-    let eps = Value::Float(mc.rms_eps);
     let theta = Value::Float(mc.rope_theta);
     let scale = Value::Float(1.0 / (hd as f64).sqrt());
     for l in 0..mc.n_layers {
@@ -602,65 +761,15 @@ pub fn lower(
         let wu = weight(&mut b, &w("mlp.up_proj.weight"))?;
         let wd = weight(&mut b, &w("mlp.down_proj.weight"))?;
 
-        let an = b.act(format!("L{l}.an"), &[1, h]);
-        let (an, _) = b.single(
-            Opcode::RMSNORM,
-            &[resid.buf, in_norm],
-            an,
-            &[resid.wait],
-            params(&[("eps", eps.clone()), ("hidden", int(h))]),
-            format!("L{l}.input_norm"),
-            (h as i64 * dbytes, 4 * h as i64),
+        let an = b.norm_row(
+            fuse_norm,
+            resid,
+            in_norm,
+            h,
+            &format!("L{l}"),
+            "an",
+            "input_norm",
         );
-        let q = b.act(format!("L{l}.q"), &[1, q_dim]);
-        let k = b.act(format!("L{l}.k"), &[1, kv_dim]);
-        let v = b.act(format!("L{l}.v"), &[1, kv_dim]);
-        let s = sm_shares(b.num_sms, &[q_dim, kv_dim, kv_dim]);
-        let q = b.proj(an, wq, bq, q, h, q_dim, &format!("L{l}.q"), s[0]);
-        let k = b.proj(an, wk, bk, k, h, kv_dim, &format!("L{l}.k"), s[1]);
-        let v = b.proj(an, wv, bv, v, h, kv_dim, &format!("L{l}.v"), s[2]);
-        // Reshape bridge [1, n·hd] → [n, hd] (EMBED of row 0) then ROPE — or both in one
-        // FUSED task.
-        let rope = |b: &mut Builder<'_>, x: Val, shape: &[u64], dim: u64, tag: &str| {
-            let out = b.act(format!("L{l}.{tag}r"), shape);
-            let rope_params = params(&[("head_dim", int(hd)), ("theta", theta.clone())]);
-            if fuse_rope {
-                let recipe = fused_reshape_rope(shape, dim, &rope_params, opts.dtype);
-                b.single(
-                    Opcode::FUSED,
-                    &[rid, x.buf, posb],
-                    out,
-                    &[x.wait],
-                    recipe,
-                    format!("L{l}.reshape_rope_{tag}"),
-                    (2 * dim as i64 * dbytes, 6 * dim as i64),
-                )
-                .0
-            } else {
-                let mid = b.act(format!("L{l}.{tag}h"), shape);
-                let (mid, _) = b.single(
-                    Opcode::EMBED,
-                    &[rid, x.buf],
-                    mid,
-                    &[x.wait],
-                    params(&[("hidden", int(dim))]),
-                    format!("L{l}.reshape_{tag}"),
-                    (dim as i64 * dbytes, 0),
-                );
-                b.single(
-                    Opcode::ROPE,
-                    &[mid.buf, posb],
-                    out,
-                    &[mid.wait],
-                    rope_params,
-                    format!("L{l}.rope_{tag}"),
-                    (dim as i64 * dbytes, 6 * dim as i64),
-                )
-                .0
-            }
-        };
-        let qr = rope(&mut b, q, &[nh, hd], q_dim, "q");
-        let kr = rope(&mut b, k, &[1, nkv, hd], kv_dim, "k");
         let kc = b.p.new_buffer(
             format!("L{l}.kcache"),
             BufferKind::KV_CACHE,
@@ -673,25 +782,101 @@ pub fn lower(
             opts.dtype,
             &[max_seq, nkv, hd],
         );
-        // In place: each cache is both input and output (KV_APPEND's declared in-place pair).
-        let append = |b: &mut Builder<'_>, new: Val, cache: BufferId, tag: &str| {
-            let (val, t) = b.single(
-                Opcode::KV_APPEND,
-                &[new.buf, cache],
-                cache,
-                &[new.wait],
-                params(&[("pos", int(opts.pos))]),
-                format!("L{l}.kv_append_{tag}"),
-                (kv_dim as i64 * dbytes, 0),
+        let qr_shape = [nh, hd];
+        let (qr, att_waits) = if fuse_qkv {
+            // One set of QKV_ROPE_APPEND tiles: projections, RoPE and the cache rows at once.
+            let qr = b.act(format!("L{l}.qr"), &qr_shape);
+            let units = (nh + 2 * nkv) * hd;
+            let width = 2 * gemv_tile_width(b.cfg, units / 2, b.num_sms);
+            let base = params(&[
+                ("head_dim", int(hd)),
+                ("n_heads", int(nh)),
+                ("n_kv_heads", int(nkv)),
+                ("theta", theta.clone()),
+                ("pos", int(opts.pos)),
+            ]);
+            let (val, tasks) = b.fused_tiles(
+                Opcode::QKV_ROPE_APPEND,
+                an,
+                &[wq, wk, wv],
+                &[qr, kc, vc],
+                (h, units, width, 1),
+                &base,
+                &format!("L{l}.qkv"),
             );
-            b.rules.push((t, PosRule::Append));
-            val
+            b.rules
+                .extend(tasks.into_iter().map(|t| (t, PosRule::Append)));
+            (val, vec![val.wait])
+        } else {
+            let q = b.act(format!("L{l}.q"), &[1, q_dim]);
+            let k = b.act(format!("L{l}.k"), &[1, kv_dim]);
+            let v = b.act(format!("L{l}.v"), &[1, kv_dim]);
+            let s = sm_shares(b.num_sms, &[q_dim, kv_dim, kv_dim]);
+            let q = b.proj(an, wq, bq, q, h, q_dim, &format!("L{l}.q"), s[0]);
+            let k = b.proj(an, wk, bk, k, h, kv_dim, &format!("L{l}.k"), s[1]);
+            let v = b.proj(an, wv, bv, v, h, kv_dim, &format!("L{l}.v"), s[2]);
+            // Reshape bridge [1, n·hd] → [n, hd] (EMBED of row 0) then ROPE — or both in one
+            // FUSED task.
+            let rope = |b: &mut Builder<'_>, x: Val, shape: &[u64], dim: u64, tag: &str| {
+                let out = b.act(format!("L{l}.{tag}r"), shape);
+                let rope_params = params(&[("head_dim", int(hd)), ("theta", theta.clone())]);
+                if fuse_rope {
+                    let recipe = fused_reshape_rope(shape, dim, &rope_params, opts.dtype);
+                    b.single(
+                        Opcode::FUSED,
+                        &[rid, x.buf, posb],
+                        out,
+                        &[x.wait],
+                        recipe,
+                        format!("L{l}.reshape_rope_{tag}"),
+                        (2 * dim as i64 * dbytes, 6 * dim as i64),
+                    )
+                    .0
+                } else {
+                    let mid = b.act(format!("L{l}.{tag}h"), shape);
+                    let (mid, _) = b.single(
+                        Opcode::EMBED,
+                        &[rid, x.buf],
+                        mid,
+                        &[x.wait],
+                        params(&[("hidden", int(dim))]),
+                        format!("L{l}.reshape_{tag}"),
+                        (dim as i64 * dbytes, 0),
+                    );
+                    b.single(
+                        Opcode::ROPE,
+                        &[mid.buf, posb],
+                        out,
+                        &[mid.wait],
+                        rope_params,
+                        format!("L{l}.rope_{tag}"),
+                        (dim as i64 * dbytes, 6 * dim as i64),
+                    )
+                    .0
+                }
+            };
+            let qr = rope(&mut b, q, &qr_shape, q_dim, "q");
+            let kr = rope(&mut b, k, &[1, nkv, hd], kv_dim, "k");
+            // In place: each cache is both input and output (KV_APPEND's declared in-place pair).
+            let append = |b: &mut Builder<'_>, new: Val, cache: BufferId, tag: &str| {
+                let (val, t) = b.single(
+                    Opcode::KV_APPEND,
+                    &[new.buf, cache],
+                    cache,
+                    &[new.wait],
+                    params(&[("pos", int(opts.pos))]),
+                    format!("L{l}.kv_append_{tag}"),
+                    (kv_dim as i64 * dbytes, 0),
+                );
+                b.rules.push((t, PosRule::Append));
+                val
+            };
+            let k_app = append(&mut b, kr, kc, "k");
+            let v_app = append(&mut b, v, vc, "v");
+            (qr, vec![qr.wait, k_app.wait, v_app.wait])
         };
-        let k_app = append(&mut b, kr, kc, "k");
-        let v_app = append(&mut b, v, vc, "v");
 
         let attn = b.act(format!("L{l}.attn"), &[1, q_dim]);
-        let att_waits = [qr.wait, k_app.wait, v_app.wait];
         let att_cost = |rows: u64| {
             (
                 2 * rows as i64 * kv_dim as i64 * dbytes,
@@ -766,31 +951,46 @@ pub fn lower(
             &format!("L{l}.h_mid"),
             &format!("L{l}.add_attn"),
         );
-        let mn = b.act(format!("L{l}.mn"), &[1, h]);
-        let (mn, _) = b.single(
-            Opcode::RMSNORM,
-            &[hm.buf, post_norm],
-            mn,
-            &[hm.wait],
-            params(&[("eps", eps.clone()), ("hidden", int(h))]),
-            format!("L{l}.post_norm"),
-            (h as i64 * dbytes, 4 * h as i64),
+        let mn = b.norm_row(
+            fuse_norm,
+            hm,
+            post_norm,
+            h,
+            &format!("L{l}"),
+            "mn",
+            "post_norm",
         );
-        let gate = b.act(format!("L{l}.gate"), &[1, inter]);
-        let up = b.act(format!("L{l}.up"), &[1, inter]);
-        let s = sm_shares(b.num_sms, &[inter, inter]);
-        let gate = b.proj(mn, wg, None, gate, h, inter, &format!("L{l}.gate"), s[0]);
-        let up = b.proj(mn, wu, None, up, h, inter, &format!("L{l}.up"), s[1]);
         let act = b.act(format!("L{l}.act"), &[1, inter]);
-        let (act, _) = b.single(
-            Opcode::SILU_MUL,
-            &[gate.buf, up.buf],
-            act,
-            &[gate.wait, up.wait],
-            Map::new(),
-            format!("L{l}.swiglu"),
-            (2 * inter as i64 * dbytes, 4 * inter as i64),
-        );
+        let act = if fuse_mlp {
+            // One set of GATE_UP_SILU tiles: both projections and the SiLU product.
+            let width = gemv_tile_width(b.cfg, inter, b.num_sms);
+            b.fused_tiles(
+                Opcode::GATE_UP_SILU,
+                mn,
+                &[wg, wu],
+                &[act],
+                (h, inter, width, 2),
+                &Map::new(),
+                &format!("L{l}.gate_up"),
+            )
+            .0
+        } else {
+            let gate = b.act(format!("L{l}.gate"), &[1, inter]);
+            let up = b.act(format!("L{l}.up"), &[1, inter]);
+            let s = sm_shares(b.num_sms, &[inter, inter]);
+            let gate = b.proj(mn, wg, None, gate, h, inter, &format!("L{l}.gate"), s[0]);
+            let up = b.proj(mn, wu, None, up, h, inter, &format!("L{l}.up"), s[1]);
+            b.single(
+                Opcode::SILU_MUL,
+                &[gate.buf, up.buf],
+                act,
+                &[gate.wait, up.wait],
+                Map::new(),
+                format!("L{l}.swiglu"),
+                (2 * inter as i64 * dbytes, 4 * inter as i64),
+            )
+            .0
+        };
         resid = b.proj_residual(
             fuse_resid,
             (act, wd, inter),
@@ -801,16 +1001,7 @@ pub fn lower(
         );
     }
     let fnorm = weight(&mut b, FINAL_NORM)?;
-    let hf = b.act("hf".into(), &[1, h]);
-    let (hf, _) = b.single(
-        Opcode::RMSNORM,
-        &[resid.buf, fnorm],
-        hf,
-        &[resid.wait],
-        params(&[("eps", eps), ("hidden", int(h))]),
-        "final_norm".into(),
-        (h as i64 * dbytes, 4 * h as i64),
-    );
+    let hf = b.norm_row(fuse_norm, resid, fnorm, h, "", "hf", "final_norm");
     let head = if mc.tie_word_embeddings {
         table
     } else {

@@ -1,0 +1,92 @@
+/* qkv-rope-append.cu — CUDA device function of QKV_ROPE_APPEND (amk_op_qkv_rope_append); the
+ * semantics are ops/qkv-rope-append/src/reference.rs (units, pairs, roundings).
+ *
+ * The fused-tile machinery is backends/cuda/include/amk_tile.cuh: each warp takes one RoPE pair
+ * at a time — the two weight rows r and r + head_dim/2 of one head, streamed together (4 16-byte
+ * vectors of each in flight per lane) — rounds both sums to the destination's dtype, rotates them
+ * (Q and K heads; ROPE's arithmetic, amk_rope_*) and stores them into q or the cache row pos. */
+
+/* The pair unit u (even) starts: projection (0 Q, 1 K, 2 V), weight row, frequency index. */
+__device__ __forceinline__ void qkv_pair(long long u, int hd, int nh, int nkv, int& proj,
+                                         long long& row, int& i) {
+  const long long head = u / hd;
+  i = (int)((u % hd) >> 1);
+  long long local = head;
+  proj = 0;
+  if (head >= nh + nkv) { proj = 2; local = head - nh - nkv; }
+  else if (head >= nh) { proj = 1; local = head - nh; }
+  row = local * hd + i;
+}
+
+__device__ void amk_op_qkv_rope_append(const amk_task_ctx& ctx) {
+  const amk_params_t& p = ctx.inst->params;
+  const int nin = ctx.inst->n_inputs;
+  if (nin < 4 || nin > 5 || ctx.inst->n_outputs != 3) {
+    amk_fail(ctx, AMK_ERR_SHAPE, nin);
+    return;
+  }
+  const amk_buffer_t* x = amk_in(ctx, 0);
+  const amk_buffer_t* w[3] = {amk_in(ctx, 1), amk_in(ctx, 2), amk_in(ctx, 3)};
+  const amk_buffer_t* nw = nin == 5 ? amk_in(ctx, 4) : nullptr;
+  const amk_buffer_t* dst[3] = {amk_out(ctx, 0), amk_out(ctx, 1), amk_out(ctx, 2)};
+  const long long K = p.K;
+  const int n_tile = p.N_tile, n_off = p.n_off, hd = p.head_dim, nh = p.n_heads, nkv = p.n_kv_heads;
+  const int pos = p.pos;
+  const float theta = p.theta;
+  if (!amk_fused_check(ctx, x, w, 3, nw, K)) return;
+  if (hd <= 0 || (hd & 1) || nh <= 0 || nkv <= 0 || pos < 0 || n_tile <= 0 || (n_tile & 1) ||
+      n_off < 0 || (n_off & 1) || !(theta > 0.0f)) {
+    amk_fail(ctx, AMK_ERR_PARAM, hd);
+    return;
+  }
+  const long long row_len = (long long)nkv * hd;
+  if (w[0]->numel != (long long)nh * hd * K || w[1]->numel != row_len * K ||
+      w[2]->numel != row_len * K || dst[0]->numel != (long long)nh * hd ||
+      (long long)n_off + n_tile > ((long long)nh + 2LL * nkv) * hd) {
+    amk_fail(ctx, AMK_ERR_SHAPE, (long long)n_off + n_tile);
+    return;
+  }
+  for (int c = 0; c < 3; ++c) {
+    if (!amk_is_vec(dst[c]->dtype)) { amk_fail(ctx, AMK_ERR_DTYPE, dst[c]->dtype); return; }
+    if (c > 0 && (dst[c]->numel % row_len != 0 || (long long)pos >= dst[c]->numel / row_len)) {
+      amk_fail(ctx, AMK_ERR_SHAPE, pos);
+      return;
+    }
+  }
+  const int wdt = (w[0]->dtype == w[1]->dtype && w[1]->dtype == w[2]->dtype) ? w[0]->dtype : -1;
+  const bool al = amk_al16(w[0]->ptr) && amk_al16(w[1]->ptr) && amk_al16(w[2]->ptr);
+  const amk_buffer_t* wq = w[0];
+  const amk_buffer_t* wk = w[1];
+  const amk_buffer_t* wv = w[2];
+  const amk_buffer_t* q = dst[0];
+  const amk_buffer_t* kc = dst[1];
+  const amk_buffer_t* vc = dst[2];
+  const int half = hd >> 1;
+  const amk_frow r = amk_frow_make(ctx, x, nw, K, p.eps);
+  amk_fused_run<2>(
+      r, K, wdt, al, n_tile >> 1,
+      [=](int j, const amk_buffer_t* (&wb)[2], long long (&row)[2]) {
+        int proj, i;
+        long long r0;
+        qkv_pair((long long)n_off + 2LL * j, hd, nh, nkv, proj, r0, i);
+        wb[0] = wb[1] = proj == 0 ? wq : proj == 1 ? wk : wv;
+        row[0] = r0;
+        row[1] = r0 + half;
+      },
+      [=](int j, const float (&s)[2]) {
+        if ((threadIdx.x & 31) != 0) return;
+        int proj, i;
+        long long r0;
+        qkv_pair((long long)n_off + 2LL * j, hd, nh, nkv, proj, r0, i);
+        const amk_buffer_t* d = proj == 0 ? q : proj == 1 ? kc : vc;
+        const float a = amk_round_dt(d->dtype, s[0]), b = amk_round_dt(d->dtype, s[1]);
+        float ya = a, yb = b;
+        if (proj < 2) {
+          const float ang = __fmul_rn((float)pos, amk_rope_inv_freq(theta, i, half));
+          amk_rope_pair(a, b, amk_rope_trig(ang, 0), amk_rope_trig(ang, 1), ya, yb);
+        }
+        const long long base = proj == 0 ? r0 : (long long)pos * row_len + r0;
+        amk_stf(d, base, ya);
+        amk_stf(d, base + half, yb);
+      });
+}

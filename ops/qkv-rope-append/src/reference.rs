@@ -1,0 +1,141 @@
+//! CPU reference of QKV_ROPE_APPEND `[x, Wq, Wk, Wv (, norm_w)] -> [q, kcache, vcache]`.
+//!
+//! For every pair `(u, u + 1)` of the tile's units (crate docs: head `h = u div head_dim`,
+//! rows `r = h_local·head_dim + i` and `r + half`, `i = (u mod head_dim) div 2`,
+//! `half = head_dim / 2`), with `xn` = `x` or its RMS-normalised row (RMSNORM's reference,
+//! rounded to `x`'s dtype):
+//!
+//! ```text
+//! a, b = round_to(dtype(dst), Σ_k xn[k]·W[r, k]), round_to(dtype(dst), Σ_k xn[k]·W[r + half, k])
+//! Q, K heads:  ang = f32(pos) · inv_freq[i];  c, s = cos/sin(ang) (f64, rounded to f32)
+//!              dst[r] = a·c − b·s,  dst[r + half] = b·c + a·s        (fp32, as ROPE)
+//! V heads:     dst[r] = a,          dst[r + half] = b
+//! ```
+//!
+//! `dst` is `q` (element `r`), or the K/V cache at row `pos` (element `pos·n_kv·head_dim + r`).
+//! Nothing else is touched: the caches keep every other row. Exactly what RMSNORM, the Q/K/V
+//! GEMV_TILEs, the reshape, ROPE and KV_APPEND of the unfused program compute.
+
+use amk_core::{CpuCall, OpError, Tensor, round_to};
+use op_gemv_tile::reference::{float_row_dot, non_negative, positive};
+use op_rmsnorm::reference::fused_input;
+use op_rmsnorm_gemv::reference::{float_operand, tile_end};
+use op_rope::reference::inv_freq;
+
+/// Where a unit's pair lands: output index (0 = q, 1 = kcache, 2 = vcache), the row `r` of
+/// its projection (the pair is `r`, `r + half`) and the pair's frequency index `i`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Pair {
+    /// 0 = Q, 1 = K, 2 = V.
+    pub proj: usize,
+    /// Row of the projection's weight (and element of its destination head row).
+    pub row: usize,
+    /// Frequency index, `0 ≤ i < head_dim / 2`.
+    pub i: usize,
+}
+
+/// The pair that unit `u` (even) starts, for `n_heads` Q heads and `n_kv` K and V heads.
+pub fn pair_of(u: usize, head_dim: usize, n_heads: usize, n_kv: usize) -> Pair {
+    let (head, i) = (u / head_dim, (u % head_dim) / 2);
+    let (proj, local) = if head < n_heads {
+        (0, head)
+    } else if head < n_heads + n_kv {
+        (1, head - n_heads)
+    } else {
+        (2, head - n_heads - n_kv)
+    };
+    Pair {
+        proj,
+        row: local * head_dim + i,
+        i,
+    }
+}
+
+/// Runs one QKV_ROPE_APPEND task.
+pub fn run(call: &mut CpuCall<'_, '_>) -> Result<(), OpError> {
+    call.expect_arity(4, 5, 3)?;
+    let k = positive(call, "K")?;
+    let n_tile = positive(call, "N_tile")?;
+    let n_off = non_negative(call, "n_off")?;
+    let hd = positive(call, "head_dim")?;
+    let nh = positive(call, "n_heads")?;
+    let nkv = positive(call, "n_kv_heads")?;
+    let pos = non_negative(call, "pos")?;
+    let theta = call.real("theta")? as f32;
+    if hd % 2 != 0 {
+        return Err(OpError::BadParam {
+            key: "head_dim".into(),
+            why: format!("{hd} must be even (RoPE rotates pairs)"),
+        });
+    }
+    if !(theta.is_finite() && theta > 0.0) {
+        return Err(OpError::BadParam {
+            key: "theta".into(),
+            why: format!("{theta} must be a positive finite fp32 number"),
+        });
+    }
+    if n_off % 2 != 0 || n_tile % 2 != 0 {
+        return Err(OpError::BadParam {
+            key: "n_off".into(),
+            why: format!("n_off = {n_off} and N_tile = {n_tile} must be even (whole RoPE pairs)"),
+        });
+    }
+    let norm = (call.n_inputs() == 5).then_some(4);
+    let xn = fused_input(call, norm, k)?;
+    let rows = [nh * hd, nkv * hd, nkv * hd];
+    let mut ws: Vec<&Tensor> = Vec::with_capacity(3);
+    for (j, &want) in rows.iter().enumerate() {
+        let w = call.input(j + 1)?;
+        float_operand(w, "weight")?;
+        if w.last_dim() != k || w.numel() != want * k {
+            return Err(OpError::Shape(format!(
+                "QKV_ROPE_APPEND: weight {j} {:?} must be [{want}, K = {k}]",
+                w.shape()
+            )));
+        }
+        ws.push(w);
+    }
+    let end = tile_end(n_off, n_tile, (nh + 2 * nkv) * hd, "Q/K/V output rows")?;
+    let mut scratch = vec![0.0f32; k];
+    let mut sums = Vec::with_capacity(n_tile / 2);
+    for u in (n_off..end).step_by(2) {
+        let p = pair_of(u, hd, nh, nkv);
+        let a = float_row_dot(&xn, ws[p.proj], p.row, &mut scratch)?;
+        let b = float_row_dot(&xn, ws[p.proj], p.row + hd / 2, &mut scratch)?;
+        sums.push((p, a, b));
+    }
+    let freqs = inv_freq(theta, hd / 2);
+    let row_len = nkv * hd;
+    for (j, want) in [nh * hd, 0, 0].into_iter().enumerate() {
+        let out = call.output(j)?;
+        float_operand(out, "output")?;
+        if j == 0 && out.numel() != want {
+            return Err(OpError::Shape(format!(
+                "QKV_ROPE_APPEND: q {:?} must hold n_heads·head_dim = {want} elements",
+                out.shape()
+            )));
+        }
+        if j > 0 && (out.numel() % row_len != 0 || pos >= out.numel() / row_len) {
+            return Err(OpError::Shape(format!(
+                "QKV_ROPE_APPEND: the cache {:?} has no row pos = {pos} of {row_len} elements",
+                out.shape()
+            )));
+        }
+    }
+    for (p, a, b) in sums {
+        let out = call.output(p.proj)?;
+        let dt = out.dtype();
+        let (a, b) = (round_to(dt, a), round_to(dt, b));
+        let (ya, yb) = if p.proj < 2 {
+            let ang = (pos as f32 * freqs[p.i]) as f64;
+            let (c, s) = (ang.cos() as f32, ang.sin() as f32);
+            (a * c - b * s, b * c + a * s)
+        } else {
+            (a, b)
+        };
+        let base = if p.proj == 0 { 0 } else { pos * row_len };
+        out.set_f32(base + p.row, ya);
+        out.set_f32(base + p.row + hd / 2, yb);
+    }
+    Ok(())
+}
