@@ -74,6 +74,10 @@ pub struct BenchArgs {
     /// Also print a per-op trace of one step per point (stderr).
     #[arg(long)]
     trace: bool,
+    /// With --trace, also append every traced task to FILE as CSV (model, pos, task, label,
+    /// op, block, and reached/ready/done in us from the step's first task).
+    #[arg(long, value_name = "FILE", requires = "trace")]
+    trace_out: Option<PathBuf>,
     /// Gate tolerance: max |error| / max |f32 logit| (the numerics conventions judge bf16 by
     /// 2e-2; a checkpoint whose logits bf16 itself moves further needs a looser bound, which
     /// the report then states).
@@ -337,6 +341,9 @@ fn bench(a: &BenchArgs) -> Result<(), ModelCmdError> {
                 s.enable_trace()?;
                 s.run(&inputs)?;
                 eprintln!("{} pos {pos} trace:\n{}", subject.name, s.trace_summary()?);
+                if let Some(path) = &a.trace_out {
+                    write_trace(path, &subject.name, pos, &s)?;
+                }
             }
         }
         if times.is_none() {
@@ -415,6 +422,44 @@ fn step(s: &mut CudaSession, v: &ValidatedProgram, pos: u64) -> Result<Vec<f32>,
 }
 
 /// The `logits` output of a step as f32.
+/// Appends one traced step to `path` as CSV (a header first when the file is new).
+fn write_trace(
+    path: &std::path::Path,
+    model: &str,
+    pos: u64,
+    s: &CudaSession,
+) -> Result<(), ModelCmdError> {
+    use std::io::Write;
+    let tr = s.trace()?;
+    let p = s.program();
+    let t0 = tr.iter().map(|t| t.reached).min().unwrap_or(0);
+    let us = |t: u64| t.saturating_sub(t0) as f64 / 1e3;
+    let new = !path.exists();
+    let mut f = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(path)?;
+    let mut out = String::new();
+    if new {
+        out.push_str("model,pos,task,label,op,block,reached_us,ready_us,done_us\n");
+    }
+    for t in &tr {
+        let task = &p.tasks[t.task];
+        out.push_str(&format!(
+            "{model},{pos},{},{},{},{},{:.3},{:.3},{:.3}\n",
+            t.task,
+            task.label.replace(',', ";"),
+            task.op,
+            t.block,
+            us(t.reached),
+            us(t.ready),
+            us(t.done)
+        ));
+    }
+    f.write_all(out.as_bytes())?;
+    Ok(())
+}
+
 fn logits(out: Option<amk_core::Outputs>) -> Result<Vec<f32>, ModelCmdError> {
     out.as_ref()
         .and_then(|o| o.get("logits"))

@@ -17,7 +17,7 @@ pub mod tables;
 #[cfg(feature = "cuda")]
 mod device;
 #[cfg(feature = "cuda")]
-pub use device::{CudaBackend, CudaSession, TaskTrace, compile_for_arch, driver_present, nvrtc};
+pub use device::{CudaBackend, CudaSession, compile_for_arch, driver_present, nvrtc};
 #[cfg(not(feature = "cuda"))]
 mod stub;
 #[cfg(not(feature = "cuda"))]
@@ -27,6 +27,21 @@ pub use stub::{CudaBackend, CudaSession};
 pub mod testing;
 
 pub use error::CudaError;
+
+/// When one task ran, from the device's `%globaltimer` (nanoseconds; one clock for all SMs).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TaskTrace {
+    /// Task index.
+    pub task: usize,
+    /// The block (queue) that ran it.
+    pub block: u32,
+    /// When the block reached the task.
+    pub reached: u64,
+    /// When its waits were met.
+    pub ready: u64,
+    /// When it signalled its counter.
+    pub done: u64,
+}
 
 use std::path::PathBuf;
 use std::time::Duration;
@@ -58,6 +73,9 @@ pub struct CudaOptions {
     /// Start a GEMV tile's weight copies into the ring before the task's wait (its weights
     /// never depend on a counter). Default on; `AMK_CUDA_PRESTART=0` turns it off.
     pub prestart: bool,
+    /// Dynamic shared memory every launch reserves at least (a measuring knob: it shows what
+    /// a carve-out of the L1 cache costs the kernel). `AMK_CUDA_SMEM_KB` sets it; default 0.
+    pub min_smem_bytes: usize,
 }
 
 impl Default for CudaOptions {
@@ -75,6 +93,10 @@ impl Default for CudaOptions {
                 .and_then(|v| v.parse::<usize>().ok())
                 .map_or(DEFAULT_RING_BYTES, |kb| kb << 10),
             prestart: std::env::var("AMK_CUDA_PRESTART").map_or(true, |v| v != "0"),
+            min_smem_bytes: std::env::var("AMK_CUDA_SMEM_KB")
+                .ok()
+                .and_then(|v| v.parse::<usize>().ok())
+                .map_or(0, |kb| kb << 10),
         }
     }
 }

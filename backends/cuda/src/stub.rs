@@ -95,6 +95,10 @@ impl CudaSession {
     pub fn trace_summary(&self) -> Result<String, CudaError> {
         match self._never {}
     }
+    /// Unreachable in this build.
+    pub fn trace(&self) -> Result<Vec<crate::TaskTrace>, CudaError> {
+        match self._never {}
+    }
 }
 
 impl Backend for CudaBackend {

@@ -7,7 +7,7 @@ mod report;
 mod session;
 mod synth;
 
-pub use session::{CudaSession, TaskTrace, WeightSource};
+pub use session::{CudaSession, WeightSource};
 
 use crate::assemble::{Knobs, Megakernel, megakernel_source};
 use crate::{CudaError, CudaOptions, DeviceInfo, arch_for};

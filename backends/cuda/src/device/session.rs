@@ -3,6 +3,7 @@
 use super::CudaBackend;
 use super::driver::{DeviceMem, Event, MappedFlag, Module, describe};
 use crate::CudaError;
+use crate::TaskTrace;
 use crate::abi::{AmkDeviceProgram, AmkInstruction, AmkStatus, COUNTER_STRIDE, status};
 use crate::tables::{self, Placement, Tables, pack_params, task_label};
 use amk_core::{
@@ -61,21 +62,6 @@ pub struct CudaSession {
     trace: Option<DeviceMem>,
 }
 
-/// When one task ran, from the device's `%globaltimer` (nanoseconds; one clock for all SMs).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct TaskTrace {
-    /// Task index.
-    pub task: usize,
-    /// The block (queue) that ran it.
-    pub block: u32,
-    /// When the block reached the task.
-    pub reached: u64,
-    /// When its waits were met.
-    pub ready: u64,
-    /// When it signalled its counter.
-    pub done: u64,
-}
-
 impl std::fmt::Debug for CudaSession {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("CudaSession")
@@ -122,7 +108,9 @@ impl CudaSession {
         } else {
             0
         };
-        let smem = (mk.max_shared_bytes() as usize).max(ring);
+        let smem = (mk.shared_bytes_for(program) as usize)
+            .max(ring)
+            .max(inner.options.min_smem_bytes);
         if smem > inner.smem_optin {
             return Err(CudaError::DeviceUnsuitable {
                 device: inner.info.name.clone(),
