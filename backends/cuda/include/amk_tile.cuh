@@ -531,6 +531,205 @@ __device__ __forceinline__ void amk_ring_prestart(const amk_task_ctx& c) {
 }
 #endif /* AMK_RING */
 
+/* ---- Fused decode tiles: RMSNORM_GEMV, GATE_UP_SILU, QKV_ROPE_APPEND -----------------------
+ * One row x of K elements, optionally RMS-normalised first: every tile normalises it itself
+ * into dynamic shared memory (RMSNORM's vector path), rounded to x's dtype as the unfused
+ * RMSNORM stores it. Each warp then takes NR weight rows at a time (GATE_UP_SILU: the gate and
+ * the up row of one column; QKV_ROPE_APPEND: the two rows RoPE rotates together), so the
+ * epilogue that combines them runs in registers, with no phase and no hand-off between. Every
+ * sum is GEMV_TILE's, in its order (4 partials per lane over the 16-byte vectors v = lane,
+ * lane + 32, ..., then the warp sum), so a fused program rounds exactly as the unfused one. */
+
+/* 16-byte weight vectors in flight per lane (over the NR rows of a unit). */
+#ifndef AMK_FUSED_VECS
+#define AMK_FUSED_VECS 16
+#endif
+
+/* The row the tile multiplies. */
+struct amk_frow {
+  const void* p;         /* the row for the vector path (x, or its normalised copy), or null */
+  int dt;                /* x's dtype */
+  const amk_buffer_t* x; /* generic path: x and the norm weight (null: no norm) */
+  const amk_buffer_t* nw;
+  double inv;            /* 1 / rms(x) (generic path with a norm) */
+};
+
+/* Element k of the row on the generic path: x[k], normalised and rounded when there is a norm. */
+__device__ __forceinline__ float amk_frow_at(const amk_frow& r, long long k) {
+  const float v = amk_ldf(r.x, k);
+  if (!r.nw) return v;
+  return amk_round_dt(r.dt, (float)((double)v * r.inv * (double)amk_ldf(r.nw, k)));
+}
+
+/* Prepares the row (block-uniform; every thread gets the same result). With a norm weight `nw`
+ * the normalised row goes to shared memory when it fits (vector dtypes, 16-byte aligned, K a
+ * multiple of 8, K elements of x's dtype within ctx.smem_bytes), else the generic path takes
+ * 1 / rms(x) from a block sum and normalises on the fly. */
+__device__ __forceinline__ amk_frow amk_frow_make(const amk_task_ctx& ctx, const amk_buffer_t* x,
+                                                  const amk_buffer_t* nw, long long K, float eps) {
+  amk_frow r;
+  r.x = x;
+  r.nw = nw;
+  r.dt = x->dtype;
+  r.inv = 0.0;
+  const bool vec = amk_is_vec(x->dtype) && amk_al16(x->ptr);
+  r.p = vec ? x->ptr : nullptr;
+  if (!nw) return r;
+  const long long esz = x->dtype == AMK_F32 ? 4 : 2;
+  if (vec && (K & 7) == 0 && (K >> 3) <= (long long)AMK_THREADS * AMK_RMS_VB &&
+      amk_is_vec(nw->dtype) && amk_al16(nw->ptr) && K * esz <= ctx.smem_bytes) {
+    amk_rms_rows<AMK_THREADS, AMK_RMS_VB>(x->ptr, x->dtype, nw->ptr, nw->dtype, ctx.smem, x->dtype,
+                                          K, (double)eps, 1, 0, 1, threadIdx.x);
+    __syncthreads(); /* the row is in shared memory for every warp */
+    r.p = ctx.smem;
+    return r;
+  }
+  r.p = nullptr;
+  double s = 0.0;
+  for (long long k = threadIdx.x; k < K; k += AMK_THREADS) {
+    const double v = (double)amk_ldf(x, k);
+    s += v * v;
+  }
+  s = amk_block_sum_d(s);
+  r.inv = 1.0 / sqrt(s / (double)K + (double)eps);
+  return r;
+}
+
+/* The warp's NR dot products of the row with weight rows w[0..NR) (16-byte aligned, nvec
+ * vectors each), U vectors of each row in flight per lane; every lane gets the sums. */
+template <int WK, int XT, int NR, int U>
+__device__ __forceinline__ void amk_fdot(const void* x, const unsigned char* const (&w)[NR], int nvec,
+                                         bool bf, float (&s)[NR]) {
+  constexpr int VE = amk_tile_ve<WK>::v;
+  const int lane = threadIdx.x & 31;
+  float acc[NR][4];
+#pragma unroll
+  for (int r = 0; r < NR; ++r)
+#pragma unroll
+    for (int i = 0; i < 4; ++i) acc[r][i] = 0.0f;
+  for (int v0 = 0; v0 < nvec; v0 += 32 * U) {
+    uint4 wv[NR][U];
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      const int v = v0 + u * 32 + lane;
+#pragma unroll
+      for (int r = 0; r < NR; ++r)
+        wv[r][u] = v < nvec ? amk_tile_ldw((const uint4*)w[r] + v) : make_uint4(0u, 0u, 0u, 0u);
+    }
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      const int v = v0 + u * 32 + lane;
+      if (v < nvec) {
+        float xs[VE];
+        amk_tile_ldx<XT, VE>(x, (long long)v * VE, xs, bf);
+#pragma unroll
+        for (int r = 0; r < NR; ++r) {
+          float wf[VE];
+          amk_tile_decode<WK>(wv[r][u], wf);
+#pragma unroll
+          for (int i = 0; i < VE; ++i) acc[r][i & 3] = fmaf(xs[i], wf[i], acc[r][i & 3]);
+        }
+      }
+    }
+  }
+#pragma unroll
+  for (int r = 0; r < NR; ++r) s[r] = amk_warp_sum((acc[r][0] + acc[r][1]) + (acc[r][2] + acc[r][3]));
+}
+
+/* Vector path: units j = warp, warp + AMK_WARPS, .. < n_units; rows(j, wb, row) names the unit's
+ * NR weight rows (buffer and row index), epi(j, s) stores its results (all lanes call it). */
+template <int WK, int XT, int NR, typename Rows, typename Epi>
+__device__ __noinline__ void amk_fused_fast(const void* x, bool bf, long long K, int n_units, Rows rows,
+                                            Epi epi) {
+  constexpr int VE = amk_tile_ve<WK>::v;
+  constexpr long long ESZ = WK == AMK_TILE_W_F32 ? 4 : 2;
+  const int nvec = (int)(K / VE);
+  for (int j = threadIdx.x >> 5; j < n_units; j += AMK_WARPS) {
+    const amk_buffer_t* wb[NR];
+    long long row[NR];
+    rows(j, wb, row);
+    const unsigned char* w[NR];
+#pragma unroll
+    for (int r = 0; r < NR; ++r) w[r] = (const unsigned char*)wb[r]->ptr + row[r] * K * ESZ;
+    float s[NR];
+    amk_fdot<WK, XT, NR, AMK_FUSED_VECS / NR>(x, w, nvec, bf, s);
+    epi(j, s);
+  }
+}
+
+/* Generic path (any alignment, K, float dtypes): lanes stride over k, same roles. */
+template <int NR, typename Rows, typename Epi>
+__device__ __noinline__ void amk_fused_generic(const amk_frow r, long long K, int n_units, Rows rows,
+                                               Epi epi) {
+  const int lane = threadIdx.x & 31;
+  for (int j = threadIdx.x >> 5; j < n_units; j += AMK_WARPS) {
+    const amk_buffer_t* wb[NR];
+    long long row[NR];
+    rows(j, wb, row);
+    float acc[NR];
+#pragma unroll
+    for (int q = 0; q < NR; ++q) acc[q] = 0.0f;
+    for (long long k = lane; k < K; k += 32) {
+      const float xv = amk_frow_at(r, k);
+#pragma unroll
+      for (int q = 0; q < NR; ++q) acc[q] = fmaf(xv, amk_ldf(wb[q], row[q] * K + k), acc[q]);
+    }
+    float s[NR];
+#pragma unroll
+    for (int q = 0; q < NR; ++q) s[q] = amk_warp_sum(acc[q]);
+    epi(j, s);
+  }
+}
+
+/* Runs a fused tile: the vector path when the row is in place, every weight buffer has dtype
+ * `wdt` (one of F32/F16/BF16, else -1) and a 16-byte aligned base (`w_al16`) and K is a multiple of
+ * the vector width; the generic path otherwise. */
+template <int NR, typename Rows, typename Epi>
+__device__ __forceinline__ void amk_fused_run(const amk_frow& r, long long K, int wdt, bool w_al16,
+                                              int n_units, Rows rows, Epi epi) {
+  const int wk = wdt == AMK_F32 ? AMK_TILE_W_F32 : wdt == AMK_F16 ? AMK_TILE_W_F16
+               : wdt == AMK_BF16 ? AMK_TILE_W_BF16 : -1;
+  if (!r.p || wk < 0 || !w_al16 || K % amk_tile_ve_of(wk) != 0) {
+    amk_fused_generic<NR>(r, K, n_units, rows, epi);
+    return;
+  }
+  const bool bf = r.dt == AMK_BF16, xf = r.dt == AMK_F32;
+  switch (wk) {
+    case AMK_TILE_W_F32:
+      if (xf) amk_fused_fast<AMK_TILE_W_F32, AMK_F32, NR>(r.p, bf, K, n_units, rows, epi);
+      else amk_fused_fast<AMK_TILE_W_F32, AMK_BF16, NR>(r.p, bf, K, n_units, rows, epi);
+      break;
+    case AMK_TILE_W_F16:
+      if (xf) amk_fused_fast<AMK_TILE_W_F16, AMK_F32, NR>(r.p, bf, K, n_units, rows, epi);
+      else amk_fused_fast<AMK_TILE_W_F16, AMK_BF16, NR>(r.p, bf, K, n_units, rows, epi);
+      break;
+    default:
+      if (xf) amk_fused_fast<AMK_TILE_W_BF16, AMK_F32, NR>(r.p, bf, K, n_units, rows, epi);
+      else amk_fused_fast<AMK_TILE_W_BF16, AMK_BF16, NR>(r.p, bf, K, n_units, rows, epi);
+      break;
+  }
+}
+
+/* Shared operand checks of the fused tiles (the validator's opcheck::fused_row, again on the
+ * device against a corrupted table): x one row of K, every weight [N, K] of a vector dtype,
+ * the norm weight (when given) K elements. Fails the task and returns false otherwise. */
+__device__ __forceinline__ bool amk_fused_check(const amk_task_ctx& ctx, const amk_buffer_t* x,
+                                                const amk_buffer_t* const* w, int nw,
+                                                const amk_buffer_t* norm, long long K) {
+  if (K <= 0) { amk_fail(ctx, AMK_ERR_PARAM, K); return false; }
+  if (!amk_is_vec(x->dtype)) { amk_fail(ctx, AMK_ERR_DTYPE, x->dtype); return false; }
+  if (x->numel != K || amk_last_dim(x) != K) { amk_fail(ctx, AMK_ERR_SHAPE, x->numel); return false; }
+  for (int i = 0; i < nw; ++i) {
+    if (!amk_is_vec(w[i]->dtype)) { amk_fail(ctx, AMK_ERR_DTYPE, w[i]->dtype); return false; }
+    if (amk_last_dim(w[i]) != K) { amk_fail(ctx, AMK_ERR_SHAPE, amk_last_dim(w[i])); return false; }
+  }
+  if (norm && (norm->numel != K || !amk_is_vec(norm->dtype))) {
+    amk_fail(ctx, AMK_ERR_SHAPE, norm->numel);
+    return false;
+  }
+  return true;
+}
+
 /* Validates what the CPU reference checks at run time (cheap, block-uniform), then computes
  * rows [m0, m0 + m_rows) of the tile. `gemm`: GEMM_TILE's row range from M_tile / m_off. */
 template <int MAXR, int UNROLL>
@@ -664,6 +863,35 @@ __device__ __forceinline__ void amk_tile_run(const amk_task_ctx& ctx, bool gemm)
     amk_tile_generic<MAXR>(a);
     return;
   }
+  if (MAXR == 1 && a.m_rows == 1 && a.wk <= AMK_TILE_W_BF16) {
+    /* One row of x, float weights (every decode projection): the fused tiles' streaming loop,
+       same sums in the same order. It keeps its operands in registers, so it stays fast when
+       a launch reserves shared memory (which shrinks the L1 cache that amk_tile_fast's
+       arguments live in; docs/perf-notes.md round 4). */
+    amk_frow r;
+    r.p = a.x;
+    r.dt = xdt;
+    r.x = a.xb;
+    r.nw = nullptr;
+    r.inv = 0.0;
+    const amk_buffer_t* wb = a.wb;
+    const amk_buffer_t* ob = a.ob;
+    const amk_buffer_t* bias = a.bias;
+    const int n_off = a.n_off;
+    amk_fused_run<1>(
+        r, a.K, wdt, true, a.n_tile,
+        [=](int j, const amk_buffer_t* (&w)[1], long long (&row)[1]) {
+          w[0] = wb;
+          row[0] = n_off + j;
+        },
+        [=](int j, const float (&s)[1]) {
+          if ((threadIdx.x & 31) == 0) {
+            const long long n = n_off + j;
+            amk_stf(ob, n, s[0] + (bias ? amk_ldf(bias, n) : 0.0f));
+          }
+        });
+    return;
+  }
   switch (a.wk) {
     case AMK_TILE_W_F32: amk_tile_fast_x<AMK_TILE_W_F32, MAXR, UNROLL>(a, xdt); break;
     case AMK_TILE_W_F16: amk_tile_fast_x<AMK_TILE_W_F16, MAXR, UNROLL>(a, xdt); break;
@@ -674,199 +902,5 @@ __device__ __forceinline__ void amk_tile_run(const amk_task_ctx& ctx, bool gemm)
   }
 }
 
-
-/* ---- Fused decode tiles: RMSNORM_GEMV, GATE_UP_SILU, QKV_ROPE_APPEND -----------------------
- * One row x of K elements, optionally RMS-normalised first: every tile normalises it itself
- * into dynamic shared memory (RMSNORM's vector path), rounded to x's dtype as the unfused
- * RMSNORM stores it. Each warp then takes NR weight rows at a time (GATE_UP_SILU: the gate and
- * the up row of one column; QKV_ROPE_APPEND: the two rows RoPE rotates together), so the
- * epilogue that combines them runs in registers, with no phase and no hand-off between. Every
- * sum is GEMV_TILE's, in its order (4 partials per lane over the 16-byte vectors v = lane,
- * lane + 32, ..., then the warp sum), so a fused program rounds exactly as the unfused one. */
-
-/* The row the tile multiplies. */
-struct amk_frow {
-  const void* p;         /* the row for the vector path (x, or its normalised copy), or null */
-  int dt;                /* x's dtype */
-  const amk_buffer_t* x; /* generic path: x and the norm weight (null: no norm) */
-  const amk_buffer_t* nw;
-  double inv;            /* 1 / rms(x) (generic path with a norm) */
-};
-
-/* Element k of the row on the generic path: x[k], normalised and rounded when there is a norm. */
-__device__ __forceinline__ float amk_frow_at(const amk_frow& r, long long k) {
-  const float v = amk_ldf(r.x, k);
-  if (!r.nw) return v;
-  return amk_round_dt(r.dt, (float)((double)v * r.inv * (double)amk_ldf(r.nw, k)));
-}
-
-/* Prepares the row (block-uniform; every thread gets the same result). With a norm weight `nw`
- * the normalised row goes to shared memory when it fits (vector dtypes, 16-byte aligned, K a
- * multiple of 8, K elements of x's dtype within ctx.smem_bytes), else the generic path takes
- * 1 / rms(x) from a block sum and normalises on the fly. */
-__device__ __forceinline__ amk_frow amk_frow_make(const amk_task_ctx& ctx, const amk_buffer_t* x,
-                                                  const amk_buffer_t* nw, long long K, float eps) {
-  amk_frow r;
-  r.x = x;
-  r.nw = nw;
-  r.dt = x->dtype;
-  r.inv = 0.0;
-  const bool vec = amk_is_vec(x->dtype) && amk_al16(x->ptr);
-  r.p = vec ? x->ptr : nullptr;
-  if (!nw) return r;
-  const long long esz = x->dtype == AMK_F32 ? 4 : 2;
-  if (vec && (K & 7) == 0 && (K >> 3) <= (long long)AMK_THREADS * AMK_RMS_VB &&
-      amk_is_vec(nw->dtype) && amk_al16(nw->ptr) && K * esz <= ctx.smem_bytes) {
-    amk_rms_rows<AMK_THREADS, AMK_RMS_VB>(x->ptr, x->dtype, nw->ptr, nw->dtype, ctx.smem, x->dtype,
-                                          K, (double)eps, 1, 0, 1, threadIdx.x);
-    __syncthreads(); /* the row is in shared memory for every warp */
-    r.p = ctx.smem;
-    return r;
-  }
-  r.p = nullptr;
-  double s = 0.0;
-  for (long long k = threadIdx.x; k < K; k += AMK_THREADS) {
-    const double v = (double)amk_ldf(x, k);
-    s += v * v;
-  }
-  s = amk_block_sum_d(s);
-  r.inv = 1.0 / sqrt(s / (double)K + (double)eps);
-  return r;
-}
-
-/* The warp's NR dot products of the row with weight rows w[0..NR) (16-byte aligned, nvec
- * vectors each), U vectors of each row in flight per lane; every lane gets the sums. */
-template <int WK, int XT, int NR, int U>
-__device__ __forceinline__ void amk_fdot(const void* x, const unsigned char* const (&w)[NR], int nvec,
-                                         bool bf, float (&s)[NR]) {
-  constexpr int VE = amk_tile_ve<WK>::v;
-  const int lane = threadIdx.x & 31;
-  float acc[NR][4];
-#pragma unroll
-  for (int r = 0; r < NR; ++r)
-#pragma unroll
-    for (int i = 0; i < 4; ++i) acc[r][i] = 0.0f;
-  for (int v0 = 0; v0 < nvec; v0 += 32 * U) {
-    uint4 wv[NR][U];
-#pragma unroll
-    for (int u = 0; u < U; ++u) {
-      const int v = v0 + u * 32 + lane;
-#pragma unroll
-      for (int r = 0; r < NR; ++r)
-        wv[r][u] = v < nvec ? amk_tile_ldw((const uint4*)w[r] + v) : make_uint4(0u, 0u, 0u, 0u);
-    }
-#pragma unroll
-    for (int u = 0; u < U; ++u) {
-      const int v = v0 + u * 32 + lane;
-      if (v < nvec) {
-        float xs[VE];
-        amk_tile_ldx<XT, VE>(x, (long long)v * VE, xs, bf);
-#pragma unroll
-        for (int r = 0; r < NR; ++r) {
-          float wf[VE];
-          amk_tile_decode<WK>(wv[r][u], wf);
-#pragma unroll
-          for (int i = 0; i < VE; ++i) acc[r][i & 3] = fmaf(xs[i], wf[i], acc[r][i & 3]);
-        }
-      }
-    }
-  }
-#pragma unroll
-  for (int r = 0; r < NR; ++r) s[r] = amk_warp_sum((acc[r][0] + acc[r][1]) + (acc[r][2] + acc[r][3]));
-}
-
-/* Vector path: units j = warp, warp + AMK_WARPS, .. < n_units; rows(j, wb, row) names the unit's
- * NR weight rows (buffer and row index), epi(j, s) stores its results (all lanes call it). */
-template <int WK, int XT, int NR, typename Rows, typename Epi>
-__device__ __noinline__ void amk_fused_fast(const void* x, bool bf, long long K, int n_units, Rows rows,
-                                            Epi epi) {
-  constexpr int VE = amk_tile_ve<WK>::v;
-  constexpr long long ESZ = WK == AMK_TILE_W_F32 ? 4 : 2;
-  const int nvec = (int)(K / VE);
-  for (int j = threadIdx.x >> 5; j < n_units; j += AMK_WARPS) {
-    const amk_buffer_t* wb[NR];
-    long long row[NR];
-    rows(j, wb, row);
-    const unsigned char* w[NR];
-#pragma unroll
-    for (int r = 0; r < NR; ++r) w[r] = (const unsigned char*)wb[r]->ptr + row[r] * K * ESZ;
-    float s[NR];
-    amk_fdot<WK, XT, NR, 8 / NR>(x, w, nvec, bf, s);
-    epi(j, s);
-  }
-}
-
-/* Generic path (any alignment, K, float dtypes): lanes stride over k, same roles. */
-template <int NR, typename Rows, typename Epi>
-__device__ __noinline__ void amk_fused_generic(const amk_frow r, long long K, int n_units, Rows rows,
-                                               Epi epi) {
-  const int lane = threadIdx.x & 31;
-  for (int j = threadIdx.x >> 5; j < n_units; j += AMK_WARPS) {
-    const amk_buffer_t* wb[NR];
-    long long row[NR];
-    rows(j, wb, row);
-    float acc[NR];
-#pragma unroll
-    for (int q = 0; q < NR; ++q) acc[q] = 0.0f;
-    for (long long k = lane; k < K; k += 32) {
-      const float xv = amk_frow_at(r, k);
-#pragma unroll
-      for (int q = 0; q < NR; ++q) acc[q] = fmaf(xv, amk_ldf(wb[q], row[q] * K + k), acc[q]);
-    }
-    float s[NR];
-#pragma unroll
-    for (int q = 0; q < NR; ++q) s[q] = amk_warp_sum(acc[q]);
-    epi(j, s);
-  }
-}
-
-/* Runs a fused tile: the vector path when the row is in place, every weight buffer has dtype
- * `wdt` (one of F32/F16/BF16, else -1) and a 16-byte aligned base (`w_al16`) and K is a multiple of
- * the vector width; the generic path otherwise. */
-template <int NR, typename Rows, typename Epi>
-__device__ __forceinline__ void amk_fused_run(const amk_frow& r, long long K, int wdt, bool w_al16,
-                                              int n_units, Rows rows, Epi epi) {
-  const int wk = wdt == AMK_F32 ? AMK_TILE_W_F32 : wdt == AMK_F16 ? AMK_TILE_W_F16
-               : wdt == AMK_BF16 ? AMK_TILE_W_BF16 : -1;
-  if (!r.p || wk < 0 || !w_al16 || K % amk_tile_ve_of(wk) != 0) {
-    amk_fused_generic<NR>(r, K, n_units, rows, epi);
-    return;
-  }
-  const bool bf = r.dt == AMK_BF16, xf = r.dt == AMK_F32;
-  switch (wk) {
-    case AMK_TILE_W_F32:
-      if (xf) amk_fused_fast<AMK_TILE_W_F32, AMK_F32, NR>(r.p, bf, K, n_units, rows, epi);
-      else amk_fused_fast<AMK_TILE_W_F32, AMK_BF16, NR>(r.p, bf, K, n_units, rows, epi);
-      break;
-    case AMK_TILE_W_F16:
-      if (xf) amk_fused_fast<AMK_TILE_W_F16, AMK_F32, NR>(r.p, bf, K, n_units, rows, epi);
-      else amk_fused_fast<AMK_TILE_W_F16, AMK_BF16, NR>(r.p, bf, K, n_units, rows, epi);
-      break;
-    default:
-      if (xf) amk_fused_fast<AMK_TILE_W_BF16, AMK_F32, NR>(r.p, bf, K, n_units, rows, epi);
-      else amk_fused_fast<AMK_TILE_W_BF16, AMK_BF16, NR>(r.p, bf, K, n_units, rows, epi);
-      break;
-  }
-}
-
-/* Shared operand checks of the fused tiles (the validator's opcheck::fused_row, again on the
- * device against a corrupted table): x one row of K, every weight [N, K] of a vector dtype,
- * the norm weight (when given) K elements. Fails the task and returns false otherwise. */
-__device__ __forceinline__ bool amk_fused_check(const amk_task_ctx& ctx, const amk_buffer_t* x,
-                                                const amk_buffer_t* const* w, int nw,
-                                                const amk_buffer_t* norm, long long K) {
-  if (K <= 0) { amk_fail(ctx, AMK_ERR_PARAM, K); return false; }
-  if (!amk_is_vec(x->dtype)) { amk_fail(ctx, AMK_ERR_DTYPE, x->dtype); return false; }
-  if (x->numel != K || amk_last_dim(x) != K) { amk_fail(ctx, AMK_ERR_SHAPE, x->numel); return false; }
-  for (int i = 0; i < nw; ++i) {
-    if (!amk_is_vec(w[i]->dtype)) { amk_fail(ctx, AMK_ERR_DTYPE, w[i]->dtype); return false; }
-    if (amk_last_dim(w[i]) != K) { amk_fail(ctx, AMK_ERR_SHAPE, amk_last_dim(w[i])); return false; }
-  }
-  if (norm && (norm->numel != K || !amk_is_vec(norm->dtype))) {
-    amk_fail(ctx, AMK_ERR_SHAPE, norm->numel);
-    return false;
-  }
-  return true;
-}
 
 #endif /* AMK_TILE_CUH */
