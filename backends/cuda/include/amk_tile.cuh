@@ -542,7 +542,7 @@ __device__ __forceinline__ void amk_ring_prestart(const amk_task_ctx& c) {
 
 /* 16-byte weight vectors in flight per lane (over the NR rows of a unit). */
 #ifndef AMK_FUSED_VECS
-#define AMK_FUSED_VECS 16
+#define AMK_FUSED_VECS 8
 #endif
 
 /* The row the tile multiplies. */

@@ -1,0 +1,272 @@
+//! QKV_ROPE_APPEND's CPU reference equals the unfused program it replaces — (RMSNORM →) Q, K
+//! and V GEMV_TILEs into activations, ROPE on Q and K, KV_APPEND of K and V at `pos` — bit for
+//! bit (those references are checked against f64 formulas in their own crates), across tiles
+//! that split heads; cache rows other than `pos` keep their values; bad calls are typed errors.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+use amk_core::cpu::Input;
+use amk_core::json::Value;
+use amk_core::testkit::{call, random_nonzero, rng, task};
+use amk_core::{CpuCall, DType, OpError, Opcode, Tensor};
+use op_qkv_rope_append::reference::{Pair, pair_of};
+use rstest::rstest;
+
+struct Shape {
+    k: usize,
+    nh: usize,
+    nkv: usize,
+    hd: usize,
+    seq: usize,
+    pos: usize,
+}
+
+fn params(s: &Shape, n_off: usize, n_tile: usize, norm: bool) -> Vec<(&'static str, Value)> {
+    let mut p = vec![
+        ("K", Value::Int(s.k as i64)),
+        ("N_tile", Value::Int(n_tile as i64)),
+        ("n_off", Value::Int(n_off as i64)),
+        ("head_dim", Value::Int(s.hd as i64)),
+        ("n_heads", Value::Int(s.nh as i64)),
+        ("n_kv_heads", Value::Int(s.nkv as i64)),
+        ("theta", Value::Float(10000.0)),
+        ("pos", Value::Int(s.pos as i64)),
+    ];
+    if norm {
+        p.push(("eps", Value::Float(1e-5)));
+    }
+    p
+}
+
+fn gemv(x: &Tensor, w: &Tensor, k: usize, n: usize, dt: DType) -> Tensor {
+    let t = task(
+        Opcode::GEMV_TILE,
+        2,
+        1,
+        &[
+            ("K", Value::Int(k as i64)),
+            ("N_tile", Value::Int(n as i64)),
+            ("n_off", Value::Int(0)),
+        ],
+    );
+    let mut o = [Tensor::poisoned(dt, &[1, n as u64])];
+    call(op_gemv_tile::reference::run, &t, &[x, w], &mut o).unwrap();
+    let [o] = o;
+    o
+}
+
+/// ROPE (positions buffer `[pos]`) of `x` viewed as `shape`.
+fn rope(x: &Tensor, shape: &[u64], pos: usize, hd: usize, dt: DType) -> Tensor {
+    let mut v = Tensor::poisoned(dt, shape);
+    for i in 0..x.numel() {
+        v.set_f32(i, x.get_f32(i));
+    }
+    let p = Tensor::from_f32(DType::I32, &[1], &[pos as f32]).unwrap();
+    let t = task(
+        Opcode::ROPE,
+        2,
+        1,
+        &[
+            ("head_dim", Value::Int(hd as i64)),
+            ("theta", Value::Float(10000.0)),
+        ],
+    );
+    let mut o = [Tensor::poisoned(dt, shape)];
+    call(op_rope::reference::run, &t, &[&v, &p], &mut o).unwrap();
+    let [o] = o;
+    o
+}
+
+/// KV_APPEND of `new` into `cache` at `pos`, in place.
+fn append(new: &Tensor, cache: &mut Tensor, pos: usize) {
+    let t = task(Opcode::KV_APPEND, 2, 1, &[("pos", Value::Int(pos as i64))]);
+    let ins = [Input::Tensor(new), Input::InPlace(0)];
+    op_kv_append::reference::run(&mut CpuCall {
+        task: &t,
+        registry: None,
+        inputs: &ins,
+        outputs: std::slice::from_mut(cache),
+    })
+    .unwrap();
+}
+
+#[rstest]
+#[case::gqa_f32_one_tile(Shape { k: 16, nh: 4, nkv: 2, hd: 8, seq: 5, pos: 3 }, DType::F32, false, &[(0, 64)])]
+#[case::gqa_bf16_norm_tiles(Shape { k: 32, nh: 4, nkv: 2, hd: 8, seq: 6, pos: 0 }, DType::BF16, true, &[(0, 20), (20, 24), (44, 20)])]
+#[case::mqa_f16_odd_k(Shape { k: 13, nh: 3, nkv: 1, hd: 4, seq: 4, pos: 2 }, DType::F16, true, &[(0, 6), (6, 8), (14, 6)])]
+fn equals_the_unfused_prologue(
+    #[case] s: Shape,
+    #[case] dt: DType,
+    #[case] norm: bool,
+    #[case] tiles: &[(usize, usize)],
+) {
+    let mut r = rng((s.k * 7 + s.nh * 3 + s.pos) as u64);
+    let (k, qd, kvd) = (s.k as u64, (s.nh * s.hd) as u64, (s.nkv * s.hd) as u64);
+    let x = random_nonzero(dt, &[1, k], &mut r, -2.0, 2.0);
+    let nw = random_nonzero(dt, &[k], &mut r, 0.5, 1.5);
+    let wq = random_nonzero(dt, &[qd, k], &mut r, -1.0, 1.0);
+    let wk = random_nonzero(dt, &[kvd, k], &mut r, -1.0, 1.0);
+    let wv = random_nonzero(dt, &[kvd, k], &mut r, -1.0, 1.0);
+    let cache_shape = [s.seq as u64, s.nkv as u64, s.hd as u64];
+    // Caches start with random old rows, which the op must keep.
+    let kc0 = random_nonzero(dt, &cache_shape, &mut r, -1.0, 1.0);
+    let vc0 = random_nonzero(dt, &cache_shape, &mut r, -1.0, 1.0);
+
+    // Unfused.
+    let xs = if norm {
+        let t = task(
+            Opcode::RMSNORM,
+            2,
+            1,
+            &[
+                ("eps", Value::Float(1e-5)),
+                ("hidden", Value::Int(s.k as i64)),
+            ],
+        );
+        let mut o = [Tensor::poisoned(dt, &[1, k])];
+        call(op_rmsnorm::reference::run, &t, &[&x, &nw], &mut o).unwrap();
+        let [o] = o;
+        o
+    } else {
+        x.clone()
+    };
+    let q_want = rope(
+        &gemv(&xs, &wq, s.k, qd as usize, dt),
+        &[s.nh as u64, s.hd as u64],
+        s.pos,
+        s.hd,
+        dt,
+    );
+    let k_rot = rope(
+        &gemv(&xs, &wk, s.k, kvd as usize, dt),
+        &[1, s.nkv as u64, s.hd as u64],
+        s.pos,
+        s.hd,
+        dt,
+    );
+    let v_new = gemv(&xs, &wv, s.k, kvd as usize, dt);
+    let (mut kc_want, mut vc_want) = (kc0.clone(), vc0.clone());
+    append(&k_rot, &mut kc_want, s.pos);
+    append(&v_new, &mut vc_want, s.pos);
+
+    // Fused, tile by tile into the same outputs.
+    let mut outs = [
+        Tensor::poisoned(dt, &[s.nh as u64, s.hd as u64]),
+        kc0.clone(),
+        vc0.clone(),
+    ];
+    let mut ins = vec![&x, &wq, &wk, &wv];
+    if norm {
+        ins.push(&nw);
+    }
+    for &(off, nt) in tiles {
+        let t = task(
+            Opcode::QKV_ROPE_APPEND,
+            ins.len(),
+            3,
+            &params(&s, off, nt, norm),
+        );
+        call(op_qkv_rope_append::reference::run, &t, &ins, &mut outs).unwrap();
+    }
+    for (got, want, name) in [
+        (&outs[0], &q_want, "q"),
+        (&outs[1], &kc_want, "kcache"),
+        (&outs[2], &vc_want, "vcache"),
+    ] {
+        for i in 0..want.numel() {
+            let (a, b) = (got.get_f32(i), want.get_f32(i));
+            assert_eq!(a.to_bits(), b.to_bits(), "{name}[{i}]: {a} vs {b}");
+        }
+    }
+}
+
+#[test]
+fn units_pair_rows_of_one_head() {
+    // head_dim 8, 2 Q heads, 1 KV head: units 0..16 are Q, 16..24 K, 24..32 V.
+    assert_eq!(
+        pair_of(0, 8, 2, 1),
+        Pair {
+            proj: 0,
+            row: 0,
+            i: 0
+        }
+    );
+    assert_eq!(
+        pair_of(6, 8, 2, 1),
+        Pair {
+            proj: 0,
+            row: 3,
+            i: 3
+        }
+    );
+    assert_eq!(
+        pair_of(10, 8, 2, 1),
+        Pair {
+            proj: 0,
+            row: 9,
+            i: 1
+        }
+    );
+    assert_eq!(
+        pair_of(18, 8, 2, 1),
+        Pair {
+            proj: 1,
+            row: 1,
+            i: 1
+        }
+    );
+    assert_eq!(
+        pair_of(30, 8, 2, 1),
+        Pair {
+            proj: 2,
+            row: 3,
+            i: 3
+        }
+    );
+}
+
+#[test]
+fn bad_calls_are_typed_errors() {
+    let s = Shape {
+        k: 8,
+        nh: 2,
+        nkv: 1,
+        hd: 4,
+        seq: 3,
+        pos: 1,
+    };
+    let mut r = rng(9);
+    let x = random_nonzero(DType::F32, &[1, 8], &mut r, -1.0, 1.0);
+    let wq = random_nonzero(DType::F32, &[8, 8], &mut r, -1.0, 1.0);
+    let wk = random_nonzero(DType::F32, &[4, 8], &mut r, -1.0, 1.0);
+    let run = |p: &[(&str, Value)], wk: &Tensor, seq: u64| {
+        let mut outs = [
+            Tensor::poisoned(DType::F32, &[2, 4]),
+            Tensor::poisoned(DType::F32, &[seq, 1, 4]),
+            Tensor::poisoned(DType::F32, &[seq, 1, 4]),
+        ];
+        let t = task(Opcode::QKV_ROPE_APPEND, 4, 3, p);
+        call(
+            op_qkv_rope_append::reference::run,
+            &t,
+            &[&x, &wq, wk, wk],
+            &mut outs,
+        )
+    };
+    assert!(run(&params(&s, 0, 16, false), &wk, 3).is_ok());
+    assert!(matches!(
+        run(&params(&s, 1, 4, false), &wk, 3),
+        Err(OpError::BadParam { .. })
+    ));
+    assert!(matches!(
+        run(&params(&s, 0, 18, false), &wk, 3),
+        Err(OpError::Shape(_))
+    ));
+    assert!(matches!(
+        run(&params(&s, 0, 16, false), &wq, 3),
+        Err(OpError::Shape(_))
+    ));
+    assert!(matches!(
+        run(&params(&s, 0, 16, false), &wk, 1),
+        Err(OpError::Shape(_))
+    ));
+}
