@@ -561,10 +561,11 @@ __device__ __forceinline__ float amk_frow_at(const amk_frow& r, long long k) {
   return amk_round_dt(r.dt, (float)((double)v * r.inv * (double)amk_ldf(r.nw, k)));
 }
 
-/* Prepares the row (block-uniform; every thread gets the same result). With a norm weight `nw`
- * the normalised row goes to shared memory when it fits (vector dtypes, 16-byte aligned, K a
- * multiple of 8, K elements of x's dtype within ctx.smem_bytes), else the generic path takes
- * 1 / rms(x) from a block sum and normalises on the fly. */
+/* Prepares the row (block-uniform; every thread gets the same result). The row goes to shared
+ * memory when it fits (vector dtypes, 16-byte aligned, K a multiple of 8, K elements of x's
+ * dtype within ctx.smem_bytes): normalised with a norm weight `nw`, else copied. Otherwise the
+ * vector path reads x in place, or, with a norm, the generic path takes 1 / rms(x) from a block
+ * sum and normalises on the fly. */
 __device__ __forceinline__ amk_frow amk_frow_make(const amk_task_ctx& ctx, const amk_buffer_t* x,
                                                   const amk_buffer_t* nw, long long K, float eps) {
   amk_frow r;
@@ -574,8 +575,20 @@ __device__ __forceinline__ amk_frow amk_frow_make(const amk_task_ctx& ctx, const
   r.inv = 0.0;
   const bool vec = amk_is_vec(x->dtype) && amk_al16(x->ptr);
   r.p = vec ? x->ptr : nullptr;
-  if (!nw) return r;
   const long long esz = x->dtype == AMK_F32 ? 4 : 2;
+  if (!nw) {
+    /* Every warp re-reads x for each of its rows: from shared memory when the launch reserves
+       enough (docs/perf-notes.md round 4: read from global memory through an L1 cache that
+       the reservation shrinks, those re-reads made a tile several times slower). */
+    if (vec && (K & 7) == 0 && K * esz <= ctx.smem_bytes) {
+      const long long nv = (K * esz) >> 4;
+      for (long long i = threadIdx.x; i < nv; i += AMK_THREADS)
+        ((uint4*)ctx.smem)[i] = ((const uint4*)x->ptr)[i];
+      __syncthreads();
+      r.p = ctx.smem;
+    }
+    return r;
+  }
   if (vec && (K & 7) == 0 && (K >> 3) <= (long long)AMK_THREADS * AMK_RMS_VB &&
       amk_is_vec(nw->dtype) && amk_al16(nw->ptr) && K * esz <= ctx.smem_bytes) {
     amk_rms_rows<AMK_THREADS, AMK_RMS_VB>(x->ptr, x->dtype, nw->ptr, nw->dtype, ctx.smem, x->dtype,
@@ -868,12 +881,7 @@ __device__ __forceinline__ void amk_tile_run(const amk_task_ctx& ctx, bool gemm)
        same sums in the same order. It keeps its operands in registers, so it stays fast when
        a launch reserves shared memory (which shrinks the L1 cache that amk_tile_fast's
        arguments live in; docs/perf-notes.md round 4). */
-    amk_frow r;
-    r.p = a.x;
-    r.dt = xdt;
-    r.x = a.xb;
-    r.nw = nullptr;
-    r.inv = 0.0;
+    const amk_frow r = amk_frow_make(ctx, a.xb, nullptr, a.K, 0.0f);
     const amk_buffer_t* wb = a.wb;
     const amk_buffer_t* ob = a.ob;
     const amk_buffer_t* bias = a.bias;
