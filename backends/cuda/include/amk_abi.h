@@ -213,7 +213,9 @@ typedef struct amk_device_program { /*@size 112*/
 } amk_device_program_t;
 
 /* Per-task trace (when `trace` is set): %globaltimer nanoseconds when the block reached the
- * task, when its waits were met, when it signalled; then the block that ran it. */
-#define AMK_TRACE_WORDS 4
+ * task, when its waits were met, when it signalled; the block that ran it; when its op's
+ * prologue ended (0 if the op records none: the row tiles record when their row is ready);
+ * when its op returned (before the signal). */
+#define AMK_TRACE_WORDS 6
 
 #endif /* AMK_ABI_H */

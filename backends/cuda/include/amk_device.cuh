@@ -35,7 +35,15 @@ struct amk_task_ctx {
   unsigned char* smem;   /* dynamic shared memory */
   int32_t smem_bytes;
   int* failed;           /* block-shared: set by amk_fail */
+  uint64_t* trace;       /* the task's trace words (thread 0 writes), or null */
 };
+
+/* The device's nanosecond clock (one clock for all SMs). */
+__device__ __forceinline__ uint64_t amk_globaltimer() {
+  uint64_t t;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+  return t;
+}
 
 __device__ __forceinline__ const amk_buffer_t* amk_in(const amk_task_ctx& c, int i) {
   return &c.prog->buffers[c.inst->inputs[i]];

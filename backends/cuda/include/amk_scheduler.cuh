@@ -26,11 +26,6 @@
                                     idle blocks do not flood the bus) */
 #endif
 
-__device__ __forceinline__ uint64_t amk_globaltimer() {
-  uint64_t t;
-  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
-  return t;
-}
 
 __device__ __forceinline__ uint32_t amk_ld_acquire(const amk_counter_t* p) {
   uint32_t v;
@@ -143,6 +138,7 @@ amk_megakernel(const amk_device_program_t prog) {
     c.smem = amk_smem;
     c.smem_bytes = prog.smem_bytes;
     c.failed = &s_failed;
+    c.trace = tr;
     if (!amk_check_ids(c)) return;
 #if AMK_RING
     /* A tile's weights do not depend on any counter: start streaming them now. */
@@ -154,8 +150,9 @@ amk_megakernel(const amk_device_program_t prog) {
 #endif
       return;
     }
-    if (tr && threadIdx.x == 0) tr[1] = amk_globaltimer();
+    if (tr && threadIdx.x == 0) { tr[1] = amk_globaltimer(); tr[4] = 0; }
     amk_dispatch(c);
+    if (tr && threadIdx.x == 0) tr[5] = amk_globaltimer();
     __syncthreads();
     if (s_failed) {
 #if AMK_RING

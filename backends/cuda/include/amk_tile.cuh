@@ -561,13 +561,9 @@ __device__ __forceinline__ float amk_frow_at(const amk_frow& r, long long k) {
   return amk_round_dt(r.dt, (float)((double)v * r.inv * (double)amk_ldf(r.nw, k)));
 }
 
-/* Prepares the row (block-uniform; every thread gets the same result). The row goes to shared
- * memory when it fits (vector dtypes, 16-byte aligned, K a multiple of 8, K elements of x's
- * dtype within ctx.smem_bytes): normalised with a norm weight `nw`, else copied. Otherwise the
- * vector path reads x in place, or, with a norm, the generic path takes 1 / rms(x) from a block
- * sum and normalises on the fly. */
-__device__ __forceinline__ amk_frow amk_frow_make(const amk_task_ctx& ctx, const amk_buffer_t* x,
-                                                  const amk_buffer_t* nw, long long K, float eps) {
+/* amk_frow_make without the trace point. */
+__device__ __forceinline__ amk_frow amk_frow_prepare(const amk_task_ctx& ctx, const amk_buffer_t* x,
+                                                     const amk_buffer_t* nw, long long K, float eps) {
   amk_frow r;
   r.x = x;
   r.nw = nw;
@@ -607,6 +603,19 @@ __device__ __forceinline__ amk_frow amk_frow_make(const amk_task_ctx& ctx, const
   r.inv = 1.0 / sqrt(s / (double)K + (double)eps);
   return r;
 }
+
+/* Prepares the row (block-uniform; every thread gets the same result). The row goes to shared
+ * memory when it fits (vector dtypes, 16-byte aligned, K a multiple of 8, K elements of x's
+ * dtype within ctx.smem_bytes): normalised with a norm weight `nw`, else copied. Otherwise the
+ * vector path reads x in place, or, with a norm, the generic path takes 1 / rms(x) from a block
+ * sum and normalises on the fly. */
+__device__ __forceinline__ amk_frow amk_frow_make(const amk_task_ctx& ctx, const amk_buffer_t* x,
+                                                  const amk_buffer_t* nw, long long K, float eps) {
+  amk_frow r = amk_frow_prepare(ctx, x, nw, K, eps);
+  if (ctx.trace && threadIdx.x == 0) ctx.trace[4] = amk_globaltimer();
+  return r;
+}
+
 
 /* The warp's NR dot products of the row with weight rows w[0..NR) (16-byte aligned, nvec
  * vectors each), U vectors of each row in flight per lane; every lane gets the sums. */

@@ -41,6 +41,11 @@ pub struct TaskTrace {
     pub ready: u64,
     /// When it signalled its counter.
     pub done: u64,
+    /// When its op's prologue ended (0: the op records none; the row tiles record when their
+    /// row is ready in shared memory or in place).
+    pub prologue: u64,
+    /// When its op returned (then the block signals).
+    pub returned: u64,
 }
 
 use std::path::PathBuf;

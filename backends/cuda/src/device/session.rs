@@ -339,6 +339,8 @@ impl CudaSession {
                     reached: r[0],
                     ready: r[1],
                     done: r[2],
+                    prologue: r[4],
+                    returned: r[5],
                 }
             })
             .collect())
