@@ -65,13 +65,23 @@ __device__ __forceinline__ int amk_tile_ve_of(int wk) {
   }
 }
 
-/* One 16-byte weight vector: coherent global load, not kept in L1 (x stays there), with an
- * L2 prefetch hint for the rest of the row. */
-__device__ __forceinline__ uint4 amk_tile_ldw(const uint4* p) {
+/* The L2 policy of streamed weights: evicted first. A decode step streams every weight once
+ * (gigabytes through a 50 MB L2), so without it the weights push out the small lines every task
+ * needs next — instructions, buffer descriptors, counters, activations, KV caches — and each
+ * task then starts with a chain of misses to memory. */
+__device__ __forceinline__ unsigned long long amk_l2_evict_first() {
+  unsigned long long pol;
+  asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(pol));
+  return pol;
+}
+
+/* One 16-byte weight vector: coherent global load, not kept in L1 (x stays there), evicted
+ * first from L2 (`pol`: amk_l2_evict_first), with an L2 prefetch hint for the rest of the row. */
+__device__ __forceinline__ uint4 amk_tile_ldw(const uint4* p, unsigned long long pol) {
   uint4 v;
-  asm volatile("ld.global.L1::no_allocate.L2::256B.v4.u32 {%0, %1, %2, %3}, [%4];"
+  asm volatile("ld.global.L1::no_allocate.L2::cache_hint.L2::256B.v4.u32 {%0, %1, %2, %3}, [%4], %5;"
                : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-               : "l"(p));
+               : "l"(p), "l"(pol));
   return v;
 }
 
@@ -167,6 +177,7 @@ __device__ __forceinline__ void amk_tile_store(const amk_tile_args& a, const flo
 template <int WK, int XT, int MAXR, int UNROLL>
 __device__ __noinline__ void amk_tile_fast(const amk_tile_args& args) {
   const amk_tile_args a = args; /* one copy in registers (the callee's own allocation) */
+  const unsigned long long pol = amk_l2_evict_first();
   constexpr int VE = amk_tile_ve<WK>::v;
   constexpr bool QUANT = WK >= AMK_TILE_W_I8;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
@@ -190,7 +201,7 @@ __device__ __noinline__ void amk_tile_fast(const amk_tile_args& args) {
 #pragma unroll
         for (int u = 0; u < UNROLL; ++u) {
           const int v = v0 + u * 32 + lane;
-          if (v < nvec) wv[u] = amk_tile_ldw(wrow + v);
+          if (v < nvec) wv[u] = amk_tile_ldw(wrow + v, pol);
           else wv[u] = make_uint4(0u, 0u, 0u, 0u);
         }
 #pragma unroll
@@ -624,6 +635,7 @@ __device__ __forceinline__ void amk_fdot(const void* x, const unsigned char* con
                                          bool bf, float (&s)[NR]) {
   constexpr int VE = amk_tile_ve<WK>::v;
   const int lane = threadIdx.x & 31;
+  const unsigned long long pol = amk_l2_evict_first();
   float acc[NR][4];
 #pragma unroll
   for (int r = 0; r < NR; ++r)
@@ -636,7 +648,7 @@ __device__ __forceinline__ void amk_fdot(const void* x, const unsigned char* con
       const int v = v0 + u * 32 + lane;
 #pragma unroll
       for (int r = 0; r < NR; ++r)
-        wv[r][u] = v < nvec ? amk_tile_ldw((const uint4*)w[r] + v) : make_uint4(0u, 0u, 0u, 0u);
+        wv[r][u] = v < nvec ? amk_tile_ldw((const uint4*)w[r] + v, pol) : make_uint4(0u, 0u, 0u, 0u);
     }
 #pragma unroll
     for (int u = 0; u < U; ++u) {
@@ -862,9 +874,11 @@ __device__ __forceinline__ void amk_tile_run(const amk_task_ctx& ctx, bool gemm)
      the wait's barrier). */
   const bool started = ctx.step < 0 && amk_ring_started == ctx.task;
   amk_ring_plan rp;
+  /* Only with a ring configured (the launch may reserve shared memory for other ops). */
+  const int ring_smem = ctx.prog->ring_bytes > 0 ? ctx.smem_bytes : 0;
   if (fast && MAXR == 1 && a.m_rows == 1 && a.m0 == 0 && a.wk <= AMK_TILE_W_BF16 &&
       amk_ring_plan_make((const unsigned char*)a.w + (long long)a.n_off * a.wrow_bytes, a.wrow_bytes,
-                         (long long)a.n_tile * a.wrow_bytes, amk_ring_x_bytes(xdt, a.K), ctx.smem_bytes, rp)) {
+                         (long long)a.n_tile * a.wrow_bytes, amk_ring_x_bytes(xdt, a.K), ring_smem, rp)) {
     bool go = started;
     if (started && (rp.src != (const unsigned char*)ctx.prog->prefetch[ctx.task].addr ||
                     rp.total != (long long)ctx.prog->prefetch[ctx.task].bytes)) {

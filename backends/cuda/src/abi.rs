@@ -153,6 +153,10 @@ pub struct AmkDeviceProgram {
     pub trace: u64,
     /// One [`AmkPrefetch`] per instruction.
     pub prefetch: u64,
+    /// Bytes of the dynamic shared memory the GEMV weight ring may use (0: no ring; the
+    /// rest of `smem_bytes` serves the ops that ask for shared memory).
+    pub ring_bytes: i32,
+    pub _pad: i32,
 }
 
 /// `amk_prefetch_t`: bytes a task pulls into L2 before its wait.
@@ -202,7 +206,8 @@ pub fn field_offsets() -> Vec<(&'static str, &'static str, usize)> {
         "counters" => counters, "abort_flag" => abort_flag, "status" => status,
         "n_buffers" => n_buffers, "n_counters" => n_counters,
         "n_instructions" => n_instructions, "n_queues" => n_queues, "smem_bytes" => smem_bytes,
-        "epoch" => epoch, "trace" => trace, "prefetch" => prefetch);
+        "epoch" => epoch, "trace" => trace, "prefetch" => prefetch,
+        "ring_bytes" => ring_bytes, "_pad" => _pad);
     f!(v, "amk_prefetch", AmkPrefetch, "addr" => addr, "bytes" => bytes);
     v
 }
@@ -229,5 +234,5 @@ const _: () = assert!(offset_of!(AmkInstruction, out_counter) == 128);
 const _: () = assert!(offset_of!(AmkInstruction, params) == 136);
 const _: () = assert!(size_of::<AmkInstruction>() == 240);
 const _: () = assert!(size_of::<AmkStatus>() == 24);
-const _: () = assert!(size_of::<AmkDeviceProgram>() == 112);
+const _: () = assert!(size_of::<AmkDeviceProgram>() == 120);
 const _: () = assert!(size_of::<AmkPrefetch>() == 16);

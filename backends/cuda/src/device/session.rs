@@ -256,6 +256,8 @@ impl CudaSession {
             } else {
                 0
             },
+            ring_bytes: ring as i32,
+            _pad: 0,
         };
         Ok(CudaSession {
             backend: backend.clone(),
