@@ -192,7 +192,7 @@ typedef struct amk_prefetch { /*@size 16*/
 } amk_prefetch_t;
 
 /* The kernel's one parameter, passed by value. */
-typedef struct amk_device_program { /*@size 112*/
+typedef struct amk_device_program { /*@size 120*/
   const amk_buffer_t* buffers;            /*@0*/
   const amk_instruction_t* instructions;  /*@8*/
   const amk_instruction_t* fused_steps;   /*@16*/ /* every FUSED task's expanded steps */
