@@ -744,37 +744,6 @@ __device__ __forceinline__ void amk_fused_run(const amk_frow& r, long long K, in
   }
 }
 
-/* Each warp asks L2 for the first batch of its first unit's weight rows (the vectors its lanes
- * load first), before the tile prepares its row: that memory latency then overlaps the
- * preparation (descriptor loads, the norm or the copy of x, a barrier) instead of following it. */
-template <int NR, typename Rows>
-__device__ __forceinline__ void amk_fused_warm(long long wrow_bytes, int n_units, Rows rows) {
-  const int j = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  if (j >= n_units || wrow_bytes <= 0) return;
-  const amk_buffer_t* wb[NR];
-  long long row[NR];
-  rows(j, wb, row);
-  const long long span = min(32LL * 16 * (AMK_FUSED_VECS / NR), wrow_bytes);
-#pragma unroll
-  for (int q = 0; q < NR; ++q) {
-    const unsigned char* base = (const unsigned char*)wb[q]->ptr + row[q] * wrow_bytes;
-    for (long long o = (long long)lane * 128; o < span; o += 32 * 128)
-      asm volatile("prefetch.global.L2 [%0];" ::"l"(base + o));
-  }
-}
-
-/* A whole fused tile: warm L2 with the first weights, prepare the row (amk_frow_make), stream
- * (amk_fused_run). `wdt`: the weights' common dtype (F32/F16/BF16) or -1. */
-template <int NR, typename Rows, typename Epi>
-__device__ __forceinline__ void amk_fused_tile(const amk_task_ctx& ctx, const amk_buffer_t* x,
-                                               const amk_buffer_t* nw, long long K, float eps, int wdt,
-                                               bool w_al16, int n_units, Rows rows, Epi epi) {
-  if (wdt == AMK_F32 || wdt == AMK_F16 || wdt == AMK_BF16)
-    amk_fused_warm<NR>(K * (wdt == AMK_F32 ? 4 : 2), n_units, rows);
-  const amk_frow r = amk_frow_make(ctx, x, nw, K, eps);
-  amk_fused_run<NR>(r, K, wdt, w_al16, n_units, rows, epi);
-}
-
 /* Shared operand checks of the fused tiles (the validator's opcheck::fused_row, again on the
  * device against a corrupted table): x one row of K, every weight [N, K] of a vector dtype,
  * the norm weight (when given) K elements. Fails the task and returns false otherwise. */
@@ -935,12 +904,13 @@ __device__ __forceinline__ void amk_tile_run(const amk_task_ctx& ctx, bool gemm)
        same sums in the same order. It keeps its operands in registers, so it stays fast when
        a launch reserves shared memory (which shrinks the L1 cache that amk_tile_fast's
        arguments live in; docs/perf-notes.md round 4). */
+    const amk_frow r = amk_frow_make(ctx, a.xb, nullptr, a.K, 0.0f);
     const amk_buffer_t* wb = a.wb;
     const amk_buffer_t* ob = a.ob;
     const amk_buffer_t* bias = a.bias;
     const int n_off = a.n_off;
-    amk_fused_tile<1>(
-        ctx, a.xb, nullptr, a.K, 0.0f, wdt, true, a.n_tile,
+    amk_fused_run<1>(
+        r, a.K, wdt, true, a.n_tile,
         [=](int j, const amk_buffer_t* (&w)[1], long long (&row)[1]) {
           w[0] = wb;
           row[0] = n_off + j;

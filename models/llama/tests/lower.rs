@@ -812,10 +812,10 @@ fn sm_multiple_tiles_every_projection_over_all_sms() {
     assert!(head[..131].iter().all(|&w| w == 976) && head[131] == 128256 - 131 * 976);
     let down = tiles(&tuned, "L3.down_add");
     assert_eq!((down.len(), down[0]), (128, 16));
-    // Fused: Q/K/V as 128 tiles of 12 RoPE pairs (24 of the 3,072 rows), gate/up as 128
-    // tiles of 64 columns (each streaming 64 gate and 64 up rows).
+    // Fused: Q/K/V as 96 tiles of 16 RoPE pairs (32 of the 3,072 rows), gate/up as 128 tiles
+    // of 64 columns (each streaming 64 gate and 64 up rows).
     let qkv = tiles(&tuned, "L0.qkv");
-    assert!(qkv.len() == 128 && qkv.iter().all(|&w| w == 24), "{qkv:?}");
+    assert!(qkv.len() == 96 && qkv.iter().all(|&w| w == 32), "{qkv:?}");
     let gate_up = tiles(&tuned, "L0.gate_up");
     assert!(
         gate_up.len() == 128 && gate_up.iter().all(|&w| w == 64),

@@ -2,9 +2,9 @@
  * are ops/rmsnorm-gemv/src/reference.rs: columns [n_off, n_off + N_tile) of
  * y = rmsnorm(x, norm_w, eps) @ W^T (+ bias) for one row x.
  *
- * The fused-tile machinery is backends/cuda/include/amk_tile.cuh (amk_fused_tile: the first
- * weights asked of L2, the row normalised into shared memory, the weight rows streamed): one
- * weight row per warp at a time, 8 16-byte vectors in flight per lane, as GEMV_TILE. */
+ * The fused-tile machinery is backends/cuda/include/amk_tile.cuh (amk_frow_make normalises the
+ * row into shared memory, amk_fused_run streams the weight rows): one weight row per warp at a
+ * time, 8 16-byte vectors in flight per lane, as GEMV_TILE. */
 
 __device__ void amk_op_rmsnorm_gemv(const amk_task_ctx& ctx) {
   const amk_params_t& p = ctx.inst->params;
@@ -33,8 +33,9 @@ __device__ void amk_op_rmsnorm_gemv(const amk_task_ctx& ctx) {
     amk_fail(ctx, AMK_ERR_DTYPE, y->dtype);
     return;
   }
-  amk_fused_tile<1>(
-      ctx, x, nw, K, p.eps, w->dtype, amk_al16(w->ptr), n_tile,
+  const amk_frow r = amk_frow_make(ctx, x, nw, K, p.eps);
+  amk_fused_run<1>(
+      r, K, w->dtype, amk_al16(w->ptr), n_tile,
       [=](int j, const amk_buffer_t* (&wb)[1], long long (&row)[1]) {
         wb[0] = w;
         row[0] = n_off + j;

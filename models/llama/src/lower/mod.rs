@@ -787,8 +787,7 @@ pub fn lower(
             // One set of QKV_ROPE_APPEND tiles: projections, RoPE and the cache rows at once.
             let qr = b.act(format!("L{l}.qr"), &qr_shape);
             let units = (nh + 2 * nkv) * hd;
-            // Tiles of output rows like any projection, rounded up to whole RoPE pairs.
-            let width = gemv_tile_width(b.cfg, units, b.num_sms).next_multiple_of(2);
+            let width = 2 * gemv_tile_width(b.cfg, units / 2, b.num_sms);
             let base = params(&[
                 ("head_dim", int(hd)),
                 ("n_heads", int(nh)),
