@@ -62,7 +62,7 @@ pub struct BenchArgs {
     max_seq: Option<u64>,
     /// ScheduleConfig JSON (tiling, fusion_grouping, sm_assignment, ...), or `default` (the
     /// reference tiling) or `tuned`. Default: the tuned schedule (every projection split over
-    /// all SMs, the projections of one phase on disjoint SMs).
+    /// all SMs, the fused decode opcodes: five phases per layer).
     #[arg(long, value_name = "cfg.json|default|tuned")]
     config: Option<PathBuf>,
     /// GPU target the schedule is laid out for; its SM count is replaced by the device's.

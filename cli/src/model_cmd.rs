@@ -85,8 +85,8 @@ pub struct ModelArgs {
     #[arg(long, value_name = "PATH")]
     model: Option<PathBuf>,
     /// ScheduleConfig JSON (tiling, fusion_grouping, sm_assignment, page_allocation, ...),
-    /// or `default` (the reference tiling) or `tuned` (every projection over all SMs, residual
-    /// adds in the projections). Default: `tuned` when the CUDA backend runs (laid out for the
+    /// or `default` (the reference tiling) or `tuned` (every projection over all SMs, the fused
+    /// decode opcodes). Default: `tuned` when the CUDA backend runs (laid out for the
     /// device's SM count), else `default`.
     #[arg(long, value_name = "cfg.json|default|tuned")]
     config: Option<PathBuf>,

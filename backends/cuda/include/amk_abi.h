@@ -211,7 +211,7 @@ typedef struct amk_device_program { /*@size 120*/
   uint64_t* trace;                        /*@96*/ /* null, or AMK_TRACE_WORDS per task */
   const amk_prefetch_t* prefetch;         /*@104*/ /* null, or n_instructions ranges (bytes 0 = none) */
   int32_t ring_bytes;                     /*@112*/ /* dynamic shared memory the GEMV weight ring may use (0: none) */
-  int32_t _pad;                           /*@116*/
+  int32_t flags;                          /*@116*/ /* AMK_PROG_* bits (amk_tile.cuh) */
 } amk_device_program_t;
 
 /* Per-task trace (when `trace` is set): %globaltimer nanoseconds when the block reached the

@@ -46,6 +46,7 @@ struct amk_tile_args {
   int group;
   int vpg, vpg_shift;   /* 16-byte vectors per group (fast quant path); shift if a power of 2, else -1 */
   float offset;         /* subtracted without zeros: 8 (int4) or 0 (int8) */
+  unsigned long long pol; /* L2 policy of the weight loads (amk_weight_policy) */
 };
 
 template <int WK> struct amk_tile_ve { static constexpr int v = 4; };
@@ -65,18 +66,22 @@ __device__ __forceinline__ int amk_tile_ve_of(int wk) {
   }
 }
 
-/* The L2 policy of streamed weights: evicted first. A decode step streams every weight once
- * (gigabytes through a 50 MB L2), so without it the weights push out the small lines every task
- * needs next — instructions, buffer descriptors, counters, activations, KV caches — and each
- * task then starts with a chain of misses to memory. */
-__device__ __forceinline__ unsigned long long amk_l2_evict_first() {
+/* The L2 policy of streamed weights: evicted first when the program asks for it
+ * (AMK_PROG_L2_EVICT_FIRST), else normal. A decode step streams every weight once (gigabytes
+ * through a 50 MB L2), so without it the weights push out the small lines every task needs next
+ * — instructions, buffer descriptors, counters, activations, KV caches. */
+#define AMK_PROG_L2_EVICT_FIRST 1
+__device__ __forceinline__ unsigned long long amk_weight_policy(int prog_flags) {
   unsigned long long pol;
-  asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(pol));
+  if (prog_flags & AMK_PROG_L2_EVICT_FIRST)
+    asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(pol));
+  else
+    asm volatile("createpolicy.fractional.L2::evict_normal.b64 %0, 1.0;" : "=l"(pol));
   return pol;
 }
 
-/* One 16-byte weight vector: coherent global load, not kept in L1 (x stays there), evicted
- * first from L2 (`pol`: amk_l2_evict_first), with an L2 prefetch hint for the rest of the row. */
+/* One 16-byte weight vector: coherent global load, not kept in L1 (x stays there), with the L2
+ * policy `pol` (amk_weight_policy) and an L2 prefetch hint for the rest of the row. */
 __device__ __forceinline__ uint4 amk_tile_ldw(const uint4* p, unsigned long long pol) {
   uint4 v;
   asm volatile("ld.global.L1::no_allocate.L2::cache_hint.L2::256B.v4.u32 {%0, %1, %2, %3}, [%4], %5;"
@@ -177,7 +182,7 @@ __device__ __forceinline__ void amk_tile_store(const amk_tile_args& a, const flo
 template <int WK, int XT, int MAXR, int UNROLL>
 __device__ __noinline__ void amk_tile_fast(const amk_tile_args& args) {
   const amk_tile_args a = args; /* one copy in registers (the callee's own allocation) */
-  const unsigned long long pol = amk_l2_evict_first();
+  const unsigned long long pol = a.pol;
   constexpr int VE = amk_tile_ve<WK>::v;
   constexpr bool QUANT = WK >= AMK_TILE_W_I8;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
@@ -563,6 +568,7 @@ struct amk_frow {
   const amk_buffer_t* x; /* generic path: x and the norm weight (null: no norm) */
   const amk_buffer_t* nw;
   double inv;            /* 1 / rms(x) (generic path with a norm) */
+  unsigned long long pol; /* L2 policy of the weight loads (amk_weight_policy) */
 };
 
 /* Element k of the row on the generic path: x[k], normalised and rounded when there is a norm. */
@@ -576,6 +582,7 @@ __device__ __forceinline__ float amk_frow_at(const amk_frow& r, long long k) {
 __device__ __forceinline__ amk_frow amk_frow_prepare(const amk_task_ctx& ctx, const amk_buffer_t* x,
                                                      const amk_buffer_t* nw, long long K, float eps) {
   amk_frow r;
+  r.pol = amk_weight_policy(ctx.prog->flags);
   r.x = x;
   r.nw = nw;
   r.dt = x->dtype;
@@ -632,10 +639,9 @@ __device__ __forceinline__ amk_frow amk_frow_make(const amk_task_ctx& ctx, const
  * vectors each), U vectors of each row in flight per lane; every lane gets the sums. */
 template <int WK, int XT, int NR, int U>
 __device__ __forceinline__ void amk_fdot(const void* x, const unsigned char* const (&w)[NR], int nvec,
-                                         bool bf, float (&s)[NR]) {
+                                         bool bf, unsigned long long pol, float (&s)[NR]) {
   constexpr int VE = amk_tile_ve<WK>::v;
   const int lane = threadIdx.x & 31;
-  const unsigned long long pol = amk_l2_evict_first();
   float acc[NR][4];
 #pragma unroll
   for (int r = 0; r < NR; ++r)
@@ -673,8 +679,8 @@ __device__ __forceinline__ void amk_fdot(const void* x, const unsigned char* con
 /* Vector path: units j = warp, warp + AMK_WARPS, .. < n_units; rows(j, wb, row) names the unit's
  * NR weight rows (buffer and row index), epi(j, s) stores its results (all lanes call it). */
 template <int WK, int XT, int NR, typename Rows, typename Epi>
-__device__ __noinline__ void amk_fused_fast(const void* x, bool bf, long long K, int n_units, Rows rows,
-                                            Epi epi) {
+__device__ __noinline__ void amk_fused_fast(const void* x, bool bf, unsigned long long pol, long long K,
+                                            int n_units, Rows rows, Epi epi) {
   constexpr int VE = amk_tile_ve<WK>::v;
   constexpr long long ESZ = WK == AMK_TILE_W_F32 ? 4 : 2;
   const int nvec = (int)(K / VE);
@@ -686,7 +692,7 @@ __device__ __noinline__ void amk_fused_fast(const void* x, bool bf, long long K,
 #pragma unroll
     for (int r = 0; r < NR; ++r) w[r] = (const unsigned char*)wb[r]->ptr + row[r] * K * ESZ;
     float s[NR];
-    amk_fdot<WK, XT, NR, AMK_FUSED_VECS / NR>(x, w, nvec, bf, s);
+    amk_fdot<WK, XT, NR, AMK_FUSED_VECS / NR>(x, w, nvec, bf, pol, s);
     epi(j, s);
   }
 }
@@ -730,16 +736,16 @@ __device__ __forceinline__ void amk_fused_run(const amk_frow& r, long long K, in
   const bool bf = r.dt == AMK_BF16, xf = r.dt == AMK_F32;
   switch (wk) {
     case AMK_TILE_W_F32:
-      if (xf) amk_fused_fast<AMK_TILE_W_F32, AMK_F32, NR>(r.p, bf, K, n_units, rows, epi);
-      else amk_fused_fast<AMK_TILE_W_F32, AMK_BF16, NR>(r.p, bf, K, n_units, rows, epi);
+      if (xf) amk_fused_fast<AMK_TILE_W_F32, AMK_F32, NR>(r.p, bf, r.pol, K, n_units, rows, epi);
+      else amk_fused_fast<AMK_TILE_W_F32, AMK_BF16, NR>(r.p, bf, r.pol, K, n_units, rows, epi);
       break;
     case AMK_TILE_W_F16:
-      if (xf) amk_fused_fast<AMK_TILE_W_F16, AMK_F32, NR>(r.p, bf, K, n_units, rows, epi);
-      else amk_fused_fast<AMK_TILE_W_F16, AMK_BF16, NR>(r.p, bf, K, n_units, rows, epi);
+      if (xf) amk_fused_fast<AMK_TILE_W_F16, AMK_F32, NR>(r.p, bf, r.pol, K, n_units, rows, epi);
+      else amk_fused_fast<AMK_TILE_W_F16, AMK_BF16, NR>(r.p, bf, r.pol, K, n_units, rows, epi);
       break;
     default:
-      if (xf) amk_fused_fast<AMK_TILE_W_BF16, AMK_F32, NR>(r.p, bf, K, n_units, rows, epi);
-      else amk_fused_fast<AMK_TILE_W_BF16, AMK_BF16, NR>(r.p, bf, K, n_units, rows, epi);
+      if (xf) amk_fused_fast<AMK_TILE_W_BF16, AMK_F32, NR>(r.p, bf, r.pol, K, n_units, rows, epi);
+      else amk_fused_fast<AMK_TILE_W_BF16, AMK_BF16, NR>(r.p, bf, r.pol, K, n_units, rows, epi);
       break;
   }
 }
@@ -781,6 +787,7 @@ __device__ __forceinline__ void amk_tile_run(const amk_task_ctx& ctx, bool gemm)
   a.bias = nullptr;
   a.scales = nullptr;
   a.zeros = nullptr;
+  a.pol = amk_weight_policy(ctx.prog->flags);
   a.K = p.K;
   a.n_tile = p.N_tile;
   a.n_off = p.n_off;

@@ -156,8 +156,12 @@ pub struct AmkDeviceProgram {
     /// Bytes of the dynamic shared memory the GEMV weight ring may use (0: no ring; the
     /// rest of `smem_bytes` serves the ops that ask for shared memory).
     pub ring_bytes: i32,
-    pub _pad: i32,
+    /// [`PROG_L2_EVICT_FIRST`], ...
+    pub flags: i32,
 }
+
+/// `amk_device_program::flags` bit: streamed weights are evicted first from L2.
+pub const PROG_L2_EVICT_FIRST: i32 = 1;
 
 /// `amk_prefetch_t`: bytes a task pulls into L2 before its wait.
 #[repr(C)]
@@ -207,7 +211,7 @@ pub fn field_offsets() -> Vec<(&'static str, &'static str, usize)> {
         "n_buffers" => n_buffers, "n_counters" => n_counters,
         "n_instructions" => n_instructions, "n_queues" => n_queues, "smem_bytes" => smem_bytes,
         "epoch" => epoch, "trace" => trace, "prefetch" => prefetch,
-        "ring_bytes" => ring_bytes, "_pad" => _pad);
+        "ring_bytes" => ring_bytes, "flags" => flags);
     f!(v, "amk_prefetch", AmkPrefetch, "addr" => addr, "bytes" => bytes);
     v
 }

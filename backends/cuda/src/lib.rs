@@ -81,6 +81,10 @@ pub struct CudaOptions {
     /// Dynamic shared memory every launch reserves at least (a measuring knob: it shows what
     /// a carve-out of the L1 cache costs the kernel). `AMK_CUDA_SMEM_KB` sets it; default 0.
     pub min_smem_bytes: usize,
+    /// Streamed weights are evicted first from L2, so that they do not push out the small
+    /// lines every task reads (instructions, descriptors, counters, activations, KV caches).
+    /// `AMK_CUDA_L2_EVICT_FIRST=0` turns it off.
+    pub l2_evict_first: bool,
 }
 
 impl Default for CudaOptions {
@@ -102,6 +106,7 @@ impl Default for CudaOptions {
                 .ok()
                 .and_then(|v| v.parse::<usize>().ok())
                 .map_or(0, |kb| kb << 10),
+            l2_evict_first: std::env::var("AMK_CUDA_L2_EVICT_FIRST").map_or(true, |v| v != "0"),
         }
     }
 }

@@ -257,7 +257,11 @@ impl CudaSession {
                 0
             },
             ring_bytes: ring as i32,
-            _pad: 0,
+            flags: if inner.options.l2_evict_first {
+                crate::abi::PROG_L2_EVICT_FIRST
+            } else {
+                0
+            },
         };
         Ok(CudaSession {
             backend: backend.clone(),
