@@ -340,7 +340,7 @@ pub const CASES: &[Case] = &[
     },
     Case {
         name: "op_qkv_rope_append",
-        about: "QKV_ROPE_APPEND: GQA heads, RoPE, cache rows at pos, two tiles",
+        about: "QKV_ROPE_APPEND: GQA heads, RoPE, cache rows at three positions, two tiles",
         run: op_qkv_rope_append,
     },
     Case {
@@ -503,6 +503,12 @@ pub fn int_input_bound(p: &Program, b: BufferId) -> i64 {
                     .map(|tb| tb.shape.first().copied().unwrap_or(1) as i64)
             } else if t.op == Opcode::ROPE && i == 1 {
                 Some(POSITION_BOUND)
+            } else if t.op == Opcode::QKV_ROPE_APPEND && i == 4 {
+                // The cache rows (output 1): the position indexes them.
+                t.outputs
+                    .get(1)
+                    .and_then(|&cb| p.buffers.get(cb as usize))
+                    .map(|cb| cb.shape.first().copied().unwrap_or(1) as i64)
             } else {
                 None
             };
@@ -1649,10 +1655,11 @@ fn op_gate_up_silu(c: &Ctx<'_>) -> CaseResult {
 }
 
 fn op_qkv_rope_append(c: &Ctx<'_>) -> CaseResult {
-    let (nh, nkv, hd, k, pos, seq) = (2usize, 1usize, 8usize, 16usize, 2usize, 4usize);
+    let (nh, nkv, hd, k, seq) = (2usize, 1usize, 8usize, 16usize, 4usize);
     let theta = 10000.0;
     let mut t = Tiny::new(43);
     let x = t.input("x", DType::F32, &[1, k as u64]);
+    let pos = t.input("pos", DType::I32, &[1]);
     let (nw, nwv) = t.weight("norm", DType::F32, &[k as u64], 0.5, 1.5);
     let (wq, wqv) = t.weight("wq", DType::F32, &[(nh * hd) as u64, k as u64], -0.5, 0.5);
     let (wk, wkv) = t.weight("wk", DType::F32, &[(nkv * hd) as u64, k as u64], -0.5, 0.5);
@@ -1668,7 +1675,7 @@ fn op_qkv_rope_append(c: &Ctx<'_>) -> CaseResult {
         t.task_on(
             ct,
             Opcode::QKV_ROPE_APPEND,
-            &[x, wq, wk, wv, nw],
+            &[x, wq, wk, wv, pos, nw],
             &[q, kc, vc],
             &[],
             &[
@@ -1679,30 +1686,45 @@ fn op_qkv_rope_append(c: &Ctx<'_>) -> CaseResult {
                 ("n_heads", int(nh as i64)),
                 ("n_kv_heads", int(nkv as i64)),
                 ("theta", real(theta)),
-                ("pos", int(pos as i64)),
                 ("eps", real(1e-5)),
             ],
         );
     }
     t.task(Opcode::COPY, &[kc], &[k_out], &[(ct, 2)], &[]);
     t.task(Opcode::COPY, &[vc], &[v_out], &[(ct, 2)], &[]);
-    check_formula(c, t, 2, F32_TOL, no_change, |ins| {
+    // Three steps at positions 1, 3, 1: the caches keep the rows of earlier steps, and the
+    // row written twice holds the last step's values.
+    let positions = [1usize, 3, 1];
+    let steps = std::cell::Cell::new(0usize);
+    let set_pos = |ins: &mut Inputs, _: &mut SplitMix| {
+        let p = positions[steps.get() % positions.len()];
+        steps.set(steps.get() + 1);
+        set_input(
+            ins,
+            "pos",
+            Tensor::from_f32(DType::I32, &[1], &[p as f32])
+                .unwrap_or_else(|_| Tensor::zeros(DType::I32, &[1])),
+        );
+    };
+    let row = nkv * hd;
+    let k_all = std::cell::RefCell::new(vec![0.0; seq * row]);
+    let v_all = std::cell::RefCell::new(vec![0.0; seq * row]);
+    check_formula(c, t, 3, F32_TOL, set_pos, |ins| {
         let xn = rmsnorm(&in_vals(ins, "x")?, &nwv, 1e-5);
-        let p = [pos as f64];
-        let row = nkv * hd;
-        let mut k_all = vec![0.0; seq * row];
-        let mut v_all = vec![0.0; seq * row];
-        k_all[pos * row..(pos + 1) * row].copy_from_slice(&rope(
+        let p = in_vals(ins, "pos")?[0] as usize;
+        let pv = [p as f64];
+        let (mut ka, mut va) = (k_all.borrow_mut(), v_all.borrow_mut());
+        ka[p * row..(p + 1) * row].copy_from_slice(&rope(
             &linear(&xn, &wkv, k, None),
-            &p,
+            &pv,
             hd,
             theta,
         ));
-        v_all[pos * row..(pos + 1) * row].copy_from_slice(&linear(&xn, &wvv, k, None));
+        va[p * row..(p + 1) * row].copy_from_slice(&linear(&xn, &wvv, k, None));
         Ok(vec![
-            ("q", rope(&linear(&xn, &wqv, k, None), &p, hd, theta)),
-            ("k_all", k_all),
-            ("v_all", v_all),
+            ("q", rope(&linear(&xn, &wqv, k, None), &pv, hd, theta)),
+            ("k_all", ka.clone()),
+            ("v_all", va.clone()),
         ])
     })
 }

@@ -69,6 +69,8 @@ impl ValidatedProgram {
         let p = self.program();
         let mut bad: Vec<ValidationError> = Vec::new();
         let mut edited: Vec<Task> = Vec::new();
+        // Position of each edited task in `edited` (a decode step patches thousands of tiles).
+        let mut slot: std::collections::HashMap<TaskId, usize> = std::collections::HashMap::new();
         for &(t, key, value) in edits {
             let Some(task) = p.tasks.get(t as usize) else {
                 bad.push(ValidationError::new(
@@ -95,11 +97,12 @@ impl ValidatedProgram {
                 );
                 continue;
             }
-            match edited.iter_mut().find(|e| e.id == t) {
+            match slot.get(&t).and_then(|&i| edited.get_mut(i)) {
                 Some(e) => e.params.insert(key, Value::Int(value)),
                 None => {
                     let mut e = task.clone();
                     e.params.insert(key, Value::Int(value));
+                    slot.insert(t, edited.len());
                     edited.push(e);
                 }
             }

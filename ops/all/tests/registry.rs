@@ -54,7 +54,7 @@ fn registry_holds_exactly_the_abi_and_extended_opcodes() {
 #[case("FUSED", 19, 1, None, Some(1), &["recipe"])]
 #[case("RMSNORM_GEMV", 20, 3, Some(4), Some(1), &["eps", "K", "N_tile", "n_off"])]
 #[case("GATE_UP_SILU", 21, 3, Some(4), Some(1), &["K", "N_tile", "n_off"])]
-#[case("QKV_ROPE_APPEND", 22, 4, Some(5), Some(3), &["K", "N_tile", "n_off", "head_dim", "n_heads", "n_kv_heads", "theta", "pos"])]
+#[case("QKV_ROPE_APPEND", 22, 5, Some(6), Some(3), &["K", "N_tile", "n_off", "head_dim", "n_heads", "n_kv_heads", "theta"])]
 fn spec_matches_the_table(
     #[case] name: &str,
     #[case] code: u16,

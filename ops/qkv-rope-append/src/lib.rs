@@ -3,10 +3,15 @@
 //! embedding (rotate-half) on Q and K, and K and V written into their caches at row `pos` —
 //! in one task instead of six phases (RMSNORM, GEMV tiles, reshape, ROPE, KV_APPEND).
 //!
-//! Inputs `[x, Wq, Wk, Wv]` or `[x, Wq, Wk, Wv, norm_w]` (then param `eps` is required);
-//! outputs `[q, kcache, vcache]` (`q` of `n_heads · head_dim` elements, the caches
+//! Inputs `[x, Wq, Wk, Wv, pos]` or `[x, Wq, Wk, Wv, pos, norm_w]` (then param `eps` is
+//! required); outputs `[q, kcache, vcache]` (`q` of `n_heads · head_dim` elements, the caches
 //! `[max_seq, n_kv_heads, head_dim]` or `[max_seq, n_kv_heads · head_dim]`); params `K`,
-//! `N_tile`, `n_off`, `head_dim`, `n_heads`, `n_kv_heads`, `theta`, `pos` (and `eps`).
+//! `N_tile`, `n_off`, `head_dim`, `n_heads`, `n_kv_heads`, `theta` (and `eps`).
+//!
+//! **Position.** Element 0 of the integer buffer `pos` (as ROPE reads its positions), checked
+//! when the task runs: a position outside the caches is an index error. It is an input rather
+//! than a param like KV_APPEND's because a decode step would otherwise patch every Q/K/V tile
+//! (thousands per step) instead of setting one element.
 //!
 //! **Units.** The tile covers units `[n_off, n_off + N_tile)` of the `(n_heads + 2·n_kv_heads)
 //! · head_dim` output rows of Q, K and V (heads in that order) numbered so that the two rows
@@ -35,8 +40,8 @@ pub mod reference;
 pub const SPEC: OpSpec = OpSpec {
     code: Opcode::QKV_ROPE_APPEND,
     name: Cow::Borrowed("QKV_ROPE_APPEND"),
-    min_inputs: 4,
-    max_inputs: Some(5),
+    min_inputs: 5,
+    max_inputs: Some(6),
     n_outputs: Some(3),
     params: Cow::Borrowed(&[
         ParamDecl::required("K", ParamType::Int),
@@ -46,13 +51,12 @@ pub const SPEC: OpSpec = OpSpec {
         ParamDecl::required("n_heads", ParamType::Int),
         ParamDecl::required("n_kv_heads", ParamType::Int),
         ParamDecl::required("theta", ParamType::Real),
-        ParamDecl::required("pos", ParamType::Int),
         ParamDecl::optional("eps", ParamType::Real),
     ]),
     write_region: amk_core::WriteRegion::Columns,
     check: Some(check),
     summary: Cow::Borrowed(
-        "Q/K/V projection tile of one row x (RMS-normalised first with a 5th input), RoPE on Q and K, K and V written to the caches at pos.",
+        "Q/K/V projection tile of one row x (RMS-normalised first with a 6th input), RoPE on Q and K, K and V written to the caches at position pos[0].",
     ),
 };
 
@@ -70,18 +74,23 @@ amk_core::inventory::submit! {
 /// Static shape and parameter rule, run by the validator.
 fn check(ctx: &TaskContext<'_>) -> Vec<Finding> {
     let mut c = Checker::new(ctx);
-    let norm = (ctx.n_inputs() == 5).then_some(4);
+    let norm = (ctx.n_inputs() == 6).then_some(5);
     let Some((_, rows)) = opcheck::fused_row(&mut c, &[1, 2, 3], norm) else {
         return c.finish();
     };
+    if let Some(pos) = c.input(4) {
+        c.integer(pos, "position buffer");
+        if pos.numel() == 0 {
+            c.mismatch(format!("the position buffer {} is empty", desc(pos)));
+        }
+    }
     let hd = c.positive("head_dim");
     let nh = c.positive("n_heads");
     let nkv = c.positive("n_kv_heads");
-    let pos = c.non_negative("pos");
-    let (Some(hd), Some(nh), Some(nkv), Some(pos)) = (hd, nh, nkv, pos) else {
+    let (Some(hd), Some(nh), Some(nkv)) = (hd, nh, nkv) else {
         return c.finish();
     };
-    let (hd, nh, nkv, pos) = (hd as u64, nh as u64, nkv as u64, pos as u64);
+    let (hd, nh, nkv) = (hd as u64, nh as u64, nkv as u64);
     if hd % 2 != 0 {
         c.mismatch(format!("head_dim = {hd} must be even (RoPE rotates pairs)"));
         return c.finish();
@@ -116,12 +125,6 @@ fn check(ctx: &TaskContext<'_>) -> Vec<Finding> {
         if !ok_shape {
             c.mismatch(format!(
                 "the cache {} must be [max_seq, n_kv_heads, head_dim] or [max_seq, n_kv_heads·head_dim]",
-                desc(cache)
-            ));
-        } else if pos >= cache.numel() / row {
-            c.oob(format!(
-                "pos = {pos} is beyond the {} positions of the cache {}",
-                cache.numel() / row,
                 desc(cache)
             ));
         }

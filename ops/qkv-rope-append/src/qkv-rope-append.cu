@@ -4,7 +4,8 @@
  * The fused-tile machinery is backends/cuda/include/amk_tile.cuh: each warp takes one RoPE pair
  * at a time — the two weight rows r and r + head_dim/2 of one head, streamed together (4 16-byte
  * vectors of each in flight per lane) — rounds both sums to the destination's dtype, rotates them
- * (Q and K heads; ROPE's arithmetic, amk_rope_*) and stores them into q or the cache row pos. */
+ * (Q and K heads; ROPE's arithmetic, amk_rope_*) and stores them into q or the cache row pos
+ * (element 0 of the integer input 4, checked against the caches). */
 
 /* The pair unit u (even) starts: projection (0 Q, 1 K, 2 V), weight row, frequency index. */
 __device__ __forceinline__ void qkv_pair(long long u, int hd, int nh, int nkv, int& proj,
@@ -21,20 +22,22 @@ __device__ __forceinline__ void qkv_pair(long long u, int hd, int nh, int nkv, i
 __device__ void amk_op_qkv_rope_append(const amk_task_ctx& ctx) {
   const amk_params_t& p = ctx.inst->params;
   const int nin = ctx.inst->n_inputs;
-  if (nin < 4 || nin > 5 || ctx.inst->n_outputs != 3) {
+  if (nin < 5 || nin > 6 || ctx.inst->n_outputs != 3) {
     amk_fail(ctx, AMK_ERR_SHAPE, nin);
     return;
   }
   const amk_buffer_t* x = amk_in(ctx, 0);
   const amk_buffer_t* w[3] = {amk_in(ctx, 1), amk_in(ctx, 2), amk_in(ctx, 3)};
-  const amk_buffer_t* nw = nin == 5 ? amk_in(ctx, 4) : nullptr;
+  const amk_buffer_t* pb = amk_in(ctx, 4);
+  const amk_buffer_t* nw = nin == 6 ? amk_in(ctx, 5) : nullptr;
   const amk_buffer_t* dst[3] = {amk_out(ctx, 0), amk_out(ctx, 1), amk_out(ctx, 2)};
   const long long K = p.K;
   const int n_tile = p.N_tile, n_off = p.n_off, hd = p.head_dim, nh = p.n_heads, nkv = p.n_kv_heads;
-  const int pos = p.pos;
   const float theta = p.theta;
+  if (!amk_is_int(pb->dtype) || pb->numel < 1) { amk_fail(ctx, AMK_ERR_DTYPE, pb->dtype); return; }
+  const long long pos_ll = amk_ldif(pb, 0);
   if (!amk_fused_check(ctx, x, w, 3, nw, K)) return;
-  if (hd <= 0 || (hd & 1) || nh <= 0 || nkv <= 0 || pos < 0 || n_tile <= 0 || (n_tile & 1) ||
+  if (hd <= 0 || (hd & 1) || nh <= 0 || nkv <= 0 || n_tile <= 0 || (n_tile & 1) ||
       n_off < 0 || (n_off & 1) || !(theta > 0.0f)) {
     amk_fail(ctx, AMK_ERR_PARAM, hd);
     return;
@@ -48,11 +51,17 @@ __device__ void amk_op_qkv_rope_append(const amk_task_ctx& ctx) {
   }
   for (int c = 0; c < 3; ++c) {
     if (!amk_is_vec(dst[c]->dtype)) { amk_fail(ctx, AMK_ERR_DTYPE, dst[c]->dtype); return; }
-    if (c > 0 && (dst[c]->numel % row_len != 0 || (long long)pos >= dst[c]->numel / row_len)) {
-      amk_fail(ctx, AMK_ERR_SHAPE, pos);
+    if (c > 0 && (dst[c]->numel % row_len != 0 || dst[c]->numel < row_len)) {
+      amk_fail(ctx, AMK_ERR_SHAPE, dst[c]->numel);
+      return;
+    }
+    /* The position comes from data: outside the caches it is an index error (as the CPU). */
+    if (c > 0 && (pos_ll < 0 || pos_ll >= dst[c]->numel / row_len)) {
+      amk_fail(ctx, AMK_ERR_INDEX, pos_ll);
       return;
     }
   }
+  const int pos = (int)pos_ll;
   const int wdt = (w[0]->dtype == w[1]->dtype && w[1]->dtype == w[2]->dtype) ? w[0]->dtype : -1;
   const bool al = amk_al16(w[0]->ptr) && amk_al16(w[1]->ptr) && amk_al16(w[2]->ptr);
   const amk_buffer_t* wq = w[0];

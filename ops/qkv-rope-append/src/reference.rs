@@ -1,4 +1,4 @@
-//! CPU reference of QKV_ROPE_APPEND `[x, Wq, Wk, Wv (, norm_w)] -> [q, kcache, vcache]`.
+//! CPU reference of QKV_ROPE_APPEND `[x, Wq, Wk, Wv, pos (, norm_w)] -> [q, kcache, vcache]`.
 //!
 //! For every pair `(u, u + 1)` of the tile's units (crate docs: head `h = u div head_dim`,
 //! rows `r = h_local·head_dim + i` and `r + half`, `i = (u mod head_dim) div 2`,
@@ -12,7 +12,9 @@
 //! V heads:     dst[r] = a,          dst[r + half] = b
 //! ```
 //!
-//! `dst` is `q` (element `r`), or the K/V cache at row `pos` (element `pos·n_kv·head_dim + r`).
+//! `dst` is `q` (element `r`), or the K/V cache at row `pos` (element `pos·n_kv·head_dim + r`),
+//! `pos` being element 0 of the integer input `pos`; a position outside the caches is
+//! [`OpError::IndexOutOfRange`].
 //! Nothing else is touched: the caches keep every other row. Exactly what RMSNORM, the Q/K/V
 //! GEMV_TILEs, the reshape, ROPE and KV_APPEND of the unfused program compute.
 
@@ -53,14 +55,13 @@ pub fn pair_of(u: usize, head_dim: usize, n_heads: usize, n_kv: usize) -> Pair {
 
 /// Runs one QKV_ROPE_APPEND task.
 pub fn run(call: &mut CpuCall<'_, '_>) -> Result<(), OpError> {
-    call.expect_arity(4, 5, 3)?;
+    call.expect_arity(5, 6, 3)?;
     let k = positive(call, "K")?;
     let n_tile = positive(call, "N_tile")?;
     let n_off = non_negative(call, "n_off")?;
     let hd = positive(call, "head_dim")?;
     let nh = positive(call, "n_heads")?;
     let nkv = positive(call, "n_kv_heads")?;
-    let pos = non_negative(call, "pos")?;
     let theta = call.real("theta")? as f32;
     if hd % 2 != 0 {
         return Err(OpError::BadParam {
@@ -80,7 +81,16 @@ pub fn run(call: &mut CpuCall<'_, '_>) -> Result<(), OpError> {
             why: format!("n_off = {n_off} and N_tile = {n_tile} must be even (whole RoPE pairs)"),
         });
     }
-    let norm = (call.n_inputs() == 5).then_some(4);
+    let positions = call.input(4)?;
+    if !positions.dtype().is_integer() || positions.numel() == 0 {
+        return Err(OpError::DType(format!(
+            "QKV_ROPE_APPEND: the position buffer must be a non-empty integer buffer, got {} {:?}",
+            positions.dtype(),
+            positions.shape()
+        )));
+    }
+    let pos_value = positions.get_i64(0);
+    let norm = (call.n_inputs() == 6).then_some(5);
     let xn = fused_input(call, norm, k)?;
     let rows = [nh * hd, nkv * hd, nkv * hd];
     let mut ws: Vec<&Tensor> = Vec::with_capacity(3);
@@ -115,13 +125,22 @@ pub fn run(call: &mut CpuCall<'_, '_>) -> Result<(), OpError> {
                 out.shape()
             )));
         }
-        if j > 0 && (out.numel() % row_len != 0 || pos >= out.numel() / row_len) {
+        if j > 0 && (out.numel() % row_len != 0 || out.numel() < row_len) {
             return Err(OpError::Shape(format!(
-                "QKV_ROPE_APPEND: the cache {:?} has no row pos = {pos} of {row_len} elements",
+                "QKV_ROPE_APPEND: the cache {:?} is not rows of {row_len} elements",
                 out.shape()
             )));
         }
     }
+    let rows_in_cache = (call.output(1)?.numel() / row_len).min(call.output(2)?.numel() / row_len);
+    let pos = usize::try_from(pos_value)
+        .ok()
+        .filter(|&p| p < rows_in_cache)
+        .ok_or(OpError::IndexOutOfRange {
+            at: 0,
+            value: pos_value,
+            limit: rows_in_cache as u64,
+        })?;
     for (p, a, b) in sums {
         let out = call.output(p.proj)?;
         let dt = out.dtype();

@@ -29,7 +29,6 @@ fn params(s: &Shape, n_off: usize, n_tile: usize, norm: bool) -> Vec<(&'static s
         ("n_heads", Value::Int(s.nh as i64)),
         ("n_kv_heads", Value::Int(s.nkv as i64)),
         ("theta", Value::Float(10000.0)),
-        ("pos", Value::Int(s.pos as i64)),
     ];
     if norm {
         p.push(("eps", Value::Float(1e-5)));
@@ -154,7 +153,8 @@ fn equals_the_unfused_prologue(
         kc0.clone(),
         vc0.clone(),
     ];
-    let mut ins = vec![&x, &wq, &wk, &wv];
+    let posb = Tensor::from_f32(DType::I32, &[1], &[s.pos as f32]).unwrap();
+    let mut ins = vec![&x, &wq, &wk, &wv, &posb];
     if norm {
         ins.push(&nw);
     }
@@ -238,35 +238,41 @@ fn bad_calls_are_typed_errors() {
     let x = random_nonzero(DType::F32, &[1, 8], &mut r, -1.0, 1.0);
     let wq = random_nonzero(DType::F32, &[8, 8], &mut r, -1.0, 1.0);
     let wk = random_nonzero(DType::F32, &[4, 8], &mut r, -1.0, 1.0);
-    let run = |p: &[(&str, Value)], wk: &Tensor, seq: u64| {
+    let posb = Tensor::from_f32(DType::I32, &[1], &[s.pos as f32]).unwrap();
+    let fpos = Tensor::from_f32(DType::F32, &[1], &[1.0]).unwrap();
+    let run = |p: &[(&str, Value)], wk: &Tensor, seq: u64, pos: &Tensor| {
         let mut outs = [
             Tensor::poisoned(DType::F32, &[2, 4]),
             Tensor::poisoned(DType::F32, &[seq, 1, 4]),
             Tensor::poisoned(DType::F32, &[seq, 1, 4]),
         ];
-        let t = task(Opcode::QKV_ROPE_APPEND, 4, 3, p);
+        let t = task(Opcode::QKV_ROPE_APPEND, 5, 3, p);
         call(
             op_qkv_rope_append::reference::run,
             &t,
-            &[&x, &wq, wk, wk],
+            &[&x, &wq, wk, wk, pos],
             &mut outs,
         )
     };
-    assert!(run(&params(&s, 0, 16, false), &wk, 3).is_ok());
+    let p = params(&s, 0, 16, false);
+    assert!(run(&p, &wk, 3, &posb).is_ok());
     assert!(matches!(
-        run(&params(&s, 1, 4, false), &wk, 3),
+        run(&params(&s, 1, 4, false), &wk, 3, &posb),
         Err(OpError::BadParam { .. })
     ));
     assert!(matches!(
-        run(&params(&s, 0, 18, false), &wk, 3),
+        run(&params(&s, 0, 18, false), &wk, 3, &posb),
         Err(OpError::Shape(_))
     ));
+    assert!(matches!(run(&p, &wq, 3, &posb), Err(OpError::Shape(_))));
+    // Position 1 is beyond a one-row cache: an index error, as the device reports it.
     assert!(matches!(
-        run(&params(&s, 0, 16, false), &wq, 3),
-        Err(OpError::Shape(_))
+        run(&p, &wk, 1, &posb),
+        Err(OpError::IndexOutOfRange {
+            value: 1,
+            limit: 1,
+            ..
+        })
     ));
-    assert!(matches!(
-        run(&params(&s, 0, 16, false), &wk, 1),
-        Err(OpError::Shape(_))
-    ));
+    assert!(matches!(run(&p, &wk, 3, &fpos), Err(OpError::DType(_))));
 }

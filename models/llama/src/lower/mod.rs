@@ -534,23 +534,23 @@ impl Builder<'_> {
     }
 
     /// Tiles of a fused op over `units` output units (`width` each, the last one ragged), all
-    /// over `[x (, norm)] + weights` with params `base` plus the tile's `K`/`N_tile`/`n_off` (and
-    /// `eps` with a norm), one counter; each unit streams `rows` weight rows of `k`. Returns
-    /// the value (the first output) and the tasks.
+    /// over `[x] + operands (+ norm)` with params `base` plus the tile's `K`/`N_tile`/`n_off`
+    /// (and `eps` with a norm), one counter; each unit streams `rows` weight rows of `k`.
+    /// Returns the value (the first output).
     #[allow(clippy::too_many_arguments)] // reason: one fused op's full description
     fn fused_tiles(
         &mut self,
         op: Opcode,
         x: Row,
-        weights: &[BufferId],
+        operands: &[BufferId],
         outs: &[BufferId],
         (k, units, width, rows): (u64, u64, u64, u64),
         base: &Map,
         label: &str,
-    ) -> (Val, Vec<TaskId>) {
+    ) -> Val {
         let c = self.p.new_counter(format!("{label} ready"));
         let mut ins = vec![x.x.buf];
-        ins.extend_from_slice(weights);
+        ins.extend_from_slice(operands);
         ins.extend(x.norm);
         let (mut tasks, mut off) = (Vec::new(), 0u64);
         while off < units {
@@ -578,14 +578,10 @@ impl Builder<'_> {
             tasks.push(t);
             off += nt;
         }
-        let n = tasks.len() as i64;
-        (
-            Val {
-                buf: outs[0],
-                wait: (c, n),
-            },
-            tasks,
-        )
+        Val {
+            buf: outs[0],
+            wait: (c, tasks.len() as i64),
+        }
     }
 }
 
@@ -793,19 +789,17 @@ pub fn lower(
                 ("n_heads", int(nh)),
                 ("n_kv_heads", int(nkv)),
                 ("theta", theta.clone()),
-                ("pos", int(opts.pos)),
             ]);
-            let (val, tasks) = b.fused_tiles(
+            // The position is the `pos` input (one element per step, no param patches).
+            let val = b.fused_tiles(
                 Opcode::QKV_ROPE_APPEND,
                 an,
-                &[wq, wk, wv],
+                &[wq, wk, wv, posb],
                 &[qr, kc, vc],
                 (h, units, width, 1),
                 &base,
                 &format!("L{l}.qkv"),
             );
-            b.rules
-                .extend(tasks.into_iter().map(|t| (t, PosRule::Append)));
             (val, vec![val.wait])
         } else {
             let q = b.act(format!("L{l}.q"), &[1, q_dim]);
@@ -973,7 +967,6 @@ pub fn lower(
                 &Map::new(),
                 &format!("L{l}.gate_up"),
             )
-            .0
         } else {
             let gate = b.act(format!("L{l}.gate"), &[1, inter]);
             let up = b.act(format!("L{l}.up"), &[1, inter]);
