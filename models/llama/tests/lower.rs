@@ -311,7 +311,10 @@ fn fused_logits_equal_unfused_logits(#[case] dtype: DType, #[case] biases: bool)
     // The fused Q/K/V tiles read the position from the `pos` input: a step patches no more
     // params than the unfused program's (attention only, KV_APPEND gone).
     let (ea, eb) = (a.positions.edits(3).len(), b.positions.edits(3).len());
-    assert!(if biases { eb == ea } else { eb < ea }, "{eb} vs {ea} edits");
+    assert!(
+        if biases { eb == ea } else { eb < ea },
+        "{eb} vs {ea} edits"
+    );
     let ops = |l: &amk_model_llama::lower::Lowered| {
         l.program
             .tasks
