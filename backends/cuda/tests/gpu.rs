@@ -452,13 +452,23 @@ mod smollm2 {
     }
 
     fn engine(m: &Model, backend: &dyn Backend, dtype: DType, max_seq: u64) -> Engine {
+        engine_with(m, backend, dtype, max_seq, &ScheduleConfig::default())
+    }
+
+    fn engine_with(
+        m: &Model,
+        backend: &dyn Backend,
+        dtype: DType,
+        max_seq: u64,
+        cfg: &ScheduleConfig,
+    ) -> Engine {
         let target = GpuTarget::by_name("h100").unwrap();
         let opts = LowerOptions {
             max_seq: Some(max_seq),
             dtype,
             ..LowerOptions::default()
         };
-        let lowered = lower(m, &ScheduleConfig::default(), &target, &opts).unwrap();
+        let lowered = lower(m, cfg, &target, &opts).unwrap();
         Engine::new(lowered, backend, &registry()).unwrap()
     }
 
@@ -523,17 +533,26 @@ mod smollm2 {
         }
     }
 
-    /// f32 greedy continuations on the device equal HF's, token for token, for every prompt.
+    /// f32 greedy continuations on the device equal HF's, token for token, for every prompt,
+    /// under the reference and the tuned schedule.
     #[test]
     fn smollm2_f32_greedy_matches_transformers() {
         let name = "smollm2_f32_greedy_matches_transformers";
         let Some(gpu) = gpu_or_skip(name) else { return };
         let Some(m) = model(name) else { return };
-        let mut e = engine(&m, &gpu, DType::F32, 128);
-        for (pname, prompt, want, _) in prompts() {
-            let got = generate_greedy(&mut e, &prompt, want.len(), &[], &mut |_| true).unwrap();
-            assert_eq!(got, want, "{pname}");
-            eprintln!("{pname}: {} tokens identical to HF", want.len());
+        // The reference schedule, and the tuned one (the fused decode opcodes) that `amk
+        // generate` runs on the GPU.
+        let tuned = amk_model_llama::lower::tuned_schedule();
+        for (sname, cfg) in [("reference", ScheduleConfig::default()), ("tuned", tuned)] {
+            let mut e = engine_with(&m, &gpu, DType::F32, 128, &cfg);
+            for (pname, prompt, want, _) in prompts() {
+                let got = generate_greedy(&mut e, &prompt, want.len(), &[], &mut |_| true).unwrap();
+                assert_eq!(got, want, "{sname} schedule, {pname}");
+                eprintln!(
+                    "{sname} schedule, {pname}: {} tokens identical to HF",
+                    want.len()
+                );
+            }
         }
     }
 
