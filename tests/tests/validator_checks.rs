@@ -2979,3 +2979,110 @@ fn lowering_fixture_is_current() {
     let back = Program::from_json(&on_disk, &reg).expect("fixture loads");
     assert_ok(&check(&back));
 }
+
+// ---------------------------------------------------------------------------------------------
+// The fused decode ops' shape rules (opcheck::fused_row and each op's own)
+
+/// One fused task over x `[1, k_x]`; `kind`: 0 RMSNORM_GEMV `[x, norm, W]`, 1 GATE_UP_SILU
+/// `[x, Wg, Wu, norm]`, 2 QKV_ROPE_APPEND `[x, Wq, Wk, Wv, pos, norm]` (2 Q heads, 1 KV head of
+/// head_dim 8, caches of 4 rows). `wdt` is the weights' dtype.
+fn one_fused(kind: u8, k_x: u64, wdt: DType, params: Map) -> Program {
+    let k = 16u64;
+    let mut p = Program::new();
+    let x = p.new_buffer("x", IO_INPUT, F32, &[1, k_x]);
+    let nw = p.new_weight("norm", F32, &[k], "norm");
+    let c = p.new_counter("done");
+    match kind {
+        0 => {
+            let w = p.new_weight("w", wdt, &[24, k], "w");
+            let y = p.new_buffer("y", IO_OUTPUT, F32, &[1, 24]);
+            p.push_task(Opcode::RMSNORM_GEMV, &[x, nw, w], &[y], c, &[], params, "t");
+        }
+        1 => {
+            let wg = p.new_weight("wg", wdt, &[24, k], "wg");
+            let wu = p.new_weight("wu", wdt, &[24, k], "wu");
+            let y = p.new_buffer("y", IO_OUTPUT, F32, &[1, 24]);
+            p.push_task(
+                Opcode::GATE_UP_SILU,
+                &[x, wg, wu, nw],
+                &[y],
+                c,
+                &[],
+                params,
+                "t",
+            );
+        }
+        _ => {
+            let wq = p.new_weight("wq", wdt, &[16, k], "wq");
+            let wk = p.new_weight("wk", wdt, &[8, k], "wk");
+            let wv = p.new_weight("wv", wdt, &[8, k], "wv");
+            let pos = p.new_buffer("pos", IO_INPUT, I32, &[1]);
+            let q = p.new_buffer("q", IO_OUTPUT, F32, &[2, 8]);
+            let kc = p.new_buffer("kc", KV_CACHE, F32, &[4, 1, 8]);
+            let vc = p.new_buffer("vc", KV_CACHE, F32, &[4, 1, 8]);
+            p.push_task(
+                Opcode::QKV_ROPE_APPEND,
+                &[x, wq, wk, wv, pos, nw],
+                &[q, kc, vc],
+                c,
+                &[],
+                params,
+                "t",
+            );
+        }
+    }
+    p
+}
+
+fn fused_params(kind: u8, n_tile: i64, n_off: i64) -> Map {
+    let mut p = gemv(16, n_tile, n_off);
+    p.insert("eps", 1e-5.into());
+    if kind == 2 {
+        for (key, v) in [("head_dim", 8), ("n_heads", 2), ("n_kv_heads", 1)] {
+            p.insert(key, v.into());
+        }
+        p.insert("theta", 10000.0.into());
+    }
+    p
+}
+
+#[rstest]
+#[case::rmsnorm_gemv_ok(0, 16, F32, fused_params(0, 24, 0), None)]
+#[case::rmsnorm_gemv_past_n(0, 16, F32, fused_params(0, 16, 16), Some(ErrorKind::TileOutOfBounds))]
+#[case::rmsnorm_gemv_two_rows(0, 32, F32, fused_params(0, 24, 0), Some(ErrorKind::ShapeMismatch))]
+#[case::rmsnorm_gemv_int8(0, 16, I8, fused_params(0, 24, 0), Some(ErrorKind::ShapeMismatch))]
+#[case::gate_up_ok(1, 16, F16, fused_params(1, 8, 16), None)]
+#[case::gate_up_past_n(1, 16, F32, fused_params(1, 9, 16), Some(ErrorKind::TileOutOfBounds))]
+#[case::qkv_ok(2, 16, F32, fused_params(2, 32, 0), None)]
+#[case::qkv_odd_offset(2, 16, F32, fused_params(2, 4, 3), Some(ErrorKind::TileOutOfBounds))]
+#[case::qkv_past_units(2, 16, F32, fused_params(2, 8, 28), Some(ErrorKind::TileOutOfBounds))]
+fn fused_op_shape_rules(
+    #[case] kind: u8,
+    #[case] k_x: u64,
+    #[case] wdt: DType,
+    #[case] params: Map,
+    #[case] want: Option<ErrorKind>,
+) {
+    let r = check(&one_fused(kind, k_x, wdt, params));
+    match want {
+        None => assert_ok(&r),
+        Some(k) => {
+            assert_only(&r, k);
+            assert_mentions(&first(&r, k).message, &["task 0"]);
+        }
+    }
+}
+
+/// A norm input without `eps`, and a Q/K/V task whose position buffer is a float.
+#[test]
+fn fused_ops_need_eps_with_a_norm_and_an_integer_position() {
+    let no_eps = gemv(16, 8, 0);
+    assert_only(
+        &check(&one_fused(1, 16, F32, no_eps)),
+        ErrorKind::ShapeMismatch,
+    );
+    let mut p = one_fused(2, 16, F32, fused_params(2, 32, 0));
+    let pos = p.buffers.iter().position(|b| b.name == "pos").unwrap();
+    p.buffers[pos].dtype = F32;
+    assert_only(&check(&p), ErrorKind::ShapeMismatch);
+}

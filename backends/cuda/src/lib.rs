@@ -70,10 +70,9 @@ pub struct CudaOptions {
     /// Threads per block.
     pub threads: u32,
     /// Most bytes of shared memory per block for the GEMV weight ring (sm_90+; capped by
-    /// what the device allows). 0 (the default) streams weights through registers only:
-    /// the ring measured slower on the H100, because the shared memory it takes comes out of
-    /// the L1 cache that the megakernel's stack and re-read operands live in
-    /// (docs/perf-notes.md). `AMK_CUDA_RING_KB` sets it (e.g. 192).
+    /// what the device allows). 0 (the default) streams weights through registers only: the
+    /// ring measured slower on the H100 (docs/perf-notes.md round 3; round 4 explains why the
+    /// reason given there is not established). `AMK_CUDA_RING_KB` sets it (e.g. 192).
     pub ring_bytes: usize,
     /// Start a GEMV tile's weight copies into the ring before the task's wait (its weights
     /// never depend on a counter). Default on; `AMK_CUDA_PRESTART=0` turns it off.
