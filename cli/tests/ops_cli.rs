@@ -12,7 +12,7 @@ fn ops_list_json_has_every_builtin_opcode() {
     assert_eq!(out.status.code(), Some(0));
     let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     let rows = v.as_array().unwrap();
-    assert_eq!(rows.len(), 20);
+    assert_eq!(rows.len(), 23, "the 20 ABI opcodes and our fused 20-22");
     for (i, row) in rows.iter().enumerate() {
         assert_eq!(row["code"], i);
         assert_eq!(row["origin"], "built-in");
@@ -35,6 +35,9 @@ fn ops_list_json_has_every_builtin_opcode() {
         serde_json::Value::Null,
         "FUSED is variadic"
     );
+    let qkv = &rows[22];
+    assert_eq!(qkv["name"], "QKV_ROPE_APPEND");
+    assert_eq!(qkv["outputs"], 3);
 }
 
 #[test]
@@ -45,6 +48,7 @@ fn ops_list_prints_a_table() {
         .unwrap();
     assert_eq!(out.status.code(), Some(0));
     let text = String::from_utf8_lossy(&out.stdout);
-    assert_eq!(text.lines().count(), 21, "{text}");
+    assert_eq!(text.lines().count(), 24, "{text}");
     assert!(text.contains("ATTENTION_COMBINE") && text.contains("recipe:object"));
+    assert!(text.contains("GATE_UP_SILU") && text.contains("QKV_ROPE_APPEND"));
 }
