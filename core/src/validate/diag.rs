@@ -261,6 +261,8 @@ pub struct ValidatedProgram {
     program: Program,
     result: ValidationResult,
     id: u64,
+    /// The counter index, built on first use (every param patch of a decode step needs it).
+    index: std::sync::OnceLock<crate::ir::CounterIndex>,
 }
 
 /// Source of [`ValidatedProgram::id`]s.
@@ -273,7 +275,13 @@ impl ValidatedProgram {
             program,
             result,
             id,
+            index: std::sync::OnceLock::new(),
         }
+    }
+    /// The program's counter index (built once, on first use).
+    pub fn counter_index(&self) -> &crate::ir::CounterIndex {
+        self.index
+            .get_or_init(|| crate::ir::CounterIndex::new(&self.program))
     }
     /// A process-unique id of this validation (clones share it): param patches carry it so a
     /// backend can refuse a patch checked against another program.

@@ -13,7 +13,7 @@
 //! and attention together), as it is for any KV cache.
 
 use super::{ValidatedProgram, ValidationResult, Validator};
-use crate::ir::{CounterIndex, Task, TaskId};
+use crate::ir::{Task, TaskId};
 use crate::json::Value;
 use crate::registry::Registry;
 
@@ -108,8 +108,7 @@ impl ValidatedProgram {
             }
         }
         if bad.is_empty() {
-            let idx = CounterIndex::new(p);
-            let mut v = Validator::new(p, reg, &idx);
+            let mut v = Validator::new(p, reg, self.counter_index());
             for e in &edited {
                 v.check_task(e);
             }
