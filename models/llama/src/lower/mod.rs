@@ -456,7 +456,6 @@ impl Builder<'_> {
         let mut waits = vec![x.x.wait];
         waits.extend(bias.and_then(|(_, wait)| wait));
         let bias = bias.map(|(b, _)| b);
-        let c = self.p.new_counter(format!("{label} ready"));
         let width = gemv_tile_width(self.cfg, n, sms);
         let mut ins = vec![x.x.buf];
         ins.extend(x.norm);
@@ -467,30 +466,17 @@ impl Builder<'_> {
         } else {
             Opcode::GEMV_TILE
         };
-        let (mut i, mut off) = (0u64, 0u64);
-        while off < n {
-            let nt = width.min(n - off);
-            let mut pr = params(&[("K", int(k)), ("N_tile", int(nt)), ("n_off", int(off))]);
-            if x.norm.is_some() {
-                pr.insert("eps", self.eps.clone());
-            }
-            self.task(
-                op,
-                &ins,
-                out,
-                c,
-                &waits,
-                pr,
-                format!("{label}[{i}]"),
-                (k as i64 * self.dbytes * nt as i64, 2 * (k * nt) as i64),
-            );
-            off += nt;
-            i += 1;
-        }
-        Val {
-            buf: out,
-            wait: (c, i as i64),
-        }
+        let shape = (k, n, width, 1);
+        self.tiles(
+            op,
+            &ins,
+            &[out],
+            &waits,
+            &Map::new(),
+            x.norm.is_some(),
+            shape,
+            label,
+        )
     }
 
     /// An RMS norm of `x` (`[1, h]`) with weight `nw`: its own RMSNORM task (output
@@ -544,43 +530,57 @@ impl Builder<'_> {
         x: Row,
         operands: &[BufferId],
         outs: &[BufferId],
-        (k, units, width, rows): (u64, u64, u64, u64),
+        shape: (u64, u64, u64, u64),
         base: &Map,
         label: &str,
     ) -> Val {
-        let c = self.p.new_counter(format!("{label} ready"));
         let mut ins = vec![x.x.buf];
         ins.extend_from_slice(operands);
         ins.extend(x.norm);
-        let (mut tasks, mut off) = (Vec::new(), 0u64);
+        let norm = x.norm.is_some();
+        self.tiles(op, &ins, outs, &[x.x.wait], base, norm, shape, label)
+    }
+
+    /// The column tiles of one projection-like op, one counter: params `base`, then the
+    /// tile's `K`/`N_tile`/`n_off`, then `eps` when `norm`; `(k, units, width, rows)`: `units`
+    /// output units in tiles of `width` (the last one ragged), each unit streaming `rows`
+    /// weight rows of `k` (the tasks' cost). Returns the value (the first output).
+    #[allow(clippy::too_many_arguments)] // reason: one tiled op's full description
+    fn tiles(
+        &mut self,
+        op: Opcode,
+        ins: &[BufferId],
+        outs: &[BufferId],
+        waits: &[(CounterId, i64)],
+        base: &Map,
+        norm: bool,
+        (k, units, width, rows): (u64, u64, u64, u64),
+        label: &str,
+    ) -> Val {
+        let c = self.p.new_counter(format!("{label} ready"));
+        let (mut n_tasks, mut off) = (0i64, 0u64);
         while off < units {
             let nt = width.min(units - off);
             let mut pr = base.clone();
             for (key, v) in [("K", k), ("N_tile", nt), ("n_off", off)] {
                 pr.insert(key, int(v));
             }
-            if x.norm.is_some() {
+            if norm {
                 pr.insert("eps", self.eps.clone());
             }
-            let t = self.p.push_task(
-                op,
-                &ins,
-                outs,
-                c,
-                &[x.x.wait],
-                pr,
-                format!("{label}[{}]", tasks.len()),
-            );
+            let t = self
+                .p
+                .push_task(op, ins, outs, c, waits, pr, format!("{label}[{n_tasks}]"));
             if let Some(task) = self.p.tasks.get_mut(t as usize) {
                 task.est_bytes = (rows * k * nt) as i64 * self.dbytes;
                 task.est_flops = 2 * (rows * k * nt) as i64;
             }
-            tasks.push(t);
+            n_tasks += 1;
             off += nt;
         }
         Val {
             buf: outs[0],
-            wait: (c, tasks.len() as i64),
+            wait: (c, n_tasks),
         }
     }
 }
