@@ -29,7 +29,9 @@ __device__ __forceinline__ void amk_prefetch_l2(const void* p) {
 
 struct amk_task_ctx {
   const amk_device_program_t* prog;
-  const amk_instruction_t* inst;
+  const amk_instruction_t* inst; /* the scheduler's copy in shared memory (a FUSED step: global) */
+  const amk_buffer_t* bufs; /* shared-memory copies of the operands' descriptors (inputs at
+                               0.., outputs at AMK_MAX_INPUTS..), or null: prog->buffers */
   int32_t task;          /* the task's id (index into prog->instructions) */
   int32_t step;          /* FUSED step index, -1 for an ordinary task */
   unsigned char* smem;   /* dynamic shared memory */
@@ -45,11 +47,13 @@ __device__ __forceinline__ uint64_t amk_globaltimer() {
   return t;
 }
 
+/* Operand descriptors: the scheduler staged them in shared memory before the wait (the wait's
+ * acquire empties L1, so reading them from global memory after it costs L2 round trips). */
 __device__ __forceinline__ const amk_buffer_t* amk_in(const amk_task_ctx& c, int i) {
-  return &c.prog->buffers[c.inst->inputs[i]];
+  return c.bufs ? &c.bufs[i] : &c.prog->buffers[c.inst->inputs[i]];
 }
 __device__ __forceinline__ const amk_buffer_t* amk_out(const amk_task_ctx& c, int j) {
-  return &c.prog->buffers[c.inst->outputs[j]];
+  return c.bufs ? &c.bufs[AMK_MAX_INPUTS + j] : &c.prog->buffers[c.inst->outputs[j]];
 }
 
 /* Records the launch's first error (task, op, code, detail), raises the abort flag so every

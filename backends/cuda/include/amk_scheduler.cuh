@@ -112,11 +112,37 @@ __device__ __forceinline__ bool amk_check_ids(const amk_task_ctx& c) {
   return ok;
 }
 
+/* Copies task t's instruction, then the descriptors of its operands, into shared memory (one
+ * round trip each for the whole block, before the wait: the wait's acquire empties L1, and the
+ * op would otherwise fetch them from L2 one dependent load after another). Returns false, the
+ * task failed, when the instruction names ids out of range. */
+__device__ __forceinline__ bool amk_stage_task(const amk_device_program_t& prog, int t,
+                                               amk_instruction_t* s_inst, amk_buffer_t* s_bufs,
+                                               const amk_task_ctx& c) {
+  constexpr int IW = (int)(sizeof(amk_instruction_t) / 4);
+  constexpr int BW = (int)(sizeof(amk_buffer_t) / 8);
+  const int32_t* src = (const int32_t*)&prog.instructions[t];
+  for (int k = threadIdx.x; k < IW; k += AMK_THREADS) ((int32_t*)s_inst)[k] = src[k];
+  __syncthreads();
+  if (!amk_check_ids(c)) return false;
+  const int nin = s_inst->n_inputs, nout = s_inst->n_outputs;
+  for (int k = threadIdx.x; k < (AMK_MAX_INPUTS + AMK_MAX_OUTPUTS) * BW; k += AMK_THREADS) {
+    const int slot = k / BW, w = k % BW;
+    const int id = slot < AMK_MAX_INPUTS ? (slot < nin ? s_inst->inputs[slot] : -1)
+                 : (slot - AMK_MAX_INPUTS < nout ? s_inst->outputs[slot - AMK_MAX_INPUTS] : -1);
+    if (id >= 0) ((uint64_t*)&s_bufs[slot])[w] = ((const uint64_t*)&prog.buffers[id])[w];
+  }
+  __syncthreads();
+  return true;
+}
+
 extern "C" __global__ void __launch_bounds__(AMK_THREADS, 1)
 amk_megakernel(const amk_device_program_t prog) {
   extern __shared__ __align__(16) unsigned char amk_smem[];
   __shared__ int s_go;
   __shared__ int s_failed;
+  __shared__ __align__(16) amk_instruction_t s_inst;
+  __shared__ __align__(16) amk_buffer_t s_bufs[AMK_MAX_INPUTS + AMK_MAX_OUTPUTS];
   if (threadIdx.x == 0) {
     s_failed = 0;
 #if AMK_RING
@@ -132,14 +158,15 @@ amk_megakernel(const amk_device_program_t prog) {
     if (tr && threadIdx.x == 0) { tr[0] = amk_globaltimer(); tr[3] = (uint64_t)q; }
     amk_task_ctx c;
     c.prog = &prog;
-    c.inst = &prog.instructions[t];
+    c.inst = &s_inst;
+    c.bufs = s_bufs;
     c.task = t;
     c.step = -1;
     c.smem = amk_smem;
     c.smem_bytes = prog.smem_bytes;
     c.failed = &s_failed;
     c.trace = tr;
-    if (!amk_check_ids(c)) return;
+    if (!amk_stage_task(prog, t, &s_inst, s_bufs, c)) return;
 #if AMK_RING
     /* A tile's weights do not depend on any counter: start streaming them now. */
     if (threadIdx.x == 0) amk_ring_prestart(c);

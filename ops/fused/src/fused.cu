@@ -23,6 +23,7 @@ __device__ void amk_op_fused(const amk_task_ctx& ctx) {
     }
     amk_task_ctx c = ctx;
     c.inst = step;
+    c.bufs = nullptr; /* the step's operands are its own (read from prog->buffers) */
     c.step = k - begin;
     amk_dispatch_step(c);
     __syncthreads();

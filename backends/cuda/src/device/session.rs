@@ -120,7 +120,8 @@ impl CudaSession {
                 ),
             });
         }
-        if smem > 48 << 10 {
+        // Past 48 KB in all (static included) a launch needs the opt-in.
+        if smem + module.static_smem() > 48 << 10 {
             module.set_max_dynamic_smem(smem)?;
         }
         let per_sm = module.occupancy(threads, smem)?;
