@@ -71,22 +71,22 @@ __device__ __forceinline__ bool amk_wait_all(const amk_device_program_t& prog,
         }
       }
     }
-    /* Order every later load of the block after the acquires (the barrier below carries it
-     to the other threads). */
-    __threadfence();
+    /* The acquires order every later load of the block after the waits (the barrier below
+       carries that to the other threads; an acquire at gpu scope also empties the SM's L1, so
+       no thread reads a stale line). No extra fence. */
     *go = ok;
   }
   __syncthreads();
   return *go != 0;
 }
 
-/* Every thread's stores of the task are done (barrier), then one release increment. */
+/* Every thread's stores of the task are done (barrier), then one release increment: the
+ * release is cumulative, so it orders the stores the barrier ordered before it (the pattern
+ * of CUTLASS's inter-block barriers). No extra fence. */
 __device__ __forceinline__ void amk_signal(const amk_device_program_t& prog, int counter) {
   __syncthreads();
-  if (threadIdx.x == 0 && counter >= 0) {
-    __threadfence(); /* the block's stores (ordered by the barrier) before the release */
+  if (threadIdx.x == 0 && counter >= 0)
     amk_red_release_add(prog.counters + (long long)counter * AMK_COUNTER_STRIDE, 1u);
-  }
 }
 
 /* Ids an instruction names must be in range (the host checks too; this guards the device
