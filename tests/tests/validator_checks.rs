@@ -110,6 +110,18 @@ fn assert_mentions(msg: &str, needles: &[&str]) {
     }
 }
 
+/// A shape-rule case's outcome: accepted (`want` None), or exactly the error `want`, whose
+/// message names every one of `names` (e.g. the task).
+fn assert_outcome(r: &ValidationResult, want: Option<ErrorKind>, names: &[&str]) {
+    match want {
+        None => assert_ok(r),
+        Some(k) => {
+            assert_only(r, k);
+            assert_mentions(&first(r, k).message, names);
+        }
+    }
+}
+
 fn h100() -> GpuTarget {
     GpuTarget::by_name("h100").expect("built-in h100 target")
 }
@@ -1798,13 +1810,7 @@ fn gemv_shape_rule(
     #[case] want: Option<ErrorKind>,
 ) {
     let r = check(&one_gemv(k_x, k_w, n, params));
-    match want {
-        None => assert_ok(&r),
-        Some(k) => {
-            assert_only(&r, k);
-            assert_mentions(&first(&r, k).message, &["task 0"]);
-        }
-    }
+    assert_outcome(&r, want, &["task 0"]);
 }
 
 /// GEMV with 3 or 4 inputs: bias, or quantised weights (README §2: 2–4 inputs).
@@ -1852,13 +1858,7 @@ fn kv_append_pos_must_fit_the_cache(#[case] pos: i64, #[case] want: Option<Error
     let mut p = attention();
     p.tasks[0].params = m(&[("pos", pos.into())]);
     let r = check(&p);
-    match want {
-        None => assert_ok(&r),
-        Some(k) => {
-            assert_only(&r, k);
-            assert_mentions(&first(&r, k).message, &["task 0"]);
-        }
-    }
+    assert_outcome(&r, want, &["task 0"]);
 }
 
 #[rstest]
@@ -1891,10 +1891,7 @@ fn batched_kv_append_pos_must_fit(#[case] pos: i64, #[case] want: Option<ErrorKi
         "append",
     );
     let r = check(&p);
-    match want {
-        None => assert_ok(&r),
-        Some(k) => assert_only(&r, k),
-    }
+    assert_outcome(&r, want, &[]);
 }
 
 #[test]
@@ -1921,13 +1918,7 @@ fn attention_range_must_fit_the_cache(
     let mut p = attention();
     p.tasks[2].params = attn_params(start, len);
     let r = check(&p);
-    match want {
-        None => assert_ok(&r),
-        Some(k) => {
-            assert_only(&r, k);
-            assert_mentions(&first(&r, k).message, &["task 2"]);
-        }
-    }
+    assert_outcome(&r, want, &["task 2"]);
 }
 
 #[rstest]
@@ -1983,10 +1974,7 @@ fn embed_compares_element_counts(
     #[case] want: Option<ErrorKind>,
 ) {
     let r = check(&embed(ids, I32, table, out));
-    match want {
-        None => assert_ok(&r),
-        Some(k) => assert_only(&r, k),
-    }
+    assert_outcome(&r, want, &[]);
 }
 
 #[test]
@@ -2028,10 +2016,7 @@ fn rope_accepts_flat_or_head_shaped(
     #[case] want: Option<ErrorKind>,
 ) {
     let r = check(&rope(shape, hd));
-    match want {
-        None => assert_ok(&r),
-        Some(k) => assert_only(&r, k),
-    }
+    assert_outcome(&r, want, &[]);
 }
 
 #[test]
@@ -3064,13 +3049,7 @@ fn fused_op_shape_rules(
     #[case] want: Option<ErrorKind>,
 ) {
     let r = check(&one_fused(kind, k_x, wdt, params));
-    match want {
-        None => assert_ok(&r),
-        Some(k) => {
-            assert_only(&r, k);
-            assert_mentions(&first(&r, k).message, &["task 0"]);
-        }
-    }
+    assert_outcome(&r, want, &["task 0"]);
 }
 
 /// A norm input without `eps`, and a Q/K/V task whose position buffer is a float.
