@@ -16,9 +16,10 @@
  *  - A work unit is (batch b, kv head g, chunk of up to 4 of the rep query heads sharing g):
  *    the chunk's q vectors live in registers, so each K/V row is read once for all of them.
  *    Units are spread over the block's groups (GPU = a power of two groups per unit, a unit's
- *    groups contiguous); a unit's rows are dealt round-robin to its groups in batches of R rows
- *    per group, the next batch's loads issued before the current one is consumed, and L2
- *    prefetches issued ATT_PF_AHEAD batches ahead (no registers held).
+ *    groups contiguous, no more than its rows need); a unit's rows are dealt round-robin to its
+ *    groups in batches of R rows per group (4, F32 2; 1 for ranges up to ATT_SHORT_KV rows),
+ *    the next batch's loads issued before the current one is consumed, and L2 prefetches
+ *    issued ATT_PF_AHEAD batches ahead (no registers held).
  *  - Scores: 4 partial dot products per lane (its q registers hold the heads in a lane-
  *    dependent order, so the reduce-scatter needs no selects), a reduce-scatter across the
  *    group's lanes leaves the full score of query head hr = 2*[li & L/2] + [li & L/4] in each
@@ -43,6 +44,7 @@
 #define ATT_RB 4        /* fast path: query heads per work unit */
 #define ATT_SLOT 256    /* fast path: floats per warp in the cross-warp combine buffer */
 #define ATT_PF_AHEAD 4  /* fast path: L2 prefetch distance, in batches */
+#define ATT_SHORT_KV 32 /* fast path: kv_len up to this takes one row per group and batch */
 
 #define ATT_FULL 0xffffffffu
 
@@ -122,6 +124,38 @@ __device__ __noinline__ att_f8 att_ld_q8(const amk_buffer_t* q, long long qe) {
   return r;
 }
 
+/* Stores 8 consecutive fp32 values at element e of out: one 16-byte store for F16/BF16, two for
+ * F32, when the address is 16-byte aligned; element by element otherwise (partial outputs,
+ * whose heads are hd + 2 long). The descriptor is read once, before any store. */
+__device__ __forceinline__ void att_st8(const amk_buffer_t* out, long long e, const float (&v)[8]) {
+  const int dt = out->dtype;
+  char* const base = (char*)out->ptr;
+  if (dt == AMK_BF16 || dt == AMK_F16) {
+    uint16_t* const q = (uint16_t*)base + e;
+    if ((((unsigned long long)q) & 15u) == 0) {
+      uint32_t w[4];
+#pragma unroll
+      for (int k = 0; k < 4; ++k) {
+        const uint32_t lo = dt == AMK_BF16 ? amk_f32_to_bf16(v[2 * k]) : amk_f32_to_f16(v[2 * k]);
+        const uint32_t hi =
+            dt == AMK_BF16 ? amk_f32_to_bf16(v[2 * k + 1]) : amk_f32_to_f16(v[2 * k + 1]);
+        w[k] = lo | (hi << 16);
+      }
+      *(uint4*)q = make_uint4(w[0], w[1], w[2], w[3]);
+      return;
+    }
+  } else if (dt == AMK_F32) {
+    float* const q = (float*)base + e;
+    if ((((unsigned long long)q) & 15u) == 0) {
+      ((float4*)q)[0] = make_float4(v[0], v[1], v[2], v[3]);
+      ((float4*)q)[1] = make_float4(v[4], v[5], v[6], v[7]);
+      return;
+    }
+  }
+#pragma unroll
+  for (int d = 0; d < 8; ++d) amk_stf(out, e + d, v[d]);
+}
+
 /* Stores one head's result: lane li's 8 dims (when act), and m, l (lane 0, partial). Every
  * score -inf or NaN (kv_len > 0, m = -inf): the CPU's e_j are all NaN, hence l and acc.
  * Out of line (once per head and lane). */
@@ -133,11 +167,13 @@ __device__ __noinline__ void att_store_head(const amk_buffer_t* out, long long b
   const float qnan = __int_as_float(0x7fc00000);
   if (nan) l = qnan;
   if (act) {
+    float v[8];
 #pragma unroll
     for (int d = 0; d < 8; ++d) {
-      const float v = nan ? qnan : a.v[d];
-      amk_stf(out, base + 8 * li + d, partial ? v : __fdiv_rn(v, l));
+      const float x = nan ? qnan : a.v[d];
+      v[d] = partial ? x : __fdiv_rn(x, l);
     }
+    att_st8(out, base + 8 * li, v);
   }
   if (partial && li == 0) {
     amk_stf(out, base + hd, m);
@@ -179,12 +215,11 @@ __device__ __noinline__ void att_xwarp_store(const amk_buffer_t* out, int warp, 
   }
 }
 
-template <int DT>
+template <int DT, int R> /* R: rows per group per batch */
 __device__ void att_fast(const amk_buffer_t* q, const amk_buffer_t* kc, const amk_buffer_t* vc,
                          const amk_buffer_t* out, int hd, int nh, int nkv, int rep,
                          long long batch, long long row, long long per_batch, long long kv_start,
                          int kv_len, float scale, bool partial) {
-  constexpr int R = DT == AMK_F32 ? 2 : 4; /* rows per group per batch */
   float* const s_acc = att_s_acc;
   float* const s_ml = att_s_ml;
 
@@ -207,22 +242,24 @@ __device__ void att_fast(const amk_buffer_t* q, const amk_buffer_t* kc, const am
   for (int r = 0; r < ATT_RB; ++r) src[r] = (lane & ~(L - 1)) + ((r & 2) ? o1 : 0) + ((r & 1) ? o2 : 0);
   const bool act = li < nv;
   const int nrc = (rep + ATT_RB - 1) / ATT_RB;
-  const long long U = batch * nkv * nrc;
+  const int U = (int)(batch * nkv * nrc); /* < 2^31: checked by the caller */
   const long long per_head = partial ? (long long)hd + 2 : (long long)hd;
   const bool qvec = amk_is_vec(q->dtype) && (((unsigned long long)q->ptr) & 15u) == 0;
 
-  for (long long u0 = 0; u0 < U; u0 += NG) {
-    const int UC = (int)((U - u0) < (long long)NG ? (U - u0) : (long long)NG);
+  for (int u0 = 0; u0 < U; u0 += NG) {
+    const int UC = min(U - u0, NG);
+    /* groups per unit: as many as the block has for the units, but no more than the rows
+     * need (a group takes R rows a batch; an idle group would only cost merges) */
     int lgp = 0;
-    while ((2 << lgp) * UC <= NG) ++lgp;
-    const int GPU = 1 << lgp; /* groups per unit */
+    while ((2 << lgp) * UC <= NG && (1 << lgp) * R < kv_len) ++lgp;
+    const int GPU = 1 << lgp;
     const int ui = G >> lgp;
     const int sub = G & (GPU - 1);
     const bool gact = ui < UC;
-    const long long u = u0 + (gact ? ui : 0);
-    const int rc = (int)(u % nrc);
-    const long long bg = u / nrc;
-    const int g = (int)(bg % nkv);
+    const int u = u0 + (gact ? ui : 0);
+    const int rc = u % nrc;
+    const int bg = u / nrc;
+    const int g = bg % nkv;
     const long long b = bg / nkv;
     const int hq0 = g * rep + rc * ATT_RB;
     const int rb = min(ATT_RB, rep - rc * ATT_RB);
@@ -612,17 +649,22 @@ __device__ void amk_op_attention_tile(const amk_task_ctx& ctx) {
    * 16-byte aligned bases (then every row offset is a multiple of 8 elements). */
   const int dt = (kc->dtype == vc->dtype) ? kc->dtype : -1;
   const bool fast = (dt == AMK_BF16 || dt == AMK_F16 || dt == AMK_F32) && (hd & 7) == 0 &&
-                    hd <= 256 && ((((unsigned long long)kc->ptr) | ((unsigned long long)vc->ptr)) & 15u) == 0;
-  if (fast && dt == AMK_BF16)
-    att_fast<AMK_BF16>(q, kc, vc, out, hd, nh, nkv, rep, batch, row, per_batch, p.kv_start,
-                       p.kv_len, scale, partial);
-  else if (fast && dt == AMK_F16)
-    att_fast<AMK_F16>(q, kc, vc, out, hd, nh, nkv, rep, batch, row, per_batch, p.kv_start,
-                      p.kv_len, scale, partial);
-  else if (fast)
-    att_fast<AMK_F32>(q, kc, vc, out, hd, nh, nkv, rep, batch, row, per_batch, p.kv_start,
-                      p.kv_len, scale, partial);
-  else
+                    hd <= 256 && ((((unsigned long long)kc->ptr) | ((unsigned long long)vc->ptr)) & 15u) == 0 &&
+                    batch * nkv * ((rep + ATT_RB - 1) / ATT_RB) < 2147483647LL;
+  /* Short ranges (the first positions of a decode) take one row per group and batch: four
+   * times less code on the path, and no group waits on rows that are not there. */
+  const bool shrt = p.kv_len <= ATT_SHORT_KV;
+#define ATT_FAST(DT, R)                                                                        \
+  att_fast<DT, R>(q, kc, vc, out, hd, nh, nkv, rep, batch, row, per_batch, p.kv_start, p.kv_len, \
+                  scale, partial)
+  if (fast && dt == AMK_BF16) {
+    if (shrt) ATT_FAST(AMK_BF16, 1); else ATT_FAST(AMK_BF16, 4);
+  } else if (fast && dt == AMK_F16) {
+    if (shrt) ATT_FAST(AMK_F16, 1); else ATT_FAST(AMK_F16, 4);
+  } else if (fast) {
+    if (shrt) ATT_FAST(AMK_F32, 1); else ATT_FAST(AMK_F32, 2);
+  } else
     att_heads(q, kc, vc, out, hd, nh, rep, batch, row, per_batch, p.kv_start, p.kv_len, scale,
               partial);
+#undef ATT_FAST
 }
