@@ -183,8 +183,9 @@ typedef struct amk_status { /*@size 24*/
   int64_t detail;     /*@16*/
 } amk_status_t;
 
-/* A GEMV tile's weight rows, which no task of the program writes: the scheduler starts
- * streaming them into shared memory (amk_tile.cuh's ring, sm_90+) before the task's wait, so
+/* Weight bytes of a task, which no task of the program writes, that the scheduler starts
+ * reading before the task's wait: a GEMV tile's rows streamed into shared memory (amk_tile.cuh's
+ * ring, sm_90+; `prefetch`), or any projection tile's rows pulled into L2 (`l2_ranges`), so
  * only the activation load waits on the counters. */
 typedef struct amk_prefetch { /*@size 16*/
   uint64_t addr;      /*@0*/ /* device address, 0 = none */
@@ -192,7 +193,7 @@ typedef struct amk_prefetch { /*@size 16*/
 } amk_prefetch_t;
 
 /* The kernel's one parameter, passed by value. */
-typedef struct amk_device_program { /*@size 120*/
+typedef struct amk_device_program { /*@size 128*/
   const amk_buffer_t* buffers;            /*@0*/
   const amk_instruction_t* instructions;  /*@8*/
   const amk_instruction_t* fused_steps;   /*@16*/ /* every FUSED task's expanded steps */
@@ -212,7 +213,11 @@ typedef struct amk_device_program { /*@size 120*/
   const amk_prefetch_t* prefetch;         /*@104*/ /* null, or n_instructions ranges (bytes 0 = none) */
   int32_t ring_bytes;                     /*@112*/ /* dynamic shared memory the GEMV weight ring may use (0: none) */
   int32_t flags;                          /*@116*/ /* AMK_PROG_* bits (amk_tile.cuh) */
+  const amk_prefetch_t* l2_ranges;        /*@120*/ /* null, or AMK_L2_RANGES per instruction: weight bytes pulled into L2 before the task's wait (bytes 0 = none) */
 } amk_device_program_t;
+
+/* L2 prefetch ranges per instruction in amk_device_program::l2_ranges. */
+#define AMK_L2_RANGES 4
 
 /* Per-task trace (when `trace` is set): %globaltimer nanoseconds when the block reached the
  * task, when its waits were met, when it signalled; the block that ran it; when its op's

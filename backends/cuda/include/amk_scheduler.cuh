@@ -112,13 +112,13 @@ __device__ __forceinline__ bool amk_check_ids(const amk_task_ctx& c) {
   return ok;
 }
 
-/* Copies task t's instruction, then the descriptors of its operands, into shared memory (one
- * round trip each for the whole block, before the wait: the wait's acquire empties L1, and the
- * op would otherwise fetch them from L2 one dependent load after another). Returns false, the
- * task failed, when the instruction names ids out of range. */
+/* Copies task t's instruction, then the descriptors of its operands and its L2 prefetch
+ * ranges, into shared memory (one round trip each for the whole block, before the wait: the
+ * wait's acquire empties L1, and the op would otherwise fetch them from L2 one dependent load
+ * after another). Returns false, the task failed, when the instruction names ids out of range. */
 __device__ __forceinline__ bool amk_stage_task(const amk_device_program_t& prog, int t,
                                                amk_instruction_t* s_inst, amk_buffer_t* s_bufs,
-                                               const amk_task_ctx& c) {
+                                               amk_prefetch_t* s_l2, const amk_task_ctx& c) {
   constexpr int IW = (int)(sizeof(amk_instruction_t) / 4);
   constexpr int BW = (int)(sizeof(amk_buffer_t) / 8);
   const int32_t* src = (const int32_t*)&prog.instructions[t];
@@ -132,8 +132,32 @@ __device__ __forceinline__ bool amk_stage_task(const amk_device_program_t& prog,
                  : (slot - AMK_MAX_INPUTS < nout ? s_inst->outputs[slot - AMK_MAX_INPUTS] : -1);
     if (id >= 0) ((uint64_t*)&s_bufs[slot])[w] = ((const uint64_t*)&prog.buffers[id])[w];
   }
+  if (prog.l2_ranges && threadIdx.x < 2 * AMK_L2_RANGES)
+    ((uint64_t*)s_l2)[threadIdx.x] =
+        ((const uint64_t*)(prog.l2_ranges + (long long)t * AMK_L2_RANGES))[threadIdx.x];
   __syncthreads();
   return true;
+}
+
+/* Pulls the staged ranges (the weights the task will stream) into L2 before the wait, so a
+ * block whose task is not ready yet keeps the memory system busy and the tile starts from L2.
+ * sm_90+: one bulk prefetch per range, handed to the copy engine (the threads go on at once; a
+ * per-line prefetch loop would hold the block for as long as the SM takes to request every
+ * line, delaying a task that is already ready). Older GPUs: nothing. A prefetch is a hint: no
+ * fault, nothing to wait for. */
+__device__ __forceinline__ void amk_l2_prefetch(const amk_prefetch_t* s_l2) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  if (threadIdx.x < AMK_L2_RANGES) {
+    const uint64_t a = s_l2[threadIdx.x].addr, n = s_l2[threadIdx.x].bytes;
+    /* whole 16-byte units inside the range (the host hands out 16-byte aligned row ranges) */
+    const uint64_t a0 = (a + 15) & ~(uint64_t)15, a1 = (a + n) & ~(uint64_t)15;
+    if (a1 > a0)
+      asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(a0), "r"((uint32_t)(a1 - a0))
+                   : "memory");
+  }
+#else
+  (void)s_l2;
+#endif
 }
 
 extern "C" __global__ void __launch_bounds__(AMK_THREADS, 1)
@@ -143,6 +167,7 @@ amk_megakernel(const amk_device_program_t prog) {
   __shared__ int s_failed;
   __shared__ __align__(16) amk_instruction_t s_inst;
   __shared__ __align__(16) amk_buffer_t s_bufs[AMK_MAX_INPUTS + AMK_MAX_OUTPUTS];
+  __shared__ __align__(16) amk_prefetch_t s_l2[AMK_L2_RANGES];
   if (threadIdx.x == 0) {
     s_failed = 0;
 #if AMK_RING
@@ -166,7 +191,8 @@ amk_megakernel(const amk_device_program_t prog) {
     c.smem_bytes = prog.smem_bytes;
     c.failed = &s_failed;
     c.trace = tr;
-    if (!amk_stage_task(prog, t, &s_inst, s_bufs, c)) return;
+    if (!amk_stage_task(prog, t, &s_inst, s_bufs, s_l2, c)) return;
+    if (prog.l2_ranges) amk_l2_prefetch(s_l2);
 #if AMK_RING
     /* A tile's weights do not depend on any counter: start streaming them now. */
     if (threadIdx.x == 0) amk_ring_prestart(c);

@@ -158,7 +158,13 @@ pub struct AmkDeviceProgram {
     pub ring_bytes: i32,
     /// [`PROG_L2_EVICT_FIRST`], ...
     pub flags: i32,
+    /// 0, or [`L2_RANGES`] [`AmkPrefetch`] per instruction: weight bytes the scheduler pulls
+    /// into L2 before the task's wait.
+    pub l2_ranges: u64,
 }
+
+/// L2 prefetch ranges per instruction in `amk_device_program::l2_ranges`.
+pub const L2_RANGES: usize = 4;
 
 /// `amk_device_program::flags` bit: streamed weights are evicted first from L2.
 pub const PROG_L2_EVICT_FIRST: i32 = 1;
@@ -211,7 +217,7 @@ pub fn field_offsets() -> Vec<(&'static str, &'static str, usize)> {
         "n_buffers" => n_buffers, "n_counters" => n_counters,
         "n_instructions" => n_instructions, "n_queues" => n_queues, "smem_bytes" => smem_bytes,
         "epoch" => epoch, "trace" => trace, "prefetch" => prefetch,
-        "ring_bytes" => ring_bytes, "flags" => flags);
+        "ring_bytes" => ring_bytes, "flags" => flags, "l2_ranges" => l2_ranges);
     f!(v, "amk_prefetch", AmkPrefetch, "addr" => addr, "bytes" => bytes);
     v
 }
@@ -238,5 +244,5 @@ const _: () = assert!(offset_of!(AmkInstruction, out_counter) == 128);
 const _: () = assert!(offset_of!(AmkInstruction, params) == 136);
 const _: () = assert!(size_of::<AmkInstruction>() == 240);
 const _: () = assert!(size_of::<AmkStatus>() == 24);
-const _: () = assert!(size_of::<AmkDeviceProgram>() == 120);
+const _: () = assert!(size_of::<AmkDeviceProgram>() == 128);
 const _: () = assert!(size_of::<AmkPrefetch>() == 16);

@@ -57,6 +57,10 @@ pub const DEFAULT_WATCHDOG: Duration = Duration::from_secs(10);
 /// Default most bytes of the GEMV weight ring per block ([`CudaOptions::ring_bytes`]): off.
 pub const DEFAULT_RING_BYTES: usize = 0;
 
+/// Default most weight bytes per task pulled into L2 before its wait
+/// ([`CudaOptions::l2_prefetch_bytes`]).
+pub const DEFAULT_L2_PREFETCH_BYTES: u64 = 0;
+
 /// How to open the device.
 #[derive(Debug, Clone)]
 pub struct CudaOptions {
@@ -84,6 +88,9 @@ pub struct CudaOptions {
     /// lines every task reads (instructions, descriptors, counters, activations, KV caches).
     /// `AMK_CUDA_L2_EVICT_FIRST=0` turns it off.
     pub l2_evict_first: bool,
+    /// Most weight bytes per task the scheduler pulls into L2 before the task's wait
+    /// (`tables::l2_ranges`); 0 turns it off. `AMK_CUDA_L2_PREFETCH_KB` sets it.
+    pub l2_prefetch_bytes: u64,
 }
 
 impl Default for CudaOptions {
@@ -106,6 +113,10 @@ impl Default for CudaOptions {
                 .and_then(|v| v.parse::<usize>().ok())
                 .map_or(0, |kb| kb << 10),
             l2_evict_first: std::env::var("AMK_CUDA_L2_EVICT_FIRST").map_or(true, |v| v != "0"),
+            l2_prefetch_bytes: std::env::var("AMK_CUDA_L2_PREFETCH_KB")
+                .ok()
+                .and_then(|v| v.parse::<u64>().ok())
+                .map_or(DEFAULT_L2_PREFETCH_BYTES, |kb| kb << 10),
         }
     }
 }

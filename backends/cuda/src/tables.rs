@@ -4,7 +4,7 @@
 //! in device addresses and re-packs the records a param patch touches.
 
 use crate::abi::{
-    AmkBuffer, AmkInstruction, AmkParams, AmkPrefetch, MAX_EXT_PARAMS, PRESENT_EXT0,
+    AmkBuffer, AmkInstruction, AmkParams, AmkPrefetch, L2_RANGES, MAX_EXT_PARAMS, PRESENT_EXT0,
     STEP_ZERO_OUTPUTS,
 };
 use crate::queues::{Queues, build_queues};
@@ -476,6 +476,54 @@ pub fn task_label(program: &Program, t: usize) -> String {
         .map_or_else(|| format!("task #{t}"), Task::display_label)
 }
 
+/// Per buffer: a model weight that no instruction of the program writes (so no counter
+/// orders a read of it: a task may start reading it before its waits).
+fn constant_weights(
+    instructions: &[AmkInstruction],
+    descs: &[AmkBuffer],
+    placement: &[Placement],
+) -> Vec<bool> {
+    let mut constant: Vec<bool> = (0..descs.len())
+        .map(|b| matches!(placement.get(b), Some(Placement::Weight(_))) && descs[b].ptr != 0)
+        .collect();
+    for r in instructions {
+        for &o in r.outputs.iter().take(r.n_outputs.max(0) as usize) {
+            if let Some(w) = usize::try_from(o).ok().and_then(|i| constant.get_mut(i)) {
+                *w = false;
+            }
+        }
+    }
+    constant
+}
+
+/// Rows `[first, first + count)` of the `[rows, k]` float weight `descs[id]` as a device
+/// byte range, when `id` is a constant weight of a float dtype and the rows lie inside it.
+fn weight_rows(
+    descs: &[AmkBuffer],
+    constant: &[bool],
+    id: i32,
+    k: i32,
+    first: u64,
+    count: u64,
+) -> Option<AmkPrefetch> {
+    let b = usize::try_from(id).ok().filter(|&b| constant.get(b) == Some(&true))?;
+    let w = &descs[b];
+    let esize: u64 = match w.dtype {
+        0 => 4,
+        1 | 2 => 2,
+        _ => return None,
+    };
+    let k = u64::try_from(k).ok().filter(|&k| k > 0)?;
+    let rows = w.numel.max(0) as u64 / k;
+    if count == 0 || first + count > rows {
+        return None;
+    }
+    Some(AmkPrefetch {
+        addr: w.ptr + first * k * esize,
+        bytes: count * k * esize,
+    })
+}
+
 /// Per instruction, the weight rows a GEMV tile streams (device address and bytes, from its
 /// input 1 and its `K`, `N_tile`, `n_off`), which the scheduler starts copying into shared
 /// memory before the task's wait; zero for every other task. `descs` carry device addresses.
@@ -490,46 +538,112 @@ pub fn prefetch_ranges(
     placement: &[Placement],
 ) -> Vec<AmkPrefetch> {
     let none = AmkPrefetch { addr: 0, bytes: 0 };
-    let mut written = vec![false; descs.len()];
-    for r in instructions {
-        for &o in r.outputs.iter().take(r.n_outputs.max(0) as usize) {
-            if let Some(w) = usize::try_from(o).ok().and_then(|i| written.get_mut(i)) {
-                *w = true;
-            }
-        }
-    }
+    let constant = constant_weights(instructions, descs, placement);
     instructions
         .iter()
         .map(|r| {
             if r.op != i32::from(Opcode::GEMV_TILE.0) || r.n_inputs < 2 {
                 return none;
             }
-            let Some(wi) = usize::try_from(r.inputs[1])
-                .ok()
-                .filter(|&i| i < descs.len())
-            else {
-                return none;
-            };
-            let w = &descs[wi];
-            let constant = matches!(placement.get(wi), Some(Placement::Weight(_))) && !written[wi];
-            let (k, n_tile, n_off) = (r.params.k, r.params.n_tile, r.params.n_off);
-            if !constant || k <= 0 || n_tile <= 0 || n_off < 0 || w.ptr == 0 {
+            let p = &r.params;
+            if p.n_tile <= 0 || p.n_off < 0 {
                 return none;
             }
-            let esize: u64 = match w.dtype {
-                0 => 4,
-                1 | 2 => 2,
-                _ => return none,
-            };
-            let (k, row) = (k as u64, esize * k as u64);
-            let rows = w.numel.max(0) as u64 / k;
-            if n_off as u64 + n_tile as u64 > rows {
-                return none;
-            }
-            AmkPrefetch {
-                addr: w.ptr + n_off as u64 * row,
-                bytes: n_tile as u64 * row,
-            }
+            weight_rows(descs, &constant, r.inputs[1], p.k, p.n_off as u64, p.n_tile as u64)
+                .unwrap_or(none)
         })
         .collect()
+}
+
+/// The weight row ranges a task of a built-in projection op streams, in the order it reads
+/// them: `(input, first row, rows)`. Empty for every other op (and for malformed params: the
+/// device reports those when the task runs).
+fn streamed_rows(r: &AmkInstruction) -> Vec<(usize, u64, u64)> {
+    let p = &r.params;
+    if p.n_tile <= 0 || p.n_off < 0 {
+        return Vec::new();
+    }
+    let (off, n) = (p.n_off as u64, p.n_tile as u64);
+    let op = Opcode(r.op.clamp(0, i32::from(u16::MAX)) as u16);
+    match op {
+        Opcode::GEMV_TILE => vec![(1, off, n)],
+        Opcode::RMSNORM_GEMV => vec![(2, off, n)],
+        Opcode::GATE_UP_SILU => vec![(1, off, n), (2, off, n)],
+        Opcode::QKV_ROPE_APPEND => qkv_rows(p, off, n),
+        _ => Vec::new(),
+    }
+}
+
+/// QKV_ROPE_APPEND's units `[off, off + n)` as weight rows (op_qkv_rope_append's numbering:
+/// unit `u` is row `i + (u mod 2)·hd/2` of head `u div hd`, `i = (u mod hd) div 2`; heads are
+/// Q's, then K's, then V's), merged into runs of consecutive rows of one weight.
+fn qkv_rows(p: &AmkParams, off: u64, n: u64) -> Vec<(usize, u64, u64)> {
+    let (hd, nh, nkv) = (p.head_dim, p.n_heads, p.n_kv_heads);
+    if hd <= 0 || hd % 2 != 0 || nh <= 0 || nkv <= 0 {
+        return Vec::new();
+    }
+    let (hd, nh, nkv) = (hd as u64, nh as u64, nkv as u64);
+    let mut runs: Vec<(usize, u64, u64)> = Vec::new();
+    for u in off..off + n {
+        let head = u / hd;
+        let row = (u % hd) / 2 + (u % 2) * (hd / 2);
+        let (input, h) = if head < nh {
+            (1, head)
+        } else if head < nh + nkv {
+            (2, head - nh)
+        } else if head < nh + 2 * nkv {
+            (3, head - nh - nkv)
+        } else {
+            break;
+        };
+        let row = h * hd + row;
+        match runs.iter_mut().find(|(i, f, c)| *i == input && *f + *c == row) {
+            Some(run) => run.2 += 1,
+            None => runs.push((input, row, 1)),
+        }
+    }
+    runs
+}
+
+/// Byte ranges per instruction ([`L2_RANGES`] each, unused ones zero) of the weights the task
+/// streams, which the scheduler pulls into L2 before the task's wait: a block whose next task
+/// is not ready yet keeps the memory system busy instead of idling, and its tile then starts
+/// from L2. Each task gets at most `cap` bytes, shared among its ranges in proportion to their
+/// sizes (a fused tile reads its weights side by side); `cap` 0 lists nothing. Only constant
+/// float weights are listed (see [`prefetch_ranges`]); a prefetch is a hint and never faults.
+pub fn l2_ranges(
+    instructions: &[AmkInstruction],
+    descs: &[AmkBuffer],
+    placement: &[Placement],
+    cap: u64,
+) -> Vec<AmkPrefetch> {
+    let none = AmkPrefetch { addr: 0, bytes: 0 };
+    let mut out = vec![none; instructions.len() * L2_RANGES];
+    if cap == 0 {
+        return out;
+    }
+    let constant = constant_weights(instructions, descs, placement);
+    for (t, r) in instructions.iter().enumerate() {
+        let ranges: Vec<AmkPrefetch> = streamed_rows(r)
+            .into_iter()
+            .filter_map(|(i, first, count)| {
+                let id = *r.inputs.get(i).filter(|_| (i as i32) < r.n_inputs)?;
+                weight_rows(descs, &constant, id, r.params.k, first, count)
+            })
+            .take(L2_RANGES)
+            .collect();
+        let total: u64 = ranges.iter().map(|g| g.bytes).sum();
+        for (k, g) in ranges.iter().enumerate() {
+            let bytes = if total <= cap {
+                g.bytes
+            } else {
+                (g.bytes as u128 * cap as u128 / total as u128) as u64
+            };
+            out[t * L2_RANGES + k] = AmkPrefetch {
+                addr: g.addr,
+                bytes,
+            };
+        }
+    }
+    out
 }

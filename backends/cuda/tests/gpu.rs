@@ -174,6 +174,19 @@ mod conformance_ring {
     ));
 }
 
+/// The whole suite again with the L2 prefetch of every tile's weights before its wait (off by
+/// default: measured slower, docs/perf-notes.md round 6), so that the prefetch ranges stay
+/// checked to be harmless.
+mod conformance_l2_prefetch {
+    amk_conformance::conformance_tests!(maybe: amk_backend_cuda::test_support::gpu_with_options(
+        "conformance_l2_prefetch",
+        amk_backend_cuda::CudaOptions {
+            l2_prefetch_bytes: 64 << 10,
+            ..amk_backend_cuda::CudaOptions::default()
+        }
+    ));
+}
+
 fn params(kv: &[(&str, Value)]) -> Map {
     let mut m = Map::new();
     for (k, v) in kv {

@@ -9,6 +9,7 @@ use amk_backend_cuda::tables::{self, Placement, pack_params};
 use amk_core::json::{Map, Value};
 use amk_core::registry::param_field_index;
 use amk_core::{BufferKind, DType, MemSpace, Opcode, Program, Registry, abi as core_abi};
+use bytemuck::Zeroable;
 use std::collections::{BTreeMap, HashMap};
 
 fn registry() -> Registry {
@@ -124,6 +125,7 @@ fn header_constants_match_the_core() {
     assert_eq!(num("AMK_MAX_RANK"), core_abi::MAX_RANK as i64);
     assert_eq!(num("AMK_MAX_EXT_PARAMS"), abi::MAX_EXT_PARAMS as i64);
     assert_eq!(num("AMK_COUNTER_STRIDE"), abi::COUNTER_STRIDE as i64);
+    assert_eq!(num("AMK_L2_RANGES"), abi::L2_RANGES as i64);
     assert_eq!(num("AMK_P_EXT0"), abi::PRESENT_EXT0 as i64);
     // Presence bits follow the host's device-field table.
     for (key, _) in amk_core::PARAM_FIELDS {
@@ -264,6 +266,104 @@ fn tables_place_weights_and_align_the_arena() {
 /// Every queue runs in one global topological order, SM assignments are kept (folded modulo
 /// the resident blocks), unassigned tasks spread over several queues; a lockstep simulation
 /// of the blocks finishes every task.
+/// An instruction record of `op` with `inputs`, params `K`, `N_tile`, `n_off`.
+fn record(op: Opcode, inputs: &[i32], k: i32, n_tile: i32, n_off: i32) -> abi::AmkInstruction {
+    let mut r = abi::AmkInstruction::zeroed();
+    r.op = i32::from(op.0);
+    r.n_inputs = inputs.len() as i32;
+    r.inputs[..inputs.len()].copy_from_slice(inputs);
+    r.params.k = k;
+    r.params.n_tile = n_tile;
+    r.params.n_off = n_off;
+    r
+}
+
+/// A `[rows, k]` bf16 weight descriptor at `ptr`.
+fn weight(ptr: u64, rows: i64, k: i64) -> abi::AmkBuffer {
+    let mut b = abi::AmkBuffer::zeroed();
+    b.ptr = ptr;
+    b.numel = rows * k;
+    b.rank = 2;
+    b.dtype = DType::BF16.code() as i32;
+    b
+}
+
+#[test]
+fn l2_ranges_cover_the_rows_each_projection_tile_streams() {
+    const K: i32 = 64;
+    let row = 2 * K as u64;
+    // buffers: 0 activation, 1..=3 weights [hd * heads, K], 4 a weight some task writes
+    let descs = vec![
+        weight(0x1000, 1, K as i64),
+        weight(0x10_0000, 256, K as i64),
+        weight(0x20_0000, 64, K as i64),
+        weight(0x30_0000, 64, K as i64),
+        weight(0x40_0000, 64, K as i64),
+    ];
+    let placement = vec![
+        Placement::Arena {
+            offset: 0,
+            bytes: 128,
+        },
+        Placement::Weight(1),
+        Placement::Weight(2),
+        Placement::Weight(3),
+        Placement::Weight(4),
+    ];
+    let gemv = record(Opcode::GEMV_TILE, &[0, 1], K, 8, 16);
+    let gate_up = record(Opcode::GATE_UP_SILU, &[0, 2, 3], K, 4, 8);
+    // Q/K/V tile: head_dim 16, 16 q heads (rows 0..256 of input 1), 4 kv heads each; units
+    // 250..262 are q head 15's units 10..15 and k head 0's units 0..5
+    let mut qkv = record(Opcode::QKV_ROPE_APPEND, &[0, 1, 2, 3, 0], K, 12, 250);
+    qkv.params.head_dim = 16;
+    qkv.params.n_heads = 16;
+    qkv.params.n_kv_heads = 4;
+    let mut written = record(Opcode::GEMV_TILE, &[0, 4], K, 8, 0);
+    written.n_outputs = 1;
+    written.outputs[0] = 4;
+    let reads_written = record(Opcode::GEMV_TILE, &[0, 4], K, 8, 0);
+    let attention = record(Opcode::ATTENTION_TILE, &[0, 1, 2], K, 8, 0);
+    let out_of_range = record(Opcode::GEMV_TILE, &[0, 1], K, 8, 250);
+    let insts = [gemv, gate_up, qkv, written, reads_written, attention, out_of_range];
+    let ranges = |cap| tables::l2_ranges(&insts, &descs, &placement, cap);
+    let at = |r: &Vec<abi::AmkPrefetch>, t: usize| -> Vec<(u64, u64)> {
+        r[t * abi::L2_RANGES..(t + 1) * abi::L2_RANGES]
+            .iter()
+            .filter(|g| g.bytes > 0)
+            .map(|g| (g.addr, g.bytes))
+            .collect()
+    };
+    let all = ranges(1 << 20);
+    assert_eq!(all.len(), insts.len() * abi::L2_RANGES);
+    assert_eq!(at(&all, 0), vec![(0x10_0000 + 16 * row, 8 * row)]);
+    assert_eq!(
+        at(&all, 1),
+        vec![(0x20_0000 + 8 * row, 4 * row), (0x30_0000 + 8 * row, 4 * row)]
+    );
+    // q head 15 (rows 240..256): units 250..255 are rows 245, 253, 246, 254, 247, 255; k head
+    // 0: units 256..261 are rows 0, 8, 1, 9, 2, 10
+    assert_eq!(
+        at(&all, 2),
+        vec![
+            (0x10_0000 + 245 * row, 3 * row),
+            (0x10_0000 + 253 * row, 3 * row),
+            (0x20_0000, 3 * row),
+            (0x20_0000 + 8 * row, 3 * row),
+        ]
+    );
+    for t in 3..insts.len() {
+        assert_eq!(at(&all, t), vec![], "task {t}");
+    }
+    // a cap shares the bytes in proportion; cap 0 lists nothing
+    let capped = ranges(4 * row);
+    assert_eq!(at(&capped, 0), vec![(0x10_0000 + 16 * row, 4 * row)]);
+    assert_eq!(
+        at(&capped, 1),
+        vec![(0x20_0000 + 8 * row, 2 * row), (0x30_0000 + 8 * row, 2 * row)]
+    );
+    assert!(ranges(0).iter().all(|g| g.bytes == 0 && g.addr == 0));
+}
+
 #[test]
 fn queues_follow_sm_assignment_and_never_deadlock() {
     for (sms, blocks) in [

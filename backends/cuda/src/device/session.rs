@@ -40,7 +40,7 @@ pub struct CudaSession {
     arena: DeviceMem,
     _weights: Vec<DeviceMem>,
     /// Buffer descriptors and per-instruction prefetch ranges.
-    _descs: (DeviceMem, DeviceMem),
+    _descs: (DeviceMem, DeviceMem, DeviceMem),
     instructions: DeviceMem,
     _fused: (DeviceMem, DeviceMem),
     _queues: (DeviceMem, DeviceMem),
@@ -224,6 +224,11 @@ impl CudaSession {
             ctx,
             &tables::prefetch_ranges(&tables.instructions, &descs, &tables.placement),
         )?;
+        let l2_cap = inner.options.l2_prefetch_bytes;
+        let l2 = DeviceMem::from_slice(
+            ctx,
+            &tables::l2_ranges(&tables.instructions, &descs, &tables.placement, l2_cap),
+        )?;
         let instructions = DeviceMem::from_slice(ctx, &tables.instructions)?;
         let fused_steps = DeviceMem::from_slice(ctx, &tables.fused_steps)?;
         let fused_off = DeviceMem::from_slice(ctx, &tables.fused_off)?;
@@ -263,6 +268,7 @@ impl CudaSession {
             } else {
                 0
             },
+            l2_ranges: if l2_cap > 0 { l2.ptr() } else { 0 },
         };
         Ok(CudaSession {
             backend: backend.clone(),
@@ -274,7 +280,7 @@ impl CudaSession {
             patched: Vec::new(),
             arena,
             _weights: uploads,
-            _descs: (descs_mem, prefetch),
+            _descs: (descs_mem, prefetch, l2),
             instructions,
             _fused: (fused_steps, fused_off),
             _queues: (queue_tasks, queue_off),
