@@ -99,7 +99,14 @@ pub fn megakernel_source(registry: &Registry, knobs: Knobs) -> Result<Megakernel
     let mut src = String::with_capacity(256 << 10);
     src.push_str("// amk megakernel — generated; do not edit.\n");
     src.push_str(&format!("#define AMK_THREADS {}\n", knobs.threads));
-    for part in [ABI_HEADER, DEVICE_HELPERS, TILE_HELPERS] {
+    // `#line` names each part's own file, so that line info (profilers, compiler messages)
+    // points into the repository's files rather than into the generated source.
+    for (file, part) in [
+        ("amk_abi.h", ABI_HEADER),
+        ("amk_device.cuh", DEVICE_HELPERS),
+        ("amk_tile.cuh", TILE_HELPERS),
+    ] {
+        src.push_str(&format!("#line 1 \"backends/cuda/include/{file}\"\n"));
         src.push_str(part);
         src.push('\n');
     }
@@ -147,6 +154,7 @@ pub fn megakernel_source(registry: &Registry, knobs: Knobs) -> Result<Megakernel
         }
         src.push_str("    default: amk_fail(c, AMK_ERR_UNKNOWN_OPCODE, c.inst->op);\n  }\n}\n");
     }
+    src.push_str("#line 1 \"backends/cuda/include/amk_scheduler.cuh\"\n");
     src.push_str(SCHEDULER);
     src.push('\n');
     Ok(Megakernel { source: src, ops })
