@@ -56,6 +56,14 @@ __device__ __forceinline__ const amk_buffer_t* amk_out(const amk_task_ctx& c, in
   return c.bufs ? &c.bufs[AMK_MAX_INPUTS + j] : &c.prog->buffers[c.inst->outputs[j]];
 }
 
+/* Per-block memory that lives across the tasks of one launch: the scheduler zeroes it when the
+ * block starts, and an op may keep there values that each of its tasks on the block would
+ * otherwise recompute (the same for every layer of a decode step), under a key of its own whose
+ * word 0 is the op's code + 1 (so 0 never matches). One op owns it at a time: another op's task
+ * overwrites it, and a task that finds a different key recomputes. */
+#define AMK_BLOCK_CACHE_WORDS 264
+__shared__ __align__(16) uint32_t amk_block_cache[AMK_BLOCK_CACHE_WORDS];
+
 /* Records the launch's first error (task, op, code, detail), raises the abort flag so every
  * other block stops waiting, and marks this block failed. Any number of threads may call it. */
 __device__ __noinline__ void amk_fail(const amk_task_ctx& c, int code, long long detail) {

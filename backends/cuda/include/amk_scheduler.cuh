@@ -168,6 +168,7 @@ amk_megakernel(const amk_device_program_t prog) {
   __shared__ __align__(16) amk_instruction_t s_inst;
   __shared__ __align__(16) amk_buffer_t s_bufs[AMK_MAX_INPUTS + AMK_MAX_OUTPUTS];
   __shared__ __align__(16) amk_prefetch_t s_l2[AMK_L2_RANGES];
+  for (int k = threadIdx.x; k < AMK_BLOCK_CACHE_WORDS; k += AMK_THREADS) amk_block_cache[k] = 0u;
   if (threadIdx.x == 0) {
     s_failed = 0;
 #if AMK_RING

@@ -4,7 +4,8 @@
  * The fused-tile machinery is backends/cuda/include/amk_tile.cuh: each warp takes one RoPE pair
  * at a time — the two weight rows r and r + head_dim/2 of one head, streamed together (4 16-byte
  * vectors of each in flight per lane) — rounds both sums to the destination's dtype, rotates them
- * (Q and K heads; ROPE's arithmetic, amk_rope_*) and stores them into q or the cache row pos
+ * (Q and K heads; ROPE's arithmetic, amk_rope_*, with cos and sin computed before the tile and
+ * kept across the launch's layers: qkv_trig) and stores them into q or the cache row pos
  * (element 0 of the integer input 4, checked against the caches). */
 
 /* The pair unit u (even) starts: projection (0 Q, 1 K, 2 V), weight row, frequency index. */
@@ -17,6 +18,40 @@ __device__ __forceinline__ void qkv_pair(long long u, int hd, int nh, int nkv, i
   if (head >= nh + nkv) { proj = 2; local = head - nh - nkv; }
   else if (head >= nh) { proj = 1; local = head - nh; }
   row = local * hd + i;
+}
+
+/* cos and sin of pair frequency i at position pos, as ROPE computes them. */
+__device__ __forceinline__ float2 qkv_cos_sin(int pos, float theta, int i, int half) {
+  const float ang = __fmul_rn((float)pos, amk_rope_inv_freq(theta, i, half));
+  return make_float2(amk_rope_trig(ang, 0), amk_rope_trig(ang, 1));
+}
+
+/* The block cache (amk_block_cache): a key of QKV_CS_KEY words, then (cos, sin) of frequencies
+ * i < head_dim / 2 (head_dim up to 2 * QKV_CS_MAX). */
+#define QKV_CS_KEY 4
+#define QKV_CS_MAX ((AMK_BLOCK_CACHE_WORDS - QKV_CS_KEY) / 2)
+
+/* (cos, sin) of every frequency i < hd / 2 at position pos, in shared memory, or null when hd
+ * is too large for the cache. The rotation's f64 power, cosine and sine were a serial chain on
+ * each warp's first lane after every pair's sums (about 2 us a tile on the H100); here every
+ * thread computes one frequency, and only once per launch and block: a decode step's layers
+ * share the position, so every later tile on this block finds them under the same key. Called
+ * by the whole block. */
+__device__ __noinline__ const float2* qkv_trig(int pos, float theta, int hd) {
+  const int half = hd >> 1;
+  if (half > QKV_CS_MAX) return nullptr;
+  const uint32_t key[QKV_CS_KEY] = {22u + 1u /* QKV_ROPE_APPEND's code + 1 */, (uint32_t)pos,
+                                    __float_as_uint(theta), (uint32_t)hd};
+  float2* const cs = (float2*)(amk_block_cache + QKV_CS_KEY);
+  bool hit = true;
+#pragma unroll
+  for (int k = 0; k < QKV_CS_KEY; ++k) hit = hit && amk_block_cache[k] == key[k];
+  if (hit) return cs; /* block-uniform: every thread read the same words */
+  __syncthreads();    /* every thread has read the old key before it changes */
+  for (int i = threadIdx.x; i < half; i += AMK_THREADS) cs[i] = qkv_cos_sin(pos, theta, i, half);
+  if (threadIdx.x < QKV_CS_KEY) amk_block_cache[threadIdx.x] = key[threadIdx.x];
+  __syncthreads();
+  return cs;
 }
 
 __device__ void amk_op_qkv_rope_append(const amk_task_ctx& ctx) {
@@ -71,6 +106,7 @@ __device__ void amk_op_qkv_rope_append(const amk_task_ctx& ctx) {
   const amk_buffer_t* kc = dst[1];
   const amk_buffer_t* vc = dst[2];
   const int half = hd >> 1;
+  const float2* const cs = qkv_trig(pos, theta, hd);
   const amk_frow r = amk_frow_make(ctx, x, nw, K, p.eps);
   amk_fused_run<2>(
       r, K, wdt, al, n_tile >> 1,
@@ -91,8 +127,8 @@ __device__ void amk_op_qkv_rope_append(const amk_task_ctx& ctx) {
         const float a = amk_round_dt(d->dtype, s[0]), b = amk_round_dt(d->dtype, s[1]);
         float ya = a, yb = b;
         if (proj < 2) {
-          const float ang = __fmul_rn((float)pos, amk_rope_inv_freq(theta, i, half));
-          amk_rope_pair(a, b, amk_rope_trig(ang, 0), amk_rope_trig(ang, 1), ya, yb);
+          const float2 t = cs ? cs[i] : qkv_cos_sin(pos, theta, i, half);
+          amk_rope_pair(a, b, t.x, t.y, ya, yb);
         }
         const long long base = proj == 0 ? r0 : (long long)pos * row_len + r0;
         amk_stf(d, base, ya);
