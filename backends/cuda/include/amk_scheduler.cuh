@@ -139,24 +139,29 @@ __device__ __forceinline__ bool amk_stage_task(const amk_device_program_t& prog,
   return true;
 }
 
-/* Pulls the staged ranges (the weights the task will stream) into L2 before the wait, so a
- * block whose task is not ready yet keeps the memory system busy and the tile starts from L2.
- * sm_90+: one bulk prefetch per range, handed to the copy engine (the threads go on at once; a
- * per-line prefetch loop would hold the block for as long as the SM takes to request every
- * line, delaying a task that is already ready). Older GPUs: nothing. A prefetch is a hint: no
- * fault, nothing to wait for. */
-__device__ __forceinline__ void amk_l2_prefetch(const amk_prefetch_t* s_l2) {
+/* Pulls the staged ranges (the first bytes of the weights the task will stream) into L2, so
+ * that the memory system works while the op prepares its row and the tile's first loads find
+ * their lines on the way. sm_90+: one bulk prefetch per range, handed to the copy engine (the
+ * threads go on at once; a per-line prefetch loop holds the block for as long as the SM takes
+ * to request every line). Older GPUs: nothing. A prefetch is a hint: no fault, nothing to wait
+ * for. */
+__device__ __forceinline__ void amk_l2_prefetch(const amk_prefetch_t* s_l2, int prog_flags) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   if (threadIdx.x < AMK_L2_RANGES) {
     const uint64_t a = s_l2[threadIdx.x].addr, n = s_l2[threadIdx.x].bytes;
     /* whole 16-byte units inside the range (the host hands out 16-byte aligned row ranges) */
     const uint64_t a0 = (a + 15) & ~(uint64_t)15, a1 = (a + n) & ~(uint64_t)15;
+    /* the weight loads' L2 policy (evict-first by default): prefetched weights must not push
+       out the activations, caches and tables every later task reads */
+    const unsigned long long pol = amk_weight_policy(prog_flags);
     if (a1 > a0)
-      asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(a0), "r"((uint32_t)(a1 - a0))
+      asm volatile("cp.async.bulk.prefetch.L2.global.L2::cache_hint [%0], %1, %2;" ::"l"(a0),
+                   "r"((uint32_t)(a1 - a0)), "l"(pol)
                    : "memory");
   }
 #else
   (void)s_l2;
+  (void)prog_flags;
 #endif
 }
 
@@ -193,7 +198,7 @@ amk_megakernel(const amk_device_program_t prog) {
     c.failed = &s_failed;
     c.trace = tr;
     if (!amk_stage_task(prog, t, &s_inst, s_bufs, s_l2, c)) return;
-    if (prog.l2_ranges) amk_l2_prefetch(s_l2);
+    if (prog.l2_ranges && (prog.flags & AMK_PROG_L2_PREFETCH_EARLY)) amk_l2_prefetch(s_l2, prog.flags);
 #if AMK_RING
     /* A tile's weights do not depend on any counter: start streaming them now. */
     if (threadIdx.x == 0) amk_ring_prestart(c);
@@ -205,6 +210,11 @@ amk_megakernel(const amk_device_program_t prog) {
       return;
     }
     if (tr && threadIdx.x == 0) { tr[1] = amk_globaltimer(); tr[4] = 0; }
+    /* By default after the wait: a prefetch issued while other blocks still stream the
+       previous phase, or while the attention block waits on its loads, competes with them
+       (docs/perf-notes.md round 6); issued here it fills the memory system while the op's
+       prologue (checks, the row, its norm) runs. */
+    if (prog.l2_ranges && !(prog.flags & AMK_PROG_L2_PREFETCH_EARLY)) amk_l2_prefetch(s_l2, prog.flags);
     amk_dispatch(c);
     if (tr && threadIdx.x == 0) tr[5] = amk_globaltimer();
     __syncthreads();

@@ -71,6 +71,8 @@ __device__ __forceinline__ int amk_tile_ve_of(int wk) {
  * through a 50 MB L2), so without it the weights push out the small lines every task needs next
  * — instructions, buffer descriptors, counters, activations, KV caches. */
 #define AMK_PROG_L2_EVICT_FIRST 1
+/* amk_device_program::flags bit: the L2 prefetch of a task's weights comes before its wait. */
+#define AMK_PROG_L2_PREFETCH_EARLY 2
 __device__ __forceinline__ unsigned long long amk_weight_policy(int prog_flags) {
   unsigned long long pol;
   if (prog_flags & AMK_PROG_L2_EVICT_FIRST)

@@ -169,6 +169,10 @@ pub const L2_RANGES: usize = 4;
 /// `amk_device_program::flags` bit: streamed weights are evicted first from L2.
 pub const PROG_L2_EVICT_FIRST: i32 = 1;
 
+/// `amk_device_program::flags` bit: the L2 prefetch of a task's weights (`l2_ranges`) is
+/// issued before its wait instead of after it.
+pub const PROG_L2_PREFETCH_EARLY: i32 = 2;
+
 /// `amk_prefetch_t`: bytes a task pulls into L2 before its wait.
 #[repr(C)]
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Pod, Zeroable)]

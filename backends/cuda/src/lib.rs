@@ -91,6 +91,9 @@ pub struct CudaOptions {
     /// Most weight bytes per task the scheduler pulls into L2 before the task's wait
     /// (`tables::l2_ranges`); 0 turns it off. `AMK_CUDA_L2_PREFETCH_KB` sets it.
     pub l2_prefetch_bytes: u64,
+    /// Issue that prefetch before the task's wait instead of after it.
+    /// `AMK_CUDA_L2_PREFETCH_EARLY=1` sets it.
+    pub l2_prefetch_early: bool,
 }
 
 impl Default for CudaOptions {
@@ -117,6 +120,7 @@ impl Default for CudaOptions {
                 .ok()
                 .and_then(|v| v.parse::<u64>().ok())
                 .map_or(DEFAULT_L2_PREFETCH_BYTES, |kb| kb << 10),
+            l2_prefetch_early: std::env::var("AMK_CUDA_L2_PREFETCH_EARLY").is_ok_and(|v| v == "1"),
         }
     }
 }

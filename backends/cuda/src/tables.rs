@@ -606,9 +606,10 @@ fn qkv_rows(p: &AmkParams, off: u64, n: u64) -> Vec<(usize, u64, u64)> {
 }
 
 /// Byte ranges per instruction ([`L2_RANGES`] each, unused ones zero) of the weights the task
-/// streams, which the scheduler pulls into L2 before the task's wait: a block whose next task
-/// is not ready yet keeps the memory system busy instead of idling, and its tile then starts
-/// from L2. Each task gets at most `cap` bytes, shared among its ranges in proportion to their
+/// streams, which the scheduler pulls into L2 (after the task's wait, or before it with
+/// [`crate::abi::PROG_L2_PREFETCH_EARLY`]) so that the tile's first loads find their lines on
+/// the way. Off by default: every variant measured slower on the H100 (docs/perf-notes.md
+/// round 6). Each task gets at most `cap` bytes, shared among its ranges in proportion to their
 /// sizes (a fused tile reads its weights side by side); `cap` 0 lists nothing. Only constant
 /// float weights are listed (see [`prefetch_ranges`]); a prefetch is a hint and never faults.
 pub fn l2_ranges(

@@ -267,6 +267,10 @@ impl CudaSession {
                 crate::abi::PROG_L2_EVICT_FIRST
             } else {
                 0
+            } | if inner.options.l2_prefetch_early {
+                crate::abi::PROG_L2_PREFETCH_EARLY
+            } else {
+                0
             },
             l2_ranges: if l2_cap > 0 { l2.ptr() } else { 0 },
         };
