@@ -506,7 +506,9 @@ fn weight_rows(
     first: u64,
     count: u64,
 ) -> Option<AmkPrefetch> {
-    let b = usize::try_from(id).ok().filter(|&b| constant.get(b) == Some(&true))?;
+    let b = usize::try_from(id)
+        .ok()
+        .filter(|&b| constant.get(b) == Some(&true))?;
     let w = &descs[b];
     let esize: u64 = match w.dtype {
         0 => 4,
@@ -549,8 +551,15 @@ pub fn prefetch_ranges(
             if p.n_tile <= 0 || p.n_off < 0 {
                 return none;
             }
-            weight_rows(descs, &constant, r.inputs[1], p.k, p.n_off as u64, p.n_tile as u64)
-                .unwrap_or(none)
+            weight_rows(
+                descs,
+                &constant,
+                r.inputs[1],
+                p.k,
+                p.n_off as u64,
+                p.n_tile as u64,
+            )
+            .unwrap_or(none)
         })
         .collect()
 }
@@ -597,7 +606,10 @@ fn qkv_rows(p: &AmkParams, off: u64, n: u64) -> Vec<(usize, u64, u64)> {
             break;
         };
         let row = h * hd + row;
-        match runs.iter_mut().find(|(i, f, c)| *i == input && *f + *c == row) {
+        match runs
+            .iter_mut()
+            .find(|(i, f, c)| *i == input && *f + *c == row)
+        {
             Some(run) => run.2 += 1,
             None => runs.push((input, row, 1)),
         }

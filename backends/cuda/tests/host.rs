@@ -324,7 +324,15 @@ fn l2_ranges_cover_the_rows_each_projection_tile_streams() {
     let reads_written = record(Opcode::GEMV_TILE, &[0, 4], K, 8, 0);
     let attention = record(Opcode::ATTENTION_TILE, &[0, 1, 2], K, 8, 0);
     let out_of_range = record(Opcode::GEMV_TILE, &[0, 1], K, 8, 250);
-    let insts = [gemv, gate_up, qkv, written, reads_written, attention, out_of_range];
+    let insts = [
+        gemv,
+        gate_up,
+        qkv,
+        written,
+        reads_written,
+        attention,
+        out_of_range,
+    ];
     let ranges = |cap| tables::l2_ranges(&insts, &descs, &placement, cap);
     let at = |r: &Vec<abi::AmkPrefetch>, t: usize| -> Vec<(u64, u64)> {
         r[t * abi::L2_RANGES..(t + 1) * abi::L2_RANGES]
@@ -338,7 +346,10 @@ fn l2_ranges_cover_the_rows_each_projection_tile_streams() {
     assert_eq!(at(&all, 0), vec![(0x10_0000 + 16 * row, 8 * row)]);
     assert_eq!(
         at(&all, 1),
-        vec![(0x20_0000 + 8 * row, 4 * row), (0x30_0000 + 8 * row, 4 * row)]
+        vec![
+            (0x20_0000 + 8 * row, 4 * row),
+            (0x30_0000 + 8 * row, 4 * row)
+        ]
     );
     // q head 15 (rows 240..256): units 250..255 are rows 245, 253, 246, 254, 247, 255; k head
     // 0: units 256..261 are rows 0, 8, 1, 9, 2, 10
@@ -359,7 +370,10 @@ fn l2_ranges_cover_the_rows_each_projection_tile_streams() {
     assert_eq!(at(&capped, 0), vec![(0x10_0000 + 16 * row, 4 * row)]);
     assert_eq!(
         at(&capped, 1),
-        vec![(0x20_0000 + 8 * row, 2 * row), (0x30_0000 + 8 * row, 2 * row)]
+        vec![
+            (0x20_0000 + 8 * row, 2 * row),
+            (0x30_0000 + 8 * row, 2 * row)
+        ]
     );
     assert!(ranges(0).iter().all(|g| g.bytes == 0 && g.addr == 0));
 }
