@@ -344,13 +344,14 @@ fn l2_ranges_cover_the_rows_each_projection_tile_streams() {
     let all = ranges(1 << 20);
     assert_eq!(all.len(), insts.len() * abi::L2_RANGES);
     assert_eq!(at(&all, 0), vec![(0x10_0000 + 16 * row, 8 * row)]);
-    assert_eq!(
-        at(&all, 1),
+    // the gate/up tile's two ranges, `n` rows each
+    let gate_up = |n: u64| {
         vec![
-            (0x20_0000 + 8 * row, 4 * row),
-            (0x30_0000 + 8 * row, 4 * row)
+            (0x20_0000 + 8 * row, n * row),
+            (0x30_0000 + 8 * row, n * row),
         ]
-    );
+    };
+    assert_eq!(at(&all, 1), gate_up(4));
     // q head 15 (rows 240..256): units 250..255 are rows 245, 253, 246, 254, 247, 255; k head
     // 0: units 256..261 are rows 0, 8, 1, 9, 2, 10
     assert_eq!(
@@ -368,13 +369,7 @@ fn l2_ranges_cover_the_rows_each_projection_tile_streams() {
     // a cap shares the bytes in proportion; cap 0 lists nothing
     let capped = ranges(4 * row);
     assert_eq!(at(&capped, 0), vec![(0x10_0000 + 16 * row, 4 * row)]);
-    assert_eq!(
-        at(&capped, 1),
-        vec![
-            (0x20_0000 + 8 * row, 2 * row),
-            (0x30_0000 + 8 * row, 2 * row)
-        ]
-    );
+    assert_eq!(at(&capped, 1), gate_up(2));
     assert!(ranges(0).iter().all(|g| g.bytes == 0 && g.addr == 0));
 }
 
