@@ -159,7 +159,7 @@ pub struct AmkDeviceProgram {
     /// [`PROG_L2_EVICT_FIRST`], ...
     pub flags: i32,
     /// 0, or [`L2_RANGES`] [`AmkPrefetch`] per instruction: weight bytes the scheduler pulls
-    /// into L2 before the task's wait.
+    /// into L2 (after the task's wait; before it with [`PROG_L2_PREFETCH_EARLY`]).
     pub l2_ranges: u64,
 }
 
@@ -173,7 +173,8 @@ pub const PROG_L2_EVICT_FIRST: i32 = 1;
 /// issued before its wait instead of after it.
 pub const PROG_L2_PREFETCH_EARLY: i32 = 2;
 
-/// `amk_prefetch_t`: bytes a task pulls into L2 before its wait.
+/// `amk_prefetch_t`: weight bytes a task starts reading ahead of its op (the ring's shared
+/// memory before the wait, or L2).
 #[repr(C)]
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Pod, Zeroable)]
 #[allow(missing_docs)]

@@ -57,8 +57,8 @@ pub const DEFAULT_WATCHDOG: Duration = Duration::from_secs(10);
 /// Default most bytes of the GEMV weight ring per block ([`CudaOptions::ring_bytes`]): off.
 pub const DEFAULT_RING_BYTES: usize = 0;
 
-/// Default most weight bytes per task pulled into L2 before its wait
-/// ([`CudaOptions::l2_prefetch_bytes`]).
+/// Default most weight bytes per task pulled into L2 ([`CudaOptions::l2_prefetch_bytes`]): off,
+/// every variant measured slower on the H100 (docs/perf-notes.md round 6).
 pub const DEFAULT_L2_PREFETCH_BYTES: u64 = 0;
 
 /// How to open the device.
@@ -88,7 +88,7 @@ pub struct CudaOptions {
     /// lines every task reads (instructions, descriptors, counters, activations, KV caches).
     /// `AMK_CUDA_L2_EVICT_FIRST=0` turns it off.
     pub l2_evict_first: bool,
-    /// Most weight bytes per task the scheduler pulls into L2 before the task's wait
+    /// Most weight bytes per task the scheduler pulls into L2 right after the task's wait
     /// (`tables::l2_ranges`); 0 turns it off. `AMK_CUDA_L2_PREFETCH_KB` sets it.
     pub l2_prefetch_bytes: u64,
     /// Issue that prefetch before the task's wait instead of after it.

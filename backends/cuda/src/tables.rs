@@ -547,19 +547,12 @@ pub fn prefetch_ranges(
             if r.op != i32::from(Opcode::GEMV_TILE.0) || r.n_inputs < 2 {
                 return none;
             }
-            let p = &r.params;
-            if p.n_tile <= 0 || p.n_off < 0 {
-                return none;
-            }
-            weight_rows(
-                descs,
-                &constant,
-                r.inputs[1],
-                p.k,
-                p.n_off as u64,
-                p.n_tile as u64,
-            )
-            .unwrap_or(none)
+            streamed_rows(r)
+                .first()
+                .and_then(|&(i, first, count)| {
+                    weight_rows(descs, &constant, r.inputs[i], r.params.k, first, count)
+                })
+                .unwrap_or(none)
         })
         .collect()
 }

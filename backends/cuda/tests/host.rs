@@ -371,6 +371,14 @@ fn l2_ranges_cover_the_rows_each_projection_tile_streams() {
     assert_eq!(at(&capped, 0), vec![(0x10_0000 + 16 * row, 4 * row)]);
     assert_eq!(at(&capped, 1), gate_up(2));
     assert!(ranges(0).iter().all(|g| g.bytes == 0 && g.addr == 0));
+    // the ring's prestart ranges: GEMV tiles only, the same rows, uncapped
+    let ring = tables::prefetch_ranges(&insts, &descs, &placement);
+    assert_eq!(ring.len(), insts.len());
+    assert_eq!(
+        (ring[0].addr, ring[0].bytes),
+        (0x10_0000 + 16 * row, 8 * row)
+    );
+    assert!(ring[1..].iter().all(|g| g.bytes == 0 && g.addr == 0));
 }
 
 #[test]
