@@ -2,7 +2,8 @@
 # Builds the GPU test archive on a machine without CUDA, and runs it on a machine with it.
 # docs/gpu-testing.md explains each step.
 #
-#   scripts/gpu-check.sh build            # here: archive + cargo-nextest + amk binary → gpu-carry/a
+#   scripts/gpu-check.sh build            # here: archive + cargo-nextest + amk binary (+ the
+#                                         #   megakernel's cubin when NVRTC is here) → gpu-carry/a
 #   scripts/gpu-check.sh split-model F    # here: the GGUF in two parts → gpu-carry/b, gpu-carry/c
 #   scripts/gpu-check.sh run [FILTER]     # there: keep gpu-carry/a in $AMK_HOME, run the tests (-j 1)
 #   scripts/gpu-check.sh join-model       # there: gpu-carry/b + gpu-carry/c → $AMK_HOME/model.gguf
@@ -20,6 +21,10 @@ install() {
         cp "$CARRY/a"/gpu.tar.zst "$CARRY/a"/amk "$CARRY/a"/libamk_plugin_example_gelu_tanh.so "$AMK_HOME/"
         gunzip -c "$CARRY/a/cargo-nextest.gz" > "$AMK_HOME/cargo-nextest"
         chmod +x "$AMK_HOME/cargo-nextest" "$AMK_HOME/amk"
+        if [ -d "$CARRY/a/cubin" ]; then
+            mkdir -p "$AMK_HOME/cubin"
+            cp "$CARRY/a/cubin"/*.cubin "$AMK_HOME/cubin/" 2>/dev/null || true
+        fi
     fi
     export AMK_CUDA_CACHE="$AMK_HOME/cubin"
 }
@@ -33,6 +38,13 @@ build)
     cargo build -p amk --features cuda --profile gpu
     cp target/gpu/amk "$CARRY/a/amk"
     gzip -9 -c "$(command -v cargo-nextest)" > "$CARRY/a/cargo-nextest.gz"
+    # The megakernel compiled ahead of time for the GPU that will run it (PRECOMPILE=sm_90a by
+    # default, empty to skip): NVRTC takes minutes there otherwise. Needs libnvrtc here.
+    rm -rf "$CARRY/a/cubin"
+    for arch in ${PRECOMPILE-sm_90a}; do
+        "$CARRY/a/amk" ops compile --arch "$arch" --cache-dir "$CARRY/a/cubin" ||
+            echo "no precompiled cubin for $arch: the GPU machine will compile it"
+    done
     du -sh "$CARRY/a"/*
     ;;
 split-model)

@@ -1,4 +1,5 @@
-//! `amk ops list [--json]`: what the registry holds.
+//! `amk ops list [--json]`: what the registry holds. `amk ops compile --arch sm_XY`: its
+//! megakernel compiled ahead of time into the cubin cache.
 
 use amk_core::{Origin, Registry};
 use serde_json::{Value, json};
@@ -14,6 +15,87 @@ pub enum OpsCommand {
         #[arg(long)]
         json: bool,
     },
+    /// Compile the megakernel of every registered op (plugins included) for GPU
+    /// architectures into the cubin cache, with no GPU: a later run on such a GPU loads it
+    /// instead of compiling (minutes for the full megakernel). Needs NVRTC (libnvrtc.so).
+    Compile {
+        /// Target architecture, as the backend names it (`sm_90a` on Hopper, `sm_80`,
+        /// `sm_89`, `sm_120`, ...); repeatable.
+        #[arg(long = "arch", value_name = "sm_XY", required = true, value_parser = parse_arch)]
+        archs: Vec<String>,
+        /// Cache directory (default: `$AMK_CUDA_CACHE`, else `$XDG_CACHE_HOME/amk/cubin`,
+        /// else `~/.cache/amk/cubin`).
+        #[arg(long, value_name = "DIR")]
+        cache_dir: Option<std::path::PathBuf>,
+        /// Machine-readable output (one JSON object per architecture, in an array).
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+/// `sm_` then digits, optionally `a` (architecture-specific features).
+fn parse_arch(s: &str) -> Result<String, String> {
+    let digits = s
+        .strip_prefix("sm_")
+        .map(|r| r.strip_suffix('a').unwrap_or(r));
+    match digits {
+        Some(d) if !d.is_empty() && d.len() <= 3 && d.bytes().all(|b| b.is_ascii_digit()) => {
+            Ok(s.to_string())
+        }
+        _ => Err(format!(
+            "'{s}' is not an architecture name like sm_80 or sm_90a"
+        )),
+    }
+}
+
+/// Compiles for each architecture in turn; stops at the first failure (exit 1).
+fn compile(
+    reg: &Registry,
+    archs: &[String],
+    dir: Option<&std::path::Path>,
+    json: bool,
+) -> ExitCode {
+    let mut out = Vec::new();
+    for arch in archs {
+        if !json {
+            eprintln!(
+                "amk: compiling the megakernel for {arch} (NVRTC; minutes for a cold cache) ..."
+            );
+        }
+        let t0 = std::time::Instant::now();
+        match amk_backend_cuda::precompile(reg, arch, dir) {
+            Ok((path, bytes, cached)) => {
+                let secs = t0.elapsed().as_secs_f64();
+                if json {
+                    out.push(json!({"arch": arch, "path": path, "bytes": bytes,
+                                    "cached": cached, "seconds": secs}));
+                } else {
+                    let how = if cached { "already cached" } else { "compiled" };
+                    println!(
+                        "{arch}: {how}, {bytes} bytes, {secs:.1} s: {}",
+                        path.display()
+                    );
+                }
+            }
+            Err(e) => {
+                eprintln!("amk: {arch}: {e}");
+                if json {
+                    println!(
+                        "{}",
+                        serde_json::to_string_pretty(&Value::Array(out)).unwrap_or_default()
+                    );
+                }
+                return ExitCode::from(1);
+            }
+        }
+    }
+    if json {
+        println!(
+            "{}",
+            serde_json::to_string_pretty(&Value::Array(out)).unwrap_or_default()
+        );
+    }
+    ExitCode::SUCCESS
 }
 
 fn origin_text(o: &Origin) -> String {
@@ -70,6 +152,11 @@ pub fn run(cmd: &OpsCommand) -> ExitCode {
         }
     };
     match cmd {
+        OpsCommand::Compile {
+            archs,
+            cache_dir,
+            json,
+        } => compile(&reg, archs, cache_dir.as_deref(), *json),
         OpsCommand::List { json } => {
             if *json {
                 let doc = Value::Array(rows(&reg));

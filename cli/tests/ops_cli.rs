@@ -52,3 +52,35 @@ fn ops_list_prints_a_table() {
     assert!(text.contains("ATTENTION_COMBINE") && text.contains("recipe:object"));
     assert!(text.contains("GATE_UP_SILU") && text.contains("QKV_ROPE_APPEND"));
 }
+
+#[test]
+fn ops_compile_rejects_a_malformed_architecture() {
+    let out = Command::new(env!("CARGO_BIN_EXE_amk"))
+        .args(["ops", "compile", "--arch", "hopper"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("'hopper' is not an architecture name"),
+        "{err}"
+    );
+}
+
+#[cfg(not(feature = "cuda"))]
+#[test]
+fn ops_compile_without_the_cuda_feature_says_so() {
+    let dir = std::env::temp_dir().join(format!("amk-ops-compile-{}", std::process::id()));
+    let out = Command::new(env!("CARGO_BIN_EXE_amk"))
+        .args(["ops", "compile", "--arch", "sm_90a", "--cache-dir"])
+        .arg(&dir)
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("sm_90a: this amk was built without the `cuda` feature"),
+        "{err}"
+    );
+    assert!(!dir.exists(), "nothing is written");
+}

@@ -193,7 +193,7 @@ typedef struct amk_prefetch { /*@size 16*/
 } amk_prefetch_t;
 
 /* The kernel's one parameter, passed by value. */
-typedef struct amk_device_program { /*@size 128*/
+typedef struct amk_device_program { /*@size 136*/
   const amk_buffer_t* buffers;            /*@0*/
   const amk_instruction_t* instructions;  /*@8*/
   const amk_instruction_t* fused_steps;   /*@16*/ /* every FUSED task's expanded steps */
@@ -214,7 +214,12 @@ typedef struct amk_device_program { /*@size 128*/
   int32_t ring_bytes;                     /*@112*/ /* dynamic shared memory the GEMV weight ring may use (0: none) */
   int32_t flags;                          /*@116*/ /* AMK_PROG_* bits (amk_tile.cuh) */
   const amk_prefetch_t* l2_ranges;        /*@120*/ /* null, or AMK_L2_RANGES per instruction: weight bytes pulled into L2 before the task's wait (bytes 0 = none) */
+  const amk_buffer_t* task_bufs;          /*@128*/ /* AMK_TASK_SLOTS per instruction: its operands' descriptors, input i in slot i, output j in slot AMK_MAX_INPUTS + j */
 } amk_device_program_t;
+
+/* Descriptor slots per task in amk_device_program::task_bufs (and in the scheduler's copy):
+ * AMK_MAX_INPUTS inputs, then AMK_MAX_OUTPUTS outputs. */
+#define AMK_TASK_SLOTS 12
 
 /* L2 prefetch ranges per instruction in amk_device_program::l2_ranges. */
 #define AMK_L2_RANGES 4

@@ -112,31 +112,63 @@ __device__ __forceinline__ bool amk_check_ids(const amk_task_ctx& c) {
   return ok;
 }
 
-/* Copies task t's instruction, then the descriptors of its operands and its L2 prefetch
- * ranges, into shared memory (one round trip each for the whole block, before the wait: the
- * wait's acquire empties L1, and the op would otherwise fetch them from L2 one dependent load
- * after another). Returns false, the task failed, when the instruction names ids out of range. */
-__device__ __forceinline__ bool amk_stage_task(const amk_device_program_t& prog, int t,
-                                               amk_instruction_t* s_inst, amk_buffer_t* s_bufs,
-                                               amk_prefetch_t* s_l2, const amk_task_ctx& c) {
-  constexpr int IW = (int)(sizeof(amk_instruction_t) / 4);
-  constexpr int BW = (int)(sizeof(amk_buffer_t) / 8);
-  const int32_t* src = (const int32_t*)&prog.instructions[t];
-  for (int k = threadIdx.x; k < IW; k += AMK_THREADS) ((int32_t*)s_inst)[k] = src[k];
-  __syncthreads();
-  if (!amk_check_ids(c)) return false;
-  const int nin = s_inst->n_inputs, nout = s_inst->n_outputs;
-  for (int k = threadIdx.x; k < (AMK_MAX_INPUTS + AMK_MAX_OUTPUTS) * BW; k += AMK_THREADS) {
-    const int slot = k / BW, w = k % BW;
-    const int id = slot < AMK_MAX_INPUTS ? (slot < nin ? s_inst->inputs[slot] : -1)
-                 : (slot - AMK_MAX_INPUTS < nout ? s_inst->outputs[slot - AMK_MAX_INPUTS] : -1);
-    if (id >= 0) ((uint64_t*)&s_bufs[slot])[w] = ((const uint64_t*)&prog.buffers[id])[w];
+/* What the scheduler keeps of a task in shared memory: its instruction, its operands'
+ * descriptors (amk_in / amk_out read them), its L2 prefetch ranges, and the id of the task after
+ * it in the queue (-1: none). */
+struct amk_stage_t {
+  amk_instruction_t inst;
+  amk_buffer_t bufs[AMK_TASK_SLOTS];
+  amk_prefetch_t l2[AMK_L2_RANGES];
+  int32_t next;
+};
+
+/* 16 bytes (or 4: `small`) global -> shared, asynchronously (sm_80+, cp.async): the threads go
+ * on at once, and amk_stage_wait makes the bytes visible to the block. 16-byte copies bypass L1
+ * (.cg): no copy can read a line the next wait's acquire will not refresh. */
+__device__ __forceinline__ void amk_cp_async16(void* dst, const void* src) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(
+                   (uint32_t)__cvta_generic_to_shared(dst)),
+               "l"(src)
+               : "memory");
+}
+__device__ __forceinline__ void amk_cp_async4(void* dst, const void* src) {
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4;" ::"r"(
+                   (uint32_t)__cvta_generic_to_shared(dst)),
+               "l"(src)
+               : "memory");
+}
+
+/* Starts copying task t — the queue's entry i of [i, end) — into `s`: its instruction record,
+ * its descriptor record (the host lays the operands' descriptors out per task, so nothing here
+ * waits on an id read from the instruction), its L2 ranges, and the queue's next task id. One
+ * round trip for all of it, issued by the whole block while it still runs the task before t
+ * (docs/perf-notes.md round 7: staged after that task, the two dependent round trips were
+ * ~2 us on every phase's critical path). */
+__device__ __forceinline__ void amk_stage_issue(const amk_device_program_t& prog, int t, int i,
+                                                int end, amk_stage_t* s) {
+  constexpr int IV = (int)(sizeof(amk_instruction_t) / 16);
+  constexpr int BV = (int)(sizeof(amk_buffer_t) * AMK_TASK_SLOTS / 16);
+  constexpr int LV = (int)(sizeof(amk_prefetch_t) * AMK_L2_RANGES / 16);
+  const int n = IV + BV + (prog.l2_ranges ? LV : 0);
+  const uint4* inst = (const uint4*)&prog.instructions[t];
+  const uint4* bufs = (const uint4*)(prog.task_bufs + (long long)t * AMK_TASK_SLOTS);
+  const uint4* l2 = (const uint4*)(prog.l2_ranges + (long long)t * AMK_L2_RANGES);
+  for (int k = threadIdx.x; k < n; k += AMK_THREADS) {
+    if (k < IV) amk_cp_async16((uint4*)&s->inst + k, inst + k);
+    else if (k < IV + BV) amk_cp_async16((uint4*)s->bufs + (k - IV), bufs + (k - IV));
+    else amk_cp_async16((uint4*)s->l2 + (k - IV - BV), l2 + (k - IV - BV));
   }
-  if (prog.l2_ranges && threadIdx.x < 2 * AMK_L2_RANGES)
-    ((uint64_t*)s_l2)[threadIdx.x] =
-        ((const uint64_t*)(prog.l2_ranges + (long long)t * AMK_L2_RANGES))[threadIdx.x];
+  if (threadIdx.x == AMK_THREADS - 1) {
+    if (i + 1 < end) amk_cp_async4(&s->next, prog.queue_tasks + i + 1);
+    else s->next = -1;
+  }
+  asm volatile("cp.async.commit_group;" ::: "memory");
+}
+
+/* Every copy amk_stage_issue started has landed and is visible to the whole block. */
+__device__ __forceinline__ void amk_stage_wait() {
+  asm volatile("cp.async.wait_all;" ::: "memory");
   __syncthreads();
-  return true;
 }
 
 /* Pulls the staged ranges (the first bytes of the weights the task will stream) into L2, so
@@ -170,9 +202,8 @@ amk_megakernel(const amk_device_program_t prog) {
   extern __shared__ __align__(16) unsigned char amk_smem[];
   __shared__ int s_go;
   __shared__ int s_failed;
-  __shared__ __align__(16) amk_instruction_t s_inst;
-  __shared__ __align__(16) amk_buffer_t s_bufs[AMK_MAX_INPUTS + AMK_MAX_OUTPUTS];
-  __shared__ __align__(16) amk_prefetch_t s_l2[AMK_L2_RANGES];
+  /* Two stages: the task running, and the next one, copied in while it runs. */
+  __shared__ __align__(16) amk_stage_t s_stage[2];
   for (int k = threadIdx.x; k < AMK_BLOCK_CACHE_WORDS; k += AMK_THREADS) amk_block_cache[k] = 0u;
   if (threadIdx.x == 0) {
     s_failed = 0;
@@ -180,25 +211,33 @@ amk_megakernel(const amk_device_program_t prog) {
     amk_ring_init();
 #endif
   }
-  __syncthreads();
   const int q = blockIdx.x;
   if (q >= prog.n_queues) return;
-  for (int i = prog.queue_off[q]; i < prog.queue_off[q + 1]; ++i) {
-    const int t = prog.queue_tasks[i];
+  const int begin = prog.queue_off[q], end = prog.queue_off[q + 1];
+  if (begin >= end) return;
+  int t = prog.queue_tasks[begin];
+  amk_stage_issue(prog, t, begin, end, &s_stage[0]);
+  for (int i = begin; i < end; ++i) {
+    amk_stage_t* const st = &s_stage[(i - begin) & 1];
     uint64_t* tr = prog.trace ? prog.trace + (long long)t * AMK_TRACE_WORDS : (uint64_t*)0;
     if (tr && threadIdx.x == 0) { tr[0] = amk_globaltimer(); tr[3] = (uint64_t)q; }
+    /* Task t's stage has landed (and every thread is done with the other stage: the task
+       before ended with a block barrier), so the next task's copy can start now. */
+    amk_stage_wait();
+    const int next = st->next;
+    if (next >= 0) amk_stage_issue(prog, next, i + 1, end, &s_stage[(i + 1 - begin) & 1]);
     amk_task_ctx c;
     c.prog = &prog;
-    c.inst = &s_inst;
-    c.bufs = s_bufs;
+    c.inst = &st->inst;
+    c.bufs = st->bufs;
     c.task = t;
     c.step = -1;
     c.smem = amk_smem;
     c.smem_bytes = prog.smem_bytes;
     c.failed = &s_failed;
     c.trace = tr;
-    if (!amk_stage_task(prog, t, &s_inst, s_bufs, s_l2, c)) return;
-    if (prog.l2_ranges && (prog.flags & AMK_PROG_L2_PREFETCH_EARLY)) amk_l2_prefetch(s_l2, prog.flags);
+    if (!amk_check_ids(c)) break;
+    if (prog.l2_ranges && (prog.flags & AMK_PROG_L2_PREFETCH_EARLY)) amk_l2_prefetch(st->l2, prog.flags);
 #if AMK_RING
     /* A tile's weights do not depend on any counter: start streaming them now. */
     if (threadIdx.x == 0) amk_ring_prestart(c);
@@ -207,14 +246,14 @@ amk_megakernel(const amk_device_program_t prog) {
 #if AMK_RING
       if (threadIdx.x == 0 && amk_ring_started == t) amk_ring_drain(); /* no copy outlives the block */
 #endif
-      return;
+      break;
     }
     if (tr && threadIdx.x == 0) { tr[1] = amk_globaltimer(); tr[4] = 0; }
     /* By default after the wait: a prefetch issued while other blocks still stream the
        previous phase, or while the attention block waits on its loads, competes with them
        (docs/perf-notes.md round 6); issued here it fills the memory system while the op's
        prologue (checks, the row, its norm) runs. */
-    if (prog.l2_ranges && !(prog.flags & AMK_PROG_L2_PREFETCH_EARLY)) amk_l2_prefetch(s_l2, prog.flags);
+    if (prog.l2_ranges && !(prog.flags & AMK_PROG_L2_PREFETCH_EARLY)) amk_l2_prefetch(st->l2, prog.flags);
     amk_dispatch(c);
     if (tr && threadIdx.x == 0) tr[5] = amk_globaltimer();
     __syncthreads();
@@ -222,11 +261,14 @@ amk_megakernel(const amk_device_program_t prog) {
 #if AMK_RING
       if (threadIdx.x == 0 && amk_ring_started == t) amk_ring_drain();
 #endif
-      return;
+      break;
     }
     amk_signal(prog, c.inst->out_counter);
     if (tr && threadIdx.x == 0) tr[2] = amk_globaltimer();
+    t = next;
   }
+  /* A block that stops early (a failed task, the abort flag) lets no copy outlive it. */
+  asm volatile("cp.async.wait_all;" ::: "memory");
 }
 
 /* Overwrites the instruction records named in `ids` with `recs` (per-token param patches:

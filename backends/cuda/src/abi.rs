@@ -161,7 +161,14 @@ pub struct AmkDeviceProgram {
     /// 0, or [`L2_RANGES`] [`AmkPrefetch`] per instruction: weight bytes the scheduler pulls
     /// into L2 (after the task's wait; before it with [`PROG_L2_PREFETCH_EARLY`]).
     pub l2_ranges: u64,
+    /// [`TASK_SLOTS`] [`AmkBuffer`] per instruction: its operands' descriptors, in the slots
+    /// the scheduler stages them in (`tables::task_buffers`).
+    pub task_bufs: u64,
 }
+
+/// Descriptor slots per task in `amk_device_program::task_bufs`: `AMK_MAX_INPUTS` inputs, then
+/// `AMK_MAX_OUTPUTS` outputs.
+pub const TASK_SLOTS: usize = 12;
 
 /// L2 prefetch ranges per instruction in `amk_device_program::l2_ranges`.
 pub const L2_RANGES: usize = 4;
@@ -222,7 +229,8 @@ pub fn field_offsets() -> Vec<(&'static str, &'static str, usize)> {
         "n_buffers" => n_buffers, "n_counters" => n_counters,
         "n_instructions" => n_instructions, "n_queues" => n_queues, "smem_bytes" => smem_bytes,
         "epoch" => epoch, "trace" => trace, "prefetch" => prefetch,
-        "ring_bytes" => ring_bytes, "flags" => flags, "l2_ranges" => l2_ranges);
+        "ring_bytes" => ring_bytes, "flags" => flags, "l2_ranges" => l2_ranges,
+        "task_bufs" => task_bufs);
     f!(v, "amk_prefetch", AmkPrefetch, "addr" => addr, "bytes" => bytes);
     v
 }
@@ -249,5 +257,5 @@ const _: () = assert!(offset_of!(AmkInstruction, out_counter) == 128);
 const _: () = assert!(offset_of!(AmkInstruction, params) == 136);
 const _: () = assert!(size_of::<AmkInstruction>() == 240);
 const _: () = assert!(size_of::<AmkStatus>() == 24);
-const _: () = assert!(size_of::<AmkDeviceProgram>() == 128);
+const _: () = assert!(size_of::<AmkDeviceProgram>() == 136);
 const _: () = assert!(size_of::<AmkPrefetch>() == 16);

@@ -17,11 +17,11 @@ pub mod tables;
 #[cfg(feature = "cuda")]
 mod device;
 #[cfg(feature = "cuda")]
-pub use device::{CudaBackend, CudaSession, compile_for_arch, driver_present, nvrtc};
+pub use device::{CudaBackend, CudaSession, compile_for_arch, driver_present, nvrtc, precompile};
 #[cfg(not(feature = "cuda"))]
 mod stub;
 #[cfg(not(feature = "cuda"))]
-pub use stub::{CudaBackend, CudaSession};
+pub use stub::{CudaBackend, CudaSession, precompile};
 
 #[cfg(feature = "testing")]
 pub mod testing;

@@ -101,6 +101,15 @@ impl CudaSession {
     }
 }
 
+/// Always [`CudaError::NotCompiled`] in this build.
+pub fn precompile(
+    _registry: &Registry,
+    _arch: &str,
+    _cache_dir: Option<&std::path::Path>,
+) -> Result<(std::path::PathBuf, usize, bool), CudaError> {
+    Err(CudaError::NotCompiled)
+}
+
 impl Backend for CudaBackend {
     fn name(&self) -> &'static str {
         "cuda"

@@ -5,7 +5,7 @@
 
 use crate::abi::{
     AmkBuffer, AmkInstruction, AmkParams, AmkPrefetch, L2_RANGES, MAX_EXT_PARAMS, PRESENT_EXT0,
-    STEP_ZERO_OUTPUTS,
+    STEP_ZERO_OUTPUTS, TASK_SLOTS,
 };
 use crate::queues::{Queues, build_queues};
 use amk_core::json::{Map, Value};
@@ -608,6 +608,32 @@ fn qkv_rows(p: &AmkParams, off: u64, n: u64) -> Vec<(usize, u64, u64)> {
         }
     }
     runs
+}
+
+/// The operand descriptors of every instruction, [`TASK_SLOTS`] per task, laid out as the
+/// scheduler keeps them in shared memory: input `i` in slot `i`, output `j` in slot
+/// `MAX_INPUTS + j`, unused slots zero. The scheduler copies a task's instruction and this
+/// record in one asynchronous round trip while the block still runs the task before (an id
+/// read from the instruction would otherwise make the descriptors a second, dependent round
+/// trip on the critical path: docs/perf-notes.md round 7). Ids out of range (a program the
+/// validator did not see) leave their slot zero; the device's id check fails such a task
+/// before any op reads a descriptor.
+pub fn task_buffers(instructions: &[AmkInstruction], descs: &[AmkBuffer]) -> Vec<AmkBuffer> {
+    let zero: AmkBuffer = bytemuck::Zeroable::zeroed();
+    let mut out = vec![zero; instructions.len() * TASK_SLOTS];
+    let desc = |id: i32| usize::try_from(id).ok().and_then(|b| descs.get(b)).copied();
+    for (t, r) in instructions.iter().enumerate() {
+        let slots = &mut out[t * TASK_SLOTS..(t + 1) * TASK_SLOTS];
+        let n_in = r.n_inputs.clamp(0, r.inputs.len() as i32) as usize;
+        let n_out = r.n_outputs.clamp(0, r.outputs.len() as i32) as usize;
+        for (slot, &id) in slots.iter_mut().zip(&r.inputs[..n_in]) {
+            *slot = desc(id).unwrap_or(zero);
+        }
+        for (slot, &id) in slots[r.inputs.len()..].iter_mut().zip(&r.outputs[..n_out]) {
+            *slot = desc(id).unwrap_or(zero);
+        }
+    }
+    out
 }
 
 /// Byte ranges per instruction ([`L2_RANGES`] each, unused ones zero) of the weights the task

@@ -126,6 +126,11 @@ fn header_constants_match_the_core() {
     assert_eq!(num("AMK_MAX_EXT_PARAMS"), abi::MAX_EXT_PARAMS as i64);
     assert_eq!(num("AMK_COUNTER_STRIDE"), abi::COUNTER_STRIDE as i64);
     assert_eq!(num("AMK_L2_RANGES"), abi::L2_RANGES as i64);
+    assert_eq!(num("AMK_TASK_SLOTS"), abi::TASK_SLOTS as i64);
+    assert_eq!(
+        abi::TASK_SLOTS,
+        core_abi::MAX_INPUTS + core_abi::MAX_OUTPUTS
+    );
     assert_eq!(num("AMK_P_EXT0"), abi::PRESENT_EXT0 as i64);
     // Presence bits follow the host's device-field table.
     for (key, _) in amk_core::PARAM_FIELDS {
@@ -379,6 +384,37 @@ fn l2_ranges_cover_the_rows_each_projection_tile_streams() {
         (0x10_0000 + 16 * row, 8 * row)
     );
     assert!(ring[1..].iter().all(|g| g.bytes == 0 && g.addr == 0));
+}
+
+/// Each task's descriptor record holds its inputs' descriptors in slots 0.., its outputs' from
+/// slot `MAX_INPUTS`, zero elsewhere, and zero for ids out of range.
+#[test]
+fn task_buffers_lay_out_each_tasks_operands_in_its_stage_slots() {
+    let descs: Vec<abi::AmkBuffer> = (0..5)
+        .map(|b| weight(0x1000 * (b + 1), b as i64 + 1, 8))
+        .collect();
+    let mut a = record(Opcode::ADD, &[3, 1], 8, 0, 0);
+    a.n_outputs = 1;
+    a.outputs[0] = 4;
+    let mut bad = record(Opcode::GEMV_TILE, &[0, 7], 8, 1, 0);
+    bad.n_outputs = 2;
+    bad.outputs[..2].copy_from_slice(&[-1, 2]);
+    let slots = tables::task_buffers(&[a, bad], &descs);
+    assert_eq!(slots.len(), 2 * abi::TASK_SLOTS);
+    let zero = abi::AmkBuffer::zeroed();
+    let max_in = core_abi::MAX_INPUTS;
+    for (t, expect) in [
+        (0, vec![(0, 3), (1, 1), (max_in, 4)]),
+        (1, vec![(0, 0), (max_in + 1, 2)]),
+    ] {
+        for s in 0..abi::TASK_SLOTS {
+            let want = expect
+                .iter()
+                .find(|(slot, _)| *slot == s)
+                .map_or(zero, |&(_, b)| descs[b]);
+            assert_eq!(slots[t * abi::TASK_SLOTS + s], want, "task {t} slot {s}");
+        }
+    }
 }
 
 #[test]

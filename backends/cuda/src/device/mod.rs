@@ -284,6 +284,28 @@ impl CudaBackend {
     }
 }
 
+/// Compiles the megakernel of `registry` for `arch` (e.g. `sm_90a`) into the cubin cache
+/// (`cache_dir`, else [`nvrtc::default_cache_dir`]) with no device, exactly as a session on a
+/// GPU of that architecture would (same source, same options, same key), so that the first
+/// run there loads it instead of compiling for minutes. Returns the cubin's path, its size, and
+/// whether it was already cached.
+pub fn precompile(
+    registry: &Registry,
+    arch: &str,
+    cache_dir: Option<&std::path::Path>,
+) -> Result<(std::path::PathBuf, usize, bool), CudaError> {
+    let dir = cache_dir.map_or_else(nvrtc::default_cache_dir, std::path::Path::to_path_buf);
+    let knobs = Knobs {
+        threads: CudaOptions::default().threads,
+    };
+    let mk = megakernel_source(registry, knobs).map_err(CudaError::Layout)?;
+    let key = nvrtc::cache_key(&mk.source, &nvrtc::options(arch))?;
+    let path = dir.join(format!("{key}.{arch}.cubin"));
+    let cached = path.is_file();
+    let cubin = nvrtc::compile_cached(&mk.source, arch, Some(&dir))?;
+    Ok((path, cubin.len(), cached))
+}
+
 /// Compiles the megakernel of `registry` for `arch` (e.g. `sm_80`) with no device: what
 /// NVRTC alone can check. Bypasses the cache.
 pub fn compile_for_arch(

@@ -39,8 +39,8 @@ pub struct CudaSession {
     patched: Vec<usize>,
     arena: DeviceMem,
     _weights: Vec<DeviceMem>,
-    /// Buffer descriptors and per-instruction prefetch ranges.
-    _descs: (DeviceMem, DeviceMem, DeviceMem),
+    /// Buffer descriptors, per-instruction prefetch ranges, and the per-task descriptor records.
+    _descs: (DeviceMem, DeviceMem, DeviceMem, DeviceMem),
     instructions: DeviceMem,
     _fused: (DeviceMem, DeviceMem),
     _queues: (DeviceMem, DeviceMem),
@@ -229,6 +229,8 @@ impl CudaSession {
             ctx,
             &tables::l2_ranges(&tables.instructions, &descs, &tables.placement, l2_cap),
         )?;
+        let task_bufs =
+            DeviceMem::from_slice(ctx, &tables::task_buffers(&tables.instructions, &descs))?;
         let instructions = DeviceMem::from_slice(ctx, &tables.instructions)?;
         let fused_steps = DeviceMem::from_slice(ctx, &tables.fused_steps)?;
         let fused_off = DeviceMem::from_slice(ctx, &tables.fused_off)?;
@@ -273,6 +275,7 @@ impl CudaSession {
                 0
             },
             l2_ranges: if l2_cap > 0 { l2.ptr() } else { 0 },
+            task_bufs: task_bufs.ptr(),
         };
         Ok(CudaSession {
             backend: backend.clone(),
@@ -284,7 +287,7 @@ impl CudaSession {
             patched: Vec::new(),
             arena,
             _weights: uploads,
-            _descs: (descs_mem, prefetch, l2),
+            _descs: (descs_mem, prefetch, l2, task_bufs),
             instructions,
             _fused: (fused_steps, fused_off),
             _queues: (queue_tasks, queue_off),
