@@ -114,8 +114,9 @@ __device__ __forceinline__ bool amk_check_ids(const amk_task_ctx& c) {
 
 /* What the scheduler keeps of a task in shared memory: its instruction, its operands'
  * descriptors (amk_in / amk_out read them), its L2 prefetch ranges, and the id of the task after
- * it in the queue (-1: none). */
-struct amk_stage_t {
+ * it in the queue (-1: none). 16-byte aligned, so that every element of an array of stages is a
+ * cp.async destination. */
+struct __align__(16) amk_stage_t {
   amk_instruction_t inst;
   amk_buffer_t bufs[AMK_TASK_SLOTS];
   amk_prefetch_t l2[AMK_L2_RANGES];
