@@ -702,27 +702,6 @@ __device__ __forceinline__ void amk_rms_store(void* op, int odt, long long ub, l
   }
 }
 
-/* One row's norm once its x vectors (xa, xb) and w's (wa, wb) are loaded: the sum of squares,
- * its reduction over the G threads (a warp, or the block with the parity `par` of the shared
- * partials, flipped here), 1 / rms in f64, and the store at vector offset ub of `op`. */
-template <int G, int V>
-__device__ __forceinline__ void amk_rms_finish(void* op, int odt, long long ub, long long h,
-                                               double eps, int t, int xdt, uint4* xa, uint4* xb,
-                                               int wdt, const uint4* wa, const uint4* wb,
-                                               int& par) {
-  const long long hv = h >> 3;
-  double s = amk_rms_sumsq<G, V>(xdt, hv, t, xa, xb);
-  amk_norm_opaque<V>(xa, xb);
-  if (G == 32) {
-    s = amk_warp_sum_d(s);
-  } else {
-    s = amk_norm_block_sum(s, par);
-    par ^= 1;
-  }
-  const double inv = 1.0 / sqrt(s / (double)h + eps);
-  amk_rms_store<G, V>(op, odt, ub, hv, t, xdt, xa, xb, wdt, wa, wb, inv);
-}
-
 /* Rows r0, r0 + rstep, .. < rows, each by a group of G threads (G = 32: one warp, t = lane,
  * shuffle reduce; G = AMK_THREADS: the whole block, t = threadIdx.x, r0 = 0, rstep = 1, so the
  * row loop and its barriers are block-uniform). Needs hidden % 8 == 0, hidden / 8 <= G * V, x,
@@ -737,6 +716,7 @@ __device__ __noinline__ void amk_rms_rows(const void* xp, int xdt, const void* w
                                       int odt, long long h, double eps, long long rows,
                                       long long r0, long long rstep, int t) {
   const long long hv = h >> 3;
+  const double dh = (double)h;
   if (r0 >= rows) return; /* warp mode: a warp without rows (warp-uniform); block: no rows */
   uint4 wa[V], wb[V], xa[V], xb[V];
   amk_norm_ld<G, V>(wp, wdt, 0, hv, t, wa, wb);
@@ -744,27 +724,21 @@ __device__ __noinline__ void amk_rms_rows(const void* xp, int xdt, const void* w
   int par = 0;
 #pragma unroll 1
   for (long long r = r0;;) {
-    amk_rms_finish<G, V>(op, odt, r * hv, h, eps, t, xdt, xa, xb, wdt, wa, wb, par);
+    double s = amk_rms_sumsq<G, V>(xdt, hv, t, xa, xb);
+    amk_norm_opaque<V>(xa, xb);
+    if (G == 32) {
+      s = amk_warp_sum_d(s);
+    } else {
+      s = amk_norm_block_sum(s, par);
+      par ^= 1;
+    }
+    const double inv = 1.0 / sqrt(s / dh + eps);
+    amk_rms_store<G, V>(op, odt, r * hv, hv, t, xdt, xa, xb, wdt, wa, wb, inv);
     r += rstep;
     if (r >= rows) break;
     amk_norm_opaque<V>(wa, wb); /* w's conversion stays in the loop (waited for by now) */
     amk_norm_ld<G, V>(xp, xdt, r * hv, hv, t, xa, xb);
   }
-}
-
-/* One row normalised by the whole block (amk_rms_rows' block mode with one row), inline: the
- * fused tiles call it with their first weight loads in flight, which a call would wait for
- * (a callee saves the registers it reuses). The caller puts a barrier before anyone reads
- * `op`. */
-template <int V>
-__device__ __forceinline__ void amk_rms_row_block(const void* xp, int xdt, const void* wp, int wdt,
-                                                  void* op, int odt, long long h, double eps) {
-  const long long hv = h >> 3;
-  uint4 wa[V], wb[V], xa[V], xb[V];
-  amk_norm_ld<AMK_THREADS, V>(wp, wdt, 0, hv, threadIdx.x, wa, wb);
-  amk_norm_ld<AMK_THREADS, V>(xp, xdt, 0, hv, threadIdx.x, xa, xb);
-  int par = 0;
-  amk_rms_finish<AMK_THREADS, V>(op, odt, 0, h, eps, threadIdx.x, xdt, xa, xb, wdt, wa, wb, par);
 }
 
 /* Max ignoring nothing: NaN propagates like fmaxf (NaN loses); callers needing NaN-aware

@@ -612,105 +612,142 @@ __device__ __forceinline__ void amk_fload(uint4 (&wv)[NR][U], const unsigned cha
 }
 
 /* The warp's NR dot products of the row with weight rows w[0..NR) (16-byte aligned, nvec
- * vectors each), U vectors of each row in flight per lane; `wv` holds the first U (amk_fload
- * at v0 = 0, issued by the caller: the unit's first weight bytes may be in flight before the
- * row is ready). Every lane gets the sums. */
+ * vectors each), U vectors of each row in flight per lane. With FIRST, the first U vectors of
+ * each row are already in `first` (amk_fload at v0 = 0, issued by the caller: a unit's first
+ * weight bytes may be in flight before the row is ready; a reference and a compile-time flag,
+ * not a pointer, so that they stay in registers). Every lane gets the sums. */
+/* The FMAs of one chunk: vectors v0 + u * 32 + lane (u < U) of each of the NR rows, held in wv. */
 template <int WK, int XT, int NR, int U>
-__device__ __forceinline__ void amk_fdot(const void* x, const unsigned char* const (&w)[NR], int nvec,
-                                         bool bf, unsigned long long pol, uint4 (&wv)[NR][U],
-                                         float (&s)[NR]) {
+__device__ __forceinline__ void amk_fchunk(const void* x, const uint4 (&wv)[NR][U], int v0, int nvec,
+                                           bool bf, float (&acc)[NR][4]) {
   constexpr int VE = amk_tile_ve<WK>::v;
   const int lane = threadIdx.x & 31;
+#pragma unroll
+  for (int u = 0; u < U; ++u) {
+    const int v = v0 + u * 32 + lane;
+    if (v < nvec) {
+      float xs[VE];
+      amk_tile_ldx<XT, VE>(x, (long long)v * VE, xs, bf);
+#pragma unroll
+      for (int r = 0; r < NR; ++r) {
+        float wf[VE];
+        amk_tile_decode<WK>(wv[r][u], wf);
+#pragma unroll
+        for (int i = 0; i < VE; ++i) acc[r][i & 3] = fmaf(xs[i], wf[i], acc[r][i & 3]);
+      }
+    }
+  }
+}
+
+template <int WK, int XT, int NR, int U, bool FIRST>
+__device__ __forceinline__ void amk_fdot(const void* x, const unsigned char* const (&w)[NR], int nvec,
+                                         bool bf, unsigned long long pol,
+                                         const uint4 (&first)[NR][U], float (&s)[NR]) {
   float acc[NR][4];
 #pragma unroll
   for (int r = 0; r < NR; ++r)
 #pragma unroll
     for (int i = 0; i < 4; ++i) acc[r][i] = 0.0f;
-  for (int v0 = 0; v0 < nvec; v0 += 32 * U) {
-    if (v0 > 0) amk_fload<NR, U>(wv, w, v0, nvec, pol);
-#pragma unroll
-    for (int u = 0; u < U; ++u) {
-      const int v = v0 + u * 32 + lane;
-      if (v < nvec) {
-        float xs[VE];
-        amk_tile_ldx<XT, VE>(x, (long long)v * VE, xs, bf);
-#pragma unroll
-        for (int r = 0; r < NR; ++r) {
-          float wf[VE];
-          amk_tile_decode<WK>(wv[r][u], wf);
-#pragma unroll
-          for (int i = 0; i < VE; ++i) acc[r][i & 3] = fmaf(xs[i], wf[i], acc[r][i & 3]);
-        }
-      }
-    }
+  int v0 = 0;
+  if (FIRST) { /* peeled: `first` is dead once the loop starts */
+    amk_fchunk<WK, XT, NR, U>(x, first, 0, nvec, bf, acc);
+    v0 = 32 * U;
+  }
+  for (; v0 < nvec; v0 += 32 * U) {
+    uint4 wv[NR][U];
+    amk_fload<NR, U>(wv, w, v0, nvec, pol);
+    amk_fchunk<WK, XT, NR, U>(x, wv, v0, nvec, bf, acc);
   }
 #pragma unroll
   for (int r = 0; r < NR; ++r) s[r] = amk_warp_sum((acc[r][0] + acc[r][1]) + (acc[r][2] + acc[r][3]));
 }
 
-/* Starts unit j: its weight rows (rows(j, wb, row) names buffer and row of each; it returns
- * the unit's addend, e.g. a residual element, loaded by lane 0 now so that it arrives with the
- * weights) and the loads of their first vectors. */
-template <int WK, int NR, int U, typename Rows>
-__device__ __forceinline__ float amk_funit(int j, Rows& rows, long long K, int nvec,
-                                           unsigned long long pol, const unsigned char* (&w)[NR],
-                                           uint4 (&wv)[NR][U]) {
+/* Unit j's weight rows: rows(j, wb, row) names the buffer and row of each. */
+template <int WK, int NR, typename Rows>
+__device__ __forceinline__ void amk_funit(int j, Rows& rows, long long K,
+                                          const unsigned char* (&w)[NR]) {
   constexpr long long ESZ = WK == AMK_TILE_W_F32 ? 4 : 2;
   const amk_buffer_t* wb[NR];
   long long row[NR];
-  const float pre = rows(j, wb, row);
+  rows(j, wb, row);
 #pragma unroll
   for (int r = 0; r < NR; ++r) w[r] = (const unsigned char*)wb[r]->ptr + row[r] * K * ESZ;
-  amk_fload<NR, U>(wv, w, 0, nvec, pol);
-  return pre;
 }
 
-/* Vector path: units j = warp, warp + AMK_WARPS, .. < n_units. Each warp issues its first unit's
- * first weight loads, then the block prepares the row (the loads fly meanwhile: the row's
- * load, its norm and the barrier used to come before any weight byte was asked for), then
- * early()'s value (issued with them) goes to late(), block-uniform, which may fail the task
+/* Vector path: units j = warp, warp + AMK_WARPS, .. < n_units. Without a norm (NORM false: the
+ * row is copied into shared memory or read in place) each warp first issues its first unit's
+ * first weight loads and addend, and the row's copy and barrier run while they fly (they used
+ * to come before any weight byte was asked for). With a norm the row is normalised first, out
+ * of line (amk_rms_rows): loads in flight in registers cannot cross a call — the callee's
+ * register saves would wait for them — and the norm's f64 division and square root are calls.
+ * early()'s value is issued before the row; late(early), block-uniform, may fail the task
  * (false) before any store; epi(j, s, pre, early) stores unit j's results (all lanes call it). */
-template <int WK, int XT, int NR, typename Rows, typename Epi, typename Early, typename Late>
-__device__ __noinline__ void amk_fused_fast(const amk_fused_args a, Rows rows, Epi epi, Early early,
-                                            Late late) {
+template <int WK, int XT, int NR, bool NORM, typename Rows, typename Add, typename Epi,
+          typename Early, typename Late>
+__device__ __noinline__ void amk_fused_fast(const amk_fused_args a, Rows rows, Add add, Epi epi,
+                                            Early early, Late late) {
   constexpr int VE = amk_tile_ve<WK>::v;
   constexpr int U = AMK_FUSED_VECS / NR;
   const int nvec = (int)(a.K / VE);
   const bool bf = a.xdt == AMK_BF16;
-  int j = threadIdx.x >> 5;
-  const unsigned char* w[NR];
-  uint4 wv[NR][U];
-  float pre = 0.0f;
-  if (j < a.n_units) pre = amk_funit<WK, NR, U>(j, rows, a.K, nvec, a.pol, w, wv);
+  const int warp = threadIdx.x >> 5;
+  /* The first unit, started before the row when there is no norm. */
+  const unsigned char* w0[NR];
+  uint4 wv0[NR][U];
+  if (!NORM) {
+    /* Unconditional (a warp without units loads its last unit's first bytes, an L2 hit for
+       that unit's warp): loads defined on one branch only were kept in local memory. */
+    amk_funit<WK, NR>(min(warp, a.n_units - 1), rows, a.K, w0);
+    amk_fload<NR, U>(wv0, w0, 0, nvec, a.pol);
+  }
   const long long ev = early();
   const void* x = a.x;
-  if (a.mode == AMK_FROW_RMS) {
-    amk_rms_row_block<AMK_RMS_VB>(a.x, a.xdt, a.nw, a.nwdt, a.smem, a.xdt, a.K, a.eps);
+  if (NORM) {
+    amk_rms_rows<AMK_THREADS, AMK_RMS_VB>(a.x, a.xdt, a.nw, a.nwdt, a.smem, a.xdt, a.K, a.eps, 1, 0,
+                                          1, threadIdx.x);
     __syncthreads(); /* the row is in shared memory for every warp */
     x = a.smem;
   } else if (a.mode == AMK_FROW_COPY) {
-    const long long nv = (a.K * (a.xdt == AMK_F32 ? 4 : 2)) >> 4;
-    for (long long i = threadIdx.x; i < nv; i += AMK_THREADS)
-      ((uint4*)a.smem)[i] = ((const uint4*)a.x)[i];
+    const int nv = (int)((a.K * (a.xdt == AMK_F32 ? 4 : 2)) >> 4);
+    const uint32_t sbase = (uint32_t)__cvta_generic_to_shared(a.smem);
+    for (int i = threadIdx.x; i < nv; i += AMK_THREADS) {
+      /* a shared-window store (STS; through the generic pointer it is a generic store) */
+      const uint4 v = ((const uint4*)a.x)[i];
+      asm volatile("st.shared.v4.u32 [%0], {%1, %2, %3, %4};" ::"r"(sbase + 16u * i), "r"(v.x),
+                   "r"(v.y), "r"(v.z), "r"(v.w)
+                   : "memory");
+    }
     __syncthreads();
     x = a.smem;
   }
   if (a.trace && threadIdx.x == 0) a.trace[4] = amk_globaltimer();
   if (!late(ev)) return;
-  for (; j < a.n_units; j += AMK_WARPS) {
-    if (j != (int)(threadIdx.x >> 5)) pre = amk_funit<WK, NR, U>(j, rows, a.K, nvec, a.pol, w, wv);
+  int j = warp;
+  if (!NORM && j < a.n_units) {
+    /* the addend (a conversion waits for it) after the row: its load does not delay the
+       row's, and the weights are still on their way */
+    const float pre0 = add(j);
     float s[NR];
-    amk_fdot<WK, XT, NR, U>(x, w, nvec, bf, a.pol, wv, s);
+    amk_fdot<WK, XT, NR, U, true>(x, w0, nvec, bf, a.pol, wv0, s);
+    epi(j, s, pre0, ev);
+    j += AMK_WARPS;
+  }
+  for (; j < a.n_units; j += AMK_WARPS) {
+    const unsigned char* w[NR];
+    amk_funit<WK, NR>(j, rows, a.K, w);
+    const float pre = add(j);
+    float s[NR];
+    amk_fdot<WK, XT, NR, U, false>(x, w, nvec, bf, a.pol, wv0, s);
     epi(j, s, pre, ev);
   }
 }
 
 /* Generic path (any alignment, K, float dtypes): 1 / rms(x) from a block sum when there is a
  * norm, the row normalised on the fly; lanes stride over k; same roles as the vector path. */
-template <int NR, typename Rows, typename Epi, typename Early, typename Late>
+template <int NR, typename Rows, typename Add, typename Epi, typename Early, typename Late>
 __device__ __noinline__ void amk_fused_generic(const amk_buffer_t* xb, const amk_buffer_t* nwb,
                                                long long K, float eps, uint64_t* trace, int n_units,
-                                               Rows rows, Epi epi, Early early, Late late) {
+                                               Rows rows, Add add, Epi epi, Early early, Late late) {
   const long long ev = early();
   amk_frow r;
   r.x = xb;
@@ -732,7 +769,8 @@ __device__ __noinline__ void amk_fused_generic(const amk_buffer_t* xb, const amk
   for (int j = threadIdx.x >> 5; j < n_units; j += AMK_WARPS) {
     const amk_buffer_t* wb[NR];
     long long row[NR];
-    const float pre = rows(j, wb, row);
+    rows(j, wb, row);
+    const float pre = add(j);
     float acc[NR];
 #pragma unroll
     for (int q = 0; q < NR; ++q) acc[q] = 0.0f;
@@ -748,17 +786,39 @@ __device__ __noinline__ void amk_fused_generic(const amk_buffer_t* xb, const amk
   }
 }
 
+/* amk_fused_fast for the weights' kind `wk` and the row's dtype. */
+template <int NR, bool NORM, typename Rows, typename Add, typename Epi, typename Early,
+          typename Late>
+__device__ __forceinline__ void amk_fused_fast_dt(const amk_fused_args& a, int wk, Rows& rows,
+                                                  Add& add, Epi& epi, Early& early, Late& late) {
+  const bool xf = a.xdt == AMK_F32;
+  switch (wk) {
+    case AMK_TILE_W_F32:
+      if (xf) amk_fused_fast<AMK_TILE_W_F32, AMK_F32, NR, NORM>(a, rows, add, epi, early, late);
+      else amk_fused_fast<AMK_TILE_W_F32, AMK_BF16, NR, NORM>(a, rows, add, epi, early, late);
+      break;
+    case AMK_TILE_W_F16:
+      if (xf) amk_fused_fast<AMK_TILE_W_F16, AMK_F32, NR, NORM>(a, rows, add, epi, early, late);
+      else amk_fused_fast<AMK_TILE_W_F16, AMK_BF16, NR, NORM>(a, rows, add, epi, early, late);
+      break;
+    default:
+      if (xf) amk_fused_fast<AMK_TILE_W_BF16, AMK_F32, NR, NORM>(a, rows, add, epi, early, late);
+      else amk_fused_fast<AMK_TILE_W_BF16, AMK_BF16, NR, NORM>(a, rows, add, epi, early, late);
+      break;
+  }
+}
+
 /* A fused tile over the row x (K elements), RMS-normalised first when a norm weight `nw` is
  * given (rounded to x's dtype as the unfused RMSNORM stores it), then n_units warp units.
  * The vector path runs when x is a vector dtype with a 16-byte aligned base, every weight
  * buffer has dtype `wdt` (F32/F16/BF16, else -1) and a 16-byte aligned base (`w_al16`), K is a
  * multiple of the weights' vector width and, with a norm, K is a multiple of 8 and the row fits
  * RMSNORM's vector path and shared memory; the generic path otherwise. Roles of rows / epi / early / late: amk_fused_fast. Block-uniform. */
-template <int NR, typename Rows, typename Epi, typename Early, typename Late>
+template <int NR, typename Rows, typename Add, typename Epi, typename Early, typename Late>
 __device__ __forceinline__ void amk_fused_tile(const amk_task_ctx& ctx, const amk_buffer_t* x,
                                                const amk_buffer_t* nw, long long K, float eps,
                                                int wdt, bool w_al16, int n_units, Rows rows,
-                                               Epi epi, Early early, Late late) {
+                                               Add add, Epi epi, Early early, Late late) {
   const int wk = wdt == AMK_F32 ? AMK_TILE_W_F32 : wdt == AMK_F16 ? AMK_TILE_W_F16
                : wdt == AMK_BF16 ? AMK_TILE_W_BF16 : -1;
   const long long esz = x->dtype == AMK_F32 ? 4 : 2;
@@ -774,6 +834,7 @@ __device__ __forceinline__ void amk_fused_tile(const amk_task_ctx& ctx, const am
   a.pol = amk_weight_policy(ctx.prog->flags);
   a.trace = ctx.trace;
   a.n_units = n_units;
+  if (n_units <= 0) return; /* callers check their tile sizes: nothing to compute */
   const bool k8 = (K & 7) == 0;
   a.mode = nw ? AMK_FROW_RMS : k8 && fits ? AMK_FROW_COPY : AMK_FROW_IN_PLACE;
   bool fast = amk_is_vec(x->dtype) && amk_al16(x->ptr) && wk >= 0 && w_al16 &&
@@ -782,28 +843,16 @@ __device__ __forceinline__ void amk_fused_tile(const amk_task_ctx& ctx, const am
     fast = fast && k8 && fits && (K >> 3) <= (long long)AMK_THREADS * AMK_RMS_VB &&
            amk_is_vec(nw->dtype) && amk_al16(nw->ptr);
   if (!fast) {
-    amk_fused_generic<NR>(x, nw, K, eps, ctx.trace, n_units, rows, epi, early, late);
+    amk_fused_generic<NR>(x, nw, K, eps, ctx.trace, n_units, rows, add, epi, early, late);
     return;
   }
-  const bool xf = x->dtype == AMK_F32;
-  switch (wk) {
-    case AMK_TILE_W_F32:
-      if (xf) amk_fused_fast<AMK_TILE_W_F32, AMK_F32, NR>(a, rows, epi, early, late);
-      else amk_fused_fast<AMK_TILE_W_F32, AMK_BF16, NR>(a, rows, epi, early, late);
-      break;
-    case AMK_TILE_W_F16:
-      if (xf) amk_fused_fast<AMK_TILE_W_F16, AMK_F32, NR>(a, rows, epi, early, late);
-      else amk_fused_fast<AMK_TILE_W_F16, AMK_BF16, NR>(a, rows, epi, early, late);
-      break;
-    default:
-      if (xf) amk_fused_fast<AMK_TILE_W_BF16, AMK_F32, NR>(a, rows, epi, early, late);
-      else amk_fused_fast<AMK_TILE_W_BF16, AMK_BF16, NR>(a, rows, epi, early, late);
-      break;
-  }
+  if (nw) amk_fused_fast_dt<NR, true>(a, wk, rows, add, epi, early, late);
+  else amk_fused_fast_dt<NR, false>(a, wk, rows, add, epi, early, late);
 }
 
-/* early() / late() of a tile that needs neither. */
+/* add(j) / early() / late(early) of a tile that needs none of them. */
 struct amk_fused_none {
+  __device__ __forceinline__ float operator()(int) const { return 0.0f; }
   __device__ __forceinline__ long long operator()() const { return 0; }
   __device__ __forceinline__ bool operator()(long long) const { return true; }
 };
@@ -978,9 +1027,9 @@ __device__ __forceinline__ void amk_tile_run(const amk_task_ctx& ctx, bool gemm)
         [=](int j, const amk_buffer_t* (&w)[1], long long (&row)[1]) {
           w[0] = wb;
           row[0] = n_off + j;
-          /* the bias (a residual, in decode) is asked for with the weights */
-          return bias && (threadIdx.x & 31) == 0 ? amk_ldf(bias, n_off + j) : 0.0f;
         },
+        /* the bias (a residual, in decode), asked for with the weights */
+        [=](int j) { return bias && (threadIdx.x & 31) == 0 ? amk_ldf(bias, n_off + j) : 0.0f; },
         [=](int j, const float (&s)[1], float b, long long) {
           if ((threadIdx.x & 31) == 0) amk_stf(ob, n_off + j, s[0] + b);
         },

@@ -38,8 +38,8 @@ __device__ void amk_op_gate_up_silu(const amk_task_ctx& ctx) {
         wb[0] = wg;
         wb[1] = wu;
         row[0] = row[1] = n_off + j;
-        return 0.0f;
       },
+      amk_fused_none(),
       [=](int j, const float (&s)[2], float, long long) {
         if ((threadIdx.x & 31) == 0) {
           const float g = amk_round_dt(y->dtype, s[0]), u = amk_round_dt(y->dtype, s[1]);

@@ -112,8 +112,8 @@ __device__ void amk_op_qkv_rope_append(const amk_task_ctx& ctx) {
         wb[0] = wb[1] = proj == 0 ? wq : proj == 1 ? wk : wv;
         row[0] = r0;
         row[1] = r0 + half;
-        return 0.0f;
       },
+      amk_fused_none(),
       [=](int j, const float (&s)[2], float, long long pos) {
         if ((threadIdx.x & 31) != 0) return;
         int proj, i;

@@ -38,7 +38,9 @@ __device__ void amk_op_rmsnorm_gemv(const amk_task_ctx& ctx) {
       [=](int j, const amk_buffer_t* (&wb)[1], long long (&row)[1]) {
         wb[0] = w;
         row[0] = n_off + j;
-        /* the bias is asked for with the weights */
+      },
+      /* the bias, asked for with the weights */
+      [=](int j) {
         return bias && (threadIdx.x & 31) == 0 ? amk_ldf(bias, (long long)n_off + j) : 0.0f;
       },
       [=](int j, const float (&s)[1], float b, long long) {
