@@ -26,13 +26,17 @@
 //! The model used here: each SM has a time at which its queue is drained (`avail`), and a
 //! task is ready when every producer it waits on has finished. A task of cost `est_bytes +
 //! TASK_OVERHEAD_BYTES` goes to the SM where it can start earliest, `max(avail, ready)`.
-//! Ties are broken by the SM's cumulative `est_bytes`, then `est_flops`, then task count,
-//! then the lowest SM id. In effect:
+//! Ties are broken by opcode affinity (below), then the SM's cumulative `est_bytes`, then
+//! `est_flops`, then task count, then the lowest SM id. In effect:
 //! * the tiles of a projection spread over idle SMs (one each while idle SMs remain), and
 //!   among the idle SMs the least loaded overall are picked, so the weight streams rotate
 //!   over the chip and a busy SM's queue does not grow;
 //! * a small join task lands on an SM that is idle when its inputs are complete, never
 //!   behind another phase's tiles;
+//! * among SMs that could start a task equally early, the one that ran the last task of the
+//!   same opcode wins first: a decode layer's single attention task then runs on one SM
+//!   layer after layer, whose instruction cache still holds its code (docs/perf-notes.md
+//!   round 7);
 //! * when every task is ready at once (no waits), every SM's start time is `avail` and
 //!   this is the classic LPT greedy over `est_bytes`.
 //!
@@ -307,6 +311,7 @@ fn load_balance(p: &Program, num_sms: u32) -> Vec<u32> {
     let mut count = vec![0u64; n_sms];
     let mut ctr_done = vec![0u64; p.counters.len()];
     let mut sms: Vec<u32> = Vec::with_capacity(p.tasks.len());
+    let mut last_of_op: HashMap<amk_core::Opcode, usize> = HashMap::new();
     for (i, t) in p.tasks.iter().enumerate() {
         let ready = ready_time(t, &ctr_done);
         let g = group[i];
@@ -314,9 +319,16 @@ fn load_balance(p: &Program, num_sms: u32) -> Vec<u32> {
             sms[g] as usize
         } else {
             let mut best = 0usize;
-            let mut best_key = (u64::MAX, u64::MAX, u64::MAX, u64::MAX);
+            let mut best_key = (u64::MAX, u64::MAX, u64::MAX, u64::MAX, u64::MAX);
+            let affine = last_of_op.get(&t.op).copied();
             for s in 0..n_sms {
-                let key = (avail[s].max(ready), bytes[s], flops[s], count[s]);
+                let key = (
+                    avail[s].max(ready),
+                    u64::from(affine != Some(s)),
+                    bytes[s],
+                    flops[s],
+                    count[s],
+                );
                 if key < best_key {
                     best_key = key;
                     best = s;
@@ -329,6 +341,7 @@ fn load_balance(p: &Program, num_sms: u32) -> Vec<u32> {
         bytes[s] = bytes[s].saturating_add(hint(t.est_bytes));
         flops[s] = flops[s].saturating_add(hint(t.est_flops));
         count[s] += 1;
+        last_of_op.insert(t.op, s);
         if let Some(c) = ctr_done.get_mut(t.out_counter as usize) {
             *c = (*c).max(finish);
         }
