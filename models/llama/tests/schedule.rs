@@ -778,6 +778,22 @@ fn load_balance_spreads_each_projection_and_beats_round_robin_in_the_model() {
     }
 }
 
+/// A decode layer's single attention task becomes ready while every SM is idle; opcode
+/// affinity then keeps all layers' attention on one SM (its instruction cache stays warm).
+#[test]
+fn load_balance_keeps_every_layers_attention_on_one_sm() {
+    let mut lb = with_target(decode(&Shape::smollm2()));
+    assign_sms(&mut lb, &SmAssignment::LoadBalance, 132).unwrap();
+    let att: Vec<i32> = lb
+        .tasks
+        .iter()
+        .filter(|t| t.op == Opcode::ATTENTION_TILE)
+        .map(|t| t.sm.unwrap())
+        .collect();
+    assert!(att.len() > 1, "one attention task per layer");
+    assert!(att.iter().all(|&s| s == att[0]), "attention SMs {att:?}");
+}
+
 #[test]
 fn load_balance_without_waits_is_plain_lpt() {
     // Independent tasks, bytes 10, 9, ..., 1 on 3 SMs: the greedy must match LPT by hand.
