@@ -563,12 +563,14 @@ __device__ __forceinline__ void amk_ring_prestart(const amk_task_ctx& c) {
 #define AMK_FUSED_VECS 8
 #endif
 
-/* The row the tile multiplies, on the generic path (any alignment, K, float dtypes). */
+/* The row the tile multiplies. */
 struct amk_frow {
+  const void* p;         /* the row for the vector path (x, or its normalised copy), or null */
   int dt;                /* x's dtype */
-  const amk_buffer_t* x; /* x and the norm weight (null: no norm) */
+  const amk_buffer_t* x; /* generic path: x and the norm weight (null: no norm) */
   const amk_buffer_t* nw;
-  double inv;            /* 1 / rms(x) (with a norm) */
+  double inv;            /* 1 / rms(x) (generic path with a norm) */
+  unsigned long long pol; /* L2 policy of the weight loads (amk_weight_policy) */
 };
 
 /* Element k of the row on the generic path: x[k], normalised and rounded when there is a norm. */
@@ -578,199 +580,134 @@ __device__ __forceinline__ float amk_frow_at(const amk_frow& r, long long k) {
   return amk_round_dt(r.dt, (float)((double)v * r.inv * (double)amk_ldf(r.nw, k)));
 }
 
-/* How the vector path gets its row: read in place, copied into shared memory, or RMS-normalised
- * into it. Every warp re-reads the row for each of its units: from shared memory when it fits
- * (docs/perf-notes.md round 4: read from global memory through an L1 cache that a shared-memory
- * reservation shrinks, those re-reads made a tile several times slower). */
-enum { AMK_FROW_IN_PLACE = 0, AMK_FROW_COPY = 1, AMK_FROW_RMS = 2 };
-
-/* The vector path's operands (block-uniform). */
-struct amk_fused_args {
-  const void* x;           /* the row (K elements of dtype xdt) */
-  const void* nw;          /* the norm weight (AMK_FROW_RMS) */
-  int xdt, nwdt, mode;
-  long long K;
-  double eps;
-  unsigned char* smem;     /* the launch's dynamic shared memory (AMK_FROW_COPY / RMS) */
-  unsigned long long pol;  /* L2 policy of the weight loads (amk_weight_policy) */
-  uint64_t* trace;         /* the task's trace words, or null */
-  int n_units;
-};
-
-/* The warp's U 16-byte vectors per weight row starting at vector v0 (zero past nvec). */
-template <int NR, int U>
-__device__ __forceinline__ void amk_fload(uint4 (&wv)[NR][U], const unsigned char* const (&w)[NR],
-                                          int v0, int nvec, unsigned long long pol) {
-  const int lane = threadIdx.x & 31;
-#pragma unroll
-  for (int u = 0; u < U; ++u) {
-    const int v = v0 + u * 32 + lane;
-#pragma unroll
-    for (int r = 0; r < NR; ++r)
-      wv[r][u] = v < nvec ? amk_tile_ldw((const uint4*)w[r] + v, pol) : make_uint4(0u, 0u, 0u, 0u);
+/* amk_frow_make without the trace point. */
+__device__ __forceinline__ amk_frow amk_frow_prepare(const amk_task_ctx& ctx, const amk_buffer_t* x,
+                                                     const amk_buffer_t* nw, long long K, float eps) {
+  amk_frow r;
+  r.pol = amk_weight_policy(ctx.prog->flags);
+  r.x = x;
+  r.nw = nw;
+  r.dt = x->dtype;
+  r.inv = 0.0;
+  const bool vec = amk_is_vec(x->dtype) && amk_al16(x->ptr);
+  r.p = vec ? x->ptr : nullptr;
+  const long long esz = x->dtype == AMK_F32 ? 4 : 2;
+  if (!nw) {
+    /* Every warp re-reads x for each of its rows: from shared memory when the launch reserves
+       enough (docs/perf-notes.md round 4: read from global memory through an L1 cache that
+       the reservation shrinks, those re-reads made a tile several times slower). */
+    if (vec && (K & 7) == 0 && K * esz <= ctx.smem_bytes) {
+      const long long nv = (K * esz) >> 4;
+      for (long long i = threadIdx.x; i < nv; i += AMK_THREADS)
+        ((uint4*)ctx.smem)[i] = ((const uint4*)x->ptr)[i];
+      __syncthreads();
+      r.p = ctx.smem;
+    }
+    return r;
   }
+  if (vec && (K & 7) == 0 && (K >> 3) <= (long long)AMK_THREADS * AMK_RMS_VB &&
+      amk_is_vec(nw->dtype) && amk_al16(nw->ptr) && K * esz <= ctx.smem_bytes) {
+    amk_rms_rows<AMK_THREADS, AMK_RMS_VB>(x->ptr, x->dtype, nw->ptr, nw->dtype, ctx.smem, x->dtype,
+                                          K, (double)eps, 1, 0, 1, threadIdx.x);
+    __syncthreads(); /* the row is in shared memory for every warp */
+    r.p = ctx.smem;
+    return r;
+  }
+  r.p = nullptr;
+  double s = 0.0;
+  for (long long k = threadIdx.x; k < K; k += AMK_THREADS) {
+    const double v = (double)amk_ldf(x, k);
+    s += v * v;
+  }
+  s = amk_block_sum_d(s);
+  r.inv = 1.0 / sqrt(s / (double)K + (double)eps);
+  return r;
 }
+
+/* Prepares the row (block-uniform; every thread gets the same result). The row goes to shared
+ * memory when it fits (vector dtypes, 16-byte aligned, K a multiple of 8, K elements of x's
+ * dtype within ctx.smem_bytes): normalised with a norm weight `nw`, else copied. Otherwise the
+ * vector path reads x in place, or, with a norm, the generic path takes 1 / rms(x) from a block
+ * sum and normalises on the fly. */
+__device__ __forceinline__ amk_frow amk_frow_make(const amk_task_ctx& ctx, const amk_buffer_t* x,
+                                                  const amk_buffer_t* nw, long long K, float eps) {
+  amk_frow r = amk_frow_prepare(ctx, x, nw, K, eps);
+  if (ctx.trace && threadIdx.x == 0) ctx.trace[4] = amk_globaltimer();
+  return r;
+}
+
 
 /* The warp's NR dot products of the row with weight rows w[0..NR) (16-byte aligned, nvec
- * vectors each), U vectors of each row in flight per lane. With FIRST, the first U vectors of
- * each row are already in `first` (amk_fload at v0 = 0, issued by the caller: a unit's first
- * weight bytes may be in flight before the row is ready; a reference and a compile-time flag,
- * not a pointer, so that they stay in registers). Every lane gets the sums. */
-/* The FMAs of one chunk: vectors v0 + u * 32 + lane (u < U) of each of the NR rows, held in wv. */
+ * vectors each), U vectors of each row in flight per lane; every lane gets the sums. */
 template <int WK, int XT, int NR, int U>
-__device__ __forceinline__ void amk_fchunk(const void* x, const uint4 (&wv)[NR][U], int v0, int nvec,
-                                           bool bf, float (&acc)[NR][4]) {
+__device__ __forceinline__ void amk_fdot(const void* x, const unsigned char* const (&w)[NR], int nvec,
+                                         bool bf, unsigned long long pol, float (&s)[NR]) {
   constexpr int VE = amk_tile_ve<WK>::v;
   const int lane = threadIdx.x & 31;
-#pragma unroll
-  for (int u = 0; u < U; ++u) {
-    const int v = v0 + u * 32 + lane;
-    if (v < nvec) {
-      float xs[VE];
-      amk_tile_ldx<XT, VE>(x, (long long)v * VE, xs, bf);
-#pragma unroll
-      for (int r = 0; r < NR; ++r) {
-        float wf[VE];
-        amk_tile_decode<WK>(wv[r][u], wf);
-#pragma unroll
-        for (int i = 0; i < VE; ++i) acc[r][i & 3] = fmaf(xs[i], wf[i], acc[r][i & 3]);
-      }
-    }
-  }
-}
-
-template <int WK, int XT, int NR, int U, bool FIRST>
-__device__ __forceinline__ void amk_fdot(const void* x, const unsigned char* const (&w)[NR], int nvec,
-                                         bool bf, unsigned long long pol,
-                                         const uint4 (&first)[NR][U], float (&s)[NR]) {
   float acc[NR][4];
 #pragma unroll
   for (int r = 0; r < NR; ++r)
 #pragma unroll
     for (int i = 0; i < 4; ++i) acc[r][i] = 0.0f;
-  int v0 = 0;
-  if (FIRST) { /* peeled: `first` is dead once the loop starts */
-    amk_fchunk<WK, XT, NR, U>(x, first, 0, nvec, bf, acc);
-    v0 = 32 * U;
-  }
-  for (; v0 < nvec; v0 += 32 * U) {
+  for (int v0 = 0; v0 < nvec; v0 += 32 * U) {
     uint4 wv[NR][U];
-    amk_fload<NR, U>(wv, w, v0, nvec, pol);
-    amk_fchunk<WK, XT, NR, U>(x, wv, v0, nvec, bf, acc);
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      const int v = v0 + u * 32 + lane;
+#pragma unroll
+      for (int r = 0; r < NR; ++r)
+        wv[r][u] = v < nvec ? amk_tile_ldw((const uint4*)w[r] + v, pol) : make_uint4(0u, 0u, 0u, 0u);
+    }
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      const int v = v0 + u * 32 + lane;
+      if (v < nvec) {
+        float xs[VE];
+        amk_tile_ldx<XT, VE>(x, (long long)v * VE, xs, bf);
+#pragma unroll
+        for (int r = 0; r < NR; ++r) {
+          float wf[VE];
+          amk_tile_decode<WK>(wv[r][u], wf);
+#pragma unroll
+          for (int i = 0; i < VE; ++i) acc[r][i & 3] = fmaf(xs[i], wf[i], acc[r][i & 3]);
+        }
+      }
+    }
   }
 #pragma unroll
   for (int r = 0; r < NR; ++r) s[r] = amk_warp_sum((acc[r][0] + acc[r][1]) + (acc[r][2] + acc[r][3]));
 }
 
-/* Unit j's weight rows: rows(j, wb, row) names the buffer and row of each. */
-template <int WK, int NR, typename Rows>
-__device__ __forceinline__ void amk_funit(int j, Rows& rows, long long K,
-                                          const unsigned char* (&w)[NR]) {
-  constexpr long long ESZ = WK == AMK_TILE_W_F32 ? 4 : 2;
-  const amk_buffer_t* wb[NR];
-  long long row[NR];
-  rows(j, wb, row);
-#pragma unroll
-  for (int r = 0; r < NR; ++r) w[r] = (const unsigned char*)wb[r]->ptr + row[r] * K * ESZ;
-}
-
-/* Vector path: units j = warp, warp + AMK_WARPS, .. < n_units. Without a norm (NORM false: the
- * row is copied into shared memory or read in place) each warp first issues its first unit's
- * first weight loads and addend, and the row's copy and barrier run while they fly (they used
- * to come before any weight byte was asked for). With a norm the row is normalised first, out
- * of line (amk_rms_rows): loads in flight in registers cannot cross a call — the callee's
- * register saves would wait for them — and the norm's f64 division and square root are calls.
- * early()'s value is issued before the row; late(early), block-uniform, may fail the task
- * (false) before any store; epi(j, s, pre, early) stores unit j's results (all lanes call it). */
-template <int WK, int XT, int NR, bool NORM, typename Rows, typename Add, typename Epi,
-          typename Early, typename Late>
-__device__ __noinline__ void amk_fused_fast(const amk_fused_args a, Rows rows, Add add, Epi epi,
-                                            Early early, Late late) {
+/* Vector path: units j = warp, warp + AMK_WARPS, .. < n_units; rows(j, wb, row) names the unit's
+ * NR weight rows (buffer and row index), epi(j, s) stores its results (all lanes call it). */
+template <int WK, int XT, int NR, typename Rows, typename Epi>
+__device__ __noinline__ void amk_fused_fast(const void* x, bool bf, unsigned long long pol, long long K,
+                                            int n_units, Rows rows, Epi epi) {
   constexpr int VE = amk_tile_ve<WK>::v;
-  constexpr int U = AMK_FUSED_VECS / NR;
-  const int nvec = (int)(a.K / VE);
-  const bool bf = a.xdt == AMK_BF16;
-  const int warp = threadIdx.x >> 5;
-  /* The first unit, started before the row when there is no norm. */
-  const unsigned char* w0[NR];
-  uint4 wv0[NR][U];
-  if (!NORM) {
-    /* Unconditional (a warp without units loads its last unit's first bytes, an L2 hit for
-       that unit's warp): loads defined on one branch only were kept in local memory. */
-    amk_funit<WK, NR>(min(warp, a.n_units - 1), rows, a.K, w0);
-    amk_fload<NR, U>(wv0, w0, 0, nvec, a.pol);
-  }
-  const long long ev = early();
-  const void* x = a.x;
-  if (NORM) {
-    amk_rms_rows<AMK_THREADS, AMK_RMS_VB>(a.x, a.xdt, a.nw, a.nwdt, a.smem, a.xdt, a.K, a.eps, 1, 0,
-                                          1, threadIdx.x);
-    __syncthreads(); /* the row is in shared memory for every warp */
-    x = a.smem;
-  } else if (a.mode == AMK_FROW_COPY) {
-    const int nv = (int)((a.K * (a.xdt == AMK_F32 ? 4 : 2)) >> 4);
-    const uint32_t sbase = (uint32_t)__cvta_generic_to_shared(a.smem);
-    for (int i = threadIdx.x; i < nv; i += AMK_THREADS) {
-      /* a shared-window store (STS; through the generic pointer it is a generic store) */
-      const uint4 v = ((const uint4*)a.x)[i];
-      asm volatile("st.shared.v4.u32 [%0], {%1, %2, %3, %4};" ::"r"(sbase + 16u * i), "r"(v.x),
-                   "r"(v.y), "r"(v.z), "r"(v.w)
-                   : "memory");
-    }
-    __syncthreads();
-    x = a.smem;
-  }
-  if (a.trace && threadIdx.x == 0) a.trace[4] = amk_globaltimer();
-  if (!late(ev)) return;
-  int j = warp;
-  if (!NORM && j < a.n_units) {
-    /* the addend (a conversion waits for it) after the row: its load does not delay the
-       row's, and the weights are still on their way */
-    const float pre0 = add(j);
-    float s[NR];
-    amk_fdot<WK, XT, NR, U, true>(x, w0, nvec, bf, a.pol, wv0, s);
-    epi(j, s, pre0, ev);
-    j += AMK_WARPS;
-  }
-  for (; j < a.n_units; j += AMK_WARPS) {
+  constexpr long long ESZ = WK == AMK_TILE_W_F32 ? 4 : 2;
+  const int nvec = (int)(K / VE);
+  for (int j = threadIdx.x >> 5; j < n_units; j += AMK_WARPS) {
+    const amk_buffer_t* wb[NR];
+    long long row[NR];
+    rows(j, wb, row);
     const unsigned char* w[NR];
-    amk_funit<WK, NR>(j, rows, a.K, w);
-    const float pre = add(j);
+#pragma unroll
+    for (int r = 0; r < NR; ++r) w[r] = (const unsigned char*)wb[r]->ptr + row[r] * K * ESZ;
     float s[NR];
-    amk_fdot<WK, XT, NR, U, false>(x, w, nvec, bf, a.pol, wv0, s);
-    epi(j, s, pre, ev);
+    amk_fdot<WK, XT, NR, AMK_FUSED_VECS / NR>(x, w, nvec, bf, pol, s);
+    epi(j, s);
   }
 }
 
-/* Generic path (any alignment, K, float dtypes): 1 / rms(x) from a block sum when there is a
- * norm, the row normalised on the fly; lanes stride over k; same roles as the vector path. */
-template <int NR, typename Rows, typename Add, typename Epi, typename Early, typename Late>
-__device__ __noinline__ void amk_fused_generic(const amk_buffer_t* xb, const amk_buffer_t* nwb,
-                                               long long K, float eps, uint64_t* trace, int n_units,
-                                               Rows rows, Add add, Epi epi, Early early, Late late) {
-  const long long ev = early();
-  amk_frow r;
-  r.x = xb;
-  r.nw = nwb;
-  r.dt = xb->dtype;
-  r.inv = 0.0;
-  if (nwb) {
-    double s = 0.0;
-    for (long long k = threadIdx.x; k < K; k += AMK_THREADS) {
-      const double v = (double)amk_ldf(xb, k);
-      s += v * v;
-    }
-    s = amk_block_sum_d(s);
-    r.inv = 1.0 / sqrt(s / (double)K + (double)eps);
-  }
-  if (trace && threadIdx.x == 0) trace[4] = amk_globaltimer();
-  if (!late(ev)) return;
+/* Generic path (any alignment, K, float dtypes): lanes stride over k, same roles. */
+template <int NR, typename Rows, typename Epi>
+__device__ __noinline__ void amk_fused_generic(const amk_frow r, long long K, int n_units, Rows rows,
+                                               Epi epi) {
   const int lane = threadIdx.x & 31;
   for (int j = threadIdx.x >> 5; j < n_units; j += AMK_WARPS) {
     const amk_buffer_t* wb[NR];
     long long row[NR];
     rows(j, wb, row);
-    const float pre = add(j);
     float acc[NR];
 #pragma unroll
     for (int q = 0; q < NR; ++q) acc[q] = 0.0f;
@@ -782,80 +719,38 @@ __device__ __noinline__ void amk_fused_generic(const amk_buffer_t* xb, const amk
     float s[NR];
 #pragma unroll
     for (int q = 0; q < NR; ++q) s[q] = amk_warp_sum(acc[q]);
-    epi(j, s, pre, ev);
+    epi(j, s);
   }
 }
 
-/* amk_fused_fast for the weights' kind `wk` and the row's dtype. */
-template <int NR, bool NORM, typename Rows, typename Add, typename Epi, typename Early,
-          typename Late>
-__device__ __forceinline__ void amk_fused_fast_dt(const amk_fused_args& a, int wk, Rows& rows,
-                                                  Add& add, Epi& epi, Early& early, Late& late) {
-  const bool xf = a.xdt == AMK_F32;
-  switch (wk) {
-    case AMK_TILE_W_F32:
-      if (xf) amk_fused_fast<AMK_TILE_W_F32, AMK_F32, NR, NORM>(a, rows, add, epi, early, late);
-      else amk_fused_fast<AMK_TILE_W_F32, AMK_BF16, NR, NORM>(a, rows, add, epi, early, late);
-      break;
-    case AMK_TILE_W_F16:
-      if (xf) amk_fused_fast<AMK_TILE_W_F16, AMK_F32, NR, NORM>(a, rows, add, epi, early, late);
-      else amk_fused_fast<AMK_TILE_W_F16, AMK_BF16, NR, NORM>(a, rows, add, epi, early, late);
-      break;
-    default:
-      if (xf) amk_fused_fast<AMK_TILE_W_BF16, AMK_F32, NR, NORM>(a, rows, add, epi, early, late);
-      else amk_fused_fast<AMK_TILE_W_BF16, AMK_BF16, NR, NORM>(a, rows, add, epi, early, late);
-      break;
-  }
-}
-
-/* A fused tile over the row x (K elements), RMS-normalised first when a norm weight `nw` is
- * given (rounded to x's dtype as the unfused RMSNORM stores it), then n_units warp units.
- * The vector path runs when x is a vector dtype with a 16-byte aligned base, every weight
- * buffer has dtype `wdt` (F32/F16/BF16, else -1) and a 16-byte aligned base (`w_al16`), K is a
- * multiple of the weights' vector width and, with a norm, K is a multiple of 8 and the row fits
- * RMSNORM's vector path and shared memory; the generic path otherwise. Roles of rows / epi / early / late: amk_fused_fast. Block-uniform. */
-template <int NR, typename Rows, typename Add, typename Epi, typename Early, typename Late>
-__device__ __forceinline__ void amk_fused_tile(const amk_task_ctx& ctx, const amk_buffer_t* x,
-                                               const amk_buffer_t* nw, long long K, float eps,
-                                               int wdt, bool w_al16, int n_units, Rows rows,
-                                               Add add, Epi epi, Early early, Late late) {
+/* Runs a fused tile: the vector path when the row is in place, every weight buffer has dtype
+ * `wdt` (one of F32/F16/BF16, else -1) and a 16-byte aligned base (`w_al16`) and K is a multiple of
+ * the vector width; the generic path otherwise. */
+template <int NR, typename Rows, typename Epi>
+__device__ __forceinline__ void amk_fused_run(const amk_frow& r, long long K, int wdt, bool w_al16,
+                                              int n_units, Rows rows, Epi epi) {
   const int wk = wdt == AMK_F32 ? AMK_TILE_W_F32 : wdt == AMK_F16 ? AMK_TILE_W_F16
                : wdt == AMK_BF16 ? AMK_TILE_W_BF16 : -1;
-  const long long esz = x->dtype == AMK_F32 ? 4 : 2;
-  const bool fits = K * esz <= ctx.smem_bytes;
-  amk_fused_args a;
-  a.x = x->ptr;
-  a.xdt = x->dtype;
-  a.nw = nw ? nw->ptr : nullptr;
-  a.nwdt = nw ? nw->dtype : -1;
-  a.K = K;
-  a.eps = (double)eps;
-  a.smem = ctx.smem;
-  a.pol = amk_weight_policy(ctx.prog->flags);
-  a.trace = ctx.trace;
-  a.n_units = n_units;
-  if (n_units <= 0) return; /* callers check their tile sizes: nothing to compute */
-  const bool k8 = (K & 7) == 0;
-  a.mode = nw ? AMK_FROW_RMS : k8 && fits ? AMK_FROW_COPY : AMK_FROW_IN_PLACE;
-  bool fast = amk_is_vec(x->dtype) && amk_al16(x->ptr) && wk >= 0 && w_al16 &&
-              K % amk_tile_ve_of(wk) == 0;
-  if (nw)
-    fast = fast && k8 && fits && (K >> 3) <= (long long)AMK_THREADS * AMK_RMS_VB &&
-           amk_is_vec(nw->dtype) && amk_al16(nw->ptr);
-  if (!fast) {
-    amk_fused_generic<NR>(x, nw, K, eps, ctx.trace, n_units, rows, add, epi, early, late);
+  if (!r.p || wk < 0 || !w_al16 || K % amk_tile_ve_of(wk) != 0) {
+    amk_fused_generic<NR>(r, K, n_units, rows, epi);
     return;
   }
-  if (nw) amk_fused_fast_dt<NR, true>(a, wk, rows, add, epi, early, late);
-  else amk_fused_fast_dt<NR, false>(a, wk, rows, add, epi, early, late);
+  const bool bf = r.dt == AMK_BF16, xf = r.dt == AMK_F32;
+  switch (wk) {
+    case AMK_TILE_W_F32:
+      if (xf) amk_fused_fast<AMK_TILE_W_F32, AMK_F32, NR>(r.p, bf, r.pol, K, n_units, rows, epi);
+      else amk_fused_fast<AMK_TILE_W_F32, AMK_BF16, NR>(r.p, bf, r.pol, K, n_units, rows, epi);
+      break;
+    case AMK_TILE_W_F16:
+      if (xf) amk_fused_fast<AMK_TILE_W_F16, AMK_F32, NR>(r.p, bf, r.pol, K, n_units, rows, epi);
+      else amk_fused_fast<AMK_TILE_W_F16, AMK_BF16, NR>(r.p, bf, r.pol, K, n_units, rows, epi);
+      break;
+    default:
+      if (xf) amk_fused_fast<AMK_TILE_W_BF16, AMK_F32, NR>(r.p, bf, r.pol, K, n_units, rows, epi);
+      else amk_fused_fast<AMK_TILE_W_BF16, AMK_BF16, NR>(r.p, bf, r.pol, K, n_units, rows, epi);
+      break;
+  }
 }
-
-/* add(j) / early() / late(early) of a tile that needs none of them. */
-struct amk_fused_none {
-  __device__ __forceinline__ float operator()(int) const { return 0.0f; }
-  __device__ __forceinline__ long long operator()() const { return 0; }
-  __device__ __forceinline__ bool operator()(long long) const { return true; }
-};
 
 /* Shared operand checks of the fused tiles (the validator's opcheck::fused_row, again on the
  * device against a corrupted table): x one row of K, every weight [N, K] of a vector dtype,
@@ -1018,22 +913,23 @@ __device__ __forceinline__ void amk_tile_run(const amk_task_ctx& ctx, bool gemm)
        same sums in the same order. It keeps its operands in registers, so it stays fast when
        a launch reserves shared memory (which shrinks the L1 cache that amk_tile_fast's
        arguments live in; docs/perf-notes.md round 4). */
+    const amk_frow r = amk_frow_make(ctx, a.xb, nullptr, a.K, 0.0f);
     const amk_buffer_t* wb = a.wb;
     const amk_buffer_t* ob = a.ob;
     const amk_buffer_t* bias = a.bias;
     const int n_off = a.n_off;
-    amk_fused_tile<1>(
-        ctx, a.xb, nullptr, a.K, 0.0f, wdt, true, a.n_tile,
+    amk_fused_run<1>(
+        r, a.K, wdt, true, a.n_tile,
         [=](int j, const amk_buffer_t* (&w)[1], long long (&row)[1]) {
           w[0] = wb;
           row[0] = n_off + j;
         },
-        /* the bias (a residual, in decode), asked for with the weights */
-        [=](int j) { return bias && (threadIdx.x & 31) == 0 ? amk_ldf(bias, n_off + j) : 0.0f; },
-        [=](int j, const float (&s)[1], float b, long long) {
-          if ((threadIdx.x & 31) == 0) amk_stf(ob, n_off + j, s[0] + b);
-        },
-        amk_fused_none(), amk_fused_none());
+        [=](int j, const float (&s)[1]) {
+          if ((threadIdx.x & 31) == 0) {
+            const long long n = n_off + j;
+            amk_stf(ob, n, s[0] + (bias ? amk_ldf(bias, n) : 0.0f));
+          }
+        });
     return;
   }
   switch (a.wk) {

@@ -32,19 +32,18 @@ __device__ void amk_op_gate_up_silu(const amk_task_ctx& ctx) {
   const amk_buffer_t* wg = w[0];
   const amk_buffer_t* wu = w[1];
   const int wdt = wg->dtype == wu->dtype ? wg->dtype : -1;
-  amk_fused_tile<2>(
-      ctx, x, nw, K, p.eps, wdt, amk_al16(wg->ptr) && amk_al16(wu->ptr), n_tile,
+  const amk_frow r = amk_frow_make(ctx, x, nw, K, p.eps);
+  amk_fused_run<2>(
+      r, K, wdt, amk_al16(wg->ptr) && amk_al16(wu->ptr), n_tile,
       [=](int j, const amk_buffer_t* (&wb)[2], long long (&row)[2]) {
         wb[0] = wg;
         wb[1] = wu;
         row[0] = row[1] = n_off + j;
       },
-      amk_fused_none(),
-      [=](int j, const float (&s)[2], float, long long) {
+      [=](int j, const float (&s)[2]) {
         if ((threadIdx.x & 31) == 0) {
           const float g = amk_round_dt(y->dtype, s[0]), u = amk_round_dt(y->dtype, s[1]);
           amk_stf(y, (long long)n_off + j, g / (1.0f + expf(-g)) * u);
         }
-      },
-      amk_fused_none(), amk_fused_none());
+      });
 }

@@ -70,6 +70,7 @@ __device__ void amk_op_qkv_rope_append(const amk_task_ctx& ctx) {
   const int n_tile = p.N_tile, n_off = p.n_off, hd = p.head_dim, nh = p.n_heads, nkv = p.n_kv_heads;
   const float theta = p.theta;
   if (!amk_is_int(pb->dtype) || pb->numel < 1) { amk_fail(ctx, AMK_ERR_DTYPE, pb->dtype); return; }
+  const long long pos_ll = amk_ldif(pb, 0);
   if (!amk_fused_check(ctx, x, w, 3, nw, K)) return;
   if (hd <= 0 || (hd & 1) || nh <= 0 || nkv <= 0 || n_tile <= 0 || (n_tile & 1) ||
       n_off < 0 || (n_off & 1) || !(theta > 0.0f)) {
@@ -89,9 +90,13 @@ __device__ void amk_op_qkv_rope_append(const amk_task_ctx& ctx) {
       amk_fail(ctx, AMK_ERR_SHAPE, dst[c]->numel);
       return;
     }
+    /* The position comes from data: outside the caches it is an index error (as the CPU). */
+    if (c > 0 && (pos_ll < 0 || pos_ll >= dst[c]->numel / row_len)) {
+      amk_fail(ctx, AMK_ERR_INDEX, pos_ll);
+      return;
+    }
   }
-  /* The cache rows (both caches hold the same number: checked above per cache). */
-  const long long rows_k = dst[1]->numel / row_len, rows_v = dst[2]->numel / row_len;
+  const int pos = (int)pos_ll;
   const int wdt = (w[0]->dtype == w[1]->dtype && w[1]->dtype == w[2]->dtype) ? w[0]->dtype : -1;
   const bool al = amk_al16(w[0]->ptr) && amk_al16(w[1]->ptr) && amk_al16(w[2]->ptr);
   const amk_buffer_t* wq = w[0];
@@ -101,10 +106,10 @@ __device__ void amk_op_qkv_rope_append(const amk_task_ctx& ctx) {
   const amk_buffer_t* kc = dst[1];
   const amk_buffer_t* vc = dst[2];
   const int half = hd >> 1;
-  /* The block cache holds (cos, sin) when head_dim fits it (qkv_trig fills it in `late`). */
-  const float2* const cache = half <= QKV_CS_MAX ? (const float2*)(amk_block_cache + QKV_CS_KEY) : nullptr;
-  amk_fused_tile<2>(
-      ctx, x, nw, K, p.eps, wdt, al, n_tile >> 1,
+  const float2* const cs = qkv_trig(pos, theta, hd);
+  const amk_frow r = amk_frow_make(ctx, x, nw, K, p.eps);
+  amk_fused_run<2>(
+      r, K, wdt, al, n_tile >> 1,
       [=](int j, const amk_buffer_t* (&wb)[2], long long (&row)[2]) {
         int proj, i;
         long long r0;
@@ -113,8 +118,7 @@ __device__ void amk_op_qkv_rope_append(const amk_task_ctx& ctx) {
         row[0] = r0;
         row[1] = r0 + half;
       },
-      amk_fused_none(),
-      [=](int j, const float (&s)[2], float, long long pos) {
+      [=](int j, const float (&s)[2]) {
         if ((threadIdx.x & 31) != 0) return;
         int proj, i;
         long long r0;
@@ -123,22 +127,11 @@ __device__ void amk_op_qkv_rope_append(const amk_task_ctx& ctx) {
         const float a = amk_round_dt(d->dtype, s[0]), b = amk_round_dt(d->dtype, s[1]);
         float ya = a, yb = b;
         if (proj < 2) {
-          const float2 t = cache ? cache[i] : qkv_cos_sin((int)pos, theta, i, half);
+          const float2 t = cs ? cs[i] : qkv_cos_sin(pos, theta, i, half);
           amk_rope_pair(a, b, t.x, t.y, ya, yb);
         }
-        const long long base = proj == 0 ? r0 : pos * row_len + r0;
+        const long long base = proj == 0 ? r0 : (long long)pos * row_len + r0;
         amk_stf(d, base, ya);
         amk_stf(d, base + half, yb);
-      },
-      /* early: the position, read from data, asked for with the first weights */
-      [=]() { return amk_ldif(pb, 0); },
-      /* late: outside the caches it is an index error (as the CPU), before any store */
-      [=](long long pos) {
-        if (pos < 0 || pos >= rows_k || pos >= rows_v) {
-          amk_fail(ctx, AMK_ERR_INDEX, pos);
-          return false;
-        }
-        qkv_trig((int)pos, theta, hd);
-        return true;
       });
 }

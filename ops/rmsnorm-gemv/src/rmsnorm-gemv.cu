@@ -2,9 +2,9 @@
  * are ops/rmsnorm-gemv/src/reference.rs: columns [n_off, n_off + N_tile) of
  * y = rmsnorm(x, norm_w, eps) @ W^T (+ bias) for one row x.
  *
- * The fused-tile machinery is backends/cuda/include/amk_tile.cuh (amk_fused_tile normalises the
- * row into shared memory while each warp's first weight loads fly, then streams the weight
- * rows): one weight row per warp at a time, 8 16-byte vectors in flight per lane, as GEMV_TILE. */
+ * The fused-tile machinery is backends/cuda/include/amk_tile.cuh (amk_frow_make normalises the
+ * row into shared memory, amk_fused_run streams the weight rows): one weight row per warp at a
+ * time, 8 16-byte vectors in flight per lane, as GEMV_TILE. */
 
 __device__ void amk_op_rmsnorm_gemv(const amk_task_ctx& ctx) {
   const amk_params_t& p = ctx.inst->params;
@@ -33,18 +33,17 @@ __device__ void amk_op_rmsnorm_gemv(const amk_task_ctx& ctx) {
     amk_fail(ctx, AMK_ERR_DTYPE, y->dtype);
     return;
   }
-  amk_fused_tile<1>(
-      ctx, x, nw, K, p.eps, w->dtype, amk_al16(w->ptr), n_tile,
+  const amk_frow r = amk_frow_make(ctx, x, nw, K, p.eps);
+  amk_fused_run<1>(
+      r, K, w->dtype, amk_al16(w->ptr), n_tile,
       [=](int j, const amk_buffer_t* (&wb)[1], long long (&row)[1]) {
         wb[0] = w;
         row[0] = n_off + j;
       },
-      /* the bias, asked for with the weights */
-      [=](int j) {
-        return bias && (threadIdx.x & 31) == 0 ? amk_ldf(bias, (long long)n_off + j) : 0.0f;
-      },
-      [=](int j, const float (&s)[1], float b, long long) {
-        if ((threadIdx.x & 31) == 0) amk_stf(y, (long long)n_off + j, s[0] + b);
-      },
-      amk_fused_none(), amk_fused_none());
+      [=](int j, const float (&s)[1]) {
+        if ((threadIdx.x & 31) == 0) {
+          const long long c = n_off + j;
+          amk_stf(y, c, s[0] + (bias ? amk_ldf(bias, c) : 0.0f));
+        }
+      });
 }
