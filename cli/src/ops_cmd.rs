@@ -48,7 +48,8 @@ fn parse_arch(s: &str) -> Result<String, String> {
     }
 }
 
-/// Compiles for each architecture in turn; stops at the first failure (exit 1).
+/// Compiles for each architecture in turn; stops at the first failure (exit 1). With `json`,
+/// the architectures compiled so far are printed either way.
 fn compile(
     reg: &Registry,
     archs: &[String],
@@ -56,6 +57,7 @@ fn compile(
     json: bool,
 ) -> ExitCode {
     let mut out = Vec::new();
+    let mut status = ExitCode::SUCCESS;
     for arch in archs {
         if !json {
             eprintln!(
@@ -63,39 +65,31 @@ fn compile(
             );
         }
         let t0 = std::time::Instant::now();
-        match amk_backend_cuda::precompile(reg, arch, dir) {
-            Ok((path, bytes, cached)) => {
-                let secs = t0.elapsed().as_secs_f64();
-                if json {
-                    out.push(json!({"arch": arch, "path": path, "bytes": bytes,
-                                    "cached": cached, "seconds": secs}));
-                } else {
-                    let how = if cached { "already cached" } else { "compiled" };
-                    println!(
-                        "{arch}: {how}, {bytes} bytes, {secs:.1} s: {}",
-                        path.display()
-                    );
-                }
-            }
+        let (path, bytes, cached) = match amk_backend_cuda::precompile(reg, arch, dir) {
+            Ok(r) => r,
             Err(e) => {
                 eprintln!("amk: {arch}: {e}");
-                if json {
-                    println!(
-                        "{}",
-                        serde_json::to_string_pretty(&Value::Array(out)).unwrap_or_default()
-                    );
-                }
-                return ExitCode::from(1);
+                status = ExitCode::from(1);
+                break;
             }
+        };
+        let secs = t0.elapsed().as_secs_f64();
+        if json {
+            out.push(json!({"arch": arch, "path": path, "bytes": bytes,
+                            "cached": cached, "seconds": secs}));
+        } else {
+            let how = if cached { "already cached" } else { "compiled" };
+            println!(
+                "{arch}: {how}, {bytes} bytes, {secs:.1} s: {}",
+                path.display()
+            );
         }
     }
     if json {
-        println!(
-            "{}",
-            serde_json::to_string_pretty(&Value::Array(out)).unwrap_or_default()
-        );
+        let doc = serde_json::to_string_pretty(&Value::Array(out)).unwrap_or_default();
+        println!("{doc}");
     }
-    ExitCode::SUCCESS
+    status
 }
 
 fn origin_text(o: &Origin) -> String {

@@ -1,14 +1,19 @@
 //! `amk ops list`: one row per registered opcode, human and JSON.
 #![allow(clippy::unwrap_used)] // test file
 
-use std::process::Command;
+use std::process::{Command, Output};
+
+/// `amk ARGS...`, run to completion.
+fn amk(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_amk"))
+        .args(args)
+        .output()
+        .unwrap()
+}
 
 #[test]
 fn ops_list_json_has_every_builtin_opcode() {
-    let out = Command::new(env!("CARGO_BIN_EXE_amk"))
-        .args(["ops", "list", "--json"])
-        .output()
-        .unwrap();
+    let out = amk(&["ops", "list", "--json"]);
     assert_eq!(out.status.code(), Some(0));
     let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     let rows = v.as_array().unwrap();
@@ -42,10 +47,7 @@ fn ops_list_json_has_every_builtin_opcode() {
 
 #[test]
 fn ops_list_prints_a_table() {
-    let out = Command::new(env!("CARGO_BIN_EXE_amk"))
-        .args(["ops", "list"])
-        .output()
-        .unwrap();
+    let out = amk(&["ops", "list"]);
     assert_eq!(out.status.code(), Some(0));
     let text = String::from_utf8_lossy(&out.stdout);
     assert_eq!(text.lines().count(), 24, "{text}");
@@ -55,10 +57,7 @@ fn ops_list_prints_a_table() {
 
 #[test]
 fn ops_compile_rejects_a_malformed_architecture() {
-    let out = Command::new(env!("CARGO_BIN_EXE_amk"))
-        .args(["ops", "compile", "--arch", "hopper"])
-        .output()
-        .unwrap();
+    let out = amk(&["ops", "compile", "--arch", "hopper"]);
     assert_eq!(out.status.code(), Some(2));
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(
@@ -71,11 +70,14 @@ fn ops_compile_rejects_a_malformed_architecture() {
 #[test]
 fn ops_compile_without_the_cuda_feature_says_so() {
     let dir = std::env::temp_dir().join(format!("amk-ops-compile-{}", std::process::id()));
-    let out = Command::new(env!("CARGO_BIN_EXE_amk"))
-        .args(["ops", "compile", "--arch", "sm_90a", "--cache-dir"])
-        .arg(&dir)
-        .output()
-        .unwrap();
+    let out = amk(&[
+        "ops",
+        "compile",
+        "--arch",
+        "sm_90a",
+        "--cache-dir",
+        dir.to_str().unwrap(),
+    ]);
     assert_eq!(out.status.code(), Some(1));
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(
