@@ -9,6 +9,7 @@
 #   scripts/gpu-check.sh join-model       # there: gpu-carry/b + gpu-carry/c → $AMK_HOME/model.gguf
 #   scripts/gpu-check.sh bench [SHAPE..]  # there: amk bench per shape (POS, BENCH_ARGS, BENCH_OUT)
 #   scripts/gpu-check.sh compare [SHAPE..] # there: amk bench + the PyTorch baseline, ratio table
+#   scripts/gpu-check.sh ab [SHAPE..]     # there: the builds in AB_BUILDS (amk + cubin/) in turn
 set -euo pipefail
 cd "$(dirname "$0")/.."
 CARRY=gpu-carry
@@ -94,6 +95,29 @@ bench)
     done
     exit $status
     ;;
+ab)
+    # Builds, each a folder holding an `amk` binary and its precompiled `cubin/` (AB_BUILDS,
+    # space-separated), benchmarked in turn, twice, on one machine: machines of one kind differ
+    # by a few percent, so only a same-machine comparison measures a change of that size.
+    shift
+    out=${BENCH_OUT:-$AMK_HOME/ab}
+    mkdir -p "$out"
+    status=0
+    for round in 1 2; do
+        for v in ${AB_BUILDS:?folders of the builds to compare}; do
+            name=$(basename "$v")
+            for s in ${*:-smollm2-135m llama-3.2-1b llama-3.1-8b}; do
+                # shellcheck disable=SC2086 # BENCH_ARGS is a list of flags
+                AMK_CUDA_CACHE="$v/cubin" "$v/amk" bench --shape "$s" --pos "${POS:-0}" \
+                    ${BENCH_ARGS:-} > "$out/$name-$s-$round.md" 2> "$out/$name-$s-$round.err" ||
+                    status=$?
+                grep -h "^| $s\|GATE\|^error" "$out/$name-$s-$round.md" "$out/$name-$s-$round.err" |
+                    sed "s/^/$name round $round: /" || true
+            done
+        done
+    done
+    exit $status
+    ;;
 compare)
     install
     shift
@@ -103,7 +127,7 @@ compare)
         --json-out "${BENCH_OUT:-$AMK_HOME/bench}/compare.json"
     ;;
 *)
-    sed -n '2,11p' "$0"
+    sed -n '2,12p' "$0"
     exit 2
     ;;
 esac
