@@ -382,45 +382,75 @@ fn plugin_op_runs_on_the_device() {
 
 // ---- SmolLM2 on the device ---------------------------------------------------------------------
 
+/// The SmolLM2-135M shape (no data) lowered under `schedule` in `dtype` at `pos` and
+/// validated, with its synthetic weights of `seed`; the program's inputs are the ones
+/// [`step_inputs`] gives.
+fn smollm2_shape(
+    schedule: &amk_core::ScheduleConfig,
+    dtype: DType,
+    pos: u64,
+    seed: u64,
+) -> (
+    amk_core::ValidatedProgram,
+    amk_core::synth::SyntheticWeights,
+) {
+    use amk_core::GpuTarget;
+    use amk_model_llama::lower::{LowerOptions, lower};
+    use amk_model_llama::{Model, presets};
+    let cfg = presets::preset("smollm2-135m").unwrap();
+    let synth = presets::synthetic_weights(&cfg, seed);
+    let m = Model::shape_only(cfg, "smollm2-135m shape");
+    let opts = LowerOptions {
+        dtype,
+        max_seq: Some(64),
+        pos,
+        ..LowerOptions::default()
+    };
+    let target = GpuTarget::by_name("h100").unwrap();
+    let lowered = lower(&m, schedule, &target, &opts).unwrap();
+    assert!(
+        lowered.weights.is_empty(),
+        "a shape-only model lowers without data"
+    );
+    let v = validate_owned(lowered.program, &registry())
+        .map_err(|r| r.report())
+        .unwrap();
+    let io: Vec<&str> = v
+        .program()
+        .buffers
+        .iter()
+        .filter(|b| b.kind == BufferKind::IO_INPUT)
+        .map(|b| b.name.as_str())
+        .collect();
+    for (name, _) in step_inputs(0, pos) {
+        assert!(io.contains(&name), "no input {name} in {io:?}");
+    }
+    (v, synth)
+}
+
+/// The inputs of one decode step of a lowered Llama program: `token` at `pos`.
+fn step_inputs(token: i64, pos: u64) -> [(&'static str, Tensor); 3] {
+    let scalar = |x: i64| Tensor::from_i64(DType::I32, &[1], &[x]).unwrap();
+    [
+        ("token_id", scalar(token)),
+        ("pos", scalar(pos as i64)),
+        ("reshape_id0", scalar(0)),
+    ]
+}
+
 /// Weights generated on the device (`load_session_synthetic`) are the host's
 /// `SyntheticWeights::materialize` bit for bit: the SmolLM2-135M shape in f32 with synthetic
 /// weights gives the CPU VM's logits (within the f32 conformance bound) at two positions.
 #[test]
 fn synthetic_weights_on_the_device_match_the_host() {
-    use amk_core::{GpuTarget, ScheduleConfig, validate_owned};
-    use amk_model_llama::Model;
-    use amk_model_llama::lower::{LowerOptions, lower};
-    use amk_model_llama::presets;
     let Some(gpu) = gpu_or_skip("synthetic_weights_on_the_device_match_the_host") else {
         return;
     };
     let reg = registry();
-    let cfg = presets::preset("smollm2-135m").unwrap();
-    let synth = presets::synthetic_weights(&cfg, 42);
-    let m = Model::shape_only(cfg, "smollm2-135m shape");
-    let target = GpuTarget::by_name("h100").unwrap();
     for pos in [0u64, 5] {
-        let opts = LowerOptions {
-            dtype: DType::F32,
-            max_seq: Some(64),
-            pos,
-            ..LowerOptions::default()
-        };
-        let lowered = lower(&m, &ScheduleConfig::default(), &target, &opts).unwrap();
-        assert!(
-            lowered.weights.is_empty(),
-            "a shape-only model lowers without data"
-        );
-        let v = validate_owned(lowered.program, &reg)
-            .map_err(|r| r.report())
-            .unwrap();
+        let (v, synth) = smollm2_shape(&amk_core::ScheduleConfig::default(), DType::F32, pos, 42);
         let host = synth.materialize(v.program()).unwrap();
-        let scalar = |x: i64| Tensor::from_i64(DType::I32, &[1], &[x]).unwrap();
-        let inputs = [
-            ("token_id", scalar(777)),
-            ("pos", scalar(pos as i64)),
-            ("reshape_id0", scalar(0)),
-        ];
+        let inputs = step_inputs(777, pos);
         let want = cpu_vm()
             .load(&v, &host, &reg)
             .unwrap()
@@ -453,54 +483,20 @@ fn synthetic_weights_on_the_device_match_the_host() {
 /// which the comparisons with a reference can miss when the error stays within tolerance.
 #[test]
 fn tuned_decode_steps_are_bit_identical_across_launches() {
-    use amk_core::{GpuTarget, validate_owned};
-    use amk_model_llama::Model;
-    use amk_model_llama::lower::{LowerOptions, lower, tuned_schedule};
-    use amk_model_llama::presets;
-    let reg = registry();
-    let cfg = presets::preset("smollm2-135m").unwrap();
-    let synth = presets::synthetic_weights(&cfg, 7);
-    let m = Model::shape_only(cfg, "smollm2-135m shape");
-    let target = GpuTarget::by_name("h100").unwrap();
+    let tuned = amk_model_llama::lower::tuned_schedule();
     // Lowered and validated first, so that a machine without a GPU checks this part too.
     let programs: Vec<_> = [0u64, 5]
         .into_iter()
-        .map(|pos| {
-            let opts = LowerOptions {
-                dtype: DType::BF16,
-                max_seq: Some(64),
-                pos,
-                ..LowerOptions::default()
-            };
-            let lowered = lower(&m, &tuned_schedule(), &target, &opts).unwrap();
-            let v = validate_owned(lowered.program, &reg)
-                .map_err(|r| r.report())
-                .unwrap();
-            let io: Vec<&str> = v
-                .program()
-                .buffers
-                .iter()
-                .filter(|b| b.kind == amk_core::BufferKind::IO_INPUT)
-                .map(|b| b.name.as_str())
-                .collect();
-            for name in ["token_id", "pos", "reshape_id0"] {
-                assert!(io.contains(&name), "no input {name} in {io:?}");
-            }
-            (pos, v)
-        })
+        .map(|pos| (pos, smollm2_shape(&tuned, DType::BF16, pos, 7)))
         .collect();
     let Some(gpu) = gpu_or_skip("tuned_decode_steps_are_bit_identical_across_launches") else {
         return;
     };
-    for (pos, v) in &programs {
+    let reg = registry();
+    for (pos, (v, synth)) in &programs {
         let pos = *pos;
-        let mut s = gpu.load_session_synthetic(v, &synth, &reg).unwrap();
-        let scalar = |x: i64| Tensor::from_i64(DType::I32, &[1], &[x]).unwrap();
-        let inputs = [
-            ("token_id", scalar(321)),
-            ("pos", scalar(pos as i64)),
-            ("reshape_id0", scalar(0)),
-        ];
+        let mut s = gpu.load_session_synthetic(v, synth, &reg).unwrap();
+        let inputs = step_inputs(321, pos);
         let mut first: Option<Vec<u32>> = None;
         for launch in 0..24 {
             s.poison_outputs().unwrap();
@@ -745,13 +741,7 @@ mod perf {
     }
 
     fn inputs(m: &Model, pos: u64) -> [(&'static str, Tensor); 3] {
-        let token = (pos as i64 * 7919 + 1234) % m.config.vocab as i64;
-        let scalar = |x: i64| Tensor::from_i64(DType::I32, &[1], &[x]).unwrap();
-        [
-            ("token_id", scalar(token)),
-            ("pos", scalar(pos as i64)),
-            ("reshape_id0", scalar(0)),
-        ]
+        step_inputs((pos as i64 * 7919 + 1234) % m.config.vocab as i64, pos)
     }
 
     /// max |a − b| / max |b|.
@@ -910,12 +900,7 @@ mod perf {
                 let v = validate_owned(lowered.program, &reg)
                     .map_err(|r| r.report())
                     .unwrap();
-                let scalar = |x: i64| Tensor::from_i64(DType::I32, &[1], &[x]).unwrap();
-                let inputs = [
-                    ("token_id", scalar(1234)),
-                    ("pos", scalar(pos as i64)),
-                    ("reshape_id0", scalar(0)),
-                ];
+                let inputs = step_inputs(1234, pos);
                 let mut cpu = cpu_backend.load(&v, &lowered.weights, &reg).unwrap();
                 let want = cpu
                     .step(&inputs)
