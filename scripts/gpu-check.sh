@@ -30,6 +30,17 @@ install() {
     export AMK_CUDA_CACHE="$AMK_HOME/cubin"
 }
 
+# bench_shape AMK SHAPE POS OUT [LABEL]: `AMK bench` of SHAPE at POS (plus BENCH_ARGS) into
+# OUT.md and OUT.err; prints the result row, a failed gate or an error, each after LABEL.
+# Returns amk's status.
+bench_shape() {
+    local rc=0
+    # shellcheck disable=SC2086 # BENCH_ARGS is a list of flags
+    "$1" bench --shape "$2" --pos "$3" ${BENCH_ARGS:-} > "$4.md" 2> "$4.err" || rc=$?
+    grep -h "^| $2\|GATE\|^error" "$4.md" "$4.err" | sed "s/^/${5:-}/" || true
+    return $rc
+}
+
 case "${1:-}" in
 build)
     mkdir -p "$CARRY/a"
@@ -88,10 +99,7 @@ bench)
     mkdir -p "$out"
     status=0
     for s in ${*:-smollm2-135m llama-3.2-1b llama-3.1-8b}; do
-        # shellcheck disable=SC2086 # BENCH_ARGS is a list of flags
-        "$AMK_HOME/amk" bench --shape "$s" --pos "${POS:-0,511}" ${BENCH_ARGS:-} \
-            > "$out/$s.md" 2> "$out/$s.err" || status=$?
-        grep -h "^| $s\|GATE\|^error" "$out/$s.md" "$out/$s.err" || true
+        bench_shape "$AMK_HOME/amk" "$s" "${POS:-0,511}" "$out/$s" || status=$?
     done
     exit $status
     ;;
@@ -107,12 +115,8 @@ ab)
         for v in ${AB_BUILDS:?folders of the builds to compare}; do
             name=$(basename "$v")
             for s in ${*:-smollm2-135m llama-3.2-1b llama-3.1-8b}; do
-                # shellcheck disable=SC2086 # BENCH_ARGS is a list of flags
-                AMK_CUDA_CACHE="$v/cubin" "$v/amk" bench --shape "$s" --pos "${POS:-0}" \
-                    ${BENCH_ARGS:-} > "$out/$name-$s-$round.md" 2> "$out/$name-$s-$round.err" ||
-                    status=$?
-                grep -h "^| $s\|GATE\|^error" "$out/$name-$s-$round.md" "$out/$name-$s-$round.err" |
-                    sed "s/^/$name round $round: /" || true
+                AMK_CUDA_CACHE="$v/cubin" bench_shape "$v/amk" "$s" "${POS:-0}" \
+                    "$out/$name-$s-$round" "$name round $round: " || status=$?
             done
         done
     done
