@@ -266,6 +266,11 @@ pub struct CudaSource {
     pub entry: Cow<'static, str>,
     /// Dynamic shared memory the function needs per block, in bytes.
     pub shared_bytes: u32,
+    /// The function waits for its task's counters itself (`amk_task_wait`, after the checks
+    /// that read only its descriptors and params), instead of the scheduler waiting before it
+    /// runs: the op's cold code then runs while the producers still work, off the critical
+    /// path. docs/adding-an-op.md says how.
+    pub own_wait: bool,
 }
 
 impl CudaSource {
@@ -275,12 +280,19 @@ impl CudaSource {
             source: Cow::Borrowed(source),
             entry: Cow::Borrowed(entry),
             shared_bytes: 0,
+            own_wait: false,
         }
     }
 
     /// The same source with a shared-memory need.
     pub const fn with_shared(mut self, bytes: u32) -> Self {
         self.shared_bytes = bytes;
+        self
+    }
+
+    /// The same source, its device function calling `amk_task_wait` itself.
+    pub const fn with_own_wait(mut self) -> Self {
+        self.own_wait = true;
         self
     }
 }

@@ -89,7 +89,8 @@ enum amk_error_t {
   AMK_ERR_SHAPE = 5,            /* operand shapes do not fit the op; detail: op-specific */
   AMK_ERR_DTYPE = 6,            /* an operand dtype the op does not handle; detail: the dtype */
   AMK_ERR_PARAM = 7,            /* a param out of range; detail: its value */
-  AMK_ERR_ABORTED = 8           /* the host's abort flag was seen */
+  AMK_ERR_ABORTED = 8,          /* the host's abort flag was seen */
+  AMK_ERR_NO_WAIT = 9           /* an op registered as waiting itself returned without waiting */
 };
 
 typedef uint32_t amk_counter_t;
@@ -149,13 +150,17 @@ typedef struct amk_params { /*@size 104*/
 #define AMK_P_EXT0 24
 #define amk_has(params, bit) ((((params).present) >> (bit)) & 1)
 
+/* amk_buffer_t.flags: no task of the program writes the buffer (its data is the host's, from
+ * before the launch), so an op may read it before its task's wait. */
+#define AMK_BUF_LAUNCH_CONST 1
+
 typedef struct amk_buffer { /*@size 96*/
   void* ptr;          /*@0*/
   int64_t numel;      /*@8*/
   int32_t rank;       /*@16*/
   int32_t dtype;      /*@20*/
   int32_t space;      /*@24*/
-  int32_t _pad;       /*@28*/
+  int32_t flags;      /*@28*/ /* AMK_BUF_* */
   int64_t shape[4];   /*@32*/
   int64_t stride[4];  /*@64*/
 } amk_buffer_t;

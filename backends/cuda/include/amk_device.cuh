@@ -11,6 +11,10 @@
  *   read-only path (no __ldg, no const __restrict__).
  * - Never touches counters, never traps: errors go through amk_fail(), after which the function
  *   returns (block-uniformly).
+ * - Reads nothing another task writes before its task's counters are met: the scheduler waits
+ *   for them before calling the function, unless the op registered with `with_own_wait()`; then
+ *   the function calls amk_task_wait(ctx) itself, once, block-uniformly, after the checks that
+ *   read only its descriptors and params, and returns at once when it answers false.
  * - No fast-math intrinsics (__expf, __sinf, __powf, __fdividef, ...): fp32 results must stay
  *   within 1e-5 of the CPU VM.
  */
@@ -38,7 +42,17 @@ struct amk_task_ctx {
   int32_t smem_bytes;
   int* failed;           /* block-shared: set by amk_fail */
   uint64_t* trace;       /* the task's trace words (thread 0 writes), or null */
+  const amk_prefetch_t* l2; /* the task's staged L2 ranges (amk_task_wait prefetches them), or
+                               null */
 };
+
+/* Waits until the task's counters are met (thread 0 spins; a barrier hands the outcome to the
+ * block), then starts the task's L2 prefetch. Returns false when the launch is aborting (the
+ * block is marked failed and the op must return). A FUSED step (ctx.step >= 0) returns true at
+ * once: its task waited before its first step. Defined by the scheduler; the dispatcher calls it
+ * before every op that does not wait itself (docs/adding-an-op.md, "Waiting for the task's
+ * counters"). */
+__device__ __noinline__ bool amk_task_wait(const amk_task_ctx& c);
 
 /* The device's nanosecond clock (one clock for all SMs). */
 __device__ __forceinline__ uint64_t amk_globaltimer() {

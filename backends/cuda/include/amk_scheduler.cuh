@@ -200,10 +200,38 @@ __device__ __forceinline__ void amk_l2_prefetch(const amk_prefetch_t* s_l2, int 
 #endif
 }
 
+/* amk_task_wait's block-shared state: the wait's outcome (written by thread 0 before the
+ * wait's barrier, read after it), and whether the running task has waited (thread 0 clears it
+ * before the dispatch and sets it after the wait; the scheduler reads it after the task's
+ * closing barrier). */
+__shared__ int amk_wait_go;
+__shared__ int amk_task_waited;
+
+/* The wait, the trace point and the L2 prefetch that follow it (amk_device.cuh declares it).
+ * Out of line: one copy for every op, so the code a ready task runs first is the code every
+ * task ran last (docs/perf-notes.md round 8: the first instructions of an op's cold code cost
+ * 1-2 us after its counter was met). */
+__device__ __noinline__ bool amk_task_wait(const amk_task_ctx& c) {
+  if (c.step >= 0) return true; /* a FUSED step: the task waited before its first step */
+  const amk_device_program_t& prog = *c.prog;
+  const bool ok = amk_wait_all(prog, c.inst, &amk_wait_go);
+  if (threadIdx.x == 0) {
+    amk_task_waited = 1;
+    if (!ok) *c.failed = 1; /* the launch is aborting: the block stops after this task */
+    if (c.trace) { c.trace[1] = amk_globaltimer(); c.trace[4] = 0; }
+  }
+  /* By default after the wait: a prefetch issued while other blocks still stream the previous
+     phase, or while the attention block waits on its loads, competes with them
+     (docs/perf-notes.md round 6); issued here it fills the memory system while the op's
+     prologue (the row, its norm) runs. */
+  if (ok && c.l2 && prog.l2_ranges && !(prog.flags & AMK_PROG_L2_PREFETCH_EARLY))
+    amk_l2_prefetch(c.l2, prog.flags);
+  return ok;
+}
+
 extern "C" __global__ void __launch_bounds__(AMK_THREADS, 1)
 amk_megakernel(const amk_device_program_t prog) {
   extern __shared__ __align__(16) unsigned char amk_smem[];
-  __shared__ int s_go;
   __shared__ int s_failed;
   /* Two stages: the task running, and the next one, copied in while it runs. */
   __shared__ __align__(16) amk_stage_t s_stage[2];
@@ -239,29 +267,27 @@ amk_megakernel(const amk_device_program_t prog) {
     c.smem_bytes = prog.smem_bytes;
     c.failed = &s_failed;
     c.trace = tr;
+    c.l2 = prog.l2_ranges ? st->l2 : (const amk_prefetch_t*)0;
     if (!amk_check_ids(c)) break;
     if (prog.l2_ranges && (prog.flags & AMK_PROG_L2_PREFETCH_EARLY)) amk_l2_prefetch(st->l2, prog.flags);
 #if AMK_RING
     /* A tile's weights do not depend on any counter: start streaming them now. */
     if (threadIdx.x == 0) amk_ring_prestart(c);
 #endif
-    if (!amk_wait_all(prog, c.inst, &s_go)) {
-#if AMK_RING
-      if (threadIdx.x == 0 && amk_ring_started == t) amk_ring_drain(); /* no copy outlives the block */
-#endif
-      break;
-    }
-    if (tr && threadIdx.x == 0) { tr[1] = amk_globaltimer(); tr[4] = 0; }
-    /* By default after the wait: a prefetch issued while other blocks still stream the
-       previous phase, or while the attention block waits on its loads, competes with them
-       (docs/perf-notes.md round 6); issued here it fills the memory system while the op's
-       prologue (checks, the row, its norm) runs. */
-    if (prog.l2_ranges && !(prog.flags & AMK_PROG_L2_PREFETCH_EARLY)) amk_l2_prefetch(st->l2, prog.flags);
+    /* The wait happens inside the dispatch: before the op for most ops, inside it for those
+       that wait themselves (after their checks, so that their cold code runs before the
+       counters are met). */
+    if (threadIdx.x == 0) amk_task_waited = 0;
     amk_dispatch(c);
     if (tr && threadIdx.x == 0) tr[5] = amk_globaltimer();
     __syncthreads();
-    if (s_failed) {
+    /* An op that returned without waiting may have read data its producers had not written:
+       the launch fails rather than signal (every thread reads the same flags). */
+    const bool no_wait = !s_failed && !amk_task_waited;
+    if (no_wait) amk_fail(c, AMK_ERR_NO_WAIT, c.inst->op);
+    if (s_failed || no_wait) {
 #if AMK_RING
+      /* a failed task or an aborted wait: no copy outlives the block */
       if (threadIdx.x == 0 && amk_ring_started == t) amk_ring_drain();
 #endif
       break;

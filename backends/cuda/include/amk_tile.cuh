@@ -772,8 +772,9 @@ __device__ __forceinline__ bool amk_fused_check(const amk_task_ctx& ctx, const a
   return true;
 }
 
-/* Validates what the CPU reference checks at run time (cheap, block-uniform), then computes
- * rows [m0, m0 + m_rows) of the tile. `gemm`: GEMM_TILE's row range from M_tile / m_off. */
+/* Validates what the CPU reference checks at run time (cheap, block-uniform), waits for the
+ * task's counters (GEMV_TILE and GEMM_TILE wait themselves), then computes rows
+ * [m0, m0 + m_rows) of the tile. `gemm`: GEMM_TILE's row range from M_tile / m_off. */
 template <int MAXR, int UNROLL>
 __device__ __forceinline__ void amk_tile_run(const amk_task_ctx& ctx, bool gemm) {
   const amk_params_t& p = ctx.inst->params;
@@ -878,6 +879,8 @@ __device__ __forceinline__ void amk_tile_run(const amk_task_ctx& ctx, bool gemm)
       a.vpg_shift = (a.vpg & (a.vpg - 1)) == 0 ? __ffs(a.vpg) - 1 : -1;
     }
   }
+  /* Everything above read descriptors and params only: the data waits from here. */
+  if (!amk_task_wait(ctx)) return;
 #if AMK_RING
   /* Stages the scheduler started before the wait (all threads read the flag it set before
      the wait's barrier). */

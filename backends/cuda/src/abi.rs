@@ -32,6 +32,8 @@ pub mod status {
     pub const PARAM: i32 = 7;
     /// The abort flag was seen.
     pub const ABORTED: i32 = 8;
+    /// An op registered as waiting for its counters itself returned without waiting.
+    pub const NO_WAIT: i32 = 9;
 
     /// A status code's meaning, for error messages.
     pub fn describe(code: i32) -> &'static str {
@@ -44,6 +46,7 @@ pub mod status {
             DTYPE => "operand dtype not handled by the op",
             PARAM => "param out of range",
             ABORTED => "aborted",
+            NO_WAIT => "op returned without waiting for its counters",
             _ => "unknown device error",
         }
     }
@@ -93,7 +96,7 @@ pub struct AmkBuffer {
     pub rank: i32,
     pub dtype: i32,
     pub space: i32,
-    pub pad: i32,
+    pub flags: i32,
     pub shape: [i64; 4],
     pub stride: [i64; 4],
 }
@@ -176,6 +179,10 @@ pub const L2_RANGES: usize = 4;
 /// `amk_device_program::flags` bit: streamed weights are evicted first from L2.
 pub const PROG_L2_EVICT_FIRST: i32 = 1;
 
+/// `amk_buffer_t::flags` bit: no task of the program writes the buffer (its data is the
+/// host's, from before the launch), so an op may read it before its task's wait.
+pub const BUF_LAUNCH_CONST: i32 = 1;
+
 /// `amk_device_program::flags` bit: the L2 prefetch of a task's weights (`l2_ranges`) is
 /// issued before its wait instead of after it.
 pub const PROG_L2_PREFETCH_EARLY: i32 = 2;
@@ -214,7 +221,7 @@ pub fn field_offsets() -> Vec<(&'static str, &'static str, usize)> {
         "ext" => ext);
     f!(v, "amk_buffer", AmkBuffer,
         "ptr" => ptr, "numel" => numel, "rank" => rank, "dtype" => dtype, "space" => space,
-        "_pad" => pad, "shape" => shape, "stride" => stride);
+        "flags" => flags, "shape" => shape, "stride" => stride);
     f!(v, "amk_instruction", AmkInstruction,
         "op" => op, "n_inputs" => n_inputs, "n_outputs" => n_outputs, "n_waits" => n_waits,
         "inputs" => inputs, "outputs" => outputs, "wait_counter" => wait_counter,

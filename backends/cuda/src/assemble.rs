@@ -44,6 +44,8 @@ pub struct CompiledOp {
     pub entry: String,
     /// Dynamic shared memory it needs.
     pub shared_bytes: u32,
+    /// It calls `amk_task_wait` itself (`CudaSource::own_wait`).
+    pub own_wait: bool,
 }
 
 /// The assembled source and what went into it.
@@ -135,6 +137,7 @@ pub fn megakernel_source(registry: &Registry, knobs: Knobs) -> Result<Megakernel
             code: spec.code,
             entry: cuda.entry.to_string(),
             shared_bytes: cuda.shared_bytes,
+            own_wait: cuda.own_wait,
         });
     }
     src.push_str("#line 1 \"amk generated dispatcher\"\n");
@@ -146,8 +149,15 @@ pub fn megakernel_source(registry: &Registry, knobs: Knobs) -> Result<Megakernel
             if o.code == Opcode::FUSED && !with_fused {
                 continue;
             }
+            // An op that does not wait itself runs once the scheduler's wait for it is met
+            // (a FUSED step's wait returns at once: its task waited before its first step).
+            let wait = if o.own_wait {
+                ""
+            } else {
+                "if (amk_task_wait(c)) "
+            };
             src.push_str(&format!(
-                "    case {code}: amk_op_{code}::{entry}(c); break;\n",
+                "    case {code}: {wait}amk_op_{code}::{entry}(c); break;\n",
                 code = o.code.0,
                 entry = o.entry
             ));

@@ -4,8 +4,8 @@
 //! in device addresses and re-packs the records a param patch touches.
 
 use crate::abi::{
-    AmkBuffer, AmkInstruction, AmkParams, AmkPrefetch, L2_RANGES, MAX_EXT_PARAMS, PRESENT_EXT0,
-    STEP_ZERO_OUTPUTS, TASK_SLOTS,
+    AmkBuffer, AmkInstruction, AmkParams, AmkPrefetch, BUF_LAUNCH_CONST, L2_RANGES, MAX_EXT_PARAMS,
+    PRESENT_EXT0, STEP_ZERO_OUTPUTS, TASK_SLOTS,
 };
 use crate::queues::{Queues, build_queues};
 use amk_core::json::{Map, Value};
@@ -160,6 +160,7 @@ pub fn build(program: &Program, registry: &Registry, max_blocks: usize) -> Resul
         return Err("too many records".into());
     }
     let queues = build_queues(program, max_blocks)?;
+    mark_launch_constant(&mut tb.buffers, &instructions, &fused_steps);
     Ok(Tables {
         buffers: tb.buffers,
         placement: tb.placement,
@@ -169,6 +170,33 @@ pub fn build(program: &Program, registry: &Registry, max_blocks: usize) -> Resul
         fused_off,
         queues,
     })
+}
+
+/// Sets [`BUF_LAUNCH_CONST`] on every descriptor that no task and no FUSED step writes
+/// (weights, constants, inputs such as the position): whatever it holds was written before the
+/// launch, so an op that waits itself may read it before its wait (QKV_ROPE_APPEND's position).
+/// Ids out of range are skipped (the device's id check fails such a task).
+pub fn mark_launch_constant(
+    buffers: &mut [AmkBuffer],
+    instructions: &[AmkInstruction],
+    fused_steps: &[AmkInstruction],
+) {
+    let mut written = vec![false; buffers.len()];
+    for r in instructions.iter().chain(fused_steps) {
+        let n_out = r.n_outputs.clamp(0, r.outputs.len() as i32) as usize;
+        for &id in &r.outputs[..n_out] {
+            if let Some(w) = usize::try_from(id).ok().and_then(|b| written.get_mut(b)) {
+                *w = true;
+            }
+        }
+    }
+    for (d, w) in buffers.iter_mut().zip(written) {
+        if w {
+            d.flags &= !BUF_LAUNCH_CONST;
+        } else {
+            d.flags |= BUF_LAUNCH_CONST;
+        }
+    }
 }
 
 struct TableBuilder {

@@ -127,6 +127,7 @@ fn header_constants_match_the_core() {
     assert_eq!(num("AMK_COUNTER_STRIDE"), abi::COUNTER_STRIDE as i64);
     assert_eq!(num("AMK_L2_RANGES"), abi::L2_RANGES as i64);
     assert_eq!(num("AMK_TASK_SLOTS"), abi::TASK_SLOTS as i64);
+    assert_eq!(num("AMK_BUF_LAUNCH_CONST"), abi::BUF_LAUNCH_CONST as i64);
     assert_eq!(
         abi::TASK_SLOTS,
         core_abi::MAX_INPUTS + core_abi::MAX_OUTPUTS
@@ -158,6 +159,7 @@ fn header_constants_match_the_core() {
         ("AMK_ERR_DTYPE", abi::status::DTYPE),
         ("AMK_ERR_PARAM", abi::status::PARAM),
         ("AMK_ERR_ABORTED", abi::status::ABORTED),
+        ("AMK_ERR_NO_WAIT", abi::status::NO_WAIT),
     ] {
         assert_eq!(e[name], code as i64, "{name}");
     }
@@ -417,6 +419,27 @@ fn task_buffers_lay_out_each_tasks_operands_in_its_stage_slots() {
     }
 }
 
+/// Exactly the descriptors that no task and no FUSED step writes are marked launch-constant
+/// (a stale mark is cleared; ids out of range are skipped).
+#[test]
+fn launch_constant_buffers_are_those_nothing_writes() {
+    let mut descs: Vec<abi::AmkBuffer> = (0..6).map(|b| weight(0x1000 * (b + 1), 1, 8)).collect();
+    descs[2].flags = abi::BUF_LAUNCH_CONST; // stale: task `a` writes buffer 2
+    let mut a = record(Opcode::ADD, &[0, 1], 8, 0, 0);
+    a.n_outputs = 2;
+    a.outputs[..2].copy_from_slice(&[2, 9]);
+    let mut step = record(Opcode::ADD, &[2, 3], 8, 0, 0);
+    step.n_outputs = 1;
+    step.outputs[0] = 4;
+    step.outputs[1] = 5; // beyond n_outputs: not a write
+    tables::mark_launch_constant(&mut descs, &[a], &[step]);
+    let marked: Vec<bool> = descs
+        .iter()
+        .map(|d| d.flags & abi::BUF_LAUNCH_CONST != 0)
+        .collect();
+    assert_eq!(marked, [true, true, false, true, false, true]);
+}
+
 #[test]
 fn queues_follow_sm_assignment_and_never_deadlock() {
     for (sms, blocks) in [
@@ -491,10 +514,13 @@ fn the_source_has_one_case_per_op_and_is_deterministic() {
     assert_eq!(a.source, b.source);
     for code in 0..Opcode::ABI_COUNT {
         assert!(a.has(Opcode(code)), "op {code} has no device function");
+        // The scheduler's wait comes before every op that does not wait itself.
+        let own = reg.cuda(Opcode(code)).unwrap().own_wait;
+        let wait = if own { "" } else { "if (amk_task_wait(c)) " };
         assert!(
             a.source
-                .contains(&format!("    case {code}: amk_op_{code}::")),
-            "no dispatch case for {code}"
+                .contains(&format!("    case {code}: {wait}amk_op_{code}::")),
+            "no dispatch case for {code} (own wait: {own})"
         );
     }
     assert!(a.source.contains("#define AMK_THREADS 256"));
@@ -517,6 +543,17 @@ fn op_sources_keep_the_device_contract() {
             "{}: no `void {}(const amk_task_ctx& ...)`",
             spec.name,
             cuda.entry
+        );
+        // An op that waits itself calls the wait (directly, or through the tile runner that
+        // does); any other op leaves it to the dispatcher (a second wait would only cost time).
+        let waits = src.contains("amk_task_wait(ctx)") || src.contains("amk_tile_run<");
+        assert_eq!(
+            waits,
+            cuda.own_wait,
+            "{}: registered own_wait = {}, but its source {} amk_task_wait",
+            spec.name,
+            cuda.own_wait,
+            if waits { "calls" } else { "never calls" }
         );
         for banned in [
             "#include",

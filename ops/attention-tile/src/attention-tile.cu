@@ -643,7 +643,9 @@ __device__ void amk_op_attention_tile(const amk_task_ctx& ctx) {
   const long long per_head = partial ? (long long)hd + 2 : (long long)hd;
   if (out->numel != batch * nh * per_head) { amk_fail(ctx, AMK_ERR_SHAPE, out->numel); return; }
 
-  /* Trace point: the checks are done (the rest is the attention itself). */
+  /* The checks read descriptors and params only: q and the caches wait from here. */
+  if (!amk_task_wait(ctx)) return;
+  /* Trace point: the wait is met (the rest is the attention itself). */
   if (ctx.trace && threadIdx.x == 0) ctx.trace[4] = amk_globaltimer();
   /* The fast path needs both caches in one vector dtype, whole 16-byte vectors per lane and
    * 16-byte aligned bases (then every row offset is a multiple of 8 elements). */

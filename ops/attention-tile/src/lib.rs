@@ -42,7 +42,9 @@ amk_core::inventory::submit! {
     OpRegistration {
         spec: SPEC,
         reference: Some(Reference { run: reference::run, in_place: &[] }),
-        cuda: Some(amk_core::CudaSource::builtin(include_str!("attention-tile.cu"), "amk_op_attention_tile")),
+        cuda: Some(
+            amk_core::CudaSource::builtin(include_str!("attention-tile.cu"), "amk_op_attention_tile").with_own_wait(),
+        ),
     }
 }
 

@@ -45,7 +45,8 @@ amk_core::inventory::submit! {
         reference: Some(Reference { run: reference::run, in_place: &[] }),
         cuda: Some(
             amk_core::CudaSource::builtin(include_str!("gate-up-silu.cu"), "amk_op_gate_up_silu")
-                .with_shared(op_rmsnorm_gemv::SHARED_BYTES),
+                .with_shared(op_rmsnorm_gemv::SHARED_BYTES)
+                .with_own_wait(),
         ),
     }
 }

@@ -37,7 +37,9 @@ amk_core::inventory::submit! {
     OpRegistration {
         spec: SPEC,
         reference: Some(Reference { run: reference::run, in_place: &[] }),
-        cuda: Some(amk_core::CudaSource::builtin(include_str!("gemm-tile.cu"), "amk_op_gemm_tile")),
+        cuda: Some(
+            amk_core::CudaSource::builtin(include_str!("gemm-tile.cu"), "amk_op_gemm_tile").with_own_wait(),
+        ),
     }
 }
 

@@ -38,7 +38,9 @@ amk_core::inventory::submit! {
     OpRegistration {
         spec: SPEC,
         reference: Some(Reference { run: reference::run, in_place: &[] }),
-        cuda: Some(amk_core::CudaSource::builtin(include_str!("gemv-tile.cu"), "amk_op_gemv_tile")),
+        cuda: Some(
+            amk_core::CudaSource::builtin(include_str!("gemv-tile.cu"), "amk_op_gemv_tile").with_own_wait(),
+        ),
     }
 }
 

@@ -66,7 +66,8 @@ amk_core::inventory::submit! {
         reference: Some(Reference { run: reference::run, in_place: &[] }),
         cuda: Some(
             amk_core::CudaSource::builtin(include_str!("qkv-rope-append.cu"), "amk_op_qkv_rope_append")
-                .with_shared(op_rmsnorm_gemv::SHARED_BYTES),
+                .with_shared(op_rmsnorm_gemv::SHARED_BYTES)
+                .with_own_wait(),
         ),
     }
 }

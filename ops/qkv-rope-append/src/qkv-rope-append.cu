@@ -6,7 +6,8 @@
  * vectors of each in flight per lane) — rounds both sums to the destination's dtype, rotates them
  * (Q and K heads; ROPE's arithmetic, amk_rope_*, with cos and sin computed before the tile and
  * kept across the launch's layers: qkv_trig) and stores them into q or the cache row pos
- * (element 0 of the integer input 4, checked against the caches). */
+ * (element 0 of the integer input 4, checked against the caches). It waits for its task's
+ * counters itself (amk_task_wait), after its checks. */
 
 /* The pair unit u (even) starts: projection (0 Q, 1 K, 2 V), weight row, frequency index. */
 __device__ __forceinline__ void qkv_pair(long long u, int hd, int nh, int nkv, int& proj,
@@ -70,7 +71,6 @@ __device__ void amk_op_qkv_rope_append(const amk_task_ctx& ctx) {
   const int n_tile = p.N_tile, n_off = p.n_off, hd = p.head_dim, nh = p.n_heads, nkv = p.n_kv_heads;
   const float theta = p.theta;
   if (!amk_is_int(pb->dtype) || pb->numel < 1) { amk_fail(ctx, AMK_ERR_DTYPE, pb->dtype); return; }
-  const long long pos_ll = amk_ldif(pb, 0);
   if (!amk_fused_check(ctx, x, w, 3, nw, K)) return;
   if (hd <= 0 || (hd & 1) || nh <= 0 || nkv <= 0 || n_tile <= 0 || (n_tile & 1) ||
       n_off < 0 || (n_off & 1) || !(theta > 0.0f)) {
@@ -90,11 +90,17 @@ __device__ void amk_op_qkv_rope_append(const amk_task_ctx& ctx) {
       amk_fail(ctx, AMK_ERR_SHAPE, dst[c]->numel);
       return;
     }
-    /* The position comes from data: outside the caches it is an index error (as the CPU). */
-    if (c > 0 && (pos_ll < 0 || pos_ll >= dst[c]->numel / row_len)) {
-      amk_fail(ctx, AMK_ERR_INDEX, pos_ll);
-      return;
-    }
+  }
+  /* The checks above read descriptors and params only; x waits for the task's counters. So
+     does the position, unless nothing in the program writes it (the host's, from before the
+     launch): then it and its cos/sin are ready before the wait, off the critical path. */
+  const bool pos_early = (pb->flags & AMK_BUF_LAUNCH_CONST) != 0;
+  if (!pos_early && !amk_task_wait(ctx)) return;
+  const long long pos_ll = amk_ldif(pb, 0);
+  /* The position comes from data: outside the caches it is an index error (as the CPU). */
+  if (pos_ll < 0 || pos_ll >= dst[1]->numel / row_len || pos_ll >= dst[2]->numel / row_len) {
+    amk_fail(ctx, AMK_ERR_INDEX, pos_ll);
+    return;
   }
   const int pos = (int)pos_ll;
   const int wdt = (w[0]->dtype == w[1]->dtype && w[1]->dtype == w[2]->dtype) ? w[0]->dtype : -1;
@@ -107,6 +113,7 @@ __device__ void amk_op_qkv_rope_append(const amk_task_ctx& ctx) {
   const amk_buffer_t* vc = dst[2];
   const int half = hd >> 1;
   const float2* const cs = qkv_trig(pos, theta, hd);
+  if (pos_early && !amk_task_wait(ctx)) return;
   const amk_frow r = amk_frow_make(ctx, x, nw, K, p.eps);
   amk_fused_run<2>(
       r, K, wdt, al, n_tile >> 1,

@@ -48,7 +48,8 @@ amk_core::inventory::submit! {
         reference: Some(Reference { run: reference::run, in_place: &[] }),
         cuda: Some(
             amk_core::CudaSource::builtin(include_str!("rmsnorm-gemv.cu"), "amk_op_rmsnorm_gemv")
-                .with_shared(SHARED_BYTES),
+                .with_shared(SHARED_BYTES)
+                .with_own_wait(),
         ),
     }
 }

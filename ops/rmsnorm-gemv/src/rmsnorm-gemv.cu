@@ -33,6 +33,7 @@ __device__ void amk_op_rmsnorm_gemv(const amk_task_ctx& ctx) {
     amk_fail(ctx, AMK_ERR_DTYPE, y->dtype);
     return;
   }
+  if (!amk_task_wait(ctx)) return; /* the checks above read descriptors only */
   const amk_frow r = amk_frow_make(ctx, x, nw, K, p.eps);
   amk_fused_run<1>(
       r, K, w->dtype, amk_al16(w->ptr), n_tile,

@@ -390,6 +390,7 @@ fn read_op(p: &Path, i: usize, od: &OpDescriptorV1) -> Result<ReadOp, PluginErro
             source: cuda_source.into(),
             entry: cuda_entry.into(),
             shared_bytes: od.cuda_shared_bytes,
+            own_wait: false,
         }),
         _ => {
             return Err(malformed(
