@@ -183,8 +183,7 @@ pub fn mark_launch_constant(
 ) {
     let mut written = vec![false; buffers.len()];
     for r in instructions.iter().chain(fused_steps) {
-        let n_out = r.n_outputs.clamp(0, r.outputs.len() as i32) as usize;
-        for &id in &r.outputs[..n_out] {
+        for &id in r.live_outputs() {
             if let Some(w) = usize::try_from(id).ok().and_then(|b| written.get_mut(b)) {
                 *w = true;
             }
@@ -268,6 +267,15 @@ pub fn storage_bytes(dtype: DType, shape: &[u64]) -> u64 {
 }
 
 impl AmkInstruction {
+    /// The input ids the record counts (`n_inputs`, clamped to the array: a record the
+    /// validator did not see may hold any count).
+    fn live_inputs(&self) -> &[i32] {
+        &self.inputs[..self.n_inputs.clamp(0, self.inputs.len() as i32) as usize]
+    }
+    /// The output ids the record counts (`n_outputs`, clamped as [`Self::live_inputs`]).
+    fn live_outputs(&self) -> &[i32] {
+        &self.outputs[..self.n_outputs.clamp(0, self.outputs.len() as i32) as usize]
+    }
     fn zeroed_record() -> Self {
         let mut r: AmkInstruction = bytemuck::Zeroable::zeroed();
         r.out_counter = -1;
@@ -652,12 +660,10 @@ pub fn task_buffers(instructions: &[AmkInstruction], descs: &[AmkBuffer]) -> Vec
     let desc = |id: i32| usize::try_from(id).ok().and_then(|b| descs.get(b)).copied();
     for (t, r) in instructions.iter().enumerate() {
         let slots = &mut out[t * TASK_SLOTS..(t + 1) * TASK_SLOTS];
-        let n_in = r.n_inputs.clamp(0, r.inputs.len() as i32) as usize;
-        let n_out = r.n_outputs.clamp(0, r.outputs.len() as i32) as usize;
-        for (slot, &id) in slots.iter_mut().zip(&r.inputs[..n_in]) {
+        for (slot, &id) in slots.iter_mut().zip(r.live_inputs()) {
             *slot = desc(id).unwrap_or(zero);
         }
-        for (slot, &id) in slots[r.inputs.len()..].iter_mut().zip(&r.outputs[..n_out]) {
+        for (slot, &id) in slots[r.inputs.len()..].iter_mut().zip(r.live_outputs()) {
             *slot = desc(id).unwrap_or(zero);
         }
     }
