@@ -10,6 +10,7 @@
 #   scripts/gpu-check.sh bench [SHAPE..]  # there: amk bench per shape (POS, BENCH_ARGS, BENCH_OUT)
 #   scripts/gpu-check.sh compare [SHAPE..] # there: amk bench + the PyTorch baseline, ratio table
 #   scripts/gpu-check.sh ab [SHAPE..]     # there: the builds in AB_BUILDS (amk + cubin/) in turn
+#   scripts/gpu-check.sh abcfg [SHAPE..]  # there: one build, the schedules in AB_CONFIGS in turn
 set -euo pipefail
 cd "$(dirname "$0")/.."
 CARRY=gpu-carry
@@ -117,6 +118,30 @@ ab)
             for s in ${*:-smollm2-135m llama-3.2-1b llama-3.1-8b}; do
                 AMK_CUDA_CACHE="$v/cubin" bench_shape "$v/amk" "$s" "${POS:-0}" \
                     "$out/$name-$s-$round" "$name round $round: " || status=$?
+            done
+        done
+    done
+    exit $status
+    ;;
+abcfg)
+    # Schedules (AB_CONFIGS: `tuned`, `default` or ScheduleConfig JSON files, space-separated)
+    # benchmarked in turn, twice, with one build on one machine: a lowering knob needs no
+    # second binary. TRACE=1 also writes one traced step per point (FILE.csv beside each).
+    install
+    shift
+    out=${BENCH_OUT:-$AMK_HOME/abcfg}
+    mkdir -p "$out"
+    status=0
+    for round in 1 2; do
+        for c in ${AB_CONFIGS:?schedules to compare}; do
+            name=$(basename "$c" .json)
+            for s in ${*:-smollm2-135m llama-3.2-1b llama-3.1-8b}; do
+                extra=""
+                if [ "${TRACE:-0}" = 1 ] && [ $round = 1 ]; then
+                    extra="--trace --trace-out $out/$name-$s.csv"
+                fi
+                BENCH_ARGS="${BENCH_ARGS:-} --config $c $extra" bench_shape "$AMK_HOME/amk" "$s" \
+                    "${POS:-0}" "$out/$name-$s-$round" "$name round $round: " || status=$?
             done
         done
     done

@@ -75,8 +75,8 @@ pub struct BenchArgs {
     #[arg(long)]
     trace: bool,
     /// With --trace, also append every traced task to FILE as CSV (model, pos, task, label,
-    /// op, block; reached/ready/prologue/returned/done in us from the step's first task, the
-    /// prologue empty for ops that record none).
+    /// op, block; reached/ready/prologue/returned/done/dispatched/waiting in us from the step's
+    /// first task, the prologue empty for ops that record none).
     #[arg(long, value_name = "FILE", requires = "trace")]
     trace_out: Option<PathBuf>,
     /// Gate tolerance: max |error| / max |f32 logit| (the numerics conventions judge bf16 by
@@ -443,26 +443,32 @@ fn write_trace(
     let mut out = String::new();
     if new {
         out.push_str(
-            "model,pos,task,label,op,block,reached_us,ready_us,prologue_us,returned_us,done_us\n",
+            "model,pos,task,label,op,block,reached_us,ready_us,prologue_us,returned_us,done_us,dispatched_us,waiting_us\n",
         );
     }
     for t in &tr {
         let task = &p.tasks[t.task];
-        let prologue = if t.prologue == 0 {
-            String::new()
-        } else {
-            format!("{:.3}", us(t.prologue))
+        // A point an op records only on some paths is empty when it was not recorded.
+        let opt = |v: u64| {
+            if v == 0 {
+                String::new()
+            } else {
+                format!("{:.3}", us(v))
+            }
         };
         out.push_str(&format!(
-            "{model},{pos},{},{},{},{},{:.3},{:.3},{prologue},{:.3},{:.3}\n",
+            "{model},{pos},{},{},{},{},{:.3},{:.3},{},{:.3},{:.3},{},{}\n",
             t.task,
             task.label.replace(',', ";"),
             task.op,
             t.block,
             us(t.reached),
             us(t.ready),
+            opt(t.prologue),
             us(t.returned),
-            us(t.done)
+            us(t.done),
+            opt(t.dispatched),
+            opt(t.waiting)
         ));
     }
     f.write_all(out.as_bytes())?;

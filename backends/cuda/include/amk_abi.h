@@ -232,7 +232,8 @@ typedef struct amk_device_program { /*@size 136*/
 /* Per-task trace (when `trace` is set): %globaltimer nanoseconds when the block reached the
  * task, when its waits were met, when it signalled; the block that ran it; when its op's
  * prologue ended (0 if the op records none: the row tiles record when their row is ready);
- * when its op returned (before the signal). */
-#define AMK_TRACE_WORDS 6
+ * when its op returned (before the signal); when the scheduler dispatched it (its stage landed
+ * and its ids checked); when the wait began (amk_task_wait entered, the op's checks done). */
+#define AMK_TRACE_WORDS 8
 
 #endif /* AMK_ABI_H */

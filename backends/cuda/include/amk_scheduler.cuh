@@ -213,6 +213,7 @@ __shared__ int amk_task_waited;
  * 1-2 us after its counter was met). */
 __device__ __noinline__ bool amk_task_wait(const amk_task_ctx& c) {
   if (c.step >= 0) return true; /* a FUSED step: the task waited before its first step */
+  if (c.trace && threadIdx.x == 0) c.trace[7] = amk_globaltimer();
   const amk_device_program_t& prog = *c.prog;
   const bool ok = amk_wait_all(prog, c.inst, &amk_wait_go);
   if (threadIdx.x == 0) {
@@ -277,7 +278,10 @@ amk_megakernel(const amk_device_program_t prog) {
     /* The wait happens inside the dispatch: before the op for most ops, inside it for those
        that wait themselves (after their checks, so that their cold code runs before the
        counters are met). */
-    if (threadIdx.x == 0) amk_task_waited = 0;
+    if (threadIdx.x == 0) {
+      amk_task_waited = 0;
+      if (tr) tr[6] = amk_globaltimer();
+    }
     amk_dispatch(c);
     if (tr && threadIdx.x == 0) tr[5] = amk_globaltimer();
     __syncthreads();

@@ -198,7 +198,7 @@ pub struct AmkPrefetch {
 }
 
 /// Words of the per-task trace: reached, ready, done (ns), block.
-pub const TRACE_WORDS: usize = 6;
+pub const TRACE_WORDS: usize = 8;
 
 /// Step flag in `AmkInstruction::sm` of a FUSED step: zero the step's outputs before it runs
 /// (fresh scratch slots start at zero, as in the CPU reference).

@@ -46,6 +46,10 @@ pub struct TaskTrace {
     pub prologue: u64,
     /// When its op returned (then the block signals).
     pub returned: u64,
+    /// When the scheduler dispatched it (its staged records landed, its ids checked).
+    pub dispatched: u64,
+    /// When its wait began (the op's own checks done, `amk_task_wait` entered).
+    pub waiting: u64,
 }
 
 use std::path::PathBuf;

@@ -813,7 +813,14 @@ fn sm_multiple_tiles_every_projection_over_all_sms() {
             .map(|t| t.params.get("N_tile").and_then(|v| v.as_i64()).unwrap())
             .collect()
     };
-    let tuned = tuned_schedule();
+    // The tuned schedule keeps one SM for the attention: 131 LM-head tiles of 984 rows.
+    let head = tiles(&tuned_schedule(), "lm_head");
+    assert!(
+        head.len() == 131 && head[..130].iter().all(|&w| w == 984),
+        "{head:?}"
+    );
+    let mut tuned = tuned_schedule();
+    tuned.tiling.retain(|(g, _)| g != "attention");
     let head = tiles(&tuned, "lm_head");
     assert_eq!(head.len(), 132);
     assert!(head[..131].iter().all(|&w| w == 976) && head[131] == 128256 - 131 * 976);
@@ -911,4 +918,82 @@ fn tuned_phases_put_one_tile_per_sm(#[case] unfused: bool) {
 #[case(10, &[0, 0], &[10, 10])]
 fn sm_shares_are_proportional(#[case] sms: u64, #[case] rows: &[u64], #[case] want: &[u64]) {
     assert_eq!(amk_model_llama::lower::sm_shares(sms, rows), want);
+}
+
+/// `attention.own_sms = k`: every attention task (shards and combines too) runs on the grid's
+/// last k SMs and nothing else does; the projections are tiled over the other SMs, still one
+/// tile per SM and phase; the program validates.
+#[rstest]
+#[case::one_sm("llama-3.2-1b", 1, 1)]
+#[case::smollm2("smollm2-135m", 1, 1)]
+#[case::split_kv_on_two("llama-3.1-8b", 2, 4)]
+fn own_sms_keep_attention_alone(#[case] shape: &str, #[case] own: i64, #[case] partitions: i64) {
+    use amk_model_llama::presets;
+    let reg = amk_ops::registry().unwrap();
+    let target = GpuTarget::by_name("h100").unwrap();
+    let grid = target.num_sms as i32;
+    let mut sc = tuned_schedule();
+    sc.tiling.retain(|(g, _)| g != "attention");
+    sc.tiling.push((
+        "attention".into(),
+        vec![("own_sms".into(), own), ("n_partitions".into(), partitions)],
+    ));
+    let m = Model::shape_only(presets::preset(shape).unwrap(), shape);
+    let opts = LowerOptions {
+        pos: 37,
+        ..LowerOptions::default()
+    };
+    let lowered = lower(&m, &sc, &target, &opts).unwrap();
+    let v = amk_core::validate_owned(lowered.program, &reg)
+        .map_err(|r| r.report())
+        .unwrap();
+    let first_own = grid - own as i32;
+    let mut att_sms = Vec::new();
+    for t in &v.program().tasks {
+        let s = t.sm.expect("every task has an SM");
+        let attention = t.op == Opcode::ATTENTION_TILE || t.op == Opcode::ATTENTION_COMBINE;
+        assert_eq!(
+            s >= first_own,
+            attention,
+            "{shape}: task {} ('{}') on SM {s}",
+            t.id,
+            t.label
+        );
+        if attention {
+            att_sms.push(s);
+        }
+    }
+    att_sms.sort_unstable();
+    att_sms.dedup();
+    assert_eq!(att_sms.len() as i64, own.min(partitions + 1), "{att_sms:?}");
+    for phase in ["qkv", "o_add", "gate_up", "down_add"] {
+        let mut sms: Vec<i32> = v
+            .program()
+            .tasks
+            .iter()
+            .filter(|t| t.label.starts_with(&format!("L1.{phase}[")))
+            .map(|t| t.sm.unwrap())
+            .collect();
+        let n = sms.len();
+        sms.sort_unstable();
+        sms.dedup();
+        assert!(n >= 48, "{shape} L1.{phase}: {n} tiles");
+        assert!(n <= first_own as usize, "{shape} L1.{phase}: {n} tiles");
+        assert_eq!(sms.len(), n, "{shape} L1.{phase}: an SM runs two tiles");
+    }
+    // A reservation that would leave no SM for the projections keeps one.
+    let tiny = GpuTarget {
+        num_sms: 2,
+        ..target.clone()
+    };
+    let mut greedy = tuned_schedule();
+    greedy.tiling.retain(|(g, _)| g != "attention");
+    greedy
+        .tiling
+        .push(("attention".into(), vec![("own_sms".into(), 5)]));
+    let l = lower(&m, &greedy, &tiny, &opts).unwrap();
+    assert!(l.program.tasks.iter().all(|t| {
+        let attention = t.op == Opcode::ATTENTION_TILE;
+        t.sm == Some(i32::from(attention))
+    }));
 }

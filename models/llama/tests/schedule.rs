@@ -15,7 +15,9 @@ use amk_core::{
 use amk_model_llama::ModelError;
 use amk_model_llama::config::{ModelConfig, RopeScaling};
 use amk_model_llama::lower::pages::{PAGE_ALIGN, PageStats, allocate_pages};
-use amk_model_llama::lower::sm::{assign_sms, estimated_makespan, sm_loads};
+use amk_model_llama::lower::sm::{
+    Reserve, assign_sms, assign_sms_reserving, estimated_makespan, sm_loads,
+};
 use amk_model_llama::lower::{LowerOptions, lower};
 use amk_model_llama::model::{Model, ModelFormat, tensor_names};
 use std::time::Instant;
@@ -792,6 +794,62 @@ fn load_balance_keeps_every_layers_attention_on_one_sm() {
         .collect();
     assert!(att.len() > 1, "one attention task per layer");
     assert!(att.iter().all(|&s| s == att[0]), "attention SMs {att:?}");
+}
+
+/// SMs reserved for attention run every attention task (split-KV shards and combines too)
+/// and nothing else, under round robin and load balancing; the queues stay linear extensions
+/// and the program validates. Reserving the whole grid is refused.
+#[test]
+fn reserved_sms_run_only_their_ops() {
+    let reserve = |sms: u32| Reserve {
+        ops: vec![Opcode::ATTENTION_TILE, Opcode::ATTENTION_COMBINE],
+        sms,
+    };
+    for s in [
+        Shape::smollm2(),
+        Shape {
+            shards: 4,
+            ..Shape::toy()
+        },
+    ] {
+        for (num_sms, own) in [(132u32, 1u32), (132, 3), (7, 2), (2, 1)] {
+            for st in [SmAssignment::RoundRobin, SmAssignment::LoadBalance] {
+                let mut p = with_target(decode(&s));
+                assign_sms_reserving(&mut p, &st, num_sms, &reserve(own)).unwrap();
+                let what = format!("{} layers, {num_sms} SMs, {own} reserved, {st:?}", s.layers);
+                let mut used = vec![false; num_sms as usize];
+                for t in &p.tasks {
+                    let sm = t.sm.unwrap() as u32;
+                    used[sm as usize] = true;
+                    let att = t.op == Opcode::ATTENTION_TILE || t.op == Opcode::ATTENTION_COMBINE;
+                    assert_eq!(sm >= num_sms - own, att, "{what}: task {} on SM {sm}", t.id);
+                }
+                // Several attention tasks per layer spread over the reserved SMs.
+                if s.shards > 1 {
+                    assert!(
+                        used[(num_sms - own) as usize..].iter().all(|&u| u),
+                        "{what}"
+                    );
+                }
+                assert_queues_linear(&p, num_sms);
+                validate_ok(&p, &what);
+            }
+        }
+    }
+    // Nothing reserved: exactly assign_sms.
+    let mut a = with_target(decode(&Shape::smollm2()));
+    let mut b = a.clone();
+    assign_sms(&mut a, &SmAssignment::LoadBalance, 132).unwrap();
+    assign_sms_reserving(&mut b, &SmAssignment::LoadBalance, 132, &reserve(0)).unwrap();
+    assert_eq!(a, b);
+    let mut p = with_target(decode(&Shape::toy()));
+    let msg = lower_err(assign_sms_reserving(
+        &mut p,
+        &SmAssignment::LoadBalance,
+        4,
+        &reserve(4),
+    ));
+    assert!(msg.contains("leaves none"), "{msg}");
 }
 
 #[test]

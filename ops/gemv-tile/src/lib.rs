@@ -13,6 +13,15 @@ use std::borrow::Cow;
 pub mod reference;
 pub mod testing;
 
+/// Dynamic shared memory a single-row tile asks for: its row of x (`K` elements of x's dtype,
+/// normalised first by the fused tiles) is staged there when it fits, so that every warp
+/// re-reads it from shared memory rather than through L1, which each task's acquire empties.
+/// 64 KB holds a row of 32,768 16-bit elements: Llama-3.1-8B's down projection (K 14,336)
+/// streamed 19 GB/s per SM reading its row through L1 with 16 KB, 23 GB/s staged (8B shape
+/// 6.633 -> 6.41 ms a token; SmolLM2 and 1B shapes unchanged: docs/perf-notes.md round 10).
+/// Longer rows are read in place.
+pub const SHARED_BYTES: u32 = 64 << 10;
+
 /// The op's spec, as the registry and the validator see it.
 pub const SPEC: OpSpec = OpSpec {
     code: Opcode::GEMV_TILE,
@@ -39,7 +48,9 @@ amk_core::inventory::submit! {
         spec: SPEC,
         reference: Some(Reference { run: reference::run, in_place: &[] }),
         cuda: Some(
-            amk_core::CudaSource::builtin(include_str!("gemv-tile.cu"), "amk_op_gemv_tile").with_own_wait(),
+            amk_core::CudaSource::builtin(include_str!("gemv-tile.cu"), "amk_op_gemv_tile")
+                .with_shared(SHARED_BYTES)
+                .with_own_wait(),
         ),
     }
 }

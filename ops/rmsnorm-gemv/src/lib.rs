@@ -19,8 +19,9 @@ use std::borrow::Cow;
 pub mod reference;
 
 /// Dynamic shared memory the device tile asks for: the normalised row (`K` elements of `x`'s
-/// dtype; longer rows are normalised on the fly instead).
-pub const SHARED_BYTES: u32 = 16 << 10;
+/// dtype; longer rows are normalised on the fly instead). GEMV_TILE's row budget
+/// ([`op_gemv_tile::SHARED_BYTES`]), which says why it is that size.
+pub const SHARED_BYTES: u32 = op_gemv_tile::SHARED_BYTES;
 
 /// The op's spec, as the registry and the validator see it.
 pub const SPEC: OpSpec = OpSpec {

@@ -361,6 +361,8 @@ impl CudaSession {
                     done: r[2],
                     prologue: r[4],
                     returned: r[5],
+                    dispatched: r[6],
+                    waiting: r[7],
                 }
             })
             .collect())

@@ -8,8 +8,8 @@
 //! final RMSNORM, the LM-head tiles into the `logits` output and (optionally) SAMPLE_ARGMAX into
 //! `next_token`. Tasks are emitted in a topological order, which the SM assignment relies on.
 //!
-//! Knobs: `tiling.gemv.{N_tile, base_width}` and `tiling.attention.n_partitions` shape the
-//! graph; `fusion_grouping` fuses op groups into FUSED tasks ([`FUSIBLE`]); `sm_assignment`
+//! Knobs: `tiling.gemv.{N_tile, base_width, sm_multiple}` and
+//! `tiling.attention.{n_partitions, own_sms}` shape the graph and where it runs; `fusion_grouping` fuses op groups into FUSED tasks ([`FUSIBLE`]); `sm_assignment`
 //! writes `Task.sm` ([`sm`]); `page_allocation` shares activation memory ([`pages`]).
 //! `pipelining_depth`, `threads_per_block` and `smem_bytes_per_block` are kernel-build knobs:
 //! recorded in the program's config for the backend.
@@ -227,13 +227,17 @@ pub fn sm_shares(num_sms: u64, rows: &[u64]) -> Vec<u64> {
 }
 
 /// The schedule the CUDA megakernel runs fastest with (docs/perf-notes.md has the
-/// measurements): every projection split over all SMs (`gemv.sm_multiple` 1), every fusion of
-/// [`FUSIBLE`] but the reshape+ROPE one (which the Q/K/V fusion subsumes) and the
-/// load-balancing SM assignment. The default [`ScheduleConfig`] keeps the reference's tiling.
+/// measurements): every projection split over all SMs but one (`gemv.sm_multiple` 1), the
+/// attention on that one SM of its own (`attention.own_sms` 1), every fusion of [`FUSIBLE`] but
+/// the reshape+ROPE one (which the Q/K/V fusion subsumes) and the load-balancing SM assignment.
+/// The default [`ScheduleConfig`] keeps the reference's tiling.
 pub fn tuned_schedule() -> ScheduleConfig {
     let group = |g: &[&str]| g.iter().map(|s| s.to_string()).collect::<Vec<_>>();
     ScheduleConfig {
-        tiling: vec![("gemv".into(), vec![("sm_multiple".into(), 1)])],
+        tiling: vec![
+            ("gemv".into(), vec![("sm_multiple".into(), 1)]),
+            ("attention".into(), vec![("own_sms".into(), 1)]),
+        ],
         fusion_grouping: vec![
             group(&["gemv", "add"]),
             group(&["rmsnorm", "gemv"]),
@@ -249,7 +253,7 @@ pub const SM_TILE_ROWS: u64 = 8;
 
 const TILING_KEYS: &[(&str, &[&str])] = &[
     ("gemv", &["N_tile", "base_width", "sm_multiple"]),
-    ("attention", &["n_partitions", "kv_block"]),
+    ("attention", &["n_partitions", "kv_block", "own_sms"]),
 ];
 
 fn check_config(cfg: &ScheduleConfig) -> Result<(), ModelError> {
@@ -670,10 +674,17 @@ pub fn lower(
     // QKV_ROPE_APPEND has no bias inputs: models with attention biases keep separate tiles.
     let fuse_qkv = fuses(cfg, &["gemv", "rope", "kv_append"]) && !mc.attention_bias;
 
+    // `attention.own_sms = k`: the attention tasks run on the grid's last k SMs and nothing
+    // else does, so every projection is tiled over the others (at least one SM stays for them).
+    let grid = target.num_sms.max(1) as u64;
+    let own_sms = cfg
+        .tile("attention", "own_sms")
+        .map_or(0, |k| k.max(0) as u64)
+        .min(grid - 1);
     let mut b = Builder {
         p: Program::new(),
         cfg,
-        num_sms: target.num_sms.max(1) as u64,
+        num_sms: grid - own_sms,
         dtype: opts.dtype,
         dbytes,
         rules: Vec::new(),
@@ -1017,7 +1028,16 @@ pub fn lower(
         );
     }
     let Builder { mut p, rules, .. } = b;
-    sm::assign_sms(&mut p, &cfg.sm_assignment, target.num_sms.max(0) as u32)?;
+    let reserve = sm::Reserve {
+        ops: vec![Opcode::ATTENTION_TILE, Opcode::ATTENTION_COMBINE],
+        sms: own_sms as u32,
+    };
+    sm::assign_sms_reserving(
+        &mut p,
+        &cfg.sm_assignment,
+        target.num_sms.max(0) as u32,
+        &reserve,
+    )?;
     let page_stats = match cfg.page_allocation {
         amk_core::PageStrategy::None => None,
         s => Some(pages::allocate_pages(&mut p, s)?),

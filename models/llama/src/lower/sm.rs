@@ -41,9 +41,18 @@
 //!   this is the classic LPT greedy over `est_bytes`.
 //!
 //! The result is deterministic. The cost is O(tasks × num_sms).
+//!
+//! # Reserved SMs
+//!
+//! [`assign_sms_reserving`] sets the last SMs of the grid aside for some opcodes (the lowering's
+//! `tiling.attention.own_sms`: a layer's attention on SMs that run nothing else). Those tasks go
+//! only there and every other task only elsewhere, under each strategy but the explicit map,
+//! which is taken as given. Why: the block that runs a layer's attention finishes it last, so
+//! any projection tile it runs next starts late (its code cold, its stage still to check) and
+//! ends the next phase late too (docs/perf-notes.md round 10).
 
 use crate::error::ModelError;
-use amk_core::{Program, SmAssignment, Task};
+use amk_core::{Opcode, Program, SmAssignment, Task};
 use std::collections::HashMap;
 
 /// The fixed cost of one task in the [`SmAssignment::LoadBalance`] timing model, in the same
@@ -77,11 +86,45 @@ pub fn assign_sms(
     strategy: &SmAssignment,
     num_sms: u32,
 ) -> Result<(), ModelError> {
+    assign_sms_reserving(p, strategy, num_sms, &Reserve::default())
+}
+
+/// SMs set aside for some opcodes: the last `sms` SMs of the grid run the tasks whose op is in
+/// `ops`, and nothing else; those tasks run nowhere else. `sms` = 0 reserves nothing.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Reserve {
+    /// The opcodes that run on the reserved SMs.
+    pub ops: Vec<Opcode>,
+    /// How many SMs, counted from the end of the grid.
+    pub sms: u32,
+}
+
+impl Reserve {
+    fn holds(&self, t: &Task) -> bool {
+        self.sms > 0 && self.ops.contains(&t.op)
+    }
+}
+
+/// [`assign_sms`] with SMs reserved for some opcodes ([`Reserve`]; the module documentation
+/// says why). The explicit map ignores the reservation. Errors as [`assign_sms`], and when the
+/// reservation takes every SM of the grid.
+pub fn assign_sms_reserving(
+    p: &mut Program,
+    strategy: &SmAssignment,
+    num_sms: u32,
+    reserve: &Reserve,
+) -> Result<(), ModelError> {
     check_grid(p, num_sms)?;
     check_list_order(p)?;
+    if reserve.sms > 0 && reserve.sms >= num_sms {
+        return Err(ModelError::Lower(format!(
+            "reserving {} SM(s) for {:?} leaves none of the {num_sms} for the other tasks",
+            reserve.sms, reserve.ops
+        )));
+    }
     let sms = match strategy {
-        SmAssignment::RoundRobin => round_robin(p, num_sms),
-        SmAssignment::LoadBalance => load_balance(p, num_sms),
+        SmAssignment::RoundRobin => round_robin(p, num_sms, reserve),
+        SmAssignment::LoadBalance => load_balance(p, num_sms, reserve),
         SmAssignment::Explicit(map) => explicit(p, map, num_sms)?,
     };
     for (t, s) in p.tasks.iter_mut().zip(sms) {
@@ -282,16 +325,23 @@ fn colocation_groups(p: &Program) -> Vec<usize> {
     (0..n).map(|i| root(&mut parent, i)).collect()
 }
 
-/// Round robin by list position. A task in an on-chip co-location group follows the group's
-/// first task.
-fn round_robin(p: &Program, num_sms: u32) -> Vec<u32> {
+/// Round robin by list position (within the reserved SMs, or within the others, by the
+/// task's own position among its kind). A task in an on-chip co-location group follows the
+/// group's first task.
+fn round_robin(p: &Program, num_sms: u32, reserve: &Reserve) -> Vec<u32> {
     let group = colocation_groups(p);
+    let others = (num_sms - reserve.sms) as usize;
+    let mut seen = [0usize; 2];
     let mut sms: Vec<u32> = Vec::with_capacity(p.tasks.len());
     for (i, &g) in group.iter().enumerate() {
         let s = if g < i {
             sms[g]
+        } else if reserve.holds(&p.tasks[i]) {
+            seen[1] += 1;
+            (others + (seen[1] - 1) % reserve.sms as usize) as u32
         } else {
-            (i % num_sms as usize) as u32
+            seen[0] += 1;
+            ((seen[0] - 1) % others) as u32
         };
         sms.push(s);
     }
@@ -299,11 +349,22 @@ fn round_robin(p: &Program, num_sms: u32) -> Vec<u32> {
 }
 
 /// Load balancing (see the module documentation for the model and why it is used).
-fn load_balance(p: &Program, num_sms: u32) -> Vec<u32> {
+fn load_balance(p: &Program, num_sms: u32, reserve: &Reserve) -> Vec<u32> {
     // At most one SM per task is ever used, and among SMs nobody has used yet, ties go to the
-    // lowest id, so SMs past the task count would never be picked: capping changes nothing
-    // but the memory and time spent on a huge grid.
-    let n_sms = (num_sms.max(1) as usize).min(p.tasks.len().max(1));
+    // lowest id, so SMs past the task count would never be picked: capping each range (the
+    // others, then the reserved ones) changes nothing but the memory and time spent on a huge
+    // grid. Slot k < n_other is SM k; slot n_other + j is reserved SM (num_sms - sms) + j.
+    let cap = p.tasks.len().max(1);
+    let first_reserved = (num_sms - reserve.sms) as usize;
+    let n_other = first_reserved.max(1).min(cap);
+    let n_sms = n_other + (reserve.sms as usize).min(cap);
+    let sm_of = |slot: usize| {
+        if slot < n_other {
+            slot
+        } else {
+            first_reserved + (slot - n_other)
+        }
+    };
     let group = colocation_groups(p);
     let mut avail = vec![0u64; n_sms];
     let mut bytes = vec![0u64; n_sms];
@@ -311,17 +372,23 @@ fn load_balance(p: &Program, num_sms: u32) -> Vec<u32> {
     let mut count = vec![0u64; n_sms];
     let mut ctr_done = vec![0u64; p.counters.len()];
     let mut sms: Vec<u32> = Vec::with_capacity(p.tasks.len());
-    let mut last_of_op: HashMap<amk_core::Opcode, usize> = HashMap::new();
+    let mut slot_of: Vec<usize> = Vec::with_capacity(p.tasks.len());
+    let mut last_of_op: HashMap<Opcode, usize> = HashMap::new();
     for (i, t) in p.tasks.iter().enumerate() {
         let ready = ready_time(t, &ctr_done);
         let g = group[i];
         let s = if g < i {
-            sms[g] as usize
+            slot_of[g]
         } else {
-            let mut best = 0usize;
+            let range = if reserve.holds(t) {
+                n_other..n_sms
+            } else {
+                0..n_other
+            };
+            let mut best = range.start;
             let mut best_key = (u64::MAX, u64::MAX, u64::MAX, u64::MAX, u64::MAX);
             let affine = last_of_op.get(&t.op).copied();
-            for s in 0..n_sms {
+            for s in range {
                 let key = (
                     avail[s].max(ready),
                     u64::from(affine != Some(s)),
@@ -345,7 +412,8 @@ fn load_balance(p: &Program, num_sms: u32) -> Vec<u32> {
         if let Some(c) = ctr_done.get_mut(t.out_counter as usize) {
             *c = (*c).max(finish);
         }
-        sms.push(s as u32);
+        slot_of.push(s);
+        sms.push(sm_of(s) as u32);
     }
     sms
 }
