@@ -254,6 +254,21 @@ __device__ __forceinline__ bool amk_is_float(int dtype) {
          dtype == AMK_F8E5M2;
 }
 
+/* a / b and a % b for sizes and indices: one 32-bit division when both are in [0, 2^32) — a
+ * short inline sequence — else the 64-bit one, a subroutine of ~70 instructions. Every warp of
+ * a block runs a task's checks, so on a task's path from its start to its wait each 64-bit
+ * division cost the SM ~0.2 us (docs/perf-notes.md round 10). Exact for every input. */
+__device__ __forceinline__ long long amk_udiv(long long a, long long b) {
+  if ((((unsigned long long)a | (unsigned long long)b) >> 32) == 0)
+    return (long long)((uint32_t)a / (uint32_t)b);
+  return a / b;
+}
+__device__ __forceinline__ long long amk_urem(long long a, long long b) {
+  if ((((unsigned long long)a | (unsigned long long)b) >> 32) == 0)
+    return (long long)((uint32_t)a % (uint32_t)b);
+  return a % b;
+}
+
 /* Last dim of a buffer (1 for rank 0), as the CPU VM's `last_dim`. */
 __device__ __forceinline__ long long amk_last_dim(const amk_buffer_t* b) {
   return b->rank > 0 ? b->shape[b->rank - 1] : 1;

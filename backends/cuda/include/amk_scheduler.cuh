@@ -80,11 +80,10 @@ __device__ __forceinline__ bool amk_wait_all(const amk_device_program_t& prog,
   return *go != 0;
 }
 
-/* Every thread's stores of the task are done (barrier), then one release increment: the
- * release is cumulative, so it orders the stores the barrier ordered before it (the pattern
- * of CUTLASS's inter-block barriers). No extra fence. */
+/* One release increment, after a block barrier that follows every thread's stores of the task
+ * (the caller's): the release is cumulative, so it orders the stores the barrier ordered before
+ * it (the pattern of CUTLASS's inter-block barriers). No extra fence. Thread 0 only. */
 __device__ __forceinline__ void amk_signal(const amk_device_program_t& prog, int counter) {
-  __syncthreads();
   if (threadIdx.x == 0 && counter >= 0)
     amk_red_release_add(prog.counters + (long long)counter * AMK_COUNTER_STRIDE, 1u);
 }
@@ -230,8 +229,11 @@ __device__ __noinline__ bool amk_task_wait(const amk_task_ctx& c) {
   return ok;
 }
 
+/* `prog` is a __grid_constant__ parameter: every task context points at it (`c.prog`), and
+ * taking the address of an ordinary parameter makes the compiler copy the whole table into each
+ * thread's local memory first, so that every `c.prog->` field became a local-memory load. */
 extern "C" __global__ void __launch_bounds__(AMK_THREADS, 1)
-amk_megakernel(const amk_device_program_t prog) {
+amk_megakernel(const __grid_constant__ amk_device_program_t prog) {
   extern __shared__ __align__(16) unsigned char amk_smem[];
   __shared__ int s_failed;
   /* Two stages: the task running, and the next one, copied in while it runs. */
@@ -284,6 +286,8 @@ amk_megakernel(const amk_device_program_t prog) {
     }
     amk_dispatch(c);
     if (tr && threadIdx.x == 0) tr[5] = amk_globaltimer();
+    /* Every thread's stores of the task are done: the barrier before the signal (one barrier:
+       the flags below are read after it too). */
     __syncthreads();
     /* An op that returned without waiting may have read data its producers had not written:
        the launch fails rather than signal (every thread reads the same flags). */

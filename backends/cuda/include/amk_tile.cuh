@@ -731,7 +731,7 @@ __device__ __forceinline__ void amk_fused_run(const amk_frow& r, long long K, in
                                               int n_units, Rows rows, Epi epi) {
   const int wk = wdt == AMK_F32 ? AMK_TILE_W_F32 : wdt == AMK_F16 ? AMK_TILE_W_F16
                : wdt == AMK_BF16 ? AMK_TILE_W_BF16 : -1;
-  if (!r.p || wk < 0 || !w_al16 || K % amk_tile_ve_of(wk) != 0) {
+  if (!r.p || wk < 0 || !w_al16 || amk_urem(K, amk_tile_ve_of(wk)) != 0) {
     amk_fused_generic<NR>(r, K, n_units, rows, epi);
     return;
   }
@@ -803,7 +803,7 @@ __device__ __forceinline__ void amk_tile_run(const amk_task_ctx& ctx, bool gemm)
     return;
   }
   if (!amk_is_float(xdt)) { amk_fail(ctx, AMK_ERR_DTYPE, xdt); return; }
-  const long long n = a.wb->numel / a.K, m = a.xb->numel / a.K;
+  const long long n = amk_udiv(a.wb->numel, a.K), m = amk_udiv(a.xb->numel, a.K);
   const bool quant = amk_has(p, AMK_P_QDTYPE);
   a.offset = 0.0f;
   a.group = a.K;
@@ -845,7 +845,7 @@ __device__ __forceinline__ void amk_tile_run(const amk_task_ctx& ctx, bool gemm)
   if ((long long)a.n_off + a.n_tile > n) { amk_fail(ctx, AMK_ERR_SHAPE, (long long)a.n_off + a.n_tile); return; }
   if (!amk_is_float(a.ob->dtype)) { amk_fail(ctx, AMK_ERR_DTYPE, a.ob->dtype); return; }
   a.ldo = amk_last_dim(a.ob);
-  if ((long long)a.n_off + a.n_tile > a.ldo || a.ldo <= 0 || a.ob->numel / a.ldo != m) {
+  if ((long long)a.n_off + a.n_tile > a.ldo || a.ldo <= 0 || amk_udiv(a.ob->numel, a.ldo) != m) {
     amk_fail(ctx, AMK_ERR_SHAPE, a.ldo);
     return;
   }

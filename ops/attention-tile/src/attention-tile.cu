@@ -628,7 +628,7 @@ __device__ void amk_op_attention_tile(const amk_task_ctx& ctx) {
     max_seq = kc->shape[1];
   } else {
     batch = 1;
-    max_seq = kc->numel / row;
+    max_seq = amk_udiv(kc->numel, row);
   }
   const long long per_batch = max_seq * row;
   if (kc->numel != batch * per_batch) { amk_fail(ctx, AMK_ERR_SHAPE, kc->numel); return; }

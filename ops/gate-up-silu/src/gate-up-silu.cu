@@ -20,7 +20,7 @@ __device__ void amk_op_gate_up_silu(const amk_task_ctx& ctx) {
   const long long K = p.K;
   const int n_tile = p.N_tile, n_off = p.n_off;
   if (!amk_fused_check(ctx, x, w, 2, nw, K)) return;
-  const long long n = w[0]->numel / K;
+  const long long n = amk_udiv(w[0]->numel, K);
   if (n_tile <= 0 || n_off < 0) { amk_fail(ctx, AMK_ERR_PARAM, n_tile <= 0 ? n_tile : n_off); return; }
   const long long end = (long long)n_off + n_tile;
   if (w[1]->numel != w[0]->numel || end > n || end > amk_last_dim(y) ||

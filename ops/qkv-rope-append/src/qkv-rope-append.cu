@@ -9,16 +9,18 @@
  * (element 0 of the integer input 4, checked against the caches). It waits for its task's
  * counters itself (amk_task_wait), after its checks. */
 
-/* The pair unit u (even) starts: projection (0 Q, 1 K, 2 V), weight row, frequency index. */
-__device__ __forceinline__ void qkv_pair(long long u, int hd, int nh, int nkv, int& proj,
+/* The pair unit u (even) starts: projection (0 Q, 1 K, 2 V), weight row, frequency index. 32-bit
+ * (u < (n_heads + 2 n_kv_heads) * head_dim, int params the checks bound): two divisions per
+ * unit and warp, inline instead of the 64-bit subroutine. */
+__device__ __forceinline__ void qkv_pair(int u, int hd, int nh, int nkv, int& proj,
                                          long long& row, int& i) {
-  const long long head = u / hd;
-  i = (int)((u % hd) >> 1);
-  long long local = head;
+  const int head = u / hd;
+  i = (u % hd) >> 1;
+  int local = head;
   proj = 0;
   if (head >= nh + nkv) { proj = 2; local = head - nh - nkv; }
   else if (head >= nh) { proj = 1; local = head - nh; }
-  row = local * hd + i;
+  row = (long long)local * hd + i;
 }
 
 /* cos and sin of pair frequency i at position pos, as ROPE computes them. */
@@ -27,30 +29,44 @@ __device__ __forceinline__ float2 qkv_cos_sin(int pos, float theta, int i, int h
   return make_float2(amk_rope_trig(ang, 0), amk_rope_trig(ang, 1));
 }
 
-/* The block cache (amk_block_cache): a key of QKV_CS_KEY words, then (cos, sin) of frequencies
+/* The block cache (amk_block_cache): a key of QKV_CS_KEY words (op code + 1, the position
+ * buffer's address, theta, head_dim), the position, then (cos, sin) of frequencies
  * i < head_dim / 2 (head_dim up to 2 * QKV_CS_MAX). */
-#define QKV_CS_KEY 4
-#define QKV_CS_MAX ((AMK_BLOCK_CACHE_WORDS - QKV_CS_KEY) / 2)
+#define QKV_CS_KEY 5
+#define QKV_CS_POS QKV_CS_KEY
+#define QKV_CS_MAX ((AMK_BLOCK_CACHE_WORDS - QKV_CS_KEY - 1) / 2)
 
-/* (cos, sin) of every frequency i < hd / 2 at position pos, in shared memory, or null when hd
- * is too large for the cache. The rotation's f64 power, cosine and sine were a serial chain on
- * each warp's first lane after every pair's sums (about 2 us a tile on the H100); here every
- * thread computes one frequency, and only once per launch and block: a decode step's layers
- * share the position, so every later tile on this block finds them under the same key. Called
- * by the whole block. */
-__device__ __noinline__ const float2* qkv_trig(int pos, float theta, int hd) {
+/* The position (element 0 of `pb`, into `pos`) and (cos, sin) of every frequency i < hd / 2 at
+ * it, in shared memory (null when hd is too large for the cache). The rotation's f64 power,
+ * cosine and sine were a serial chain on each warp's first lane after every pair's sums (about
+ * 2 us a tile on the H100); here every thread computes one frequency, and only once per launch
+ * and block: a decode step's layers share the position, so every later tile on this block finds
+ * them under the same key. When nothing in the launch writes the position (`launch_const`), a
+ * hit also skips reading it: one global round trip less on the path to the tile's wait
+ * (docs/perf-notes.md round 10). Called by the whole block; the caller checks the position. */
+__device__ __noinline__ const float2* qkv_trig(const amk_buffer_t* pb, bool launch_const,
+                                              float theta, int hd, long long& pos) {
   const int half = hd >> 1;
-  if (half > QKV_CS_MAX) return nullptr;
-  const uint32_t key[QKV_CS_KEY] = {22u + 1u /* QKV_ROPE_APPEND's code + 1 */, (uint32_t)pos,
-                                    __float_as_uint(theta), (uint32_t)hd};
-  float2* const cs = (float2*)(amk_block_cache + QKV_CS_KEY);
-  bool hit = true;
+  const unsigned long long pa = (unsigned long long)pb->ptr;
+  const uint32_t key[QKV_CS_KEY] = {22u + 1u /* QKV_ROPE_APPEND's code + 1 */, (uint32_t)pa,
+                                    (uint32_t)(pa >> 32), __float_as_uint(theta), (uint32_t)hd};
+  float2* const cs = (float2*)(amk_block_cache + QKV_CS_KEY + 1);
+  bool hit = half <= QKV_CS_MAX;
 #pragma unroll
   for (int k = 0; k < QKV_CS_KEY; ++k) hit = hit && amk_block_cache[k] == key[k];
-  if (hit) return cs; /* block-uniform: every thread read the same words */
-  __syncthreads();    /* every thread has read the old key before it changes */
-  for (int i = threadIdx.x; i < half; i += AMK_THREADS) cs[i] = qkv_cos_sin(pos, theta, i, half);
+  if (hit && launch_const) { /* block-uniform: every thread read the same words */
+    pos = (long long)amk_block_cache[QKV_CS_POS];
+    return cs;
+  }
+  pos = amk_ldif(pb, 0);
+  if (half > QKV_CS_MAX) return nullptr;
+  if (hit && pos >= 0 && pos <= 0xffffffffLL && amk_block_cache[QKV_CS_POS] == (uint32_t)pos)
+    return cs;
+  __syncthreads(); /* every thread has read the old key before it changes */
+  for (int i = threadIdx.x; i < half; i += AMK_THREADS) cs[i] = qkv_cos_sin((int)pos, theta, i, half);
   if (threadIdx.x < QKV_CS_KEY) amk_block_cache[threadIdx.x] = key[threadIdx.x];
+  /* A position beyond 32 bits is never cached as valid: the caller fails the task on it. */
+  if (threadIdx.x == 0) amk_block_cache[QKV_CS_POS] = (uint32_t)pos;
   __syncthreads();
   return cs;
 }
@@ -86,7 +102,7 @@ __device__ void amk_op_qkv_rope_append(const amk_task_ctx& ctx) {
   }
   for (int c = 0; c < 3; ++c) {
     if (!amk_is_vec(dst[c]->dtype)) { amk_fail(ctx, AMK_ERR_DTYPE, dst[c]->dtype); return; }
-    if (c > 0 && (dst[c]->numel % row_len != 0 || dst[c]->numel < row_len)) {
+    if (c > 0 && (amk_urem(dst[c]->numel, row_len) != 0 || dst[c]->numel < row_len)) {
       amk_fail(ctx, AMK_ERR_SHAPE, dst[c]->numel);
       return;
     }
@@ -96,9 +112,11 @@ __device__ void amk_op_qkv_rope_append(const amk_task_ctx& ctx) {
      launch): then it and its cos/sin are ready before the wait, off the critical path. */
   const bool pos_early = (pb->flags & AMK_BUF_LAUNCH_CONST) != 0;
   if (!pos_early && !amk_task_wait(ctx)) return;
-  const long long pos_ll = amk_ldif(pb, 0);
+  long long pos_ll;
+  const float2* const cs = qkv_trig(pb, pos_early, theta, hd, pos_ll);
   /* The position comes from data: outside the caches it is an index error (as the CPU). */
-  if (pos_ll < 0 || pos_ll >= dst[1]->numel / row_len || pos_ll >= dst[2]->numel / row_len) {
+  if (pos_ll < 0 || pos_ll >= amk_udiv(dst[1]->numel, row_len) ||
+      pos_ll >= amk_udiv(dst[2]->numel, row_len)) {
     amk_fail(ctx, AMK_ERR_INDEX, pos_ll);
     return;
   }
@@ -112,7 +130,6 @@ __device__ void amk_op_qkv_rope_append(const amk_task_ctx& ctx) {
   const amk_buffer_t* kc = dst[1];
   const amk_buffer_t* vc = dst[2];
   const int half = hd >> 1;
-  const float2* const cs = qkv_trig(pos, theta, hd);
   if (pos_early && !amk_task_wait(ctx)) return;
   const amk_frow r = amk_frow_make(ctx, x, nw, K, p.eps);
   amk_fused_run<2>(
@@ -120,7 +137,7 @@ __device__ void amk_op_qkv_rope_append(const amk_task_ctx& ctx) {
       [=](int j, const amk_buffer_t* (&wb)[2], long long (&row)[2]) {
         int proj, i;
         long long r0;
-        qkv_pair((long long)n_off + 2LL * j, hd, nh, nkv, proj, r0, i);
+        qkv_pair(n_off + 2 * j, hd, nh, nkv, proj, r0, i);
         wb[0] = wb[1] = proj == 0 ? wq : proj == 1 ? wk : wv;
         row[0] = r0;
         row[1] = r0 + half;
@@ -129,7 +146,7 @@ __device__ void amk_op_qkv_rope_append(const amk_task_ctx& ctx) {
         if ((threadIdx.x & 31) != 0) return;
         int proj, i;
         long long r0;
-        qkv_pair((long long)n_off + 2LL * j, hd, nh, nkv, proj, r0, i);
+        qkv_pair(n_off + 2 * j, hd, nh, nkv, proj, r0, i);
         const amk_buffer_t* d = proj == 0 ? q : proj == 1 ? kc : vc;
         const float a = amk_round_dt(d->dtype, s[0]), b = amk_round_dt(d->dtype, s[1]);
         float ya = a, yb = b;

@@ -21,7 +21,7 @@ __device__ void amk_op_rmsnorm_gemv(const amk_task_ctx& ctx) {
   const long long K = p.K;
   const int n_tile = p.N_tile, n_off = p.n_off;
   if (!amk_fused_check(ctx, x, &w, 1, nw, K)) return;
-  const long long n = w->numel / K;
+  const long long n = amk_udiv(w->numel, K);
   if (n_tile <= 0 || n_off < 0) { amk_fail(ctx, AMK_ERR_PARAM, n_tile <= 0 ? n_tile : n_off); return; }
   const long long end = (long long)n_off + n_tile;
   if (end > n || end > amk_last_dim(y) || y->numel != amk_last_dim(y) ||
