@@ -1,0 +1,100 @@
+#!/usr/bin/env python3
+"""Summarises one layer of a traced decode step, as docs/perf-notes.md quotes it.
+
+Input: the CSV that `amk bench ... --trace --trace-out FILE.csv` writes (one row per task:
+reached, ready, prologue, returned, done, dispatched and waiting times in us from the step's
+start). For one layer it prints two tables, phase by phase (a phase is the tasks whose label
+is `L<layer>.<name>[...]` or `L<layer>.<name>`), with times from the layer's first ready task:
+
+1. when the phase's tasks were ready (first, median, last), the median prologue (ready -> row
+   prepared) and body (row prepared, or ready, -> returned), and when the last one returned and
+   signalled;
+2. where a task's fixed time goes, medians over the tasks that reached their task less than
+   `--late-us` before it was ready (the ones that started as their previous task ended):
+   reached -> dispatched (the scheduler's step), dispatched -> wait (the op's own checks),
+   wait -> ready, ready -> row, row -> returned, returned -> signalled.
+
+    scripts/trace_phases.py t.csv --layer 5 [--model llama-3.2-1b] [--pos 0]
+"""
+
+import argparse
+import csv
+import re
+import statistics
+import sys
+
+
+def number(row, col):
+    v = row.get(col, "")
+    return float(v) if v not in ("", None) else None
+
+
+def load(path, model, pos, layer):
+    with open(path, newline="") as f:
+        rows = list(csv.DictReader(f))
+    if model is not None:
+        rows = [r for r in rows if r["model"] == model]
+    if pos is not None:
+        rows = [r for r in rows if r["pos"] == str(pos)]
+    phases = {}
+    for r in rows:
+        m = re.match(r"L(\d+)\.([A-Za-z_]+)", r["label"])
+        if m and int(m.group(1)) == layer:
+            phases.setdefault(m.group(2), []).append(r)
+    return phases
+
+
+def median(values):
+    values = [v for v in values if v is not None]
+    return statistics.median(values) if values else float("nan")
+
+
+def span(row, a, b):
+    x, y = number(row, a), number(row, b)
+    return None if x is None or y is None else y - x
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("csv")
+    ap.add_argument("--layer", type=int, default=5)
+    ap.add_argument("--model", help="only rows of this model (a CSV may hold several points)")
+    ap.add_argument("--pos", type=int, help="only rows of this position")
+    ap.add_argument("--late-us", type=float, default=6.0)
+    a = ap.parse_args()
+    phases = load(a.csv, a.model, a.pos, a.layer)
+    if not phases:
+        sys.exit(f"{a.csv}: no task of layer {a.layer}")
+    models = {r["model"] for g in phases.values() for r in g}
+    if len(models) > 1:
+        sys.exit(f"{a.csv}: several models ({', '.join(sorted(models))}): pass --model")
+    t0 = min(number(r, "ready_us") for g in phases.values() for r in g)
+    rel = lambda r, c: number(r, c) - t0  # noqa: E731
+    print(f"layer {a.layer}, us from its first ready task")
+    print("| phase | tasks | ready first / p50 / last | prologue | body | last returned | last signalled |")
+    print("|---|---|---|---|---|---|---|")
+    for name, g in phases.items():
+        ready = [rel(r, "ready_us") for r in g]
+        prologue = [span(r, "ready_us", "prologue_us") for r in g]
+        body = [number(r, "returned_us") - (number(r, "prologue_us") or number(r, "ready_us"))
+                for r in g]
+        print(f"| {name} | {len(g)} | {min(ready):.1f} / {median(ready):.1f} / {max(ready):.1f} "
+              f"| {median(prologue):.2f} | {median(body):.2f} "
+              f"| {max(rel(r, 'returned_us') for r in g):.1f} "
+              f"| {max(rel(r, 'done_us') for r in g):.1f} |")
+    print()
+    print(f"fixed time per task, medians over tasks reached < {a.late_us} us before ready")
+    print("| phase | tasks | reached -> dispatched | dispatched -> wait | wait -> ready "
+          "| ready -> row | row -> returned | returned -> signalled |")
+    print("|---|---|---|---|---|---|---|---|")
+    for name, g in phases.items():
+        late = [r for r in g if span(r, "reached_us", "ready_us") < a.late_us] or g
+        cols = [("reached_us", "dispatched_us"), ("dispatched_us", "waiting_us"),
+                ("waiting_us", "ready_us"), ("ready_us", "prologue_us"),
+                ("prologue_us", "returned_us"), ("returned_us", "done_us")]
+        cells = " | ".join(f"{median(span(r, x, y) for r in late):.2f}" for x, y in cols)
+        print(f"| {name} | {len(late)} of {len(g)} | {cells} |")
+
+
+if __name__ == "__main__":
+    main()
