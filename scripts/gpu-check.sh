@@ -138,6 +138,8 @@ abcfg)
             for s in ${*:-smollm2-135m llama-3.2-1b llama-3.1-8b}; do
                 extra=""
                 if [ "${TRACE:-0}" = 1 ] && [ $round = 1 ]; then
+                    # amk appends to a trace file: start it afresh for this run
+                    rm -f "$out/$name-$s.csv"
                     extra="--trace --trace-out $out/$name-$s.csv"
                 fi
                 BENCH_ARGS="${BENCH_ARGS:-} --config $c $extra" bench_shape "$AMK_HOME/amk" "$s" \

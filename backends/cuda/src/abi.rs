@@ -197,7 +197,8 @@ pub struct AmkPrefetch {
     pub bytes: u64,
 }
 
-/// Words of the per-task trace: reached, ready, done (ns), block.
+/// Words of the per-task trace (`amk_abi.h`): reached, ready, done (ns), block, prologue,
+/// returned, dispatched, waiting (ns).
 pub const TRACE_WORDS: usize = 8;
 
 /// Step flag in `AmkInstruction::sm` of a FUSED step: zero the step's outputs before it runs

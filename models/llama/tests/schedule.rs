@@ -850,6 +850,18 @@ fn reserved_sms_run_only_their_ops() {
         &reserve(4),
     ));
     assert!(msg.contains("leaves none"), "{msg}");
+    // An on-chip buffer between an attention task and its producer: they must share an SM,
+    // which the reservation forbids, so it is refused (an explicit map is taken as given).
+    let mut p = with_target(decode(&Shape::toy()));
+    for b in &mut p.buffers {
+        if b.name == "L0.qr" {
+            b.space = MemSpace::SMEM;
+        }
+    }
+    for st in [SmAssignment::RoundRobin, SmAssignment::LoadBalance] {
+        let msg = lower_err(assign_sms_reserving(&mut p.clone(), &st, 8, &reserve(1)));
+        assert!(msg.contains("share an on-chip buffer"), "{msg}");
+    }
 }
 
 #[test]
@@ -961,6 +973,28 @@ fn on_chip_buffers_keep_their_users_on_one_sm() {
             }
         }
         assign_sms(&mut p, &st, 17).unwrap();
+        if st == SmAssignment::RoundRobin {
+            // A task that starts a group (or has none) keeps its list position's SM.
+            let firsts: Vec<usize> = (0..p.tasks.len())
+                .filter(|&i| {
+                    let mine: Vec<u32> = p.tasks[i]
+                        .inputs
+                        .iter()
+                        .chain(&p.tasks[i].outputs)
+                        .copied()
+                        .collect();
+                    !p.tasks[..i].iter().any(|t| {
+                        t.inputs.iter().chain(&t.outputs).any(|b| {
+                            mine.contains(b) && p.buffers[*b as usize].space == MemSpace::SMEM
+                        })
+                    })
+                })
+                .collect();
+            assert!(firsts.len() > p.tasks.len() / 2);
+            for i in firsts {
+                assert_eq!(p.tasks[i].sm, Some((i % 17) as i32), "task {i}");
+            }
+        }
         for b in p.buffers.iter().filter(|b| b.space == MemSpace::SMEM) {
             let us = users(&p, b.id);
             assert!(us.len() >= 2);

@@ -47,7 +47,8 @@
 //! [`assign_sms_reserving`] sets the last SMs of the grid aside for some opcodes (the lowering's
 //! `tiling.attention.own_sms`: a layer's attention on SMs that run nothing else). Those tasks go
 //! only there and every other task only elsewhere, under each strategy but the explicit map,
-//! which is taken as given. Why: the block that runs a layer's attention finishes it last, so
+//! which is taken as given; tasks that must share an SM (an on-chip buffer) on both sides of
+//! the reservation are refused. Why: the block that runs a layer's attention finishes it last, so
 //! any projection tile it runs next starts late (its code cold, its stage still to check) and
 //! ends the next phase late too (docs/perf-notes.md round 10).
 
@@ -121,6 +122,9 @@ pub fn assign_sms_reserving(
             "reserving {} SM(s) for {:?} leaves none of the {num_sms} for the other tasks",
             reserve.sms, reserve.ops
         )));
+    }
+    if reserve.sms > 0 && !matches!(strategy, SmAssignment::Explicit(_)) {
+        check_groups_keep_to_one_side(p, reserve)?;
     }
     let sms = match strategy {
         SmAssignment::RoundRobin => round_robin(p, num_sms, reserve),
@@ -325,9 +329,27 @@ fn colocation_groups(p: &Program) -> Vec<usize> {
     (0..n).map(|i| root(&mut parent, i)).collect()
 }
 
-/// Round robin by list position (within the reserved SMs, or within the others, by the
-/// task's own position among its kind). A task in an on-chip co-location group follows the
-/// group's first task.
+/// Tasks that must share an SM (an on-chip buffer) must all run on reserved SMs or all off
+/// them: a group that mixes both cannot honour the reservation.
+fn check_groups_keep_to_one_side(p: &Program, reserve: &Reserve) -> Result<(), ModelError> {
+    let group = colocation_groups(p);
+    let mut side: HashMap<usize, (bool, usize)> = HashMap::new();
+    for (i, &g) in group.iter().enumerate() {
+        let here = reserve.holds(&p.tasks[i]);
+        let (first, at) = *side.entry(g).or_insert((here, i));
+        if first != here {
+            return Err(ModelError::Lower(format!(
+                "tasks {at} and {i} share an on-chip buffer, so they must run on one SM, but only one of them is an op reserved SMs run ({:?})",
+                reserve.ops
+            )));
+        }
+    }
+    Ok(())
+}
+
+/// Round robin by list position: task i goes to SM `i % num_sms`. With SMs reserved, by the
+/// task's position among its kind, within the reserved SMs or within the others. A task in an
+/// on-chip co-location group follows the group's first task.
 fn round_robin(p: &Program, num_sms: u32, reserve: &Reserve) -> Vec<u32> {
     let group = colocation_groups(p);
     let others = (num_sms - reserve.sms) as usize;
@@ -336,6 +358,8 @@ fn round_robin(p: &Program, num_sms: u32, reserve: &Reserve) -> Vec<u32> {
     for (i, &g) in group.iter().enumerate() {
         let s = if g < i {
             sms[g]
+        } else if reserve.sms == 0 {
+            (i % others) as u32
         } else if reserve.holds(&p.tasks[i]) {
             seen[1] += 1;
             (others + (seen[1] - 1) % reserve.sms as usize) as u32
