@@ -446,16 +446,16 @@ fn write_trace(
             "model,pos,task,label,op,block,reached_us,ready_us,prologue_us,returned_us,done_us,dispatched_us,waiting_us\n",
         );
     }
+    // A point recorded only on some paths (0: not recorded) is left empty.
+    let opt = |v: u64| {
+        if v == 0 {
+            String::new()
+        } else {
+            format!("{:.3}", us(v))
+        }
+    };
     for t in &tr {
         let task = &p.tasks[t.task];
-        // A point an op records only on some paths is empty when it was not recorded.
-        let opt = |v: u64| {
-            if v == 0 {
-                String::new()
-            } else {
-                format!("{:.3}", us(v))
-            }
-        };
         out.push_str(&format!(
             "{model},{pos},{},{},{},{},{:.3},{:.3},{},{:.3},{:.3},{},{}\n",
             t.task,

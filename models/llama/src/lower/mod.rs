@@ -9,8 +9,9 @@
 //! `next_token`. Tasks are emitted in a topological order, which the SM assignment relies on.
 //!
 //! Knobs: `tiling.gemv.{N_tile, base_width, sm_multiple}` and
-//! `tiling.attention.{n_partitions, own_sms}` shape the graph and where it runs; `fusion_grouping` fuses op groups into FUSED tasks ([`FUSIBLE`]); `sm_assignment`
-//! writes `Task.sm` ([`sm`]); `page_allocation` shares activation memory ([`pages`]).
+//! `tiling.attention.{n_partitions, own_sms}` shape the graph and where it runs;
+//! `fusion_grouping` fuses op groups into FUSED tasks ([`FUSIBLE`]); `sm_assignment` writes
+//! `Task.sm` ([`sm`]); `page_allocation` shares activation memory ([`pages`]).
 //! `pipelining_depth`, `threads_per_block` and `smem_bytes_per_block` are kernel-build knobs:
 //! recorded in the program's config for the backend.
 //!

@@ -332,14 +332,11 @@ fn colocation_groups(p: &Program) -> Vec<usize> {
 /// Tasks that must share an SM (an on-chip buffer) must all run on reserved SMs or all off
 /// them: a group that mixes both cannot honour the reservation.
 fn check_groups_keep_to_one_side(p: &Program, reserve: &Reserve) -> Result<(), ModelError> {
-    let group = colocation_groups(p);
-    let mut side: HashMap<usize, (bool, usize)> = HashMap::new();
-    for (i, &g) in group.iter().enumerate() {
-        let here = reserve.holds(&p.tasks[i]);
-        let (first, at) = *side.entry(g).or_insert((here, i));
-        if first != here {
+    // A group is keyed by its first task: each member is compared with it.
+    for (i, &g) in colocation_groups(p).iter().enumerate() {
+        if reserve.holds(&p.tasks[i]) != reserve.holds(&p.tasks[g]) {
             return Err(ModelError::Lower(format!(
-                "tasks {at} and {i} share an on-chip buffer, so they must run on one SM, but only one of them is an op reserved SMs run ({:?})",
+                "tasks {g} and {i} share an on-chip buffer, so they must run on one SM, but only one of them is an op reserved SMs run ({:?})",
                 reserve.ops
             )));
         }
@@ -380,7 +377,7 @@ fn load_balance(p: &Program, num_sms: u32, reserve: &Reserve) -> Vec<u32> {
     // grid. Slot k < n_other is SM k; slot n_other + j is reserved SM (num_sms - sms) + j.
     let cap = p.tasks.len().max(1);
     let first_reserved = (num_sms - reserve.sms) as usize;
-    let n_other = first_reserved.max(1).min(cap);
+    let n_other = first_reserved.min(cap); // >= 1: the reservation leaves an SM
     let n_sms = n_other + (reserve.sms as usize).min(cap);
     let sm_of = |slot: usize| {
         if slot < n_other {
