@@ -44,13 +44,30 @@ struct amk_task_ctx {
   uint64_t* trace;       /* the task's trace words (thread 0 writes), or null */
   const amk_prefetch_t* l2; /* the task's staged L2 ranges (amk_task_wait prefetches them), or
                                null */
+  int32_t verify;        /* 1: the op runs its pre-wait checks (the task's record was written
+                            after the load's amk_verify_tasks passed it, or a FUSED step);
+                            0: amk_verify_tasks passed this record, the op may skip them */
+  int32_t check_only;    /* 1: amk_verify_tasks runs the op for its checks alone: amk_task_wait
+                            answers false (nothing is read, nothing written) */
 };
+
+/* One pre-wait check of an op's function template `template <bool CHECK>`: when CHECK and
+ * `cond` does not hold, fails the task (`ctx`) and returns false; compiled away when !CHECK,
+ * so a verified task's path to its wait is straight-line code (docs/perf-notes.md round 11). */
+#define AMK_CHECK(cond, code, detail)                                                          \
+  do {                                                                                         \
+    if (CHECK && !(cond)) {                                                                    \
+      amk_fail(ctx, (code), (detail));                                                         \
+      return false;                                                                            \
+    }                                                                                          \
+  } while (0)
 
 /* Waits until the task's counters are met (thread 0 spins; a barrier hands the outcome to the
  * block), then starts the task's L2 prefetch. Returns false when the launch is aborting (the
- * block is marked failed and the op must return). A FUSED step (ctx.step >= 0) returns true at
- * once: its task waited before its first step. Defined by the scheduler; the dispatcher calls it
- * before every op that does not wait itself (docs/adding-an-op.md, "Waiting for the task's
+ * block is marked failed and the op must return), and in amk_verify_tasks (ctx.check_only: the
+ * op has run its checks, nothing more). A FUSED step (ctx.step >= 0) returns true at once: its
+ * task waited before its first step. Defined by the scheduler; the dispatcher calls it before
+ * every op that does not wait itself (docs/adding-an-op.md, "Waiting for the task's
  * counters"). */
 __device__ __noinline__ bool amk_task_wait(const amk_task_ctx& c);
 
@@ -79,7 +96,8 @@ __device__ __forceinline__ const amk_buffer_t* amk_out(const amk_task_ctx& c, in
 __shared__ __align__(16) uint32_t amk_block_cache[AMK_BLOCK_CACHE_WORDS];
 
 /* Records the launch's first error (task, op, code, detail), raises the abort flag so every
- * other block stops waiting, and marks this block failed. Any number of threads may call it. */
+ * other block stops waiting (not in amk_verify_tasks, where no block waits), and marks this
+ * block failed. Any number of threads may call it. */
 __device__ __noinline__ void amk_fail(const amk_task_ctx& c, int code, long long detail) {
   amk_status_t* st = c.prog->status;
   if (atomicCAS(&st->code, 0, -1) == 0) {
@@ -91,8 +109,10 @@ __device__ __noinline__ void amk_fail(const amk_task_ctx& c, int code, long long
     *((volatile int32_t*)&st->code) = code;
     __threadfence_system();
   }
-  *c.prog->abort_flag = -1;
-  __threadfence_system();
+  if (!c.check_only) {
+    *c.prog->abort_flag = -1;
+    __threadfence_system();
+  }
   *c.failed = 1;
 }
 

@@ -112,14 +112,15 @@ __device__ __forceinline__ bool amk_check_ids(const amk_task_ctx& c) {
 }
 
 /* What the scheduler keeps of a task in shared memory: its instruction, its operands'
- * descriptors (amk_in / amk_out read them), its L2 prefetch ranges, and the id of the task after
- * it in the queue (-1: none). 16-byte aligned, so that every element of an array of stages is a
- * cp.async destination. */
+ * descriptors (amk_in / amk_out read them), its L2 prefetch ranges, the id of the task after
+ * it in the queue (-1: none), and whether amk_verify_tasks passed its record. 16-byte aligned,
+ * so that every element of an array of stages is a cp.async destination. */
 struct __align__(16) amk_stage_t {
   amk_instruction_t inst;
   amk_buffer_t bufs[AMK_TASK_SLOTS];
   amk_prefetch_t l2[AMK_L2_RANGES];
   int32_t next;
+  int32_t verified;
 };
 static_assert(sizeof(amk_stage_t) % 16 == 0, "each stage of an array is a cp.async destination");
 
@@ -163,6 +164,10 @@ __device__ __forceinline__ void amk_stage_issue(const amk_device_program_t& prog
   if (threadIdx.x == AMK_THREADS - 1) {
     if (i + 1 < end) amk_cp_async4(&s->next, prog.queue_tasks + i + 1);
     else s->next = -1;
+  }
+  if (threadIdx.x == AMK_THREADS - 2) {
+    if (prog.task_verified) amk_cp_async4(&s->verified, prog.task_verified + t);
+    else s->verified = 0;
   }
   asm volatile("cp.async.commit_group;" ::: "memory");
 }
@@ -211,7 +216,8 @@ __shared__ int amk_task_waited;
  * task ran last (docs/perf-notes.md round 8: the first instructions of an op's cold code cost
  * 1-2 us after its counter was met). */
 __device__ __noinline__ bool amk_task_wait(const amk_task_ctx& c) {
-  if (c.step >= 0) return true; /* a FUSED step: the task waited before its first step */
+  if (c.check_only) return false; /* amk_verify_tasks: the op's checks were all it runs */
+  if (c.step >= 0) return true;   /* a FUSED step: the task waited before its first step */
   if (c.trace && threadIdx.x == 0) c.trace[7] = amk_globaltimer();
   const amk_device_program_t& prog = *c.prog;
   const bool ok = amk_wait_all(prog, c.inst, &amk_wait_go);
@@ -229,12 +235,62 @@ __device__ __noinline__ bool amk_task_wait(const amk_task_ctx& c) {
   return ok;
 }
 
-/* `prog` is a __grid_constant__ parameter: every task context points at it (`c.prog`), and
- * taking the address of an ordinary parameter makes the compiler copy the whole table into each
- * thread's local memory first, so that every `c.prog->` field became a local-memory load. */
+/* amk_device_program::flags bit: the launch runs amk_verify_tasks instead of the queues. */
+#define AMK_PROG_VERIFY 4
+
+/* The megakernel with AMK_PROG_VERIFY, once when a program is loaded: what every task would
+ * check on the device before its wait, its ids (amk_check_ids) and its op's own pre-wait checks
+ * (each op that waits itself runs them and returns at amk_task_wait, which answers false here;
+ * ops the scheduler waits for run nothing). A task that passes is marked in `task_verified`,
+ * and the megakernel skips those checks for it: they re-proved, in every warp of the block, on
+ * every task of every step, what the validator proved on the host, on the path from a task's
+ * start to its wait (docs/perf-notes.md round 11). A failure is reported like a launch's
+ * (`status`). Blocks take tasks blockIdx.x, blockIdx.x + gridDim.x, ... A mode of the
+ * megakernel rather than a kernel of its own: a second entry would carry its own copy of
+ * amk_dispatch, the bulk of the module. */
+__device__ __noinline__ void amk_verify_tasks(const amk_device_program_t& prog) {
+  __shared__ int s_failed;
+  for (int t = blockIdx.x; t < prog.n_instructions; t += gridDim.x) {
+    if (threadIdx.x == 0) s_failed = 0;
+    __syncthreads();
+    amk_task_ctx c;
+    c.prog = &prog;
+    c.inst = &prog.instructions[t];
+    c.bufs = prog.task_bufs + (long long)t * AMK_TASK_SLOTS;
+    c.task = t;
+    c.step = -1;
+    c.smem = (unsigned char*)0; /* the checks read descriptors and params only */
+    c.smem_bytes = prog.smem_bytes;
+    c.failed = &s_failed;
+    c.trace = (uint64_t*)0;
+    c.l2 = (const amk_prefetch_t*)0;
+    c.verify = 1;
+    c.check_only = 1;
+    if (amk_check_ids(c)) amk_dispatch(c);
+    __syncthreads(); /* every thread's checks are done (s_failed is final) */
+    if (threadIdx.x == 0 && !s_failed) prog.task_verified[t] = 1;
+    __syncthreads(); /* s_failed read before the next task resets it */
+  }
+}
+
+/* The block's copy of the launch's table, which every task context points at (`c.prog`).
+ * The ops and amk_task_wait reach it through that pointer, so by a generic load: from the
+ * __grid_constant__ parameter such a load goes through L1, which every task's acquire empties,
+ * so the first `c.prog->` field read after a wait cost an L2 round trip, ~280 cycles more than
+ * from shared memory (docs/perf-notes.md round 11). The scheduler itself reads the parameter
+ * (constant bank). */
+__shared__ amk_device_program_t amk_prog_block;
+
+/* `prog` is a __grid_constant__ parameter (the address of an ordinary one makes the compiler
+ * copy the whole table into each thread's local memory first). */
 extern "C" __global__ void __launch_bounds__(AMK_THREADS, 1)
 amk_megakernel(const __grid_constant__ amk_device_program_t prog) {
   extern __shared__ __align__(16) unsigned char amk_smem[];
+  if (prog.flags & AMK_PROG_VERIFY) {
+    amk_verify_tasks(prog);
+    return;
+  }
+  if (threadIdx.x == 0) amk_prog_block = prog; /* the first stage's barrier publishes it */
   __shared__ int s_failed;
   /* Two stages: the task running, and the next one, copied in while it runs. */
   __shared__ __align__(16) amk_stage_t s_stage[2];
@@ -261,7 +317,7 @@ amk_megakernel(const __grid_constant__ amk_device_program_t prog) {
     const int next = st->next;
     if (next >= 0) amk_stage_issue(prog, next, i + 1, end, &s_stage[(i + 1 - begin) & 1]);
     amk_task_ctx c;
-    c.prog = &prog;
+    c.prog = &amk_prog_block;
     c.inst = &st->inst;
     c.bufs = st->bufs;
     c.task = t;
@@ -271,11 +327,15 @@ amk_megakernel(const __grid_constant__ amk_device_program_t prog) {
     c.failed = &s_failed;
     c.trace = tr;
     c.l2 = prog.l2_ranges ? st->l2 : (const amk_prefetch_t*)0;
-    if (!amk_check_ids(c)) break;
+    /* A record amk_verify_tasks passed skips the checks it ran: its ids here, and the pre-wait
+       checks of the ops that honour `verify` (docs/perf-notes.md round 11). */
+    c.verify = st->verified == 0;
+    c.check_only = 0;
+    if (c.verify && !amk_check_ids(c)) break;
     if (prog.l2_ranges && (prog.flags & AMK_PROG_L2_PREFETCH_EARLY)) amk_l2_prefetch(st->l2, prog.flags);
 #if AMK_RING
     /* A tile's weights do not depend on any counter: start streaming them now. */
-    if (threadIdx.x == 0) amk_ring_prestart(c);
+    if (threadIdx.x == 0 && prog.prefetch) amk_ring_prestart(c);
 #endif
     /* The wait happens inside the dispatch: before the op for most ops, inside it for those
        that wait themselves (after their checks, so that their cold code runs before the
@@ -309,14 +369,17 @@ amk_megakernel(const __grid_constant__ amk_device_program_t prog) {
 }
 
 /* Overwrites the instruction records named in `ids` with `recs` (per-token param patches:
- * one copy and one small launch instead of one copy per record). */
+ * one copy and one small launch instead of one copy per record). A rewritten record is no
+ * longer the one amk_verify_tasks passed: its task runs its checks again (`verified`). */
 extern "C" __global__ void amk_apply_patches(amk_instruction_t* instructions, const int32_t* ids,
-                                             const amk_instruction_t* recs, int n) {
+                                             const amk_instruction_t* recs, int n,
+                                             int32_t* verified) {
   const int words = (int)(sizeof(amk_instruction_t) / 4);
   for (long long k = (long long)blockIdx.x * blockDim.x + threadIdx.x; k < (long long)n * words;
        k += (long long)gridDim.x * blockDim.x) {
     const int r = (int)(k / words), w = (int)(k % words);
     ((int32_t*)&instructions[ids[r]])[w] = ((const int32_t*)&recs[r])[w];
+    if (w == 0 && verified) verified[ids[r]] = 0;
   }
 }
 

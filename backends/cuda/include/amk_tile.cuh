@@ -772,18 +772,16 @@ __device__ __forceinline__ bool amk_fused_check(const amk_task_ctx& ctx, const a
   return true;
 }
 
-/* Validates what the CPU reference checks at run time (cheap, block-uniform), waits for the
- * task's counters (GEMV_TILE and GEMM_TILE wait themselves), then computes rows
- * [m0, m0 + m_rows) of the tile. `gemm`: GEMM_TILE's row range from M_tile / m_off. */
-template <int MAXR, int UNROLL>
-__device__ __forceinline__ void amk_tile_run(const amk_task_ctx& ctx, bool gemm) {
+/* The tile's arguments from its descriptors and params (block-uniform). CHECK: also what the
+ * CPU reference checks at run time, each failure failing the task (false); !CHECK: the same
+ * arguments with no check, for a task amk_verify_tasks passed (straight-line code: the late
+ * tile of a phase runs this between its previous tile and its wait). `gemm`: GEMM_TILE's row
+ * range from M_tile / m_off. */
+template <bool CHECK>
+__device__ __forceinline__ bool amk_tile_setup(const amk_task_ctx& ctx, bool gemm, amk_tile_args& a) {
   const amk_params_t& p = ctx.inst->params;
   const int nin = ctx.inst->n_inputs;
-  if (nin < 2 || nin > 4 || ctx.inst->n_outputs < 1) {
-    amk_fail(ctx, AMK_ERR_SHAPE, nin);
-    return;
-  }
-  amk_tile_args a;
+  AMK_CHECK(nin >= 2 && nin <= 4 && ctx.inst->n_outputs >= 1, AMK_ERR_SHAPE, nin);
   a.xb = amk_in(ctx, 0);
   a.wb = amk_in(ctx, 1);
   a.ob = amk_out(ctx, 0);
@@ -794,15 +792,12 @@ __device__ __forceinline__ void amk_tile_run(const amk_task_ctx& ctx, bool gemm)
   a.K = p.K;
   a.n_tile = p.N_tile;
   a.n_off = p.n_off;
-  if (a.K <= 0) { amk_fail(ctx, AMK_ERR_PARAM, a.K); return; }
-  if (a.n_tile <= 0) { amk_fail(ctx, AMK_ERR_PARAM, a.n_tile); return; }
-  if (a.n_off < 0) { amk_fail(ctx, AMK_ERR_PARAM, a.n_off); return; }
+  AMK_CHECK(a.K > 0, AMK_ERR_PARAM, a.K);
+  AMK_CHECK(a.n_tile > 0, AMK_ERR_PARAM, a.n_tile);
+  AMK_CHECK(a.n_off >= 0, AMK_ERR_PARAM, a.n_off);
   const int xdt = a.xb->dtype, wdt = a.wb->dtype;
-  if (amk_last_dim(a.wb) != a.K || amk_last_dim(a.xb) != a.K) {
-    amk_fail(ctx, AMK_ERR_SHAPE, a.K);
-    return;
-  }
-  if (!amk_is_float(xdt)) { amk_fail(ctx, AMK_ERR_DTYPE, xdt); return; }
+  AMK_CHECK(amk_last_dim(a.wb) == a.K && amk_last_dim(a.xb) == a.K, AMK_ERR_SHAPE, a.K);
+  AMK_CHECK(amk_is_float(xdt), AMK_ERR_DTYPE, xdt);
   const long long n = amk_udiv(a.wb->numel, a.K), m = amk_udiv(a.xb->numel, a.K);
   const bool quant = amk_has(p, AMK_P_QDTYPE);
   a.offset = 0.0f;
@@ -811,23 +806,23 @@ __device__ __forceinline__ void amk_tile_run(const amk_task_ctx& ctx, bool gemm)
   a.vpg_shift = 0;
   a.n_groups = 1;
   if (!quant) {
-    if (nin == 4) { amk_fail(ctx, AMK_ERR_SHAPE, nin); return; }
-    if (!amk_is_float(wdt)) { amk_fail(ctx, AMK_ERR_DTYPE, wdt); return; }
+    AMK_CHECK(nin != 4, AMK_ERR_SHAPE, nin);
+    AMK_CHECK(amk_is_float(wdt), AMK_ERR_DTYPE, wdt);
     if (nin == 3) {
       a.bias = amk_in(ctx, 2);
-      if (!amk_is_float(a.bias->dtype)) { amk_fail(ctx, AMK_ERR_DTYPE, a.bias->dtype); return; }
-      if (a.bias->numel != n) { amk_fail(ctx, AMK_ERR_SHAPE, a.bias->numel); return; }
+      AMK_CHECK(amk_is_float(a.bias->dtype), AMK_ERR_DTYPE, a.bias->dtype);
+      AMK_CHECK(a.bias->numel == n, AMK_ERR_SHAPE, a.bias->numel);
     }
     a.wk = wdt == AMK_F32 ? AMK_TILE_W_F32 : wdt == AMK_F16 ? AMK_TILE_W_F16 : wdt == AMK_BF16 ? AMK_TILE_W_BF16 : -1;
   } else {
     const int qd = p.qdtype;
-    if (qd != 6 && qd != 7) { amk_fail(ctx, AMK_ERR_PARAM, qd); return; }
-    if (nin < 3) { amk_fail(ctx, AMK_ERR_SHAPE, nin); return; }
+    AMK_CHECK(qd == 6 || qd == 7, AMK_ERR_PARAM, qd);
+    AMK_CHECK(nin >= 3, AMK_ERR_SHAPE, nin);
     const bool asym = nin == 4;
     const int want = qd == 7 ? AMK_I4 : (asym ? AMK_U8 : AMK_I8);
-    if (wdt != want) { amk_fail(ctx, AMK_ERR_DTYPE, wdt); return; }
+    AMK_CHECK(wdt == want, AMK_ERR_DTYPE, wdt);
     if (amk_has(p, AMK_P_GROUP)) {
-      if (p.group <= 0) { amk_fail(ctx, AMK_ERR_PARAM, p.group); return; }
+      AMK_CHECK(p.group > 0, AMK_ERR_PARAM, p.group);
       a.group = p.group;
     }
     a.n_groups = (a.K + a.group - 1) / a.group;
@@ -836,28 +831,26 @@ __device__ __forceinline__ void amk_tile_run(const amk_task_ctx& ctx, bool gemm)
     for (int i = 0; i < 2; ++i) {
       const amk_buffer_t* t = i == 0 ? a.scales : a.zeros;
       if (!t) continue;
-      if (!amk_is_float(t->dtype)) { amk_fail(ctx, AMK_ERR_DTYPE, t->dtype); return; }
-      if (t->numel != n * a.n_groups) { amk_fail(ctx, AMK_ERR_SHAPE, t->numel); return; }
+      AMK_CHECK(amk_is_float(t->dtype), AMK_ERR_DTYPE, t->dtype);
+      AMK_CHECK(t->numel == n * a.n_groups, AMK_ERR_SHAPE, t->numel);
     }
     a.offset = qd == 7 ? 8.0f : 0.0f;
     a.wk = qd == 7 ? AMK_TILE_W_I4 : (asym ? AMK_TILE_W_U8 : AMK_TILE_W_I8);
   }
-  if ((long long)a.n_off + a.n_tile > n) { amk_fail(ctx, AMK_ERR_SHAPE, (long long)a.n_off + a.n_tile); return; }
-  if (!amk_is_float(a.ob->dtype)) { amk_fail(ctx, AMK_ERR_DTYPE, a.ob->dtype); return; }
+  AMK_CHECK((long long)a.n_off + a.n_tile <= n, AMK_ERR_SHAPE, (long long)a.n_off + a.n_tile);
+  AMK_CHECK(amk_is_float(a.ob->dtype), AMK_ERR_DTYPE, a.ob->dtype);
   a.ldo = amk_last_dim(a.ob);
-  if ((long long)a.n_off + a.n_tile > a.ldo || a.ldo <= 0 || amk_udiv(a.ob->numel, a.ldo) != m) {
-    amk_fail(ctx, AMK_ERR_SHAPE, a.ldo);
-    return;
-  }
+  AMK_CHECK((long long)a.n_off + a.n_tile <= a.ldo && a.ldo > 0 && amk_udiv(a.ob->numel, a.ldo) == m,
+            AMK_ERR_SHAPE, a.ldo);
   a.m0 = 0;
   a.m_rows = (int)m;
   if (gemm) {
     const int mt = p.M_tile;
-    if (mt <= 0) { amk_fail(ctx, AMK_ERR_PARAM, mt); return; }
+    AMK_CHECK(mt > 0, AMK_ERR_PARAM, mt);
     const bool has_off = amk_has(p, AMK_P_M_OFF);
     const int mo = has_off ? p.m_off : 0;
-    if (mo < 0) { amk_fail(ctx, AMK_ERR_PARAM, mo); return; }
-    if ((long long)mo + mt > m) { amk_fail(ctx, AMK_ERR_SHAPE, (long long)mo + mt); return; }
+    AMK_CHECK(mo >= 0, AMK_ERR_PARAM, mo);
+    AMK_CHECK((long long)mo + mt <= m, AMK_ERR_SHAPE, (long long)mo + mt);
     if (has_off) {
       a.m0 = mo;
       a.m_rows = mt;
@@ -867,6 +860,25 @@ __device__ __forceinline__ void amk_tile_run(const amk_task_ctx& ctx, bool gemm)
   a.w = a.wb->ptr;
   a.wrow_bytes = a.wk == AMK_TILE_W_I4 ? (long long)(a.K + 1) / 2
                : (long long)a.K * (a.wk == AMK_TILE_W_F32 ? 4 : (a.wk == AMK_TILE_W_F16 || a.wk == AMK_TILE_W_BF16) ? 2 : 1);
+  return true;
+}
+
+/* amk_tile_setup<true> out of line: the checks run only for a task amk_verify_tasks has not
+ * passed (and in amk_verify_tasks itself). */
+__device__ __noinline__ bool amk_tile_check(const amk_task_ctx& ctx, bool gemm) {
+  amk_tile_args a;
+  return amk_tile_setup<true>(ctx, gemm, a);
+}
+
+/* Checks the tile unless amk_verify_tasks passed it (ctx.verify), waits for the task's counters
+ * (GEMV_TILE and GEMM_TILE wait themselves), then computes rows [m0, m0 + m_rows) of the tile.
+ * `gemm`: GEMM_TILE's row range from M_tile / m_off. */
+template <int MAXR, int UNROLL>
+__device__ __forceinline__ void amk_tile_run(const amk_task_ctx& ctx, bool gemm) {
+  if (ctx.verify && !amk_tile_check(ctx, gemm)) return;
+  amk_tile_args a;
+  amk_tile_setup<false>(ctx, gemm, a);
+  const int xdt = a.xb->dtype, wdt = a.wb->dtype;
 
   bool fast = a.wk >= 0 && (xdt == AMK_F32 || xdt == AMK_F16 || xdt == AMK_BF16) &&
               (((unsigned long long)a.x | (unsigned long long)a.w) & 15ull) == 0;

@@ -167,6 +167,10 @@ pub struct AmkDeviceProgram {
     /// [`TASK_SLOTS`] [`AmkBuffer`] per instruction: its operands' descriptors, in the slots
     /// the scheduler stages them in (`tables::task_buffers`).
     pub task_bufs: u64,
+    /// One i32 per instruction: 1 once `amk_verify_tasks` passed it (its ids, and the checks
+    /// its op runs before its wait), 0 after any write of its record (load, patch). The
+    /// megakernel skips those checks for a verified task.
+    pub task_verified: u64,
 }
 
 /// Descriptor slots per task in `amk_device_program::task_bufs`: `AMK_MAX_INPUTS` inputs, then
@@ -186,6 +190,10 @@ pub const BUF_LAUNCH_CONST: i32 = 1;
 /// `amk_device_program::flags` bit: the L2 prefetch of a task's weights (`l2_ranges`) is
 /// issued before its wait instead of after it.
 pub const PROG_L2_PREFETCH_EARLY: i32 = 2;
+
+/// `amk_device_program::flags` bit: the launch runs `amk_verify_tasks` (every task's ids and
+/// pre-wait op checks, marking `task_verified`) instead of the queues.
+pub const PROG_VERIFY: i32 = 4;
 
 /// `amk_prefetch_t`: weight bytes a task starts reading ahead of its op (the ring's shared
 /// memory before the wait, or L2).
@@ -238,7 +246,7 @@ pub fn field_offsets() -> Vec<(&'static str, &'static str, usize)> {
         "n_instructions" => n_instructions, "n_queues" => n_queues, "smem_bytes" => smem_bytes,
         "epoch" => epoch, "trace" => trace, "prefetch" => prefetch,
         "ring_bytes" => ring_bytes, "flags" => flags, "l2_ranges" => l2_ranges,
-        "task_bufs" => task_bufs);
+        "task_bufs" => task_bufs, "task_verified" => task_verified);
     f!(v, "amk_prefetch", AmkPrefetch, "addr" => addr, "bytes" => bytes);
     v
 }
@@ -265,5 +273,5 @@ const _: () = assert!(offset_of!(AmkInstruction, out_counter) == 128);
 const _: () = assert!(offset_of!(AmkInstruction, params) == 136);
 const _: () = assert!(size_of::<AmkInstruction>() == 240);
 const _: () = assert!(size_of::<AmkStatus>() == 24);
-const _: () = assert!(size_of::<AmkDeviceProgram>() == 136);
+const _: () = assert!(size_of::<AmkDeviceProgram>() == 144);
 const _: () = assert!(size_of::<AmkPrefetch>() == 16);

@@ -25,6 +25,7 @@ __device__ void amk_op_fused(const amk_task_ctx& ctx) {
     c.inst = step;
     c.bufs = nullptr; /* the step's operands are its own (read from prog->buffers) */
     c.step = k - begin;
+    c.verify = 1; /* amk_verify_tasks checks a FUSED task's ids, not its steps */
     amk_dispatch_step(c);
     __syncthreads();
     if (*ctx.failed) return;

@@ -6,33 +6,62 @@
  * the up row of one column together (4 16-byte vectors of each in flight per lane), rounds both
  * sums to the output's dtype and stores silu(g)·u. */
 
-__device__ void amk_op_gate_up_silu(const amk_task_ctx& ctx) {
+/* The tile's operands and params. */
+struct gu_args {
+  const amk_buffer_t *x, *wg, *wu, *nw, *y;
+  long long K;
+  int n_tile, n_off;
+};
+
+/* The operands from the descriptors and params; CHECK: also the checks that read only those
+ * (the validator's, again on the device), failing the task (false) on the first that fails. */
+template <bool CHECK>
+__device__ __forceinline__ bool gu_setup(const amk_task_ctx& ctx, gu_args& a) {
   const amk_params_t& p = ctx.inst->params;
   const int nin = ctx.inst->n_inputs;
-  if (nin < 3 || nin > 4 || ctx.inst->n_outputs < 1) {
-    amk_fail(ctx, AMK_ERR_SHAPE, nin);
-    return;
+  AMK_CHECK(nin >= 3 && nin <= 4 && ctx.inst->n_outputs >= 1, AMK_ERR_SHAPE, nin);
+  a.x = amk_in(ctx, 0);
+  a.wg = amk_in(ctx, 1);
+  a.wu = amk_in(ctx, 2);
+  a.nw = nin == 4 ? amk_in(ctx, 3) : nullptr;
+  a.y = amk_out(ctx, 0);
+  a.K = p.K;
+  a.n_tile = p.N_tile;
+  a.n_off = p.n_off;
+  if (CHECK) {
+    const amk_buffer_t* w[2] = {a.wg, a.wu};
+    if (!amk_fused_check(ctx, a.x, w, 2, a.nw, a.K)) return false;
+    const long long n = amk_udiv(a.wg->numel, a.K);
+    AMK_CHECK(a.n_tile > 0 && a.n_off >= 0, AMK_ERR_PARAM, a.n_tile <= 0 ? a.n_tile : a.n_off);
+    const long long end = (long long)a.n_off + a.n_tile;
+    AMK_CHECK(a.wu->numel == a.wg->numel && end <= n && end <= amk_last_dim(a.y) &&
+                  a.y->numel == amk_last_dim(a.y),
+              AMK_ERR_SHAPE, end);
+    AMK_CHECK(amk_is_vec(a.y->dtype), AMK_ERR_DTYPE, a.y->dtype);
   }
-  const amk_buffer_t* x = amk_in(ctx, 0);
-  const amk_buffer_t* w[2] = {amk_in(ctx, 1), amk_in(ctx, 2)};
-  const amk_buffer_t* nw = nin == 4 ? amk_in(ctx, 3) : nullptr;
-  const amk_buffer_t* y = amk_out(ctx, 0);
-  const long long K = p.K;
-  const int n_tile = p.N_tile, n_off = p.n_off;
-  if (!amk_fused_check(ctx, x, w, 2, nw, K)) return;
-  const long long n = amk_udiv(w[0]->numel, K);
-  if (n_tile <= 0 || n_off < 0) { amk_fail(ctx, AMK_ERR_PARAM, n_tile <= 0 ? n_tile : n_off); return; }
-  const long long end = (long long)n_off + n_tile;
-  if (w[1]->numel != w[0]->numel || end > n || end > amk_last_dim(y) ||
-      y->numel != amk_last_dim(y)) {
-    amk_fail(ctx, AMK_ERR_SHAPE, end);
-    return;
-  }
-  if (!amk_is_vec(y->dtype)) { amk_fail(ctx, AMK_ERR_DTYPE, y->dtype); return; }
-  const amk_buffer_t* wg = w[0];
-  const amk_buffer_t* wu = w[1];
+  return true;
+}
+
+/* gu_setup<true> out of line: run unless amk_verify_tasks passed the task (ctx.verify). */
+__device__ __noinline__ bool gu_check(const amk_task_ctx& ctx) {
+  gu_args a;
+  return gu_setup<true>(ctx, a);
+}
+
+__device__ void amk_op_gate_up_silu(const amk_task_ctx& ctx) {
+  if (ctx.verify && !gu_check(ctx)) return;
+  gu_args a;
+  gu_setup<false>(ctx, a);
+  const amk_params_t& p = ctx.inst->params;
+  const amk_buffer_t* x = a.x;
+  const amk_buffer_t* nw = a.nw;
+  const amk_buffer_t* y = a.y;
+  const amk_buffer_t* wg = a.wg;
+  const amk_buffer_t* wu = a.wu;
+  const long long K = a.K;
+  const int n_tile = a.n_tile, n_off = a.n_off;
   const int wdt = wg->dtype == wu->dtype ? wg->dtype : -1;
-  if (!amk_task_wait(ctx)) return; /* the checks above read descriptors only */
+  if (!amk_task_wait(ctx)) return; /* the checks read descriptors only */
   const amk_frow r = amk_frow_make(ctx, x, nw, K, p.eps);
   amk_fused_run<2>(
       r, K, wdt, amk_al16(wg->ptr) && amk_al16(wu->ptr), n_tile,

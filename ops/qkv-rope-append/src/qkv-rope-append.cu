@@ -71,42 +71,80 @@ __device__ __noinline__ const float2* qkv_trig(const amk_buffer_t* pb, bool laun
   return cs;
 }
 
-__device__ void amk_op_qkv_rope_append(const amk_task_ctx& ctx) {
+/* The tile's operands and params. */
+struct qkv_args {
+  const amk_buffer_t *x, *w[3], *pb, *nw, *dst[3];
+  long long K;
+  int n_tile, n_off, hd, nh, nkv;
+  float theta;
+};
+
+/* The operands from the descriptors and params; CHECK: also the checks that read only those
+ * (the validator's, again on the device), failing the task (false) on the first that fails. */
+template <bool CHECK>
+__device__ __forceinline__ bool qkv_setup(const amk_task_ctx& ctx, qkv_args& a) {
   const amk_params_t& p = ctx.inst->params;
   const int nin = ctx.inst->n_inputs;
-  if (nin < 5 || nin > 6 || ctx.inst->n_outputs != 3) {
-    amk_fail(ctx, AMK_ERR_SHAPE, nin);
-    return;
-  }
-  const amk_buffer_t* x = amk_in(ctx, 0);
-  const amk_buffer_t* w[3] = {amk_in(ctx, 1), amk_in(ctx, 2), amk_in(ctx, 3)};
-  const amk_buffer_t* pb = amk_in(ctx, 4);
-  const amk_buffer_t* nw = nin == 6 ? amk_in(ctx, 5) : nullptr;
-  const amk_buffer_t* dst[3] = {amk_out(ctx, 0), amk_out(ctx, 1), amk_out(ctx, 2)};
-  const long long K = p.K;
-  const int n_tile = p.N_tile, n_off = p.n_off, hd = p.head_dim, nh = p.n_heads, nkv = p.n_kv_heads;
-  const float theta = p.theta;
-  if (!amk_is_int(pb->dtype) || pb->numel < 1) { amk_fail(ctx, AMK_ERR_DTYPE, pb->dtype); return; }
-  if (!amk_fused_check(ctx, x, w, 3, nw, K)) return;
-  if (hd <= 0 || (hd & 1) || nh <= 0 || nkv <= 0 || n_tile <= 0 || (n_tile & 1) ||
-      n_off < 0 || (n_off & 1) || !(theta > 0.0f)) {
-    amk_fail(ctx, AMK_ERR_PARAM, hd);
-    return;
-  }
-  const long long row_len = (long long)nkv * hd;
-  if (w[0]->numel != (long long)nh * hd * K || w[1]->numel != row_len * K ||
-      w[2]->numel != row_len * K || dst[0]->numel != (long long)nh * hd ||
-      (long long)n_off + n_tile > ((long long)nh + 2LL * nkv) * hd) {
-    amk_fail(ctx, AMK_ERR_SHAPE, (long long)n_off + n_tile);
-    return;
-  }
+  AMK_CHECK(nin >= 5 && nin <= 6 && ctx.inst->n_outputs == 3, AMK_ERR_SHAPE, nin);
+  a.x = amk_in(ctx, 0);
   for (int c = 0; c < 3; ++c) {
-    if (!amk_is_vec(dst[c]->dtype)) { amk_fail(ctx, AMK_ERR_DTYPE, dst[c]->dtype); return; }
-    if (c > 0 && (amk_urem(dst[c]->numel, row_len) != 0 || dst[c]->numel < row_len)) {
-      amk_fail(ctx, AMK_ERR_SHAPE, dst[c]->numel);
-      return;
+    a.w[c] = amk_in(ctx, 1 + c);
+    a.dst[c] = amk_out(ctx, c);
+  }
+  a.pb = amk_in(ctx, 4);
+  a.nw = nin == 6 ? amk_in(ctx, 5) : nullptr;
+  a.K = p.K;
+  a.n_tile = p.N_tile;
+  a.n_off = p.n_off;
+  a.hd = p.head_dim;
+  a.nh = p.n_heads;
+  a.nkv = p.n_kv_heads;
+  a.theta = p.theta;
+  if (CHECK) {
+    const int hd = a.hd, nh = a.nh, nkv = a.nkv, n_tile = a.n_tile, n_off = a.n_off;
+    const long long K = a.K;
+    AMK_CHECK(amk_is_int(a.pb->dtype) && a.pb->numel >= 1, AMK_ERR_DTYPE, a.pb->dtype);
+    if (!amk_fused_check(ctx, a.x, a.w, 3, a.nw, K)) return false;
+    AMK_CHECK(hd > 0 && !(hd & 1) && nh > 0 && nkv > 0 && n_tile > 0 && !(n_tile & 1) &&
+                  n_off >= 0 && !(n_off & 1) && a.theta > 0.0f,
+              AMK_ERR_PARAM, hd);
+    const long long row_len = (long long)nkv * hd;
+    AMK_CHECK(a.w[0]->numel == (long long)nh * hd * K && a.w[1]->numel == row_len * K &&
+                  a.w[2]->numel == row_len * K && a.dst[0]->numel == (long long)nh * hd &&
+                  (long long)n_off + n_tile <= ((long long)nh + 2LL * nkv) * hd &&
+                  (long long)n_off + n_tile <= 2147483647LL, /* qkv_pair's units are 32-bit */
+              AMK_ERR_SHAPE, (long long)n_off + n_tile);
+    for (int c = 0; c < 3; ++c) {
+      AMK_CHECK(amk_is_vec(a.dst[c]->dtype), AMK_ERR_DTYPE, a.dst[c]->dtype);
+      AMK_CHECK(c == 0 || (amk_urem(a.dst[c]->numel, row_len) == 0 && a.dst[c]->numel >= row_len),
+                AMK_ERR_SHAPE, a.dst[c]->numel);
     }
   }
+  return true;
+}
+
+/* qkv_setup<true> out of line: run unless amk_verify_tasks passed the task (ctx.verify). */
+__device__ __noinline__ bool qkv_check(const amk_task_ctx& ctx) {
+  qkv_args a;
+  return qkv_setup<true>(ctx, a);
+}
+
+__device__ void amk_op_qkv_rope_append(const amk_task_ctx& ctx) {
+  if (ctx.verify && !qkv_check(ctx)) return;
+  /* amk_verify_tasks: the checks are all it runs (the position below is data). */
+  if (ctx.check_only) return;
+  qkv_args a;
+  qkv_setup<false>(ctx, a);
+  const amk_params_t& p = ctx.inst->params;
+  const amk_buffer_t* x = a.x;
+  const amk_buffer_t* const* w = a.w;
+  const amk_buffer_t* pb = a.pb;
+  const amk_buffer_t* nw = a.nw;
+  const amk_buffer_t* const* dst = a.dst;
+  const long long K = a.K;
+  const int n_tile = a.n_tile, n_off = a.n_off, hd = a.hd, nh = a.nh, nkv = a.nkv;
+  const float theta = a.theta;
+  const long long row_len = (long long)nkv * hd;
   /* The checks above read descriptors and params only; x waits for the task's counters. So
      does the position, unless nothing in the program writes it (the host's, from before the
      launch): then it and its cos/sin are ready before the wait, off the critical path. */

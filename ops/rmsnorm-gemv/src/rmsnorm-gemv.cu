@@ -6,34 +6,61 @@
  * row into shared memory, amk_fused_run streams the weight rows): one weight row per warp at a
  * time, 8 16-byte vectors in flight per lane, as GEMV_TILE. */
 
-__device__ void amk_op_rmsnorm_gemv(const amk_task_ctx& ctx) {
+/* The tile's operands and params. */
+struct rg_args {
+  const amk_buffer_t *x, *nw, *w, *bias, *y;
+  long long K;
+  int n_tile, n_off;
+};
+
+/* The operands from the descriptors and params; CHECK: also the checks that read only those
+ * (the validator's, again on the device), failing the task (false) on the first that fails. */
+template <bool CHECK>
+__device__ __forceinline__ bool rg_setup(const amk_task_ctx& ctx, rg_args& a) {
   const amk_params_t& p = ctx.inst->params;
   const int nin = ctx.inst->n_inputs;
-  if (nin < 3 || nin > 4 || ctx.inst->n_outputs < 1) {
-    amk_fail(ctx, AMK_ERR_SHAPE, nin);
-    return;
+  AMK_CHECK(nin >= 3 && nin <= 4 && ctx.inst->n_outputs >= 1, AMK_ERR_SHAPE, nin);
+  a.x = amk_in(ctx, 0);
+  a.nw = amk_in(ctx, 1);
+  a.w = amk_in(ctx, 2);
+  a.bias = nin == 4 ? amk_in(ctx, 3) : nullptr;
+  a.y = amk_out(ctx, 0);
+  a.K = p.K;
+  a.n_tile = p.N_tile;
+  a.n_off = p.n_off;
+  if (CHECK) {
+    if (!amk_fused_check(ctx, a.x, &a.w, 1, a.nw, a.K)) return false;
+    const long long n = amk_udiv(a.w->numel, a.K);
+    AMK_CHECK(a.n_tile > 0 && a.n_off >= 0, AMK_ERR_PARAM, a.n_tile <= 0 ? a.n_tile : a.n_off);
+    const long long end = (long long)a.n_off + a.n_tile;
+    AMK_CHECK(end <= n && end <= amk_last_dim(a.y) && a.y->numel == amk_last_dim(a.y) &&
+                  (!a.bias || a.bias->numel == n),
+              AMK_ERR_SHAPE, end);
+    AMK_CHECK(amk_is_vec(a.y->dtype) && (!a.bias || amk_is_vec(a.bias->dtype)), AMK_ERR_DTYPE,
+              a.y->dtype);
   }
-  const amk_buffer_t* x = amk_in(ctx, 0);
-  const amk_buffer_t* nw = amk_in(ctx, 1);
-  const amk_buffer_t* w = amk_in(ctx, 2);
-  const amk_buffer_t* bias = nin == 4 ? amk_in(ctx, 3) : nullptr;
-  const amk_buffer_t* y = amk_out(ctx, 0);
-  const long long K = p.K;
-  const int n_tile = p.N_tile, n_off = p.n_off;
-  if (!amk_fused_check(ctx, x, &w, 1, nw, K)) return;
-  const long long n = amk_udiv(w->numel, K);
-  if (n_tile <= 0 || n_off < 0) { amk_fail(ctx, AMK_ERR_PARAM, n_tile <= 0 ? n_tile : n_off); return; }
-  const long long end = (long long)n_off + n_tile;
-  if (end > n || end > amk_last_dim(y) || y->numel != amk_last_dim(y) ||
-      (bias && bias->numel != n)) {
-    amk_fail(ctx, AMK_ERR_SHAPE, end);
-    return;
-  }
-  if (!amk_is_vec(y->dtype) || (bias && !amk_is_vec(bias->dtype))) {
-    amk_fail(ctx, AMK_ERR_DTYPE, y->dtype);
-    return;
-  }
-  if (!amk_task_wait(ctx)) return; /* the checks above read descriptors only */
+  return true;
+}
+
+/* rg_setup<true> out of line: run unless amk_verify_tasks passed the task (ctx.verify). */
+__device__ __noinline__ bool rg_check(const amk_task_ctx& ctx) {
+  rg_args a;
+  return rg_setup<true>(ctx, a);
+}
+
+__device__ void amk_op_rmsnorm_gemv(const amk_task_ctx& ctx) {
+  if (ctx.verify && !rg_check(ctx)) return;
+  rg_args a;
+  rg_setup<false>(ctx, a);
+  const amk_params_t& p = ctx.inst->params;
+  const amk_buffer_t* x = a.x;
+  const amk_buffer_t* nw = a.nw;
+  const amk_buffer_t* w = a.w;
+  const amk_buffer_t* bias = a.bias;
+  const amk_buffer_t* y = a.y;
+  const long long K = a.K;
+  const int n_tile = a.n_tile, n_off = a.n_off;
+  if (!amk_task_wait(ctx)) return; /* the checks read descriptors only */
   const amk_frow r = amk_frow_make(ctx, x, nw, K, p.eps);
   amk_fused_run<1>(
       r, K, w->dtype, amk_al16(w->ptr), n_tile,

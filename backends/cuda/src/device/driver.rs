@@ -376,31 +376,62 @@ impl Module {
         .map_err(drv("cuLaunchCooperativeKernel"))
     }
 
-    /// Launches the patch scatter: `n` records from `recs` to the instruction table.
+    /// Launches the patch scatter: `n` records from `recs` to the instruction table, each
+    /// rewritten task marked unverified in `verified` (one i32 per task).
     pub fn launch_patch(
         &self,
         instructions: u64,
         ids: u64,
         recs: u64,
         n: i32,
+        verified: u64,
     ) -> Result<(), CudaError> {
         self.ctx.bind_to_thread().map_err(drv("cuCtxSetCurrent"))?;
-        let (mut a, mut b, mut c, mut d) = (instructions, ids, recs, n);
+        let (mut a, mut b, mut c, mut d, mut e) = (instructions, ids, recs, n, verified);
         let mut params = [
             &mut a as *mut _ as *mut c_void,
             &mut b as *mut _ as *mut c_void,
             &mut c as *mut _ as *mut c_void,
             &mut d as *mut _ as *mut c_void,
+            &mut e as *mut _ as *mut c_void,
         ];
         let words = n as u64 * (std::mem::size_of::<crate::abi::AmkInstruction>() as u64 / 4);
         let grid = words.div_ceil(256).clamp(1, 1024) as u32;
         // SAFETY: matches `amk_apply_patches(amk_instruction_t*, const int32_t*, const
-        // amk_instruction_t*, int)`; the three pointers are live device allocations.
+        // amk_instruction_t*, int, int32_t*)`; the four pointers are live device allocations.
         unsafe {
             result::launch_kernel(
                 self.patch,
                 (grid, 1, 1),
                 (256, 1, 1),
+                0,
+                std::ptr::null_mut(),
+                &mut params,
+            )
+        }
+        .map_err(drv("cuLaunchKernel"))
+    }
+
+    /// Launches the megakernel in its check mode (`PROG_VERIFY`: `amk_verify_tasks` over every
+    /// task of `prog`, `grid` blocks of `threads`); `prog` must name a live `task_verified`
+    /// table.
+    pub fn launch_verify(
+        &self,
+        prog: &crate::abi::AmkDeviceProgram,
+        grid: u32,
+        threads: u32,
+    ) -> Result<(), CudaError> {
+        self.ctx.bind_to_thread().map_err(drv("cuCtxSetCurrent"))?;
+        let mut arg = *prog;
+        arg.flags |= crate::abi::PROG_VERIFY;
+        let mut params = [&mut arg as *mut _ as *mut c_void];
+        // SAFETY: the megakernel's one by-value amk_device_program_t; no dynamic shared memory
+        // (the checks read descriptors and params only) and no block waits on another.
+        unsafe {
+            result::launch_kernel(
+                self.kernel,
+                (grid, 1, 1),
+                (threads, 1, 1),
                 0,
                 std::ptr::null_mut(),
                 &mut params,

@@ -42,6 +42,8 @@ pub struct CudaSession {
     /// Buffer descriptors, per-instruction prefetch ranges, and the per-task descriptor records.
     _descs: (DeviceMem, DeviceMem, DeviceMem, DeviceMem),
     instructions: DeviceMem,
+    /// One i32 per task: 1 once `amk_verify_tasks` passed its record (`abi` `task_verified`).
+    verified: DeviceMem,
     _fused: (DeviceMem, DeviceMem),
     _queues: (DeviceMem, DeviceMem),
     counters: DeviceMem,
@@ -232,6 +234,7 @@ impl CudaSession {
         let task_bufs =
             DeviceMem::from_slice(ctx, &tables::task_buffers(&tables.instructions, &descs))?;
         let instructions = DeviceMem::from_slice(ctx, &tables.instructions)?;
+        let verified = DeviceMem::zeroed(ctx, tables.instructions.len().max(1) * 4)?;
         let fused_steps = DeviceMem::from_slice(ctx, &tables.fused_steps)?;
         let fused_off = DeviceMem::from_slice(ctx, &tables.fused_off)?;
         let queue_tasks = DeviceMem::from_slice(ctx, &tables.queues.tasks)?;
@@ -276,7 +279,20 @@ impl CudaSession {
             },
             l2_ranges: if l2_cap > 0 { l2.ptr() } else { 0 },
             task_bufs: task_bufs.ptr(),
+            task_verified: verified.ptr(),
         };
+        // Every task's ids and pre-wait op checks, once, on the device: the megakernel skips
+        // them for the tasks that pass (docs/perf-notes.md round 11). A failure is the error
+        // its step would have raised. The status read waits for the launch (same stream).
+        if !tables.instructions.is_empty() {
+            let vgrid = (tables.instructions.len() as u32).min(inner.info.sms.max(1) as u32);
+            module.launch_verify(&prog, vgrid, threads)?;
+            let mut st = [0u8; std::mem::size_of::<AmkStatus>()];
+            status_mem.read(0, &mut st)?;
+            if let Some(e) = status_error(program, registry, bytemuck::pod_read_unaligned(&st)) {
+                return Err(e);
+            }
+        }
         Ok(CudaSession {
             backend: backend.clone(),
             current: tables.instructions.clone(),
@@ -289,6 +305,7 @@ impl CudaSession {
             _weights: uploads,
             _descs: (descs_mem, prefetch, l2, task_bufs),
             instructions,
+            verified,
             _fused: (fused_steps, fused_off),
             _queues: (queue_tasks, queue_off),
             counters,
@@ -505,24 +522,14 @@ impl CudaSession {
         self.last_ms = self.start.elapsed_ms(&self.end).ok();
         let mut st = [0u8; std::mem::size_of::<AmkStatus>()];
         self.status.read(0, &mut st)?;
-        let st: AmkStatus = bytemuck::pod_read_unaligned(&st);
-        if st.code != status::OK {
-            let t = st.task.max(0) as usize;
-            return Err(CudaError::Trap {
-                task: self.program.tasks.get(t).map_or(st.task as u32, |x| x.id),
-                label: task_label(&self.program, t),
-                step: (st.step >= 0).then_some(st.step as u32),
-                reason: format!(
-                    "{} (op {})",
-                    status::describe(st.code),
-                    self.registry
-                        .name_of(amk_core::Opcode(st.op as u16))
-                        .map_or_else(|| st.op.to_string(), |n| n.into_owned())
-                ),
-                detail: st.detail,
-            });
+        match status_error(
+            &self.program,
+            &self.registry,
+            bytemuck::pod_read_unaligned(&st),
+        ) {
+            Some(e) => Err(e),
+            None => Ok(()),
         }
-        Ok(())
     }
 
     /// Applies an absolute param patch: previously patched records go back to their loaded
@@ -587,6 +594,7 @@ impl CudaSession {
             self.patch_ids.ptr(),
             self.patch_recs.ptr(),
             ids.len() as i32,
+            self.verified.ptr(),
         )
     }
 }
@@ -604,7 +612,9 @@ impl CudaSession {
         self.instructions.write(
             task * std::mem::size_of::<AmkInstruction>(),
             bytemuck::bytes_of(&rec),
-        )
+        )?;
+        // A rewritten record is not the one amk_verify_tasks passed.
+        self.verified.write(task * 4, &0i32.to_le_bytes())
     }
 }
 
@@ -615,4 +625,26 @@ impl Session for CudaSession {
     fn set_params(&mut self, patch: &ParamPatch) -> Result<(), BackendError> {
         Ok(self.patch(patch)?)
     }
+}
+
+/// The error a launch's status word reports (the first failing task's), or `None` when it
+/// reports none.
+fn status_error(program: &Program, registry: &Registry, st: AmkStatus) -> Option<CudaError> {
+    if st.code == status::OK {
+        return None;
+    }
+    let t = st.task.max(0) as usize;
+    Some(CudaError::Trap {
+        task: program.tasks.get(t).map_or(st.task as u32, |x| x.id),
+        label: task_label(program, t),
+        step: (st.step >= 0).then_some(st.step as u32),
+        reason: format!(
+            "{} (op {})",
+            status::describe(st.code),
+            registry
+                .name_of(amk_core::Opcode(st.op as u16))
+                .map_or_else(|| st.op.to_string(), |n| n.into_owned())
+        ),
+        detail: st.detail,
+    })
 }
