@@ -595,7 +595,7 @@ pub fn prefetch_ranges(
 
 /// The weight row ranges a task of a built-in projection op streams, in the order it reads
 /// them: `(input, first row, rows)`. Empty for every other op (and for malformed params: the
-/// device reports those when the task runs).
+/// device reports those when the program is loaded, in the megakernel's check mode).
 fn streamed_rows(r: &AmkInstruction) -> Vec<(usize, u64, u64)> {
     let p = &r.params;
     if p.n_tile <= 0 || p.n_off < 0 {

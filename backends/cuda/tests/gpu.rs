@@ -266,6 +266,55 @@ fn watchdog_times_out_and_the_device_stays_usable() {
     run_copy_chain(&b, &reg);
 }
 
+/// The device's own checks run once, when a program is loaded (the megakernel's check mode):
+/// a GEMV tile whose rows run past its weight (N_tile 8 of 4 rows; the validator would refuse
+/// it, so it is loaded through the `testing` entry) fails the load with the error its step
+/// would have raised, naming the task, and the device stays usable.
+#[cfg(feature = "testing")]
+#[test]
+fn device_checks_fail_the_load_and_the_device_stays_usable() {
+    let Some(b) = gpu_or_skip("device_checks_fail_the_load_and_the_device_stays_usable") else {
+        return;
+    };
+    let reg = registry();
+    let mut p = Program::new();
+    let x = p.new_buffer("x", BufferKind::IO_INPUT, DType::F32, &[1, 8]);
+    let w = p.new_buffer("w", BufferKind::WEIGHT, DType::F32, &[4, 8]);
+    p.buffers[w as usize].source = Some("w".into());
+    let y = p.new_buffer("y", BufferKind::IO_OUTPUT, DType::F32, &[1, 4]);
+    let c = p.new_counter("y");
+    p.push_task(
+        Opcode::GEMV_TILE,
+        &[x, w],
+        &[y],
+        c,
+        &[],
+        params(&[
+            ("K", Value::Int(8)),
+            ("N_tile", Value::Int(8)),
+            ("n_off", Value::Int(0)),
+        ]),
+        "proj",
+    );
+    let mut ws = WeightStore::new();
+    let wv: Vec<f32> = (0..32).map(|i| i as f32 * 0.25 - 3.0).collect();
+    ws.insert("w", Tensor::from_f32(DType::F32, &[4, 8], &wv).unwrap());
+    match amk_backend_cuda::testing::load_unvalidated(&b, &p, &ws, &reg) {
+        Err(CudaError::Trap {
+            task,
+            label,
+            reason,
+            ..
+        }) => {
+            assert_eq!((task, label.as_str()), (0, "proj"));
+            assert!(reason.contains("shapes"), "{reason}");
+        }
+        Err(e) => panic!("expected a trap at load, got {e}"),
+        Ok(_) => panic!("expected a trap at load, the program loaded"),
+    }
+    run_copy_chain(&b, &reg);
+}
+
 /// A device-side error names its task: an EMBED id out of the table, then a corrupted opcode.
 #[cfg(feature = "testing")]
 #[test]
