@@ -3,7 +3,7 @@
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // test file
 
 use amk_backend_cuda::abi::{self, AmkInstruction};
-use amk_backend_cuda::assemble::{ABI_HEADER, Knobs, megakernel_source};
+use amk_backend_cuda::assemble::{ABI_HEADER, Knobs, SCHEDULER, TILE_HELPERS, megakernel_source};
 use amk_backend_cuda::queues::build_queues;
 use amk_backend_cuda::tables::{self, Placement, pack_params};
 use amk_core::json::{Map, Value};
@@ -111,6 +111,38 @@ fn header_layouts_match_the_rust_mirrors() {
         mirrored.len(),
         "the header has fields the mirrors lack"
     );
+}
+
+/// The `amk_device_program::flags` bits the device headers define (`AMK_PROG_*`, in the tile
+/// helpers and the scheduler) are the host's, and no two share a bit.
+#[test]
+fn program_flag_bits_match_the_host() {
+    let mut bits = HashMap::new();
+    for src in [TILE_HELPERS, SCHEDULER] {
+        for l in src.lines() {
+            let Some(rest) = l.trim().strip_prefix("#define AMK_PROG_") else {
+                continue;
+            };
+            let mut it = rest.split_whitespace();
+            let (Some(name), Some(v)) = (it.next(), it.next()) else {
+                continue;
+            };
+            bits.insert(name.to_string(), v.parse::<i32>().unwrap());
+        }
+    }
+    let want = [
+        ("L2_EVICT_FIRST", abi::PROG_L2_EVICT_FIRST),
+        ("L2_PREFETCH_EARLY", abi::PROG_L2_PREFETCH_EARLY),
+        ("VERIFY", abi::PROG_VERIFY),
+    ];
+    assert_eq!(bits.len(), want.len(), "{bits:?}");
+    let mut all = 0;
+    for (name, v) in want {
+        assert_eq!(bits.get(name), Some(&v), "AMK_PROG_{name}");
+        assert_eq!(v.count_ones(), 1, "AMK_PROG_{name} is one bit");
+        assert_eq!(all & v, 0, "AMK_PROG_{name} shares a bit");
+        all |= v;
+    }
 }
 
 #[test]
