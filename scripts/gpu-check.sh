@@ -116,8 +116,13 @@ ab)
         for v in ${AB_BUILDS:?folders of the builds to compare}; do
             name=$(basename "$v")
             for s in ${*:-smollm2-135m llama-3.2-1b llama-3.1-8b}; do
-                AMK_CUDA_CACHE="$v/cubin" bench_shape "$v/amk" "$s" "${POS:-0}" \
-                    "$out/$name-$s-$round" "$name round $round: " || status=$?
+                # A folder may hold an `env` file (KEY=VALUE lines) for a run-time knob: two
+                # folders of one build then compare the knob's settings.
+                (
+                    if [ -f "$v/env" ]; then set -a; . "$v/env"; set +a; fi
+                    AMK_CUDA_CACHE="$v/cubin" bench_shape "$v/amk" "$s" "${POS:-0}" \
+                        "$out/$name-$s-$round" "$name round $round: "
+                ) || status=$?
             done
         done
     done

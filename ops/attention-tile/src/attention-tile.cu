@@ -32,6 +32,8 @@
  *    a warp, then (units spanning several warps) through a static shared buffer.
  *  - Rows whose score is -inf contribute e = 0 (as the CPU does whenever the final maximum is
  *    finite); when every score is -inf (or NaN) the CPU's l and acc are NaN, and so are ours.
+ * Tiny path (the fast path's cases with kv_len <= ATT_TINY_KV and head_dim / 8 a power of two):
+ * a group of head_dim / 8 lanes per query head, every head of the block at once (att_tiny).
  * Other cases (fp8 caches, mixed K/V dtypes, odd or > 256 head_dim, unaligned caches) take the
  * generic path: one warp per (batch, query head), rows in chunks of 32:
  *  - scores: every lane accumulates partial dot products of its dims (d = lane + 32k) for all
@@ -45,6 +47,7 @@
 #define ATT_SLOT 256    /* fast path: floats per warp in the cross-warp combine buffer */
 #define ATT_PF_AHEAD 4  /* fast path: L2 prefetch distance, in batches */
 #define ATT_SHORT_KV 32 /* fast path: kv_len up to this takes one row per group and batch */
+#define ATT_TINY_KV 16  /* kv_len up to this takes the tiny path (a lane group per query head) */
 
 #define ATT_FULL 0xffffffffu
 
@@ -507,6 +510,98 @@ __device__ void att_fast(const amk_buffer_t* q, const amk_buffer_t* kc, const am
 }
 
 /* ------------------------------------------------------------------------------------------ */
+/* Tiny path                                                                                   */
+/* ------------------------------------------------------------------------------------------ */
+
+/* The fast path's dtypes and alignment, kv_len <= ATT_TINY_KV and G = head_dim / 8 a power of
+ * two (head_dim 8..256): the first positions of a decode, where the whole attention is a few
+ * rows and its time is the latency of one group's chain of instructions, not bandwidth.
+ * A group of G lanes owns one query head (lane li: dims 8li .. 8li+7, one 16-byte vector, two
+ * for F32), so a block runs 16 * 32 / G heads at once (every head of a 32-head model with
+ * head_dim <= 128) instead of the fast path's units of 4 heads on one group each (1B shape at
+ * position 0: 8 groups, 2 warps, each group 4 heads in sequence). Per row: the score (8
+ * products per lane, log2 G butterfly levels), the online softmax step and the value update,
+ * the next row's K and V loads in flight meanwhile. Same semantics and fp32 operations as the
+ * fast path (a -inf score contributes e = 0; every score -inf or NaN gives NaN); only the
+ * order of the score's additions differs (a butterfly over the group). */
+template <int DT>
+__device__ void att_tiny(const amk_buffer_t* q, const amk_buffer_t* kc, const amk_buffer_t* vc,
+                         const amk_buffer_t* out, int hd, int nh, int rep, long long batch,
+                         long long row, long long per_batch, long long kv_start, int kv_len,
+                         float scale, bool partial) {
+  const float NEG_INF = -__int_as_float(0x7f800000);
+  constexpr int ESZ = DT == AMK_F32 ? 4 : 2;
+  const int lane = threadIdx.x & 31;
+  const int G = hd >> 3; /* lanes per head, a power of two */
+  const int li = lane & (G - 1);
+  const int GW = 32 / G; /* heads per warp */
+  const long long nbh = batch * nh;
+  const long long per_head = partial ? (long long)hd + 2 : (long long)hd;
+  const long long rowb = row * ESZ;
+  const bool qvec = amk_is_vec(q->dtype) && (((unsigned long long)q->ptr) & 15u) == 0;
+  /* warp-uniform loop (the butterflies need every lane): a group past the heads runs on zeros */
+  for (long long w0 = (long long)(threadIdx.x >> 5) * GW; w0 < nbh; w0 += (long long)AMK_WARPS * GW) {
+    const long long bh = w0 + lane / G;
+    const bool act = bh < nbh;
+    const long long b = act ? bh / nh : 0;
+    const int h = act ? (int)(bh - b * nh) : 0;
+    const long long e0 = b * per_batch + kv_start * row + (long long)(h / rep) * hd + 8 * li;
+    const char* kp = (const char*)kc->ptr + e0 * ESZ;
+    const char* vp = (const char*)vc->ptr + e0 * ESZ;
+    att_vec<DT> kb, vb;
+    att_vload<DT>(kb, kp, act);
+    att_vload<DT>(vb, vp, act);
+    float qf[8];
+#pragma unroll
+    for (int d = 0; d < 8; ++d) qf[d] = 0.0f;
+    if (act) {
+      const long long qe = bh * hd + 8 * li;
+      if (qvec) {
+        amk_ld8(q->ptr, q->dtype, qe >> 3, qf);
+      } else {
+        const att_f8 t = att_ld_q8(q, qe);
+#pragma unroll
+        for (int d = 0; d < 8; ++d) qf[d] = t.v[d];
+      }
+    }
+    float m = NEG_INF, l = 0.0f;
+    att_f8 a;
+#pragma unroll
+    for (int d = 0; d < 8; ++d) a.v[d] = 0.0f;
+    for (int j = 0; j < kv_len; ++j) {
+      const bool more = j + 1 < kv_len;
+      att_vec<DT> kn, vn;
+      att_vload<DT>(kn, kp + (j + 1) * rowb, act && more);
+      att_vload<DT>(vn, vp + (j + 1) * rowb, act && more);
+      float kf[8];
+      att_cvt<DT>(kb, kf);
+      float s = 0.0f;
+#pragma unroll
+      for (int d = 0; d < 8; ++d) s += qf[d] * kf[d];
+      for (int o = G >> 1; o > 0; o >>= 1) s += __shfl_xor_sync(ATT_FULL, s, o);
+      s *= scale;
+      const float m_new = fmaxf(m, s);
+      const float ea = expf(m - m_new);
+      const float alpha = (m_new == m) ? 1.0f : ea;
+      const float x = expf(s - m_new);
+      const float e = (s == NEG_INF) ? 0.0f : x;
+      l = l * alpha + e;
+      m = m_new;
+      float vf[8];
+      att_cvt<DT>(vb, vf);
+#pragma unroll
+      for (int d = 0; d < 8; ++d) {
+        a.v[d] *= alpha;
+        a.v[d] += e * vf[d];
+      }
+      kb = kn;
+      vb = vn;
+    }
+    if (act) att_store_head(out, bh * per_head, hd, li, true, a, m, l, partial, kv_len);
+  }
+}
+
+/* ------------------------------------------------------------------------------------------ */
 /* Generic path                                                                                */
 /* ------------------------------------------------------------------------------------------ */
 
@@ -656,6 +751,18 @@ __device__ void amk_op_attention_tile(const amk_task_ctx& ctx) {
   /* Short ranges (the first positions of a decode) take one row per group and batch: four
    * times less code on the path, and no group waits on rows that are not there. */
   const bool shrt = p.kv_len <= ATT_SHORT_KV;
+  /* Tiny ranges: a lane group per query head, all heads at once (see att_tiny). */
+  const bool tiny = fast && p.kv_len <= ATT_TINY_KV && (((hd >> 3) & ((hd >> 3) - 1)) == 0);
+#define ATT_TINY(DT)                                                                            \
+  att_tiny<DT>(q, kc, vc, out, hd, nh, rep, batch, row, per_batch, p.kv_start, p.kv_len, scale, \
+               partial)
+  if (tiny) {
+    if (dt == AMK_BF16) ATT_TINY(AMK_BF16);
+    else if (dt == AMK_F16) ATT_TINY(AMK_F16);
+    else ATT_TINY(AMK_F32);
+    return;
+  }
+#undef ATT_TINY
 #define ATT_FAST(DT, R)                                                                        \
   att_fast<DT, R>(q, kc, vc, out, hd, nh, nkv, rep, batch, row, per_batch, p.kv_start, p.kv_len, \
                   scale, partial)
