@@ -98,6 +98,11 @@ pub struct CudaOptions {
     /// Issue that prefetch before the task's wait instead of after it.
     /// `AMK_CUDA_L2_PREFETCH_EARLY=1` sets it.
     pub l2_prefetch_early: bool,
+    /// Prefetch only for the tasks that wait on an attention task
+    /// ([`tables::waits_on_attention`]: the projection after each layer's attention, whose
+    /// weights can stream while the attention runs). `AMK_CUDA_L2_PREFETCH_AFTER=attention`
+    /// sets it.
+    pub l2_prefetch_after_attention: bool,
 }
 
 impl Default for CudaOptions {
@@ -125,6 +130,8 @@ impl Default for CudaOptions {
                 .and_then(|v| v.parse::<u64>().ok())
                 .map_or(DEFAULT_L2_PREFETCH_BYTES, |kb| kb << 10),
             l2_prefetch_early: std::env::var("AMK_CUDA_L2_PREFETCH_EARLY").is_ok_and(|v| v == "1"),
+            l2_prefetch_after_attention: std::env::var("AMK_CUDA_L2_PREFETCH_AFTER")
+                .is_ok_and(|v| v == "attention"),
         }
     }
 }

@@ -670,6 +670,37 @@ pub fn task_buffers(instructions: &[AmkInstruction], descs: &[AmkBuffer]) -> Vec
     out
 }
 
+/// Which tasks wait on a counter an attention task (ATTENTION_TILE, ATTENTION_COMBINE) signals:
+/// in decode, the projection after each layer's attention. With the attention on an SM of its
+/// own, the memory system is idle while it runs, so these tasks' weights can be pulled into L2
+/// then ([`keep_ranges`]; docs/perf-notes.md round 12).
+pub fn waits_on_attention(instructions: &[AmkInstruction]) -> Vec<bool> {
+    let attention = [Opcode::ATTENTION_TILE, Opcode::ATTENTION_COMBINE].map(|o| i32::from(o.0));
+    let signalled: std::collections::HashSet<i32> = instructions
+        .iter()
+        .filter(|r| attention.contains(&r.op) && r.out_counter >= 0)
+        .map(|r| r.out_counter)
+        .collect();
+    instructions
+        .iter()
+        .map(|r| {
+            let n = usize::try_from(r.n_waits)
+                .unwrap_or(0)
+                .min(r.wait_counter.len());
+            r.wait_counter[..n].iter().any(|c| signalled.contains(c))
+        })
+        .collect()
+}
+
+/// Clears the [`l2_ranges`] of every task `keep` does not mark.
+pub fn keep_ranges(ranges: &mut [AmkPrefetch], keep: &[bool]) {
+    for (t, task) in ranges.chunks_mut(L2_RANGES).enumerate() {
+        if !keep.get(t).copied().unwrap_or(false) {
+            task.fill(AmkPrefetch { addr: 0, bytes: 0 });
+        }
+    }
+}
+
 /// Byte ranges per instruction ([`L2_RANGES`] each, unused ones zero) of the weights the task
 /// streams, which the scheduler pulls into L2 (after the task's wait, or before it with
 /// [`crate::abi::PROG_L2_PREFETCH_EARLY`]) so that the tile's first loads find their lines on

@@ -410,6 +410,16 @@ fn l2_ranges_cover_the_rows_each_projection_tile_streams() {
     assert_eq!(at(&capped, 0), vec![(0x10_0000 + 16 * row, 4 * row)]);
     assert_eq!(at(&capped, 1), gate_up(2));
     assert!(ranges(0).iter().all(|g| g.bytes == 0 && g.addr == 0));
+    // keep_ranges clears every task it does not keep
+    let mut kept = all.clone();
+    let keep: Vec<bool> = (0..insts.len()).map(|t| t == 1).collect();
+    tables::keep_ranges(&mut kept, &keep);
+    assert_eq!(at(&kept, 1), gate_up(4));
+    assert!(
+        (0..insts.len())
+            .filter(|&t| t != 1)
+            .all(|t| at(&kept, t).is_empty())
+    );
     // the ring's prestart ranges: GEMV tiles only, the same rows, uncapped
     let ring = tables::prefetch_ranges(&insts, &descs, &placement);
     assert_eq!(ring.len(), insts.len());
@@ -422,6 +432,45 @@ fn l2_ranges_cover_the_rows_each_projection_tile_streams() {
 
 /// Each task's descriptor record holds its inputs' descriptors in slots 0.., its outputs' from
 /// slot `MAX_INPUTS`, zero elsewhere, and zero for ids out of range.
+/// The tasks after an attention are those that wait on a counter an ATTENTION_TILE or an
+/// ATTENTION_COMBINE signals, whatever else they wait on; no others.
+#[test]
+fn waits_on_attention_marks_the_tasks_after_an_attention() {
+    let waits = |mut r: abi::AmkInstruction, counters: &[i32], out: i32| {
+        r.n_waits = counters.len() as i32;
+        r.wait_counter[..counters.len()].copy_from_slice(counters);
+        r.out_counter = out;
+        r
+    };
+    let qkv = waits(record(Opcode::QKV_ROPE_APPEND, &[0, 1], 8, 8, 0), &[0], 1);
+    let attention = waits(record(Opcode::ATTENTION_TILE, &[0, 1, 2], 8, 8, 0), &[1], 2);
+    let o_proj = waits(record(Opcode::GEMV_TILE, &[0, 1], 8, 8, 0), &[0, 2], 3);
+    let shard = waits(record(Opcode::ATTENTION_TILE, &[0, 1, 2], 8, 8, 0), &[3], 4);
+    let combine = waits(record(Opcode::ATTENTION_COMBINE, &[0], 8, 8, 0), &[4], 5);
+    let after_combine = waits(record(Opcode::GEMV_TILE, &[0, 1], 8, 8, 0), &[5], 6);
+    let unrelated = waits(record(Opcode::GEMV_TILE, &[0, 1], 8, 8, 0), &[3, 1], -1);
+    let insts = [
+        qkv,
+        attention,
+        o_proj,
+        shard,
+        combine,
+        after_combine,
+        unrelated,
+    ];
+    assert_eq!(
+        tables::waits_on_attention(&insts),
+        vec![false, false, true, false, true, true, false]
+    );
+    // a corrupt wait count reads no further than the record holds
+    let mut bad = o_proj;
+    bad.n_waits = 99;
+    assert_eq!(
+        tables::waits_on_attention(&[attention, bad]),
+        vec![false, true]
+    );
+}
+
 #[test]
 fn task_buffers_lay_out_each_tasks_operands_in_its_stage_slots() {
     let descs: Vec<abi::AmkBuffer> = (0..5)

@@ -227,10 +227,15 @@ impl CudaSession {
             &tables::prefetch_ranges(&tables.instructions, &descs, &tables.placement),
         )?;
         let l2_cap = inner.options.l2_prefetch_bytes;
-        let l2 = DeviceMem::from_slice(
-            ctx,
-            &tables::l2_ranges(&tables.instructions, &descs, &tables.placement, l2_cap),
-        )?;
+        let mut l2_list =
+            tables::l2_ranges(&tables.instructions, &descs, &tables.placement, l2_cap);
+        if inner.options.l2_prefetch_after_attention {
+            tables::keep_ranges(
+                &mut l2_list,
+                &tables::waits_on_attention(&tables.instructions),
+            );
+        }
+        let l2 = DeviceMem::from_slice(ctx, &l2_list)?;
         let task_bufs =
             DeviceMem::from_slice(ctx, &tables::task_buffers(&tables.instructions, &descs))?;
         let instructions = DeviceMem::from_slice(ctx, &tables.instructions)?;
