@@ -193,7 +193,7 @@ macro_rules! conformance_tests {
     (@all $mode:ident ($backend:expr)) => {
         $crate::conformance_tests!(@cases $mode ($backend)
             op_nop op_copy op_embed op_rmsnorm op_layernorm op_gemv_tile op_gemm_tile
-            op_attention_tile op_rope op_silu_mul op_gelu op_add op_mul op_dequant op_softmax
+            op_attention_tile op_attention_tile_paths_bf16 op_attention_tile_paths_f32 op_rope op_silu_mul op_gelu op_add op_mul op_dequant op_softmax
             op_allreduce_shard op_kv_append op_sample_argmax op_attention_combine op_fused
             op_rmsnorm_gemv op_gate_up_silu op_qkv_rope_append
             dag_chain dag_fan_in dag_tiled_groups dag_split_kv dag_kv_append_steps
@@ -267,6 +267,16 @@ pub const CASES: &[Case] = &[
         name: "op_attention_tile",
         about: "ATTENTION_TILE: GQA over a KV window",
         run: op_attention_tile,
+    },
+    Case {
+        name: "op_attention_tile_paths_bf16",
+        about: "ATTENTION_TILE, bf16: the kv lengths and head sizes that pick each CUDA path",
+        run: op_attention_tile_paths_bf16,
+    },
+    Case {
+        name: "op_attention_tile_paths_f32",
+        about: "ATTENTION_TILE, f32: short ranges, a partial shard and an empty one",
+        run: op_attention_tile_paths_f32,
     },
     Case {
         name: "op_rope",
@@ -1297,6 +1307,146 @@ fn op_attention_tile(c: &Ctx<'_>) -> CaseResult {
             attention(a, &in_vals(ins, "q")?, &kv, &vv, 1, 4),
         )])
     })
+}
+
+/// One ATTENTION_TILE of an [`attention_paths`] case: output name, q / cache dtype, geometry,
+/// cache rows `[start, start + len)`, and whether it writes a partial `[acc | m | l]` shard.
+struct PathCase {
+    out: &'static str,
+    dt: DType,
+    a: Attn,
+    start: usize,
+    len: usize,
+    partial: bool,
+}
+
+/// Independent ATTENTION_TILE tasks over `[48, nkv, hd]` caches, each against the formula.
+/// The geometries are those at which the CUDA kernel changes path (ops/attention-tile: the
+/// tiny path up to 16 rows with head_dim / 8 a power of two, the fast path's one-row batches
+/// up to 32 rows, its four-row batches beyond, the generic path), so every path is checked on
+/// every backend.
+fn attention_paths(c: &Ctx<'_>, seed: u64, cases: &[PathCase], tol: Tol) -> CaseResult {
+    const MAX_SEQ: u64 = 48;
+    let mut t = Tiny::new(seed);
+    let mut caches = Vec::new();
+    for (i, p) in cases.iter().enumerate() {
+        let (nh, nkv, hd) = (p.a.nh as u64, p.a.nkv as u64, p.a.hd as u64);
+        let q = t.input(&format!("q{i}"), p.dt, &[nh, hd]);
+        let shape = [MAX_SEQ, nkv, hd];
+        let (kc, kv) = t.weight(&format!("kcache{i}"), p.dt, &shape, -1.0, 1.0);
+        let (vc, vv) = t.weight(&format!("vcache{i}"), p.dt, &shape, -1.0, 1.0);
+        let (odt, width) = if p.partial {
+            (DType::F32, hd + 2)
+        } else {
+            (p.dt, hd)
+        };
+        let y = t.output(p.out, odt, &[nh, width]);
+        let mut params = vec![
+            ("head_dim", int(hd as i64)),
+            ("kv_start", int(p.start as i64)),
+            ("kv_len", int(p.len as i64)),
+            ("scale", real(p.a.scale)),
+            ("n_heads", int(nh as i64)),
+            ("n_kv_heads", int(nkv as i64)),
+        ];
+        if p.partial {
+            params.push(("flags", int(2)));
+        }
+        t.task(Opcode::ATTENTION_TILE, &[q, kc, vc], &[y], &[], &params);
+        caches.push((kv, vv));
+    }
+    check_formula(c, t, 2, tol, no_change, |ins| {
+        cases
+            .iter()
+            .zip(&caches)
+            .enumerate()
+            .map(|(i, (p, (kv, vv)))| {
+                let q = in_vals(ins, &format!("q{i}"))?;
+                let y = if p.partial {
+                    partial_layout(&attention_partial(p.a, &q, kv, vv, p.start, p.len))
+                } else {
+                    attention(p.a, &q, kv, vv, p.start, p.len)
+                };
+                Ok((p.out, y))
+            })
+            .collect()
+    })
+}
+
+fn op_attention_tile_paths_bf16(c: &Ctx<'_>) -> CaseResult {
+    let gqa = |hd: usize| Attn {
+        nh: 8,
+        nkv: 2,
+        hd,
+        scale: 1.0 / (hd as f64).sqrt(),
+    };
+    let case = |out, a, start, len| PathCase {
+        out,
+        dt: DType::BF16,
+        a,
+        start,
+        len,
+        partial: false,
+    };
+    // six heads of 64: the second warp of the tiny path runs two heads and two idle groups
+    let six = Attn {
+        nh: 6,
+        nkv: 3,
+        hd: 64,
+        scale: 0.125,
+    };
+    let one_to_one = Attn {
+        nh: 4,
+        nkv: 4,
+        hd: 128,
+        scale: 1.0 / 128f64.sqrt(),
+    };
+    let hd96 = Attn {
+        nh: 6,
+        nkv: 3,
+        hd: 96,
+        scale: 1.0 / 96f64.sqrt(),
+    };
+    let cases = [
+        case("one_row", gqa(64), 0, 1),
+        case("tiny_bound", gqa(64), 3, 16),
+        case("one_row_batches", gqa(64), 0, 17),
+        case("four_row_batches", gqa(64), 2, 40),
+        case("idle_groups", six, 5, 2),
+        case("head_dim_128", one_to_one, 1, 5),
+        case("head_dim_96", hd96, 0, 3),
+        case("head_dim_4", gqa(4), 7, 4),
+    ];
+    // bf16 outputs: the formula's value rounded to bf16 (the tolerance adds bf16's epsilon)
+    let tol = Tol {
+        rtol: 1e-3,
+        atol: 1e-3,
+    };
+    attention_paths(c, 41, &cases, tol)
+}
+
+fn op_attention_tile_paths_f32(c: &Ctx<'_>) -> CaseResult {
+    let a = |nh, nkv, hd: usize| Attn {
+        nh,
+        nkv,
+        hd,
+        scale: 1.0 / (hd as f64).sqrt(),
+    };
+    let case = |out, a, start, len, partial| PathCase {
+        out,
+        dt: DType::F32,
+        a,
+        start,
+        len,
+        partial,
+    };
+    let cases = [
+        case("short", a(8, 2, 64), 4, 9, false),
+        case("long", a(8, 2, 64), 0, 33, false),
+        case("shard", a(4, 1, 32), 2, 6, true),
+        case("empty_shard", a(4, 1, 32), 5, 0, true),
+    ];
+    attention_paths(c, 42, &cases, F32_TOL)
 }
 
 fn op_rope(c: &Ctx<'_>) -> CaseResult {
