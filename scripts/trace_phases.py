@@ -20,6 +20,7 @@ is `L<layer>.<name>[...]` or `L<layer>.<name>`), with times from the layer's fir
 import argparse
 import csv
 import re
+import signal
 import statistics
 import sys
 
@@ -55,6 +56,8 @@ def span(row, a, b):
 
 
 def main():
+    # piped into head: stop quietly when the reader goes away
+    signal.signal(signal.SIGPIPE, signal.SIG_DFL)
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("csv")
     ap.add_argument("--layer", type=int, default=5)
