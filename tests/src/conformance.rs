@@ -275,7 +275,7 @@ pub const CASES: &[Case] = &[
     },
     Case {
         name: "op_attention_tile_paths_f32",
-        about: "ATTENTION_TILE, f32: short ranges, a partial shard and an empty one",
+        about: "ATTENTION_TILE, f32: each CUDA path, partial shards, empty ones, head_dim 8 to 256",
         run: op_attention_tile_paths_f32,
     },
     Case {
@@ -1441,10 +1441,18 @@ fn op_attention_tile_paths_f32(c: &Ctx<'_>) -> CaseResult {
         partial,
     };
     let cases = [
-        case("short", a(8, 2, 64), 4, 9, false),
+        case("tiny", a(8, 2, 64), 4, 9, false),
+        case("one_row_batches", a(8, 2, 64), 1, 20, false),
         case("long", a(8, 2, 64), 0, 33, false),
-        case("shard", a(4, 1, 32), 2, 6, true),
+        case("tiny_shard", a(4, 1, 32), 2, 6, true),
+        case("fast_shard", a(4, 1, 32), 3, 21, true),
         case("empty_shard", a(4, 1, 32), 5, 0, true),
+        // a trailing split-KV shard: empty, starting at max_seq (nothing may be read)
+        case("empty_shard_at_end", a(4, 1, 32), 48, 0, true),
+        // head_dim 8, 16 and 256: one, two and thirty-two lanes per head on the tiny path
+        case("head_dim_8", a(8, 8, 8), 0, 3, false),
+        case("head_dim_16", a(4, 2, 16), 6, 2, false),
+        case("head_dim_256", a(2, 1, 256), 1, 4, false),
     ];
     attention_paths(c, 42, &cases, F32_TOL)
 }

@@ -517,9 +517,9 @@ __device__ void att_fast(const amk_buffer_t* q, const amk_buffer_t* kc, const am
  * two (head_dim 8..256): the first positions of a decode, where the whole attention is a few
  * rows and its time is the latency of one group's chain of instructions, not bandwidth.
  * A group of G lanes owns one query head (lane li: dims 8li .. 8li+7, one 16-byte vector, two
- * for F32), so a block runs 16 * 32 / G heads at once (every head of a 32-head model with
- * head_dim <= 128) instead of the fast path's units of 4 heads on one group each (1B shape at
- * position 0: 8 groups, 2 warps, each group 4 heads in sequence). Per row: the score (8
+ * for F32), so a block runs AMK_WARPS * 32 / G heads at once (8 warps: every head of a 32-head
+ * model with head_dim <= 64; two passes at 128) instead of the fast path's units of 4 heads on
+ * one group each (1B shape at position 0: 8 groups, 2 warps, each group 4 heads in sequence). Per row: the score (8
  * products per lane, log2 G butterfly levels), the online softmax step and the value update,
  * the next row's K and V loads in flight meanwhile. Same semantics and fp32 operations as the
  * fast path (a -inf score contributes e = 0; every score -inf or NaN gives NaN); only the
@@ -549,8 +549,9 @@ __device__ void att_tiny(const amk_buffer_t* q, const amk_buffer_t* kc, const am
     const char* kp = (const char*)kc->ptr + e0 * ESZ;
     const char* vp = (const char*)vc->ptr + e0 * ESZ;
     att_vec<DT> kb, vb;
-    att_vload<DT>(kb, kp, act);
-    att_vload<DT>(vb, vp, act);
+    /* an empty range reads nothing: its kv_start may be max_seq (a trailing split-KV shard) */
+    att_vload<DT>(kb, kp, act && kv_len > 0);
+    att_vload<DT>(vb, vp, act && kv_len > 0);
     float qf[8];
 #pragma unroll
     for (int d = 0; d < 8; ++d) qf[d] = 0.0f;
