@@ -127,6 +127,18 @@ __device__ __noinline__ att_f8 att_ld_q8(const amk_buffer_t* q, long long qe) {
   return r;
 }
 
+/* q elements qe .. qe+7 into f as f32: one vector load when q is a vector dtype at a 16-byte
+ * aligned base (`qvec`; qe is a multiple of 8), else att_ld_q8. */
+__device__ __forceinline__ void att_q8(const amk_buffer_t* q, bool qvec, long long qe, float (&f)[8]) {
+  if (qvec) {
+    amk_ld8(q->ptr, q->dtype, qe >> 3, f);
+  } else {
+    const att_f8 t = att_ld_q8(q, qe);
+#pragma unroll
+    for (int d = 0; d < 8; ++d) f[d] = t.v[d];
+  }
+}
+
 /* Stores 8 consecutive fp32 values at element e of out: one 16-byte store for F16/BF16, two for
  * F32, when the address is 16-byte aligned; element by element otherwise (partial outputs,
  * whose heads are hd + 2 long). The descriptor is read once, before any store. */
@@ -409,16 +421,7 @@ __device__ void att_fast(const amk_buffer_t* q, const amk_buffer_t* kc, const am
 #pragma unroll
       for (int d = 0; d < 8; ++d) qr[r][d] = 0.0f;
       const int hh = r ^ hr; /* permuted: see att_rs2 */
-      if (gact && act && hh < rb) {
-        const long long qe = (bh0 + hh) * hd + 8 * li;
-        if (qvec) {
-          amk_ld8(q->ptr, q->dtype, qe >> 3, qr[r]);
-        } else {
-          const att_f8 t = att_ld_q8(q, qe);
-#pragma unroll
-          for (int d = 0; d < 8; ++d) qr[r][d] = t.v[d];
-        }
-      }
+      if (gact && act && hh < rb) att_q8(q, qvec, (bh0 + hh) * hd + 8 * li, qr[r]);
     }
     for (int j0 = 0; j0 < kv_len;) {
       prefetch(jl, kld, vld);
@@ -519,9 +522,9 @@ __device__ void att_fast(const amk_buffer_t* q, const amk_buffer_t* kc, const am
  * A group of G lanes owns one query head (lane li: dims 8li .. 8li+7, one 16-byte vector, two
  * for F32), so a block runs AMK_WARPS * 32 / G heads at once (8 warps: every head of a 32-head
  * model with head_dim <= 64; two passes at 128) instead of the fast path's units of 4 heads on
- * one group each (1B shape at position 0: 8 groups, 2 warps, each group 4 heads in sequence). Per row: the score (8
- * products per lane, log2 G butterfly levels), the online softmax step and the value update,
- * the next row's K and V loads in flight meanwhile. Same semantics and fp32 operations as the
+ * one group each (1B shape at position 0: 8 groups, 2 warps, each group 4 heads in sequence).
+ * Per row: the score (8 products per lane, log2 G butterfly levels), the online softmax step
+ * and the value update, the next row's K and V loads in flight meanwhile. Same semantics and fp32 operations as the
  * fast path (a -inf score contributes e = 0; every score -inf or NaN gives NaN); only the
  * order of the score's additions differs (a butterfly over the group). */
 template <int DT>
@@ -555,16 +558,7 @@ __device__ void att_tiny(const amk_buffer_t* q, const amk_buffer_t* kc, const am
     float qf[8];
 #pragma unroll
     for (int d = 0; d < 8; ++d) qf[d] = 0.0f;
-    if (act) {
-      const long long qe = bh * hd + 8 * li;
-      if (qvec) {
-        amk_ld8(q->ptr, q->dtype, qe >> 3, qf);
-      } else {
-        const att_f8 t = att_ld_q8(q, qe);
-#pragma unroll
-        for (int d = 0; d < 8; ++d) qf[d] = t.v[d];
-      }
-    }
+    if (act) att_q8(q, qvec, bh * hd + 8 * li, qf);
     float m = NEG_INF, l = 0.0f;
     att_f8 a;
 #pragma unroll
