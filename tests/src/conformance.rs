@@ -1409,12 +1409,14 @@ fn op_attention_tile_paths_bf16(c: &Ctx<'_>) -> CaseResult {
     };
     let cases = [
         case("one_row", gqa(64), 0, 1),
-        case("tiny_bound", gqa(64), 3, 16),
-        case("one_row_batches", gqa(64), 0, 17),
+        case("tiny_bound", gqa(64), 3, 32),
+        case("first_fast", gqa(64), 0, 33),
         case("four_row_batches", gqa(64), 2, 40),
         case("idle_groups", six, 5, 2),
         case("head_dim_128", one_to_one, 1, 5),
+        // head_dim 96 (12 lanes, not a power of two): the fast path's one-row batches
         case("head_dim_96", hd96, 0, 3),
+        case("head_dim_96_short_bound", hd96, 16, 32),
         case("head_dim_4", gqa(4), 7, 4),
     ];
     // bf16 outputs: the formula's value rounded to bf16 (the tolerance adds bf16's epsilon)
@@ -1442,10 +1444,12 @@ fn op_attention_tile_paths_f32(c: &Ctx<'_>) -> CaseResult {
     };
     let cases = [
         case("tiny", a(8, 2, 64), 4, 9, false),
-        case("one_row_batches", a(8, 2, 64), 1, 20, false),
+        case("tiny_bound", a(8, 2, 64), 1, 32, false),
+        case("one_row_batches", a(6, 3, 96), 1, 20, false),
         case("long", a(8, 2, 64), 0, 33, false),
         case("tiny_shard", a(4, 1, 32), 2, 6, true),
-        case("fast_shard", a(4, 1, 32), 3, 21, true),
+        case("tiny_shard_bound", a(4, 1, 32), 3, 32, true),
+        case("fast_shard", a(4, 1, 32), 3, 37, true),
         case("empty_shard", a(4, 1, 32), 5, 0, true),
         // a trailing split-KV shard: empty, starting at max_seq (nothing may be read)
         case("empty_shard_at_end", a(4, 1, 32), 48, 0, true),

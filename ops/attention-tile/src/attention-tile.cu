@@ -17,7 +17,8 @@
  *    the chunk's q vectors live in registers, so each K/V row is read once for all of them.
  *    Units are spread over the block's groups (GPU = a power of two groups per unit, a unit's
  *    groups contiguous, no more than its rows need); a unit's rows are dealt round-robin to its
- *    groups in batches of R rows per group (4, F32 2; 1 for ranges up to ATT_SHORT_KV rows),
+ *    groups in batches of R rows per group (4, F32 2; 1 for ranges up to ATT_SHORT_KV rows:
+ *    reached when the tiny path is not, e.g. head_dim 96),
  *    the next batch's loads issued before the current one is consumed, and L2 prefetches
  *    issued ATT_PF_AHEAD batches ahead (no registers held).
  *  - Scores: 4 partial dot products per lane (its q registers hold the heads in a lane-
@@ -47,7 +48,7 @@
 #define ATT_SLOT 256    /* fast path: floats per warp in the cross-warp combine buffer */
 #define ATT_PF_AHEAD 4  /* fast path: L2 prefetch distance, in batches */
 #define ATT_SHORT_KV 32 /* fast path: kv_len up to this takes one row per group and batch */
-#define ATT_TINY_KV 16  /* kv_len up to this takes the tiny path (a lane group per query head) */
+#define ATT_TINY_KV 32  /* kv_len up to this takes the tiny path (a lane group per query head) */
 
 #define ATT_FULL 0xffffffffu
 
