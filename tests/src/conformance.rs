@@ -195,7 +195,7 @@ macro_rules! conformance_tests {
             op_nop op_copy op_embed op_rmsnorm op_layernorm op_gemv_tile op_gemm_tile
             op_attention_tile op_attention_tile_paths_bf16 op_attention_tile_paths_f32 op_rope op_silu_mul op_gelu op_add op_mul op_dequant op_softmax
             op_allreduce_shard op_kv_append op_sample_argmax op_attention_combine op_fused
-            op_rmsnorm_gemv op_gate_up_silu op_qkv_rope_append
+            op_rmsnorm_gemv op_gate_up_silu op_qkv_rope_append op_attention_gemv
             dag_chain dag_fan_in dag_tiled_groups dag_split_kv dag_kv_append_steps
             family_chain family_fan_in family_tiled family_kv_attention family_split_kv
             family_sm_assigned family_paged family_mixture
@@ -352,6 +352,11 @@ pub const CASES: &[Case] = &[
         name: "op_qkv_rope_append",
         about: "QKV_ROPE_APPEND: GQA heads, RoPE, cache rows at three positions, two tiles",
         run: op_qkv_rope_append,
+    },
+    Case {
+        name: "op_attention_gemv",
+        about: "ATTENTION_GEMV: the tiny, fast and generic attention paths, each times a weight tile",
+        run: op_attention_gemv,
     },
     Case {
         name: "dag_chain",
@@ -1762,6 +1767,128 @@ fn op_rmsnorm_gemv(c: &Ctx<'_>) -> CaseResult {
             ("y", linear(&xn, &wv, 24, Some(&bv))),
             ("y13", linear(&xn13, &w13v, 13, None)),
         ])
+    })
+}
+
+/// ATTENTION_GEMV on the three attention paths of the CUDA kernel: bf16 GQA over 5 rows (tiny
+/// path; the row rounded to bf16 before the products, as the op specifies), f32 over 40 rows
+/// (fast path) and f32 with head_dim 12 (generic path), each with its tiles of a projection.
+fn op_attention_gemv(c: &Ctx<'_>) -> CaseResult {
+    const MAX_SEQ: u64 = 48;
+    struct Part {
+        a: Attn,
+        dt: DType,
+        wdt: DType,
+        start: u64,
+        len: u64,
+        n: u64,
+        tiles: &'static [(u64, u64)],
+        bias: bool,
+        out: &'static str,
+    }
+    let a = |nh, nkv, hd: usize| Attn {
+        nh,
+        nkv,
+        hd,
+        scale: 1.0 / (hd as f64).sqrt(),
+    };
+    let parts = [
+        Part {
+            a: a(8, 2, 64),
+            dt: DType::BF16,
+            wdt: DType::BF16,
+            start: 2,
+            len: 5,
+            n: 24,
+            tiles: &[(0, 16), (16, 8)],
+            bias: true,
+            out: "y_tiny",
+        },
+        Part {
+            a: a(4, 1, 32),
+            dt: DType::F32,
+            wdt: DType::F32,
+            start: 0,
+            len: 40,
+            n: 10,
+            tiles: &[(0, 10)],
+            bias: false,
+            out: "y_fast",
+        },
+        Part {
+            a: a(3, 3, 12),
+            dt: DType::F32,
+            wdt: DType::F16,
+            start: 1,
+            len: 6,
+            n: 7,
+            tiles: &[(0, 3), (3, 4)],
+            bias: true,
+            out: "y_generic",
+        },
+    ];
+    let mut t = Tiny::new(43);
+    let mut vals = Vec::new();
+    for (i, p) in parts.iter().enumerate() {
+        let (nh, nkv, hd) = (p.a.nh as u64, p.a.nkv as u64, p.a.hd as u64);
+        let k = nh * hd;
+        let q = t.input(&format!("q{i}"), p.dt, &[nh, hd]);
+        let shape = [MAX_SEQ, nkv, hd];
+        let (kc, kv) = t.weight(&format!("kcache{i}"), p.dt, &shape, -1.0, 1.0);
+        let (vc, vv) = t.weight(&format!("vcache{i}"), p.dt, &shape, -1.0, 1.0);
+        let (w, wv) = t.weight(&format!("w{i}"), p.wdt, &[p.n, k], -0.5, 0.5);
+        let mut ins = vec![q, kc, vc, w];
+        let bv = if p.bias {
+            let (b, bv) = t.weight(&format!("bias{i}"), p.dt, &[p.n], -0.5, 0.5);
+            ins.push(b);
+            Some(bv)
+        } else {
+            None
+        };
+        let y = t.output(p.out, DType::F32, &[1, p.n]);
+        let ct = t.counter();
+        for &(off, nt) in p.tiles {
+            t.task_on(
+                ct,
+                Opcode::ATTENTION_GEMV,
+                &ins,
+                &[y],
+                &[],
+                &[
+                    ("head_dim", int(hd as i64)),
+                    ("kv_start", int(p.start as i64)),
+                    ("kv_len", int(p.len as i64)),
+                    ("scale", real(p.a.scale)),
+                    ("n_heads", int(nh as i64)),
+                    ("n_kv_heads", int(nkv as i64)),
+                    ("K", int(k as i64)),
+                    ("N_tile", int(nt as i64)),
+                    ("n_off", int(off as i64)),
+                ],
+            );
+        }
+        vals.push((kv, vv, wv, bv));
+    }
+    let tol = Tol {
+        rtol: 1e-3,
+        atol: 1e-4,
+    };
+    check_formula(c, t, 2, tol, no_change, |ins| {
+        parts
+            .iter()
+            .zip(&vals)
+            .enumerate()
+            .map(|(i, (p, (kv, vv, wv, bv)))| {
+                let q = in_vals(ins, &format!("q{i}"))?;
+                let (start, len) = (p.start as usize, p.len as usize);
+                // the attention row as the op keeps it: rounded to q's dtype
+                let row: Vec<f64> = attention(p.a, &q, kv, vv, start, len)
+                    .into_iter()
+                    .map(|v| amk_core::round_to(p.dt, v as f32) as f64)
+                    .collect();
+                Ok((p.out, linear(&row, wv, p.a.nh * p.a.hd, bv.as_deref())))
+            })
+            .collect()
     })
 }
 

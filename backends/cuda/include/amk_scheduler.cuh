@@ -185,23 +185,11 @@ __device__ __forceinline__ void amk_stage_wait() {
  * to request every line). Older GPUs: nothing. A prefetch is a hint: no fault, nothing to wait
  * for. */
 __device__ __forceinline__ void amk_l2_prefetch(const amk_prefetch_t* s_l2, int prog_flags) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  if (threadIdx.x < AMK_L2_RANGES) {
-    const uint64_t a = s_l2[threadIdx.x].addr, n = s_l2[threadIdx.x].bytes;
-    /* whole 16-byte units inside the range (the host hands out 16-byte aligned row ranges) */
-    const uint64_t a0 = (a + 15) & ~(uint64_t)15, a1 = (a + n) & ~(uint64_t)15;
-    /* the weight loads' L2 policy (evict-first by default): prefetched weights must not push
-       out the activations, caches and tables every later task reads */
-    const unsigned long long pol = amk_weight_policy(prog_flags);
-    if (a1 > a0)
-      asm volatile("cp.async.bulk.prefetch.L2.global.L2::cache_hint [%0], %1, %2;" ::"l"(a0),
-                   "r"((uint32_t)(a1 - a0)), "l"(pol)
-                   : "memory");
-  }
-#else
-  (void)s_l2;
-  (void)prog_flags;
-#endif
+  /* the weight loads' L2 policy (evict-first by default): prefetched weights must not push out
+     the activations, caches and tables every later task reads. Ranges are 16-byte aligned row
+     ranges (the host hands them out so). */
+  if (threadIdx.x < AMK_L2_RANGES)
+    amk_prefetch_l2_bulk(s_l2[threadIdx.x].addr, s_l2[threadIdx.x].bytes, amk_weight_policy(prog_flags));
 }
 
 /* amk_task_wait's block-shared state: the wait's outcome (written by thread 0 before the

@@ -11,6 +11,9 @@ pub const ABI_HEADER: &str = include_str!("../include/amk_abi.h");
 pub const DEVICE_HELPERS: &str = include_str!("../include/amk_device.cuh");
 /// The GEMV/GEMM weight-streaming tile (amk_tile_run), after DEVICE_HELPERS in every megakernel.
 pub const TILE_HELPERS: &str = include_str!("../include/amk_tile.cuh");
+/// Decode attention (amk_att_setup, amk_att_run), shared by ATTENTION_TILE and ATTENTION_GEMV;
+/// after TILE_HELPERS in every megakernel.
+pub const ATTENTION_HELPERS: &str = include_str!("../include/amk_attention.cuh");
 /// The persistent scheduler loop (the `amk_megakernel` entry).
 pub const SCHEDULER: &str = include_str!("../include/amk_scheduler.cuh");
 /// Name of the kernel entry.
@@ -107,6 +110,7 @@ pub fn megakernel_source(registry: &Registry, knobs: Knobs) -> Result<Megakernel
         ("amk_abi.h", ABI_HEADER),
         ("amk_device.cuh", DEVICE_HELPERS),
         ("amk_tile.cuh", TILE_HELPERS),
+        ("amk_attention.cuh", ATTENTION_HELPERS),
     ] {
         src.push_str(&format!("#line 1 \"backends/cuda/include/{file}\"\n"));
         src.push_str(part);

@@ -80,11 +80,15 @@ impl Opcode {
     /// A tile of the Q/K/V projections with RoPE, K and V appended to the caches,
     /// optionally RMS-normalising x first (22).
     pub const QKV_ROPE_APPEND: Opcode = Opcode(22);
+    /// A column tile of `attention(q, K, V) · W^T (+ bias)`: each tile computes the layer's
+    /// decode attention itself, then its rows of the output projection (23).
+    pub const ATTENTION_GEMV: Opcode = Opcode(23);
     /// Our appended built-in opcodes (code ≥ 20), in code order.
     pub const EXTENDED_OPS: &'static [Opcode] = &[
         Opcode::RMSNORM_GEMV,
         Opcode::GATE_UP_SILU,
         Opcode::QKV_ROPE_APPEND,
+        Opcode::ATTENTION_GEMV,
     ];
 
     /// The canonical name of one of our appended built-in opcodes.
@@ -93,6 +97,7 @@ impl Opcode {
             20 => Some("RMSNORM_GEMV"),
             21 => Some("GATE_UP_SILU"),
             22 => Some("QKV_ROPE_APPEND"),
+            23 => Some("ATTENTION_GEMV"),
             _ => None,
         }
     }

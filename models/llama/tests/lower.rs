@@ -217,6 +217,28 @@ fn all_fused(
     }
 }
 
+/// `all_fused` plus the attention inside the output projection (`["attention", "gemv"]`).
+fn attention_fused(
+    tiling: &[(&str, &[(&str, i64)])],
+    sm: SmAssignment,
+    pages: PageStrategy,
+) -> ScheduleConfig {
+    let mut sc = all_fused(tiling, sm, pages);
+    let g = vec!["attention".to_string(), "gemv".to_string()];
+    if !sc.fusion_grouping.contains(&g) {
+        sc.fusion_grouping.push(g);
+    }
+    sc
+}
+
+/// Only the attention inside the output projection: its tiles write `o`, then an ADD.
+fn attention_fused_alone() -> ScheduleConfig {
+    ScheduleConfig {
+        fusion_grouping: vec![vec!["attention".into(), "gemv".into()]],
+        ..ScheduleConfig::default()
+    }
+}
+
 fn h100() -> GpuTarget {
     GpuTarget::by_name("h100").unwrap()
 }
@@ -265,6 +287,9 @@ fn registry() -> Registry {
 #[case::all_fused_sm(cfg(2, 32, 4, 2, 8, 48, 40), all_fused(&[("gemv", &[("sm_multiple", 1)])], SmAssignment::LoadBalance, PageStrategy::GraphColor))]
 #[case::all_fused_mqa_split(cfg(2, 32, 4, 1, 8, 48, 40), all_fused(&[("gemv", &[("N_tile", 6)]), ("attention", &[("n_partitions", 3)])], SmAssignment::RoundRobin, PageStrategy::Linear))]
 #[case::all_fused_odd_tiles(cfg(1, 24, 3, 3, 8, 40, 33), all_fused(&[("gemv", &[("N_tile", 5)])], SmAssignment::RoundRobin, PageStrategy::None))]
+#[case::attention_fused(cfg(2, 32, 4, 2, 8, 48, 40), attention_fused(&[("gemv", &[("sm_multiple", 1)])], SmAssignment::LoadBalance, PageStrategy::GraphColor))]
+#[case::attention_fused_mqa_odd(cfg(2, 24, 3, 1, 8, 40, 33), attention_fused(&[("gemv", &[("N_tile", 5)])], SmAssignment::RoundRobin, PageStrategy::Linear))]
+#[case::attention_fused_alone(cfg(2, 32, 4, 2, 8, 48, 40), attention_fused_alone())]
 fn lowered_decode_matches_f64_forward(#[case] c: ModelConfig, #[case] sc: ScheduleConfig) {
     let model = random_model(c, 7);
     let tokens = [3u32, 17, 0, 29, 5, 5, 11, 2, 31, 8];
@@ -299,7 +324,7 @@ fn fused_logits_equal_unfused_logits(#[case] dtype: DType, #[case] biases: bool)
         fusion_grouping: vec![vec!["gemv".into(), "add".into()]],
         ..schedule(tiling, false, SmAssignment::LoadBalance, PageStrategy::None)
     };
-    let fused = all_fused(tiling, SmAssignment::LoadBalance, PageStrategy::None);
+    let fused = attention_fused(tiling, SmAssignment::LoadBalance, PageStrategy::None);
     let opts = LowerOptions {
         dtype,
         max_seq: Some(16),
@@ -308,13 +333,18 @@ fn fused_logits_equal_unfused_logits(#[case] dtype: DType, #[case] biases: bool)
     let a = lower(&model, &plain, &h100(), &opts).unwrap();
     let b = lower(&model, &fused, &h100(), &opts).unwrap();
     assert!(b.program.tasks.len() < a.program.tasks.len());
-    // The fused Q/K/V tiles read the position from the `pos` input: a step patches no more
-    // params than the unfused program's (attention only, KV_APPEND gone).
+    // The fused Q/K/V tiles read the position from the `pos` input (KV_APPEND's patches go);
+    // every ATTENTION_GEMV tile carries its own kv_len (one patch per tile).
+    let tiles = |l: &amk_model_llama::lower::Lowered| {
+        l.program
+            .tasks
+            .iter()
+            .filter(|t| t.op == Opcode::ATTENTION_GEMV)
+            .count()
+    };
     let (ea, eb) = (a.positions.edits(3).len(), b.positions.edits(3).len());
-    assert!(
-        if biases { eb == ea } else { eb < ea },
-        "{eb} vs {ea} edits"
-    );
+    let appends = if biases { 0 } else { 2 * 2 };
+    assert_eq!(eb, ea - 2 - appends + tiles(&b), "{eb} vs {ea} edits");
     let ops = |l: &amk_model_llama::lower::Lowered| {
         l.program
             .tasks
@@ -323,18 +353,27 @@ fn fused_logits_equal_unfused_logits(#[case] dtype: DType, #[case] biases: bool)
             .collect::<std::collections::BTreeSet<_>>()
     };
     let want: &[Opcode] = if biases {
-        &[Opcode::RMSNORM_GEMV, Opcode::GATE_UP_SILU]
+        &[
+            Opcode::RMSNORM_GEMV,
+            Opcode::GATE_UP_SILU,
+            Opcode::ATTENTION_GEMV,
+        ]
     } else {
         &[
             Opcode::RMSNORM_GEMV,
             Opcode::GATE_UP_SILU,
             Opcode::QKV_ROPE_APPEND,
+            Opcode::ATTENTION_GEMV,
         ]
     };
     for op in want {
         assert!(ops(&b).contains(op), "the fused lowering uses {op}");
         assert!(!ops(&a).contains(op));
     }
+    assert!(
+        !ops(&b).contains(&Opcode::ATTENTION_TILE),
+        "the attention is fused away"
+    );
     if !biases {
         for op in [
             Opcode::RMSNORM,
@@ -435,6 +474,55 @@ fn position_patches_are_accepted_to_the_end_of_the_cache_and_refused_beyond() {
         }
         assert!(vp.check_patch(&reg, &l.positions.edits(12)).is_err());
     }
+}
+
+/// The attention fused into the output projection: every tile's kv_len moves with the
+/// position, patches are accepted to the end of the cache and refused beyond, and a split KV
+/// (which the fused tiles cannot compute) is a typed lowering error.
+#[test]
+fn attention_fused_tiles_take_position_patches_and_refuse_split_kv() {
+    let model = random_model(cfg(2, 32, 4, 2, 8, 48, 40), 5);
+    let reg = registry();
+    let sc = attention_fused(
+        &[("gemv", &[("N_tile", 8)])],
+        SmAssignment::LoadBalance,
+        PageStrategy::GraphColor,
+    );
+    let opts = LowerOptions {
+        max_seq: Some(12),
+        ..LowerOptions::default()
+    };
+    let l = lower(&model, &sc, &h100(), &opts).unwrap();
+    let tiles: Vec<u32> = l
+        .program
+        .tasks
+        .iter()
+        .filter(|t| t.op == Opcode::ATTENTION_GEMV)
+        .map(|t| t.id)
+        .collect();
+    assert_eq!(tiles.len(), 2 * 4, "two layers of four tiles");
+    let edits = l.positions.edits(7);
+    for t in &tiles {
+        assert!(
+            edits.contains(&(*t, "kv_len", 8)),
+            "tile {t} is not patched to 8 rows"
+        );
+    }
+    let vp = amk_core::validate_owned(l.program.clone(), &reg)
+        .map_err(|r| r.report())
+        .unwrap();
+    for pos in 0..12 {
+        vp.check_patch(&reg, &l.positions.edits(pos)).unwrap();
+    }
+    assert!(vp.check_patch(&reg, &l.positions.edits(12)).is_err());
+    let mut split = sc.clone();
+    split
+        .tiling
+        .push(("attention".into(), vec![("n_partitions".into(), 2)]));
+    let Err(err) = lower(&model, &split, &h100(), &opts) else {
+        panic!("a split KV with the attention fused was accepted");
+    };
+    assert!(err.to_string().contains("n_partitions"), "{err}");
 }
 
 #[test]

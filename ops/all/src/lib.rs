@@ -5,6 +5,7 @@
 extern crate op_add;
 extern crate op_allreduce_shard;
 extern crate op_attention_combine;
+extern crate op_attention_gemv;
 extern crate op_attention_tile;
 extern crate op_copy;
 extern crate op_dequant;
@@ -35,6 +36,7 @@ pub fn registry() -> Result<Registry, IrError> {
         &op_add::SPEC,
         &op_allreduce_shard::SPEC,
         &op_attention_combine::SPEC,
+        &op_attention_gemv::SPEC,
         &op_attention_tile::SPEC,
         &op_copy::SPEC,
         &op_dequant::SPEC,

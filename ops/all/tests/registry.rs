@@ -1,5 +1,5 @@
-//! The built-in registry holds exactly the 20 ABI opcodes and our 3 appended fused ones (codes
-//! 20–22), under their canonical codes and names, with the arities of the spec (notes §1.3,
+//! The built-in registry holds exactly the 20 ABI opcodes and our 4 appended fused ones (codes
+//! 20–23), under their canonical codes and names, with the arities of the spec (notes §1.3,
 //! plus our GEMV/GEMM 2–4 inputs fix).
 
 use amk_core::{Opcode, Origin, ParamType};
@@ -8,12 +8,12 @@ use rstest::rstest;
 #[test]
 fn registry_holds_exactly_the_abi_and_extended_opcodes() {
     let reg = amk_ops::registry().unwrap();
-    assert_eq!(reg.len(), 23);
+    assert_eq!(reg.len(), 24);
     let codes: Vec<u16> = reg.iter().map(|(s, _)| s.code.0).collect();
-    assert_eq!(codes, (0..23).collect::<Vec<u16>>());
+    assert_eq!(codes, (0..24).collect::<Vec<u16>>());
     assert_eq!(
         Opcode::EXTENDED_OPS.iter().map(|o| o.0).collect::<Vec<_>>(),
-        [20, 21, 22]
+        [20, 21, 22, 23]
     );
     for (spec, origin) in reg.iter() {
         assert_eq!(
@@ -55,6 +55,7 @@ fn registry_holds_exactly_the_abi_and_extended_opcodes() {
 #[case("RMSNORM_GEMV", 20, 3, Some(4), Some(1), &["eps", "K", "N_tile", "n_off"])]
 #[case("GATE_UP_SILU", 21, 3, Some(4), Some(1), &["K", "N_tile", "n_off"])]
 #[case("QKV_ROPE_APPEND", 22, 5, Some(6), Some(3), &["K", "N_tile", "n_off", "head_dim", "n_heads", "n_kv_heads", "theta"])]
+#[case("ATTENTION_GEMV", 23, 4, Some(5), Some(1), &["head_dim", "kv_start", "kv_len", "scale", "n_heads", "n_kv_heads", "K", "N_tile", "n_off"])]
 fn spec_matches_the_table(
     #[case] name: &str,
     #[case] code: u16,

@@ -51,20 +51,42 @@ amk_core::inventory::submit! {
 /// Static shape and parameter rule, run by the validator.
 fn check(ctx: &TaskContext<'_>) -> Vec<Finding> {
     let mut c = Checker::new(ctx);
-    let (Some(q), Some(kc), Some(vc), Some(out)) =
-        (c.input(0), c.input(1), c.input(2), c.output(0))
-    else {
+    let Some(out) = c.output(0) else {
         return Vec::new();
     };
+    let partial = c.int("flags").unwrap_or(0) & FLAG_PARTIAL_WRITE != 0;
+    let Some(g) = check_attention(&mut c, partial) else {
+        return c.finish();
+    };
+    let per_head = if partial { g.hd + 2 } else { g.hd };
+    c.numel_is(out, g.batch.saturating_mul(g.nh * per_head), "output");
+    c.float(out, "output");
+    c.finish()
+}
+
+/// What [`check_attention`] found: batch, query heads and head size.
+#[derive(Debug, Clone, Copy)]
+pub struct Heads {
+    /// Batch (1 unless the caches are rank 4).
+    pub batch: u64,
+    /// Query heads.
+    pub nh: u64,
+    /// Elements per head.
+    pub hd: u64,
+}
+
+/// The attention's own rule (inputs `[q, k_cache, v_cache, ..]` and the attention params;
+/// `partial`: a split-KV shard, which may be empty), shared with the ops that compute the
+/// attention inside another op (ATTENTION_GEMV). `None` when an operand or a size param is
+/// missing or invalid (already reported).
+pub fn check_attention(c: &mut Checker<'_, '_>, partial: bool) -> Option<Heads> {
+    let (q, kc, vc) = (c.input(0)?, c.input(1)?, c.input(2)?);
     let hd = c.positive("head_dim");
     let nh = c.positive("n_heads");
     let nkv = c.positive("n_kv_heads");
     let kv_start = c.non_negative("kv_start");
     let kv_len = c.non_negative("kv_len");
-    let partial = c.int("flags").unwrap_or(0) & FLAG_PARTIAL_WRITE != 0;
-    let (Some(hd), Some(nh), Some(nkv)) = (hd, nh, nkv) else {
-        return c.finish();
-    };
+    let (hd, nh, nkv) = (hd?, nh?, nkv?);
     if nh % nkv != 0 {
         c.mismatch(format!(
             "n_heads = {nh} must be a multiple of n_kv_heads = {nkv}"
@@ -99,9 +121,10 @@ fn check(ctx: &TaskContext<'_>) -> Vec<Finding> {
         }
     }
     c.numel_is(q, batch.saturating_mul((nh * hd) as u64), "query");
-    let per_head = if partial { hd + 2 } else { hd };
-    c.numel_is(out, batch.saturating_mul((nh * per_head) as u64), "output");
     c.float(q, "query");
-    c.float(out, "output");
-    c.finish()
+    Some(Heads {
+        batch,
+        nh: nh as u64,
+        hd: hd as u64,
+    })
 }

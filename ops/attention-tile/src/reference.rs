@@ -58,6 +58,54 @@ fn require_float(t: &Tensor, role: &str) -> Result<(), OpError> {
 /// Runs one ATTENTION_TILE task.
 pub fn run(call: &mut CpuCall<'_, '_>) -> Result<(), OpError> {
     call.expect_arity(3, 4, 1)?;
+    let partial = call.int_opt("flags")?.unwrap_or(0) & FLAG_PARTIAL_WRITE != 0;
+    let g = geometry(call, partial)?;
+    let (q, kc, vc) = (call.input(0)?, call.input(1)?, call.input(2)?);
+    let per_head = if partial { g.hd + 2 } else { g.hd };
+    let out_len = mul(g.batch, mul(g.nh, per_head)?)?;
+    let out = call.output(0)?;
+    require_float(out, "output")?;
+    if out.numel() != out_len {
+        return Err(OpError::Shape(format!(
+            "the output {:?} must hold {} x {} heads x {per_head} = {out_len} elements",
+            out.shape(),
+            g.batch,
+            g.nh
+        )));
+    }
+    attend(&g, q, kc, vc, |i, v| out.set_f32(i, v));
+    Ok(())
+}
+
+/// The checked geometry of one attention call: its params and the caches' layout.
+#[derive(Debug, Clone, Copy)]
+pub struct Geometry {
+    /// Elements per head.
+    pub hd: usize,
+    /// Query heads.
+    pub nh: usize,
+    /// Query heads per KV head.
+    pub rep: usize,
+    /// Batch (1 unless the caches are rank 4).
+    pub batch: usize,
+    /// Elements per batch of a cache.
+    pub per_batch: usize,
+    /// Elements per cache row (`n_kv_heads · head_dim`).
+    pub row: usize,
+    /// First cache row attended to.
+    pub kv_start: usize,
+    /// Rows attended to.
+    pub kv_len: usize,
+    /// Score scale.
+    pub scale: f32,
+    /// Writes un-normalised `[acc | m | l]` partials.
+    pub partial: bool,
+}
+
+/// The attention params and operands of `call` (inputs `[q, k_cache, v_cache, ..]`) checked as
+/// ATTENTION_TILE checks them (`partial`: a split-KV shard, which may be empty); shared with the
+/// ops that compute the attention inside another op (ATTENTION_GEMV).
+pub fn geometry(call: &CpuCall<'_, '_>, partial: bool) -> Result<Geometry, OpError> {
     let (q, kc, vc) = (call.input(0)?, call.input(1)?, call.input(2)?);
     let hd = size_param(call, "head_dim", false)?;
     let nh = size_param(call, "n_heads", false)?;
@@ -71,7 +119,6 @@ pub fn run(call: &mut CpuCall<'_, '_>) -> Result<(), OpError> {
             why: format!("{scale} is not a finite fp32 number"),
         });
     }
-    let partial = call.int_opt("flags")?.unwrap_or(0) & FLAG_PARTIAL_WRITE != 0;
     if nh % nkv != 0 {
         return Err(OpError::BadParam {
             key: "n_kv_heads".into(),
@@ -122,31 +169,46 @@ pub fn run(call: &mut CpuCall<'_, '_>) -> Result<(), OpError> {
         )));
     }
     require_float(q, "query")?;
-    let per_head = if partial { hd + 2 } else { hd };
-    let out_len = mul(batch, mul(nh, per_head)?)?;
-    let out = call.output(0)?;
-    require_float(out, "output")?;
-    if out.numel() != out_len {
-        return Err(OpError::Shape(format!(
-            "the output {:?} must hold {batch} x {nh} heads x {per_head} = {out_len} elements",
-            out.shape()
-        )));
-    }
+    Ok(Geometry {
+        hd,
+        nh,
+        rep,
+        batch,
+        per_batch,
+        row,
+        kv_start,
+        kv_len,
+        scale,
+        partial,
+    })
+}
 
+/// The attention of `g` over the operands, in fp32: `emit(i, v)` receives element `i` of the
+/// output layout (`[B, n_heads, head_dim]`, or `[B, n_heads, head_dim + 2]` partials), each
+/// once, before any cast.
+pub fn attend(
+    g: &Geometry,
+    q: &Tensor,
+    kc: &Tensor,
+    vc: &Tensor,
+    mut emit: impl FnMut(usize, f32),
+) {
+    let (hd, nh) = (g.hd, g.nh);
+    let per_head = if g.partial { hd + 2 } else { hd };
     let (qv, kv, vv) = (q.to_f32_vec(), kc.to_f32_vec(), vc.to_f32_vec());
-    let mut scores = vec![0f32; kv_len];
+    let mut scores = vec![0f32; g.kv_len];
     let mut acc = vec![0f32; hd];
-    for b in 0..batch {
+    for b in 0..g.batch {
         for h in 0..nh {
             let qh = &qv[(b * nh + h) * hd..][..hd];
-            let kvh = h / rep;
+            let kvh = h / g.rep;
             // Element offset of (batch b, cache row j, kv head kvh).
-            let at = |j: usize| b * per_batch + (kv_start + j) * row + kvh * hd;
+            let at = |j: usize| b * g.per_batch + (g.kv_start + j) * g.row + kvh * hd;
             let mut m = f32::NEG_INFINITY;
             for (j, s) in scores.iter_mut().enumerate() {
                 let k = &kv[at(j)..][..hd];
                 let dot: f32 = qh.iter().zip(k).map(|(a, b)| a * b).sum();
-                *s = dot * scale;
+                *s = dot * g.scale;
                 m = m.max(*s);
             }
             acc.fill(0.0);
@@ -159,18 +221,17 @@ pub fn run(call: &mut CpuCall<'_, '_>) -> Result<(), OpError> {
                 }
             }
             let base = (b * nh + h) * per_head;
-            if partial {
+            if g.partial {
                 for (d, &a) in acc.iter().enumerate() {
-                    out.set_f32(base + d, a);
+                    emit(base + d, a);
                 }
-                out.set_f32(base + hd, m);
-                out.set_f32(base + hd + 1, l);
+                emit(base + hd, m);
+                emit(base + hd + 1, l);
             } else {
                 for (d, &a) in acc.iter().enumerate() {
-                    out.set_f32(base + d, a / l);
+                    emit(base + d, a / l);
                 }
             }
         }
     }
-    Ok(())
 }

@@ -56,7 +56,11 @@ pub const MAX_PARTITIONS: u64 = 8;
 /// * `["gemv", "silu_mul"]` makes the gate/up projections and SILU_MUL one set of
 ///   GATE_UP_SILU tiles;
 /// * `["gemv", "rope", "kv_append"]` makes the Q/K/V projections, the reshapes, ROPE and
-///   KV_APPEND one set of QKV_ROPE_APPEND tiles (models without attention biases).
+///   KV_APPEND one set of QKV_ROPE_APPEND tiles (models without attention biases);
+/// * `["attention", "gemv"]` makes each layer's attention and its output projection one set of
+///   ATTENTION_GEMV tiles: every tile computes the attention itself (a few KB of q and cache
+///   rows at the first positions), so the attention's phase and its two hand-offs go. It needs
+///   `attention.n_partitions` 1; SMs `attention.own_sms` reserves then idle.
 ///
 /// The fused ops round every intermediate as the unfused program stores it, so on the CPU VM a
 /// fused program's logits equal the unfused one's.
@@ -66,6 +70,7 @@ pub const FUSIBLE: &[&[&str]] = &[
     &["rmsnorm", "gemv"],
     &["gemv", "silu_mul"],
     &["gemv", "rope", "kv_append"],
+    &["attention", "gemv"],
 ];
 
 /// Whether `cfg.fusion_grouping` names `group`.
@@ -442,6 +447,66 @@ impl Builder<'_> {
         .0
     }
 
+    /// Layer `l`'s attention and output projection as ATTENTION_GEMV tiles (`["attention",
+    /// "gemv"]`): each tile attends over `(q, k_cache, v_cache)` (ready at `waits`) with the
+    /// attention params `att`, then multiplies by its rows of `wo`. Fused with the residual
+    /// (`["gemv", "add"]`) the tiles take `resid` as their bias (labels `L{l}.attn_o_add[i]`);
+    /// otherwise they write the activation `L{l}.o` and an ADD follows. Every tile's `kv_len`
+    /// moves with the position. Returns the residual stream after the attention.
+    fn attention_proj(
+        &mut self,
+        fuse_resid: bool,
+        (q, kc, vc, waits): (BufferId, BufferId, BufferId, &[(CounterId, i64)]),
+        att: Map,
+        wo: BufferId,
+        (resid, h): (Val, u64),
+        l: usize,
+    ) -> Val {
+        let k = self.p.buffers[q as usize].numel();
+        let width = gemv_tile_width(self.cfg, h, self.num_sms);
+        let first = self.p.tasks.len();
+        let mut waits = waits.to_vec();
+        let mut ins = vec![q, kc, vc, wo];
+        let (out, label) = if fuse_resid {
+            ins.push(resid.buf);
+            waits.push(resid.wait);
+            (
+                self.act(format!("L{l}.h_mid"), &[1, h]),
+                format!("L{l}.attn_o_add"),
+            )
+        } else {
+            (self.act(format!("L{l}.o"), &[1, h]), format!("L{l}.attn_o"))
+        };
+        let val = self.tiles(
+            Opcode::ATTENTION_GEMV,
+            &ins,
+            &[out],
+            &waits,
+            &att,
+            false,
+            (k, h, width, 1),
+            &label,
+        );
+        for t in first..self.p.tasks.len() {
+            self.rules.push((t as TaskId, PosRule::Attend));
+        }
+        if fuse_resid {
+            return val;
+        }
+        let o = self.act(format!("L{l}.h_mid"), &[1, h]);
+        let cost = (2 * h as i64 * self.dbytes, h as i64);
+        self.single(
+            Opcode::ADD,
+            &[resid.buf, val.buf],
+            o,
+            &[resid.wait, val.wait],
+            Map::new(),
+            format!("L{l}.add_attn"),
+            cost,
+        )
+        .0
+    }
+
     /// GEMV tiles of `x[1, k] @ w[n, k]^T (+ bias) -> out[1, n]` over `sms` SMs (all of them,
     /// or a share: [`sm_shares`]), one counter. The bias may be another task's output (a
     /// residual stream, with the wait on its counter), then waited for as well. A row with a
@@ -674,10 +739,19 @@ pub fn lower(
     let fuse_mlp = fuses(cfg, &["gemv", "silu_mul"]);
     // QKV_ROPE_APPEND has no bias inputs: models with attention biases keep separate tiles.
     let fuse_qkv = fuses(cfg, &["gemv", "rope", "kv_append"]) && !mc.attention_bias;
+    let fuse_attn = fuses(cfg, &["attention", "gemv"]);
+    if fuse_attn && parts > 1 {
+        return Err(ModelError::Lower(format!(
+            "fusion group [\"attention\", \"gemv\"] computes the whole attention in every output \
+             projection tile: it needs tiling attention.n_partitions = 1, got {parts}"
+        )));
+    }
 
     // `attention.own_sms = k`: the attention tasks run on the grid's last k SMs and nothing
     // else does, so every projection is tiled over the others (at least one SM stays for them).
     let grid = target.num_sms.max(1) as u64;
+    // Fused into the output projection (`["attention", "gemv"]`), the attention has no task
+    // of its own: the reserved SMs then idle.
     let own_sms = cfg
         .tile("attention", "own_sms")
         .map_or(0, |k| k.max(0) as u64)
@@ -882,7 +956,6 @@ pub fn lower(
             (qr, vec![qr.wait, k_app.wait, v_app.wait])
         };
 
-        let attn = b.act(format!("L{l}.attn"), &[1, q_dim]);
         let att_cost = |rows: u64| {
             (
                 2 * rows as i64 * kv_dim as i64 * dbytes,
@@ -903,60 +976,72 @@ pub fn lower(
             }
             m
         };
-        let attn = if parts <= 1 {
-            let (val, t) = b.single(
-                Opcode::ATTENTION_TILE,
-                &[qr.buf, kc, vc],
-                attn,
-                &att_waits,
+        let hm = if fuse_attn {
+            b.attention_proj(
+                fuse_resid,
+                (qr.buf, kc, vc, &att_waits),
                 attn_params(0, kv_len, None),
-                format!("L{l}.attention"),
-                att_cost(kv_len),
-            );
-            b.rules.push((t, PosRule::Attend));
-            val
+                wo,
+                (resid, h),
+                l,
+            )
         } else {
-            let mut partials = Vec::new();
-            let mut waits = Vec::new();
-            for i in 0..parts {
-                let (start, len) = shard_range(kv_len, i, parts);
-                let part = b.act(format!("L{l}.partial{i}"), &[nh, hd + 2]);
+            let attn = b.act(format!("L{l}.attn"), &[1, q_dim]);
+            let attn = if parts <= 1 {
                 let (val, t) = b.single(
                     Opcode::ATTENTION_TILE,
                     &[qr.buf, kc, vc],
-                    part,
+                    attn,
                     &att_waits,
-                    attn_params(start, len, Some(2)),
-                    format!("L{l}.attn_shard{i}"),
-                    att_cost(max_seq.div_ceil(parts)),
+                    attn_params(0, kv_len, None),
+                    format!("L{l}.attention"),
+                    att_cost(kv_len),
                 );
-                b.rules.push((t, PosRule::Shard { i, n: parts }));
-                partials.push(val.buf);
-                waits.push(val.wait);
-            }
-            b.single(
-                Opcode::ATTENTION_COMBINE,
-                &partials,
-                attn,
-                &waits,
-                params(&[
-                    ("head_dim", int(hd)),
-                    ("n_heads", int(nh)),
-                    ("n_kv_heads", int(nkv)),
-                ]),
-                format!("L{l}.combine"),
-                (parts as i64 * (nh * (hd + 2)) as i64 * 4, 0),
+                b.rules.push((t, PosRule::Attend));
+                val
+            } else {
+                let mut partials = Vec::new();
+                let mut waits = Vec::new();
+                for i in 0..parts {
+                    let (start, len) = shard_range(kv_len, i, parts);
+                    let part = b.act(format!("L{l}.partial{i}"), &[nh, hd + 2]);
+                    let (val, t) = b.single(
+                        Opcode::ATTENTION_TILE,
+                        &[qr.buf, kc, vc],
+                        part,
+                        &att_waits,
+                        attn_params(start, len, Some(2)),
+                        format!("L{l}.attn_shard{i}"),
+                        att_cost(max_seq.div_ceil(parts)),
+                    );
+                    b.rules.push((t, PosRule::Shard { i, n: parts }));
+                    partials.push(val.buf);
+                    waits.push(val.wait);
+                }
+                b.single(
+                    Opcode::ATTENTION_COMBINE,
+                    &partials,
+                    attn,
+                    &waits,
+                    params(&[
+                        ("head_dim", int(hd)),
+                        ("n_heads", int(nh)),
+                        ("n_kv_heads", int(nkv)),
+                    ]),
+                    format!("L{l}.combine"),
+                    (parts as i64 * (nh * (hd + 2)) as i64 * 4, 0),
+                )
+                .0
+            };
+            b.proj_residual(
+                fuse_resid,
+                (attn, wo, q_dim),
+                (resid, h),
+                &format!("L{l}.o"),
+                &format!("L{l}.h_mid"),
+                &format!("L{l}.add_attn"),
             )
-            .0
         };
-        let hm = b.proj_residual(
-            fuse_resid,
-            (attn, wo, q_dim),
-            (resid, h),
-            &format!("L{l}.o"),
-            &format!("L{l}.h_mid"),
-            &format!("L{l}.add_attn"),
-        );
         let mn = b.norm_row(
             fuse_norm,
             hm,

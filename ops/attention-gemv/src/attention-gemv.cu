@@ -1,0 +1,116 @@
+/* attention-gemv.cu — CUDA device function of ATTENTION_GEMV (amk_op_attention_gemv); the
+ * semantics are ops/attention-gemv/src/reference.rs: columns [n_off, n_off + N_tile) of
+ * y = attention(q, k_cache, v_cache) @ W^T (+ bias), the attention row rounded to q's dtype.
+ *
+ * After its wait a tile asks L2 for its weight rows (one bulk prefetch: the memory system
+ * idles while the attention runs), computes the whole attention row into shared memory
+ * (backends/cuda/include/amk_attention.cuh, ATTENTION_TILE's paths and arithmetic; stores
+ * through a descriptor of shared memory), then streams its weight rows against that row as
+ * GEMV_TILE's one-row path does (amk_fused_run: same sums in the same order). */
+
+/* The tile's operands and params. */
+struct ag_args {
+  amk_att_geom g;
+  const amk_buffer_t *q, *kc, *vc, *w, *bias, *y;
+  long long K;
+  int n_tile, n_off;
+};
+
+/* The operands from the descriptors and params, the attention's checks included (they also
+ * derive its geometry); CHECK: also the projection's checks (the validator's, again on the
+ * device), failing the task (false) on the first that fails. */
+template <bool CHECK>
+__device__ __forceinline__ bool ag_setup(const amk_task_ctx& ctx, ag_args& a) {
+  const amk_params_t& p = ctx.inst->params;
+  const int nin = ctx.inst->n_inputs;
+  AMK_CHECK(nin >= 4 && nin <= 5 && ctx.inst->n_outputs >= 1, AMK_ERR_SHAPE, nin);
+  if (!amk_att_setup<CHECK>(ctx, false, a.g)) return false;
+  a.q = amk_in(ctx, 0);
+  a.kc = amk_in(ctx, 1);
+  a.vc = amk_in(ctx, 2);
+  a.w = amk_in(ctx, 3);
+  a.bias = nin == 5 ? amk_in(ctx, 4) : nullptr;
+  a.y = amk_out(ctx, 0);
+  a.K = p.K;
+  a.n_tile = p.N_tile;
+  a.n_off = p.n_off;
+  if (CHECK) {
+    const long long K = a.K;
+    AMK_CHECK(K > 0 && a.g.batch == 1 && (long long)a.g.nh * a.g.hd == K, AMK_ERR_PARAM, K);
+    AMK_CHECK(amk_is_vec(a.q->dtype), AMK_ERR_DTYPE, a.q->dtype);
+    AMK_CHECK(K * (a.q->dtype == AMK_F32 ? 4 : 2) <= ctx.smem_bytes, AMK_ERR_SHAPE, K);
+    AMK_CHECK(amk_is_vec(a.w->dtype), AMK_ERR_DTYPE, a.w->dtype);
+    AMK_CHECK(amk_last_dim(a.w) == K, AMK_ERR_SHAPE, amk_last_dim(a.w));
+    const long long n = amk_udiv(a.w->numel, K);
+    AMK_CHECK(a.n_tile > 0 && a.n_off >= 0, AMK_ERR_PARAM, a.n_tile <= 0 ? a.n_tile : a.n_off);
+    const long long end = (long long)a.n_off + a.n_tile;
+    AMK_CHECK(end <= n && end <= amk_last_dim(a.y) && a.y->numel == amk_last_dim(a.y) &&
+                  (!a.bias || a.bias->numel == n),
+              AMK_ERR_SHAPE, end);
+    AMK_CHECK(amk_is_vec(a.y->dtype) && (!a.bias || amk_is_vec(a.bias->dtype)), AMK_ERR_DTYPE,
+              a.y->dtype);
+  }
+  return true;
+}
+
+/* ag_setup<true> out of line: run unless amk_verify_tasks passed the task (ctx.verify). */
+__device__ __noinline__ bool ag_check(const amk_task_ctx& ctx) {
+  ag_args a;
+  return ag_setup<true>(ctx, a);
+}
+
+__device__ void amk_op_attention_gemv(const amk_task_ctx& ctx) {
+  if (ctx.verify && !ag_check(ctx)) return;
+  ag_args a;
+  ag_setup<false>(ctx, a);
+  const long long K = a.K;
+  const int n_tile = a.n_tile, n_off = a.n_off;
+  const amk_buffer_t* w = a.w;
+  const amk_buffer_t* bias = a.bias;
+  const amk_buffer_t* y = a.y;
+  /* The attention row's home: shared memory, as a one-row buffer of q's dtype. */
+  amk_buffer_t row;
+  row.ptr = ctx.smem;
+  row.numel = K;
+  row.rank = 1;
+  row.dtype = a.q->dtype;
+  row.space = 0;
+  row.flags = 0;
+  for (int i = 0; i < 4; ++i) {
+    row.shape[i] = i == 0 ? K : 1;
+    row.stride[i] = 1;
+  }
+  const unsigned long long pol = amk_weight_policy(ctx.prog->flags);
+  /* The tile's weight rows into L2 (HBM idles while the attention runs): after the wait, or
+     before it with AMK_PROG_L2_PREFETCH_EARLY (the weights are never written). */
+  const bool early = (ctx.prog->flags & AMK_PROG_L2_PREFETCH_EARLY) != 0;
+  const long long wsz = w->dtype == AMK_F32 ? 4 : 2;
+  const uint64_t wa = (uint64_t)w->ptr + (uint64_t)((long long)n_off * K * wsz);
+  const uint64_t wn = (uint64_t)((long long)n_tile * K * wsz);
+  if (early && threadIdx.x == 0) amk_prefetch_l2_bulk(wa, wn, pol);
+  if (!amk_task_wait(ctx)) return; /* the checks read descriptors only */
+  if (!early && threadIdx.x == 0) amk_prefetch_l2_bulk(wa, wn, pol);
+  amk_att_run(a.q, a.kc, a.vc, &row, a.g);
+  __syncthreads(); /* the row is in shared memory for every warp */
+  /* Trace point: the row is ready (the rest is the projection). */
+  if (ctx.trace && threadIdx.x == 0) ctx.trace[4] = amk_globaltimer();
+  amk_frow r;
+  r.p = ctx.smem;
+  r.dt = a.q->dtype;
+  r.x = &row;
+  r.nw = nullptr;
+  r.inv = 0.0;
+  r.pol = pol;
+  amk_fused_run<1>(
+      r, K, w->dtype, amk_al16(w->ptr), n_tile,
+      [=](int j, const amk_buffer_t* (&wb)[1], long long (&rw)[1]) {
+        wb[0] = w;
+        rw[0] = n_off + j;
+      },
+      [=](int j, const float (&s)[1]) {
+        if ((threadIdx.x & 31) == 0) {
+          const long long c = n_off + j;
+          amk_stf(y, c, s[0] + (bias ? amk_ldf(bias, c) : 0.0f));
+        }
+      });
+}
