@@ -3,10 +3,11 @@
  * y = attention(q, k_cache, v_cache) @ W^T (+ bias), the attention row rounded to q's dtype.
  *
  * After its wait a tile asks L2 for its weight rows (one bulk prefetch: the memory system
- * idles while the attention runs), computes the whole attention row into shared memory
- * (backends/cuda/include/amk_attention.cuh, ATTENTION_TILE's paths and arithmetic; stores
- * through a descriptor of shared memory), then streams its weight rows against that row as
- * GEMV_TILE's one-row path does (amk_fused_run: same sums in the same order). */
+ * idles while the attention runs; issued before the wait it measured no faster), computes
+ * the whole attention row into shared memory (backends/cuda/include/amk_attention.cuh,
+ * ATTENTION_TILE's paths and arithmetic; stores through a descriptor of shared memory), then
+ * streams its weight rows against that row as GEMV_TILE's one-row path does (amk_fused_run:
+ * same sums in the same order). */
 
 /* The tile's operands and params. */
 struct ag_args {
@@ -59,8 +60,12 @@ __device__ __noinline__ bool ag_check(const amk_task_ctx& ctx) {
   return ag_setup<true>(ctx, a);
 }
 
-__device__ void amk_op_attention_gemv(const amk_task_ctx& ctx) {
-  if (ctx.verify && !ag_check(ctx)) return;
+/* Everything after the wait, out of line: the dispatcher keeps only the check flag and the
+ * wait inline, so a late block goes from its previous task to its wait at once (the setup's
+ * divisions and the arguments' spills would sit on that path otherwise). The weight rows go
+ * to L2 first (HBM idles while the attention runs), then the attention row into shared
+ * memory, then the projection. */
+__device__ __noinline__ void ag_run(const amk_task_ctx& ctx) {
   ag_args a;
   ag_setup<false>(ctx, a);
   const long long K = a.K;
@@ -68,6 +73,12 @@ __device__ void amk_op_attention_gemv(const amk_task_ctx& ctx) {
   const amk_buffer_t* w = a.w;
   const amk_buffer_t* bias = a.bias;
   const amk_buffer_t* y = a.y;
+  const unsigned long long pol = amk_weight_policy(ctx.prog->flags);
+  if (threadIdx.x == 0) {
+    const long long wsz = w->dtype == AMK_F32 ? 4 : 2;
+    amk_prefetch_l2_bulk((uint64_t)w->ptr + (uint64_t)((long long)n_off * K * wsz),
+                         (uint64_t)((long long)n_tile * K * wsz), pol);
+  }
   /* The attention row's home: shared memory, as a one-row buffer of q's dtype. */
   amk_buffer_t row;
   row.ptr = ctx.smem;
@@ -80,16 +91,6 @@ __device__ void amk_op_attention_gemv(const amk_task_ctx& ctx) {
     row.shape[i] = i == 0 ? K : 1;
     row.stride[i] = 1;
   }
-  const unsigned long long pol = amk_weight_policy(ctx.prog->flags);
-  /* The tile's weight rows into L2 (HBM idles while the attention runs): after the wait, or
-     before it with AMK_PROG_L2_PREFETCH_EARLY (the weights are never written). */
-  const bool early = (ctx.prog->flags & AMK_PROG_L2_PREFETCH_EARLY) != 0;
-  const long long wsz = w->dtype == AMK_F32 ? 4 : 2;
-  const uint64_t wa = (uint64_t)w->ptr + (uint64_t)((long long)n_off * K * wsz);
-  const uint64_t wn = (uint64_t)((long long)n_tile * K * wsz);
-  if (early && threadIdx.x == 0) amk_prefetch_l2_bulk(wa, wn, pol);
-  if (!amk_task_wait(ctx)) return; /* the checks read descriptors only */
-  if (!early && threadIdx.x == 0) amk_prefetch_l2_bulk(wa, wn, pol);
   amk_att_run(a.q, a.kc, a.vc, &row, a.g);
   __syncthreads(); /* the row is in shared memory for every warp */
   /* Trace point: the row is ready (the rest is the projection). */
@@ -113,4 +114,10 @@ __device__ void amk_op_attention_gemv(const amk_task_ctx& ctx) {
           amk_stf(y, c, s[0] + (bias ? amk_ldf(bias, c) : 0.0f));
         }
       });
+}
+
+__device__ __forceinline__ void amk_op_attention_gemv(const amk_task_ctx& ctx) {
+  if (ctx.verify && !ag_check(ctx)) return;
+  if (!amk_task_wait(ctx)) return; /* the checks read descriptors only */
+  ag_run(ctx);
 }
