@@ -772,6 +772,45 @@ __device__ __forceinline__ bool amk_fused_check(const amk_task_ctx& ctx, const a
   return true;
 }
 
+/* The column-tile checks of a one-row projection (RMSNORM_GEMV, ATTENTION_GEMV; the validator's
+ * opcheck::tile_within and output rule, again on the device): columns [n_off, n_off + n_tile)
+ * within the numel(w) / K rows of w and within the one-row output y, the bias (optional) one
+ * element per row, y and the bias of a vector dtype. Fails the task and returns false
+ * otherwise. */
+__device__ __forceinline__ bool amk_row_tile_check(const amk_task_ctx& ctx, const amk_buffer_t* w,
+                                                   long long K, int n_tile, int n_off,
+                                                   const amk_buffer_t* y, const amk_buffer_t* bias) {
+  const bool CHECK = true;
+  const long long n = amk_udiv(w->numel, K);
+  AMK_CHECK(n_tile > 0 && n_off >= 0, AMK_ERR_PARAM, n_tile <= 0 ? n_tile : n_off);
+  const long long end = (long long)n_off + n_tile;
+  AMK_CHECK(end <= n && end <= amk_last_dim(y) && y->numel == amk_last_dim(y) &&
+                (!bias || bias->numel == n),
+            AMK_ERR_SHAPE, end);
+  AMK_CHECK(amk_is_vec(y->dtype) && (!bias || amk_is_vec(bias->dtype)), AMK_ERR_DTYPE, y->dtype);
+  return true;
+}
+
+/* Columns [n_off, n_off + n_tile) of y = row . w^T (+ bias) for a prepared row r (one weight row
+ * per warp at a time, amk_fused_run): GEMV_TILE's one-row path, RMSNORM_GEMV and ATTENTION_GEMV.
+ * w_al16: w's base is 16-byte aligned. */
+__device__ __forceinline__ void amk_row_tile_run(const amk_frow& r, long long K, const amk_buffer_t* w,
+                                                 bool w_al16, int n_tile, int n_off,
+                                                 const amk_buffer_t* y, const amk_buffer_t* bias) {
+  amk_fused_run<1>(
+      r, K, w->dtype, w_al16, n_tile,
+      [=](int j, const amk_buffer_t* (&wb)[1], long long (&row)[1]) {
+        wb[0] = w;
+        row[0] = n_off + j;
+      },
+      [=](int j, const float (&s)[1]) {
+        if ((threadIdx.x & 31) == 0) {
+          const long long c = n_off + j;
+          amk_stf(y, c, s[0] + (bias ? amk_ldf(bias, c) : 0.0f));
+        }
+      });
+}
+
 /* The tile's arguments from its descriptors and params (block-uniform). CHECK: also what the
  * CPU reference checks at run time, each failure failing the task (false); !CHECK: the same
  * arguments with no check, for a task amk_verify_tasks passed (straight-line code: the late
@@ -929,22 +968,7 @@ __device__ __forceinline__ void amk_tile_run(const amk_task_ctx& ctx, bool gemm)
        a launch reserves shared memory (which shrinks the L1 cache that amk_tile_fast's
        arguments live in; docs/perf-notes.md round 4). */
     const amk_frow r = amk_frow_make(ctx, a.xb, nullptr, a.K, 0.0f);
-    const amk_buffer_t* wb = a.wb;
-    const amk_buffer_t* ob = a.ob;
-    const amk_buffer_t* bias = a.bias;
-    const int n_off = a.n_off;
-    amk_fused_run<1>(
-        r, a.K, wdt, true, a.n_tile,
-        [=](int j, const amk_buffer_t* (&w)[1], long long (&row)[1]) {
-          w[0] = wb;
-          row[0] = n_off + j;
-        },
-        [=](int j, const float (&s)[1]) {
-          if ((threadIdx.x & 31) == 0) {
-            const long long n = n_off + j;
-            amk_stf(ob, n, s[0] + (bias ? amk_ldf(bias, n) : 0.0f));
-          }
-        });
+    amk_row_tile_run(r, a.K, a.wb, true, a.n_tile, a.n_off, a.ob, a.bias);
     return;
   }
   switch (a.wk) {

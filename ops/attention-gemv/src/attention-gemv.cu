@@ -6,7 +6,7 @@
  * idles while the attention runs; issued before the wait it measured no faster), computes
  * the whole attention row into shared memory (backends/cuda/include/amk_attention.cuh,
  * ATTENTION_TILE's paths and arithmetic; stores through a descriptor of shared memory), then
- * streams its weight rows against that row as GEMV_TILE's one-row path does (amk_fused_run:
+ * streams its weight rows against that row as GEMV_TILE's one-row path does (amk_row_tile_run:
  * same sums in the same order). */
 
 /* The tile's operands and params. */
@@ -42,14 +42,7 @@ __device__ __forceinline__ bool ag_setup(const amk_task_ctx& ctx, ag_args& a) {
     AMK_CHECK(K * (a.q->dtype == AMK_F32 ? 4 : 2) <= ctx.smem_bytes, AMK_ERR_SHAPE, K);
     AMK_CHECK(amk_is_vec(a.w->dtype), AMK_ERR_DTYPE, a.w->dtype);
     AMK_CHECK(amk_last_dim(a.w) == K, AMK_ERR_SHAPE, amk_last_dim(a.w));
-    const long long n = amk_udiv(a.w->numel, K);
-    AMK_CHECK(a.n_tile > 0 && a.n_off >= 0, AMK_ERR_PARAM, a.n_tile <= 0 ? a.n_tile : a.n_off);
-    const long long end = (long long)a.n_off + a.n_tile;
-    AMK_CHECK(end <= n && end <= amk_last_dim(a.y) && a.y->numel == amk_last_dim(a.y) &&
-                  (!a.bias || a.bias->numel == n),
-              AMK_ERR_SHAPE, end);
-    AMK_CHECK(amk_is_vec(a.y->dtype) && (!a.bias || amk_is_vec(a.bias->dtype)), AMK_ERR_DTYPE,
-              a.y->dtype);
+    if (!amk_row_tile_check(ctx, a.w, K, a.n_tile, a.n_off, a.y, a.bias)) return false;
   }
   return true;
 }
@@ -71,8 +64,6 @@ __device__ __noinline__ void ag_run(const amk_task_ctx& ctx) {
   const long long K = a.K;
   const int n_tile = a.n_tile, n_off = a.n_off;
   const amk_buffer_t* w = a.w;
-  const amk_buffer_t* bias = a.bias;
-  const amk_buffer_t* y = a.y;
   const unsigned long long pol = amk_weight_policy(ctx.prog->flags);
   if (threadIdx.x == 0) {
     const long long wsz = w->dtype == AMK_F32 ? 4 : 2;
@@ -102,18 +93,7 @@ __device__ __noinline__ void ag_run(const amk_task_ctx& ctx) {
   r.nw = nullptr;
   r.inv = 0.0;
   r.pol = pol;
-  amk_fused_run<1>(
-      r, K, w->dtype, amk_al16(w->ptr), n_tile,
-      [=](int j, const amk_buffer_t* (&wb)[1], long long (&rw)[1]) {
-        wb[0] = w;
-        rw[0] = n_off + j;
-      },
-      [=](int j, const float (&s)[1]) {
-        if ((threadIdx.x & 31) == 0) {
-          const long long c = n_off + j;
-          amk_stf(y, c, s[0] + (bias ? amk_ldf(bias, c) : 0.0f));
-        }
-      });
+  amk_row_tile_run(r, K, w, amk_al16(w->ptr), a.n_tile, a.n_off, a.y, a.bias);
 }
 
 __device__ __forceinline__ void amk_op_attention_gemv(const amk_task_ctx& ctx) {

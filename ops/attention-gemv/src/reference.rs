@@ -13,8 +13,8 @@
 use crate::SHARED_BYTES;
 use amk_core::{CpuCall, OpError, round_to};
 use op_attention_tile::reference::{attend, geometry};
-use op_gemv_tile::reference::{float_row_dot, non_negative, positive};
-use op_rmsnorm_gemv::reference::{float_operand, tile_end};
+use op_gemv_tile::reference::{non_negative, positive};
+use op_rmsnorm_gemv::reference::{float_operand, project_row};
 
 /// Runs one ATTENTION_GEMV task.
 pub fn run(call: &mut CpuCall<'_, '_>) -> Result<(), OpError> {
@@ -37,50 +37,9 @@ pub fn run(call: &mut CpuCall<'_, '_>) -> Result<(), OpError> {
             "ATTENTION_GEMV: the attention row ({row_bytes} bytes) exceeds the tile's {SHARED_BYTES} bytes"
         )));
     }
-    let w = call.input(3)?;
-    float_operand(w, "weight")?;
-    if w.last_dim() != k {
-        return Err(OpError::Shape(format!(
-            "ATTENTION_GEMV: param K = {k} must equal the last dim of the weight {:?}",
-            w.shape()
-        )));
-    }
-    let n = w.numel() / k;
-    let bias = match call.n_inputs() {
-        5 => {
-            let b = call.input(4)?;
-            float_operand(b, "bias")?;
-            if b.numel() != n {
-                return Err(OpError::Shape(format!(
-                    "ATTENTION_GEMV: the bias {:?} must hold the weight's {n} rows",
-                    b.shape()
-                )));
-            }
-            Some(b.to_f32_vec())
-        }
-        _ => None,
-    };
-    let end = tile_end(n_off, n_tile, n, "rows of the weight")?;
     // The attention row as the unfused program stores it: rounded to q's dtype.
     let qdt = q.dtype();
     let mut a = vec![0.0f32; k];
     attend(&g, q, kc, vc, |i, v| a[i] = round_to(qdt, v));
-    let mut scratch = vec![0.0f32; k];
-    let mut vals = Vec::with_capacity(n_tile);
-    for col in n_off..end {
-        let b = bias.as_ref().map_or(0.0, |b| b[col]);
-        vals.push(float_row_dot(&a, w, col, &mut scratch)? + b);
-    }
-    let out = call.output(0)?;
-    float_operand(out, "output")?;
-    if end > out.last_dim() || out.numel() != out.last_dim() {
-        return Err(OpError::Shape(format!(
-            "ATTENTION_GEMV: columns [{n_off}, {end}) must fit the one-row output {:?}",
-            out.shape()
-        )));
-    }
-    for (col, v) in (n_off..end).zip(vals) {
-        out.set_f32(col, v);
-    }
-    Ok(())
+    project_row(call, "ATTENTION_GEMV", &a, 3, n_tile, n_off)
 }

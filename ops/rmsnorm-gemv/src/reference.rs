@@ -20,41 +20,57 @@ pub fn run(call: &mut CpuCall<'_, '_>) -> Result<(), OpError> {
     let n_tile = positive(call, "N_tile")?;
     let n_off = non_negative(call, "n_off")?;
     let xn = fused_input(call, Some(1), k)?;
-    let w = call.input(2)?;
+    project_row(call, "RMSNORM_GEMV", &xn, 2, n_tile, n_off)
+}
+
+/// The projection of the one-row fused tiles (RMSNORM_GEMV, ATTENTION_GEMV) once their row is
+/// prepared: columns `[n_off, n_off + n_tile)` of `row · W^T (+ bias)`, W being input `w_at`
+/// (`[N, row.len()]`) and the bias (N elements) the input after it when the call has it,
+/// accumulated in GEMV_TILE's order and stored into output 0 (one row; nothing outside the
+/// tile is touched). `op` names the op in errors.
+pub fn project_row(
+    call: &mut CpuCall<'_, '_>,
+    op: &str,
+    row: &[f32],
+    w_at: usize,
+    n_tile: usize,
+    n_off: usize,
+) -> Result<(), OpError> {
+    let k = row.len();
+    let w = call.input(w_at)?;
     float_operand(w, "weight")?;
     if w.last_dim() != k {
         return Err(OpError::Shape(format!(
-            "RMSNORM_GEMV: param K = {k} must equal the last dim of the weight {:?}",
+            "{op}: param K = {k} must equal the last dim of the weight {:?}",
             w.shape()
         )));
     }
     let n = w.numel() / k;
-    let bias = match call.n_inputs() {
-        4 => {
-            let b = call.input(3)?;
-            float_operand(b, "bias")?;
-            if b.numel() != n {
-                return Err(OpError::Shape(format!(
-                    "RMSNORM_GEMV: the bias {:?} must hold the weight's {n} rows",
-                    b.shape()
-                )));
-            }
-            Some(b.to_f32_vec())
+    let bias = if call.n_inputs() > w_at + 1 {
+        let b = call.input(w_at + 1)?;
+        float_operand(b, "bias")?;
+        if b.numel() != n {
+            return Err(OpError::Shape(format!(
+                "{op}: the bias {:?} must hold the weight's {n} rows",
+                b.shape()
+            )));
         }
-        _ => None,
+        Some(b.to_f32_vec())
+    } else {
+        None
     };
     let end = tile_end(n_off, n_tile, n, "rows of the weight")?;
     let mut scratch = vec![0.0f32; k];
     let mut vals = Vec::with_capacity(n_tile);
     for col in n_off..end {
         let b = bias.as_ref().map_or(0.0, |b| b[col]);
-        vals.push(float_row_dot(&xn, w, col, &mut scratch)? + b);
+        vals.push(float_row_dot(row, w, col, &mut scratch)? + b);
     }
     let out = call.output(0)?;
     float_operand(out, "output")?;
     if end > out.last_dim() || out.numel() != out.last_dim() {
         return Err(OpError::Shape(format!(
-            "RMSNORM_GEMV: columns [{n_off}, {end}) must fit the one-row output {:?}",
+            "{op}: columns [{n_off}, {end}) must fit the one-row output {:?}",
             out.shape()
         )));
     }

@@ -3,7 +3,7 @@
  * y = rmsnorm(x, norm_w, eps) @ W^T (+ bias) for one row x.
  *
  * The fused-tile machinery is backends/cuda/include/amk_tile.cuh (amk_frow_make normalises the
- * row into shared memory, amk_fused_run streams the weight rows): one weight row per warp at a
+ * row into shared memory, amk_row_tile_run streams the weight rows): one weight row per warp at a
  * time, 8 16-byte vectors in flight per lane, as GEMV_TILE. */
 
 /* The tile's operands and params. */
@@ -30,14 +30,7 @@ __device__ __forceinline__ bool rg_setup(const amk_task_ctx& ctx, rg_args& a) {
   a.n_off = p.n_off;
   if (CHECK) {
     if (!amk_fused_check(ctx, a.x, &a.w, 1, a.nw, a.K)) return false;
-    const long long n = amk_udiv(a.w->numel, a.K);
-    AMK_CHECK(a.n_tile > 0 && a.n_off >= 0, AMK_ERR_PARAM, a.n_tile <= 0 ? a.n_tile : a.n_off);
-    const long long end = (long long)a.n_off + a.n_tile;
-    AMK_CHECK(end <= n && end <= amk_last_dim(a.y) && a.y->numel == amk_last_dim(a.y) &&
-                  (!a.bias || a.bias->numel == n),
-              AMK_ERR_SHAPE, end);
-    AMK_CHECK(amk_is_vec(a.y->dtype) && (!a.bias || amk_is_vec(a.bias->dtype)), AMK_ERR_DTYPE,
-              a.y->dtype);
+    if (!amk_row_tile_check(ctx, a.w, a.K, a.n_tile, a.n_off, a.y, a.bias)) return false;
   }
   return true;
 }
@@ -52,26 +45,7 @@ __device__ void amk_op_rmsnorm_gemv(const amk_task_ctx& ctx) {
   if (ctx.verify && !rg_check(ctx)) return;
   rg_args a;
   rg_setup<false>(ctx, a);
-  const amk_params_t& p = ctx.inst->params;
-  const amk_buffer_t* x = a.x;
-  const amk_buffer_t* nw = a.nw;
-  const amk_buffer_t* w = a.w;
-  const amk_buffer_t* bias = a.bias;
-  const amk_buffer_t* y = a.y;
-  const long long K = a.K;
-  const int n_tile = a.n_tile, n_off = a.n_off;
   if (!amk_task_wait(ctx)) return; /* the checks read descriptors only */
-  const amk_frow r = amk_frow_make(ctx, x, nw, K, p.eps);
-  amk_fused_run<1>(
-      r, K, w->dtype, amk_al16(w->ptr), n_tile,
-      [=](int j, const amk_buffer_t* (&wb)[1], long long (&row)[1]) {
-        wb[0] = w;
-        row[0] = n_off + j;
-      },
-      [=](int j, const float (&s)[1]) {
-        if ((threadIdx.x & 31) == 0) {
-          const long long c = n_off + j;
-          amk_stf(y, c, s[0] + (bias ? amk_ldf(bias, c) : 0.0f));
-        }
-      });
+  const amk_frow r = amk_frow_make(ctx, a.x, a.nw, a.K, ctx.inst->params.eps);
+  amk_row_tile_run(r, a.K, a.w, amk_al16(a.w->ptr), a.n_tile, a.n_off, a.y, a.bias);
 }
