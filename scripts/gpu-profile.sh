@@ -4,6 +4,7 @@
 # the cached cubin's SASS and its line info).
 #
 #   scripts/gpu-profile.sh SHAPE POS OUTDIR   # with amk in $AMK_HOME (scripts/gpu-check.sh puts it there)
+#   BENCH_ARGS="--config my.json" scripts/gpu-profile.sh ...   # extra `amk bench` arguments
 #
 # Writes OUTDIR/stalls.txt (per-function sample counts and top stall reasons, from
 # scripts/ncu_by_function.py), OUTDIR/source.csv.gz (the sampled SASS lines), OUTDIR/details.csv
@@ -18,12 +19,13 @@ export AMK_CUDA_CACHE=${AMK_CUDA_CACHE:-$AMK_HOME/cubin}
 mkdir -p "$out"
 # One run without the profiler first: compiles (and caches) the megakernel, the largest cubin
 # in the cache (the others are small helper modules).
-"$AMK_HOME/amk" bench --shape "$shape" --pos "$pos" --iters 50 > "$out/bench.md" 2> "$out/bench.err"
+# shellcheck disable=SC2086 # BENCH_ARGS: words for amk
+"$AMK_HOME/amk" bench --shape "$shape" --pos "$pos" --iters 50 ${BENCH_ARGS:-} > "$out/bench.md" 2> "$out/bench.err"
 cubin=$(ls -S "$AMK_CUDA_CACHE"/*.cubin | head -1)
 # Launch 31 of the megakernel: past the f32 reference, the gated run and the first warm-ups.
 ncu --clock-control none -k regex:amk_megakernel --launch-skip 30 --launch-count 1 \
     --section WarpStateStats --section SourceCounters --warp-sampling-interval 0 \
-    -f -o "$out/prof" "$AMK_HOME/amk" bench --shape "$shape" --pos "$pos" --iters 40 \
+    -f -o "$out/prof" "$AMK_HOME/amk" bench --shape "$shape" --pos "$pos" --iters 40 ${BENCH_ARGS:-} \
     > "$out/ncu.log" 2>&1 || { tail -30 "$out/ncu.log"; exit 1; }
 ncu -i "$out/prof.ncu-rep" --page details --csv > "$out/details.csv" 2>&1 || true
 ncu -i "$out/prof.ncu-rep" --page source --csv --print-source sass > "$out/source.csv" 2> "$out/source.err" || true
