@@ -69,7 +69,7 @@ amk_core::inventory::submit! {
 }
 
 /// Bytes of one element of a float dtype (F32 4, F16/BF16 2).
-fn float_bytes(d: amk_core::DType) -> u64 {
+pub(crate) fn float_bytes(d: amk_core::DType) -> u64 {
     d.bits().div_ceil(8)
 }
 

@@ -31,7 +31,7 @@ pub fn run(call: &mut CpuCall<'_, '_>) -> Result<(), OpError> {
             g.nh, g.hd, g.batch
         )));
     }
-    let row_bytes = k.saturating_mul(q.dtype().bits().div_ceil(8) as usize);
+    let row_bytes = k.saturating_mul(crate::float_bytes(q.dtype()) as usize);
     if row_bytes > SHARED_BYTES as usize {
         return Err(OpError::Shape(format!(
             "ATTENTION_GEMV: the attention row ({row_bytes} bytes) exceeds the tile's {SHARED_BYTES} bytes"

@@ -432,16 +432,21 @@ impl Builder<'_> {
         }
         let y = self.act(tag.into(), &[1, h]);
         let y = self.proj(x.into(), w, None, y, k, h, tag, self.num_sms);
+        self.residual_add(resid, y, h, out, add_label)
+    }
+
+    /// The unfused residual: an ADD task `resid + y` (both `[1, h]`) into a new activation
+    /// `out`, labelled `label`.
+    fn residual_add(&mut self, resid: Val, y: Val, h: u64, out: &str, label: &str) -> Val {
         let o = self.act(out.into(), &[1, h]);
         let cost = (2 * h as i64 * self.dbytes, h as i64);
-        let waits = [resid.wait, y.wait];
         self.single(
             Opcode::ADD,
             &[resid.buf, y.buf],
             o,
-            &waits,
+            &[resid.wait, y.wait],
             Map::new(),
-            add_label.into(),
+            label.into(),
             cost,
         )
         .0
@@ -493,18 +498,13 @@ impl Builder<'_> {
         if fuse_resid {
             return val;
         }
-        let o = self.act(format!("L{l}.h_mid"), &[1, h]);
-        let cost = (2 * h as i64 * self.dbytes, h as i64);
-        self.single(
-            Opcode::ADD,
-            &[resid.buf, val.buf],
-            o,
-            &[resid.wait, val.wait],
-            Map::new(),
-            format!("L{l}.add_attn"),
-            cost,
+        self.residual_add(
+            resid,
+            val,
+            h,
+            &format!("L{l}.h_mid"),
+            &format!("L{l}.add_attn"),
         )
-        .0
     }
 
     /// GEMV tiles of `x[1, k] @ w[n, k]^T (+ bias) -> out[1, n]` over `sms` SMs (all of them,
