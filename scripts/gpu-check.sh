@@ -11,6 +11,8 @@
 #   scripts/gpu-check.sh compare [SHAPE..] # there: amk bench + the PyTorch baseline, ratio table
 #   scripts/gpu-check.sh ab [SHAPE..]     # there: the builds in AB_BUILDS (amk + cubin/) in turn
 #   scripts/gpu-check.sh abcfg [SHAPE..]  # there: one build, the schedules in AB_CONFIGS in turn
+#   scripts/gpu-check.sh abdef [SHAPE..]  # there: one build, the device-code variants in
+#                                         #   AB_DEFINES (';'-separated AMK_CUDA_DEFINES) in turn
 set -euo pipefail
 cd "$(dirname "$0")/.."
 CARRY=gpu-carry
@@ -54,9 +56,15 @@ build)
     # The megakernel compiled ahead of time for the GPU that will run it (PRECOMPILE=sm_90a by
     # default, empty to skip): NVRTC takes minutes there otherwise. Needs libnvrtc here.
     rm -rf "$CARRY/a/cubin"
+    # PRECOMPILE_DEFINES (';'-separated AMK_CUDA_DEFINES values) adds device-code variants:
+    # by default the one the `conformance_paired` tests run, more for `abdef`.
     for arch in ${PRECOMPILE-sm_90a}; do
-        "$CARRY/a/amk" ops compile --arch "$arch" --cache-dir "$CARRY/a/cubin" ||
-            echo "no precompiled cubin for $arch: the GPU machine will compile it"
+        IFS=';' read -ra variants <<< "${PRECOMPILE_DEFINES-AMK_FUSED_PAIR_MIN=0 AMK_FUSED_PAIR_MIN_LONG=0}"
+        for defs in "" "${variants[@]}"; do
+            AMK_CUDA_DEFINES="$defs" "$CARRY/a/amk" ops compile --arch "$arch" \
+                --cache-dir "$CARRY/a/cubin" ||
+                echo "no precompiled cubin for $arch ($defs): the GPU machine will compile it"
+        done
     done
     du -sh "$CARRY/a"/*
     ;;
@@ -149,6 +157,27 @@ abcfg)
                 fi
                 BENCH_ARGS="${BENCH_ARGS:-} --config $c $extra" bench_shape "$AMK_HOME/amk" "$s" \
                     "${POS:-0}" "$out/$name-$s-$round" "$name round $round: " || status=$?
+            done
+        done
+    done
+    exit $status
+    ;;
+abdef)
+    # Device-code variants (AB_DEFINES: AMK_CUDA_DEFINES values separated by ';', an empty one
+    # for the plain kernel) benchmarked in turn, twice, with one binary on one machine; each
+    # variant is its own cubin (precompile them with PRECOMPILE_DEFINES at build time).
+    install
+    shift
+    out=${BENCH_OUT:-$AMK_HOME/abdef}
+    mkdir -p "$out"
+    status=0
+    IFS=';' read -ra variants <<< "${AB_DEFINES:?device-code variants to compare}"
+    for round in 1 2; do
+        for i in "${!variants[@]}"; do
+            defs=${variants[$i]}
+            for s in ${*:-smollm2-135m llama-3.2-1b llama-3.1-8b}; do
+                AMK_CUDA_DEFINES="$defs" bench_shape "$AMK_HOME/amk" "$s" "${POS:-0}" \
+                    "$out/v$i-$s-$round" "[${defs:-plain}] round $round: " || status=$?
             done
         done
     done

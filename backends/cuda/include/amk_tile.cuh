@@ -638,10 +638,11 @@ __device__ __forceinline__ amk_frow amk_frow_make(const amk_task_ctx& ctx, const
 
 
 /* The warp's NR dot products of the row with weight rows w[0..NR) (16-byte aligned, nvec
- * vectors each), U vectors of each row in flight per lane; every lane gets the sums. */
+ * vectors each), U vectors of each row in flight per lane; every lane gets the sums. Rows from
+ * `live` on (warp-uniform) are not loaded: their sums are meaningless. */
 template <int WK, int XT, int NR, int U>
 __device__ __forceinline__ void amk_fdot(const void* x, const unsigned char* const (&w)[NR], int nvec,
-                                         bool bf, unsigned long long pol, float (&s)[NR]) {
+                                         int live, bool bf, unsigned long long pol, float (&s)[NR]) {
   constexpr int VE = amk_tile_ve<WK>::v;
   const int lane = threadIdx.x & 31;
   float acc[NR][4];
@@ -656,7 +657,8 @@ __device__ __forceinline__ void amk_fdot(const void* x, const unsigned char* con
       const int v = v0 + u * 32 + lane;
 #pragma unroll
       for (int r = 0; r < NR; ++r)
-        wv[r][u] = v < nvec ? amk_tile_ldw((const uint4*)w[r] + v, pol) : make_uint4(0u, 0u, 0u, 0u);
+        wv[r][u] = v < nvec && r < live ? amk_tile_ldw((const uint4*)w[r] + v, pol)
+                                        : make_uint4(0u, 0u, 0u, 0u);
     }
 #pragma unroll
     for (int u = 0; u < U; ++u) {
@@ -678,24 +680,52 @@ __device__ __forceinline__ void amk_fdot(const void* x, const unsigned char* con
   for (int r = 0; r < NR; ++r) s[r] = amk_warp_sum((acc[r][0] + acc[r][1]) + (acc[r][2] + acc[r][3]));
 }
 
+/* Units a warp streams at once on the vector path (1 or 2, the template parameter P): with 2,
+ * a warp loads the rows of its units j and j + AMK_WARPS together, twice the bytes in flight a
+ * lane (a 1B projection row is one batch of loads, so one DRAM round trip per unit otherwise).
+ * AMK_FUSED_PAIR says which tiles may pair their units, a bit each: 1 the one-row projection
+ * (GEMV_TILE's one-row path, RMSNORM_GEMV, ATTENTION_GEMV), 2 GATE_UP_SILU, 4 QKV_ROPE_APPEND;
+ * amk_fused_run says when they do (docs/perf-notes.md round 14). Default 1: with 7 the 8B's
+ * gate/up tiles gain, but the 1B and SmolLM2 lose ~0.7 us a layer to the paired loops compiled
+ * into the Q/K/V and gate/up ops even where no tile runs them. */
+#ifndef AMK_FUSED_PAIR
+#define AMK_FUSED_PAIR 1
+#endif
+#define AMK_FUSED_PAIR_OF(bit) ((AMK_FUSED_PAIR & (bit)) ? 2 : 1)
+
 /* Vector path: units j = warp, warp + AMK_WARPS, .. < n_units; rows(j, wb, row) names the unit's
  * NR weight rows (buffer and row index), epi(j, s) stores its results (all lanes call it). */
-template <int WK, int XT, int NR, typename Rows, typename Epi>
+template <int WK, int XT, int NR, int P, typename Rows, typename Epi>
 __device__ __noinline__ void amk_fused_fast(const void* x, bool bf, unsigned long long pol, long long K,
                                             int n_units, Rows rows, Epi epi) {
   constexpr int VE = amk_tile_ve<WK>::v;
   constexpr long long ESZ = WK == AMK_TILE_W_F32 ? 4 : 2;
   const int nvec = (int)(K / VE);
-  for (int j = threadIdx.x >> 5; j < n_units; j += AMK_WARPS) {
-    const amk_buffer_t* wb[NR];
-    long long row[NR];
-    rows(j, wb, row);
-    const unsigned char* w[NR];
+  for (int j = threadIdx.x >> 5; j < n_units; j += P * AMK_WARPS) {
+    const unsigned char* w[P * NR];
+    int live = NR;
 #pragma unroll
-    for (int r = 0; r < NR; ++r) w[r] = (const unsigned char*)wb[r]->ptr + row[r] * K * ESZ;
-    float s[NR];
-    amk_fdot<WK, XT, NR, AMK_FUSED_VECS / NR>(x, w, nvec, bf, pol, s);
-    epi(j, s);
+    for (int p = 0; p < P; ++p) {
+      const int jp = j + p * AMK_WARPS;
+      const bool ok = p == 0 || jp < n_units; /* warp-uniform */
+      const amk_buffer_t* wb[NR];
+      long long row[NR];
+      rows(ok ? jp : j, wb, row);
+#pragma unroll
+      for (int r = 0; r < NR; ++r) w[p * NR + r] = (const unsigned char*)wb[r]->ptr + row[r] * K * ESZ;
+      if (p > 0 && ok) live += NR;
+    }
+    float s[P * NR];
+    amk_fdot<WK, XT, P * NR, AMK_FUSED_VECS / NR>(x, w, nvec, live, bf, pol, s);
+#pragma unroll
+    for (int p = 0; p < P; ++p) {
+      if (p * NR < live) {
+        float sp[NR];
+#pragma unroll
+        for (int r = 0; r < NR; ++r) sp[r] = s[p * NR + r];
+        epi(j + p * AMK_WARPS, sp);
+      }
+    }
   }
 }
 
@@ -725,10 +755,10 @@ __device__ __noinline__ void amk_fused_generic(const amk_frow r, long long K, in
 
 /* Runs a fused tile: the vector path when the row is in place, every weight buffer has dtype
  * `wdt` (one of F32/F16/BF16, else -1) and a 16-byte aligned base (`w_al16`) and K is a multiple of
- * the vector width; the generic path otherwise. */
-template <int NR, typename Rows, typename Epi>
-__device__ __forceinline__ void amk_fused_run(const amk_frow& r, long long K, int wdt, bool w_al16,
-                                              int n_units, Rows rows, Epi epi) {
+ * the vector width; the generic path otherwise. P: units a warp streams at once (AMK_FUSED_PAIR). */
+template <int NR, int P, typename Rows, typename Epi>
+__device__ __forceinline__ void amk_fused_pick(const amk_frow& r, long long K, int wdt, bool w_al16,
+                                               int n_units, Rows rows, Epi epi) {
   const int wk = wdt == AMK_F32 ? AMK_TILE_W_F32 : wdt == AMK_F16 ? AMK_TILE_W_F16
                : wdt == AMK_BF16 ? AMK_TILE_W_BF16 : -1;
   if (!r.p || wk < 0 || !w_al16 || amk_urem(K, amk_tile_ve_of(wk)) != 0) {
@@ -738,18 +768,45 @@ __device__ __forceinline__ void amk_fused_run(const amk_frow& r, long long K, in
   const bool bf = r.dt == AMK_BF16, xf = r.dt == AMK_F32;
   switch (wk) {
     case AMK_TILE_W_F32:
-      if (xf) amk_fused_fast<AMK_TILE_W_F32, AMK_F32, NR>(r.p, bf, r.pol, K, n_units, rows, epi);
-      else amk_fused_fast<AMK_TILE_W_F32, AMK_BF16, NR>(r.p, bf, r.pol, K, n_units, rows, epi);
+      if (xf) amk_fused_fast<AMK_TILE_W_F32, AMK_F32, NR, P>(r.p, bf, r.pol, K, n_units, rows, epi);
+      else amk_fused_fast<AMK_TILE_W_F32, AMK_BF16, NR, P>(r.p, bf, r.pol, K, n_units, rows, epi);
       break;
     case AMK_TILE_W_F16:
-      if (xf) amk_fused_fast<AMK_TILE_W_F16, AMK_F32, NR>(r.p, bf, r.pol, K, n_units, rows, epi);
-      else amk_fused_fast<AMK_TILE_W_F16, AMK_BF16, NR>(r.p, bf, r.pol, K, n_units, rows, epi);
+      if (xf) amk_fused_fast<AMK_TILE_W_F16, AMK_F32, NR, P>(r.p, bf, r.pol, K, n_units, rows, epi);
+      else amk_fused_fast<AMK_TILE_W_F16, AMK_BF16, NR, P>(r.p, bf, r.pol, K, n_units, rows, epi);
       break;
     default:
-      if (xf) amk_fused_fast<AMK_TILE_W_BF16, AMK_F32, NR>(r.p, bf, r.pol, K, n_units, rows, epi);
-      else amk_fused_fast<AMK_TILE_W_BF16, AMK_BF16, NR>(r.p, bf, r.pol, K, n_units, rows, epi);
+      if (xf) amk_fused_fast<AMK_TILE_W_BF16, AMK_F32, NR, P>(r.p, bf, r.pol, K, n_units, rows, epi);
+      else amk_fused_fast<AMK_TILE_W_BF16, AMK_BF16, NR, P>(r.p, bf, r.pol, K, n_units, rows, epi);
       break;
   }
+}
+
+/* A tile pairs its units (P = 2) when a warp has at least AMK_FUSED_PAIR_MIN units, or at least
+ * AMK_FUSED_PAIR_MIN_LONG units of weight rows of 8 KB or more. Measured on the H100 (round 14):
+ * the LM heads gain (1B 194 -> 173 us), so do the 8B's o_proj and down tiles (4 units a warp of
+ * 8-28 KB rows), while short tiles (the 1B's o_proj and down, every SmolLM2 layer tile) lose:
+ * the larger loop is more code on every SM for a round trip or two. */
+#ifndef AMK_FUSED_PAIR_MIN
+#define AMK_FUSED_PAIR_MIN 16
+#endif
+#ifndef AMK_FUSED_PAIR_MIN_LONG
+#define AMK_FUSED_PAIR_MIN_LONG 4
+#endif
+
+/* amk_fused_pick<NR, P> for a tile that pairs its units (above), else amk_fused_pick<NR, 1>. */
+template <int NR, int P, typename Rows, typename Epi>
+__device__ __forceinline__ void amk_fused_run(const amk_frow& r, long long K, int wdt, bool w_al16,
+                                              int n_units, Rows rows, Epi epi) {
+  if constexpr (P > 1) {
+    const long long row_bytes = K * (wdt == AMK_F32 ? 4 : 2);
+    if (n_units < AMK_FUSED_PAIR_MIN * AMK_WARPS &&
+        (n_units < AMK_FUSED_PAIR_MIN_LONG * AMK_WARPS || row_bytes < 8192)) {
+      amk_fused_pick<NR, 1>(r, K, wdt, w_al16, n_units, rows, epi);
+      return;
+    }
+  }
+  amk_fused_pick<NR, P>(r, K, wdt, w_al16, n_units, rows, epi);
 }
 
 /* Shared operand checks of the fused tiles (the validator's opcheck::fused_row, again on the
@@ -797,7 +854,7 @@ __device__ __forceinline__ bool amk_row_tile_check(const amk_task_ctx& ctx, cons
 __device__ __forceinline__ void amk_row_tile_run(const amk_frow& r, long long K, const amk_buffer_t* w,
                                                  bool w_al16, int n_tile, int n_off,
                                                  const amk_buffer_t* y, const amk_buffer_t* bias) {
-  amk_fused_run<1>(
+  amk_fused_run<1, AMK_FUSED_PAIR_OF(1)>(
       r, K, w->dtype, w_al16, n_tile,
       [=](int j, const amk_buffer_t* (&wb)[1], long long (&row)[1]) {
         wb[0] = w;

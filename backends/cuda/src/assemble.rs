@@ -24,16 +24,21 @@ pub const PATCH_KERNEL_NAME: &str = "amk_apply_patches";
 pub const DEFAULT_THREADS: u32 = 256;
 
 /// Knobs baked into the source (and so into the cache key).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Knobs {
     /// Threads per block (a multiple of 32, at most 1024).
     pub threads: u32,
+    /// Preprocessor definitions put before the device code (name, value): the device code's
+    /// compile-time knobs (`AMK_FUSED_PAIR`, `AMK_FUSED_VECS`, ...), so that one binary can
+    /// compare variants of the kernel ([`crate::CudaOptions::defines`]).
+    pub defines: Vec<(String, String)>,
 }
 
 impl Default for Knobs {
     fn default() -> Self {
         Knobs {
             threads: DEFAULT_THREADS,
+            defines: Vec::new(),
         }
     }
 }
@@ -104,6 +109,20 @@ pub fn megakernel_source(registry: &Registry, knobs: Knobs) -> Result<Megakernel
     let mut src = String::with_capacity(256 << 10);
     src.push_str("// amk megakernel — generated; do not edit.\n");
     src.push_str(&format!("#define AMK_THREADS {}\n", knobs.threads));
+    for (name, value) in &knobs.defines {
+        // A name and a plain token only: the text goes into the source verbatim.
+        let token = !value.is_empty()
+            && value
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '.' | '-' | '+'));
+        if !is_identifier(name) || !token || name == "AMK_THREADS" {
+            return Err(format!(
+                "device define '{name}={value}' must be NAME=VALUE with a C identifier other \
+                 than AMK_THREADS and a value of letters, digits, '_', '.', '-' or '+'"
+            ));
+        }
+        src.push_str(&format!("#define {name} {value}\n"));
+    }
     // `#line` names each part's own file, so that line info (profilers, compiler messages)
     // points into the repository's files rather than into the generated source.
     for (file, part) in [

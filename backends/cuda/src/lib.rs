@@ -103,6 +103,21 @@ pub struct CudaOptions {
     /// weights can stream while the attention runs). `AMK_CUDA_L2_PREFETCH_AFTER=attention`
     /// sets it.
     pub l2_prefetch_after_attention: bool,
+    /// Compile-time knobs of the device code, `#define`d before it (a measuring knob: one
+    /// binary compares kernel variants, each its own cubin). `AMK_CUDA_DEFINES="NAME=VALUE
+    /// NAME"` sets it (a bare NAME is defined as 1); a malformed entry fails the kernel's
+    /// assembly with a message.
+    pub defines: Vec<(String, String)>,
+}
+
+/// `NAME=VALUE NAME ...` as (name, value) pairs; a bare NAME has the value 1.
+pub fn parse_defines(text: &str) -> Vec<(String, String)> {
+    text.split_whitespace()
+        .map(|d| match d.split_once('=') {
+            Some((n, v)) => (n.to_string(), v.to_string()),
+            None => (d.to_string(), "1".to_string()),
+        })
+        .collect()
 }
 
 impl Default for CudaOptions {
@@ -132,6 +147,8 @@ impl Default for CudaOptions {
             l2_prefetch_early: std::env::var("AMK_CUDA_L2_PREFETCH_EARLY").is_ok_and(|v| v == "1"),
             l2_prefetch_after_attention: std::env::var("AMK_CUDA_L2_PREFETCH_AFTER")
                 .is_ok_and(|v| v == "attention"),
+            defines: std::env::var("AMK_CUDA_DEFINES")
+                .map_or_else(|_| Vec::new(), |v| parse_defines(&v)),
         }
     }
 }

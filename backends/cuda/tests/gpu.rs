@@ -187,6 +187,22 @@ mod conformance_l2_prefetch {
     ));
 }
 
+/// The whole suite again with every fused tile streaming two units a warp at once (by default
+/// only long tiles do, docs/perf-notes.md round 14, and the suite's tiles are small), so that
+/// the paired loop — a partner unit or none, the epilogue of each — stays checked against the
+/// CPU VM. Its own cubin: `scripts/gpu-check.sh build` precompiles it.
+mod conformance_paired {
+    amk_conformance::conformance_tests!(maybe: amk_backend_cuda::test_support::gpu_with_options(
+        "conformance_paired",
+        amk_backend_cuda::CudaOptions {
+            defines: amk_backend_cuda::parse_defines(
+                "AMK_FUSED_PAIR_MIN=0 AMK_FUSED_PAIR_MIN_LONG=0"
+            ),
+            ..amk_backend_cuda::CudaOptions::default()
+        }
+    ));
+}
+
 fn params(kv: &[(&str, Value)]) -> Map {
     let mut m = Map::new();
     for (k, v) in kv {

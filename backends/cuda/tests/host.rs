@@ -605,8 +605,38 @@ fn the_source_has_one_case_per_op_and_is_deterministic() {
         );
     }
     assert!(a.source.contains("#define AMK_THREADS 256"));
-    let e = megakernel_source(&reg, Knobs { threads: 100 }).unwrap_err();
+    let e = megakernel_source(
+        &reg,
+        Knobs {
+            threads: 100,
+            ..Knobs::default()
+        },
+    )
+    .unwrap_err();
     assert!(e.contains("multiple of 32"), "{e}");
+}
+
+/// Device defines go into the source before the device code, so each variant is its own
+/// cubin; anything but NAME=token is refused (the text is pasted verbatim).
+#[test]
+fn device_defines_are_pasted_or_refused() {
+    let reg = registry();
+    let knobs = |d: &str| Knobs {
+        defines: amk_backend_cuda::parse_defines(d),
+        ..Knobs::default()
+    };
+    let plain = megakernel_source(&reg, Knobs::default()).unwrap().source;
+    let a = megakernel_source(&reg, knobs("AMK_FUSED_PAIR=1 AMK_X"))
+        .unwrap()
+        .source;
+    let head = &a[..a.find("#line").unwrap()];
+    assert!(head.contains("#define AMK_FUSED_PAIR 1\n"), "{head}");
+    assert!(head.contains("#define AMK_X 1\n"), "{head}");
+    assert_ne!(a, plain);
+    for bad in ["1X=2", "AMK_A=(1)", "AMK_A=1;x", "AMK_THREADS=64", "AMK_A="] {
+        let e = megakernel_source(&reg, knobs(bad)).unwrap_err();
+        assert!(e.contains("device define"), "{bad}: {e}");
+    }
 }
 
 /// The op sources keep the device contract: no includes, kernels or traps of their own, no

@@ -170,7 +170,7 @@ __device__ void amk_op_qkv_rope_append(const amk_task_ctx& ctx) {
   const int half = hd >> 1;
   if (pos_early && !amk_task_wait(ctx)) return;
   const amk_frow r = amk_frow_make(ctx, x, nw, K, p.eps);
-  amk_fused_run<2>(
+  amk_fused_run<2, AMK_FUSED_PAIR_OF(4)>(
       r, K, wdt, al, n_tile >> 1,
       [=](int j, const amk_buffer_t* (&wb)[2], long long (&row)[2]) {
         int proj, i;

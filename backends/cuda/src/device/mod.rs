@@ -156,6 +156,7 @@ impl CudaBackend {
             registry,
             Knobs {
                 threads: self.inner.options.threads,
+                defines: self.inner.options.defines.clone(),
             },
         )
         .map_err(CudaError::Layout)?;
@@ -295,8 +296,10 @@ pub fn precompile(
     cache_dir: Option<&std::path::Path>,
 ) -> Result<(std::path::PathBuf, usize, bool), CudaError> {
     let dir = cache_dir.map_or_else(nvrtc::default_cache_dir, std::path::Path::to_path_buf);
+    let opts = CudaOptions::default();
     let knobs = Knobs {
-        threads: CudaOptions::default().threads,
+        threads: opts.threads,
+        defines: opts.defines,
     };
     let mk = megakernel_source(registry, knobs).map_err(CudaError::Layout)?;
     let key = nvrtc::cache_key(&mk.source, &nvrtc::options(arch))?;
