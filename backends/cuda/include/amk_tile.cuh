@@ -607,8 +607,19 @@ __device__ __forceinline__ amk_frow amk_frow_prepare(const amk_task_ctx& ctx, co
   }
   if (vec && (K & 7) == 0 && (K >> 3) <= (long long)AMK_THREADS * AMK_RMS_VB &&
       amk_is_vec(nw->dtype) && amk_al16(nw->ptr) && K * esz <= ctx.smem_bytes) {
-    amk_rms_rows<AMK_THREADS, AMK_RMS_VB>(x->ptr, x->dtype, nw->ptr, nw->dtype, ctx.smem, x->dtype,
-                                          K, (double)eps, 1, 0, 1, threadIdx.x);
+    /* The fewest vectors a thread that cover the row (same arithmetic, same order: a thread's
+       vectors past the row are skipped either way): the unrolled norm is ~1,500 instructions
+       at 4 vectors, fetched again every layer (docs/perf-notes.md round 14 §8). */
+    const long long hv = K >> 3;
+    if (hv <= AMK_THREADS)
+      amk_rms_rows<AMK_THREADS, 1>(x->ptr, x->dtype, nw->ptr, nw->dtype, ctx.smem, x->dtype, K,
+                                   (double)eps, 1, 0, 1, threadIdx.x);
+    else if (hv <= 2 * AMK_THREADS)
+      amk_rms_rows<AMK_THREADS, 2>(x->ptr, x->dtype, nw->ptr, nw->dtype, ctx.smem, x->dtype, K,
+                                   (double)eps, 1, 0, 1, threadIdx.x);
+    else
+      amk_rms_rows<AMK_THREADS, AMK_RMS_VB>(x->ptr, x->dtype, nw->ptr, nw->dtype, ctx.smem,
+                                            x->dtype, K, (double)eps, 1, 0, 1, threadIdx.x);
     __syncthreads(); /* the row is in shared memory for every warp */
     r.p = ctx.smem;
     return r;
