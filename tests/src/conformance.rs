@@ -1026,6 +1026,19 @@ struct Attn {
     scale: f64,
 }
 
+/// The attention params of an ATTENTION_TILE or ATTENTION_GEMV task of geometry `a` over cache
+/// rows `[start, start + len)`.
+fn attention_params(a: Attn, start: usize, len: usize) -> Vec<(&'static str, Value)> {
+    vec![
+        ("head_dim", int(a.hd as i64)),
+        ("kv_start", int(start as i64)),
+        ("kv_len", int(len as i64)),
+        ("scale", real(a.scale)),
+        ("n_heads", int(a.nh as i64)),
+        ("n_kv_heads", int(a.nkv as i64)),
+    ]
+}
+
 /// Un-normalised `(acc, m, l)` of every head over cache rows `[start, start + len)`.
 fn attention_partial(
     a: Attn,
@@ -1346,14 +1359,7 @@ fn attention_paths(c: &Ctx<'_>, seed: u64, cases: &[PathCase], tol: Tol) -> Case
             (p.dt, hd)
         };
         let y = t.output(p.out, odt, &[nh, width]);
-        let mut params = vec![
-            ("head_dim", int(hd as i64)),
-            ("kv_start", int(p.start as i64)),
-            ("kv_len", int(p.len as i64)),
-            ("scale", real(p.a.scale)),
-            ("n_heads", int(nh as i64)),
-            ("n_kv_heads", int(nkv as i64)),
-        ];
+        let mut params = attention_params(p.a, p.start, p.len);
         if p.partial {
             params.push(("flags", int(2)));
         }
@@ -1848,24 +1854,13 @@ fn op_attention_gemv(c: &Ctx<'_>) -> CaseResult {
         let y = t.output(p.out, DType::F32, &[1, p.n]);
         let ct = t.counter();
         for &(off, nt) in p.tiles {
-            t.task_on(
-                ct,
-                Opcode::ATTENTION_GEMV,
-                &ins,
-                &[y],
-                &[],
-                &[
-                    ("head_dim", int(hd as i64)),
-                    ("kv_start", int(p.start as i64)),
-                    ("kv_len", int(p.len as i64)),
-                    ("scale", real(p.a.scale)),
-                    ("n_heads", int(nh as i64)),
-                    ("n_kv_heads", int(nkv as i64)),
-                    ("K", int(k as i64)),
-                    ("N_tile", int(nt as i64)),
-                    ("n_off", int(off as i64)),
-                ],
-            );
+            let mut params = attention_params(p.a, p.start as usize, p.len as usize);
+            params.extend([
+                ("K", int(k as i64)),
+                ("N_tile", int(nt as i64)),
+                ("n_off", int(off as i64)),
+            ]);
+            t.task_on(ct, Opcode::ATTENTION_GEMV, &ins, &[y], &[], &params);
         }
         vals.push((kv, vv, wv, bv));
     }
