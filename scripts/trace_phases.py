@@ -15,6 +15,7 @@ is `L<layer>.<name>[...]` or `L<layer>.<name>`), with times from the layer's fir
    wait -> ready, ready -> row, row -> returned, returned -> signalled.
 
     scripts/trace_phases.py t.csv --layer 5 [--model llama-3.2-1b] [--pos 0]
+    scripts/trace_phases.py t.csv --imbalance   # what each phase lost to its tiles' spread
 """
 
 import argparse
@@ -30,7 +31,8 @@ def number(row, col):
     return float(v) if v not in ("", None) else None
 
 
-def load(path, model, pos, layer):
+def load_layers(path, model, pos):
+    """Rows by (layer, phase name)."""
     with open(path, newline="") as f:
         rows = list(csv.DictReader(f))
     if model is not None:
@@ -40,9 +42,38 @@ def load(path, model, pos, layer):
     phases = {}
     for r in rows:
         m = re.match(r"L(\d+)\.([A-Za-z_]+)", r["label"])
-        if m and int(m.group(1)) == layer:
-            phases.setdefault(m.group(2), []).append(r)
+        if m:
+            phases.setdefault((int(m.group(1)), m.group(2)), []).append(r)
     return phases
+
+
+def load(path, model, pos, layer):
+    return {name: g for (L, name), g in load_layers(path, model, pos).items() if L == layer}
+
+
+def imbalance(path, model, pos):
+    """Per phase, means over layers 1.. (layer 0 starts the step): the time the phase lost to
+    its tiles not ending together (last signal - (median ready + median ready -> signal)), the
+    latest tile's ready time after the median one's, and the longest ready -> signal after the
+    median one (docs/perf-notes.md round 15 section 3)."""
+    per = {}
+    for (layer, name), g in load_layers(path, model, pos).items():
+        if layer == 0 or len(g) < 2:
+            continue
+        ready = [number(r, "ready_us") for r in g]
+        dur = [number(r, "done_us") - number(r, "ready_us") for r in g]
+        last = max(number(r, "done_us") for r in g)
+        per.setdefault(name, []).append((last - (median(ready) + median(dur)),
+                                         max(ready) - median(ready), max(dur) - median(dur)))
+    print("time lost to imbalance, us, means over layers 1..")
+    print("| phase | layers | lost | ready: latest - p50 | ready -> signalled: max - p50 |")
+    print("|---|---|---|---|---|")
+    total = 0.0
+    for name, v in per.items():
+        cols = [statistics.mean(x) for x in zip(*v)]
+        total += cols[0]
+        print(f"| {name} | {len(v)} | " + " | ".join(f"{c:.2f}" for c in cols) + " |")
+    print(f"| a layer | | {total:.2f} | | |")
 
 
 def median(values):
@@ -64,7 +95,12 @@ def main():
     ap.add_argument("--model", help="only rows of this model (a CSV may hold several points)")
     ap.add_argument("--pos", type=int, help="only rows of this position")
     ap.add_argument("--late-us", type=float, default=6.0)
+    ap.add_argument("--imbalance", action="store_true",
+                    help="instead: what each phase lost to its tiles not ending together")
     a = ap.parse_args()
+    if a.imbalance:
+        imbalance(a.csv, a.model, a.pos)
+        return
     phases = load(a.csv, a.model, a.pos, a.layer)
     if not phases:
         sys.exit(f"{a.csv}: no task of layer {a.layer}")

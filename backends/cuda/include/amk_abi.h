@@ -198,7 +198,7 @@ typedef struct amk_prefetch { /*@size 16*/
 } amk_prefetch_t;
 
 /* The kernel's one parameter, passed by value. */
-typedef struct amk_device_program { /*@size 152*/
+typedef struct amk_device_program { /*@size 144*/
   const amk_buffer_t* buffers;            /*@0*/
   const amk_instruction_t* instructions;  /*@8*/
   const amk_instruction_t* fused_steps;   /*@16*/ /* every FUSED task's expanded steps */
@@ -221,7 +221,6 @@ typedef struct amk_device_program { /*@size 152*/
   const amk_prefetch_t* l2_ranges;        /*@120*/ /* null, or AMK_L2_RANGES per instruction: weight bytes pulled into L2 before the task's wait (bytes 0 = none) */
   const amk_buffer_t* task_bufs;          /*@128*/ /* AMK_TASK_SLOTS per instruction: its operands' descriptors, input i in slot i, output j in slot AMK_MAX_INPUTS + j */
   int32_t* task_verified;                 /*@136*/ /* one word per instruction: 1 once amk_verify_tasks passed it (its ids and its op's pre-wait checks), 0 after any write of its record */
-  const int32_t* l2_gate;                 /*@144*/ /* null, or two words per instruction: a counter and its threshold that the task's waits imply (a wait of the task's producer), or -1: the scheduler waits for it, then issues the task's l2_ranges, before the task's own wait */
 } amk_device_program_t;
 
 /* Descriptor slots per task in amk_device_program::task_bufs (and in the scheduler's copy):

@@ -37,34 +37,6 @@ __device__ __forceinline__ void amk_red_release_add(amk_counter_t* p, uint32_t v
   asm volatile("red.release.gpu.global.add.u32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
 }
 
-/* Spins (one thread) until counter `c` reaches `target`. Returns false when the abort flag was
- * raised (by the host's watchdog or a failing task). */
-__device__ __forceinline__ bool amk_spin_until(const amk_device_program_t& prog,
-                                               const amk_counter_t* c, uint32_t target) {
-  uint32_t spins = 0;
-  uint64_t next_poll = 0;
-  while (amk_ld_acquire(c) < target) {
-    ++spins;
-    /* Short waits stay tight (a late wake costs at most AMK_SPIN_SLEEP_NS); long waits
-       (a layer's attention) back off so that idle blocks do not load the L2 lines the
-       working blocks need. */
-    if (spins > AMK_SPIN_TIGHT)
-      __nanosleep(spins < AMK_SPIN_BACKOFF1 ? AMK_SPIN_SLEEP_NS
-                  : spins < AMK_SPIN_BACKOFF2 ? AMK_SPIN_SLEEP_NS * 16
-                                              : AMK_SPIN_SLEEP_NS * 64);
-    if ((spins & 63) == 0) {
-      const uint64_t now = amk_globaltimer();
-      if (next_poll == 0) {
-        next_poll = now + AMK_ABORT_POLL_NS;
-      } else if (now >= next_poll) {
-        if (*prog.abort_flag != 0) return false;
-        next_poll = now + AMK_ABORT_POLL_NS;
-      }
-    }
-  }
-  return true;
-}
-
 /* Thread 0 spins on every wait of `in`; the block learns the outcome through `go`.
  * Returns false when the abort flag was raised (by the host's watchdog or a failing task). */
 __device__ __forceinline__ bool amk_wait_all(const amk_device_program_t& prog,
@@ -73,7 +45,31 @@ __device__ __forceinline__ bool amk_wait_all(const amk_device_program_t& prog,
     int ok = 1;
     for (int w = 0; w < in->n_waits && ok; ++w) {
       const amk_counter_t* c = prog.counters + (long long)in->wait_counter[w] * AMK_COUNTER_STRIDE;
-      ok = amk_spin_until(prog, c, (uint32_t)in->wait_threshold[w] * prog.epoch);
+      const uint32_t target = (uint32_t)in->wait_threshold[w] * prog.epoch;
+      uint32_t spins = 0;
+      uint64_t next_poll = 0;
+      while (amk_ld_acquire(c) < target) {
+        ++spins;
+        /* Short waits stay tight (a late wake costs at most AMK_SPIN_SLEEP_NS); long waits
+           (a layer's attention) back off so that idle blocks do not load the L2 lines the
+           working blocks need. */
+        if (spins > AMK_SPIN_TIGHT)
+          __nanosleep(spins < AMK_SPIN_BACKOFF1 ? AMK_SPIN_SLEEP_NS
+                      : spins < AMK_SPIN_BACKOFF2 ? AMK_SPIN_SLEEP_NS * 16
+                                                  : AMK_SPIN_SLEEP_NS * 64);
+        if ((spins & 63) == 0) {
+          const uint64_t now = amk_globaltimer();
+          if (next_poll == 0) {
+            next_poll = now + AMK_ABORT_POLL_NS;
+          } else if (now >= next_poll) {
+            if (*prog.abort_flag != 0) {
+              ok = 0;
+              break;
+            }
+            next_poll = now + AMK_ABORT_POLL_NS;
+          }
+        }
+      }
     }
     /* The acquires order every later load of the block after the waits (the barrier below
        carries that to the other threads; an acquire at gpu scope also empties the SM's L1, so
@@ -125,7 +121,6 @@ struct __align__(16) amk_stage_t {
   amk_prefetch_t l2[AMK_L2_RANGES];
   int32_t next;
   int32_t verified;
-  int32_t gate[2]; /* the L2 prefetch's gate (amk_device_program::l2_gate), or -1 */
 };
 static_assert(sizeof(amk_stage_t) % 16 == 0, "each stage of an array is a cp.async destination");
 
@@ -135,12 +130,6 @@ static_assert(sizeof(amk_stage_t) % 16 == 0, "each stage of an array is a cp.asy
  * launch (instruction records, descriptors, queues), so no copy can see a stale line. */
 __device__ __forceinline__ void amk_cp_async16(void* dst, const void* src) {
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(
-                   (uint32_t)__cvta_generic_to_shared(dst)),
-               "l"(src)
-               : "memory");
-}
-__device__ __forceinline__ void amk_cp_async8(void* dst, const void* src) {
-  asm volatile("cp.async.ca.shared.global [%0], [%1], 8;" ::"r"(
                    (uint32_t)__cvta_generic_to_shared(dst)),
                "l"(src)
                : "memory");
@@ -180,10 +169,6 @@ __device__ __forceinline__ void amk_stage_issue(const amk_device_program_t& prog
     if (prog.task_verified) amk_cp_async4(&s->verified, prog.task_verified + t);
     else s->verified = 0;
   }
-  if (threadIdx.x == AMK_THREADS - 3) {
-    if (prog.l2_gate) amk_cp_async8(s->gate, prog.l2_gate + 2 * (long long)t);
-    else s->gate[0] = -1;
-  }
   asm volatile("cp.async.commit_group;" ::: "memory");
 }
 
@@ -205,29 +190,6 @@ __device__ __forceinline__ void amk_l2_prefetch(const amk_prefetch_t* s_l2, int 
      ranges (the host hands them out so). */
   if (threadIdx.x < AMK_L2_RANGES)
     amk_prefetch_l2_bulk(s_l2[threadIdx.x].addr, s_l2[threadIdx.x].bytes, amk_weight_policy(prog_flags));
-}
-
-/* amk_device_program::flags bit: a gated L2 prefetch (amk_gated_prefetch) is evict-normal. */
-#define AMK_PROG_L2_GATE_NORMAL 8
-
-/* The L2 prefetch of a task with a gate (amk_device_program::l2_gate), before its wait: thread
- * 0 waits for the gate's counter, then issues the task's ranges. The gate is a counter the
- * task's own waits imply (its producer's wait), so the wait adds no dependency and cannot
- * deadlock; what it changes is when the weights stream: while the producer runs (the attention
- * leaves HBM idle), not while the phase before the producer still streams, where a prefetch
- * takes bandwidth from the tiles that decide when that phase ends (docs/perf-notes.md round 5
- * §3, round 12 §3, round 15). Out of line: only gated tasks run it. An aborting launch skips
- * the prefetch; the task's own wait then fails as every other. */
-__device__ __noinline__ void amk_gated_prefetch(const amk_device_program_t& prog,
-                                                const amk_stage_t* st) {
-  const amk_counter_t* c = prog.counters + (long long)st->gate[0] * AMK_COUNTER_STRIDE;
-  if (!amk_spin_until(prog, c, (uint32_t)st->gate[1] * prog.epoch)) return;
-  /* AMK_PROG_L2_GATE_NORMAL: the prefetched lines are evict-normal, so that the weights other
-     blocks stream meanwhile (evict-first) leave before them */
-  const unsigned long long pol = amk_weight_policy(
-      (prog.flags & AMK_PROG_L2_GATE_NORMAL) ? 0 : prog.flags);
-  for (int r = 0; r < AMK_L2_RANGES; ++r)
-    amk_prefetch_l2_bulk(st->l2[r].addr, st->l2[r].bytes, pol);
 }
 
 /* amk_task_wait's block-shared state: the wait's outcome (written by thread 0 before the
@@ -352,18 +314,13 @@ amk_megakernel(const __grid_constant__ amk_device_program_t prog) {
     c.smem_bytes = prog.smem_bytes;
     c.failed = &s_failed;
     c.trace = tr;
-    /* a gated task's ranges are issued before its wait (below), not after it */
-    c.l2 = prog.l2_ranges && st->gate[0] < 0 ? st->l2 : (const amk_prefetch_t*)0;
+    c.l2 = prog.l2_ranges ? st->l2 : (const amk_prefetch_t*)0;
     /* A record amk_verify_tasks passed skips the checks it ran: its ids here, and the pre-wait
        checks of the ops that honour `verify` (docs/perf-notes.md round 11). */
     c.verify = st->verified == 0;
     c.check_only = 0;
     if (c.verify && !amk_check_ids(c)) break;
-    if (prog.l2_ranges && st->gate[0] >= 0) {
-      if (threadIdx.x == 0) amk_gated_prefetch(prog, st);
-    } else if (prog.l2_ranges && (prog.flags & AMK_PROG_L2_PREFETCH_EARLY)) {
-      amk_l2_prefetch(st->l2, prog.flags);
-    }
+    if (prog.l2_ranges && (prog.flags & AMK_PROG_L2_PREFETCH_EARLY)) amk_l2_prefetch(st->l2, prog.flags);
 #if AMK_RING
     /* A tile's weights do not depend on any counter: start streaming them now. */
     if (threadIdx.x == 0 && prog.prefetch) amk_ring_prestart(c);

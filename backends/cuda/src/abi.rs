@@ -171,11 +171,6 @@ pub struct AmkDeviceProgram {
     /// its op runs before its wait), 0 after any write of its record (load, patch). The
     /// megakernel skips those checks for a verified task.
     pub task_verified: u64,
-    /// 0, or two i32 per instruction (`tables::l2_gates`): a counter and threshold that the
-    /// task's own waits imply, or -1. The scheduler waits for that counter, then issues the
-    /// task's `l2_ranges` before the task's own wait: its weights stream while the phase
-    /// before it runs, not while the phase that produces its inputs still streams.
-    pub l2_gate: u64,
 }
 
 /// Descriptor slots per task in `amk_device_program::task_bufs`: `AMK_MAX_INPUTS` inputs, then
@@ -195,9 +190,6 @@ pub const BUF_LAUNCH_CONST: i32 = 1;
 /// `amk_device_program::flags` bit: the L2 prefetch of a task's weights (`l2_ranges`) is
 /// issued before its wait instead of after it.
 pub const PROG_L2_PREFETCH_EARLY: i32 = 2;
-
-/// `amk_device_program::flags` bit: a gated L2 prefetch (`l2_gate`) is evict-normal.
-pub const PROG_L2_GATE_NORMAL: i32 = 8;
 
 /// `amk_device_program::flags` bit: the launch runs `amk_verify_tasks` (every task's ids and
 /// pre-wait op checks, marking `task_verified`) instead of the queues.
@@ -254,7 +246,7 @@ pub fn field_offsets() -> Vec<(&'static str, &'static str, usize)> {
         "n_instructions" => n_instructions, "n_queues" => n_queues, "smem_bytes" => smem_bytes,
         "epoch" => epoch, "trace" => trace, "prefetch" => prefetch,
         "ring_bytes" => ring_bytes, "flags" => flags, "l2_ranges" => l2_ranges,
-        "task_bufs" => task_bufs, "task_verified" => task_verified, "l2_gate" => l2_gate);
+        "task_bufs" => task_bufs, "task_verified" => task_verified);
     f!(v, "amk_prefetch", AmkPrefetch, "addr" => addr, "bytes" => bytes);
     v
 }
@@ -281,5 +273,5 @@ const _: () = assert!(offset_of!(AmkInstruction, out_counter) == 128);
 const _: () = assert!(offset_of!(AmkInstruction, params) == 136);
 const _: () = assert!(size_of::<AmkInstruction>() == 240);
 const _: () = assert!(size_of::<AmkStatus>() == 24);
-const _: () = assert!(size_of::<AmkDeviceProgram>() == 152);
+const _: () = assert!(size_of::<AmkDeviceProgram>() == 144);
 const _: () = assert!(size_of::<AmkPrefetch>() == 16);

@@ -103,16 +103,6 @@ pub struct CudaOptions {
     /// weights can stream while the attention runs). `AMK_CUDA_L2_PREFETCH_AFTER=attention`
     /// sets it.
     pub l2_prefetch_after_attention: bool,
-    /// Each prefetching task first waits for a gate its own waits imply (`tables::l2_gates`:
-    /// a wait of its producer), then issues its prefetch, then waits for its counters, so its
-    /// weights stream while its producer runs. `AMK_CUDA_L2_PREFETCH_GATE=1` sets it.
-    pub l2_prefetch_gate: bool,
-    /// A gated task also prefetches up to this many bytes of the next task in its queue
-    /// (`tables::add_next_ranges`). `AMK_CUDA_L2_PREFETCH_NEXT_KB` sets it; default 0.
-    pub l2_prefetch_next_bytes: u64,
-    /// A gated prefetch's lines are evict-normal instead of the weights' policy.
-    /// `AMK_CUDA_L2_GATE_NORMAL=1` sets it.
-    pub l2_gate_normal: bool,
     /// Compile-time knobs of the device code, `#define`d before it (a measuring knob: one
     /// binary compares kernel variants, each its own cubin). `AMK_CUDA_DEFINES="NAME=VALUE
     /// NAME"` sets it (a bare NAME is defined as 1); a malformed entry fails the kernel's
@@ -157,12 +147,6 @@ impl Default for CudaOptions {
             l2_prefetch_early: std::env::var("AMK_CUDA_L2_PREFETCH_EARLY").is_ok_and(|v| v == "1"),
             l2_prefetch_after_attention: std::env::var("AMK_CUDA_L2_PREFETCH_AFTER")
                 .is_ok_and(|v| v == "attention"),
-            l2_prefetch_gate: std::env::var("AMK_CUDA_L2_PREFETCH_GATE").is_ok_and(|v| v == "1"),
-            l2_prefetch_next_bytes: std::env::var("AMK_CUDA_L2_PREFETCH_NEXT_KB")
-                .ok()
-                .and_then(|v| v.parse::<u64>().ok())
-                .map_or(0, |kb| kb << 10),
-            l2_gate_normal: std::env::var("AMK_CUDA_L2_GATE_NORMAL").is_ok_and(|v| v == "1"),
             defines: std::env::var("AMK_CUDA_DEFINES")
                 .map_or_else(|_| Vec::new(), |v| parse_defines(&v)),
         }

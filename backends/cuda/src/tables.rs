@@ -683,98 +683,13 @@ pub fn waits_on_attention(instructions: &[AmkInstruction]) -> Vec<bool> {
         .collect();
     instructions
         .iter()
-        .map(|r| live_waits(r).any(|(c, _)| signalled.contains(&c)))
-        .collect()
-}
-
-/// The live waits of a record, `(counter, threshold)`, read no further than the record holds.
-fn live_waits(r: &AmkInstruction) -> impl Iterator<Item = (i32, i32)> + '_ {
-    let n = usize::try_from(r.n_waits)
-        .unwrap_or(0)
-        .min(r.wait_counter.len());
-    r.wait_counter[..n]
-        .iter()
-        .copied()
-        .zip(r.wait_threshold[..n].iter().copied())
-}
-
-/// The gate of each task's L2 prefetch ([`crate::abi::AmkDeviceProgram::l2_gate`]), two words
-/// per task: a counter and threshold that the task's own waits imply, or `[-1, -1]`. The
-/// scheduler waits for the gate, then issues the task's ranges, then waits for the task's
-/// counters: the weights stream while the task's producer runs (a layer's attention leaves HBM
-/// idle), not while the phase before it still streams (docs/perf-notes.md round 15).
-///
-/// For a task that `keep` marks, the gate is a wait of one of its producers: a wait of the
-/// task on counter `c` with threshold `T` is met only when every task that signals `c` has
-/// signalled (`T` of them, each once a launch), and each of those signalled after its own waits
-/// were met. So the gate is met before the task's waits are, and waiting for it adds no
-/// dependency (the queues' deadlock freedom is unchanged). Of the producer's waits the one whose
-/// signallers come last in the program is taken (the phase that runs just before the
-/// producer: an o_proj tile's gate is the attention's wait for the Q/K/V tiles, not its wait
-/// for an earlier residual). Tasks without such a producer get no gate.
-pub fn l2_gates(instructions: &[AmkInstruction], keep: &[bool]) -> Vec<i32> {
-    let mut signallers: HashMap<i32, Vec<usize>> = HashMap::new();
-    for (t, r) in instructions.iter().enumerate() {
-        if r.out_counter >= 0 {
-            signallers.entry(r.out_counter).or_default().push(t);
-        }
-    }
-    // the last task (in program order) that signals counter `c`
-    let latest = |c: i32| signallers.get(&c).and_then(|s| s.last().copied());
-    let gate = |r: &AmkInstruction| -> Option<[i32; 2]> {
-        // the task's wait on its latest producers, if it covers every one of them
-        let (c, _) = live_waits(r)
-            .filter(|&(c, threshold)| {
-                threshold > 0 && signallers.get(&c).map(Vec::len) == Some(threshold as usize)
-            })
-            .max_by_key(|&(c, _)| latest(c))?;
-        let producer = &instructions[latest(c)?];
-        let (gc, gt) = live_waits(producer)
-            .filter(|&(c, t)| t > 0 && latest(c).is_some())
-            .max_by_key(|&(c, _)| latest(c))?;
-        Some([gc, gt])
-    };
-    instructions
-        .iter()
-        .enumerate()
-        .flat_map(|(t, r)| {
-            let g = if keep.get(t).copied().unwrap_or(false) {
-                gate(r)
-            } else {
-                None
-            };
-            g.unwrap_or([-1, -1])
+        .map(|r| {
+            let n = usize::try_from(r.n_waits)
+                .unwrap_or(0)
+                .min(r.wait_counter.len());
+            r.wait_counter[..n].iter().any(|c| signalled.contains(c))
         })
         .collect()
-}
-
-/// Appends to each task that `keep` marks the ranges `next` lists for the task after it in its
-/// queue, in the task's free slots (a task has [`L2_RANGES`]): a gated prefetch then also starts
-/// the next task's first weights while HBM is idle.
-pub fn add_next_ranges(
-    ranges: &mut [AmkPrefetch],
-    next: &[AmkPrefetch],
-    queues: &Queues,
-    keep: &[bool],
-) {
-    for q in 0..queues.len() {
-        for pair in queues.queue(q).windows(2) {
-            let (t, n) = (pair[0] as usize, pair[1] as usize);
-            if !keep.get(t).copied().unwrap_or(false) || (n + 1) * L2_RANGES > next.len() {
-                continue;
-            }
-            let Some(own) = ranges.get_mut(t * L2_RANGES..(t + 1) * L2_RANGES) else {
-                continue;
-            };
-            let extra = next[n * L2_RANGES..(n + 1) * L2_RANGES]
-                .iter()
-                .filter(|g| g.bytes > 0);
-            let free = own.iter_mut().filter(|g| g.bytes == 0);
-            for (slot, g) in free.zip(extra) {
-                *slot = *g;
-            }
-        }
-    }
 }
 
 /// Clears the [`l2_ranges`] of every task `keep` does not mark.

@@ -134,7 +134,6 @@ fn program_flag_bits_match_the_host() {
         ("L2_EVICT_FIRST", abi::PROG_L2_EVICT_FIRST),
         ("L2_PREFETCH_EARLY", abi::PROG_L2_PREFETCH_EARLY),
         ("VERIFY", abi::PROG_VERIFY),
-        ("L2_GATE_NORMAL", abi::PROG_L2_GATE_NORMAL),
     ];
     assert_eq!(bits.len(), want.len(), "{bits:?}");
     let mut all = 0;
@@ -470,113 +469,6 @@ fn waits_on_attention_marks_the_tasks_after_an_attention() {
         tables::waits_on_attention(&[attention, bad]),
         vec![false, true]
     );
-}
-
-/// A record of `op` that waits on `waits` (counter, threshold) and signals `out`.
-fn waiting(op: Opcode, waits: &[(i32, i32)], out: i32) -> abi::AmkInstruction {
-    let mut r = record(op, &[0, 1], 8, 8, 0);
-    r.n_waits = waits.len() as i32;
-    for (w, &(c, t)) in waits.iter().enumerate() {
-        r.wait_counter[w] = c;
-        r.wait_threshold[w] = t;
-    }
-    r.out_counter = out;
-    r
-}
-
-/// A task's gate is a wait of the producers its own waits imply (every task that signals the
-/// counter it waits for, at that threshold), the producer's wait on the latest signallers;
-/// tasks not kept, tasks whose wait does not cover every signaller, and producers without
-/// waits (or whose waits nothing signals) give none.
-#[test]
-fn l2_gates_are_waits_the_tasks_own_waits_imply() {
-    let norm = waiting(Opcode::RMSNORM, &[], 0);
-    let qkv = waiting(Opcode::QKV_ROPE_APPEND, &[(0, 1)], 1);
-    // the attention waits for both Q/K/V tiles and for the norm
-    let attention = waiting(Opcode::ATTENTION_TILE, &[(0, 1), (1, 2)], 2);
-    // waits for the Q/K/V tiles (wide, earlier) and the attention (narrow, latest)
-    let o_proj = waiting(Opcode::GEMV_TILE, &[(1, 2), (2, 1)], 3);
-    // waits for only one of the two Q/K/V tiles: their waits are not implied
-    let partial = waiting(Opcode::GEMV_TILE, &[(1, 1)], -1);
-    // its producer (the norm) waits for nothing
-    let after_norm = waiting(Opcode::GEMV_TILE, &[(0, 1)], -1);
-    let gate_up = waiting(Opcode::GATE_UP_SILU, &[(3, 2)], -1);
-    // its producer waits on a counter nothing signals
-    let orphan = waiting(Opcode::GEMV_TILE, &[(9, 1)], 4);
-    let after_orphan = waiting(Opcode::GEMV_TILE, &[(4, 1)], -1);
-    let insts = [
-        norm,
-        qkv,
-        qkv,
-        attention,
-        o_proj,
-        o_proj,
-        partial,
-        after_norm,
-        gate_up,
-        orphan,
-        after_orphan,
-    ];
-    let all = vec![true; insts.len()];
-    let gates = tables::l2_gates(&insts, &all);
-    let gate = |t: usize| [gates[2 * t], gates[2 * t + 1]];
-    assert_eq!(gates.len(), 2 * insts.len());
-    assert_eq!(gate(0), [-1, -1], "no waits");
-    assert_eq!(gate(1), [-1, -1], "the producer waits for nothing");
-    assert_eq!(gate(3), [0, 1], "the Q/K/V tiles' wait");
-    assert_eq!(
-        gate(4),
-        [1, 2],
-        "the attention's wait on the latest signallers"
-    );
-    assert_eq!(gate(5), [1, 2]);
-    assert_eq!(gate(6), [-1, -1], "one of two signallers");
-    assert_eq!(gate(7), [-1, -1]);
-    assert_eq!(
-        gate(8),
-        [2, 1],
-        "the o_proj's wait on the attention, not on Q/K/V"
-    );
-    assert_eq!(gate(10), [-1, -1], "the producer's wait has no signaller");
-    // only the kept tasks get one
-    let keep: Vec<bool> = (0..insts.len()).map(|t| t == 5).collect();
-    let gates = tables::l2_gates(&insts, &keep);
-    assert_eq!(gates[10..12], [1, 2]);
-    assert!(gates[..10].iter().chain(&gates[12..]).all(|&g| g == -1));
-}
-
-/// A kept task's free range slots take the ranges of the task after it in its queue.
-#[test]
-fn add_next_ranges_fills_a_kept_tasks_free_slots_with_its_successors() {
-    let g = |addr: u64, bytes: u64| abi::AmkPrefetch { addr, bytes };
-    let none = g(0, 0);
-    let n = abi::L2_RANGES;
-    // four tasks: 0 has one range, 1 none, 2 has n ranges, 3 two
-    let mut own = vec![none; 4 * n];
-    own[0] = g(0x100, 16);
-    own[2 * n..3 * n].copy_from_slice(&(0..n as u64).map(|k| g(0x200 + k, 32)).collect::<Vec<_>>());
-    own[3 * n] = g(0x300, 48);
-    own[3 * n + 1] = g(0x400, 48);
-    let next = own.clone();
-    // queues: [0, 2] and [1, 3]
-    let queues = amk_backend_cuda::queues::Queues {
-        tasks: vec![0, 2, 1, 3],
-        off: vec![0, 2, 4],
-    };
-    let mut r = own.clone();
-    tables::add_next_ranges(&mut r, &next, &queues, &[true, true, true, true]);
-    // task 0 keeps its range and takes the first n - 1 of task 2's
-    assert_eq!(r[0], g(0x100, 16));
-    assert_eq!(r[1..n], next[2 * n..3 * n - 1]);
-    // task 1 takes task 3's two
-    assert_eq!(r[n..n + 2], next[3 * n..3 * n + 2]);
-    assert_eq!(r[n + 2..2 * n], vec![none; n - 2]);
-    // the last tasks of the queues have no successor
-    assert_eq!(r[2 * n..], own[2 * n..]);
-    // a task not kept is left as it was
-    let mut r = own.clone();
-    tables::add_next_ranges(&mut r, &next, &queues, &[false, true, true, true]);
-    assert_eq!(r[..n], own[..n]);
 }
 
 #[test]

@@ -39,9 +39,8 @@ pub struct CudaSession {
     patched: Vec<usize>,
     arena: DeviceMem,
     _weights: Vec<DeviceMem>,
-    /// Buffer descriptors, per-instruction prefetch ranges, the per-task descriptor records,
-    /// and the L2 prefetches' gates.
-    _descs: (DeviceMem, DeviceMem, DeviceMem, DeviceMem, DeviceMem),
+    /// Buffer descriptors, per-instruction prefetch ranges, and the per-task descriptor records.
+    _descs: (DeviceMem, DeviceMem, DeviceMem, DeviceMem),
     instructions: DeviceMem,
     /// One i32 per task: 1 once `amk_verify_tasks` passed its record (`abi` `task_verified`).
     verified: DeviceMem,
@@ -227,28 +226,16 @@ impl CudaSession {
             ctx,
             &tables::prefetch_ranges(&tables.instructions, &descs, &tables.placement),
         )?;
-        let opts = &inner.options;
-        let l2_cap = opts.l2_prefetch_bytes;
+        let l2_cap = inner.options.l2_prefetch_bytes;
         let mut l2_list =
             tables::l2_ranges(&tables.instructions, &descs, &tables.placement, l2_cap);
-        let keep = if opts.l2_prefetch_after_attention {
-            tables::waits_on_attention(&tables.instructions)
-        } else {
-            vec![true; tables.instructions.len()]
-        };
-        if opts.l2_prefetch_gate && opts.l2_prefetch_next_bytes > 0 {
-            let next = tables::l2_ranges(
-                &tables.instructions,
-                &descs,
-                &tables.placement,
-                opts.l2_prefetch_next_bytes,
+        if inner.options.l2_prefetch_after_attention {
+            tables::keep_ranges(
+                &mut l2_list,
+                &tables::waits_on_attention(&tables.instructions),
             );
-            tables::add_next_ranges(&mut l2_list, &next, &tables.queues, &keep);
         }
-        tables::keep_ranges(&mut l2_list, &keep);
         let l2 = DeviceMem::from_slice(ctx, &l2_list)?;
-        let gates = DeviceMem::from_slice(ctx, &tables::l2_gates(&tables.instructions, &keep))?;
-        let gated = l2_cap > 0 && opts.l2_prefetch_gate;
         let task_bufs =
             DeviceMem::from_slice(ctx, &tables::task_buffers(&tables.instructions, &descs))?;
         let instructions = DeviceMem::from_slice(ctx, &tables.instructions)?;
@@ -294,15 +281,10 @@ impl CudaSession {
                 crate::abi::PROG_L2_PREFETCH_EARLY
             } else {
                 0
-            } | if opts.l2_gate_normal {
-                crate::abi::PROG_L2_GATE_NORMAL
-            } else {
-                0
             },
             l2_ranges: if l2_cap > 0 { l2.ptr() } else { 0 },
             task_bufs: task_bufs.ptr(),
             task_verified: verified.ptr(),
-            l2_gate: if gated { gates.ptr() } else { 0 },
         };
         // Every task's ids and pre-wait op checks, once, on the device: the megakernel skips
         // them for the tasks that pass (docs/perf-notes.md round 11). A failure is the error
@@ -326,7 +308,7 @@ impl CudaSession {
             patched: Vec::new(),
             arena,
             _weights: uploads,
-            _descs: (descs_mem, prefetch, l2, task_bufs, gates),
+            _descs: (descs_mem, prefetch, l2, task_bufs),
             instructions,
             verified,
             _fused: (fused_steps, fused_off),
