@@ -98,16 +98,30 @@ pub struct CudaOptions {
     /// Issue that prefetch before the task's wait instead of after it.
     /// `AMK_CUDA_L2_PREFETCH_EARLY=1` sets it.
     pub l2_prefetch_early: bool,
-    /// Prefetch only for the tasks that wait on an attention task
-    /// ([`tables::waits_on_attention`]: the projection after each layer's attention, whose
-    /// weights can stream while the attention runs). `AMK_CUDA_L2_PREFETCH_AFTER=attention`
-    /// sets it.
-    pub l2_prefetch_after_attention: bool,
+    /// Which tasks prefetch. `AMK_CUDA_L2_PREFETCH_AFTER=attention` or `=not-attention` sets
+    /// it (default: all).
+    pub l2_prefetch_tasks: L2PrefetchTasks,
+    /// Only the tasks of these ops prefetch (op names; empty: every op).
+    /// `AMK_CUDA_L2_PREFETCH_OPS="GEMV_TILE GATE_UP_SILU"` sets it.
+    pub l2_prefetch_ops: Vec<String>,
     /// Compile-time knobs of the device code, `#define`d before it (a measuring knob: one
     /// binary compares kernel variants, each its own cubin). `AMK_CUDA_DEFINES="NAME=VALUE
     /// NAME"` sets it (a bare NAME is defined as 1); a malformed entry fails the kernel's
     /// assembly with a message.
     pub defines: Vec<(String, String)>,
+}
+
+/// The tasks whose weights the scheduler pulls into L2 ([`CudaOptions::l2_prefetch_tasks`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum L2PrefetchTasks {
+    /// Every projection tile.
+    All,
+    /// Only the tasks that wait on an attention task ([`tables::waits_on_attention`]: the
+    /// projection after each layer's attention, whose weights could stream while it runs).
+    AfterAttention,
+    /// Every task but those: their prefetch would run beside the attention, whose loads it
+    /// slows (docs/perf-notes.md rounds 6 and 15).
+    NotAfterAttention,
 }
 
 /// `NAME=VALUE NAME ...` as (name, value) pairs; a bare NAME has the value 1.
@@ -145,8 +159,14 @@ impl Default for CudaOptions {
                 .and_then(|v| v.parse::<u64>().ok())
                 .map_or(DEFAULT_L2_PREFETCH_BYTES, |kb| kb << 10),
             l2_prefetch_early: std::env::var("AMK_CUDA_L2_PREFETCH_EARLY").is_ok_and(|v| v == "1"),
-            l2_prefetch_after_attention: std::env::var("AMK_CUDA_L2_PREFETCH_AFTER")
-                .is_ok_and(|v| v == "attention"),
+            l2_prefetch_tasks: match std::env::var("AMK_CUDA_L2_PREFETCH_AFTER").as_deref() {
+                Ok("attention") => L2PrefetchTasks::AfterAttention,
+                Ok("not-attention") => L2PrefetchTasks::NotAfterAttention,
+                _ => L2PrefetchTasks::All,
+            },
+            l2_prefetch_ops: std::env::var("AMK_CUDA_L2_PREFETCH_OPS")
+                .map(|v| v.split_whitespace().map(str::to_string).collect())
+                .unwrap_or_default(),
             defines: std::env::var("AMK_CUDA_DEFINES")
                 .map_or_else(|_| Vec::new(), |v| parse_defines(&v)),
         }
