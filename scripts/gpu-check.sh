@@ -13,6 +13,8 @@
 #   scripts/gpu-check.sh abcfg [SHAPE..]  # there: one build, the schedules in AB_CONFIGS in turn
 #   scripts/gpu-check.sh abdef [SHAPE..]  # there: one build, the device-code variants in
 #                                         #   AB_DEFINES (';'-separated AMK_CUDA_DEFINES) in turn
+#   scripts/gpu-check.sh abenv [SHAPE..]  # there: one build, the run-time knob settings in
+#                                         #   AB_ENVS (';'-separated KEY=VALUE lists) in turn
 set -euo pipefail
 cd "$(dirname "$0")/.."
 CARRY=gpu-carry
@@ -42,6 +44,24 @@ bench_shape() {
     "$1" bench --shape "$2" --pos "$3" ${BENCH_ARGS:-} > "$4.md" 2> "$4.err" || rc=$?
     grep -h "^| $2\|GATE\|^error" "$4.md" "$4.err" | sed "s/^/${5:-}/" || true
     return $rc
+}
+
+# ab_rounds OUT SHAPE..: every variant (0 .. ${#variants[@]} - 1) on every shape (default:
+# SmolLM2, 1B, 8B), in turn, twice over: machines of one kind differ by a few percent, so only
+# a same-machine comparison measures a change of that size. The mode defines
+# `ab_one OUT VARIANT SHAPE ROUND`, which benchmarks one point. Returns the worst status.
+ab_rounds() {
+    local out=$1 status=0 round i s
+    shift
+    mkdir -p "$out"
+    for round in 1 2; do
+        for i in "${!variants[@]}"; do
+            for s in ${*:-smollm2-135m llama-3.2-1b llama-3.1-8b}; do
+                ab_one "$out" "$i" "$s" "$round" || status=$?
+            done
+        done
+    done
+    return $status
 }
 
 case "${1:-}" in
@@ -114,74 +134,74 @@ bench)
     ;;
 ab)
     # Builds, each a folder holding an `amk` binary and its precompiled `cubin/` (AB_BUILDS,
-    # space-separated), benchmarked in turn, twice, on one machine: machines of one kind differ
-    # by a few percent, so only a same-machine comparison measures a change of that size.
+    # space-separated).
     shift
-    out=${BENCH_OUT:-$AMK_HOME/ab}
-    mkdir -p "$out"
-    status=0
-    for round in 1 2; do
-        for v in ${AB_BUILDS:?folders of the builds to compare}; do
-            name=$(basename "$v")
-            for s in ${*:-smollm2-135m llama-3.2-1b llama-3.1-8b}; do
-                # A folder may hold an `env` file (KEY=VALUE lines) for a run-time knob: two
-                # folders of one build then compare the knob's settings.
-                (
-                    if [ -f "$v/env" ]; then set -a; . "$v/env"; set +a; fi
-                    AMK_CUDA_CACHE="$v/cubin" bench_shape "$v/amk" "$s" "${POS:-0}" \
-                        "$out/$name-$s-$round" "$name round $round: "
-                ) || status=$?
-            done
-        done
-    done
-    exit $status
+    read -ra variants <<< "${AB_BUILDS:?folders of the builds to compare}"
+    ab_one() {
+        local v=${variants[$2]}
+        local name
+        name=$(basename "$v")
+        # A folder may hold an `env` file (KEY=VALUE lines) for a run-time knob: two folders of
+        # one build then compare the knob's settings (abenv does it with one folder).
+        (
+            if [ -f "$v/env" ]; then set -a; . "$v/env"; set +a; fi
+            AMK_CUDA_CACHE="$v/cubin" bench_shape "$v/amk" "$3" "${POS:-0}" \
+                "$1/$name-$3-$4" "$name round $4: "
+        )
+    }
+    ab_rounds "${BENCH_OUT:-$AMK_HOME/ab}" "$@"
     ;;
 abcfg)
     # Schedules (AB_CONFIGS: `tuned`, `default` or ScheduleConfig JSON files, space-separated)
-    # benchmarked in turn, twice, with one build on one machine: a lowering knob needs no
-    # second binary. TRACE=1 also writes one traced step per point (FILE.csv beside each).
+    # with one build: a lowering knob needs no second binary. TRACE=1 also writes one traced
+    # step per point (FILE.csv beside each).
     install
     shift
-    out=${BENCH_OUT:-$AMK_HOME/abcfg}
-    mkdir -p "$out"
-    status=0
-    for round in 1 2; do
-        for c in ${AB_CONFIGS:?schedules to compare}; do
-            name=$(basename "$c" .json)
-            for s in ${*:-smollm2-135m llama-3.2-1b llama-3.1-8b}; do
-                extra=""
-                if [ "${TRACE:-0}" = 1 ] && [ $round = 1 ]; then
-                    # amk appends to a trace file: start it afresh for this run
-                    rm -f "$out/$name-$s.csv"
-                    extra="--trace --trace-out $out/$name-$s.csv"
-                fi
-                BENCH_ARGS="${BENCH_ARGS:-} --config $c $extra" bench_shape "$AMK_HOME/amk" "$s" \
-                    "${POS:-0}" "$out/$name-$s-$round" "$name round $round: " || status=$?
-            done
-        done
-    done
-    exit $status
+    read -ra variants <<< "${AB_CONFIGS:?schedules to compare}"
+    ab_one() {
+        local c=${variants[$2]}
+        local name extra=""
+        name=$(basename "$c" .json)
+        if [ "${TRACE:-0}" = 1 ] && [ "$4" = 1 ]; then
+            # amk appends to a trace file: start it afresh for this run
+            rm -f "$1/$name-$3.csv"
+            extra="--trace --trace-out $1/$name-$3.csv"
+        fi
+        BENCH_ARGS="${BENCH_ARGS:-} --config $c $extra" bench_shape "$AMK_HOME/amk" "$3" \
+            "${POS:-0}" "$1/$name-$3-$4" "$name round $4: "
+    }
+    ab_rounds "${BENCH_OUT:-$AMK_HOME/abcfg}" "$@"
     ;;
 abdef)
     # Device-code variants (AB_DEFINES: AMK_CUDA_DEFINES values separated by ';', an empty one
-    # for the plain kernel) benchmarked in turn, twice, with one binary on one machine; each
-    # variant is its own cubin (precompile them with PRECOMPILE_DEFINES at build time).
+    # for the plain kernel) with one binary; each variant is its own cubin (precompile them
+    # with PRECOMPILE_DEFINES at build time).
     install
     shift
-    out=${BENCH_OUT:-$AMK_HOME/abdef}
-    mkdir -p "$out"
-    status=0
     IFS=';' read -ra variants <<< "${AB_DEFINES:?device-code variants to compare}"
-    for round in 1 2; do
-        for i in "${!variants[@]}"; do
-            defs=${variants[$i]}
-            for s in ${*:-smollm2-135m llama-3.2-1b llama-3.1-8b}; do
-                AMK_CUDA_DEFINES="$defs" bench_shape "$AMK_HOME/amk" "$s" "${POS:-0}" \
-                    "$out/v$i-$s-$round" "[${defs:-plain}] round $round: " || status=$?
-            done
-        done
-    done
-    exit $status
+    ab_one() {
+        local defs=${variants[$2]}
+        AMK_CUDA_DEFINES="$defs" bench_shape "$AMK_HOME/amk" "$3" "${POS:-0}" \
+            "$1/v$2-$3-$4" "[${defs:-plain}] round $4: "
+    }
+    ab_rounds "${BENCH_OUT:-$AMK_HOME/abdef}" "$@"
+    ;;
+abenv)
+    # Run-time knob settings (AB_ENVS: space-separated KEY=VALUE lists separated by ';', an
+    # empty one for the defaults) with one build and one cubin.
+    install
+    shift
+    IFS=';' read -ra variants <<< "${AB_ENVS:?knob settings to compare}"
+    ab_one() {
+        local knobs=${variants[$2]}
+        # shellcheck disable=SC2086 # a list of KEY=VALUE words
+        (
+            for kv in $knobs; do export "${kv?}"; done
+            bench_shape "$AMK_HOME/amk" "$3" "${POS:-0}" "$1/v$2-$3-$4" \
+                "[${knobs:-defaults}] round $4: "
+        )
+    }
+    ab_rounds "${BENCH_OUT:-$AMK_HOME/abenv}" "$@"
     ;;
 compare)
     install
@@ -192,7 +212,7 @@ compare)
         --json-out "${BENCH_OUT:-$AMK_HOME/bench}/compare.json"
     ;;
 *)
-    sed -n '2,12p' "$0"
+    sed -n '2,17p' "$0"
     exit 2
     ;;
 esac
