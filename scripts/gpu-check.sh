@@ -172,36 +172,34 @@ abcfg)
     }
     ab_rounds "${BENCH_OUT:-$AMK_HOME/abcfg}" "$@"
     ;;
-abdef)
-    # Device-code variants (AB_DEFINES: AMK_CUDA_DEFINES values separated by ';', an empty one
-    # for the plain kernel) with one binary; each variant is its own cubin (precompile them
-    # with PRECOMPILE_DEFINES at build time).
+abdef | abenv)
+    # abdef: device-code variants (AB_DEFINES: AMK_CUDA_DEFINES values separated by ';', an
+    # empty one for the plain kernel) with one binary; each variant is its own cubin
+    # (precompile them with PRECOMPILE_DEFINES at build time). abenv: run-time knob settings
+    # (AB_ENVS: space-separated KEY=VALUE lists separated by ';', an empty one for the
+    # defaults) with one build and one cubin.
     install
+    mode=$1
     shift
-    IFS=';' read -ra variants <<< "${AB_DEFINES:?device-code variants to compare}"
+    if [ "$mode" = abdef ]; then
+        IFS=';' read -ra variants <<< "${AB_DEFINES:?device-code variants to compare}"
+    else
+        IFS=';' read -ra variants <<< "${AB_ENVS:?knob settings to compare}"
+    fi
     ab_one() {
-        local defs=${variants[$2]}
-        AMK_CUDA_DEFINES="$defs" bench_shape "$AMK_HOME/amk" "$3" "${POS:-0}" \
-            "$1/v$2-$3-$4" "[${defs:-plain}] round $4: "
-    }
-    ab_rounds "${BENCH_OUT:-$AMK_HOME/abdef}" "$@"
-    ;;
-abenv)
-    # Run-time knob settings (AB_ENVS: space-separated KEY=VALUE lists separated by ';', an
-    # empty one for the defaults) with one build and one cubin.
-    install
-    shift
-    IFS=';' read -ra variants <<< "${AB_ENVS:?knob settings to compare}"
-    ab_one() {
-        local knobs=${variants[$2]}
-        # shellcheck disable=SC2086 # a list of KEY=VALUE words
+        local v=${variants[$2]} none=defaults
         (
-            for kv in $knobs; do export "${kv?}"; done
-            bench_shape "$AMK_HOME/amk" "$3" "${POS:-0}" "$1/v$2-$3-$4" \
-                "[${knobs:-defaults}] round $4: "
+            if [ "$mode" = abdef ]; then
+                export AMK_CUDA_DEFINES="$v"
+                none=plain
+            else
+                # shellcheck disable=SC2086 # a list of KEY=VALUE words
+                for kv in $v; do export "${kv?}"; done
+            fi
+            bench_shape "$AMK_HOME/amk" "$3" "${POS:-0}" "$1/v$2-$3-$4" "[${v:-$none}] round $4: "
         )
     }
-    ab_rounds "${BENCH_OUT:-$AMK_HOME/abenv}" "$@"
+    ab_rounds "${BENCH_OUT:-$AMK_HOME/$mode}" "$@"
     ;;
 compare)
     install
