@@ -692,6 +692,32 @@ pub fn waits_on_attention(instructions: &[AmkInstruction]) -> Vec<bool> {
         .collect()
 }
 
+/// Which tasks keep their [`l2_ranges`]: those `tasks` selects (every task, only those that
+/// [`waits_on_attention`] marks, or every other one) whose op is in `ops` (empty: any op).
+pub fn prefetch_keep(
+    instructions: &[AmkInstruction],
+    tasks: crate::L2PrefetchTasks,
+    ops: &[Opcode],
+) -> Vec<bool> {
+    use crate::L2PrefetchTasks as T;
+    let after = match tasks {
+        T::All => vec![false; instructions.len()],
+        T::AfterAttention | T::NotAfterAttention => waits_on_attention(instructions),
+    };
+    instructions
+        .iter()
+        .zip(after)
+        .map(|(r, after)| {
+            let by_attention = match tasks {
+                T::All => true,
+                T::AfterAttention => after,
+                T::NotAfterAttention => !after,
+            };
+            by_attention && (ops.is_empty() || ops.iter().any(|o| i32::from(o.0) == r.op))
+        })
+        .collect()
+}
+
 /// Clears the [`l2_ranges`] of every task `keep` does not mark.
 pub fn keep_ranges(ranges: &mut [AmkPrefetch], keep: &[bool]) {
     for (t, task) in ranges.chunks_mut(L2_RANGES).enumerate() {

@@ -471,6 +471,45 @@ fn waits_on_attention_marks_the_tasks_after_an_attention() {
     );
 }
 
+/// The prefetch keeps every task, only those after an attention, or every other one, each
+/// narrowed to the listed ops.
+#[test]
+fn prefetch_keep_selects_by_attention_and_op() {
+    use amk_backend_cuda::L2PrefetchTasks as T;
+    let waits = |op: Opcode, counter: i32, out: i32| {
+        let mut r = record(op, &[0, 1], 8, 8, 0);
+        r.n_waits = 1;
+        r.wait_counter[0] = counter;
+        r.out_counter = out;
+        r
+    };
+    let insts = [
+        waits(Opcode::QKV_ROPE_APPEND, 0, 1),
+        waits(Opcode::ATTENTION_TILE, 1, 2),
+        waits(Opcode::GEMV_TILE, 2, 3),
+        waits(Opcode::GATE_UP_SILU, 3, 4),
+        waits(Opcode::GEMV_TILE, 4, 5),
+    ];
+    let keep = |tasks, ops: &[Opcode]| tables::prefetch_keep(&insts, tasks, ops);
+    assert_eq!(keep(T::All, &[]), vec![true; 5]);
+    assert_eq!(
+        keep(T::AfterAttention, &[]),
+        vec![false, false, true, false, false]
+    );
+    assert_eq!(
+        keep(T::NotAfterAttention, &[]),
+        vec![true, true, false, true, true]
+    );
+    assert_eq!(
+        keep(T::NotAfterAttention, &[Opcode::GEMV_TILE]),
+        vec![false, false, false, false, true]
+    );
+    assert_eq!(
+        keep(T::All, &[Opcode::GEMV_TILE, Opcode::GATE_UP_SILU]),
+        vec![false, false, true, true, true]
+    );
+}
+
 #[test]
 fn task_buffers_lay_out_each_tasks_operands_in_its_stage_slots() {
     let descs: Vec<abi::AmkBuffer> = (0..5)

@@ -229,29 +229,18 @@ impl CudaSession {
         let l2_cap = inner.options.l2_prefetch_bytes;
         let mut l2_list =
             tables::l2_ranges(&tables.instructions, &descs, &tables.placement, l2_cap);
-        let after_attention = || tables::waits_on_attention(&tables.instructions);
-        match inner.options.l2_prefetch_tasks {
-            crate::L2PrefetchTasks::All => {}
-            crate::L2PrefetchTasks::AfterAttention => {
-                tables::keep_ranges(&mut l2_list, &after_attention())
-            }
-            crate::L2PrefetchTasks::NotAfterAttention => {
-                let keep: Vec<bool> = after_attention().iter().map(|a| !a).collect();
-                tables::keep_ranges(&mut l2_list, &keep)
-            }
-        }
-        let ops = &inner.options.l2_prefetch_ops;
-        if !ops.is_empty() {
-            let keep: Vec<bool> = (tables.instructions.iter())
-                .map(|r| {
-                    let name = u16::try_from(r.op)
-                        .ok()
-                        .and_then(|op| registry.name_of(amk_core::Opcode(op)));
-                    name.is_some_and(|n| ops.iter().any(|o| *o == n))
+        let ops = (inner.options.l2_prefetch_ops.iter())
+            .map(|name| {
+                registry.resolve_name(name).ok_or_else(|| {
+                    CudaError::Layout(format!(
+                        "AMK_CUDA_L2_PREFETCH_OPS names '{name}', which is no registered op"
+                    ))
                 })
-                .collect();
-            tables::keep_ranges(&mut l2_list, &keep);
-        }
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        let keep =
+            tables::prefetch_keep(&tables.instructions, inner.options.l2_prefetch_tasks, &ops);
+        tables::keep_ranges(&mut l2_list, &keep);
         let l2 = DeviceMem::from_slice(ctx, &l2_list)?;
         let task_bufs =
             DeviceMem::from_slice(ctx, &tables::task_buffers(&tables.instructions, &descs))?;
