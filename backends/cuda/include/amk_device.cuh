@@ -645,50 +645,6 @@ __device__ __forceinline__ T amk_block_reduce(T v) {
 __device__ __noinline__ float amk_block_sum(float v) { return amk_block_reduce<float, false>(v); }
 __device__ __noinline__ double amk_block_sum_d(double v) { return amk_block_reduce<double, false>(v); }
 
-/* ---- asynchronous copies into shared memory (sm_80+, cp.async) ---- */
-
-/* 16 bytes global -> shared, asynchronously: the thread goes on at once; a cp.async.wait_all
- * (and, for other threads' copies, a barrier) makes the bytes visible. Bypasses L1 (.cg). */
-__device__ __forceinline__ void amk_cp_async16(void* dst, const void* src) {
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(
-                   (uint32_t)__cvta_generic_to_shared(dst)),
-               "l"(src)
-               : "memory");
-}
-/* amk_cp_async16 with the L2 policy `pol` (createpolicy) of the line it reads. */
-__device__ __forceinline__ void amk_cp_async16_pol(void* dst, const void* src, unsigned long long pol) {
-  asm volatile("cp.async.cg.shared.global.L2::cache_hint [%0], [%1], 16, %2;" ::"r"(
-                   (uint32_t)__cvta_generic_to_shared(dst)),
-               "l"(src), "l"(pol)
-               : "memory");
-}
-
-/* A warp's first weights, copied into its slice of shared memory while its tile's row is being
- * loaded (AMK_WSTAGE in amk_tile.cuh): the weight rows w0 (and w1, for units of two rows) of the
- * warp's first unit, their first `nv` 16-byte vectors each, row r's vector v at st[r * ch + v].
- * nv == 0: nothing to copy. */
-struct amk_wfirst {
-  const uint4* w0;
-  const uint4* w1;
-  uint4* st;
-  int nv;
-  int ch;
-  unsigned long long pol;
-};
-
-/* Issues the warp's copies of `f` (one group); the lane that reads a vector is the lane that
- * copied it, so its own cp.async.wait_all is all it needs before the read. Called after the
- * row's loads are issued: a request queued behind the weights' would wait for HBM
- * (docs/perf-notes.md round 7 §3). */
-__device__ __forceinline__ void amk_wfirst_issue(const amk_wfirst& f) {
-  if (f.nv <= 0) return;
-  for (int v = threadIdx.x & 31; v < f.nv; v += 32) {
-    amk_cp_async16_pol(f.st + v, f.w0 + v, f.pol);
-    if (f.w1) amk_cp_async16_pol(f.st + f.ch + v, f.w1 + v, f.pol);
-  }
-  asm volatile("cp.async.commit_group;" ::: "memory");
-}
-
 /* ---- vector-row helpers of the norms (RMSNORM, LAYERNORM) ---- */
 
 /* Block sum of per-thread f64 partials with one barrier: warp shuffle, one partial per warp in
@@ -821,19 +777,17 @@ __device__ __forceinline__ void amk_rms_store(void* op, int odt, long long ub, l
  * registers from the reduce to the store, and w (used only at the store) is waited for only
  * there, so with one row (decode) its HBM latency overlaps x's and the reduce. Out of line: its
  * own register allocation, so the megakernel's large dispatch function spills nothing in
- * flight. `first`: a fused tile's first weights, copied behind the first row's loads (RMSNORM
- * passes none). */
+ * flight. */
 template <int G, int V>
 __device__ __noinline__ void amk_rms_rows(const void* xp, int xdt, const void* wp, int wdt, void* op,
                                       int odt, long long h, double eps, long long rows,
-                                      long long r0, long long rstep, int t, amk_wfirst first) {
+                                      long long r0, long long rstep, int t) {
   const long long hv = h >> 3;
   const double dh = (double)h;
   if (r0 >= rows) return; /* warp mode: a warp without rows (warp-uniform); block: no rows */
   uint4 wa[V], wb[V], xa[V], xb[V];
   amk_norm_ld<G, V>(wp, wdt, 0, hv, t, wa, wb);
   amk_norm_ld<G, V>(xp, xdt, r0 * hv, hv, t, xa, xb);
-  amk_wfirst_issue(first); /* the fused tiles' first weights, behind the row's loads */
   int par = 0;
 #pragma unroll 1
   for (long long r = r0;;) {

@@ -124,11 +124,16 @@ struct __align__(16) amk_stage_t {
 };
 static_assert(sizeof(amk_stage_t) % 16 == 0, "each stage of an array is a cp.async destination");
 
-/* 16 bytes (amk_cp_async16, amk_device.cuh) or 4 (amk_cp_async4) global -> shared,
- * asynchronously (sm_80+, cp.async): the threads go on at once, and amk_stage_wait makes the
- * bytes visible to the block. The 16-byte copies bypass L1 (.cg). Everything copied is written
- * by the host before the launch (instruction records, descriptors, queues), so no copy can see
- * a stale line. */
+/* 16 bytes (amk_cp_async16) or 4 (amk_cp_async4) global -> shared, asynchronously (sm_80+,
+ * cp.async): the threads go on at once, and amk_stage_wait makes the bytes visible to the block.
+ * The 16-byte copies bypass L1 (.cg). Everything copied is written by the host before the
+ * launch (instruction records, descriptors, queues), so no copy can see a stale line. */
+__device__ __forceinline__ void amk_cp_async16(void* dst, const void* src) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(
+                   (uint32_t)__cvta_generic_to_shared(dst)),
+               "l"(src)
+               : "memory");
+}
 __device__ __forceinline__ void amk_cp_async4(void* dst, const void* src) {
   asm volatile("cp.async.ca.shared.global [%0], [%1], 4;" ::"r"(
                    (uint32_t)__cvta_generic_to_shared(dst)),

@@ -563,17 +563,6 @@ __device__ __forceinline__ void amk_ring_prestart(const amk_task_ctx& c) {
 #define AMK_FUSED_VECS 8
 #endif
 
-/* AMK_WSTAGE: a fused tile copies its warps' first weights (each warp's first unit, the first
- * pass of its loop: AMK_FUSED_VECS vectors a lane) into shared memory right after its row's
- * loads, so that their DRAM round trip runs under the row's preparation instead of after it.
- * Those weights do not depend on any counter; what the phase before did is over (the task has
- * waited), so the copies take no bandwidth from a phase's last tiles (the loss of every
- * earlier weight prefetch: docs/perf-notes.md rounds 5, 7, 15). Needs the row plus 32 KB
- * (AMK_WARPS x AMK_FUSED_VECS x 512 B, at the top of the launch's dynamic shared memory). */
-#ifndef AMK_WSTAGE
-#define AMK_WSTAGE 0
-#endif
-
 /* The row the tile multiplies. */
 struct amk_frow {
   const void* p;         /* the row for the vector path (x, or its normalised copy), or null */
@@ -593,8 +582,7 @@ __device__ __forceinline__ float amk_frow_at(const amk_frow& r, long long k) {
 
 /* amk_frow_make without the trace point. */
 __device__ __forceinline__ amk_frow amk_frow_prepare(const amk_task_ctx& ctx, const amk_buffer_t* x,
-                                                     const amk_buffer_t* nw, long long K, float eps,
-                                                     const amk_wfirst& first) {
+                                                     const amk_buffer_t* nw, long long K, float eps) {
   amk_frow r;
   r.pol = amk_weight_policy(ctx.prog->flags);
   r.x = x;
@@ -610,26 +598,11 @@ __device__ __forceinline__ amk_frow amk_frow_prepare(const amk_task_ctx& ctx, co
        the reservation shrinks, those re-reads made a tile several times slower). */
     if (vec && (K & 7) == 0 && K * esz <= ctx.smem_bytes) {
       const long long nv = (K * esz) >> 4;
-      long long i = threadIdx.x;
-      if (first.nv > 0) {
-        /* the thread's first vectors of the row requested before the warp's first weights */
-        uint4 v[4];
-#pragma unroll
-        for (int q = 0; q < 4; ++q)
-          v[q] = i + q * AMK_THREADS < nv ? ((const uint4*)x->ptr)[i + q * AMK_THREADS]
-                                          : make_uint4(0u, 0u, 0u, 0u);
-        amk_wfirst_issue(first);
-#pragma unroll
-        for (int q = 0; q < 4; ++q)
-          if (i + q * AMK_THREADS < nv) ((uint4*)ctx.smem)[i + q * AMK_THREADS] = v[q];
-        i += 4 * AMK_THREADS;
-      }
-      for (; i < nv; i += AMK_THREADS) ((uint4*)ctx.smem)[i] = ((const uint4*)x->ptr)[i];
+      for (long long i = threadIdx.x; i < nv; i += AMK_THREADS)
+        ((uint4*)ctx.smem)[i] = ((const uint4*)x->ptr)[i];
       __syncthreads();
       r.p = ctx.smem;
-      return r;
     }
-    amk_wfirst_issue(first);
     return r;
   }
   if (vec && (K & 7) == 0 && (K >> 3) <= (long long)AMK_THREADS * AMK_RMS_VB &&
@@ -640,19 +613,18 @@ __device__ __forceinline__ amk_frow amk_frow_prepare(const amk_task_ctx& ctx, co
     const long long hv = K >> 3;
     if (hv <= AMK_THREADS)
       amk_rms_rows<AMK_THREADS, 1>(x->ptr, x->dtype, nw->ptr, nw->dtype, ctx.smem, x->dtype, K,
-                                   (double)eps, 1, 0, 1, threadIdx.x, first);
+                                   (double)eps, 1, 0, 1, threadIdx.x);
     else if (hv <= 2 * AMK_THREADS)
       amk_rms_rows<AMK_THREADS, 2>(x->ptr, x->dtype, nw->ptr, nw->dtype, ctx.smem, x->dtype, K,
-                                   (double)eps, 1, 0, 1, threadIdx.x, first);
+                                   (double)eps, 1, 0, 1, threadIdx.x);
     else
       amk_rms_rows<AMK_THREADS, AMK_RMS_VB>(x->ptr, x->dtype, nw->ptr, nw->dtype, ctx.smem,
-                                            x->dtype, K, (double)eps, 1, 0, 1, threadIdx.x, first);
+                                            x->dtype, K, (double)eps, 1, 0, 1, threadIdx.x);
     __syncthreads(); /* the row is in shared memory for every warp */
     r.p = ctx.smem;
     return r;
   }
   r.p = nullptr;
-  amk_wfirst_issue(first);
   double s = 0.0;
   for (long long k = threadIdx.x; k < K; k += AMK_THREADS) {
     const double v = (double)amk_ldf(x, k);
@@ -669,9 +641,8 @@ __device__ __forceinline__ amk_frow amk_frow_prepare(const amk_task_ctx& ctx, co
  * vector path reads x in place, or, with a norm, the generic path takes 1 / rms(x) from a block
  * sum and normalises on the fly. */
 __device__ __forceinline__ amk_frow amk_frow_make(const amk_task_ctx& ctx, const amk_buffer_t* x,
-                                                  const amk_buffer_t* nw, long long K, float eps,
-                                                  const amk_wfirst& first = amk_wfirst{}) {
-  amk_frow r = amk_frow_prepare(ctx, x, nw, K, eps, first);
+                                                  const amk_buffer_t* nw, long long K, float eps) {
+  amk_frow r = amk_frow_prepare(ctx, x, nw, K, eps);
   if (ctx.trace && threadIdx.x == 0) ctx.trace[4] = amk_globaltimer();
   return r;
 }
@@ -679,16 +650,12 @@ __device__ __forceinline__ amk_frow amk_frow_make(const amk_task_ctx& ctx, const
 
 /* The warp's NR dot products of the row with weight rows w[0..NR) (16-byte aligned, nvec
  * vectors each), U vectors of each row in flight per lane; every lane gets the sums. Rows from
- * `live` on (warp-uniform) are not loaded: their sums are meaningless. st (or null): the first
- * U * 32 vectors of rows 0..NS already copied to shared memory by this lane (amk_wfirst), row r
- * at st[r * U * 32 + v]. */
-template <int WK, int XT, int NR, int U, int NS>
+ * `live` on (warp-uniform) are not loaded: their sums are meaningless. */
+template <int WK, int XT, int NR, int U>
 __device__ __forceinline__ void amk_fdot(const void* x, const unsigned char* const (&w)[NR], int nvec,
-                                         int live, bool bf, unsigned long long pol, float (&s)[NR],
-                                         const uint4* st) {
+                                         int live, bool bf, unsigned long long pol, float (&s)[NR]) {
   constexpr int VE = amk_tile_ve<WK>::v;
   const int lane = threadIdx.x & 31;
-  if (st) asm volatile("cp.async.wait_all;" ::: "memory");
   float acc[NR][4];
 #pragma unroll
   for (int r = 0; r < NR; ++r)
@@ -701,9 +668,8 @@ __device__ __forceinline__ void amk_fdot(const void* x, const unsigned char* con
       const int v = v0 + u * 32 + lane;
 #pragma unroll
       for (int r = 0; r < NR; ++r)
-        wv[r][u] = !(v < nvec && r < live) ? make_uint4(0u, 0u, 0u, 0u)
-                   : r < NS && st && v0 == 0 ? st[r * U * 32 + v]
-                                             : amk_tile_ldw((const uint4*)w[r] + v, pol);
+        wv[r][u] = v < nvec && r < live ? amk_tile_ldw((const uint4*)w[r] + v, pol)
+                                        : make_uint4(0u, 0u, 0u, 0u);
     }
 #pragma unroll
     for (int u = 0; u < U; ++u) {
@@ -742,7 +708,7 @@ __device__ __forceinline__ void amk_fdot(const void* x, const unsigned char* con
  * NR weight rows (buffer and row index), epi(j, s) stores its results (all lanes call it). */
 template <int WK, int XT, int NR, int P, typename Rows, typename Epi>
 __device__ __noinline__ void amk_fused_fast(const void* x, bool bf, unsigned long long pol, long long K,
-                                            int n_units, Rows rows, Epi epi, const uint4* st) {
+                                            int n_units, Rows rows, Epi epi) {
   constexpr int VE = amk_tile_ve<WK>::v;
   constexpr long long ESZ = WK == AMK_TILE_W_F32 ? 4 : 2;
   const int nvec = (int)(K / VE);
@@ -761,9 +727,7 @@ __device__ __noinline__ void amk_fused_fast(const void* x, bool bf, unsigned lon
       if (p > 0 && ok) live += NR;
     }
     float s[P * NR];
-    amk_fdot<WK, XT, P * NR, AMK_FUSED_VECS / NR, AMK_WSTAGE ? NR : 0>(x, w, nvec, live, bf, pol, s,
-                                                                        st);
-    st = nullptr; /* only the warp's first unit was staged */
+    amk_fdot<WK, XT, P * NR, AMK_FUSED_VECS / NR>(x, w, nvec, live, bf, pol, s);
 #pragma unroll
     for (int p = 0; p < P; ++p) {
       if (p * NR < live) {
@@ -805,27 +769,26 @@ __device__ __noinline__ void amk_fused_generic(const amk_frow r, long long K, in
  * the vector width; the generic path otherwise. P: units a warp streams at once (AMK_FUSED_PAIR). */
 template <int NR, int P, typename Rows, typename Epi>
 __device__ __forceinline__ void amk_fused_pick(const amk_frow& r, long long K, int wdt, bool w_al16,
-                                               int n_units, Rows rows, Epi epi, const uint4* st) {
+                                               int n_units, Rows rows, Epi epi) {
   const int wk = wdt == AMK_F32 ? AMK_TILE_W_F32 : wdt == AMK_F16 ? AMK_TILE_W_F16
                : wdt == AMK_BF16 ? AMK_TILE_W_BF16 : -1;
   if (!r.p || wk < 0 || !w_al16 || amk_urem(K, amk_tile_ve_of(wk)) != 0) {
-    if (st) asm volatile("cp.async.wait_all;" ::: "memory"); /* no copy outlives the task */
     amk_fused_generic<NR>(r, K, n_units, rows, epi);
     return;
   }
   const bool bf = r.dt == AMK_BF16, xf = r.dt == AMK_F32;
   switch (wk) {
     case AMK_TILE_W_F32:
-      if (xf) amk_fused_fast<AMK_TILE_W_F32, AMK_F32, NR, P>(r.p, bf, r.pol, K, n_units, rows, epi, st);
-      else amk_fused_fast<AMK_TILE_W_F32, AMK_BF16, NR, P>(r.p, bf, r.pol, K, n_units, rows, epi, st);
+      if (xf) amk_fused_fast<AMK_TILE_W_F32, AMK_F32, NR, P>(r.p, bf, r.pol, K, n_units, rows, epi);
+      else amk_fused_fast<AMK_TILE_W_F32, AMK_BF16, NR, P>(r.p, bf, r.pol, K, n_units, rows, epi);
       break;
     case AMK_TILE_W_F16:
-      if (xf) amk_fused_fast<AMK_TILE_W_F16, AMK_F32, NR, P>(r.p, bf, r.pol, K, n_units, rows, epi, st);
-      else amk_fused_fast<AMK_TILE_W_F16, AMK_BF16, NR, P>(r.p, bf, r.pol, K, n_units, rows, epi, st);
+      if (xf) amk_fused_fast<AMK_TILE_W_F16, AMK_F32, NR, P>(r.p, bf, r.pol, K, n_units, rows, epi);
+      else amk_fused_fast<AMK_TILE_W_F16, AMK_BF16, NR, P>(r.p, bf, r.pol, K, n_units, rows, epi);
       break;
     default:
-      if (xf) amk_fused_fast<AMK_TILE_W_BF16, AMK_F32, NR, P>(r.p, bf, r.pol, K, n_units, rows, epi, st);
-      else amk_fused_fast<AMK_TILE_W_BF16, AMK_BF16, NR, P>(r.p, bf, r.pol, K, n_units, rows, epi, st);
+      if (xf) amk_fused_fast<AMK_TILE_W_BF16, AMK_F32, NR, P>(r.p, bf, r.pol, K, n_units, rows, epi);
+      else amk_fused_fast<AMK_TILE_W_BF16, AMK_BF16, NR, P>(r.p, bf, r.pol, K, n_units, rows, epi);
       break;
   }
 }
@@ -845,61 +808,16 @@ __device__ __forceinline__ void amk_fused_pick(const amk_frow& r, long long K, i
 /* amk_fused_pick<NR, P> for a tile that pairs its units (above), else amk_fused_pick<NR, 1>. */
 template <int NR, int P, typename Rows, typename Epi>
 __device__ __forceinline__ void amk_fused_run(const amk_frow& r, long long K, int wdt, bool w_al16,
-                                              int n_units, Rows rows, Epi epi,
-                                              const uint4* st = nullptr) {
+                                              int n_units, Rows rows, Epi epi) {
   if constexpr (P > 1) {
     const long long row_bytes = K * (wdt == AMK_F32 ? 4 : 2);
     if (n_units < AMK_FUSED_PAIR_MIN * AMK_WARPS &&
         (n_units < AMK_FUSED_PAIR_MIN_LONG * AMK_WARPS || row_bytes < 8192)) {
-      amk_fused_pick<NR, 1>(r, K, wdt, w_al16, n_units, rows, epi, st);
+      amk_fused_pick<NR, 1>(r, K, wdt, w_al16, n_units, rows, epi);
       return;
     }
   }
-  amk_fused_pick<NR, P>(r, K, wdt, w_al16, n_units, rows, epi, st);
-}
-
-/* The warp's amk_wfirst for a fused tile of n_units units of NR rows (rows, as amk_fused_run),
- * or none when the vector path will not run or shared memory is short. */
-template <int NR, typename Rows>
-__device__ __forceinline__ amk_wfirst amk_fused_first(const amk_task_ctx& ctx, const amk_buffer_t* x,
-                                                      long long K, int wdt, bool w_al16, int n_units,
-                                                      Rows rows) {
-  amk_wfirst f = {};
-#if AMK_WSTAGE
-  constexpr int CH = 32 * (AMK_FUSED_VECS / NR);
-  constexpr long long STB = (long long)AMK_WARPS * NR * CH * 16;
-  const int warp = threadIdx.x >> 5;
-  const bool f32 = wdt == AMK_F32;
-  const long long ve = f32 ? 4 : 8;
-  if (warp >= n_units || !(f32 || wdt == AMK_F16 || wdt == AMK_BF16) || !w_al16 || K % ve != 0 ||
-      !amk_is_vec(x->dtype) || !amk_al16(x->ptr) ||
-      K * (x->dtype == AMK_F32 ? 4 : 2) + STB > ctx.smem_bytes)
-    return f;
-  const amk_buffer_t* wb[NR];
-  long long row[NR];
-  rows(warp, wb, row);
-  const long long esz = f32 ? 4 : 2;
-  f.w0 = (const uint4*)((const unsigned char*)wb[0]->ptr + row[0] * K * esz);
-  f.w1 = NR > 1 ? (const uint4*)((const unsigned char*)wb[NR - 1]->ptr + row[NR - 1] * K * esz)
-                : nullptr;
-  f.st = (uint4*)(ctx.smem + ctx.smem_bytes - STB) + (long long)warp * NR * CH;
-  f.ch = CH;
-  f.nv = (int)(K / ve < CH ? K / ve : CH);
-  f.pol = amk_weight_policy(ctx.prog->flags);
-#endif
-  return f;
-}
-
-/* A fused tile from its row to its stores: the row prepared (amk_frow_make, with the warps'
- * first weights copied behind its loads under AMK_WSTAGE), then amk_fused_run. */
-template <int NR, int P, typename Rows, typename Epi>
-__device__ __forceinline__ void amk_fused_tile(const amk_task_ctx& ctx, const amk_buffer_t* x,
-                                               const amk_buffer_t* nw, long long K, float eps,
-                                               int wdt, bool w_al16, int n_units, Rows rows,
-                                               Epi epi) {
-  const amk_wfirst f = amk_fused_first<NR>(ctx, x, K, wdt, w_al16, n_units, rows);
-  const amk_frow r = amk_frow_make(ctx, x, nw, K, eps, f);
-  amk_fused_run<NR, P>(r, K, wdt, w_al16, n_units, rows, epi, f.nv > 0 ? f.st : nullptr);
+  amk_fused_pick<NR, P>(r, K, wdt, w_al16, n_units, rows, epi);
 }
 
 /* Shared operand checks of the fused tiles (the validator's opcheck::fused_row, again on the
@@ -941,46 +859,24 @@ __device__ __forceinline__ bool amk_row_tile_check(const amk_task_ctx& ctx, cons
   return true;
 }
 
-/* The one-row projection's units (row n_off + j of w) and stores (y[c] = s + bias[c]). */
-struct amk_row_rows {
-  const amk_buffer_t* w;
-  int n_off;
-  __device__ void operator()(int j, const amk_buffer_t* (&wb)[1], long long (&row)[1]) const {
-    wb[0] = w;
-    row[0] = n_off + j;
-  }
-};
-struct amk_row_epi {
-  const amk_buffer_t* y;
-  const amk_buffer_t* bias;
-  int n_off;
-  __device__ void operator()(int j, const float (&s)[1]) const {
-    if ((threadIdx.x & 31) == 0) {
-      const long long c = n_off + j;
-      amk_stf(y, c, s[0] + (bias ? amk_ldf(bias, c) : 0.0f));
-    }
-  }
-};
-
 /* Columns [n_off, n_off + n_tile) of y = row . w^T (+ bias) for a prepared row r (one weight row
- * per warp at a time, amk_fused_run): ATTENTION_GEMV, which builds its row itself. w_al16: w's
- * base is 16-byte aligned. */
+ * per warp at a time, amk_fused_run): GEMV_TILE's one-row path, RMSNORM_GEMV and ATTENTION_GEMV.
+ * w_al16: w's base is 16-byte aligned. */
 __device__ __forceinline__ void amk_row_tile_run(const amk_frow& r, long long K, const amk_buffer_t* w,
                                                  bool w_al16, int n_tile, int n_off,
                                                  const amk_buffer_t* y, const amk_buffer_t* bias) {
-  amk_fused_run<1, AMK_FUSED_PAIR_OF(1)>(r, K, w->dtype, w_al16, n_tile, amk_row_rows{w, n_off},
-                                         amk_row_epi{y, bias, n_off});
-}
-
-/* amk_row_tile_run of the row x (normalised with nw when given), prepared by the tile
- * (amk_fused_tile): GEMV_TILE's one-row path and RMSNORM_GEMV. */
-__device__ __forceinline__ void amk_row_tile(const amk_task_ctx& ctx, const amk_buffer_t* x,
-                                             const amk_buffer_t* nw, long long K, float eps,
-                                             const amk_buffer_t* w, bool w_al16, int n_tile,
-                                             int n_off, const amk_buffer_t* y,
-                                             const amk_buffer_t* bias) {
-  amk_fused_tile<1, AMK_FUSED_PAIR_OF(1)>(ctx, x, nw, K, eps, w->dtype, w_al16, n_tile,
-                                          amk_row_rows{w, n_off}, amk_row_epi{y, bias, n_off});
+  amk_fused_run<1, AMK_FUSED_PAIR_OF(1)>(
+      r, K, w->dtype, w_al16, n_tile,
+      [=](int j, const amk_buffer_t* (&wb)[1], long long (&row)[1]) {
+        wb[0] = w;
+        row[0] = n_off + j;
+      },
+      [=](int j, const float (&s)[1]) {
+        if ((threadIdx.x & 31) == 0) {
+          const long long c = n_off + j;
+          amk_stf(y, c, s[0] + (bias ? amk_ldf(bias, c) : 0.0f));
+        }
+      });
 }
 
 /* The tile's arguments from its descriptors and params (block-uniform). CHECK: also what the
@@ -1139,7 +1035,8 @@ __device__ __forceinline__ void amk_tile_run(const amk_task_ctx& ctx, bool gemm)
        same sums in the same order. It keeps its operands in registers, so it stays fast when
        a launch reserves shared memory (which shrinks the L1 cache that amk_tile_fast's
        arguments live in; docs/perf-notes.md round 4). */
-    amk_row_tile(ctx, a.xb, nullptr, a.K, 0.0f, a.wb, true, a.n_tile, a.n_off, a.ob, a.bias);
+    const amk_frow r = amk_frow_make(ctx, a.xb, nullptr, a.K, 0.0f);
+    amk_row_tile_run(r, a.K, a.wb, true, a.n_tile, a.n_off, a.ob, a.bias);
     return;
   }
   switch (a.wk) {

@@ -2,8 +2,8 @@
  * are ops/rmsnorm-gemv/src/reference.rs: columns [n_off, n_off + N_tile) of
  * y = rmsnorm(x, norm_w, eps) @ W^T (+ bias) for one row x.
  *
- * The fused-tile machinery is backends/cuda/include/amk_tile.cuh (amk_row_tile: amk_frow_make
- * normalises the row into shared memory, amk_fused_run streams the weight rows): one weight row per warp at a
+ * The fused-tile machinery is backends/cuda/include/amk_tile.cuh (amk_frow_make normalises the
+ * row into shared memory, amk_row_tile_run streams the weight rows): one weight row per warp at a
  * time, 8 16-byte vectors in flight per lane, as GEMV_TILE. */
 
 /* The tile's operands and params. */
@@ -46,6 +46,6 @@ __device__ void amk_op_rmsnorm_gemv(const amk_task_ctx& ctx) {
   rg_args a;
   rg_setup<false>(ctx, a);
   if (!amk_task_wait(ctx)) return; /* the checks read descriptors only */
-  amk_row_tile(ctx, a.x, a.nw, a.K, ctx.inst->params.eps, a.w, amk_al16(a.w->ptr), a.n_tile,
-               a.n_off, a.y, a.bias);
+  const amk_frow r = amk_frow_make(ctx, a.x, a.nw, a.K, ctx.inst->params.eps);
+  amk_row_tile_run(r, a.K, a.w, amk_al16(a.w->ptr), a.n_tile, a.n_off, a.y, a.bias);
 }

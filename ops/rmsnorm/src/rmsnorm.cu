@@ -47,7 +47,7 @@ __device__ void amk_op_rmsnorm(const amk_task_ctx& ctx) {
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     if (vec && (h >> 3) <= 32 * AMK_RMS_VW) {
       amk_rms_rows<32, AMK_RMS_VW>(x->ptr, x->dtype, w->ptr, w->dtype, out->ptr, out->dtype, h, eps, rows,
-                           warp, AMK_WARPS, lane, amk_wfirst{});
+                           warp, AMK_WARPS, lane);
       return;
     }
     for (long long r = warp; r < rows; r += AMK_WARPS) {
@@ -68,7 +68,7 @@ __device__ void amk_op_rmsnorm(const amk_task_ctx& ctx) {
   }
   if (vec && (h >> 3) <= (long long)AMK_THREADS * AMK_RMS_VB) {
     amk_rms_rows<AMK_THREADS, AMK_RMS_VB>(x->ptr, x->dtype, w->ptr, w->dtype, out->ptr, out->dtype, h,
-                                  eps, rows, 0, 1, threadIdx.x, amk_wfirst{});
+                                  eps, rows, 0, 1, threadIdx.x);
     return;
   }
   for (long long r = 0; r < rows; ++r) {
