@@ -727,7 +727,9 @@ __device__ __noinline__ void amk_fused_fast(const void* x, bool bf, unsigned lon
       if (p > 0 && ok) live += NR;
     }
     float s[P * NR];
-    amk_fdot<WK, XT, P * NR, AMK_FUSED_VECS / NR>(x, w, nvec, live, bf, pol, s);
+    /* P > 2 (short rows, amk_fused_run): the same registers, fewer vectors of each row a pass */
+    amk_fdot<WK, XT, P * NR, (P > 2 ? AMK_FUSED_VECS * 2 / P : AMK_FUSED_VECS) / NR>(x, w, nvec, live,
+                                                                                bf, pol, s);
 #pragma unroll
     for (int p = 0; p < P; ++p) {
       if (p * NR < live) {
@@ -805,7 +807,17 @@ __device__ __forceinline__ void amk_fused_pick(const amk_frow& r, long long K, i
 #define AMK_FUSED_PAIR_MIN_LONG 4
 #endif
 
-/* amk_fused_pick<NR, P> for a tile that pairs its units (above), else amk_fused_pick<NR, 1>. */
+/* A one-row projection that pairs its units and whose weight rows are at most this many bytes
+ * streams four units a warp at once instead of two, each with half the vectors a pass (a pass
+ * of two 1,152-byte SmolLM2 LM-head rows fills 72 of a lane's 8 x 32 slots: 2.3 KB a warp in
+ * flight, and that LM head streamed 1.6 TB/s against the 1B's 3.0; docs/perf-notes.md round
+ * 16). 0: never. */
+#ifndef AMK_FUSED_QUAD_BYTES
+#define AMK_FUSED_QUAD_BYTES 2048
+#endif
+
+/* amk_fused_pick<NR, P> for a tile that pairs its units (above), else amk_fused_pick<NR, 1>;
+ * <NR, 2P> for a paired one-row projection of short rows (AMK_FUSED_QUAD_BYTES). */
 template <int NR, int P, typename Rows, typename Epi>
 __device__ __forceinline__ void amk_fused_run(const amk_frow& r, long long K, int wdt, bool w_al16,
                                               int n_units, Rows rows, Epi epi) {
@@ -815,6 +827,12 @@ __device__ __forceinline__ void amk_fused_run(const amk_frow& r, long long K, in
         (n_units < AMK_FUSED_PAIR_MIN_LONG * AMK_WARPS || row_bytes < 8192)) {
       amk_fused_pick<NR, 1>(r, K, wdt, w_al16, n_units, rows, epi);
       return;
+    }
+    if constexpr (NR == 1 && P == 2 && AMK_FUSED_QUAD_BYTES > 0) {
+      if (row_bytes <= AMK_FUSED_QUAD_BYTES) {
+        amk_fused_pick<NR, 2 * P>(r, K, wdt, w_al16, n_units, rows, epi);
+        return;
+      }
     }
   }
   amk_fused_pick<NR, P>(r, K, wdt, w_al16, n_units, rows, epi);
