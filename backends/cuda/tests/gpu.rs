@@ -190,7 +190,9 @@ mod conformance_l2_prefetch {
 /// The whole suite again with every fused tile streaming two units a warp at once (by default
 /// only long tiles do, docs/perf-notes.md round 14, and the suite's tiles are small), so that
 /// the paired loop — a partner unit or none, the epilogue of each — stays checked against the
-/// CPU VM. Its own cubin: `scripts/gpu-check.sh build` precompiles it.
+/// CPU VM; one-row projections of rows up to `AMK_FUSED_QUAD_BYTES` take four units a warp
+/// (round 16). The two-unit loop on longer rows runs in the SmolLM2 f32 tests (its LM head).
+/// Its own cubin: `scripts/gpu-check.sh build` precompiles it.
 mod conformance_paired {
     amk_conformance::conformance_tests!(maybe: amk_backend_cuda::test_support::gpu_with_options(
         "conformance_paired",
