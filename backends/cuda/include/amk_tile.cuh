@@ -691,9 +691,10 @@ __device__ __forceinline__ void amk_fdot(const void* x, const unsigned char* con
   for (int r = 0; r < NR; ++r) s[r] = amk_warp_sum((acc[r][0] + acc[r][1]) + (acc[r][2] + acc[r][3]));
 }
 
-/* Units a warp streams at once on the vector path (1 or 2, the template parameter P): with 2,
- * a warp loads the rows of its units j and j + AMK_WARPS together, twice the bytes in flight a
- * lane (a 1B projection row is one batch of loads, so one DRAM round trip per unit otherwise).
+/* Units a warp streams at once on the vector path (the template parameter P, which
+ * amk_fused_run picks: 1, 2, or 4 for short rows): with 2, a warp loads the rows of its units j
+ * and j + AMK_WARPS together, twice the bytes in flight a lane (a 1B projection row is one
+ * batch of loads, so one DRAM round trip per unit otherwise).
  * AMK_FUSED_PAIR says which tiles may pair their units, a bit each: 1 the one-row projection
  * (GEMV_TILE's one-row path, RMSNORM_GEMV, ATTENTION_GEMV), 2 GATE_UP_SILU, 4 QKV_ROPE_APPEND;
  * amk_fused_run says when they do (docs/perf-notes.md round 14). Default 1: with 7 the 8B's
@@ -768,7 +769,7 @@ __device__ __noinline__ void amk_fused_generic(const amk_frow r, long long K, in
 
 /* Runs a fused tile: the vector path when the row is in place, every weight buffer has dtype
  * `wdt` (one of F32/F16/BF16, else -1) and a 16-byte aligned base (`w_al16`) and K is a multiple of
- * the vector width; the generic path otherwise. P: units a warp streams at once (AMK_FUSED_PAIR). */
+ * the vector width; the generic path otherwise. P: units a warp streams at once (amk_fused_run). */
 template <int NR, int P, typename Rows, typename Epi>
 __device__ __forceinline__ void amk_fused_pick(const amk_frow& r, long long K, int wdt, bool w_al16,
                                                int n_units, Rows rows, Epi epi) {
