@@ -76,10 +76,12 @@ build)
     # The megakernel compiled ahead of time for the GPU that will run it (PRECOMPILE=sm_90a by
     # default, empty to skip): NVRTC takes minutes there otherwise. Needs libnvrtc here.
     rm -rf "$CARRY/a/cubin"
-    # PRECOMPILE_DEFINES (';'-separated AMK_CUDA_DEFINES values) adds device-code variants:
-    # by default the one the `conformance_paired` tests run, more for `abdef`.
+    # `amk ops compile`'s default kernels: every op's, and the Llama decode programs' in f32,
+    # f16 and bf16 (a program's kernel holds only its ops, so the op-level tests' small kernels
+    # compile on the GPU machine, in seconds). PRECOMPILE_DEFINES (';'-separated
+    # AMK_CUDA_DEFINES values) adds device-code variants for `abdef`.
     for arch in ${PRECOMPILE-sm_90a}; do
-        IFS=';' read -ra variants <<< "${PRECOMPILE_DEFINES-AMK_FUSED_PAIR_MIN=0 AMK_FUSED_PAIR_MIN_LONG=0}"
+        IFS=';' read -ra variants <<< "${PRECOMPILE_DEFINES-}"
         for defs in "" "${variants[@]}"; do
             AMK_CUDA_DEFINES="$defs" "$CARRY/a/amk" ops compile --arch "$arch" \
                 --cache-dir "$CARRY/a/cubin" ||

@@ -1,9 +1,13 @@
 //! `amk ops list [--json]`: what the registry holds. `amk ops compile --arch sm_XY`: its
 //! megakernel compiled ahead of time into the cubin cache.
 
+use amk_backend_cuda::assemble::megakernel_source;
+use amk_core::ir::{DType, Program};
 use amk_core::{Origin, Registry};
 use serde_json::{Value, json};
 use std::process::ExitCode;
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicUsize, Ordering};
 
 /// Subcommands of `amk ops`.
 #[derive(clap::Subcommand)]
@@ -23,11 +27,17 @@ pub enum OpsCommand {
         /// `sm_89`, `sm_120`, ...); repeatable.
         #[arg(long = "arch", value_name = "sm_XY", required = true, value_parser = parse_arch)]
         archs: Vec<String>,
+        /// The kernels to compile, by what runs them: `f32`, `f16`, `bf16` (a Llama model's
+        /// decode programs in that dtype: a program's kernel holds only its ops and its
+        /// dtype's weight-streaming loop) or `any` (the kernel of every op, which programs
+        /// with a FUSED task run); repeatable. Default: all four.
+        #[arg(long = "dtype", value_name = "any|f32|f16|bf16", value_parser = parse_kind)]
+        dtypes: Vec<Kind>,
         /// Cache directory (default: `$AMK_CUDA_CACHE`, else `$XDG_CACHE_HOME/amk/cubin`,
         /// else `~/.cache/amk/cubin`).
         #[arg(long, value_name = "DIR")]
         cache_dir: Option<std::path::PathBuf>,
-        /// Machine-readable output (one JSON object per architecture, in an array).
+        /// Machine-readable output (one JSON object per kernel, in an array).
         #[arg(long)]
         json: bool,
     },
@@ -48,41 +58,160 @@ fn parse_arch(s: &str) -> Result<String, String> {
     }
 }
 
-/// Compiles for each architecture in turn; stops at the first failure (exit 1). With `json`,
-/// the architectures compiled so far are printed either way.
+/// What `--dtype` names: the kernel of every op (`any`), or a model dtype's.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kind {
+    /// Every op and every loop: the kernel of programs with a FUSED task.
+    Any,
+    /// The decode programs of a Llama model in this dtype.
+    Model(DType),
+}
+
+fn parse_kind(s: &str) -> Result<Kind, String> {
+    if s.eq_ignore_ascii_case("any") {
+        return Ok(Kind::Any);
+    }
+    crate::model_cmd::parse_dtype(s)
+        .map(Kind::Model)
+        .map_err(|_| format!("'{s}' is not one of any, f32, f16, bf16"))
+}
+
+/// The decode programs that `amk generate`, `amk bench` and `amk run` lower a Llama model to
+/// in `dtype`, one per kernel they can need: the tuned and the reference schedule, each with
+/// and without the argmax. A kernel depends on the program's ops and dtypes only, so the
+/// SmolLM2-135M shape stands for every Llama shape.
+fn llama_programs(dtype: DType) -> Result<Vec<(String, Program)>, String> {
+    use amk_model_llama::lower::{LowerOptions, lower, tuned_schedule};
+    use amk_model_llama::{Model, presets};
+    let cfg = presets::preset("smollm2-135m").map_err(|e| e.to_string())?;
+    let model = Model::shape_only(cfg, "smollm2-135m shape");
+    let target = amk_core::GpuTarget::by_name("h100").ok_or("no h100 target")?;
+    let mut out = Vec::new();
+    for (sname, schedule) in [
+        ("tuned", tuned_schedule()),
+        ("default", amk_core::ScheduleConfig::default()),
+    ] {
+        for argmax in [true, false] {
+            let opts = LowerOptions {
+                dtype,
+                max_seq: Some(64),
+                pos: 0,
+                argmax,
+            };
+            let p = lower(&model, &schedule, &target, &opts)
+                .map_err(|e| e.to_string())?
+                .program;
+            let what = if argmax { ", argmax" } else { "" };
+            let name = format!("{} {sname}{what}", dtype.name().to_ascii_lowercase());
+            out.push((name, p));
+        }
+    }
+    Ok(out)
+}
+
+/// One kernel to compile: architecture, what it is for, the program (`None`: every op).
+type Job<'a> = (&'a String, String, Option<Program>);
+
+/// Compiles the kernels `archs` x `kinds` need (each distinct source once), as many at once as
+/// this machine has cores (NVRTC compiles on one thread); exit 1 if any failed, after the rest
+/// finished. With `json`, every kernel that compiled is printed either way.
 fn compile(
     reg: &Registry,
     archs: &[String],
+    kinds: &[Kind],
     dir: Option<&std::path::Path>,
     json: bool,
 ) -> ExitCode {
+    let kinds: Vec<Kind> = if kinds.is_empty() {
+        vec![
+            Kind::Any,
+            Kind::Model(DType::F32),
+            Kind::Model(DType::F16),
+            Kind::Model(DType::BF16),
+        ]
+    } else {
+        kinds.to_vec()
+    };
+    let mut programs: Vec<(String, Option<Program>)> = Vec::new();
+    for k in kinds {
+        match k {
+            Kind::Any => programs.push(("any".into(), None)),
+            Kind::Model(dt) => match llama_programs(dt) {
+                Ok(ps) => programs.extend(ps.into_iter().map(|(n, p)| (n, Some(p)))),
+                Err(e) => {
+                    eprintln!("amk: lowering the {} programs: {e}", dt.name());
+                    return ExitCode::from(1);
+                }
+            },
+        }
+    }
+    // One kernel per distinct source: programs with the same ops and dtypes share one.
+    let opts = amk_backend_cuda::CudaOptions::default();
+    let mut seen: Vec<String> = Vec::new();
+    programs.retain(|(_, p)| {
+        let src = megakernel_source(reg, opts.knobs(p.as_ref(), reg))
+            .map(|m| m.source)
+            .unwrap_or_default();
+        let new = !seen.contains(&src);
+        seen.push(src);
+        new
+    });
+    let jobs: Vec<Job<'_>> = archs
+        .iter()
+        .flat_map(|a| programs.iter().map(move |(n, p)| (a, n.clone(), p.clone())))
+        .collect();
+    if !json {
+        eprintln!(
+            "amk: compiling {} megakernel(s) (NVRTC; up to minutes each for a cold cache) ...",
+            jobs.len()
+        );
+    }
+    let width = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let next = AtomicUsize::new(0);
+    let results = Mutex::new(Vec::new());
+    std::thread::scope(|s| {
+        for _ in 0..width.min(jobs.len()) {
+            s.spawn(|| {
+                loop {
+                    let i = next.fetch_add(1, Ordering::Relaxed);
+                    let Some((arch, _, p)) = jobs.get(i) else {
+                        break;
+                    };
+                    let t0 = std::time::Instant::now();
+                    let r = amk_backend_cuda::precompile(reg, arch, dir, p.as_ref());
+                    let secs = t0.elapsed().as_secs_f64();
+                    if let Ok(mut v) = results.lock() {
+                        v.push((i, r, secs));
+                    }
+                }
+            });
+        }
+    });
+    let mut results = results.into_inner().unwrap_or_default();
+    results.sort_by_key(|r| r.0);
     let mut out = Vec::new();
     let mut status = ExitCode::SUCCESS;
-    for arch in archs {
-        if !json {
-            eprintln!(
-                "amk: compiling the megakernel for {arch} (NVRTC; minutes for a cold cache) ..."
-            );
-        }
-        let t0 = std::time::Instant::now();
-        let (path, bytes, cached) = match amk_backend_cuda::precompile(reg, arch, dir) {
-            Ok(r) => r,
-            Err(e) => {
-                eprintln!("amk: {arch}: {e}");
-                status = ExitCode::from(1);
-                break;
+    for (i, r, secs) in results {
+        let (arch, what, _) = &jobs[i];
+        match r {
+            Ok((path, bytes, cached)) => {
+                if json {
+                    out.push(
+                        json!({"arch": arch, "for": what, "path": path, "bytes": bytes,
+                                    "cached": cached, "seconds": secs}),
+                    );
+                } else {
+                    let how = if cached { "already cached" } else { "compiled" };
+                    println!(
+                        "{arch} ({what}): {how}, {bytes} bytes, {secs:.1} s: {}",
+                        path.display()
+                    );
+                }
             }
-        };
-        let secs = t0.elapsed().as_secs_f64();
-        if json {
-            out.push(json!({"arch": arch, "path": path, "bytes": bytes,
-                            "cached": cached, "seconds": secs}));
-        } else {
-            let how = if cached { "already cached" } else { "compiled" };
-            println!(
-                "{arch}: {how}, {bytes} bytes, {secs:.1} s: {}",
-                path.display()
-            );
+            Err(e) => {
+                eprintln!("amk: {arch} ({what}): {e}");
+                status = ExitCode::from(1);
+            }
         }
     }
     if json {
@@ -148,9 +277,10 @@ pub fn run(cmd: &OpsCommand) -> ExitCode {
     match cmd {
         OpsCommand::Compile {
             archs,
+            dtypes,
             cache_dir,
             json,
-        } => compile(&reg, archs, cache_dir.as_deref(), *json),
+        } => compile(&reg, archs, dtypes, cache_dir.as_deref(), *json),
         OpsCommand::List { json } => {
             if *json {
                 let doc = Value::Array(rows(&reg));

@@ -85,9 +85,25 @@ fn ops_compile_without_the_cuda_feature_says_so() {
     ]);
     assert_eq!(out.status.code(), Some(1));
     let err = String::from_utf8_lossy(&out.stderr);
+    // Every kernel of the default set says so: every op's, and the Llama programs' by dtype.
+    for what in ["any", "f32 tuned, argmax", "f16 default", "bf16 tuned"] {
+        assert!(
+            err.contains(&format!(
+                "sm_90a ({what}): this amk was built without the `cuda` feature"
+            )),
+            "{what}: {err}"
+        );
+    }
+    assert!(!dir.exists(), "nothing is written");
+}
+
+#[test]
+fn ops_compile_rejects_an_unknown_dtype() {
+    let out = amk(&["ops", "compile", "--arch", "sm_90a", "--dtype", "int8"]);
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
     assert!(
-        err.contains("sm_90a: this amk was built without the `cuda` feature"),
+        err.contains("'int8' is not one of any, f32, f16, bf16"),
         "{err}"
     );
-    assert!(!dir.exists(), "nothing is written");
 }

@@ -30,7 +30,7 @@ pub use import::Importer;
 pub use ir::*;
 pub use registry::{
     CheckFn, CudaSource, Finding, OpRegistration, OpSpec, Origin, PARAM_FIELDS, ParamDecl,
-    ParamType, Registry, TaskContext, WriteRegion,
+    ParamType, Registry, RowLoop, TaskContext, WriteRegion,
 };
 pub use tensor::{Storage, Tensor, round_to};
 pub use validate::{

@@ -271,6 +271,21 @@ pub struct CudaSource {
     /// runs: the op's cold code then runs while the producers still work, off the critical
     /// path. docs/adding-an-op.md says how.
     pub own_wait: bool,
+    /// The function streams weight rows against one row of activations through the fused
+    /// tiles' vector loop (`amk_row_tile_run` / `amk_fused_run` in `amk_tile.cuh`): which of
+    /// its inputs is that row and which are the weights. The backend compiles the loop only
+    /// for the (weight, row) dtype pairs a program's tasks name (docs/perf-notes.md round 17);
+    /// an op that runs the loop without saying so still computes right, on the generic path.
+    pub row_loop: Option<RowLoop>,
+}
+
+/// The operands of an op's weight-streaming loop ([`CudaSource::row_loop`]), as input indices.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RowLoop {
+    /// The input holding the row the weights multiply.
+    pub row: usize,
+    /// The inputs holding weight rows.
+    pub weights: &'static [usize],
 }
 
 impl CudaSource {
@@ -281,6 +296,7 @@ impl CudaSource {
             entry: Cow::Borrowed(entry),
             shared_bytes: 0,
             own_wait: false,
+            row_loop: None,
         }
     }
 
@@ -293,6 +309,13 @@ impl CudaSource {
     /// The same source, its device function calling `amk_task_wait` itself.
     pub const fn with_own_wait(mut self) -> Self {
         self.own_wait = true;
+        self
+    }
+
+    /// The same source, its function running the weight-streaming loop with input `row` as
+    /// the row and `weights` as the weight rows ([`CudaSource::row_loop`]).
+    pub const fn with_row_loop(mut self, row: usize, weights: &'static [usize]) -> Self {
+        self.row_loop = Some(RowLoop { row, weights });
         self
     }
 }

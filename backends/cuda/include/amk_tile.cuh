@@ -573,8 +573,15 @@ struct amk_frow {
   unsigned long long pol; /* L2 policy of the weight loads (amk_weight_policy) */
 };
 
-/* Element k of the row on the generic path: x[k], normalised and rounded when there is a norm. */
+/* Element k of the row on the generic path: the prepared row when the tile made one (r.p, of
+ * x's dtype: a vector pair whose loop this build left out, amk_fused_pick), else x[k],
+ * normalised and rounded when there is a norm. */
 __device__ __forceinline__ float amk_frow_at(const amk_frow& r, long long k) {
+  if (r.p) {
+    if (r.dt == AMK_F32) return ((const float*)r.p)[k];
+    const uint16_t h = ((const uint16_t*)r.p)[k];
+    return r.dt == AMK_BF16 ? amk_bf16_to_f32(h) : amk_f16_to_f32(h);
+  }
   const float v = amk_ldf(r.x, k);
   if (!r.nw) return v;
   return amk_round_dt(r.dt, (float)((double)v * r.inv * (double)amk_ldf(r.nw, k)));
@@ -767,33 +774,43 @@ __device__ __noinline__ void amk_fused_generic(const amk_frow r, long long K, in
   }
 }
 
+/* The vector loops compiled in, a bit per (weight, row) dtype pair: bit 2 * wk + x16, where wk
+ * is the weights' AMK_TILE_W_F32/F16/BF16 and x16 is 1 for a 16-bit row (f16 and bf16 rows share
+ * a loop), 0 for an f32 row. The backend defines it from the program's tasks (the pairs its
+ * row-loop ops name; every pair when it cannot tell): the loops a program never runs are not in
+ * its kernel, and that measured 0.011-0.023 ms a token faster on every shape
+ * (docs/perf-notes.md round 16 §7, round 17). A pair left out takes the generic loop. */
+#ifndef AMK_FUSED_LOOPS
+#define AMK_FUSED_LOOPS 63
+#endif
+#define AMK_FUSED_HAS(wk, x16) ((AMK_FUSED_LOOPS >> (2 * (wk) + (x16))) & 1)
+
 /* Runs a fused tile: the vector path when the row is in place, every weight buffer has dtype
- * `wdt` (one of F32/F16/BF16, else -1) and a 16-byte aligned base (`w_al16`) and K is a multiple of
- * the vector width; the generic path otherwise. P: units a warp streams at once (amk_fused_run). */
+ * `wdt` (one of F32/F16/BF16, else -1) and a 16-byte aligned base (`w_al16`), K is a multiple of
+ * the vector width and the pair's loop is compiled in (AMK_FUSED_LOOPS); the generic path
+ * otherwise. P: units a warp streams at once (amk_fused_run). */
 template <int NR, int P, typename Rows, typename Epi>
 __device__ __forceinline__ void amk_fused_pick(const amk_frow& r, long long K, int wdt, bool w_al16,
                                                int n_units, Rows rows, Epi epi) {
   const int wk = wdt == AMK_F32 ? AMK_TILE_W_F32 : wdt == AMK_F16 ? AMK_TILE_W_F16
                : wdt == AMK_BF16 ? AMK_TILE_W_BF16 : -1;
-  if (!r.p || wk < 0 || !w_al16 || amk_urem(K, amk_tile_ve_of(wk)) != 0) {
-    amk_fused_generic<NR>(r, K, n_units, rows, epi);
-    return;
-  }
   const bool bf = r.dt == AMK_BF16, xf = r.dt == AMK_F32;
-  switch (wk) {
-    case AMK_TILE_W_F32:
-      if (xf) amk_fused_fast<AMK_TILE_W_F32, AMK_F32, NR, P>(r.p, bf, r.pol, K, n_units, rows, epi);
-      else amk_fused_fast<AMK_TILE_W_F32, AMK_BF16, NR, P>(r.p, bf, r.pol, K, n_units, rows, epi);
-      break;
-    case AMK_TILE_W_F16:
-      if (xf) amk_fused_fast<AMK_TILE_W_F16, AMK_F32, NR, P>(r.p, bf, r.pol, K, n_units, rows, epi);
-      else amk_fused_fast<AMK_TILE_W_F16, AMK_BF16, NR, P>(r.p, bf, r.pol, K, n_units, rows, epi);
-      break;
-    default:
-      if (xf) amk_fused_fast<AMK_TILE_W_BF16, AMK_F32, NR, P>(r.p, bf, r.pol, K, n_units, rows, epi);
-      else amk_fused_fast<AMK_TILE_W_BF16, AMK_BF16, NR, P>(r.p, bf, r.pol, K, n_units, rows, epi);
-      break;
+  const bool vec = r.p && wk >= 0 && w_al16 && amk_urem(K, amk_tile_ve_of(wk)) == 0;
+#define AMK_FUSED_TRY(WK, XT, X16)                                                                \
+  if constexpr (AMK_FUSED_HAS(WK, X16)) {                                                         \
+    if (vec && wk == (WK) && xf == !(X16)) {                                                      \
+      amk_fused_fast<WK, XT, NR, P>(r.p, bf, r.pol, K, n_units, rows, epi);                       \
+      return;                                                                                     \
+    }                                                                                             \
   }
+  AMK_FUSED_TRY(AMK_TILE_W_BF16, AMK_BF16, 1)
+  AMK_FUSED_TRY(AMK_TILE_W_BF16, AMK_F32, 0)
+  AMK_FUSED_TRY(AMK_TILE_W_F16, AMK_BF16, 1)
+  AMK_FUSED_TRY(AMK_TILE_W_F16, AMK_F32, 0)
+  AMK_FUSED_TRY(AMK_TILE_W_F32, AMK_BF16, 1)
+  AMK_FUSED_TRY(AMK_TILE_W_F32, AMK_F32, 0)
+#undef AMK_FUSED_TRY
+  amk_fused_generic<NR>(r, K, n_units, rows, epi);
 }
 
 /* A tile pairs its units (P = 2) when a warp has at least AMK_FUSED_PAIR_MIN units, or at least

@@ -3,6 +3,7 @@
 //! dispatcher and the scheduler loop. Pure and deterministic: the same registry and options
 //! give the same text, which is what the cubin cache keys on.
 
+use crate::loops::FusedLoops;
 use amk_core::{Opcode, Registry};
 
 /// The C ABI header (mirrored by [`crate::abi`]).
@@ -32,6 +33,12 @@ pub struct Knobs {
     /// compile-time knobs (`AMK_FUSED_PAIR`, `AMK_FUSED_VECS`, ...), so that one binary can
     /// compare variants of the kernel ([`crate::CudaOptions::defines`]).
     pub defines: Vec<(String, String)>,
+    /// The fused tiles' vector loops compiled in (`AMK_FUSED_LOOPS`, [`FusedLoops`]); a
+    /// `defines` entry of that name wins over it.
+    pub fused_loops: FusedLoops,
+    /// Only these ops compiled in (`None`: every registered op). A measuring knob
+    /// ([`crate::CudaOptions::program_ops`]).
+    pub ops: Option<Vec<Opcode>>,
 }
 
 impl Default for Knobs {
@@ -39,6 +46,8 @@ impl Default for Knobs {
         Knobs {
             threads: DEFAULT_THREADS,
             defines: Vec::new(),
+            fused_loops: FusedLoops::ALL,
+            ops: None,
         }
     }
 }
@@ -109,7 +118,11 @@ pub fn megakernel_source(registry: &Registry, knobs: Knobs) -> Result<Megakernel
     let mut src = String::with_capacity(256 << 10);
     src.push_str("// amk megakernel — generated; do not edit.\n");
     src.push_str(&format!("#define AMK_THREADS {}\n", knobs.threads));
-    for (name, value) in &knobs.defines {
+    let loops = knobs
+        .fused_loops
+        .define()
+        .filter(|(n, _)| !knobs.defines.iter().any(|(d, _)| d == n));
+    for (name, value) in knobs.defines.iter().chain(loops.iter()) {
         // A name and a plain token only: the text goes into the source verbatim.
         let token = !value.is_empty()
             && value
@@ -141,6 +154,9 @@ pub fn megakernel_source(registry: &Registry, knobs: Knobs) -> Result<Megakernel
         let Some(cuda) = registry.cuda(spec.code) else {
             continue;
         };
+        if knobs.ops.as_ref().is_some_and(|o| !o.contains(&spec.code)) {
+            continue;
+        }
         if !is_identifier(&cuda.entry) {
             return Err(format!(
                 "op {}: CUDA entry '{}' is not a C identifier",

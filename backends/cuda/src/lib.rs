@@ -11,6 +11,7 @@
 pub mod abi;
 pub mod assemble;
 mod error;
+pub mod loops;
 pub mod queues;
 pub mod tables;
 
@@ -27,6 +28,7 @@ pub use stub::{CudaBackend, CudaSession, precompile};
 pub mod testing;
 
 pub use error::CudaError;
+pub use loops::FusedLoops;
 
 /// When one task ran, from the device's `%globaltimer` (nanoseconds; one clock for all SMs).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -52,6 +54,8 @@ pub struct TaskTrace {
     pub waiting: u64,
 }
 
+use amk_core::ir::Program;
+use amk_core::{Opcode, Registry};
 use std::path::PathBuf;
 use std::time::Duration;
 
@@ -109,6 +113,11 @@ pub struct CudaOptions {
     /// NAME"` sets it (a bare NAME is defined as 1); a malformed entry fails the kernel's
     /// assembly with a message.
     pub defines: Vec<(String, String)>,
+    /// Compile only the ops a program's tasks use into its kernel (every op when it has a
+    /// FUSED task, whose steps may be any op): 0.014-0.030 ms a token faster on the H100 than
+    /// the kernel of every registered op, and minutes less to compile (docs/perf-notes.md
+    /// round 17). On by default; `AMK_CUDA_PROGRAM_OPS=0` turns it off.
+    pub program_ops: bool,
 }
 
 /// The tasks whose weights the scheduler pulls into L2 ([`CudaOptions::l2_prefetch_tasks`]).
@@ -122,6 +131,31 @@ pub enum L2PrefetchTasks {
     /// Every task but those: their prefetch would run beside the attention, whose loads it
     /// slows (docs/perf-notes.md rounds 6 and 15).
     NotAfterAttention,
+}
+
+impl CudaOptions {
+    /// The knobs of the megakernel these options run `program` on: its fused loops
+    /// ([`FusedLoops::of_program`]) and, with [`CudaOptions::program_ops`], only the ops its
+    /// tasks use (every op when it has a FUSED task, whose steps may be any op). `None`: the
+    /// kernel of every op and every loop.
+    pub fn knobs(&self, program: Option<&Program>, registry: &Registry) -> assemble::Knobs {
+        let mut knobs = assemble::Knobs {
+            threads: self.threads,
+            defines: self.defines.clone(),
+            fused_loops: FusedLoops::ALL,
+            ops: None,
+        };
+        if let Some(p) = program {
+            knobs.fused_loops = FusedLoops::of_program(p, registry);
+            if self.program_ops && !p.tasks.iter().any(|t| t.op == Opcode::FUSED) {
+                let mut ops: Vec<Opcode> = p.tasks.iter().map(|t| t.op).collect();
+                ops.sort();
+                ops.dedup();
+                knobs.ops = Some(ops);
+            }
+        }
+        knobs
+    }
 }
 
 /// `NAME=VALUE NAME ...` as (name, value) pairs; a bare NAME has the value 1.
@@ -169,6 +203,7 @@ impl Default for CudaOptions {
                 .unwrap_or_default(),
             defines: std::env::var("AMK_CUDA_DEFINES")
                 .map_or_else(|_| Vec::new(), |v| parse_defines(&v)),
+            program_ops: std::env::var("AMK_CUDA_PROGRAM_OPS").map_or(true, |v| v != "0"),
         }
     }
 }

@@ -106,6 +106,7 @@ pub fn precompile(
     _registry: &Registry,
     _arch: &str,
     _cache_dir: Option<&std::path::Path>,
+    _program: Option<&amk_core::ir::Program>,
 ) -> Result<(std::path::PathBuf, usize, bool), CudaError> {
     Err(CudaError::NotCompiled)
 }

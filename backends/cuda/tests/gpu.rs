@@ -192,7 +192,7 @@ mod conformance_l2_prefetch {
 /// the paired loop — a partner unit or none, the epilogue of each — stays checked against the
 /// CPU VM; one-row projections of rows up to `AMK_FUSED_QUAD_BYTES` take four units a warp
 /// (round 16). The two-unit loop on longer rows runs in the SmolLM2 f32 tests (its LM head).
-/// Its own cubin: `scripts/gpu-check.sh build` precompiles it.
+/// Its own kernels (each case's program's), compiled on first use.
 mod conformance_paired {
     amk_conformance::conformance_tests!(maybe: amk_backend_cuda::test_support::gpu_with_options(
         "conformance_paired",
@@ -505,17 +505,12 @@ fn step_inputs(token: i64, pos: u64) -> [(&'static str, Tensor); 3] {
     ]
 }
 
-/// Weights generated on the device (`load_session_synthetic`) are the host's
-/// `SyntheticWeights::materialize` bit for bit: the SmolLM2-135M shape in f32 with synthetic
-/// weights gives the CPU VM's logits (within the f32 conformance bound) at two positions.
-#[test]
-fn synthetic_weights_on_the_device_match_the_host() {
-    let Some(gpu) = gpu_or_skip("synthetic_weights_on_the_device_match_the_host") else {
-        return;
-    };
+/// The SmolLM2-135M shape in f32 with synthetic weights generated on `gpu` gives the CPU VM's
+/// logits (within the f32 conformance bound) at two positions, under `schedule`.
+fn smollm2_f32_matches_the_cpu_vm(gpu: &CudaBackend, schedule: &amk_core::ScheduleConfig) {
     let reg = registry();
     for pos in [0u64, 5] {
-        let (v, synth) = smollm2_shape(&amk_core::ScheduleConfig::default(), DType::F32, pos, 42);
+        let (v, synth) = smollm2_shape(schedule, DType::F32, pos, 42);
         let host = synth.materialize(v.program()).unwrap();
         let inputs = step_inputs(777, pos);
         let want = cpu_vm()
@@ -541,6 +536,35 @@ fn synthetic_weights_on_the_device_match_the_host() {
         let spread = want.iter().fold(f32::INFINITY, |a, &w| a.min(w));
         assert!(scale > 0.0 && spread < scale, "degenerate logits");
     }
+}
+
+/// Weights generated on the device (`load_session_synthetic`) are the host's
+/// `SyntheticWeights::materialize` bit for bit: the SmolLM2-135M shape in f32 with synthetic
+/// weights gives the CPU VM's logits (within the f32 conformance bound) at two positions.
+#[test]
+fn synthetic_weights_on_the_device_match_the_host() {
+    let Some(gpu) = gpu_or_skip("synthetic_weights_on_the_device_match_the_host") else {
+        return;
+    };
+    smollm2_f32_matches_the_cpu_vm(&gpu, &amk_core::ScheduleConfig::default());
+}
+
+/// A fused tile whose (weight, row) pair its kernel leaves out runs the generic loop on the row
+/// the tile prepared (normalised in shared memory, or in place): the tuned SmolLM2 shape in
+/// f32 on a kernel with only the f16 loop (`AMK_FUSED_LOOPS=8`, a user's define winning over
+/// the program's set) still gives the CPU VM's logits.
+#[test]
+fn fused_tiles_without_their_loop_take_the_generic_path() {
+    let Some(gpu) = amk_backend_cuda::test_support::gpu_with_options(
+        "fused_tiles_without_their_loop_take_the_generic_path",
+        amk_backend_cuda::CudaOptions {
+            defines: amk_backend_cuda::parse_defines("AMK_FUSED_LOOPS=8"),
+            ..amk_backend_cuda::CudaOptions::default()
+        },
+    ) else {
+        return;
+    };
+    smollm2_f32_matches_the_cpu_vm(&gpu, &amk_model_llama::lower::tuned_schedule());
 }
 
 /// A decode step gives bit-identical logits however often it runs: the tuned schedule (the

@@ -746,3 +746,155 @@ fn without_a_driver_the_backend_errors_instead_of_panicking() {
         }
     }
 }
+
+/// The SmolLM2-135M shape lowered in `dtype` (no weights: the shape is all the loops need).
+fn smollm2_program(dtype: DType, schedule: &amk_core::ScheduleConfig) -> Program {
+    use amk_model_llama::lower::{LowerOptions, lower};
+    use amk_model_llama::{Model, presets};
+    let cfg = presets::preset("smollm2-135m").unwrap();
+    let m = Model::shape_only(cfg, "smollm2-135m shape");
+    let opts = LowerOptions {
+        dtype,
+        max_seq: Some(64),
+        ..LowerOptions::default()
+    };
+    let target = amk_core::GpuTarget::by_name("h100").unwrap();
+    lower(&m, schedule, &target, &opts).unwrap().program
+}
+
+/// A model program in one dtype names exactly that dtype's loop, fused (tuned) or not
+/// (reference schedule), so its kernel compiles one of the six; the define says so and the
+/// kernel of every pair has none (its source, so its cache key, is the plain one).
+#[rstest::rstest]
+fn a_model_program_compiles_its_own_dtype_loop(
+    #[values(DType::F32, DType::F16, DType::BF16)] dtype: DType,
+    #[values(false, true)] tuned: bool,
+) {
+    use amk_backend_cuda::FusedLoops;
+    let reg = registry();
+    let schedule = if tuned {
+        amk_model_llama::lower::tuned_schedule()
+    } else {
+        amk_core::ScheduleConfig::default()
+    };
+    let p = smollm2_program(dtype, &schedule);
+    let loops = FusedLoops::of_program(&p, &reg);
+    assert_eq!(
+        Some(loops),
+        FusedLoops::of_dtype(dtype),
+        "{dtype:?} tuned={tuned}"
+    );
+    let bit = match dtype {
+        DType::F32 => 1u8 << 0, /* f32 weights, f32 row */
+        DType::F16 => 1u8 << 3, /* f16 weights, 16-bit row */
+        _ => 1u8 << 5,          /* bf16 weights, 16-bit row */
+    };
+    assert_eq!(loops.bits(), bit);
+    let src = megakernel_source(
+        &reg,
+        Knobs {
+            fused_loops: loops,
+            ..Knobs::default()
+        },
+    )
+    .unwrap()
+    .source;
+    let head = &src[..src.find("#line").unwrap()];
+    assert!(
+        head.contains(&format!("#define AMK_FUSED_LOOPS {bit}\n")),
+        "{head}"
+    );
+    let plain = megakernel_source(&reg, Knobs::default()).unwrap().source;
+    assert!(!plain[..plain.find("#line").unwrap()].contains("AMK_FUSED_LOOPS"));
+}
+
+/// Mixed pairs are found per task; a program with no row-loop op gets every pair (one shared
+/// kernel); a user's own AMK_FUSED_LOOPS define wins over the program's.
+#[test]
+fn fused_loops_follow_the_tasks_operands() {
+    use amk_backend_cuda::FusedLoops;
+    let reg = registry();
+    let mut p = smollm2_program(DType::BF16, &amk_model_llama::lower::tuned_schedule());
+    // The first GEMV_TILE's row made f32: bf16 weights against an f32 row (bit 2 * 2 + 0).
+    let t = p
+        .tasks
+        .iter()
+        .find(|t| t.op == Opcode::GEMV_TILE)
+        .expect("the LM head is a GEMV_TILE")
+        .clone();
+    p.buffers[t.inputs[0] as usize].dtype = DType::F32;
+    let loops = FusedLoops::of_program(&p, &reg);
+    assert_eq!(loops.bits(), (1 << 5) | (1 << 4), "{loops}");
+    assert_eq!(loops.to_string(), "bf16/f32,bf16/16");
+    p.tasks
+        .retain(|t| reg.cuda(t.op).and_then(|c| c.row_loop).is_none());
+    assert_eq!(FusedLoops::of_program(&p, &reg), FusedLoops::ALL);
+    assert_eq!(FusedLoops::ALL.to_string(), "all");
+    assert_eq!(FusedLoops::ALL.define(), None);
+    let src = megakernel_source(
+        &reg,
+        Knobs {
+            defines: amk_backend_cuda::parse_defines("AMK_FUSED_LOOPS=33"),
+            fused_loops: FusedLoops::of_dtype(DType::BF16).unwrap(),
+            ..Knobs::default()
+        },
+    )
+    .unwrap()
+    .source;
+    let head = &src[..src.find("#line").unwrap()];
+    assert!(head.contains("#define AMK_FUSED_LOOPS 33\n"), "{head}");
+    assert_eq!(head.matches("AMK_FUSED_LOOPS").count(), 1, "{head}");
+}
+
+/// The host's bit layout is the device's: `2 * AMK_TILE_W_* + x16`, weights f32/f16/bf16 =
+/// 0/1/2, every pair by default.
+#[test]
+fn fused_loop_bits_match_the_device_code() {
+    assert!(TILE_HELPERS.contains("AMK_TILE_W_F32 = 0, AMK_TILE_W_F16 = 1, AMK_TILE_W_BF16 = 2,"));
+    assert!(TILE_HELPERS.contains("#define AMK_FUSED_LOOPS 63\n"));
+    assert!(TILE_HELPERS.contains("((AMK_FUSED_LOOPS >> (2 * (wk) + (x16))) & 1)"));
+    assert_eq!(amk_backend_cuda::FusedLoops::ALL.bits(), 63);
+}
+
+/// A program's kernel holds the ops its tasks use and no other (the dispatch has a case for
+/// each of them; a task of an op left out would fail its load, not run); a FUSED task, whose
+/// steps may be any op, brings every op back, and so does `program_ops` off. Without a
+/// program, the kernel is every op's.
+#[test]
+fn a_program_kernel_holds_only_its_ops() {
+    use amk_backend_cuda::CudaOptions;
+    let reg = registry();
+    let p = smollm2_program(DType::BF16, &amk_model_llama::lower::tuned_schedule());
+    let mut used: Vec<Opcode> = p.tasks.iter().map(|t| t.op).collect();
+    used.sort();
+    used.dedup();
+    let opts = CudaOptions {
+        program_ops: true,
+        ..CudaOptions::default()
+    };
+    let mk = megakernel_source(&reg, opts.knobs(Some(&p), &reg)).unwrap();
+    let compiled: Vec<Opcode> = mk.ops.iter().map(|o| o.code).collect();
+    assert_eq!(compiled, used);
+    for op in &used {
+        assert!(mk.has(*op));
+        assert!(mk.source.contains(&format!("    case {}: ", op.0)));
+    }
+    let every = megakernel_source(&reg, opts.knobs(None, &reg)).unwrap();
+    assert!(every.ops.len() > used.len());
+    for o in every.ops.iter().filter(|o| !used.contains(&o.code)) {
+        assert!(!mk.has(o.code));
+        assert!(!mk.source.contains(&format!("    case {}: ", o.code.0)));
+    }
+    let off = CudaOptions {
+        program_ops: false,
+        ..opts.clone()
+    };
+    let all_ops = megakernel_source(&reg, off.knobs(Some(&p), &reg)).unwrap();
+    assert_eq!(all_ops.ops.len(), every.ops.len());
+    let mut fused = p.clone();
+    let mut t = fused.tasks[0].clone();
+    t.op = Opcode::FUSED;
+    fused.tasks.push(t);
+    let k = opts.knobs(Some(&fused), &reg);
+    assert_eq!(k.ops, None, "a FUSED task may run any op as a step");
+}

@@ -50,7 +50,8 @@ amk_core::inventory::submit! {
         cuda: Some(
             amk_core::CudaSource::builtin(include_str!("gemv-tile.cu"), "amk_op_gemv_tile")
                 .with_shared(SHARED_BYTES)
-                .with_own_wait(),
+                .with_own_wait()
+                .with_row_loop(0, &[1]),
         ),
     }
 }

@@ -391,6 +391,7 @@ fn read_op(p: &Path, i: usize, od: &OpDescriptorV1) -> Result<ReadOp, PluginErro
             entry: cuda_entry.into(),
             shared_bytes: od.cuda_shared_bytes,
             own_wait: false,
+            row_loop: None,
         }),
         _ => {
             return Err(malformed(

@@ -11,6 +11,7 @@ pub use session::{CudaSession, WeightSource};
 
 use crate::assemble::{Knobs, Megakernel, megakernel_source};
 use crate::{CudaError, CudaOptions, DeviceInfo, arch_for};
+use amk_core::ir::Program;
 use amk_core::{Backend, BackendError, Registry, Session, ValidatedProgram, WeightStore};
 use cudarc::driver::{CudaContext, sys};
 use driver::{Module, drv};
@@ -146,20 +147,16 @@ impl CudaBackend {
         &self.inner.options
     }
 
-    /// The megakernel of `registry` for this device: assembled, compiled (or read from the
-    /// cache) and loaded once per distinct source.
+    /// The megakernel of `registry` for this device and `program` (its fused loops,
+    /// [`FusedLoops::of_program`]): assembled, compiled (or read from the cache) and loaded
+    /// once per distinct source.
     pub(crate) fn module_for(
         &self,
         registry: &Registry,
+        program: &Program,
     ) -> Result<(Arc<Module>, Megakernel), CudaError> {
-        let mk = megakernel_source(
-            registry,
-            Knobs {
-                threads: self.inner.options.threads,
-                defines: self.inner.options.defines.clone(),
-            },
-        )
-        .map_err(CudaError::Layout)?;
+        let knobs = self.inner.options.knobs(Some(program), registry);
+        let mk = megakernel_source(registry, knobs).map_err(CudaError::Layout)?;
         let key = nvrtc::cache_key(&mk.source, &nvrtc::options(&self.inner.info.arch))?;
         let mut modules = self
             .inner
@@ -288,20 +285,18 @@ impl CudaBackend {
 /// Compiles the megakernel of `registry` for `arch` (e.g. `sm_90a`) into the cubin cache
 /// (`cache_dir`, else [`nvrtc::default_cache_dir`]) with no device, exactly as a session on a
 /// GPU of that architecture would (same source, same options, same key), so that the first
-/// run there loads it instead of compiling for minutes. Returns the cubin's path, its size, and
-/// whether it was already cached.
+/// run there loads it instead of compiling for minutes. `program`: the program it is for (a
+/// kernel holds only its ops and loops, [`CudaOptions::knobs`]); `None`, the kernel of every
+/// op. Returns the cubin's path, its size, and whether it was already cached.
 pub fn precompile(
     registry: &Registry,
     arch: &str,
     cache_dir: Option<&std::path::Path>,
+    program: Option<&Program>,
 ) -> Result<(std::path::PathBuf, usize, bool), CudaError> {
     let dir = cache_dir.map_or_else(nvrtc::default_cache_dir, std::path::Path::to_path_buf);
-    let opts = CudaOptions::default();
-    let knobs = Knobs {
-        threads: opts.threads,
-        defines: opts.defines,
-    };
-    let mk = megakernel_source(registry, knobs).map_err(CudaError::Layout)?;
+    let mk = megakernel_source(registry, CudaOptions::default().knobs(program, registry))
+        .map_err(CudaError::Layout)?;
     let key = nvrtc::cache_key(&mk.source, &nvrtc::options(arch))?;
     let path = dir.join(format!("{key}.{arch}.cubin"));
     let cached = path.is_file();

@@ -86,7 +86,7 @@ impl CudaSession {
     ) -> Result<Self, CudaError> {
         let inner = &backend.inner;
         let ctx = &inner.ctx;
-        let (module, mk) = backend.module_for(registry)?;
+        let (module, mk) = backend.module_for(registry, program)?;
         for t in &program.tasks {
             if !mk.has(t.op) {
                 return Err(CudaError::UnsupportedOp {

@@ -1,0 +1,120 @@
+//! Which of the fused tiles' vector loops a program's megakernel compiles in.
+//!
+//! The weight-streaming loop (`amk_fused_pick` in `amk_tile.cuh`) has one instantiation per
+//! (weight dtype, row dtype) pair: f32, f16 or bf16 weights against an f32 or a 16-bit row, six
+//! in all. A bf16 model runs one of them. Compiling only the pairs a program's tasks name made
+//! every shape 0.011–0.023 ms a token faster on the H100 (docs/perf-notes.md round 16 §7 and
+//! round 17): the code a program never runs changes where the code it runs lands. So the
+//! backend assembles one megakernel per distinct set (`AMK_FUSED_LOOPS`), keyed and cached
+//! like any other variant; a pair the set leaves out still computes right, on the generic loop.
+
+use amk_core::ir::{DType, Program};
+use amk_core::{Opcode, Registry};
+
+/// A set of (weight, row) dtype pairs: bit `2 * w + x16`, `w` 0/1/2 for f32/f16/bf16 weights,
+/// `x16` 1 for a 16-bit row (f16 and bf16 rows share a loop), 0 for an f32 row.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct FusedLoops(u8);
+
+/// The device code's name for the set (`#define AMK_FUSED_LOOPS <bits>`).
+pub const DEFINE: &str = "AMK_FUSED_LOOPS";
+
+/// The weight index of a vector dtype (the device's `AMK_TILE_W_*`), if it is one.
+fn weight_index(dt: DType) -> Option<u8> {
+    match dt {
+        DType::F32 => Some(0),
+        DType::F16 => Some(1),
+        DType::BF16 => Some(2),
+        _ => None,
+    }
+}
+
+impl FusedLoops {
+    /// Every pair: the kernel of a program mixing dtypes in ways not listed here, or with no
+    /// row-loop op (they share one cubin), and the default of the device code.
+    pub const ALL: FusedLoops = FusedLoops(63);
+
+    /// The set's bits.
+    pub fn bits(self) -> u8 {
+        self.0
+    }
+
+    /// The pair of `weights` against a row of `row`, if both are vector dtypes.
+    fn pair(weights: DType, row: DType) -> Option<FusedLoops> {
+        let w = weight_index(weights)?;
+        let x16 = u8::from(weight_index(row)? != 0);
+        Some(FusedLoops(1 << (2 * w + x16)))
+    }
+
+    /// The loop a model program in `dtype` runs (its weights and activations in that dtype),
+    /// or `None` for a dtype with no vector loop.
+    pub fn of_dtype(dtype: DType) -> Option<FusedLoops> {
+        FusedLoops::pair(dtype, dtype)
+    }
+
+    /// The pairs `program`'s tasks name through their ops' [`amk_core::RowLoop`]; every pair
+    /// when they name none (no task would run a loop, and such programs then share one
+    /// kernel). Out-of-range operands are skipped: the validator refuses them anyway.
+    pub fn of_program(program: &Program, registry: &Registry) -> FusedLoops {
+        let mut bits = 0u8;
+        let mut seen: Vec<Opcode> = Vec::new();
+        let mut no_loop: Vec<Opcode> = Vec::new();
+        for t in &program.tasks {
+            if no_loop.contains(&t.op) {
+                continue;
+            }
+            let Some(rl) = registry.cuda(t.op).and_then(|c| c.row_loop) else {
+                no_loop.push(t.op);
+                continue;
+            };
+            if !seen.contains(&t.op) {
+                seen.push(t.op);
+            }
+            let dtype = |i: usize| {
+                t.inputs
+                    .get(i)
+                    .and_then(|&b| program.buffers.get(b as usize))
+                    .map(|b| b.dtype)
+            };
+            let Some(row) = dtype(rl.row) else { continue };
+            for &w in rl.weights {
+                if let Some(p) = dtype(w).and_then(|w| FusedLoops::pair(w, row)) {
+                    bits |= p.0;
+                }
+            }
+        }
+        if bits == 0 {
+            FusedLoops::ALL
+        } else {
+            FusedLoops(bits)
+        }
+    }
+
+    /// The define that selects the set, `None` for [`FusedLoops::ALL`] (the device code's
+    /// default, so that kernel's source, and its cache key, has no define for it).
+    pub fn define(self) -> Option<(String, String)> {
+        (self != FusedLoops::ALL).then(|| (DEFINE.to_string(), self.0.to_string()))
+    }
+}
+
+impl std::fmt::Display for FusedLoops {
+    /// `all`, or the pairs as `weights/row` (`bf16/16`, `f32/f32`, ...), comma-separated.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        if *self == FusedLoops::ALL {
+            return f.write_str("all");
+        }
+        let mut first = true;
+        for (w, wn) in ["f32", "f16", "bf16"].iter().enumerate() {
+            for (x16, xn) in ["f32", "16"].iter().enumerate() {
+                if self.0 & (1 << (2 * w + x16)) != 0 {
+                    if !first {
+                        f.write_str(",")?;
+                    }
+                    first = false;
+                    write!(f, "{wn}/{xn}")?;
+                }
+            }
+        }
+        Ok(())
+    }
+}
