@@ -305,7 +305,9 @@ __device__ __forceinline__ void amk_tile_fast_x(const amk_tile_args& a, int xt) 
  *
  * Phases: the mbarriers are initialised once per launch; amk_ring_parity keeps, per stage, the
  * parity of its next completion, so tasks with different chunk sizes share the barriers. */
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+/* AMK_RING_OFF: the backend defines it when the launch's options turn the ring off (the
+ * default), so that a kernel holds no code it cannot run (docs/perf-notes.md round 17). */
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900 && !AMK_RING_OFF
 #define AMK_RING 1
 #else
 #define AMK_RING 0
@@ -1079,9 +1081,15 @@ __device__ __forceinline__ void amk_tile_run(const amk_task_ctx& ctx, bool gemm)
     case AMK_TILE_W_F32: amk_tile_fast_x<AMK_TILE_W_F32, MAXR, UNROLL>(a, xdt); break;
     case AMK_TILE_W_F16: amk_tile_fast_x<AMK_TILE_W_F16, MAXR, UNROLL>(a, xdt); break;
     case AMK_TILE_W_BF16: amk_tile_fast_x<AMK_TILE_W_BF16, MAXR, UNROLL>(a, xdt); break;
+#if !AMK_TILE_QUANT_OFF
     case AMK_TILE_W_I8: amk_tile_fast_x<AMK_TILE_W_I8, MAXR, UNROLL>(a, xdt); break;
     case AMK_TILE_W_U8: amk_tile_fast_x<AMK_TILE_W_U8, MAXR, UNROLL>(a, xdt); break;
     default: amk_tile_fast_x<AMK_TILE_W_I4, MAXR, UNROLL>(a, xdt); break;
+#else
+    /* AMK_TILE_QUANT_OFF: the program holds no quantised buffer (the backend defines it), so
+       the quantised loops are left out; the generic loop computes any that comes anyway. */
+    default: amk_tile_generic<MAXR>(a); break;
+#endif
   }
 }
 

@@ -36,9 +36,31 @@ pub struct Knobs {
     /// The fused tiles' vector loops compiled in (`AMK_FUSED_LOOPS`, [`FusedLoops`]); a
     /// `defines` entry of that name wins over it.
     pub fused_loops: FusedLoops,
-    /// Only these ops compiled in (`None`: every registered op). A measuring knob
-    /// ([`crate::CudaOptions::program_ops`]).
+    /// Only these ops compiled in (`None`: every registered op;
+    /// [`crate::CudaOptions::program_ops`]).
     pub ops: Option<Vec<Opcode>>,
+    /// The shared-memory weight ring's code compiled in (sm_90+; else `AMK_RING_OFF`): only
+    /// when the launch turns it on ([`crate::CudaOptions::ring_bytes`]).
+    pub ring: bool,
+    /// GEMV/GEMM tiles' quantised-weight loops compiled in (else `AMK_TILE_QUANT_OFF`, and
+    /// such a tile runs the generic loop): only for a program holding quantised buffers.
+    pub quant: bool,
+}
+
+impl Knobs {
+    /// The defines the knobs imply beyond `defines` (fused loops, ring, quantised loops), each
+    /// left out when `defines` names it: a user's value wins.
+    fn derived(&self) -> Vec<(String, String)> {
+        let mut d: Vec<(String, String)> = self.fused_loops.define().into_iter().collect();
+        if !self.ring {
+            d.push(("AMK_RING_OFF".into(), "1".into()));
+        }
+        if !self.quant {
+            d.push(("AMK_TILE_QUANT_OFF".into(), "1".into()));
+        }
+        d.retain(|(n, _)| !self.defines.iter().any(|(u, _)| u == n));
+        d
+    }
 }
 
 impl Default for Knobs {
@@ -48,6 +70,8 @@ impl Default for Knobs {
             defines: Vec::new(),
             fused_loops: FusedLoops::ALL,
             ops: None,
+            ring: true,
+            quant: true,
         }
     }
 }
@@ -118,11 +142,8 @@ pub fn megakernel_source(registry: &Registry, knobs: Knobs) -> Result<Megakernel
     let mut src = String::with_capacity(256 << 10);
     src.push_str("// amk megakernel — generated; do not edit.\n");
     src.push_str(&format!("#define AMK_THREADS {}\n", knobs.threads));
-    let loops = knobs
-        .fused_loops
-        .define()
-        .filter(|(n, _)| !knobs.defines.iter().any(|(d, _)| d == n));
-    for (name, value) in knobs.defines.iter().chain(loops.iter()) {
+    let derived = knobs.derived();
+    for (name, value) in knobs.defines.iter().chain(derived.iter()) {
         // A name and a plain token only: the text goes into the source verbatim.
         let token = !value.is_empty()
             && value

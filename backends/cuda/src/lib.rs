@@ -54,7 +54,7 @@ pub struct TaskTrace {
     pub waiting: u64,
 }
 
-use amk_core::ir::Program;
+use amk_core::ir::{DType, Program};
 use amk_core::{Opcode, Registry};
 use std::path::PathBuf;
 use std::time::Duration;
@@ -135,18 +135,25 @@ pub enum L2PrefetchTasks {
 
 impl CudaOptions {
     /// The knobs of the megakernel these options run `program` on: its fused loops
-    /// ([`FusedLoops::of_program`]) and, with [`CudaOptions::program_ops`], only the ops its
-    /// tasks use (every op when it has a FUSED task, whose steps may be any op). `None`: the
-    /// kernel of every op and every loop.
+    /// ([`FusedLoops::of_program`]), the quantised loops only if it holds a quantised buffer,
+    /// the weight ring only if these options turn it on and, with
+    /// [`CudaOptions::program_ops`], only the ops its tasks use (every op when it has a FUSED
+    /// task, whose steps may be any op). `None`: the kernel of every op and every loop.
     pub fn knobs(&self, program: Option<&Program>, registry: &Registry) -> assemble::Knobs {
         let mut knobs = assemble::Knobs {
             threads: self.threads,
             defines: self.defines.clone(),
             fused_loops: FusedLoops::ALL,
             ops: None,
+            ring: self.ring_bytes > 0,
+            quant: true,
         };
         if let Some(p) = program {
             knobs.fused_loops = FusedLoops::of_program(p, registry);
+            knobs.quant = p
+                .buffers
+                .iter()
+                .any(|b| matches!(b.dtype, DType::I8 | DType::U8 | DType::I4));
             if self.program_ops && !p.tasks.iter().any(|t| t.op == Opcode::FUSED) {
                 let mut ops: Vec<Opcode> = p.tasks.iter().map(|t| t.op).collect();
                 ops.sort();

@@ -898,3 +898,50 @@ fn a_program_kernel_holds_only_its_ops() {
     let k = opts.knobs(Some(&fused), &reg);
     assert_eq!(k.ops, None, "a FUSED task may run any op as a step");
 }
+
+/// A kernel holds the weight ring's code only when the launch turns the ring on, and the
+/// quantised tile loops only for a program with a quantised buffer; a user's define of either
+/// name wins over the derived one.
+#[test]
+fn ring_and_quantised_loops_follow_the_options_and_the_program() {
+    use amk_backend_cuda::CudaOptions;
+    let reg = registry();
+    let head = |k: Knobs| {
+        let s = megakernel_source(&reg, k).unwrap().source;
+        s[..s.find("#line").unwrap()].to_string()
+    };
+    let mut p = smollm2_program(DType::BF16, &amk_model_llama::lower::tuned_schedule());
+    let off = CudaOptions {
+        ring_bytes: 0,
+        defines: Vec::new(),
+        ..CudaOptions::default()
+    };
+    let h = head(off.knobs(Some(&p), &reg));
+    assert!(h.contains("#define AMK_RING_OFF 1\n"), "{h}");
+    assert!(h.contains("#define AMK_TILE_QUANT_OFF 1\n"), "{h}");
+    let on = CudaOptions {
+        ring_bytes: 192 << 10,
+        ..off.clone()
+    };
+    assert!(!head(on.knobs(Some(&p), &reg)).contains("AMK_RING_OFF"));
+    // A quantised weight anywhere brings the quantised loops back.
+    let w = p
+        .tasks
+        .iter()
+        .find(|t| t.op == Opcode::GEMV_TILE)
+        .unwrap()
+        .inputs[1];
+    p.buffers[w as usize].dtype = DType::I8;
+    assert!(!head(off.knobs(Some(&p), &reg)).contains("AMK_TILE_QUANT_OFF"));
+    // Every op's kernel (no program) keeps them.
+    assert!(!head(off.knobs(None, &reg)).contains("AMK_TILE_QUANT_OFF"));
+    let user = CudaOptions {
+        defines: amk_backend_cuda::parse_defines("AMK_RING_OFF=0"),
+        ..off
+    };
+    let h = head(user.knobs(None, &reg));
+    assert!(h.contains("#define AMK_RING_OFF 0\n"), "{h}");
+    assert_eq!(h.matches("AMK_RING_OFF").count(), 1, "{h}");
+    assert!(TILE_HELPERS.contains("__CUDA_ARCH__ >= 900 && !AMK_RING_OFF"));
+    assert!(TILE_HELPERS.contains("#if !AMK_TILE_QUANT_OFF"));
+}
