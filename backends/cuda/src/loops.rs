@@ -8,8 +8,8 @@
 //! backend assembles one megakernel per distinct set (`AMK_FUSED_LOOPS`), keyed and cached
 //! like any other variant; a pair the set leaves out still computes right, on the generic loop.
 
+use amk_core::Registry;
 use amk_core::ir::{DType, Program};
-use amk_core::{Opcode, Registry};
 
 /// A set of (weight, row) dtype pairs: bit `2 * w + x16`, `w` 0/1/2 for f32/f16/bf16 weights,
 /// `x16` 1 for a 16-bit row (f16 and bf16 rows share a loop), 0 for an f32 row.
@@ -57,19 +57,10 @@ impl FusedLoops {
     /// kernel). Out-of-range operands are skipped: the validator refuses them anyway.
     pub fn of_program(program: &Program, registry: &Registry) -> FusedLoops {
         let mut bits = 0u8;
-        let mut seen: Vec<Opcode> = Vec::new();
-        let mut no_loop: Vec<Opcode> = Vec::new();
         for t in &program.tasks {
-            if no_loop.contains(&t.op) {
-                continue;
-            }
             let Some(rl) = registry.cuda(t.op).and_then(|c| c.row_loop) else {
-                no_loop.push(t.op);
                 continue;
             };
-            if !seen.contains(&t.op) {
-                seen.push(t.op);
-            }
             let dtype = |i: usize| {
                 t.inputs
                     .get(i)

@@ -147,9 +147,9 @@ impl CudaBackend {
         &self.inner.options
     }
 
-    /// The megakernel of `registry` for this device and `program` (its fused loops,
-    /// [`FusedLoops::of_program`]): assembled, compiled (or read from the cache) and loaded
-    /// once per distinct source.
+    /// The megakernel of `registry` for this device and `program` (only the code it can run,
+    /// [`CudaOptions::knobs`]): assembled, compiled (or read from the cache) and loaded once
+    /// per distinct source.
     pub(crate) fn module_for(
         &self,
         registry: &Registry,
