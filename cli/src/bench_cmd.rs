@@ -339,7 +339,7 @@ fn bench(a: &BenchArgs) -> Result<(), ModelCmdError> {
                 gate = again;
             }
             if a.trace {
-                s.enable_trace()?;
+                s.enable_trace(&reg)?;
                 s.run(&inputs)?;
                 eprintln!("{} pos {pos} trace:\n{}", subject.name, s.trace_summary()?);
                 if let Some(path) = &a.trace_out {

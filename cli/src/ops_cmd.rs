@@ -78,32 +78,35 @@ fn parse_kind(s: &str) -> Result<Kind, String> {
 
 /// The decode programs that `amk generate`, `amk bench` and `amk run` lower a Llama model to
 /// in `dtype`, one per kernel they can need: the tuned and the reference schedule, each with
-/// and without the argmax. A kernel depends on the program's ops and dtypes only, so the
-/// SmolLM2-135M shape stands for every Llama shape.
+/// and without the argmax, at every preset shape. A kernel depends on the program's ops and
+/// dtypes, and on its rows' lengths through the fused loop's pass (`loops::fused_vecs`), so
+/// the presets stand for the Llama shapes (`compile` keeps one program per distinct kernel).
 fn llama_programs(dtype: DType) -> Result<Vec<(String, Program)>, String> {
     use amk_model_llama::lower::{LowerOptions, lower, tuned_schedule};
     use amk_model_llama::{Model, presets};
-    let cfg = presets::preset("smollm2-135m").map_err(|e| e.to_string())?;
-    let model = Model::shape_only(cfg, "smollm2-135m shape");
     let target = amk_core::GpuTarget::by_name("h100").ok_or("no h100 target")?;
     let mut out = Vec::new();
-    for (sname, schedule) in [
-        ("tuned", tuned_schedule()),
-        ("default", amk_core::ScheduleConfig::default()),
-    ] {
-        for argmax in [true, false] {
-            let opts = LowerOptions {
-                dtype,
-                max_seq: Some(64),
-                pos: 0,
-                argmax,
-            };
-            let p = lower(&model, &schedule, &target, &opts)
-                .map_err(|e| e.to_string())?
-                .program;
-            let what = if argmax { ", argmax" } else { "" };
-            let name = format!("{} {sname}{what}", dtype.name().to_ascii_lowercase());
-            out.push((name, p));
+    for shape in presets::preset_names() {
+        let cfg = presets::preset(shape).map_err(|e| e.to_string())?;
+        let model = Model::shape_only(cfg, shape);
+        for (sname, schedule) in [
+            ("tuned", tuned_schedule()),
+            ("default", amk_core::ScheduleConfig::default()),
+        ] {
+            for argmax in [true, false] {
+                let opts = LowerOptions {
+                    dtype,
+                    max_seq: Some(64),
+                    pos: 0,
+                    argmax,
+                };
+                let p = lower(&model, &schedule, &target, &opts)
+                    .map_err(|e| e.to_string())?
+                    .program;
+                let what = if argmax { ", argmax" } else { "" };
+                let dt = dtype.name().to_ascii_lowercase();
+                out.push((format!("{dt} {sname}{what}, {shape}"), p));
+            }
         }
     }
     Ok(out)

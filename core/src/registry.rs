@@ -286,6 +286,9 @@ pub struct RowLoop {
     pub row: usize,
     /// The inputs holding weight rows.
     pub weights: &'static [usize],
+    /// Weight rows one unit of the loop streams together (the device loop's `NR`): the lanes'
+    /// vectors in flight are shared among them, which sets how many passes a row takes.
+    pub unit_rows: usize,
 }
 
 impl CudaSource {
@@ -313,9 +316,19 @@ impl CudaSource {
     }
 
     /// The same source, its function running the weight-streaming loop with input `row` as
-    /// the row and `weights` as the weight rows ([`CudaSource::row_loop`]).
-    pub const fn with_row_loop(mut self, row: usize, weights: &'static [usize]) -> Self {
-        self.row_loop = Some(RowLoop { row, weights });
+    /// the row, `weights` as the weight rows and `unit_rows` rows a unit
+    /// ([`CudaSource::row_loop`]).
+    pub const fn with_row_loop(
+        mut self,
+        row: usize,
+        weights: &'static [usize],
+        unit_rows: usize,
+    ) -> Self {
+        self.row_loop = Some(RowLoop {
+            row,
+            weights,
+            unit_rows,
+        });
         self
     }
 }

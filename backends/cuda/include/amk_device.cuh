@@ -21,6 +21,17 @@
 #ifndef AMK_DEVICE_CUH
 #define AMK_DEVICE_CUH
 
+/* Code a launch does not run is not compiled (docs/perf-notes.md round 17: code the megakernel
+ * carries costs time even where it never runs). The backend defines these from the launch:
+ * AMK_TRACE_OFF without a trace buffer (a traced session loads a kernel of its own),
+ * AMK_L2_OFF without L2 prefetch ranges. */
+#ifndef AMK_TRACE_OFF
+#define AMK_TRACE_OFF 0
+#endif
+#ifndef AMK_L2_OFF
+#define AMK_L2_OFF 0
+#endif
+
 #ifndef AMK_THREADS
 #define AMK_THREADS 256
 #endif

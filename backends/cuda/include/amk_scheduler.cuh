@@ -118,7 +118,9 @@ __device__ __forceinline__ bool amk_check_ids(const amk_task_ctx& c) {
 struct __align__(16) amk_stage_t {
   amk_instruction_t inst;
   amk_buffer_t bufs[AMK_TASK_SLOTS];
+#if !AMK_L2_OFF
   amk_prefetch_t l2[AMK_L2_RANGES];
+#endif
   int32_t next;
   int32_t verified;
 };
@@ -151,15 +153,21 @@ __device__ __forceinline__ void amk_stage_issue(const amk_device_program_t& prog
                                                 int end, amk_stage_t* s) {
   constexpr int IV = (int)(sizeof(amk_instruction_t) / 16);
   constexpr int BV = (int)(sizeof(amk_buffer_t) * AMK_TASK_SLOTS / 16);
-  constexpr int LV = (int)(sizeof(amk_prefetch_t) * AMK_L2_RANGES / 16);
-  const int n = IV + BV + (prog.l2_ranges ? LV : 0);
   const uint4* inst = (const uint4*)&prog.instructions[t];
   const uint4* bufs = (const uint4*)(prog.task_bufs + (long long)t * AMK_TASK_SLOTS);
+#if AMK_L2_OFF
+  const int n = IV + BV;
+#else
+  constexpr int LV = (int)(sizeof(amk_prefetch_t) * AMK_L2_RANGES / 16);
+  const int n = IV + BV + (prog.l2_ranges ? LV : 0);
   const uint4* l2 = (const uint4*)(prog.l2_ranges + (long long)t * AMK_L2_RANGES);
+#endif
   for (int k = threadIdx.x; k < n; k += AMK_THREADS) {
     if (k < IV) amk_cp_async16((uint4*)&s->inst + k, inst + k);
     else if (k < IV + BV) amk_cp_async16((uint4*)s->bufs + (k - IV), bufs + (k - IV));
+#if !AMK_L2_OFF
     else amk_cp_async16((uint4*)s->l2 + (k - IV - BV), l2 + (k - IV - BV));
+#endif
   }
   if (threadIdx.x == AMK_THREADS - 1) {
     if (i + 1 < end) amk_cp_async4(&s->next, prog.queue_tasks + i + 1);
@@ -206,20 +214,26 @@ __shared__ int amk_task_waited;
 __device__ __noinline__ bool amk_task_wait(const amk_task_ctx& c) {
   if (c.check_only) return false; /* amk_verify_tasks: the op's checks were all it runs */
   if (c.step >= 0) return true;   /* a FUSED step: the task waited before its first step */
+#if !AMK_TRACE_OFF
   if (c.trace && threadIdx.x == 0) c.trace[7] = amk_globaltimer();
+#endif
   const amk_device_program_t& prog = *c.prog;
   const bool ok = amk_wait_all(prog, c.inst, &amk_wait_go);
   if (threadIdx.x == 0) {
     amk_task_waited = 1;
     if (!ok) *c.failed = 1; /* the launch is aborting: the block stops after this task */
+#if !AMK_TRACE_OFF
     if (c.trace) { c.trace[1] = amk_globaltimer(); c.trace[4] = 0; }
+#endif
   }
   /* By default after the wait: a prefetch issued while other blocks still stream the previous
      phase, or while the attention block waits on its loads, competes with them
      (docs/perf-notes.md round 6); issued here it fills the memory system while the op's
      prologue (the row, its norm) runs. */
+#if !AMK_L2_OFF
   if (ok && c.l2 && prog.l2_ranges && !(prog.flags & AMK_PROG_L2_PREFETCH_EARLY))
     amk_l2_prefetch(c.l2, prog.flags);
+#endif
   return ok;
 }
 
@@ -297,7 +311,11 @@ amk_megakernel(const __grid_constant__ amk_device_program_t prog) {
   amk_stage_issue(prog, t, begin, end, &s_stage[0]);
   for (int i = begin; i < end; ++i) {
     amk_stage_t* const st = &s_stage[(i - begin) & 1];
+#if AMK_TRACE_OFF
+    uint64_t* const tr = (uint64_t*)0; /* every trace point below folds away */
+#else
     uint64_t* tr = prog.trace ? prog.trace + (long long)t * AMK_TRACE_WORDS : (uint64_t*)0;
+#endif
     if (tr && threadIdx.x == 0) { tr[0] = amk_globaltimer(); tr[3] = (uint64_t)q; }
     /* Task t's stage has landed (and every thread is done with the other stage: the task
        before ended with a block barrier), so the next task's copy can start now. */
@@ -314,13 +332,19 @@ amk_megakernel(const __grid_constant__ amk_device_program_t prog) {
     c.smem_bytes = prog.smem_bytes;
     c.failed = &s_failed;
     c.trace = tr;
+#if AMK_L2_OFF
+    c.l2 = (const amk_prefetch_t*)0;
+#else
     c.l2 = prog.l2_ranges ? st->l2 : (const amk_prefetch_t*)0;
+#endif
     /* A record amk_verify_tasks passed skips the checks it ran: its ids here, and the pre-wait
        checks of the ops that honour `verify` (docs/perf-notes.md round 11). */
     c.verify = st->verified == 0;
     c.check_only = 0;
     if (c.verify && !amk_check_ids(c)) break;
+#if !AMK_L2_OFF
     if (prog.l2_ranges && (prog.flags & AMK_PROG_L2_PREFETCH_EARLY)) amk_l2_prefetch(st->l2, prog.flags);
+#endif
 #if AMK_RING
     /* A tile's weights do not depend on any counter: start streaming them now. */
     if (threadIdx.x == 0 && prog.prefetch) amk_ring_prestart(c);

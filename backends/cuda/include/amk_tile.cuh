@@ -652,7 +652,9 @@ __device__ __forceinline__ amk_frow amk_frow_prepare(const amk_task_ctx& ctx, co
 __device__ __forceinline__ amk_frow amk_frow_make(const amk_task_ctx& ctx, const amk_buffer_t* x,
                                                   const amk_buffer_t* nw, long long K, float eps) {
   amk_frow r = amk_frow_prepare(ctx, x, nw, K, eps);
+#if !AMK_TRACE_OFF
   if (ctx.trace && threadIdx.x == 0) ctx.trace[4] = amk_globaltimer();
+#endif
   return r;
 }
 
@@ -900,6 +902,9 @@ __device__ __forceinline__ bool amk_row_tile_check(const amk_task_ctx& ctx, cons
 /* Columns [n_off, n_off + n_tile) of y = row . w^T (+ bias) for a prepared row r (one weight row
  * per warp at a time, amk_fused_run): GEMV_TILE's one-row path, RMSNORM_GEMV and ATTENTION_GEMV.
  * w_al16: w's base is 16-byte aligned. */
+#ifndef AMK_EPI_PREFETCH
+#define AMK_EPI_PREFETCH 0
+#endif
 __device__ __forceinline__ void amk_row_tile_run(const amk_frow& r, long long K, const amk_buffer_t* w,
                                                  bool w_al16, int n_tile, int n_off,
                                                  const amk_buffer_t* y, const amk_buffer_t* bias) {
@@ -908,6 +913,11 @@ __device__ __forceinline__ void amk_row_tile_run(const amk_frow& r, long long K,
       [=](int j, const amk_buffer_t* (&wb)[1], long long (&row)[1]) {
         wb[0] = w;
         row[0] = n_off + j;
+        /* measuring knob: the unit's residual (the epilogue's one load) into L1 as its weight
+           loads start, so that the epilogue finds it there */
+        if (AMK_EPI_PREFETCH && bias && (threadIdx.x & 31) == 0)
+          asm volatile("prefetch.global.L1 [%0];" ::"l"((const char*)bias->ptr +
+                                                        (n_off + j) * (bias->dtype == AMK_F32 ? 4 : 2)));
       },
       [=](int j, const float (&s)[1]) {
         if ((threadIdx.x & 31) == 0) {

@@ -45,10 +45,20 @@ pub struct Knobs {
     /// GEMV/GEMM tiles' quantised-weight loops compiled in (else `AMK_TILE_QUANT_OFF`, and
     /// such a tile runs the generic loop): only for a program holding quantised buffers.
     pub quant: bool,
+    /// The per-task trace points compiled in (else `AMK_TRACE_OFF`): only for a traced
+    /// session (`CudaSession::enable_trace` loads that kernel).
+    pub trace: bool,
+    /// The scheduler's L2 prefetch of task weights compiled in (else `AMK_L2_OFF`): only when
+    /// the options turn it on ([`crate::CudaOptions::l2_prefetch_bytes`]).
+    pub l2: bool,
+    /// A lane's weight vectors a pass of the fused loop (`AMK_FUSED_VECS`,
+    /// [`crate::loops::fused_vecs`]); the device default (8) adds no define.
+    pub fused_vecs: u32,
 }
 
 impl Knobs {
-    /// The defines the knobs imply beyond `defines` (fused loops, ring, quantised loops), each
+    /// The defines the knobs imply beyond `defines` (fused loops, ring, quantised loops, trace
+    /// points, L2 prefetch, the fused loop's pass), each
     /// left out when `defines` names it: a user's value wins.
     fn derived(&self) -> Vec<(String, String)> {
         let mut d: Vec<(String, String)> = self.fused_loops.define().into_iter().collect();
@@ -57,6 +67,18 @@ impl Knobs {
         }
         if !self.quant {
             d.push(("AMK_TILE_QUANT_OFF".into(), "1".into()));
+        }
+        if !self.trace {
+            d.push(("AMK_TRACE_OFF".into(), "1".into()));
+        }
+        if !self.l2 {
+            d.push(("AMK_L2_OFF".into(), "1".into()));
+        }
+        if self.fused_vecs != crate::loops::DEFAULT_VECS {
+            d.push((
+                crate::loops::VECS_DEFINE.into(),
+                self.fused_vecs.to_string(),
+            ));
         }
         d.retain(|(n, _)| !self.defines.iter().any(|(u, _)| u == n));
         d
@@ -72,6 +94,9 @@ impl Default for Knobs {
             ops: None,
             ring: true,
             quant: true,
+            trace: true,
+            l2: true,
+            fused_vecs: crate::loops::DEFAULT_VECS,
         }
     }
 }

@@ -136,7 +136,9 @@ pub enum L2PrefetchTasks {
 impl CudaOptions {
     /// The knobs of the megakernel these options run `program` on: its fused loops
     /// ([`FusedLoops::of_program`]), the quantised loops only if it holds a quantised buffer,
-    /// the weight ring only if these options turn it on and, with
+    /// the weight ring and the L2 prefetch only if these options turn them on, no trace points
+    /// (a traced session sets `trace`), the fused loop's pass sized to its rows
+    /// ([`loops::fused_vecs`]), and, with
     /// [`CudaOptions::program_ops`], only the ops its tasks use (every op when it has a FUSED
     /// task, whose steps may be any op). `None`: the kernel of every op and every loop.
     pub fn knobs(&self, program: Option<&Program>, registry: &Registry) -> assemble::Knobs {
@@ -147,9 +149,13 @@ impl CudaOptions {
             ops: None,
             ring: self.ring_bytes > 0,
             quant: true,
+            trace: false,
+            l2: self.l2_prefetch_bytes > 0,
+            fused_vecs: loops::DEFAULT_VECS,
         };
         if let Some(p) = program {
             knobs.fused_loops = FusedLoops::of_program(p, registry);
+            knobs.fused_vecs = loops::fused_vecs(p, registry);
             knobs.quant = p
                 .buffers
                 .iter()

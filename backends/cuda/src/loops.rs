@@ -7,6 +7,8 @@
 //! round 17): the code a program never runs changes where the code it runs lands. So the
 //! backend assembles one megakernel per distinct set (`AMK_FUSED_LOOPS`), keyed and cached
 //! like any other variant; a pair the set leaves out still computes right, on the generic loop.
+//!
+//! [`fused_vecs`] sizes the same loop's unrolled pass to the program's rows.
 
 use amk_core::Registry;
 use amk_core::ir::{DType, Program};
@@ -108,4 +110,55 @@ impl std::fmt::Display for FusedLoops {
         }
         Ok(())
     }
+}
+
+/// The device code's name for a lane's 16-byte weight vectors in flight a pass of the fused
+/// loop (`#define AMK_FUSED_VECS <n>`), and its default there.
+pub const VECS_DEFINE: &str = "AMK_FUSED_VECS";
+/// The device code's default (and the most this backend picks).
+pub const DEFAULT_VECS: u32 = 8;
+/// Smaller passes tried, largest first: 6 measured 0.012 ms a token faster than 8 on
+/// SmolLM2-135M, whose rows fit one pass either way, and slower on the 1B, where it adds passes
+/// (docs/perf-notes.md round 18); 4 was slower on both.
+const SMALLER_VECS: [u32; 1] = [6];
+
+/// The fewest vectors a lane a pass (`AMK_FUSED_VECS`) at which no row-loop task of `program`
+/// takes more passes than at [`DEFAULT_VECS`]: a pass of a unit of `NR` rows holds
+/// `32 * (vecs / NR)` vectors of each row ([`amk_core::RowLoop::unit_rows`]), a row `K / VE`
+/// (`VE` elements a vector of the weights' dtype). A smaller pass is less code on every
+/// layer's path; an extra pass is one more DRAM round trip with fewer bytes in flight. The
+/// count is the one-unit loop's (a paired tile's is alike for the shapes measured).
+pub fn fused_vecs(program: &Program, registry: &Registry) -> u32 {
+    let mut rows: Vec<(u64, u32)> = Vec::new(); // (vectors a row, rows a unit)
+    for t in &program.tasks {
+        let Some(rl) = registry.cuda(t.op).and_then(|c| c.row_loop) else {
+            continue;
+        };
+        let buf = |i: usize| {
+            t.inputs
+                .get(i)
+                .and_then(|&b| program.buffers.get(b as usize))
+        };
+        let (Some(row), Some(w)) = (buf(rl.row), rl.weights.first().and_then(|&i| buf(i))) else {
+            continue;
+        };
+        let ve = match w.dtype {
+            DType::F32 => 4,
+            DType::F16 | DType::BF16 => 8,
+            _ => continue,
+        };
+        rows.push((row.numel().div_ceil(ve), rl.unit_rows.max(1) as u32));
+    }
+    let passes = |vecs: u32| -> Vec<u64> {
+        rows.iter()
+            .map(|&(n, nr)| n.div_ceil(32 * u64::from((vecs / nr).max(1))))
+            .collect()
+    };
+    let base = passes(DEFAULT_VECS);
+    SMALLER_VECS
+        .iter()
+        .copied()
+        .filter(|&v| !rows.is_empty() && passes(v) == base)
+        .min()
+        .unwrap_or(DEFAULT_VECS)
 }

@@ -88,7 +88,7 @@ impl CudaSession {
         match self._never {}
     }
     /// Unreachable in this build.
-    pub fn enable_trace(&mut self) -> Result<(), CudaError> {
+    pub fn enable_trace(&mut self, _registry: &Registry) -> Result<(), CudaError> {
         match self._never {}
     }
     /// Unreachable in this build.

@@ -571,7 +571,8 @@ fn fused_tiles_without_their_loop_take_the_generic_path() {
 /// fused decode tiles over every SM) on the SmolLM2-135M shape, bf16, synthetic weights, 24
 /// launches each at two positions. A race between blocks (a barrier two warps pair
 /// differently, a read before its counter) shows up as logits that move from launch to launch,
-/// which the comparisons with a reference can miss when the error stays within tolerance.
+/// which the comparisons with a reference can miss when the error stays within tolerance. A
+/// traced step (its own kernel) gives the same bits and times every task.
 #[test]
 fn tuned_decode_steps_are_bit_identical_across_launches() {
     let tuned = amk_model_llama::lower::tuned_schedule();
@@ -611,6 +612,27 @@ fn tuned_decode_steps_are_bit_identical_across_launches() {
                     assert_eq!(diff, 0, "pos {pos}, launch {launch}: {diff} logits moved");
                 }
             }
+        }
+        // A traced step runs a kernel of its own (the untraced one has no trace points): the
+        // same logits, bit for bit, and a time for every task.
+        s.enable_trace(&reg).unwrap();
+        s.poison_outputs().unwrap();
+        let traced: Vec<u32> = (s.run(&inputs).unwrap().get("logits").unwrap().to_f32_vec())
+            .iter()
+            .map(|x| x.to_bits())
+            .collect();
+        assert!(
+            Some(&traced) == first.as_ref(),
+            "pos {pos}: the traced step's logits moved"
+        );
+        let tr = s.trace().unwrap();
+        assert_eq!(tr.len(), v.program().tasks.len());
+        for t in &tr {
+            assert!(
+                t.reached > 0 && t.ready >= t.reached && t.done >= t.ready,
+                "pos {pos}: task {} has no trace: {t:?}",
+                t.task
+            );
         }
     }
 }
@@ -881,7 +903,7 @@ mod perf {
             })
             .collect();
         ms.sort_by(f64::total_cmp);
-        s.enable_trace().unwrap();
+        s.enable_trace(&reg).unwrap();
         s.run(&x).unwrap();
         eprintln!("{name} pos {pos}:\n{}", s.trace_summary().unwrap());
         let p = v.program();

@@ -945,3 +945,130 @@ fn ring_and_quantised_loops_follow_the_options_and_the_program() {
     assert!(TILE_HELPERS.contains("__CUDA_ARCH__ >= 900 && !AMK_RING_OFF"));
     assert!(TILE_HELPERS.contains("#if !AMK_TILE_QUANT_OFF"));
 }
+
+/// A kernel has no trace points unless a traced session asks for them, and no L2 prefetch code
+/// unless the options turn the prefetch on; the device code honours both defines.
+#[test]
+fn trace_points_and_l2_prefetch_follow_the_session_and_the_options() {
+    use amk_backend_cuda::CudaOptions;
+    use amk_backend_cuda::assemble::DEVICE_HELPERS;
+    let reg = registry();
+    let head = |k: Knobs| {
+        let s = megakernel_source(&reg, k).unwrap().source;
+        s[..s.find("#line").unwrap()].to_string()
+    };
+    let p = smollm2_program(DType::BF16, &amk_model_llama::lower::tuned_schedule());
+    let off = CudaOptions {
+        l2_prefetch_bytes: 0,
+        defines: Vec::new(),
+        ..CudaOptions::default()
+    };
+    for program in [Some(&p), None] {
+        let h = head(off.knobs(program, &reg));
+        assert!(h.contains("#define AMK_TRACE_OFF 1\n"), "{h}");
+        assert!(h.contains("#define AMK_L2_OFF 1\n"), "{h}");
+    }
+    let mut traced = off.knobs(Some(&p), &reg);
+    traced.trace = true;
+    assert!(!head(traced).contains("AMK_TRACE_OFF"));
+    let l2 = CudaOptions {
+        l2_prefetch_bytes: 64 << 10,
+        ..off.clone()
+    };
+    let h = head(l2.knobs(Some(&p), &reg));
+    assert!(
+        !h.contains("AMK_L2_OFF") && h.contains("AMK_TRACE_OFF"),
+        "{h}"
+    );
+    // The traced and untraced kernels are different sources, so different cubins.
+    let mut t = off.knobs(Some(&p), &reg);
+    let untraced = megakernel_source(&reg, t.clone()).unwrap().source;
+    t.trace = true;
+    assert_ne!(untraced, megakernel_source(&reg, t).unwrap().source);
+    // Every trace point and every L2 prefetch of the device code sits under its define.
+    assert!(DEVICE_HELPERS.contains("#ifndef AMK_TRACE_OFF\n#define AMK_TRACE_OFF 0"));
+    assert!(DEVICE_HELPERS.contains("#ifndef AMK_L2_OFF\n#define AMK_L2_OFF 0"));
+    for (name, src) in [("scheduler", SCHEDULER), ("tile", TILE_HELPERS)] {
+        let lines: Vec<&str> = src.lines().collect();
+        for (i, l) in lines.iter().enumerate() {
+            let guarded = |define: &str| {
+                lines[..i]
+                    .iter()
+                    .rev()
+                    .take(4)
+                    .any(|p| p.contains(define) && p.trim_start().starts_with("#if"))
+            };
+            if l.contains("trace[") || l.contains("prog.trace +") {
+                assert!(
+                    guarded("AMK_TRACE_OFF"),
+                    "{name}: unguarded trace point: {l}"
+                );
+            }
+            if l.contains("amk_l2_prefetch(") && !l.contains("__device__") {
+                assert!(guarded("AMK_L2_OFF"), "{name}: unguarded L2 prefetch: {l}");
+            }
+        }
+    }
+}
+
+/// The fused loop's pass (`AMK_FUSED_VECS`) is the smallest that adds no pass to any of the
+/// program's rows: SmolLM2's rows (72 and 192 bf16 vectors) fit a pass of 6 vectors a lane as
+/// they fit one of 8, the 1B's and 8B's (256 and more) would take more passes; the define
+/// appears only when it differs from the device default, and a user's define wins.
+#[test]
+fn the_fused_pass_is_sized_to_the_programs_rows() {
+    use amk_backend_cuda::CudaOptions;
+    use amk_backend_cuda::loops::fused_vecs;
+    use amk_model_llama::lower::{LowerOptions, lower, tuned_schedule};
+    use amk_model_llama::{Model, presets};
+    let reg = registry();
+    let target = amk_core::GpuTarget::by_name("h100").unwrap();
+    let program = |shape: &str, dtype: DType| {
+        let m = Model::shape_only(presets::preset(shape).unwrap(), shape);
+        let opts = LowerOptions {
+            dtype,
+            max_seq: Some(64),
+            ..LowerOptions::default()
+        };
+        lower(&m, &tuned_schedule(), &target, &opts)
+            .unwrap()
+            .program
+    };
+    let s = program("smollm2-135m", DType::BF16);
+    assert_eq!(fused_vecs(&s, &reg), 6);
+    for shape in ["llama-3.2-1b", "llama-3.1-8b"] {
+        assert_eq!(fused_vecs(&program(shape, DType::BF16), &reg), 8, "{shape}");
+    }
+    // f32 SmolLM2: rows of 144 and 384 vectors take 2 passes of a two-row unit either way.
+    assert_eq!(fused_vecs(&program("smollm2-135m", DType::F32), &reg), 6);
+    // A longer row that a pass of 6 would split: 8.
+    let mut long = s.clone();
+    let t = long
+        .tasks
+        .iter()
+        .find(|t| t.op == Opcode::GEMV_TILE)
+        .unwrap()
+        .clone();
+    let x = t.inputs[0] as usize;
+    long.buffers[x].shape = vec![1, 2048];
+    assert_eq!(fused_vecs(&long, &reg), 8);
+    let head = |k: Knobs| {
+        let src = megakernel_source(&reg, k).unwrap().source;
+        src[..src.find("#line").unwrap()].to_string()
+    };
+    let opts = CudaOptions {
+        defines: Vec::new(),
+        ..CudaOptions::default()
+    };
+    assert!(head(opts.knobs(Some(&s), &reg)).contains("#define AMK_FUSED_VECS 6\n"));
+    let b = program("llama-3.2-1b", DType::BF16);
+    assert!(!head(opts.knobs(Some(&b), &reg)).contains("AMK_FUSED_VECS"));
+    let user = CudaOptions {
+        defines: amk_backend_cuda::parse_defines("AMK_FUSED_VECS=8"),
+        ..CudaOptions::default()
+    };
+    let h = head(user.knobs(Some(&s), &reg));
+    assert_eq!(h.matches("AMK_FUSED_VECS").count(), 1, "{h}");
+    assert!(h.contains("#define AMK_FUSED_VECS 8\n"), "{h}");
+    assert!(TILE_HELPERS.contains("#ifndef AMK_FUSED_VECS\n#define AMK_FUSED_VECS 8\n"));
+}

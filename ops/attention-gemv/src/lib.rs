@@ -64,7 +64,7 @@ amk_core::inventory::submit! {
             amk_core::CudaSource::builtin(include_str!("attention-gemv.cu"), "amk_op_attention_gemv")
                 .with_shared(SHARED_BYTES)
                 .with_own_wait()
-                .with_row_loop(0, &[3]),
+                .with_row_loop(0, &[3], 1),
         ),
     }
 }

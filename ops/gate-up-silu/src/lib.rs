@@ -47,7 +47,7 @@ amk_core::inventory::submit! {
             amk_core::CudaSource::builtin(include_str!("gate-up-silu.cu"), "amk_op_gate_up_silu")
                 .with_shared(op_rmsnorm_gemv::SHARED_BYTES)
                 .with_own_wait()
-                .with_row_loop(0, &[1, 2]),
+                .with_row_loop(0, &[1, 2], 2),
         ),
     }
 }

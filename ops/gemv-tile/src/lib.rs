@@ -51,7 +51,7 @@ amk_core::inventory::submit! {
             amk_core::CudaSource::builtin(include_str!("gemv-tile.cu"), "amk_op_gemv_tile")
                 .with_shared(SHARED_BYTES)
                 .with_own_wait()
-                .with_row_loop(0, &[1]),
+                .with_row_loop(0, &[1], 1),
         ),
     }
 }

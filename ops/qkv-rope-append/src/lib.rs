@@ -68,7 +68,7 @@ amk_core::inventory::submit! {
             amk_core::CudaSource::builtin(include_str!("qkv-rope-append.cu"), "amk_op_qkv_rope_append")
                 .with_shared(op_rmsnorm_gemv::SHARED_BYTES)
                 .with_own_wait()
-                .with_row_loop(0, &[1, 2, 3]),
+                .with_row_loop(0, &[1, 2, 3], 2),
         ),
     }
 }

@@ -51,7 +51,7 @@ amk_core::inventory::submit! {
             amk_core::CudaSource::builtin(include_str!("rmsnorm-gemv.cu"), "amk_op_rmsnorm_gemv")
                 .with_shared(SHARED_BYTES)
                 .with_own_wait()
-                .with_row_loop(0, &[2]),
+                .with_row_loop(0, &[2], 1),
         ),
     }
 }

@@ -148,14 +148,16 @@ impl CudaBackend {
     }
 
     /// The megakernel of `registry` for this device and `program` (only the code it can run,
-    /// [`CudaOptions::knobs`]): assembled, compiled (or read from the cache) and loaded once
-    /// per distinct source.
+    /// [`CudaOptions::knobs`]; with the trace points when `trace`): assembled, compiled (or
+    /// read from the cache) and loaded once per distinct source.
     pub(crate) fn module_for(
         &self,
         registry: &Registry,
         program: &Program,
+        trace: bool,
     ) -> Result<(Arc<Module>, Megakernel), CudaError> {
-        let knobs = self.inner.options.knobs(Some(program), registry);
+        let mut knobs = self.inner.options.knobs(Some(program), registry);
+        knobs.trace = trace;
         let mk = megakernel_source(registry, knobs).map_err(CudaError::Layout)?;
         let key = nvrtc::cache_key(&mk.source, &nvrtc::options(&self.inner.info.arch))?;
         let mut modules = self

@@ -86,7 +86,7 @@ impl CudaSession {
     ) -> Result<Self, CudaError> {
         let inner = &backend.inner;
         let ctx = &inner.ctx;
-        let (module, mk) = backend.module_for(registry, program)?;
+        let (module, mk) = backend.module_for(registry, program, false)?;
         for t in &program.tasks {
             if !mk.has(t.op) {
                 return Err(CudaError::UnsupportedOp {
@@ -355,9 +355,30 @@ impl CudaSession {
     }
 
     /// Records, from the next step on, when every task was reached, ready and done (for
-    /// performance analysis; a few global stores per task).
-    pub fn enable_trace(&mut self) -> Result<(), CudaError> {
+    /// performance analysis; a few global stores per task). The session's kernel has no trace
+    /// points (code a launch does not run costs time, docs/perf-notes.md round 18), so this
+    /// loads the same program's kernel with them (compiled on first use, `registry` being the
+    /// one the session was loaded with): a traced step runs that kernel.
+    pub fn enable_trace(&mut self, registry: &Registry) -> Result<(), CudaError> {
         if self.trace.is_none() {
+            let (module, _) = self.backend.module_for(registry, &self.program, true)?;
+            let smem = self.smem as usize;
+            if smem + module.static_smem() > 48 << 10 {
+                module.set_max_dynamic_smem(smem)?;
+            }
+            let info = &self.backend.inner.info;
+            let per_sm = module.occupancy(self.threads, smem)?;
+            if per_sm * info.sms < self.grid as usize {
+                return Err(CudaError::Occupancy {
+                    needed: self.grid as usize,
+                    resident: per_sm * info.sms,
+                    per_sm,
+                    sms: info.sms,
+                    threads: self.threads,
+                    smem,
+                });
+            }
+            self.module = module;
             let words = self.program.tasks.len().max(1) * crate::abi::TRACE_WORDS;
             let mem = DeviceMem::zeroed(self.arena.context(), words * 8)?;
             self.prog.trace = mem.ptr();
