@@ -157,9 +157,9 @@ __device__ __forceinline__ void att_st8(const amk_buffer_t* out, long long e, co
       uint32_t w[4];
 #pragma unroll
       for (int k = 0; k < 4; ++k) {
-        const uint32_t lo = dt == AMK_BF16 ? amk_f32_to_bf16(v[2 * k]) : amk_f32_to_f16(v[2 * k]);
+        const uint32_t lo = AMK_BF_OF(dt) ? amk_f32_to_bf16(v[2 * k]) : amk_f32_to_f16(v[2 * k]);
         const uint32_t hi =
-            dt == AMK_BF16 ? amk_f32_to_bf16(v[2 * k + 1]) : amk_f32_to_f16(v[2 * k + 1]);
+            AMK_BF_OF(dt) ? amk_f32_to_bf16(v[2 * k + 1]) : amk_f32_to_f16(v[2 * k + 1]);
         w[k] = lo | (hi << 16);
       }
       *(uint4*)q = make_uint4(w[0], w[1], w[2], w[3]);
@@ -786,20 +786,22 @@ __device__ __forceinline__ void amk_att_run(const amk_buffer_t* q, const amk_buf
   att_tiny<DT>(q, kc, vc, out, hd, nh, rep, batch, row, per_batch, g.kv_start, g.kv_len, scale, \
                partial)
   if (tiny) {
-    if (dt == AMK_BF16) ATT_TINY(AMK_BF16);
-    else if (dt == AMK_F16) ATT_TINY(AMK_F16);
-    else ATT_TINY(AMK_F32);
+    if (AMK_IS_BF16(dt)) ATT_TINY(AMK_BF16);
+    else if (AMK_IS_F16(dt)) ATT_TINY(AMK_F16);
+    else if (AMK_IS_F32(dt)) ATT_TINY(AMK_F32);
+    else att_heads(q, kc, vc, out, hd, nh, rep, batch, row, per_batch, g.kv_start, g.kv_len,
+                   scale, partial);
     return;
   }
 #undef ATT_TINY
 #define ATT_FAST(DT, R)                                                                        \
   att_fast<DT, R>(q, kc, vc, out, hd, nh, nkv, rep, batch, row, per_batch, g.kv_start, g.kv_len, \
                   scale, partial)
-  if (fast && dt == AMK_BF16) {
+  if (fast && AMK_IS_BF16(dt)) {
     if (shrt) ATT_FAST(AMK_BF16, 1); else ATT_FAST(AMK_BF16, 4);
-  } else if (fast && dt == AMK_F16) {
+  } else if (fast && AMK_IS_F16(dt)) {
     if (shrt) ATT_FAST(AMK_F16, 1); else ATT_FAST(AMK_F16, 4);
-  } else if (fast) {
+  } else if (fast && AMK_IS_F32(dt)) {
     if (shrt) ATT_FAST(AMK_F32, 1); else ATT_FAST(AMK_F32, 2);
   } else
     att_heads(q, kc, vc, out, hd, nh, rep, batch, row, per_batch, g.kv_start, g.kv_len, scale,

@@ -32,6 +32,25 @@
 #define AMK_L2_OFF 0
 #endif
 
+/* The float dtypes the kernel's program holds: the backend defines AMK_NO_F32 / AMK_NO_F16 /
+ * AMK_NO_BF16 for those none of its buffers has, and the branches that only a buffer of such
+ * a dtype could take fold away (AMK_IS_*: dt is that dtype; AMK_BF_OF: a dt known to be BF16 or
+ * F16 is BF16). Every such branch has a fallback that is right for any dtype (the out-of-line
+ * accessors, the generic loops), so a wrong define costs speed, never results. */
+#ifndef AMK_NO_F32
+#define AMK_NO_F32 0
+#endif
+#ifndef AMK_NO_F16
+#define AMK_NO_F16 0
+#endif
+#ifndef AMK_NO_BF16
+#define AMK_NO_BF16 0
+#endif
+#define AMK_IS_F32(dt) (!AMK_NO_F32 && (dt) == AMK_F32)
+#define AMK_IS_F16(dt) (!AMK_NO_F16 && (dt) == AMK_F16)
+#define AMK_IS_BF16(dt) (!AMK_NO_BF16 && (dt) == AMK_BF16)
+#define AMK_BF_OF(dt) (AMK_NO_F16 || (!AMK_NO_BF16 && (dt) == AMK_BF16))
+
 #ifndef AMK_THREADS
 #define AMK_THREADS 256
 #endif
@@ -355,17 +374,17 @@ __device__ __noinline__ void amk_sti_slow(const amk_buffer_t* b, long long i, lo
 /* amk_ld with F32/BF16/F16 inline, every other dtype through amk_ld_slow (same results). */
 __device__ __forceinline__ float amk_ldf(const amk_buffer_t* b, long long i) {
   const int dt = b->dtype;
-  if (dt == AMK_F32) return ((const float*)b->ptr)[i];
-  if (dt == AMK_BF16) return amk_bf16_to_f32(((const uint16_t*)b->ptr)[i]);
-  if (dt == AMK_F16) return amk_f16_to_f32(((const uint16_t*)b->ptr)[i]);
+  if (AMK_IS_F32(dt)) return ((const float*)b->ptr)[i];
+  if (AMK_IS_BF16(dt)) return amk_bf16_to_f32(((const uint16_t*)b->ptr)[i]);
+  if (AMK_IS_F16(dt)) return amk_f16_to_f32(((const uint16_t*)b->ptr)[i]);
   return amk_ld_slow(b, i);
 }
 /* amk_st with F32/BF16/F16 inline, every other dtype through amk_st_slow (same results). */
 __device__ __forceinline__ void amk_stf(const amk_buffer_t* b, long long i, float x) {
   const int dt = b->dtype;
-  if (dt == AMK_F32) ((float*)b->ptr)[i] = x;
-  else if (dt == AMK_BF16) ((uint16_t*)b->ptr)[i] = amk_f32_to_bf16(x);
-  else if (dt == AMK_F16) ((uint16_t*)b->ptr)[i] = amk_f32_to_f16(x);
+  if (AMK_IS_F32(dt)) ((float*)b->ptr)[i] = x;
+  else if (AMK_IS_BF16(dt)) ((uint16_t*)b->ptr)[i] = amk_f32_to_bf16(x);
+  else if (AMK_IS_F16(dt)) ((uint16_t*)b->ptr)[i] = amk_f32_to_f16(x);
   else amk_st_slow(b, i, x);
 }
 /* amk_ld / amk_st with only F32 inline (smallest code), the rest out of line. */
@@ -439,7 +458,7 @@ __device__ __forceinline__ void amk_cvt8(int dt, const uint4& a, const uint4& b,
 #pragma unroll
     for (int k = 0; k < 4; ++k) {
       const uint16_t lo = (uint16_t)(w[k] & 0xffffu), hi = (uint16_t)(w[k] >> 16);
-      if (dt == AMK_BF16) {
+      if (AMK_BF_OF(dt)) {
         f[2 * k] = amk_bf16_to_f32(lo);
         f[2 * k + 1] = amk_bf16_to_f32(hi);
       } else {
@@ -472,7 +491,7 @@ __device__ __forceinline__ void amk_st8(void* p, int dt, long long u, const floa
 #pragma unroll
     for (int k = 0; k < 4; ++k) {
       uint16_t lo, hi;
-      if (dt == AMK_BF16) {
+      if (AMK_BF_OF(dt)) {
         lo = amk_f32_to_bf16(f[2 * k]);
         hi = amk_f32_to_bf16(f[2 * k + 1]);
       } else {
@@ -727,8 +746,8 @@ __device__ __noinline__ float amk_rope_trig(float ang, int w) {
 
 /* x as a dtype of the fused tiles (F32/F16/BF16) rounds it on store: the value read back. */
 __device__ __forceinline__ float amk_round_dt(int dt, float x) {
-  if (dt == AMK_BF16) return amk_bf16_to_f32(amk_f32_to_bf16(x));
-  if (dt == AMK_F16) return amk_f16_to_f32(amk_f32_to_f16(x));
+  if (AMK_IS_BF16(dt)) return amk_bf16_to_f32(amk_f32_to_bf16(x));
+  if (AMK_IS_F16(dt)) return amk_f16_to_f32(amk_f32_to_f16(x));
   return x;
 }
 

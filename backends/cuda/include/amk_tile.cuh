@@ -564,6 +564,12 @@ __device__ __forceinline__ void amk_ring_prestart(const amk_task_ctx& c) {
 #ifndef AMK_FUSED_VECS
 #define AMK_FUSED_VECS 8
 #endif
+/* 1: every vector-path row of the program is a whole number of full passes (its vectors a
+ * multiple of 32 * AMK_FUSED_VECS, so of every pass amk_fused_fast makes), and the loop drops its
+ * bounds tests. The backend defines it from the program (`loops::fused_exact`). */
+#ifndef AMK_FUSED_EXACT
+#define AMK_FUSED_EXACT 0
+#endif
 
 /* The row the tile multiplies. */
 struct amk_frow {
@@ -582,7 +588,7 @@ __device__ __forceinline__ float amk_frow_at(const amk_frow& r, long long k) {
   if (r.p) {
     if (r.dt == AMK_F32) return ((const float*)r.p)[k];
     const uint16_t h = ((const uint16_t*)r.p)[k];
-    return r.dt == AMK_BF16 ? amk_bf16_to_f32(h) : amk_f16_to_f32(h);
+    return AMK_BF_OF(r.dt) ? amk_bf16_to_f32(h) : amk_f16_to_f32(h);
   }
   const float v = amk_ldf(r.x, k);
   if (!r.nw) return v;
@@ -679,13 +685,14 @@ __device__ __forceinline__ void amk_fdot(const void* x, const unsigned char* con
       const int v = v0 + u * 32 + lane;
 #pragma unroll
       for (int r = 0; r < NR; ++r)
-        wv[r][u] = v < nvec && r < live ? amk_tile_ldw((const uint4*)w[r] + v, pol)
-                                        : make_uint4(0u, 0u, 0u, 0u);
+        wv[r][u] = (AMK_FUSED_EXACT || v < nvec) && r < live
+                       ? amk_tile_ldw((const uint4*)w[r] + v, pol)
+                       : make_uint4(0u, 0u, 0u, 0u);
     }
 #pragma unroll
     for (int u = 0; u < U; ++u) {
       const int v = v0 + u * 32 + lane;
-      if (v < nvec) {
+      if (AMK_FUSED_EXACT || v < nvec) {
         float xs[VE];
         amk_tile_ldx<XT, VE>(x, (long long)v * VE, xs, bf);
 #pragma unroll
@@ -798,7 +805,7 @@ __device__ __forceinline__ void amk_fused_pick(const amk_frow& r, long long K, i
                                                int n_units, Rows rows, Epi epi) {
   const int wk = wdt == AMK_F32 ? AMK_TILE_W_F32 : wdt == AMK_F16 ? AMK_TILE_W_F16
                : wdt == AMK_BF16 ? AMK_TILE_W_BF16 : -1;
-  const bool bf = r.dt == AMK_BF16, xf = r.dt == AMK_F32;
+  const bool bf = AMK_BF_OF(r.dt), xf = r.dt == AMK_F32;
   const bool vec = r.p && wk >= 0 && w_al16 && amk_urem(K, amk_tile_ve_of(wk)) == 0;
 #define AMK_FUSED_TRY(WK, XT, X16)                                                                \
   if constexpr (AMK_FUSED_HAS(WK, X16)) {                                                         \
@@ -902,9 +909,6 @@ __device__ __forceinline__ bool amk_row_tile_check(const amk_task_ctx& ctx, cons
 /* Columns [n_off, n_off + n_tile) of y = row . w^T (+ bias) for a prepared row r (one weight row
  * per warp at a time, amk_fused_run): GEMV_TILE's one-row path, RMSNORM_GEMV and ATTENTION_GEMV.
  * w_al16: w's base is 16-byte aligned. */
-#ifndef AMK_EPI_PREFETCH
-#define AMK_EPI_PREFETCH 0
-#endif
 __device__ __forceinline__ void amk_row_tile_run(const amk_frow& r, long long K, const amk_buffer_t* w,
                                                  bool w_al16, int n_tile, int n_off,
                                                  const amk_buffer_t* y, const amk_buffer_t* bias) {
@@ -913,11 +917,6 @@ __device__ __forceinline__ void amk_row_tile_run(const amk_frow& r, long long K,
       [=](int j, const amk_buffer_t* (&wb)[1], long long (&row)[1]) {
         wb[0] = w;
         row[0] = n_off + j;
-        /* measuring knob: the unit's residual (the epilogue's one load) into L1 as its weight
-           loads start, so that the epilogue finds it there */
-        if (AMK_EPI_PREFETCH && bias && (threadIdx.x & 31) == 0)
-          asm volatile("prefetch.global.L1 [%0];" ::"l"((const char*)bias->ptr +
-                                                        (n_off + j) * (bias->dtype == AMK_F32 ? 4 : 2)));
       },
       [=](int j, const float (&s)[1]) {
         if ((threadIdx.x & 31) == 0) {

@@ -54,11 +54,48 @@ pub struct Knobs {
     /// A lane's weight vectors a pass of the fused loop (`AMK_FUSED_VECS`,
     /// [`crate::loops::fused_vecs`]); the device default (8) adds no define.
     pub fused_vecs: u32,
+    /// Every row of the fused loop is whole passes (`AMK_FUSED_EXACT`,
+    /// [`crate::loops::fused_exact`]): the loop has no bounds tests.
+    pub fused_exact: bool,
+    /// The float dtypes (F32, F16, BF16) whose branches are compiled in (else `AMK_NO_F32`,
+    /// `AMK_NO_F16`, `AMK_NO_BF16`): a program's kernel keeps those its buffers hold.
+    pub floats: FloatDtypes,
+}
+
+/// Which of F32, F16 and BF16 a kernel's code handles inline ([`Knobs::floats`]); a buffer of
+/// another float dtype still computes right, through the out-of-line and generic paths.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct FloatDtypes {
+    /// F32 buffers.
+    pub f32: bool,
+    /// F16 buffers.
+    pub f16: bool,
+    /// BF16 buffers.
+    pub bf16: bool,
+}
+
+impl FloatDtypes {
+    /// All three: the kernel of every op and of a program that cannot tell.
+    pub const ALL: FloatDtypes = FloatDtypes {
+        f32: true,
+        f16: true,
+        bf16: true,
+    };
+
+    /// The float dtypes `program`'s buffers hold.
+    pub fn of_program(program: &amk_core::ir::Program) -> FloatDtypes {
+        let has = |d: amk_core::ir::DType| program.buffers.iter().any(|b| b.dtype == d);
+        FloatDtypes {
+            f32: has(amk_core::ir::DType::F32),
+            f16: has(amk_core::ir::DType::F16),
+            bf16: has(amk_core::ir::DType::BF16),
+        }
+    }
 }
 
 impl Knobs {
     /// The defines the knobs imply beyond `defines` (fused loops, ring, quantised loops, trace
-    /// points, L2 prefetch, the fused loop's pass), each
+    /// points, L2 prefetch, the fused loop's pass and bounds, the float dtypes), each
     /// left out when `defines` names it: a user's value wins.
     fn derived(&self) -> Vec<(String, String)> {
         let mut d: Vec<(String, String)> = self.fused_loops.define().into_iter().collect();
@@ -73,6 +110,18 @@ impl Knobs {
         }
         if !self.l2 {
             d.push(("AMK_L2_OFF".into(), "1".into()));
+        }
+        for (has, name) in [
+            (self.floats.f32, "AMK_NO_F32"),
+            (self.floats.f16, "AMK_NO_F16"),
+            (self.floats.bf16, "AMK_NO_BF16"),
+        ] {
+            if !has {
+                d.push((name.into(), "1".into()));
+            }
+        }
+        if self.fused_exact {
+            d.push((crate::loops::EXACT_DEFINE.into(), "1".into()));
         }
         if self.fused_vecs != crate::loops::DEFAULT_VECS {
             d.push((
@@ -97,6 +146,8 @@ impl Default for Knobs {
             trace: true,
             l2: true,
             fused_vecs: crate::loops::DEFAULT_VECS,
+            fused_exact: false,
+            floats: FloatDtypes::ALL,
         }
     }
 }

@@ -138,7 +138,8 @@ impl CudaOptions {
     /// ([`FusedLoops::of_program`]), the quantised loops only if it holds a quantised buffer,
     /// the weight ring and the L2 prefetch only if these options turn them on, no trace points
     /// (a traced session sets `trace`), the fused loop's pass sized to its rows
-    /// ([`loops::fused_vecs`]), and, with
+    /// ([`loops::fused_vecs`]) and without bounds tests where its rows allow
+    /// ([`loops::fused_exact`]), only the float dtypes its buffers hold, and, with
     /// [`CudaOptions::program_ops`], only the ops its tasks use (every op when it has a FUSED
     /// task, whose steps may be any op). `None`: the kernel of every op and every loop.
     pub fn knobs(&self, program: Option<&Program>, registry: &Registry) -> assemble::Knobs {
@@ -152,10 +153,19 @@ impl CudaOptions {
             trace: false,
             l2: self.l2_prefetch_bytes > 0,
             fused_vecs: loops::DEFAULT_VECS,
+            fused_exact: false,
+            floats: assemble::FloatDtypes::ALL,
         };
         if let Some(p) = program {
             knobs.fused_loops = FusedLoops::of_program(p, registry);
             knobs.fused_vecs = loops::fused_vecs(p, registry);
+            // Whole passes of the pass the kernel will have: a user's define wins over ours.
+            let vecs = match self.defines.iter().find(|(n, _)| n == loops::VECS_DEFINE) {
+                Some((_, v)) => v.parse::<u32>().ok(),
+                None => Some(knobs.fused_vecs),
+            };
+            knobs.fused_exact = vecs.is_some_and(|v| loops::fused_exact(p, registry, v));
+            knobs.floats = assemble::FloatDtypes::of_program(p);
             knobs.quant = p
                 .buffers
                 .iter()

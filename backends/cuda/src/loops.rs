@@ -122,14 +122,13 @@ pub const DEFAULT_VECS: u32 = 8;
 /// (docs/perf-notes.md round 18); 4 was slower on both.
 const SMALLER_VECS: [u32; 1] = [6];
 
-/// The fewest vectors a lane a pass (`AMK_FUSED_VECS`) at which no row-loop task of `program`
-/// takes more passes than at [`DEFAULT_VECS`]: a pass of a unit of `NR` rows holds
-/// `32 * (vecs / NR)` vectors of each row ([`amk_core::RowLoop::unit_rows`]), a row `K / VE`
-/// (`VE` elements a vector of the weights' dtype). A smaller pass is less code on every
-/// layer's path; an extra pass is one more DRAM round trip with fewer bytes in flight. The
-/// count is the one-unit loop's (a paired tile's is alike for the shapes measured).
-pub fn fused_vecs(program: &Program, registry: &Registry) -> u32 {
-    let mut rows: Vec<(u64, u32)> = Vec::new(); // (vectors a row, rows a unit)
+/// The device code's name for "every row is whole passes" (`#define AMK_FUSED_EXACT 1`).
+pub const EXACT_DEFINE: &str = "AMK_FUSED_EXACT";
+
+/// The (vectors a row, rows a unit) of every row-loop task of `program` on the vector path
+/// (vectors of the weights' dtype: 4 elements of F32, 8 of F16 or BF16).
+fn loop_rows(program: &Program, registry: &Registry) -> Vec<(u64, u32)> {
+    let mut rows = Vec::new();
     for t in &program.tasks {
         let Some(rl) = registry.cuda(t.op).and_then(|c| c.row_loop) else {
             continue;
@@ -149,6 +148,68 @@ pub fn fused_vecs(program: &Program, registry: &Registry) -> u32 {
         };
         rows.push((row.numel().div_ceil(ve), rl.unit_rows.max(1) as u32));
     }
+    rows
+}
+
+/// Whether every row-loop task of `program` streams whole passes at `vecs` vectors a lane: its
+/// row a multiple of every pass the device loop can make of it (`32 * (vecs * 2 / P) / NR`
+/// vectors a row for P = 1, 2 or 4 units a warp at once). Then the loop needs no bounds tests
+/// (`AMK_FUSED_EXACT`): less code on every layer's path. `false`
+/// for a program with no such task, or with a task whose row is not a whole number of
+/// vectors (the generic loop's), a FUSED task (its steps may be any op), or a task of a plugin
+/// op that declares no row loop (it might run the loop all the same).
+pub fn fused_exact(program: &Program, registry: &Registry, vecs: u32) -> bool {
+    let mut any = false;
+    for t in &program.tasks {
+        let declared = registry.cuda(t.op).and_then(|c| c.row_loop);
+        let builtin = matches!(registry.origin(t.op), Some(amk_core::Origin::Builtin));
+        if t.op == amk_core::Opcode::FUSED || (declared.is_none() && !builtin) {
+            return false;
+        }
+        let Some(rl) = declared else {
+            continue;
+        };
+        let row = t
+            .inputs
+            .get(rl.row)
+            .and_then(|&b| program.buffers.get(b as usize));
+        let w = (rl.weights.first())
+            .and_then(|&i| t.inputs.get(i))
+            .and_then(|&b| program.buffers.get(b as usize));
+        let (Some(row), Some(w)) = (row, w) else {
+            return false;
+        };
+        let ve = match w.dtype {
+            DType::F32 => 4,
+            DType::F16 | DType::BF16 => 8,
+            _ => continue, // not a vector loop
+        };
+        let k = row.numel();
+        if k % ve != 0 {
+            return false;
+        }
+        // A pass holds 32 * U vectors of each row: U = vecs / NR one or two units a warp at
+        // once, vecs / (2 NR) four (amk_fused_fast; the four-unit loop is for NR = 1).
+        let nr = rl.unit_rows.max(1) as u32;
+        let whole = [vecs / nr, vecs / (2 * nr)]
+            .into_iter()
+            .all(|u| u > 0 && (k / ve) % (32 * u64::from(u)) == 0);
+        if !whole {
+            return false;
+        }
+        any = true;
+    }
+    any
+}
+
+/// The fewest vectors a lane a pass (`AMK_FUSED_VECS`) at which no row-loop task of `program`
+/// takes more passes than at [`DEFAULT_VECS`]: a pass of a unit of `NR` rows holds
+/// `32 * (vecs / NR)` vectors of each row ([`amk_core::RowLoop::unit_rows`]), a row `K / VE`
+/// (`VE` elements a vector of the weights' dtype). A smaller pass is less code on every
+/// layer's path; an extra pass is one more DRAM round trip with fewer bytes in flight. The
+/// count is the one-unit loop's (a paired tile's is alike for the shapes measured).
+pub fn fused_vecs(program: &Program, registry: &Registry) -> u32 {
+    let rows = loop_rows(program, registry);
     let passes = |vecs: u32| -> Vec<u64> {
         rows.iter()
             .map(|&(n, nr)| n.div_ceil(32 * u64::from((vecs / nr).max(1))))

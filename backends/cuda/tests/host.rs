@@ -1071,4 +1071,69 @@ fn the_fused_pass_is_sized_to_the_programs_rows() {
     assert_eq!(h.matches("AMK_FUSED_VECS").count(), 1, "{h}");
     assert!(h.contains("#define AMK_FUSED_VECS 8\n"), "{h}");
     assert!(TILE_HELPERS.contains("#ifndef AMK_FUSED_VECS\n#define AMK_FUSED_VECS 8\n"));
+    // Whole passes: the 1B's and 8B's rows (256 to 1,792 vectors) at 8 vectors a lane, not
+    // SmolLM2's (72) and not the 1B's at 6 (a pass of 192, or of 96 for a two-row unit).
+    use amk_backend_cuda::loops::fused_exact;
+    assert!(fused_exact(&b, &reg, 8));
+    assert!(fused_exact(&program("llama-3.1-8b", DType::BF16), &reg, 8));
+    assert!(!fused_exact(&s, &reg, 6) && !fused_exact(&s, &reg, 8));
+    assert!(!fused_exact(&b, &reg, 6));
+    assert!(head(opts.knobs(Some(&b), &reg)).contains("#define AMK_FUSED_EXACT 1\n"));
+    assert!(!head(opts.knobs(Some(&s), &reg)).contains("AMK_FUSED_EXACT"));
+    // A user's pass is the one that counts: 6 on the 1B is not whole passes.
+    let six = CudaOptions {
+        defines: amk_backend_cuda::parse_defines("AMK_FUSED_VECS=6"),
+        ..CudaOptions::default()
+    };
+    assert!(!head(six.knobs(Some(&b), &reg)).contains("AMK_FUSED_EXACT"));
+    // A FUSED task may run any op's loop: no claim.
+    let mut f = b.clone();
+    f.tasks[0].op = Opcode::FUSED;
+    assert!(!fused_exact(&f, &reg, 8));
+    assert!(TILE_HELPERS.contains("(AMK_FUSED_EXACT || v < nvec)"));
+}
+
+/// A program's kernel handles inline only the float dtypes its buffers hold: a bf16 program
+/// leaves out the F32 and F16 branches, an f32 one the 16-bit ones; the kernel of every op keeps
+/// all three; a user's define wins.
+#[test]
+fn a_program_kernel_handles_only_its_float_dtypes() {
+    use amk_backend_cuda::CudaOptions;
+    use amk_backend_cuda::assemble::{ATTENTION_HELPERS, DEVICE_HELPERS};
+    let reg = registry();
+    let head = |k: Knobs| {
+        let src = megakernel_source(&reg, k).unwrap().source;
+        src[..src.find("#line").unwrap()].to_string()
+    };
+    let opts = CudaOptions {
+        defines: Vec::new(),
+        ..CudaOptions::default()
+    };
+    let tuned = amk_model_llama::lower::tuned_schedule();
+    let h = head(opts.knobs(Some(&smollm2_program(DType::BF16, &tuned)), &reg));
+    assert!(
+        h.contains("#define AMK_NO_F32 1\n") && h.contains("#define AMK_NO_F16 1\n"),
+        "{h}"
+    );
+    assert!(!h.contains("AMK_NO_BF16"), "{h}");
+    let h = head(opts.knobs(Some(&smollm2_program(DType::F32, &tuned)), &reg));
+    assert!(
+        h.contains("#define AMK_NO_F16 1\n") && h.contains("#define AMK_NO_BF16 1\n"),
+        "{h}"
+    );
+    assert!(!h.contains("AMK_NO_F32"), "{h}");
+    assert!(!head(opts.knobs(None, &reg)).contains("AMK_NO_"));
+    let user = CudaOptions {
+        defines: amk_backend_cuda::parse_defines("AMK_NO_F16=0"),
+        ..CudaOptions::default()
+    };
+    let h = head(user.knobs(Some(&smollm2_program(DType::BF16, &tuned)), &reg));
+    assert_eq!(h.matches("AMK_NO_F16").count(), 1, "{h}");
+    // Every inline branch the defines fold has a fallback that is right for any dtype.
+    assert!(DEVICE_HELPERS.contains("if (AMK_IS_F16(dt)) return amk_f16_to_f32"));
+    assert!(DEVICE_HELPERS.contains("  return amk_ld_slow(b, i);"));
+    assert!(
+        ATTENTION_HELPERS
+            .contains("else if (AMK_IS_F32(dt)) ATT_TINY(AMK_F32);\n    else att_heads(")
+    );
 }
