@@ -116,12 +116,20 @@ run)
     filter=${2:-all()}
     # RUN_IGNORED=only runs the ignored performance report.
     ignored=${RUN_IGNORED:-default}
+    nextest() {
+        "$AMK_HOME/cargo-nextest" nextest run --archive-file "$AMK_HOME/gpu.tar.zst" \
+            --workspace-remap . --extract-to "$AMK_HOME/x" --extract-overwrite "$@"
+    }
+    # First the suite's kernels, compiled on every core (the tests below load them from the
+    # cache instead of compiling them one after another); SUITE_KERNELS=0 skips the pass.
+    if [ "${SUITE_KERNELS:-1}" = 1 ]; then
+        nextest --run-ignored only --success-output final -E 'binary(suite_kernels)' ||
+            echo "the compile pass failed: each test compiles the kernels it needs itself"
+    fi
     # One GPU: one test process at a time (cooperative launches from parallel processes
     # would time-slice the device and trip the watchdog).
-    "$AMK_HOME/cargo-nextest" nextest run --archive-file "$AMK_HOME/gpu.tar.zst" \
-        --workspace-remap . --extract-to "$AMK_HOME/x" --extract-overwrite \
-        -j 1 --no-fail-fast --success-output final --failure-output final \
-        --run-ignored "$ignored" -E "$filter"
+    nextest -j 1 --no-fail-fast --success-output final --failure-output final \
+        --run-ignored "$ignored" -E "$filter - binary(suite_kernels)"
     ;;
 bench)
     install

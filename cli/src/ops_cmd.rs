@@ -181,7 +181,7 @@ fn compile(
                         break;
                     };
                     let t0 = std::time::Instant::now();
-                    let r = amk_backend_cuda::precompile(reg, arch, dir, p.as_ref());
+                    let r = amk_backend_cuda::precompile(&opts, reg, arch, dir, p.as_ref());
                     let secs = t0.elapsed().as_secs_f64();
                     if let Ok(mut v) = results.lock() {
                         v.push((i, r, secs));

@@ -325,6 +325,48 @@ pub mod test_support {
         }
     }
 
+    /// The configurations the GPU tests run the conformance suite under, by test module
+    /// name: the defaults, the shared-memory weight ring (off by default), the L2 prefetch of
+    /// every tile's weights (off by default), and every fused tile streaming two units a warp
+    /// (or four for short rows) at once. Each is its own set of kernels.
+    pub fn conformance_configs() -> [(&'static str, CudaOptions); 4] {
+        let base = CudaOptions::default();
+        [
+            ("conformance", base.clone()),
+            (
+                "conformance_ring",
+                CudaOptions {
+                    ring_bytes: 192 << 10,
+                    prestart: true,
+                    ..base.clone()
+                },
+            ),
+            (
+                "conformance_l2_prefetch",
+                CudaOptions {
+                    l2_prefetch_bytes: 64 << 10,
+                    ..base.clone()
+                },
+            ),
+            (
+                "conformance_paired",
+                CudaOptions {
+                    defines: crate::parse_defines("AMK_FUSED_PAIR_MIN=0 AMK_FUSED_PAIR_MIN_LONG=0"),
+                    ..base
+                },
+            ),
+        ]
+    }
+
+    /// The options of one of [`conformance_configs`] (the defaults for an unknown name).
+    pub fn conformance_options(name: &str) -> CudaOptions {
+        conformance_configs()
+            .into_iter()
+            .find(|(n, _)| *n == name)
+            .map(|(_, o)| o)
+            .unwrap_or_default()
+    }
+
     /// Whether an error means "no GPU here" rather than a failure.
     pub fn is_absent(e: &CudaError) -> bool {
         matches!(

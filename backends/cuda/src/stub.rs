@@ -103,6 +103,7 @@ impl CudaSession {
 
 /// Always [`CudaError::NotCompiled`] in this build.
 pub fn precompile(
+    _options: &CudaOptions,
     _registry: &Registry,
     _arch: &str,
     _cache_dir: Option<&std::path::Path>,

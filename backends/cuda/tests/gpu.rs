@@ -164,13 +164,10 @@ mod conformance {
 /// ring's streaming, its start before the wait and its phase tracking across tasks stay
 /// checked against the CPU VM.
 mod conformance_ring {
-    amk_conformance::conformance_tests!(maybe: amk_backend_cuda::test_support::gpu_with_options(
+    use amk_backend_cuda::test_support::{conformance_options, gpu_with_options};
+    amk_conformance::conformance_tests!(maybe: gpu_with_options(
         "conformance_ring",
-        amk_backend_cuda::CudaOptions {
-            ring_bytes: 192 << 10,
-            prestart: true,
-            ..amk_backend_cuda::CudaOptions::default()
-        }
+        conformance_options("conformance_ring")
     ));
 }
 
@@ -178,12 +175,10 @@ mod conformance_ring {
 /// default: measured slower, docs/perf-notes.md round 6), so that the prefetch ranges stay
 /// checked to be harmless.
 mod conformance_l2_prefetch {
-    amk_conformance::conformance_tests!(maybe: amk_backend_cuda::test_support::gpu_with_options(
+    use amk_backend_cuda::test_support::{conformance_options, gpu_with_options};
+    amk_conformance::conformance_tests!(maybe: gpu_with_options(
         "conformance_l2_prefetch",
-        amk_backend_cuda::CudaOptions {
-            l2_prefetch_bytes: 64 << 10,
-            ..amk_backend_cuda::CudaOptions::default()
-        }
+        conformance_options("conformance_l2_prefetch")
     ));
 }
 
@@ -194,14 +189,10 @@ mod conformance_l2_prefetch {
 /// (round 16). The two-unit loop on longer rows runs in the SmolLM2 f32 tests (its LM head).
 /// Its own kernels (each case's program's), compiled on first use.
 mod conformance_paired {
-    amk_conformance::conformance_tests!(maybe: amk_backend_cuda::test_support::gpu_with_options(
+    use amk_backend_cuda::test_support::{conformance_options, gpu_with_options};
+    amk_conformance::conformance_tests!(maybe: gpu_with_options(
         "conformance_paired",
-        amk_backend_cuda::CudaOptions {
-            defines: amk_backend_cuda::parse_defines(
-                "AMK_FUSED_PAIR_MIN=0 AMK_FUSED_PAIR_MIN_LONG=0"
-            ),
-            ..amk_backend_cuda::CudaOptions::default()
-        }
+        conformance_options("conformance_paired")
     ));
 }
 

@@ -286,19 +286,20 @@ impl CudaBackend {
 
 /// Compiles the megakernel of `registry` for `arch` (e.g. `sm_90a`) into the cubin cache
 /// (`cache_dir`, else [`nvrtc::default_cache_dir`]) with no device, exactly as a session on a
-/// GPU of that architecture would (same source, same options, same key), so that the first
-/// run there loads it instead of compiling for minutes. `program`: the program it is for (a
-/// kernel holds only its ops and loops, [`CudaOptions::knobs`]); `None`, the kernel of every
-/// op. Returns the cubin's path, its size, and whether it was already cached.
+/// GPU of that architecture would with `options` (same source, same options, same key), so
+/// that the first run there loads it instead of compiling for minutes. `program`: the program
+/// it is for (a kernel holds only its ops and loops, [`CudaOptions::knobs`]); `None`, the
+/// kernel of every op. Returns the cubin's path, its size, and whether it was already cached.
 pub fn precompile(
+    options: &CudaOptions,
     registry: &Registry,
     arch: &str,
     cache_dir: Option<&std::path::Path>,
     program: Option<&Program>,
 ) -> Result<(std::path::PathBuf, usize, bool), CudaError> {
     let dir = cache_dir.map_or_else(nvrtc::default_cache_dir, std::path::Path::to_path_buf);
-    let mk = megakernel_source(registry, CudaOptions::default().knobs(program, registry))
-        .map_err(CudaError::Layout)?;
+    let mk =
+        megakernel_source(registry, options.knobs(program, registry)).map_err(CudaError::Layout)?;
     let key = nvrtc::cache_key(&mk.source, &nvrtc::options(arch))?;
     let path = dir.join(format!("{key}.{arch}.cubin"));
     let cached = path.is_file();

@@ -1,0 +1,99 @@
+//! Compiles the kernels the GPU tests will load, on every core, into the cubin cache
+//! (`AMK_CUDA_CACHE`): each conformance case's program under each configuration the suite runs
+//! with (`test_support::conformance_configs`). A program's kernel holds only its ops and the
+//! code its dtypes and rows need, so the suite needs a few hundred small kernels; the tests run
+//! one at a time (`-j 1`, cooperative launches) and would otherwise compile them one after
+//! another. Ignored by default: `scripts/gpu-check.sh run` runs it first. Needs NVRTC and the
+//! GPU's architecture; says SKIPPED without a GPU (and fails under `AMK_REQUIRE_GPU=1`).
+#![allow(clippy::unwrap_used)]
+
+use amk_backend_cuda::test_support::{conformance_configs, gpu_or_skip};
+use amk_core::{Backend, BackendError, Program, Registry, Session, ValidatedProgram, WeightStore};
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+/// The CPU VM, keeping every program it loads: the conformance cases' programs, as each case
+/// builds them.
+struct Recorder(amk_backend_cpu::CpuBackend, Mutex<Vec<Program>>);
+
+impl Backend for Recorder {
+    fn name(&self) -> &'static str {
+        "recorder"
+    }
+    fn load(
+        &self,
+        p: &ValidatedProgram,
+        w: &WeightStore,
+        r: &Registry,
+    ) -> Result<Box<dyn Session>, BackendError> {
+        self.1.lock().unwrap().push(p.program().clone());
+        self.0.load(p, w, r)
+    }
+}
+
+#[test]
+#[ignore = "a compile pass before the GPU tests: scripts/gpu-check.sh run starts with it"]
+fn suite_kernels_compile() {
+    // The live device's architecture: the kernels are keyed by it.
+    let Some(gpu) = gpu_or_skip("suite_kernels_compile") else {
+        return;
+    };
+    let arch = gpu.info().arch.clone();
+    let rec = Recorder(
+        amk_backend_cpu::CpuBackend::default(),
+        Mutex::new(Vec::new()),
+    );
+    let mut report = amk_conformance::conformance::Report::default();
+    amk_conformance::conformance::run_all(&rec, &mut report);
+    let programs = rec.1.into_inner().unwrap();
+    assert!(
+        !programs.is_empty(),
+        "the conformance suite loaded no program"
+    );
+    let reg = amk_ops::registry().unwrap();
+    // One job per distinct kernel (programs and configurations often share one).
+    let mut jobs: Vec<(amk_backend_cuda::CudaOptions, &Program)> = Vec::new();
+    let mut seen: Vec<String> = Vec::new();
+    for (_, options) in conformance_configs() {
+        for p in &programs {
+            let knobs = options.knobs(Some(p), &reg);
+            let source = amk_backend_cuda::assemble::megakernel_source(&reg, knobs)
+                .unwrap()
+                .source;
+            if !seen.contains(&source) {
+                seen.push(source);
+                jobs.push((options.clone(), p));
+            }
+        }
+    }
+    let width = std::thread::available_parallelism().map_or(1, |n| n.get());
+    eprintln!(
+        "{} distinct kernels for {arch}, {width} at a time",
+        jobs.len()
+    );
+    let next = AtomicUsize::new(0);
+    let failures: Mutex<Vec<String>> = Mutex::new(Vec::new());
+    let t0 = std::time::Instant::now();
+    std::thread::scope(|s| {
+        for _ in 0..width.min(jobs.len()) {
+            s.spawn(|| {
+                while let Some((options, p)) = jobs.get(next.fetch_add(1, Ordering::Relaxed)) {
+                    if let Err(e) =
+                        amk_backend_cuda::precompile(options, &reg, &arch, None, Some(p))
+                    {
+                        failures.lock().unwrap().push(e.to_string());
+                    }
+                }
+            });
+        }
+    });
+    eprintln!("compiled in {:.0} s", t0.elapsed().as_secs_f64());
+    let failures = failures.into_inner().unwrap();
+    assert!(
+        failures.is_empty(),
+        "{} of {} kernels failed; the first: {}",
+        failures.len(),
+        jobs.len(),
+        failures[0]
+    );
+}
