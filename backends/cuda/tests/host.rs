@@ -1137,3 +1137,42 @@ fn a_program_kernel_handles_only_its_float_dtypes() {
             .contains("else if (AMK_IS_F32(dt)) ATT_TINY(AMK_F32);\n    else att_heads(")
     );
 }
+
+/// The conformance configurations the GPU tests and their compile pass share: the defaults,
+/// the ring, the L2 prefetch and the paired loops, each a different kernel for a fused program.
+#[test]
+fn the_conformance_configurations_are_four_kernels() {
+    use amk_backend_cuda::test_support::{conformance_configs, conformance_options};
+    let reg = registry();
+    let p = smollm2_program(DType::BF16, &amk_model_llama::lower::tuned_schedule());
+    let configs = conformance_configs();
+    let names: Vec<&str> = configs.iter().map(|(n, _)| *n).collect();
+    assert_eq!(
+        names,
+        [
+            "conformance",
+            "conformance_ring",
+            "conformance_l2_prefetch",
+            "conformance_paired"
+        ]
+    );
+    let mut sources: Vec<String> = configs
+        .iter()
+        .map(|(_, o)| {
+            megakernel_source(&reg, o.knobs(Some(&p), &reg))
+                .unwrap()
+                .source
+        })
+        .collect();
+    sources.sort();
+    sources.dedup();
+    assert_eq!(
+        sources.len(),
+        4,
+        "each configuration is a kernel of its own"
+    );
+    assert!(conformance_options("conformance_ring").ring_bytes > 0);
+    assert!(conformance_options("conformance_l2_prefetch").l2_prefetch_bytes > 0);
+    assert!(!conformance_options("conformance_paired").defines.is_empty());
+    assert_eq!(conformance_options("no such").ring_bytes, 0);
+}
