@@ -11,7 +11,7 @@
 //! [`fused_vecs`] sizes the same loop's unrolled pass to the program's rows.
 
 use amk_core::Registry;
-use amk_core::ir::{DType, Program};
+use amk_core::ir::{Buffer, DType, Program, Task};
 
 /// A set of (weight, row) dtype pairs: bit `2 * w + x16`, `w` 0/1/2 for f32/f16/bf16 weights,
 /// `x16` 1 for a 16-bit row (f16 and bf16 rows share a loop), 0 for an f32 row.
@@ -63,12 +63,7 @@ impl FusedLoops {
             let Some(rl) = registry.cuda(t.op).and_then(|c| c.row_loop) else {
                 continue;
             };
-            let dtype = |i: usize| {
-                t.inputs
-                    .get(i)
-                    .and_then(|&b| program.buffers.get(b as usize))
-                    .map(|b| b.dtype)
-            };
+            let dtype = |i: usize| operand(program, t, i).map(|b| b.dtype);
             let Some(row) = dtype(rl.row) else { continue };
             for &w in rl.weights {
                 if let Some(p) = dtype(w).and_then(|w| FusedLoops::pair(w, row)) {
@@ -125,26 +120,35 @@ const SMALLER_VECS: [u32; 1] = [6];
 /// The device code's name for "every row is whole passes" (`#define AMK_FUSED_EXACT 1`).
 pub const EXACT_DEFINE: &str = "AMK_FUSED_EXACT";
 
-/// The (vectors a row, rows a unit) of every row-loop task of `program` on the vector path
-/// (vectors of the weights' dtype: 4 elements of F32, 8 of F16 or BF16).
+/// Input `i` of task `t`, if it names a buffer of `program` (the validator refuses the rest).
+fn operand<'a>(program: &'a Program, t: &Task, i: usize) -> Option<&'a Buffer> {
+    t.inputs
+        .get(i)
+        .and_then(|&b| program.buffers.get(b as usize))
+}
+
+/// Elements in a 16-byte vector of the fused loop for weights of `dt` (`None`: no vector loop).
+fn vector_width(dt: DType) -> Option<u64> {
+    match dt {
+        DType::F32 => Some(4),
+        DType::F16 | DType::BF16 => Some(8),
+        _ => None,
+    }
+}
+
+/// The (vectors a row, rows a unit) of every row-loop task of `program` on the vector path.
 fn loop_rows(program: &Program, registry: &Registry) -> Vec<(u64, u32)> {
     let mut rows = Vec::new();
     for t in &program.tasks {
         let Some(rl) = registry.cuda(t.op).and_then(|c| c.row_loop) else {
             continue;
         };
-        let buf = |i: usize| {
-            t.inputs
-                .get(i)
-                .and_then(|&b| program.buffers.get(b as usize))
-        };
-        let (Some(row), Some(w)) = (buf(rl.row), rl.weights.first().and_then(|&i| buf(i))) else {
+        let w = rl.weights.first().and_then(|&i| operand(program, t, i));
+        let (Some(row), Some(ve)) = (
+            operand(program, t, rl.row),
+            w.and_then(|w| vector_width(w.dtype)),
+        ) else {
             continue;
-        };
-        let ve = match w.dtype {
-            DType::F32 => 4,
-            DType::F16 | DType::BF16 => 8,
-            _ => continue,
         };
         rows.push((row.numel().div_ceil(ve), rl.unit_rows.max(1) as u32));
     }
@@ -169,20 +173,12 @@ pub fn fused_exact(program: &Program, registry: &Registry, vecs: u32) -> bool {
         let Some(rl) = declared else {
             continue;
         };
-        let row = t
-            .inputs
-            .get(rl.row)
-            .and_then(|&b| program.buffers.get(b as usize));
-        let w = (rl.weights.first())
-            .and_then(|&i| t.inputs.get(i))
-            .and_then(|&b| program.buffers.get(b as usize));
-        let (Some(row), Some(w)) = (row, w) else {
+        let w = rl.weights.first().and_then(|&i| operand(program, t, i));
+        let (Some(row), Some(w)) = (operand(program, t, rl.row), w) else {
             return false;
         };
-        let ve = match w.dtype {
-            DType::F32 => 4,
-            DType::F16 | DType::BF16 => 8,
-            _ => continue, // not a vector loop
+        let Some(ve) = vector_width(w.dtype) else {
+            continue; // not a vector loop
         };
         let k = row.numel();
         if k % ve != 0 {

@@ -899,6 +899,12 @@ fn a_program_kernel_holds_only_its_ops() {
     assert_eq!(k.ops, None, "a FUSED task may run any op as a step");
 }
 
+/// The defines a kernel's source starts with (everything before the first `#line`).
+fn kernel_head(reg: &Registry, knobs: Knobs) -> String {
+    let s = megakernel_source(reg, knobs).unwrap().source;
+    s[..s.find("#line").unwrap()].to_string()
+}
+
 /// A kernel holds the weight ring's code only when the launch turns the ring on, and the
 /// quantised tile loops only for a program with a quantised buffer; a user's define of either
 /// name wins over the derived one.
@@ -906,10 +912,7 @@ fn a_program_kernel_holds_only_its_ops() {
 fn ring_and_quantised_loops_follow_the_options_and_the_program() {
     use amk_backend_cuda::CudaOptions;
     let reg = registry();
-    let head = |k: Knobs| {
-        let s = megakernel_source(&reg, k).unwrap().source;
-        s[..s.find("#line").unwrap()].to_string()
-    };
+    let head = |k: Knobs| kernel_head(&reg, k);
     let mut p = smollm2_program(DType::BF16, &amk_model_llama::lower::tuned_schedule());
     let off = CudaOptions {
         ring_bytes: 0,
@@ -953,10 +956,7 @@ fn trace_points_and_l2_prefetch_follow_the_session_and_the_options() {
     use amk_backend_cuda::CudaOptions;
     use amk_backend_cuda::assemble::DEVICE_HELPERS;
     let reg = registry();
-    let head = |k: Knobs| {
-        let s = megakernel_source(&reg, k).unwrap().source;
-        s[..s.find("#line").unwrap()].to_string()
-    };
+    let head = |k: Knobs| kernel_head(&reg, k);
     let p = smollm2_program(DType::BF16, &amk_model_llama::lower::tuned_schedule());
     let off = CudaOptions {
         l2_prefetch_bytes: 0,
@@ -1052,10 +1052,7 @@ fn the_fused_pass_is_sized_to_the_programs_rows() {
     let x = t.inputs[0] as usize;
     long.buffers[x].shape = vec![1, 2048];
     assert_eq!(fused_vecs(&long, &reg), 8);
-    let head = |k: Knobs| {
-        let src = megakernel_source(&reg, k).unwrap().source;
-        src[..src.find("#line").unwrap()].to_string()
-    };
+    let head = |k: Knobs| kernel_head(&reg, k);
     let opts = CudaOptions {
         defines: Vec::new(),
         ..CudaOptions::default()
@@ -1101,10 +1098,7 @@ fn a_program_kernel_handles_only_its_float_dtypes() {
     use amk_backend_cuda::CudaOptions;
     use amk_backend_cuda::assemble::{ATTENTION_HELPERS, DEVICE_HELPERS};
     let reg = registry();
-    let head = |k: Knobs| {
-        let src = megakernel_source(&reg, k).unwrap().source;
-        src[..src.find("#line").unwrap()].to_string()
-    };
+    let head = |k: Knobs| kernel_head(&reg, k);
     let opts = CudaOptions {
         defines: Vec::new(),
         ..CudaOptions::default()
