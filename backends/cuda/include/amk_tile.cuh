@@ -565,8 +565,8 @@ __device__ __forceinline__ void amk_ring_prestart(const amk_task_ctx& c) {
 #define AMK_FUSED_VECS 8
 #endif
 /* 1: every vector-path row of the program is a whole number of full passes (its vectors a
- * multiple of 32 * AMK_FUSED_VECS, so of every pass amk_fused_fast makes), and the loop drops its
- * bounds tests. The backend defines it from the program (`loops::fused_exact`). */
+ * multiple of every pass amk_fused_fast can make of it), and the loop drops its bounds tests.
+ * The backend defines it from the program (`loops::fused_exact`). */
 #ifndef AMK_FUSED_EXACT
 #define AMK_FUSED_EXACT 0
 #endif

@@ -136,66 +136,55 @@ fn vector_width(dt: DType) -> Option<u64> {
     }
 }
 
-/// The (vectors a row, rows a unit) of every row-loop task of `program` on the vector path.
-fn loop_rows(program: &Program, registry: &Registry) -> Vec<(u64, u32)> {
-    let mut rows = Vec::new();
-    for t in &program.tasks {
-        let Some(rl) = registry.cuda(t.op).and_then(|c| c.row_loop) else {
-            continue;
-        };
-        let w = rl.weights.first().and_then(|&i| operand(program, t, i));
-        let (Some(row), Some(ve)) = (
-            operand(program, t, rl.row),
-            w.and_then(|w| vector_width(w.dtype)),
-        ) else {
-            continue;
-        };
-        rows.push((row.numel().div_ceil(ve), rl.unit_rows.max(1) as u32));
-    }
-    rows
+/// Every row-loop task of `program` whose row and first weight are buffers of it, as (its
+/// row's elements, the elements of a 16-byte vector of its weights' dtype or `None` for a
+/// dtype with no vector loop, its rows a unit).
+fn loop_rows<'a>(
+    program: &'a Program,
+    registry: &'a Registry,
+) -> impl Iterator<Item = (u64, Option<u64>, u32)> + 'a {
+    program.tasks.iter().filter_map(move |t| {
+        let rl = registry.cuda(t.op).and_then(|c| c.row_loop)?;
+        let row = operand(program, t, rl.row)?;
+        let w = rl.weights.first().and_then(|&i| operand(program, t, i))?;
+        Some((
+            row.numel(),
+            vector_width(w.dtype),
+            rl.unit_rows.max(1) as u32,
+        ))
+    })
 }
 
 /// Whether every row-loop task of `program` streams whole passes at `vecs` vectors a lane: its
 /// row a multiple of every pass the device loop can make of it (`32 * (vecs * 2 / P) / NR`
 /// vectors a row for P = 1, 2 or 4 units a warp at once). Then the loop needs no bounds tests
-/// (`AMK_FUSED_EXACT`): less code on every layer's path. `false`
-/// for a program with no such task, or with a task whose row is not a whole number of
-/// vectors (the generic loop's), a FUSED task (its steps may be any op), or a task of a plugin
-/// op that declares no row loop (it might run the loop all the same).
+/// (`AMK_FUSED_EXACT`): less code on every layer's path. `false` for a program with no such
+/// task, or with a task whose row is not a whole number of vectors (the generic loop's), a
+/// FUSED task (its steps may be any op), or a task of a plugin op that declares no row loop
+/// (it might run the loop all the same).
 pub fn fused_exact(program: &Program, registry: &Registry, vecs: u32) -> bool {
-    let mut any = false;
-    for t in &program.tasks {
-        let declared = registry.cuda(t.op).and_then(|c| c.row_loop);
+    let unsure = program.tasks.iter().any(|t| {
+        let declared = registry.cuda(t.op).is_some_and(|c| c.row_loop.is_some());
         let builtin = matches!(registry.origin(t.op), Some(amk_core::Origin::Builtin));
-        if t.op == amk_core::Opcode::FUSED || (declared.is_none() && !builtin) {
-            return false;
-        }
-        let Some(rl) = declared else {
-            continue;
-        };
-        let w = rl.weights.first().and_then(|&i| operand(program, t, i));
-        let (Some(row), Some(w)) = (operand(program, t, rl.row), w) else {
-            return false;
-        };
-        let Some(ve) = vector_width(w.dtype) else {
+        t.op == amk_core::Opcode::FUSED || (!declared && !builtin)
+    });
+    let mut any = false;
+    for (k, ve, nr) in loop_rows(program, registry) {
+        let Some(ve) = ve else {
             continue; // not a vector loop
         };
-        let k = row.numel();
-        if k % ve != 0 {
-            return false;
-        }
         // A pass holds 32 * U vectors of each row: U = vecs / NR one or two units a warp at
         // once, vecs / (2 NR) four (amk_fused_fast; the four-unit loop is for NR = 1).
-        let nr = rl.unit_rows.max(1) as u32;
-        let whole = [vecs / nr, vecs / (2 * nr)]
-            .into_iter()
-            .all(|u| u > 0 && (k / ve) % (32 * u64::from(u)) == 0);
+        let whole = k % ve == 0
+            && [vecs / nr, vecs / (2 * nr)]
+                .into_iter()
+                .all(|u| u > 0 && (k / ve) % (32 * u64::from(u)) == 0);
         if !whole {
             return false;
         }
         any = true;
     }
-    any
+    any && !unsure
 }
 
 /// The fewest vectors a lane a pass (`AMK_FUSED_VECS`) at which no row-loop task of `program`
@@ -205,7 +194,9 @@ pub fn fused_exact(program: &Program, registry: &Registry, vecs: u32) -> bool {
 /// layer's path; an extra pass is one more DRAM round trip with fewer bytes in flight. The
 /// count is the one-unit loop's (a paired tile's is alike for the shapes measured).
 pub fn fused_vecs(program: &Program, registry: &Registry) -> u32 {
-    let rows = loop_rows(program, registry);
+    let rows: Vec<(u64, u32)> = loop_rows(program, registry)
+        .filter_map(|(k, ve, nr)| Some((k.div_ceil(ve?), nr)))
+        .collect();
     let passes = |vecs: u32| -> Vec<u64> {
         rows.iter()
             .map(|&(n, nr)| n.div_ceil(32 * u64::from((vecs / nr).max(1))))

@@ -74,6 +74,16 @@ impl std::fmt::Debug for CudaSession {
     }
 }
 
+/// Blocks of `threads` threads and `smem` bytes of dynamic shared memory that fit on one SM
+/// with `module`'s kernel, after the opt-in a launch needs past 48 KB in all (static
+/// included).
+fn blocks_per_sm(module: &Module, threads: u32, smem: usize) -> Result<usize, CudaError> {
+    if smem + module.static_smem() > 48 << 10 {
+        module.set_max_dynamic_smem(smem)?;
+    }
+    module.occupancy(threads, smem)
+}
+
 impl CudaSession {
     /// Lays out and uploads `program` (validated by the caller, except in tests of the
     /// watchdog). `program_id` binds param patches to it.
@@ -122,11 +132,7 @@ impl CudaSession {
                 ),
             });
         }
-        // Past 48 KB in all (static included) a launch needs the opt-in.
-        if smem + module.static_smem() > 48 << 10 {
-            module.set_max_dynamic_smem(smem)?;
-        }
-        let per_sm = module.occupancy(threads, smem)?;
+        let per_sm = blocks_per_sm(&module, threads, smem)?;
         let resident = per_sm * inner.info.sms;
         if resident == 0 {
             return Err(CudaError::Occupancy {
@@ -363,11 +369,8 @@ impl CudaSession {
         if self.trace.is_none() {
             let (module, _) = self.backend.module_for(registry, &self.program, true)?;
             let smem = self.smem as usize;
-            if smem + module.static_smem() > 48 << 10 {
-                module.set_max_dynamic_smem(smem)?;
-            }
             let info = &self.backend.inner.info;
-            let per_sm = module.occupancy(self.threads, smem)?;
+            let per_sm = blocks_per_sm(&module, self.threads, smem)?;
             if per_sm * info.sms < self.grid as usize {
                 return Err(CudaError::Occupancy {
                     needed: self.grid as usize,
