@@ -906,24 +906,161 @@ __device__ __forceinline__ bool amk_row_tile_check(const amk_task_ctx& ctx, cons
   return true;
 }
 
+/* The one-row projection's unit j: weight row n_off + j of w. */
+__device__ __forceinline__ auto amk_row_tile_rows(const amk_buffer_t* w, int n_off) {
+  return [=](int j, const amk_buffer_t* (&wb)[1], long long (&row)[1]) {
+    wb[0] = w;
+    row[0] = n_off + j;
+  };
+}
+
+/* The one-row projection's store: y[n_off + j] = sum (+ bias[n_off + j]), by lane 0. */
+__device__ __forceinline__ auto amk_row_tile_epi(const amk_buffer_t* y, const amk_buffer_t* bias, int n_off) {
+  return [=](int j, const float (&s)[1]) {
+    if ((threadIdx.x & 31) == 0) {
+      const long long c = n_off + j;
+      amk_stf(y, c, s[0] + (bias ? amk_ldf(bias, c) : 0.0f));
+    }
+  };
+}
+
 /* Columns [n_off, n_off + n_tile) of y = row . w^T (+ bias) for a prepared row r (one weight row
- * per warp at a time, amk_fused_run): GEMV_TILE's one-row path, RMSNORM_GEMV and ATTENTION_GEMV.
- * w_al16: w's base is 16-byte aligned. */
+ * per warp at a time, amk_fused_run): ATTENTION_GEMV's projection (amk_row_tile below for the
+ * tiles that prepare their row from x). w_al16: w's base is 16-byte aligned. */
 __device__ __forceinline__ void amk_row_tile_run(const amk_frow& r, long long K, const amk_buffer_t* w,
                                                  bool w_al16, int n_tile, int n_off,
                                                  const amk_buffer_t* y, const amk_buffer_t* bias) {
-  amk_fused_run<1, AMK_FUSED_PAIR_OF(1)>(
-      r, K, w->dtype, w_al16, n_tile,
-      [=](int j, const amk_buffer_t* (&wb)[1], long long (&row)[1]) {
-        wb[0] = w;
-        row[0] = n_off + j;
-      },
-      [=](int j, const float (&s)[1]) {
-        if ((threadIdx.x & 31) == 0) {
-          const long long c = n_off + j;
-          amk_stf(y, c, s[0] + (bias ? amk_ldf(bias, c) : 0.0f));
+  amk_fused_run<1, AMK_FUSED_PAIR_OF(1)>(r, K, w->dtype, w_al16, n_tile, amk_row_tile_rows(w, n_off),
+                                         amk_row_tile_epi(y, bias, n_off));
+}
+
+/* AMK_ROW_PRE: a fused tile whose rows are one pass of the vector loop loads its warps' first
+ * units into registers before its wait (the weights: no task writes them, so nothing orders
+ * their loads after a counter), then waits, prepares its row and sums as amk_fdot does, in the
+ * same order (a lane's vectors lane, lane + 32, ... whatever the pass size), so the results are
+ * the same bits. Later units of a warp load after the wait. The backend defines it from the
+ * program (docs/perf-notes.md round 19). */
+#ifndef AMK_ROW_PRE
+#define AMK_ROW_PRE 0
+#endif
+
+#if AMK_ROW_PRE
+/* Vectors of each of a unit's NR rows a lane holds: the whole row in one pass. */
+template <int NR>
+struct amk_pre_u { static constexpr int v = AMK_FUSED_VECS / NR > 0 ? AMK_FUSED_VECS / NR : 1; };
+
+/* Units a warp may have for a tile to take amk_pre_fast: more (an LM head's) keep the paired
+ * and quad loops of amk_fused_run, which stream several units a warp at once. */
+#ifndef AMK_ROW_PRE_UNITS
+#define AMK_ROW_PRE_UNITS 2
+#endif
+
+/* Whether a tile takes amk_pre_fast (block-uniform, from descriptors only): at most
+ * AMK_ROW_PRE_UNITS units a warp, a 16-bit row that amk_frow_prepare puts in shared memory
+ * (normalised or copied), 16-bit weights with a compiled-in loop, aligned, and rows of one
+ * pass. */
+template <int NR>
+__device__ __forceinline__ bool amk_pre_ok(const amk_task_ctx& ctx, const amk_buffer_t* x,
+                                           const amk_buffer_t* nw, long long K, int wdt, bool w_al16,
+                                           int n_units) {
+  const bool w16 = (wdt == AMK_BF16 && AMK_FUSED_HAS(AMK_TILE_W_BF16, 1)) ||
+                   (wdt == AMK_F16 && AMK_FUSED_HAS(AMK_TILE_W_F16, 1));
+  if (ctx.check_only || n_units > AMK_ROW_PRE_UNITS * AMK_WARPS || !w16 || !w_al16 ||
+      x->dtype == AMK_F32 || !amk_is_vec(x->dtype) || !amk_al16(x->ptr) || (K & 7) != 0 ||
+      K * 2 > ctx.smem_bytes || (K >> 3) > 32 * amk_pre_u<NR>::v)
+    return false;
+  return !nw || ((K >> 3) <= (long long)AMK_THREADS * AMK_RMS_VB && amk_is_vec(nw->dtype) &&
+                 amk_al16(nw->ptr));
+}
+
+template <int WK, int NR, typename Rows, typename Epi>
+__device__ __forceinline__ void amk_pre_fast(const amk_task_ctx& ctx, const amk_buffer_t* x,
+                                             const amk_buffer_t* nw, long long K, float eps,
+                                             int n_units, Rows rows, Epi epi) {
+  constexpr int VE = amk_tile_ve<WK>::v, U = amk_pre_u<NR>::v;
+  const unsigned long long pol = amk_weight_policy(ctx.prog->flags);
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int nvec = (int)(K / VE);
+  uint4 wv[NR][U];
+  const auto issue = [&](int j, bool live) {
+    const amk_buffer_t* wb[NR];
+    long long row[NR];
+    rows(j, wb, row);
+#pragma unroll
+    for (int r = 0; r < NR; ++r) {
+      const uint4* w = (const uint4*)((const unsigned char*)wb[r]->ptr + row[r] * K * 2);
+#pragma unroll
+      for (int u = 0; u < U; ++u) {
+        const int v = u * 32 + lane;
+        wv[r][u] = live && v < nvec ? amk_tile_ldw(w + v, pol) : make_uint4(0u, 0u, 0u, 0u);
+      }
+    }
+  };
+  const bool live0 = warp < n_units; /* warp-uniform */
+  issue(live0 ? warp : 0, live0);
+  if (!amk_task_wait(ctx)) return;
+  const amk_frow rw = amk_frow_make(ctx, x, nw, K, eps);
+  const bool bf = AMK_BF_OF(rw.dt);
+  for (int j = warp; j < n_units; j += AMK_WARPS) {
+    if (j != warp) issue(j, true);
+    float acc[NR][4];
+#pragma unroll
+    for (int r = 0; r < NR; ++r)
+#pragma unroll
+      for (int i = 0; i < 4; ++i) acc[r][i] = 0.0f;
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      const int v = u * 32 + lane;
+      if (v < nvec) {
+        float xs[VE];
+        amk_tile_ldx<AMK_BF16, VE>(rw.p, (long long)v * VE, xs, bf);
+#pragma unroll
+        for (int r = 0; r < NR; ++r) {
+          float wf[VE];
+          amk_tile_decode<WK>(wv[r][u], wf);
+#pragma unroll
+          for (int i = 0; i < VE; ++i) acc[r][i & 3] = fmaf(xs[i], wf[i], acc[r][i & 3]);
         }
-      });
+      }
+    }
+    float s[NR];
+#pragma unroll
+    for (int r = 0; r < NR; ++r) s[r] = amk_warp_sum((acc[r][0] + acc[r][1]) + (acc[r][2] + acc[r][3]));
+    epi(j, s);
+  }
+}
+#endif
+
+/* A fused tile from its wait on: waits for its counters (unless `waited`), prepares its row from x (normalised by
+ * the norm weight nw, when given) and streams its units (amk_fused_run); with AMK_ROW_PRE, a tile
+ * that amk_pre_ok accepts loads its first weights before the wait. */
+template <int NR, int P, typename Rows, typename Epi>
+__device__ __forceinline__ void amk_fused_tile(const amk_task_ctx& ctx, bool waited, const amk_buffer_t* x,
+                                               const amk_buffer_t* nw, long long K, float eps, int wdt,
+                                               bool w_al16, int n_units, Rows rows, Epi epi) {
+#if AMK_ROW_PRE
+  if (!waited && amk_pre_ok<NR>(ctx, x, nw, K, wdt, w_al16, n_units)) {
+    if constexpr (AMK_FUSED_HAS(AMK_TILE_W_BF16, 1)) {
+      if (wdt == AMK_BF16) { amk_pre_fast<AMK_TILE_W_BF16, NR>(ctx, x, nw, K, eps, n_units, rows, epi); return; }
+    }
+    if constexpr (AMK_FUSED_HAS(AMK_TILE_W_F16, 1)) {
+      if (wdt == AMK_F16) { amk_pre_fast<AMK_TILE_W_F16, NR>(ctx, x, nw, K, eps, n_units, rows, epi); return; }
+    }
+  }
+#endif
+  if (!waited && !amk_task_wait(ctx)) return;
+  const amk_frow r = amk_frow_make(ctx, x, nw, K, eps);
+  amk_fused_run<NR, P>(r, K, wdt, w_al16, n_units, rows, epi);
+}
+
+/* A one-row projection tile that prepares its row from x (GEMV_TILE's one-row path,
+ * RMSNORM_GEMV), from its wait on. */
+__device__ __forceinline__ void amk_row_tile(const amk_task_ctx& ctx, const amk_buffer_t* x,
+                                             const amk_buffer_t* nw, long long K, float eps,
+                                             const amk_buffer_t* w, bool w_al16, int n_tile, int n_off,
+                                             const amk_buffer_t* y, const amk_buffer_t* bias) {
+  amk_fused_tile<1, AMK_FUSED_PAIR_OF(1)>(ctx, false, x, nw, K, eps, w->dtype, w_al16, n_tile,
+                                          amk_row_tile_rows(w, n_off), amk_row_tile_epi(y, bias, n_off));
 }
 
 /* The tile's arguments from its descriptors and params (block-uniform). CHECK: also what the
@@ -1045,6 +1182,16 @@ __device__ __forceinline__ void amk_tile_run(const amk_task_ctx& ctx, bool gemm)
       a.vpg_shift = (a.vpg & (a.vpg - 1)) == 0 ? __ffs(a.vpg) - 1 : -1;
     }
   }
+#if !AMK_RING
+  if (fast && MAXR == 1 && a.m_rows == 1 && a.wk <= AMK_TILE_W_BF16) {
+    /* One row of x, float weights (every decode projection): the fused tiles' streaming loop,
+       same sums in the same order. It keeps its operands in registers, so it stays fast when
+       a launch reserves shared memory (which shrinks the L1 cache that amk_tile_fast's
+       arguments live in; docs/perf-notes.md round 4). */
+    amk_row_tile(ctx, a.xb, nullptr, a.K, 0.0f, a.wb, true, a.n_tile, a.n_off, a.ob, a.bias);
+    return;
+  }
+#endif
   /* Everything above read descriptors and params only: the data waits from here. */
   if (!amk_task_wait(ctx)) return;
 #if AMK_RING
@@ -1078,10 +1225,7 @@ __device__ __forceinline__ void amk_tile_run(const amk_task_ctx& ctx, bool gemm)
     return;
   }
   if (MAXR == 1 && a.m_rows == 1 && a.wk <= AMK_TILE_W_BF16) {
-    /* One row of x, float weights (every decode projection): the fused tiles' streaming loop,
-       same sums in the same order. It keeps its operands in registers, so it stays fast when
-       a launch reserves shared memory (which shrinks the L1 cache that amk_tile_fast's
-       arguments live in; docs/perf-notes.md round 4). */
+    /* The one-row path of a build with the weight ring (above, before the wait, otherwise). */
     const amk_frow r = amk_frow_make(ctx, a.xb, nullptr, a.K, 0.0f);
     amk_row_tile_run(r, a.K, a.wb, true, a.n_tile, a.n_off, a.ob, a.bias);
     return;

@@ -57,6 +57,9 @@ pub struct Knobs {
     /// Every row of the fused loop is whole passes (`AMK_FUSED_EXACT`,
     /// [`crate::loops::fused_exact`]): the loop has no bounds tests.
     pub fused_exact: bool,
+    /// Each warp's first weights loaded before the task's wait (`AMK_ROW_PRE`,
+    /// [`crate::loops::row_pre`]).
+    pub row_pre: bool,
     /// The float dtypes (F32, F16, BF16) whose branches are compiled in (else `AMK_NO_F32`,
     /// `AMK_NO_F16`, `AMK_NO_BF16`): a program's kernel keeps those its buffers hold.
     pub floats: FloatDtypes,
@@ -95,7 +98,8 @@ impl FloatDtypes {
 
 impl Knobs {
     /// The defines the knobs imply beyond `defines` (fused loops, ring, quantised loops, trace
-    /// points, L2 prefetch, the fused loop's pass and bounds, the float dtypes), each
+    /// points, L2 prefetch, the fused loop's pass and bounds, the loads before the wait, the
+    /// float dtypes), each
     /// left out when `defines` names it: a user's value wins.
     fn derived(&self) -> Vec<(String, String)> {
         let mut d: Vec<(String, String)> = self.fused_loops.define().into_iter().collect();
@@ -123,6 +127,9 @@ impl Knobs {
         if self.fused_exact {
             d.push((crate::loops::EXACT_DEFINE.into(), "1".into()));
         }
+        if self.row_pre {
+            d.push((crate::loops::ROW_PRE_DEFINE.into(), "1".into()));
+        }
         if self.fused_vecs != crate::loops::DEFAULT_VECS {
             d.push((
                 crate::loops::VECS_DEFINE.into(),
@@ -147,6 +154,7 @@ impl Default for Knobs {
             l2: true,
             fused_vecs: crate::loops::DEFAULT_VECS,
             fused_exact: false,
+            row_pre: false,
             floats: FloatDtypes::ALL,
         }
     }

@@ -139,7 +139,8 @@ impl CudaOptions {
     /// the weight ring and the L2 prefetch only if these options turn them on, no trace points
     /// (a traced session sets `trace`), the fused loop's pass sized to its rows
     /// ([`loops::fused_vecs`]) and without bounds tests where its rows allow
-    /// ([`loops::fused_exact`]), only the float dtypes its buffers hold, and, with
+    /// ([`loops::fused_exact`]), its first weights loaded before the wait where its rows are one
+    /// pass ([`loops::row_pre`]), only the float dtypes its buffers hold, and, with
     /// [`CudaOptions::program_ops`], only the ops its tasks use (every op when it has a FUSED
     /// task, whose steps may be any op). `None`: the kernel of every op and every loop.
     pub fn knobs(&self, program: Option<&Program>, registry: &Registry) -> assemble::Knobs {
@@ -154,6 +155,7 @@ impl CudaOptions {
             l2: self.l2_prefetch_bytes > 0,
             fused_vecs: loops::DEFAULT_VECS,
             fused_exact: false,
+            row_pre: false,
             floats: assemble::FloatDtypes::ALL,
         };
         if let Some(p) = program {
@@ -165,6 +167,7 @@ impl CudaOptions {
                 None => Some(knobs.fused_vecs),
             };
             knobs.fused_exact = vecs.is_some_and(|v| loops::fused_exact(p, registry, v));
+            knobs.row_pre = vecs.is_some_and(|v| loops::row_pre(p, registry, v));
             knobs.floats = assemble::FloatDtypes::of_program(p);
             knobs.quant = p
                 .buffers

@@ -136,23 +136,60 @@ fn vector_width(dt: DType) -> Option<u64> {
     }
 }
 
-/// Every row-loop task of `program` whose row and first weight are buffers of it, as (its
-/// row's elements, the elements of a 16-byte vector of its weights' dtype or `None` for a
-/// dtype with no vector loop, its rows a unit).
+/// One row-loop task as the loop analyses see it.
+struct LoopRow {
+    /// The row's elements (`K`).
+    k: u64,
+    /// Elements of a 16-byte vector of its weights' dtype (`None`: no vector loop).
+    ve: Option<u64>,
+    /// Its rows a unit.
+    nr: u32,
+    /// Row and first weight both 16-bit floats (f16 or bf16).
+    half: bool,
+}
+
+/// Every row-loop task of `program` whose row and first weight are buffers of it.
 fn loop_rows<'a>(
     program: &'a Program,
     registry: &'a Registry,
-) -> impl Iterator<Item = (u64, Option<u64>, u32)> + 'a {
+) -> impl Iterator<Item = LoopRow> + 'a {
+    let half = |d: DType| matches!(d, DType::F16 | DType::BF16);
     program.tasks.iter().filter_map(move |t| {
         let rl = registry.cuda(t.op).and_then(|c| c.row_loop)?;
         let row = operand(program, t, rl.row)?;
         let w = rl.weights.first().and_then(|&i| operand(program, t, i))?;
-        Some((
-            row.numel(),
-            vector_width(w.dtype),
-            rl.unit_rows.max(1) as u32,
-        ))
+        Some(LoopRow {
+            k: row.numel(),
+            ve: vector_width(w.dtype),
+            nr: rl.unit_rows.max(1) as u32,
+            half: half(row.dtype) && half(w.dtype),
+        })
     })
+}
+
+/// The device code's name for "load each warp's first unit before the wait"
+/// (`#define AMK_ROW_PRE 1`).
+pub const ROW_PRE_DEFINE: &str = "AMK_ROW_PRE";
+
+/// Whether `program`'s kernel should load each warp's first weights before its wait
+/// (`AMK_ROW_PRE`): every row-loop task has a 16-bit row and 16-bit weights, rows of one pass
+/// at `vecs` vectors a lane (`K / 8 <= 32 * (vecs / NR)`), and there is at least one. Then every
+/// projection phase's body is one DRAM round trip, which the loads before the wait overlap:
+/// SmolLM2-135M measured 0.02 ms a token faster. The 1B's o_proj alone qualifies, and the
+/// 1B measured slower with it (docs/perf-notes.md round 19). The device takes the path only for
+/// tiles of at most two units a warp (an LM head keeps its multi-unit loop); it computes the
+/// same bits either way, so the rule is one of speed only.
+pub fn row_pre(program: &Program, registry: &Registry, vecs: u32) -> bool {
+    let mut any = false;
+    for r in loop_rows(program, registry) {
+        let u = u64::from((vecs / r.nr).max(1));
+        let one_pass = r.ve == Some(8) && r.k % 8 == 0 && r.k / 8 <= 32 * u;
+        if !(r.half && one_pass) {
+            return false;
+        }
+        any = true;
+    }
+    any
 }
 
 /// Whether every row-loop task of `program` streams whole passes at `vecs` vectors a lane: its
@@ -169,7 +206,7 @@ pub fn fused_exact(program: &Program, registry: &Registry, vecs: u32) -> bool {
         t.op == amk_core::Opcode::FUSED || (!declared && !builtin)
     });
     let mut any = false;
-    for (k, ve, nr) in loop_rows(program, registry) {
+    for LoopRow { k, ve, nr, .. } in loop_rows(program, registry) {
         let Some(ve) = ve else {
             continue; // not a vector loop
         };
@@ -195,7 +232,7 @@ pub fn fused_exact(program: &Program, registry: &Registry, vecs: u32) -> bool {
 /// count is the one-unit loop's (a paired tile's is alike for the shapes measured).
 pub fn fused_vecs(program: &Program, registry: &Registry) -> u32 {
     let rows: Vec<(u64, u32)> = loop_rows(program, registry)
-        .filter_map(|(k, ve, nr)| Some((k.div_ceil(ve?), nr)))
+        .filter_map(|r| Some((r.k.div_ceil(r.ve?), r.nr)))
         .collect();
     let passes = |vecs: u32| -> Vec<u64> {
         rows.iter()

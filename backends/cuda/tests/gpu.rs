@@ -628,6 +628,54 @@ fn tuned_decode_steps_are_bit_identical_across_launches() {
     }
 }
 
+/// The loads before the wait (`AMK_ROW_PRE`, on for the bf16 SmolLM2 shape's kernel) sum in the
+/// loop's own order: the tuned decode step gives the same logits, bit for bit, as the kernel
+/// without them (a user's `AMK_ROW_PRE=0`), at two positions.
+#[test]
+fn loads_before_the_wait_give_the_same_bits() {
+    let tuned = amk_model_llama::lower::tuned_schedule();
+    let programs: Vec<_> = [0u64, 5]
+        .into_iter()
+        .map(|pos| (pos, smollm2_shape(&tuned, DType::BF16, pos, 11)))
+        .collect();
+    let reg = registry();
+    assert!(amk_backend_cuda::loops::row_pre(
+        programs[0].1.0.program(),
+        &reg,
+        amk_backend_cuda::loops::fused_vecs(programs[0].1.0.program(), &reg)
+    ));
+    let Some(gpu) = gpu_or_skip("loads_before_the_wait_give_the_same_bits") else {
+        return;
+    };
+    let Some(plain) = amk_backend_cuda::test_support::gpu_with_options(
+        "loads_before_the_wait_give_the_same_bits",
+        amk_backend_cuda::CudaOptions {
+            defines: amk_backend_cuda::parse_defines("AMK_ROW_PRE=0"),
+            ..amk_backend_cuda::CudaOptions::default()
+        },
+    ) else {
+        return;
+    };
+    for (pos, (v, synth)) in &programs {
+        let inputs = step_inputs(77, *pos);
+        let logits = |g: &amk_backend_cuda::CudaBackend| -> Vec<u32> {
+            let mut s = g.load_session_synthetic(v, synth, &reg).unwrap();
+            s.poison_outputs().unwrap();
+            (s.run(&inputs).unwrap().get("logits").unwrap().to_f32_vec())
+                .iter()
+                .map(|x| x.to_bits())
+                .collect()
+        };
+        let (a, b) = (logits(&gpu), logits(&plain));
+        assert!(
+            a.iter().all(|&x| f32::from_bits(x).is_finite()),
+            "pos {pos}"
+        );
+        let diff = a.iter().zip(&b).filter(|(x, y)| x != y).count();
+        assert_eq!(diff, 0, "pos {pos}: {diff} logits differ");
+    }
+}
+
 mod smollm2 {
     use super::*;
     use amk_core::{GpuTarget, ScheduleConfig};

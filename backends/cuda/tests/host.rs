@@ -694,9 +694,16 @@ fn op_sources_keep_the_device_contract() {
             spec.name,
             cuda.entry
         );
-        // An op that waits itself calls the wait (directly, or through the tile runner that
-        // does); any other op leaves it to the dispatcher (a second wait would only cost time).
-        let waits = src.contains("amk_task_wait(ctx)") || src.contains("amk_tile_run<");
+        // An op that waits itself calls the wait (directly, or through the tile runners that
+        // do); any other op leaves it to the dispatcher (a second wait would only cost time).
+        let waits = [
+            "amk_task_wait(ctx)",
+            "amk_tile_run<",
+            "amk_fused_tile<",
+            "amk_row_tile(ctx",
+        ]
+        .iter()
+        .any(|w| src.contains(w));
         assert_eq!(
             waits,
             cuda.own_wait,
@@ -1088,6 +1095,27 @@ fn the_fused_pass_is_sized_to_the_programs_rows() {
     f.tasks[0].op = Opcode::FUSED;
     assert!(!fused_exact(&f, &reg, 8));
     assert!(TILE_HELPERS.contains("(AMK_FUSED_EXACT || v < nvec)"));
+    // Loads before the wait: SmolLM2's bf16 rows are one pass (72 or 192 vectors; 96 a pass of
+    // a two-row unit at 6 vectors a lane), the 1B's Q/K/V rows (256 vectors) are not, and an
+    // f32 row never takes the 16-bit path.
+    use amk_backend_cuda::loops::row_pre;
+    assert!(row_pre(&s, &reg, 6));
+    assert!(!row_pre(&s, &reg, 4)); // a pass of 64 vectors a row of a two-row unit
+    assert!(!row_pre(&b, &reg, 8));
+    assert!(!row_pre(&program("llama-3.1-8b", DType::BF16), &reg, 8));
+    assert!(!row_pre(&program("smollm2-135m", DType::F32), &reg, 6));
+    assert!(!row_pre(&program("smollm2-135m", DType::F16), &reg, 2)); // one vector a lane
+    assert!(row_pre(&program("smollm2-135m", DType::F16), &reg, 6));
+    assert!(head(opts.knobs(Some(&s), &reg)).contains("#define AMK_ROW_PRE 1\n"));
+    assert!(!head(opts.knobs(Some(&b), &reg)).contains("AMK_ROW_PRE"));
+    let off = CudaOptions {
+        defines: amk_backend_cuda::parse_defines("AMK_ROW_PRE=0"),
+        ..CudaOptions::default()
+    };
+    let h = head(off.knobs(Some(&s), &reg));
+    assert_eq!(h.matches("#define AMK_ROW_PRE").count(), 1, "{h}");
+    assert!(h.contains("#define AMK_ROW_PRE 0\n"), "{h}");
+    assert!(TILE_HELPERS.contains("#ifndef AMK_ROW_PRE\n#define AMK_ROW_PRE 0\n"));
 }
 
 /// A program's kernel handles inline only the float dtypes its buffers hold: a bf16 program

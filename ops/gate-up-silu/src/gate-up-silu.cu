@@ -61,10 +61,9 @@ __device__ void amk_op_gate_up_silu(const amk_task_ctx& ctx) {
   const long long K = a.K;
   const int n_tile = a.n_tile, n_off = a.n_off;
   const int wdt = wg->dtype == wu->dtype ? wg->dtype : -1;
-  if (!amk_task_wait(ctx)) return; /* the checks read descriptors only */
-  const amk_frow r = amk_frow_make(ctx, x, nw, K, p.eps);
-  amk_fused_run<2, AMK_FUSED_PAIR_OF(2)>(
-      r, K, wdt, amk_al16(wg->ptr) && amk_al16(wu->ptr), n_tile,
+  /* the checks read descriptors only: the tile waits from here */
+  amk_fused_tile<2, AMK_FUSED_PAIR_OF(2)>(
+      ctx, false, x, nw, K, p.eps, wdt, amk_al16(wg->ptr) && amk_al16(wu->ptr), n_tile,
       [=](int j, const amk_buffer_t* (&wb)[2], long long (&row)[2]) {
         wb[0] = wg;
         wb[1] = wu;

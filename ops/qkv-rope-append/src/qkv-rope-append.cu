@@ -168,10 +168,9 @@ __device__ void amk_op_qkv_rope_append(const amk_task_ctx& ctx) {
   const amk_buffer_t* kc = dst[1];
   const amk_buffer_t* vc = dst[2];
   const int half = hd >> 1;
-  if (pos_early && !amk_task_wait(ctx)) return;
-  const amk_frow r = amk_frow_make(ctx, x, nw, K, p.eps);
-  amk_fused_run<2, AMK_FUSED_PAIR_OF(4)>(
-      r, K, wdt, al, n_tile >> 1,
+  /* waited already unless pos_early */
+  amk_fused_tile<2, AMK_FUSED_PAIR_OF(4)>(
+      ctx, !pos_early, x, nw, K, p.eps, wdt, al, n_tile >> 1,
       [=](int j, const amk_buffer_t* (&wb)[2], long long (&row)[2]) {
         int proj, i;
         long long r0;

@@ -45,7 +45,7 @@ __device__ void amk_op_rmsnorm_gemv(const amk_task_ctx& ctx) {
   if (ctx.verify && !rg_check(ctx)) return;
   rg_args a;
   rg_setup<false>(ctx, a);
-  if (!amk_task_wait(ctx)) return; /* the checks read descriptors only */
-  const amk_frow r = amk_frow_make(ctx, a.x, a.nw, a.K, ctx.inst->params.eps);
-  amk_row_tile_run(r, a.K, a.w, amk_al16(a.w->ptr), a.n_tile, a.n_off, a.y, a.bias);
+  /* the checks read descriptors only: the tile waits from here */
+  amk_row_tile(ctx, a.x, a.nw, a.K, ctx.inst->params.eps, a.w, amk_al16(a.w->ptr), a.n_tile, a.n_off,
+               a.y, a.bias);
 }
