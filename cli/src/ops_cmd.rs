@@ -37,10 +37,27 @@ pub enum OpsCommand {
         /// else `~/.cache/amk/cubin`).
         #[arg(long, value_name = "DIR")]
         cache_dir: Option<std::path::PathBuf>,
+        /// Only the decode programs of these preset shapes (`llama-3.2-1b`, `smollm2-135m`,
+        /// ...); repeatable. Default: every preset.
+        #[arg(long = "shape", value_name = "NAME", value_parser = parse_shape)]
+        shapes: Vec<String>,
         /// Machine-readable output (one JSON object per kernel, in an array).
         #[arg(long)]
         json: bool,
     },
+}
+
+/// A preset shape's name.
+fn parse_shape(s: &str) -> Result<String, String> {
+    let names: Vec<&str> = amk_model_llama::presets::preset_names().collect();
+    if names.contains(&s) {
+        Ok(s.to_string())
+    } else {
+        Err(format!(
+            "'{s}' is not a preset shape ({})",
+            names.join(", ")
+        ))
+    }
 }
 
 /// `sm_` then digits, optionally `a` (architecture-specific features).
@@ -81,12 +98,16 @@ fn parse_kind(s: &str) -> Result<Kind, String> {
 /// and without the argmax, at every preset shape. A kernel depends on the program's ops and
 /// dtypes, and on its rows' lengths through the fused loop's pass (`loops::fused_vecs`), so
 /// the presets stand for the Llama shapes (`compile` keeps one program per distinct kernel).
-fn llama_programs(dtype: DType) -> Result<Vec<(String, Program)>, String> {
+/// `shapes` empty: every preset.
+fn llama_programs(dtype: DType, shapes: &[String]) -> Result<Vec<(String, Program)>, String> {
     use amk_model_llama::lower::{LowerOptions, lower, tuned_schedule};
     use amk_model_llama::{Model, presets};
     let target = amk_core::GpuTarget::by_name("h100").ok_or("no h100 target")?;
     let mut out = Vec::new();
     for shape in presets::preset_names() {
+        if !shapes.is_empty() && !shapes.iter().any(|s| s == shape) {
+            continue;
+        }
         let cfg = presets::preset(shape).map_err(|e| e.to_string())?;
         let model = Model::shape_only(cfg, shape);
         for (sname, schedule) in [
@@ -123,6 +144,7 @@ fn compile(
     archs: &[String],
     kinds: &[Kind],
     dir: Option<&std::path::Path>,
+    shapes: &[String],
     json: bool,
 ) -> ExitCode {
     let kinds: Vec<Kind> = if kinds.is_empty() {
@@ -139,7 +161,7 @@ fn compile(
     for k in kinds {
         match k {
             Kind::Any => programs.push(("any".into(), None)),
-            Kind::Model(dt) => match llama_programs(dt) {
+            Kind::Model(dt) => match llama_programs(dt, shapes) {
                 Ok(ps) => programs.extend(ps.into_iter().map(|(n, p)| (n, Some(p)))),
                 Err(e) => {
                     eprintln!("amk: lowering the {} programs: {e}", dt.name());
@@ -282,8 +304,9 @@ pub fn run(cmd: &OpsCommand) -> ExitCode {
             archs,
             dtypes,
             cache_dir,
+            shapes,
             json,
-        } => compile(&reg, archs, dtypes, cache_dir.as_deref(), *json),
+        } => compile(&reg, archs, dtypes, cache_dir.as_deref(), shapes, *json),
         OpsCommand::List { json } => {
             if *json {
                 let doc = Value::Array(rows(&reg));

@@ -114,3 +114,39 @@ fn ops_compile_rejects_an_unknown_dtype() {
         "{err}"
     );
 }
+
+#[test]
+fn ops_compile_rejects_an_unknown_shape() {
+    let out = amk(&["ops", "compile", "--arch", "sm_90a", "--shape", "llama-9b"]);
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("'llama-9b' is not a preset shape (") && err.contains("smollm2-135m"),
+        "{err}"
+    );
+}
+
+#[test]
+fn ops_compile_takes_only_the_shapes_named() {
+    let dir = std::env::temp_dir().join(format!("amk-ops-shape-{}", std::process::id()));
+    let out = amk(&[
+        "ops",
+        "compile",
+        "--arch",
+        "sm_90a",
+        "--dtype",
+        "bf16",
+        "--shape",
+        "smollm2-135m",
+        "--cache-dir",
+        dir.to_str().unwrap(),
+    ]);
+    assert_eq!(out.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("sm_90a (bf16 tuned, smollm2-135m):"), "{err}");
+    assert!(
+        !err.contains("llama-3.2-1b") && !err.contains("f32 "),
+        "{err}"
+    );
+    assert!(!dir.exists(), "nothing is written");
+}
