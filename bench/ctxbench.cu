@@ -1,21 +1,13 @@
 // What a task's first loads after a counter acquire cost: the task context in local memory
 // (the stack) or in shared memory, with or without the warp's weight loads in flight.
 // nvcc -arch=sm_90a -O3 ctxbench.cu
-#include <cstdio>
-#include <vector>
-#include <algorithm>
-typedef unsigned int u32;
-__device__ __forceinline__ uint4 ldw(const uint4* p){ uint4 v; asm volatile("ld.global.L1::no_allocate.v4.u32 {%0,%1,%2,%3}, [%4];" : "=r"(v.x),"=r"(v.y),"=r"(v.z),"=r"(v.w) : "l"(p) : "memory"); return v;}
-__device__ __forceinline__ u32 ld_acq(const u32* p){u32 v; asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory"); return v;}
-__device__ __forceinline__ u32 ld_rlx(const u32* p){u32 v; asm volatile("ld.relaxed.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory"); return v;}
-__device__ __forceinline__ long long clk(){ long long c; asm volatile("mov.u64 %0, %%clock64;" : "=l"(c) :: "memory"); return c; }
+#include "membench.cuh"
 struct Ctx { int next[16]; };
 // A chain of 4 dependent reads through a context, by a noinline function (so the context is
 // reached through a pointer: local memory for the stack copy, shared for the shared one).
 __device__ __noinline__ int chase(const Ctx* c, int i) {
   i = c->next[i]; i = c->next[i]; i = c->next[i]; i = c->next[i]; return i;
 }
-#define U 3
 __global__ void __launch_bounds__(256,1) k(const uint4* w, long long wstride, u32* cnt, int mode, long long* out, uint4* sink, int seed) {
   __shared__ Ctx sctx;
   Ctx lctx;
@@ -31,7 +23,7 @@ __global__ void __launch_bounds__(256,1) k(const uint4* w, long long wstride, u3
   uint4 a[U];
   const uint4* wb = w + (long long)blockIdx.x * wstride + warp * 32 * U;
 #pragma unroll
-  for (int u = 0; u < U; ++u) a[u] = loads ? ldw(wb + u * 32 + lane) : make_uint4(0,0,0,0);
+  for (int u = 0; u < U; ++u) a[u] = loads ? ldwm(wb + u * 32 + lane) : make_uint4(0,0,0,0);
   long long t1 = clk();
   int r = chase(c, (seed + v) & 15);
   long long t2 = clk();
@@ -42,23 +34,20 @@ __global__ void __launch_bounds__(256,1) k(const uint4* w, long long wstride, u3
   if (threadIdx.x == 0) out[blockIdx.x] = t2 - t1;
 }
 int main() {
-  const int B = 132; const long long wstride = 8 * 32 * U;
-  const long long total = 1LL << 30;
-  uint4* w; cudaMalloc(&w, total); cudaMemset(w, 0x5a, total);
+  const int B = MB_BLOCKS;
+  mb_weights w;
   u32* cnt; cudaMalloc(&cnt, 4); u32 seven = 7; cudaMemcpy(cnt, &seven, 4, cudaMemcpyHostToDevice);
   long long* out; cudaMalloc(&out, B * 8); uint4* sink; cudaMalloc(&sink, B * 256 * 16);
-  long long per = (long long)B * wstride, slots = total / 16 / per, it = 0;
   for (int mode = 0; mode < 8; ++mode) {
     std::vector<long long> p;
     for (int r = 0; r < 200; ++r) {
-      k<<<B, 256>>>(w + (it++ % slots) * per, wstride, cnt, mode, out, sink, r);
+      k<<<B, 256>>>(w.next(), MB_BLOCK_VECS, cnt, mode, out, sink, r);
       std::vector<long long> o(B); cudaMemcpy(o.data(), out, B * 8, cudaMemcpyDeviceToHost);
       if (r >= 10) p.insert(p.end(), o.begin(), o.end());
     }
-    std::sort(p.begin(), p.end());
     printf("context in %-6s after %-7s load, %-18s: 4 dependent reads p50 %5lld p90 %5lld cycles\n",
            mode & 1 ? "shared" : "local", mode & 2 ? "acquire" : "relaxed",
-           mode & 4 ? "weights in flight" : "no weights", p[p.size() / 2], p[p.size() * 9 / 10]);
+           mode & 4 ? "weights in flight" : "no weights", mb_pct(p, .5), mb_pct(p, .9));
   }
   printf("%s\n", cudaGetErrorString(cudaDeviceSynchronize()));
 }

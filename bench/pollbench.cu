@@ -1,21 +1,11 @@
 // Microbenchmark: how long a counter poll that is already satisfied takes when the block has
 // DRAM weight loads in flight, by poll flavour. nvcc -arch=sm_90a -O3 pollbench.cu
-#include <cstdio>
-#include <cstdint>
-#include <vector>
-#include <algorithm>
-typedef unsigned int u32;
-__device__ __forceinline__ uint4 ldw(const uint4* p){ uint4 v; asm volatile("ld.global.L1::no_allocate.v4.u32 {%0,%1,%2,%3}, [%4];" : "=r"(v.x),"=r"(v.y),"=r"(v.z),"=r"(v.w) : "l"(p)); return v;}
-__device__ __forceinline__ uint4 ldwm(const uint4* p){ uint4 v; asm volatile("ld.global.L1::no_allocate.v4.u32 {%0,%1,%2,%3}, [%4];" : "=r"(v.x),"=r"(v.y),"=r"(v.z),"=r"(v.w) : "l"(p) : "memory"); return v;}
+#include "membench.cuh"
 __device__ __forceinline__ void cpa4(u32* dst, const u32* src){ asm volatile("cp.async.ca.shared.global [%0], [%1], 4;" :: "r"((u32)__cvta_generic_to_shared(dst)), "l"(src) : "memory"); }
-__device__ __forceinline__ u32 ld_acq(const u32* p){u32 v; asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory"); return v;}
-__device__ __forceinline__ u32 ld_rlx(const u32* p){u32 v; asm volatile("ld.relaxed.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory"); return v;}
 __device__ __forceinline__ u32 ld_vol(const u32* p){u32 v; asm volatile("ld.volatile.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory"); return v;}
 __device__ __forceinline__ u32 atom_or(u32* p){u32 v; asm volatile("atom.relaxed.gpu.global.or.b32 %0, [%1], 0;" : "=r"(v) : "l"(p) : "memory"); return v;}
 __device__ __forceinline__ u32 ld_cg(const u32* p){u32 v; asm volatile("ld.global.cg.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory"); return v;}
-__device__ __forceinline__ long long clk(){ long long c; asm volatile("mov.u64 %0, %%clock64;" : "=l"(c) :: "memory"); return c; }
 __device__ __forceinline__ void fence_ar(){ asm volatile("fence.acq_rel.gpu;" ::: "memory"); }
-#define U 3
 __global__ void __launch_bounds__(256,1) k(const uint4* w, long long wstride, u32* cnt, u32 target, int mode, long long* out, uint4* sink) {
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const uint4* wb = w + (long long)blockIdx.x * wstride + warp * 32 * U;
@@ -62,25 +52,22 @@ __global__ void __launch_bounds__(256,1) k(const uint4* w, long long wstride, u3
   if (threadIdx.x == 0) { out[blockIdx.x * 3] = t2 - t1; out[blockIdx.x * 3 + 1] = t3 - t1; out[blockIdx.x*3+2] = t1 - t0; }
 }
 int main() {
-  const int B = 132; const long long wstride = 8 * 32 * U; // uint4 per block
-  const long long total = 1LL << 30; // 1 GiB of weights, walked so every launch is cold in L2
-  uint4* w; cudaMalloc(&w, total); cudaMemset(w, 0x5a, total);
+  const int B = MB_BLOCKS;
+  mb_weights w;
   u32* cnt; cudaMalloc(&cnt, B * 32 * 4); std::vector<u32> h(B * 32, 7); cudaMemcpy(cnt, h.data(), B*32*4, cudaMemcpyHostToDevice);
   long long* out; cudaMalloc(&out, B * 3 * 8); uint4* sink; cudaMalloc(&sink, B * 256 * 16);
   const char* names[] = {"no weight loads, ld.acquire", "all warps load, ld.acquire", "warp 0 no loads, ld.acquire",
     "all load, ld.relaxed.gpu", "all load, ld.volatile", "all load, relaxed poll before loads (compiler may reorder)",
     "all load, atom.or 0", "warp 0 no loads, relaxed + fence.acq_rel", "all load, relaxed + fence.acq_rel", "all load, ld.cg", "acquire poll issued before loads", "relaxed poll before loads (ordered)", "all load, cp.async poll"};
-  long long per = (long long)B * wstride; long long slots = total / 16 / per; long long it = 0;
   for (int mode = 0; mode < 13; ++mode) {
     std::vector<long long> p, wl, iss;
     for (int r = 0; r < 200; ++r) {
-      k<<<B, 256>>>(w + (it++ % slots) * per, wstride, cnt, 7, mode, out, sink);
+      k<<<B, 256>>>(w.next(), MB_BLOCK_VECS, cnt, 7, mode, out, sink);
       std::vector<long long> o(B * 3); cudaMemcpy(o.data(), out, B*3*8, cudaMemcpyDeviceToHost);
       if (r >= 10) for (int b = 0; b < B; ++b) { p.push_back(o[b*3]); wl.push_back(o[b*3+1]); iss.push_back(o[b*3+2]); }
     }
-    auto med = [](std::vector<long long> v, double q){ std::sort(v.begin(), v.end()); return v[(size_t)(q * (v.size()-1))]; };
     printf("mode %d %-45s poll p50 %5lld p90 %5lld | weights p50 %5lld p90 %5lld | issue p50 %4lld cycles\n", mode, names[mode],
-           med(p,.5), med(p,.9), med(wl,.5), med(wl,.9), med(iss,.5));
+           mb_pct(p,.5), mb_pct(p,.9), mb_pct(wl,.5), mb_pct(wl,.9), mb_pct(iss,.5));
   }
   cudaError_t e = cudaDeviceSynchronize(); printf("%s\n", cudaGetErrorString(e));
 }

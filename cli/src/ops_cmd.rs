@@ -47,17 +47,11 @@ pub enum OpsCommand {
     },
 }
 
-/// A preset shape's name.
+/// A preset shape's name (an unknown one: the presets' own error, which lists them).
 fn parse_shape(s: &str) -> Result<String, String> {
-    let names: Vec<&str> = amk_model_llama::presets::preset_names().collect();
-    if names.contains(&s) {
-        Ok(s.to_string())
-    } else {
-        Err(format!(
-            "'{s}' is not a preset shape ({})",
-            names.join(", ")
-        ))
-    }
+    amk_model_llama::presets::preset(s)
+        .map(|_| s.to_string())
+        .map_err(|e| e.to_string())
 }
 
 /// `sm_` then digits, optionally `a` (architecture-specific features).

@@ -121,7 +121,7 @@ fn ops_compile_rejects_an_unknown_shape() {
     assert_eq!(out.status.code(), Some(2));
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(
-        err.contains("'llama-9b' is not a preset shape (") && err.contains("smollm2-135m"),
+        err.contains("unknown model shape 'llama-9b' (known: ") && err.contains("smollm2-135m"),
         "{err}"
     );
 }
