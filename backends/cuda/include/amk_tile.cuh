@@ -934,12 +934,11 @@ __device__ __forceinline__ void amk_row_tile_run(const amk_frow& r, long long K,
                                          amk_row_tile_epi(y, bias, n_off));
 }
 
-/* AMK_ROW_PRE: a fused tile whose rows are one pass of the vector loop loads its warps' first
- * units into registers before its wait (the weights: no task writes them, so nothing orders
+/* AMK_ROW_PRE: a fused tile whose rows are one pass of the vector loop loads every unit of its
+ * warps into registers before its wait (the weights: no task writes them, so nothing orders
  * their loads after a counter), then waits, prepares its row and sums as amk_fdot does, in the
  * same order (a lane's vectors lane, lane + 32, ... whatever the pass size), so the results are
- * the same bits. Later units of a warp load after the wait. The backend defines it from the
- * program (docs/perf-notes.md round 19). */
+ * the same bits. The backend defines it from the program (docs/perf-notes.md rounds 19, 21). */
 #ifndef AMK_ROW_PRE
 #define AMK_ROW_PRE 0
 #endif
@@ -949,10 +948,12 @@ __device__ __forceinline__ void amk_row_tile_run(const amk_frow& r, long long K,
 template <int NR>
 struct amk_pre_u { static constexpr int v = AMK_FUSED_VECS / NR > 0 ? AMK_FUSED_VECS / NR : 1; };
 
-/* Units a warp may have for a tile to take amk_pre_fast: more (an LM head's) keep the paired
- * and quad loops of amk_fused_run, which stream several units a warp at once. */
+/* Units a warp may have for a tile to take amk_pre_fast, all in registers across the wait (3:
+ * the gate/up tiles of a layout whose phases alternate between halves of the SMs, round 21);
+ * more (an LM head's) keep the paired and quad loops of amk_fused_run, which stream several
+ * units a warp at once. */
 #ifndef AMK_ROW_PRE_UNITS
-#define AMK_ROW_PRE_UNITS 2
+#define AMK_ROW_PRE_UNITS 3
 #endif
 
 /* Whether a tile takes amk_pre_fast (block-uniform, from descriptors only): at most
@@ -978,11 +979,12 @@ __device__ __forceinline__ void amk_pre_fast(const amk_task_ctx& ctx, const amk_
                                              const amk_buffer_t* nw, long long K, float eps,
                                              int n_units, Rows rows, Epi epi) {
   constexpr int VE = amk_tile_ve<WK>::v, U = amk_pre_u<NR>::v;
+  constexpr int PU = AMK_ROW_PRE_UNITS; /* a warp's units, all loaded before the wait */
   const unsigned long long pol = amk_weight_policy(ctx.prog->flags);
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int nvec = (int)(K / VE);
-  uint4 wv[NR][U];
-  const auto issue = [&](int j, bool live) {
+  uint4 wv[PU][NR][U];
+  const auto issue = [&](uint4 (&wk)[NR][U], int j, bool live) {
     const amk_buffer_t* wb[NR];
     long long row[NR];
     rows(j, wb, row);
@@ -992,17 +994,20 @@ __device__ __forceinline__ void amk_pre_fast(const amk_task_ctx& ctx, const amk_
 #pragma unroll
       for (int u = 0; u < U; ++u) {
         const int v = u * 32 + lane;
-        wv[r][u] = live && v < nvec ? amk_tile_ldw(w + v, pol) : make_uint4(0u, 0u, 0u, 0u);
+        wk[r][u] = live && v < nvec ? amk_tile_ldw(w + v, pol) : make_uint4(0u, 0u, 0u, 0u);
       }
     }
   };
-  const bool live0 = warp < n_units; /* warp-uniform */
-  issue(live0 ? warp : 0, live0);
+#pragma unroll
+  for (int k = 0; k < PU; ++k) {
+    const int j = warp + k * AMK_WARPS;
+    const bool live = j < n_units; /* warp-uniform */
+    issue(wv[k], live ? j : 0, live);
+  }
   if (!amk_task_wait(ctx)) return;
   const amk_frow rw = amk_frow_make(ctx, x, nw, K, eps);
   const bool bf = AMK_BF_OF(rw.dt);
-  for (int j = warp; j < n_units; j += AMK_WARPS) {
-    if (j != warp) issue(j, true);
+  const auto sum = [&](const uint4 (&wk)[NR][U], int j) {
     float acc[NR][4];
 #pragma unroll
     for (int r = 0; r < NR; ++r)
@@ -1017,7 +1022,7 @@ __device__ __forceinline__ void amk_pre_fast(const amk_task_ctx& ctx, const amk_
 #pragma unroll
         for (int r = 0; r < NR; ++r) {
           float wf[VE];
-          amk_tile_decode<WK>(wv[r][u], wf);
+          amk_tile_decode<WK>(wk[r][u], wf);
 #pragma unroll
           for (int i = 0; i < VE; ++i) acc[r][i & 3] = fmaf(xs[i], wf[i], acc[r][i & 3]);
         }
@@ -1027,13 +1032,18 @@ __device__ __forceinline__ void amk_pre_fast(const amk_task_ctx& ctx, const amk_
 #pragma unroll
     for (int r = 0; r < NR; ++r) s[r] = amk_warp_sum((acc[r][0] + acc[r][1]) + (acc[r][2] + acc[r][3]));
     epi(j, s);
+  };
+#pragma unroll
+  for (int k = 0; k < PU; ++k) { /* amk_pre_ok: n_units <= PU * AMK_WARPS */
+    const int j = warp + k * AMK_WARPS;
+    if (j < n_units) sum(wv[k], j);
   }
 }
 #endif
 
 /* A fused tile from its wait on: waits for its counters (unless `waited`), prepares its row from x (normalised by
  * the norm weight nw, when given) and streams its units (amk_fused_run); with AMK_ROW_PRE, a tile
- * that amk_pre_ok accepts loads its first weights before the wait. */
+ * that amk_pre_ok accepts loads its weights before the wait. */
 template <int NR, int P, typename Rows, typename Epi>
 __device__ __forceinline__ void amk_fused_tile(const amk_task_ctx& ctx, bool waited, const amk_buffer_t* x,
                                                const amk_buffer_t* nw, long long K, float eps, int wdt,

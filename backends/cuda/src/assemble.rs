@@ -57,7 +57,7 @@ pub struct Knobs {
     /// Every row of the fused loop is whole passes (`AMK_FUSED_EXACT`,
     /// [`crate::loops::fused_exact`]): the loop has no bounds tests.
     pub fused_exact: bool,
-    /// Each warp's first weights loaded before the task's wait (`AMK_ROW_PRE`,
+    /// Every unit of each warp loaded before the task's wait (`AMK_ROW_PRE`,
     /// [`crate::loops::row_pre`]).
     pub row_pre: bool,
     /// The float dtypes (F32, F16, BF16) whose branches are compiled in (else `AMK_NO_F32`,

@@ -139,8 +139,8 @@ impl CudaOptions {
     /// the weight ring and the L2 prefetch only if these options turn them on, no trace points
     /// (a traced session sets `trace`), the fused loop's pass sized to its rows
     /// ([`loops::fused_vecs`]) and without bounds tests where its rows allow
-    /// ([`loops::fused_exact`]), its first weights loaded before the wait where its rows are one
-    /// pass ([`loops::row_pre`]), only the float dtypes its buffers hold, and, with
+    /// ([`loops::fused_exact`]), every unit of its warps loaded before the wait where its rows are
+    /// one pass ([`loops::row_pre`]), only the float dtypes its buffers hold, and, with
     /// [`CudaOptions::program_ops`], only the ops its tasks use (every op when it has a FUSED
     /// task, whose steps may be any op). `None`: the kernel of every op and every loop.
     pub fn knobs(&self, program: Option<&Program>, registry: &Registry) -> assemble::Knobs {

@@ -167,18 +167,19 @@ fn loop_rows<'a>(
     })
 }
 
-/// The device code's name for "load each warp's first unit before the wait"
+/// The device code's name for "load each warp's units before the wait"
 /// (`#define AMK_ROW_PRE 1`).
 pub const ROW_PRE_DEFINE: &str = "AMK_ROW_PRE";
 
-/// Whether `program`'s kernel should load each warp's first weights before its wait
+/// Whether `program`'s kernel should load each warp's weights before its wait
 /// (`AMK_ROW_PRE`): every row-loop task has a 16-bit row and 16-bit weights, rows of one pass
 /// at `vecs` vectors a lane (`K / 8 <= 32 * (vecs / NR)`), and there is at least one. Then every
 /// projection phase's body is one DRAM round trip, which the loads before the wait overlap:
 /// SmolLM2-135M measured 0.02 ms a token faster. The 1B's o_proj alone qualifies, and the
 /// 1B measured slower with it (docs/perf-notes.md round 19). The device takes the path only for
-/// tiles of at most two units a warp (an LM head keeps its multi-unit loop); it computes the
-/// same bits either way, so the rule is one of speed only.
+/// tiles of at most three units a warp, all of them in registers across the wait (an LM head
+/// keeps its multi-unit loop; round 21: SmolLM2's alternating layout gives its gate/up tiles
+/// three); it computes the same bits either way, so the rule is one of speed only.
 pub fn row_pre(program: &Program, registry: &Registry, vecs: u32) -> bool {
     let mut any = false;
     for r in loop_rows(program, registry) {

@@ -997,6 +997,81 @@ fn tuned_phases_put_one_tile_per_sm(#[case] unfused: bool) {
     }
 }
 
+/// The tuned schedule alternates a small model's phases (`gemv.alternate_max_kb`): SmolLM2's
+/// projections are tiled for half the SMs, no projection phase shares an SM with the one before
+/// it, the output projection runs on SMs of the Q/K/V phase (so gate/up loads its weights before the
+/// attention, not beside it), and the LM head still spans every SM but the attention's. The
+/// 1B, the 8B, and SmolLM2 without the key keep every projection on every SM.
+#[rstest]
+#[case::bf16(DType::BF16)]
+#[case::f32(DType::F32)]
+fn tuned_small_models_alternate_their_phases(#[case] dtype: DType) {
+    use amk_model_llama::lower::alternates;
+    use amk_model_llama::presets;
+    use std::collections::BTreeSet;
+    let reg = amk_ops::registry().unwrap();
+    let target = GpuTarget::by_name("h100").unwrap();
+    let tuned = tuned_schedule();
+    let mut plain = tuned_schedule();
+    plain.tiling[0].1.retain(|(k, _)| k != "alternate_max_kb");
+    let dbytes = dtype.bits() / 8;
+    for shape in ["smollm2-135m", "llama-3.2-1b", "llama-3.1-8b"] {
+        let cfg = presets::preset(shape).unwrap();
+        assert_eq!(
+            alternates(&tuned, &cfg, dbytes),
+            shape == "smollm2-135m",
+            "{shape}"
+        );
+        assert!(!alternates(&plain, &cfg, dbytes), "{shape}");
+    }
+    let m = Model::shape_only(presets::preset("smollm2-135m").unwrap(), "smollm2");
+    let opts = LowerOptions {
+        dtype,
+        ..LowerOptions::default()
+    };
+    let sms_of = |sc: &ScheduleConfig| {
+        let lowered = lower(&m, sc, &target, &opts).unwrap();
+        let v = amk_core::validate_owned(lowered.program, &reg)
+            .map_err(|r| r.report())
+            .unwrap();
+        move |label: &str| -> BTreeSet<i32> {
+            v.program()
+                .tasks
+                .iter()
+                .filter(|t| t.label.starts_with(&format!("{label}[")))
+                .map(|t| t.sm.expect("the lowering assigns every task an SM"))
+                .collect()
+        }
+    };
+    let alt = sms_of(&tuned);
+    for l in 1..4 {
+        let phases = [
+            alt(&format!("L{l}.qkv")),
+            alt(&format!("L{l}.o_add")),
+            alt(&format!("L{l}.gate_up")),
+            alt(&format!("L{l}.down_add")),
+            alt(&format!("L{}.qkv", l + 1)),
+        ];
+        for p in &phases {
+            assert!((30..=66).contains(&p.len()), "L{l}: {} SMs", p.len());
+        }
+        // Q/K/V and o_proj have the attention between them (on its own SM).
+        for w in phases[1..].windows(2) {
+            assert!(
+                w[0].is_disjoint(&w[1]),
+                "L{l}: consecutive phases share SMs"
+            );
+        }
+        assert!(
+            phases[1].is_subset(&phases[0]),
+            "L{l}: o_proj off the Q/K/V SMs"
+        );
+    }
+    assert_eq!(alt("lm_head").len(), 131);
+    let all = sms_of(&plain);
+    assert!(all("L1.gate_up").len() > 66 && all("L1.o_add").len() > 66);
+}
+
 /// SM shares are proportional to rows, at least 1 each, and sum to the SM count.
 #[rstest::rstest]
 #[case(132, &[2048, 512, 512], &[88, 22, 22])]
@@ -1009,8 +1084,8 @@ fn sm_shares_are_proportional(#[case] sms: u64, #[case] rows: &[u64], #[case] wa
 }
 
 /// `attention.own_sms = k`: every attention task (shards and combines too) runs on the grid's
-/// last k SMs and nothing else does; the projections are tiled over the other SMs, still one
-/// tile per SM and phase; the program validates.
+/// last k SMs and nothing else does; the projections are tiled over the other SMs (half of them
+/// where the layers alternate), still one tile per SM and phase; the program validates.
 #[rstest]
 #[case::one_sm("llama-3.2-1b", 1, 1)]
 #[case::smollm2("smollm2-135m", 1, 1)]
@@ -1065,7 +1140,14 @@ fn own_sms_keep_attention_alone(#[case] shape: &str, #[case] own: i64, #[case] p
         let n = sms.len();
         sms.sort_unstable();
         sms.dedup();
-        assert!(n >= 48, "{shape} L1.{phase}: {n} tiles");
+        // A layer that alternates is tiled for half the SMs.
+        let dbytes = opts.dtype.bits() / 8;
+        let least = if amk_model_llama::lower::alternates(&sc, &m.config, dbytes) {
+            30
+        } else {
+            48
+        };
+        assert!(n >= least, "{shape} L1.{phase}: {n} tiles");
         assert!(n <= first_own as usize, "{shape} L1.{phase}: {n} tiles");
         assert_eq!(sms.len(), n, "{shape} L1.{phase}: an SM runs two tiles");
     }

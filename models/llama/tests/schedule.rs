@@ -804,6 +804,7 @@ fn reserved_sms_run_only_their_ops() {
     let reserve = |sms: u32| Reserve {
         ops: vec![Opcode::ATTENTION_TILE, Opcode::ATTENTION_COMBINE],
         sms,
+        alternate: false,
     };
     for s in [
         Shape::smollm2(),

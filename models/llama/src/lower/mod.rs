@@ -241,7 +241,13 @@ pub fn tuned_schedule() -> ScheduleConfig {
     let group = |g: &[&str]| g.iter().map(|s| s.to_string()).collect::<Vec<_>>();
     ScheduleConfig {
         tiling: vec![
-            ("gemv".into(), vec![("sm_multiple".into(), 1)]),
+            (
+                "gemv".into(),
+                vec![
+                    ("sm_multiple".into(), 1),
+                    ("alternate_max_kb".into(), ALTERNATE_MAX_KB),
+                ],
+            ),
             ("attention".into(), vec![("own_sms".into(), 1)]),
         ],
         fusion_grouping: vec![
@@ -254,11 +260,48 @@ pub fn tuned_schedule() -> ScheduleConfig {
     }
 }
 
+/// The tuned schedule's `gemv.alternate_max_kb`: SmolLM2-135M's largest layer projection
+/// (gate/up, 3.4 MiB in bf16) alternates and gained 0.07 ms a token on the H100; the
+/// Llama-3.2-1B's (64 MiB) lost 0.19 ms alternating (docs/perf-notes.md round 21). No shape
+/// between the two was measured; 8 MiB keeps SmolLM2 in f32 (6.8 MiB) too.
+pub const ALTERNATE_MAX_KB: i64 = 8192;
+
+/// Whether a layer's projections alternate between halves of the SMs (`gemv.alternate_max_kb
+/// = k`, with `gemv.sm_multiple`): every projection of a layer (Q/K/V together, the output,
+/// gate/up together, down) holds at most `k` KiB of weights at `dbytes` a weight.
+///
+/// Why: a small model's phase is fixed cost, not bytes (docs/perf-notes.md round 18 §7). When
+/// a phase's tiles run on SMs that ran the phase before, each waits for its SM to finish,
+/// signal and set it up, and the last of them ends the phase late (round 20 §7). Tiled for
+/// half the SMs, each phase runs on SMs that idled through the phase before, so its tiles
+/// have their weights in registers before their counters complete (`AMK_ROW_PRE`). A large
+/// model's phase is its bytes, which half the SMs stream more slowly.
+pub fn alternates(cfg: &ScheduleConfig, mc: &crate::config::ModelConfig, dbytes: u64) -> bool {
+    let Some(kb) = cfg.tile("gemv", "alternate_max_kb").filter(|&k| k >= 1) else {
+        return false;
+    };
+    if cfg.tile("gemv", "sm_multiple").is_none_or(|m| m < 1) {
+        return false;
+    }
+    let (h, hd) = (mc.hidden as u64, mc.head_dim as u64);
+    let q = mc.n_heads as u64 * hd;
+    let kv = mc.n_kv_heads as u64 * hd;
+    let inter = mc.intermediate as u64;
+    let largest = [(q + 2 * kv) * h, q * h, 2 * inter * h, inter * h]
+        .into_iter()
+        .max()
+        .unwrap_or(0);
+    largest.saturating_mul(dbytes) <= (kb as u64) << 10
+}
+
 /// Row granularity of `gemv.sm_multiple` tiles: the CUDA backend's warps per block.
 pub const SM_TILE_ROWS: u64 = 8;
 
 const TILING_KEYS: &[(&str, &[&str])] = &[
-    ("gemv", &["N_tile", "base_width", "sm_multiple"]),
+    (
+        "gemv",
+        &["N_tile", "base_width", "sm_multiple", "alternate_max_kb"],
+    ),
     ("attention", &["n_partitions", "kv_block", "own_sms"]),
 ];
 
@@ -756,10 +799,19 @@ pub fn lower(
         .tile("attention", "own_sms")
         .map_or(0, |k| k.max(0) as u64)
         .min(grid - 1);
+    // `gemv.alternate_max_kb`: a model whose every layer projection is small enough is tiled for
+    // half the SMs, and the SM assignment puts consecutive phases on disjoint SMs
+    // ([`alternates`]). The LM head keeps every SM.
+    let alternate = alternates(cfg, mc, dbytes as u64);
+    let layer_sms = if alternate {
+        ((grid - own_sms) / 2).max(1)
+    } else {
+        grid - own_sms
+    };
     let mut b = Builder {
         p: Program::new(),
         cfg,
-        num_sms: grid - own_sms,
+        num_sms: layer_sms,
         dtype: opts.dtype,
         dbytes,
         rules: Vec::new(),
@@ -1099,6 +1151,7 @@ pub fn lower(
     };
     let logits =
         b.p.new_buffer("logits", BufferKind::IO_OUTPUT, opts.dtype, &[1, vocab]);
+    b.num_sms = grid - own_sms;
     let logits = b.proj(hf, head, None, logits, h, vocab, "lm_head", b.num_sms);
     if opts.argmax {
         let next =
@@ -1117,6 +1170,7 @@ pub fn lower(
     let reserve = sm::Reserve {
         ops: vec![Opcode::ATTENTION_TILE, Opcode::ATTENTION_COMBINE],
         sms: own_sms as u32,
+        alternate,
     };
     sm::assign_sms_reserving(
         &mut p,

@@ -51,6 +51,17 @@
 //! the reservation are refused. Why: the block that runs a layer's attention finishes it last, so
 //! any projection tile it runs next starts late (its code cold, its stage still to check) and
 //! ends the next phase late too (docs/perf-notes.md round 10).
+//!
+//! # Alternating phases
+//!
+//! With [`Reserve::alternate`] (a lowering that tiles a layer's projections for half the SMs),
+//! the load-balancing tie-break first takes, among SMs that can start a task equally early,
+//! the one idle longest: a phase then lands on SMs that sat out the phase before, and its
+//! tiles load their weights and wait while that phase runs, instead of starting on an SM that
+//! is still finishing it. A task that waits on a reserved task (the output projection after
+//! the attention) takes the SM busy last instead, that is, the Q/K/V tiles' SMs: the gate/up
+//! tiles, which come next, then load their weights before the attention rather than beside it,
+//! where they slow it (docs/perf-notes.md round 21).
 
 use crate::error::ModelError;
 use amk_core::{Opcode, Program, SmAssignment, Task};
@@ -98,6 +109,9 @@ pub struct Reserve {
     pub ops: Vec<Opcode>,
     /// How many SMs, counted from the end of the grid.
     pub sms: u32,
+    /// Phases alternate ([`SmAssignment::LoadBalance`] only; see "Alternating phases" in the
+    /// module documentation).
+    pub alternate: bool,
 }
 
 impl Reserve {
@@ -395,8 +409,22 @@ fn load_balance(p: &Program, num_sms: u32, reserve: &Reserve) -> Vec<u32> {
     let mut sms: Vec<u32> = Vec::with_capacity(p.tasks.len());
     let mut slot_of: Vec<usize> = Vec::with_capacity(p.tasks.len());
     let mut last_of_op: HashMap<Opcode, usize> = HashMap::new();
+    // Counters that reserved tasks signal (alternating phases).
+    let mut from_reserved = vec![false; p.counters.len()];
     for (i, t) in p.tasks.iter().enumerate() {
         let ready = ready_time(t, &ctr_done);
+        let after_reserved = reserve.alternate
+            && t.waits.iter().any(|w| {
+                from_reserved
+                    .get(w.counter as usize)
+                    .copied()
+                    .unwrap_or(false)
+            });
+        if reserve.holds(t)
+            && let Some(c) = from_reserved.get_mut(t.out_counter as usize)
+        {
+            *c = true;
+        }
         let g = group[i];
         let s = if g < i {
             slot_of[g]
@@ -407,11 +435,16 @@ fn load_balance(p: &Program, num_sms: u32, reserve: &Reserve) -> Vec<u32> {
                 0..n_other
             };
             let mut best = range.start;
-            let mut best_key = (u64::MAX, u64::MAX, u64::MAX, u64::MAX, u64::MAX);
+            let mut best_key = (u64::MAX, u64::MAX, u64::MAX, u64::MAX, u64::MAX, u64::MAX);
             let affine = last_of_op.get(&t.op).copied();
             for s in range {
                 let key = (
                     avail[s].max(ready),
+                    match (reserve.alternate, after_reserved) {
+                        (false, _) => 0,
+                        (true, false) => avail[s],
+                        (true, true) => u64::MAX - avail[s],
+                    },
                     u64::from(affine != Some(s)),
                     bytes[s],
                     flops[s],
