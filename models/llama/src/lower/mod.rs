@@ -261,9 +261,10 @@ pub fn tuned_schedule() -> ScheduleConfig {
 }
 
 /// The tuned schedule's `gemv.alternate_max_kb`: SmolLM2-135M's largest layer projection
-/// (gate/up, 3.4 MiB in bf16) alternates and gained 0.07 ms a token on the H100; the
-/// Llama-3.2-1B's (64 MiB) lost 0.19 ms alternating (docs/perf-notes.md round 21). No shape
-/// between the two was measured; 8 MiB keeps SmolLM2 in f32 (6.8 MiB) too.
+/// (gate/up, 3.4 MiB in bf16) alternates and gained 0.07 ms a token on the H100; TinyLlama's
+/// (44 MiB) lost 0.25 ms alternating and the Llama-3.2-1B's (64 MiB) 0.19 ms
+/// (docs/perf-notes.md round 21). No shape between 3.4 and 44 MiB was measured; 8 MiB keeps
+/// SmolLM2 in f32 (6.8 MiB) too.
 pub const ALTERNATE_MAX_KB: i64 = 8192;
 
 /// Whether a layer's projections alternate between halves of the SMs (`gemv.alternate_max_kb
