@@ -1152,8 +1152,8 @@ pub fn lower(
     };
     let logits =
         b.p.new_buffer("logits", BufferKind::IO_OUTPUT, opts.dtype, &[1, vocab]);
-    b.num_sms = grid - own_sms;
-    let logits = b.proj(hf, head, None, logits, h, vocab, "lm_head", b.num_sms);
+    // The LM head spans every SM but the attention's, alternating or not.
+    let logits = b.proj(hf, head, None, logits, h, vocab, "lm_head", grid - own_sms);
     if opts.argmax {
         let next =
             b.p.new_buffer("next_token", BufferKind::IO_OUTPUT, DType::I32, &[1]);
