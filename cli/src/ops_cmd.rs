@@ -41,6 +41,14 @@ pub enum OpsCommand {
         /// ...); repeatable. Default: every preset.
         #[arg(long = "shape", value_name = "NAME", value_parser = parse_shape)]
         shapes: Vec<String>,
+        /// Only the decode programs of this schedule (`tuned`, `default` or a ScheduleConfig
+        /// JSON file, as `amk bench --config` takes) instead of the tuned and the reference
+        /// one; repeatable.
+        #[arg(long = "config", value_name = "cfg.json")]
+        configs: Vec<std::path::PathBuf>,
+        /// Also each kernel with its trace points, the one `amk bench --trace` loads.
+        #[arg(long)]
+        traced: bool,
         /// Machine-readable output (one JSON object per kernel, in an array).
         #[arg(long)]
         json: bool,
@@ -93,7 +101,11 @@ fn parse_kind(s: &str) -> Result<Kind, String> {
 /// dtypes, and on its rows' lengths through the fused loop's pass (`loops::fused_vecs`), so
 /// the presets stand for the Llama shapes (`compile` keeps one program per distinct kernel).
 /// `shapes` empty: every preset.
-fn llama_programs(dtype: DType, shapes: &[String]) -> Result<Vec<(String, Program)>, String> {
+fn llama_programs(
+    dtype: DType,
+    shapes: &[String],
+    extra: &[(String, amk_core::ScheduleConfig)],
+) -> Result<Vec<(String, Program)>, String> {
     use amk_model_llama::lower::{LowerOptions, lower, tuned_schedule};
     use amk_model_llama::{Model, presets};
     let target = amk_core::GpuTarget::by_name("h100").ok_or("no h100 target")?;
@@ -104,10 +116,16 @@ fn llama_programs(dtype: DType, shapes: &[String]) -> Result<Vec<(String, Progra
         }
         let cfg = presets::preset(shape).map_err(|e| e.to_string())?;
         let model = Model::shape_only(cfg, shape);
-        for (sname, schedule) in [
-            ("tuned", tuned_schedule()),
-            ("default", amk_core::ScheduleConfig::default()),
-        ] {
+        let builtin = [
+            ("tuned".to_string(), tuned_schedule()),
+            ("default".to_string(), amk_core::ScheduleConfig::default()),
+        ];
+        let schedules = if extra.is_empty() {
+            &builtin[..]
+        } else {
+            extra
+        };
+        for (sname, schedule) in schedules {
             for argmax in [true, false] {
                 let opts = LowerOptions {
                     dtype,
@@ -115,7 +133,7 @@ fn llama_programs(dtype: DType, shapes: &[String]) -> Result<Vec<(String, Progra
                     pos: 0,
                     argmax,
                 };
-                let p = lower(&model, &schedule, &target, &opts)
+                let p = lower(&model, schedule, &target, &opts)
                     .map_err(|e| e.to_string())?
                     .program;
                 let what = if argmax { ", argmax" } else { "" };
@@ -127,20 +145,44 @@ fn llama_programs(dtype: DType, shapes: &[String]) -> Result<Vec<(String, Progra
     Ok(out)
 }
 
-/// One kernel to compile: architecture, what it is for, the program (`None`: every op).
-type Job<'a> = (&'a String, String, Option<Program>);
+/// One kernel to compile: architecture, what it is for, the program (`None`: every op), and
+/// whether with trace points.
+type Job<'a> = (&'a String, String, Option<Program>, bool);
 
 /// Compiles the kernels `archs` x `kinds` need (each distinct source once), as many at once as
 /// this machine has cores (NVRTC compiles on one thread); exit 1 if any failed, after the rest
 /// finished. With `json`, every kernel that compiled is printed either way.
+/// Which decode programs' kernels `compile` builds (besides `--dtype`): `ops compile`'s
+/// `--shape`, `--config` and `--traced`.
+struct Selection<'a> {
+    shapes: &'a [String],
+    configs: &'a [std::path::PathBuf],
+    traced: bool,
+}
+
 fn compile(
     reg: &Registry,
     archs: &[String],
     kinds: &[Kind],
     dir: Option<&std::path::Path>,
-    shapes: &[String],
+    sel: &Selection<'_>,
     json: bool,
 ) -> ExitCode {
+    let Selection {
+        shapes,
+        configs,
+        traced,
+    } = *sel;
+    let mut extra = Vec::new();
+    for c in configs {
+        match crate::model_cmd::schedule_config(Some(c), true) {
+            Ok((cfg, name)) => extra.push((name, cfg)),
+            Err(e) => {
+                eprintln!("amk: --config {e}");
+                return ExitCode::from(2);
+            }
+        }
+    }
     let kinds: Vec<Kind> = if kinds.is_empty() {
         vec![
             Kind::Any,
@@ -155,7 +197,7 @@ fn compile(
     for k in kinds {
         match k {
             Kind::Any => programs.push(("any".into(), None)),
-            Kind::Model(dt) => match llama_programs(dt, shapes) {
+            Kind::Model(dt) => match llama_programs(dt, shapes, &extra) {
                 Ok(ps) => programs.extend(ps.into_iter().map(|(n, p)| (n, Some(p)))),
                 Err(e) => {
                     eprintln!("amk: lowering the {} programs: {e}", dt.name());
@@ -175,9 +217,16 @@ fn compile(
         seen.push(src);
         new
     });
+    let traces: &[bool] = if traced { &[false, true] } else { &[false] };
     let jobs: Vec<Job<'_>> = archs
         .iter()
-        .flat_map(|a| programs.iter().map(move |(n, p)| (a, n.clone(), p.clone())))
+        .flat_map(|a| programs.iter().map(move |(n, p)| (a, n, p)))
+        .flat_map(|(a, n, p)| {
+            traces.iter().map(move |&t| {
+                let name = if t { format!("{n}, traced") } else { n.clone() };
+                (a, name, p.clone(), t)
+            })
+        })
         .collect();
     if !json {
         eprintln!(
@@ -193,11 +242,11 @@ fn compile(
             s.spawn(|| {
                 loop {
                     let i = next.fetch_add(1, Ordering::Relaxed);
-                    let Some((arch, _, p)) = jobs.get(i) else {
+                    let Some((arch, _, p, trace)) = jobs.get(i) else {
                         break;
                     };
                     let t0 = std::time::Instant::now();
-                    let r = amk_backend_cuda::precompile(&opts, reg, arch, dir, p.as_ref());
+                    let r = amk_backend_cuda::precompile(&opts, reg, arch, dir, p.as_ref(), *trace);
                     let secs = t0.elapsed().as_secs_f64();
                     if let Ok(mut v) = results.lock() {
                         v.push((i, r, secs));
@@ -211,7 +260,7 @@ fn compile(
     let mut out = Vec::new();
     let mut status = ExitCode::SUCCESS;
     for (i, r, secs) in results {
-        let (arch, what, _) = &jobs[i];
+        let (arch, what, _, _) = &jobs[i];
         match r {
             Ok((path, bytes, cached)) => {
                 if json {
@@ -299,8 +348,21 @@ pub fn run(cmd: &OpsCommand) -> ExitCode {
             dtypes,
             cache_dir,
             shapes,
+            configs,
+            traced,
             json,
-        } => compile(&reg, archs, dtypes, cache_dir.as_deref(), shapes, *json),
+        } => compile(
+            &reg,
+            archs,
+            dtypes,
+            cache_dir.as_deref(),
+            &Selection {
+                shapes,
+                configs,
+                traced: *traced,
+            },
+            *json,
+        ),
         OpsCommand::List { json } => {
             if *json {
                 let doc = Value::Array(rows(&reg));

@@ -150,3 +150,65 @@ fn ops_compile_takes_only_the_shapes_named() {
     );
     assert!(!dir.exists(), "nothing is written");
 }
+
+#[test]
+fn ops_compile_takes_the_schedules_named_and_their_traced_kernels() {
+    let dir = std::env::temp_dir().join(format!("amk-ops-config-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    // The tuned schedule with the attention fused into the output projection.
+    let cfg = dir.join("fused.json");
+    std::fs::write(
+        &cfg,
+        r#"{"tiling": {"gemv": {"sm_multiple": 1}},
+            "fusion_grouping": [["gemv", "add"], ["rmsnorm", "gemv"], ["attention", "gemv"]]}"#,
+    )
+    .unwrap();
+    let cache = dir.join("cubin");
+    let out = amk(&[
+        "ops",
+        "compile",
+        "--arch",
+        "sm_90a",
+        "--dtype",
+        "bf16",
+        "--shape",
+        "smollm2-135m",
+        "--config",
+        cfg.to_str().unwrap(),
+        "--traced",
+        "--cache-dir",
+        cache.to_str().unwrap(),
+    ]);
+    assert_eq!(out.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&out.stderr);
+    let name = cfg.display().to_string();
+    for what in [
+        format!("bf16 {name}, smollm2-135m"),
+        format!("bf16 {name}, smollm2-135m, traced"),
+        format!("bf16 {name}, argmax, smollm2-135m, traced"),
+    ] {
+        assert!(err.contains(&format!("sm_90a ({what}):")), "{what}: {err}");
+    }
+    // The schedule replaces the tuned and the reference one.
+    assert!(
+        !err.contains("bf16 tuned") && !err.contains("bf16 default"),
+        "{err}"
+    );
+    assert!(!cache.exists(), "nothing is written");
+    std::fs::remove_dir_all(&dir).ok();
+}
+
+#[test]
+fn ops_compile_rejects_an_unreadable_schedule() {
+    let out = amk(&[
+        "ops",
+        "compile",
+        "--arch",
+        "sm_90a",
+        "--config",
+        "/nonexistent/cfg.json",
+    ]);
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("/nonexistent/cfg.json"), "{err}");
+}

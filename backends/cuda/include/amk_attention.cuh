@@ -581,6 +581,7 @@ __device__ void att_tiny(const amk_buffer_t* q, const amk_buffer_t* kc, const am
       for (int d = 0; d < 8; ++d) s += qf[d] * kf[d];
       for (int o = G >> 1; o > 0; o >>= 1) s += __shfl_xor_sync(ATT_FULL, s, o);
       s *= scale;
+      AMK_PROBE_IF(1, 6, j == 0 && s != -1.0f); /* the first row's score: q and k have landed */
       const float m_new = fmaxf(m, s);
       const float ea = expf(m - m_new);
       const float alpha = (m_new == m) ? 1.0f : ea;
@@ -598,6 +599,7 @@ __device__ void att_tiny(const amk_buffer_t* q, const amk_buffer_t* kc, const am
       kb = kn;
       vb = vn;
     }
+    AMK_PROBE_IF(1, 7, a.v[0] != -1.0f && l != -1.0f); /* the rows done, before the store */
     if (act) att_store_head(out, bh * per_head, hd, li, true, a, m, l, partial, kv_len);
   }
 }

@@ -126,6 +126,28 @@ __device__ __forceinline__ uint64_t amk_globaltimer() {
   return t;
 }
 
+/* AMK_PROBE (diagnostic builds, off by default): points inside an op's code write the clock
+ * into the running task's trace words 6 and 7 (its dispatch and wait points, read before
+ * them), thread 0 only, when `cond` holds (a condition on a computed value orders the point
+ * after that value). `amk bench --trace` writes them as they come; docs/perf-notes.md says
+ * which build measured what. */
+#ifndef AMK_PROBE
+#define AMK_PROBE 0
+#endif
+#if AMK_PROBE && !AMK_TRACE_OFF
+__shared__ uint64_t* amk_probe_tr;
+#define AMK_PROBE_AT(slot, cond)                                                          \
+  do {                                                                                    \
+    if (threadIdx.x == 0 && amk_probe_tr && (cond)) amk_probe_tr[slot] = amk_globaltimer(); \
+  } while (0)
+#else
+#define AMK_PROBE_AT(slot, cond) \
+  do {                           \
+  } while (0)
+#endif
+/* AMK_PROBE 1: the prologues' points (the norm, the attention); 2: the bodies' (amk_pre_run). */
+#define AMK_PROBE_IF(level, slot, cond) AMK_PROBE_AT(slot, AMK_PROBE == (level) && (cond))
+
 /* Operand descriptors: the scheduler staged them in shared memory before the wait (the wait's
  * acquire empties L1, so reading them from global memory after it costs L2 round trips). */
 __device__ __forceinline__ const amk_buffer_t* amk_in(const amk_task_ctx& c, int i) {
@@ -822,6 +844,7 @@ __device__ __noinline__ void amk_rms_rows(const void* xp, int xdt, const void* w
 #pragma unroll 1
   for (long long r = r0;;) {
     double s = amk_rms_sumsq<G, V>(xdt, hv, t, xa, xb);
+    AMK_PROBE_IF(1, 6, G != 32 && s != -1.0); /* x has landed */
     amk_norm_opaque<V>(xa, xb);
     if (G == 32) {
       s = amk_warp_sum_d(s);
@@ -830,6 +853,7 @@ __device__ __noinline__ void amk_rms_rows(const void* xp, int xdt, const void* w
       par ^= 1;
     }
     const double inv = 1.0 / sqrt(s / dh + eps);
+    AMK_PROBE_IF(1, 7, G != 32 && inv != -1.0); /* 1 / rms(x) */
     amk_rms_store<G, V>(op, odt, r * hv, hv, t, xdt, xa, xb, wdt, wa, wb, inv);
     r += rstep;
     if (r >= rows) break;

@@ -288,6 +288,9 @@ __shared__ amk_device_program_t amk_prog_block;
 extern "C" __global__ void __launch_bounds__(AMK_THREADS, 1)
 amk_megakernel(const __grid_constant__ amk_device_program_t prog) {
   extern __shared__ __align__(16) unsigned char amk_smem[];
+#if AMK_PROBE && !AMK_TRACE_OFF
+  if (threadIdx.x == 0) amk_probe_tr = (uint64_t*)0;
+#endif
   if (prog.flags & AMK_PROG_VERIFY) {
     amk_verify_tasks(prog);
     return;
@@ -355,9 +358,19 @@ amk_megakernel(const __grid_constant__ amk_device_program_t prog) {
     if (threadIdx.x == 0) {
       amk_task_waited = 0;
       if (tr) tr[6] = amk_globaltimer();
+#if AMK_PROBE && !AMK_TRACE_OFF
+      amk_probe_tr = tr;
+#endif
     }
+#if AMK_PROBE == 4 && !AMK_TRACE_OFF
+    /* the SM clock: trace word 7 = word 6 + the cycles the dispatch took (in ns units) */
+    const long long probe_c0 = clock64();
+#endif
     amk_dispatch(c);
     if (tr && threadIdx.x == 0) tr[5] = amk_globaltimer();
+#if AMK_PROBE == 4 && !AMK_TRACE_OFF
+    if (tr && threadIdx.x == 0) tr[7] = tr[6] + (uint64_t)(clock64() - probe_c0);
+#endif
     /* Every thread's stores of the task are done: the barrier before the signal (one barrier:
        the flags below are read after it too). */
     __syncthreads();

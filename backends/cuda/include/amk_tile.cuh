@@ -626,6 +626,13 @@ __device__ __forceinline__ amk_frow amk_frow_prepare(const amk_task_ctx& ctx, co
        vectors past the row are skipped either way): the unrolled norm is ~1,500 instructions
        at 4 vectors, fetched again every layer (docs/perf-notes.md round 14 §8). */
     const long long hv = K >> 3;
+#if AMK_PROBE == 3
+    /* a cold norm, then the same warm (probe 6 between them, 7 after) */
+    amk_rms_rows<AMK_THREADS, 1>(x->ptr, x->dtype, nw->ptr, nw->dtype, ctx.smem, x->dtype, K,
+                                 (double)eps, 1, 0, 1, threadIdx.x);
+    __syncthreads();
+    AMK_PROBE_AT(6, true);
+#endif
     if (hv <= AMK_THREADS)
       amk_rms_rows<AMK_THREADS, 1>(x->ptr, x->dtype, nw->ptr, nw->dtype, ctx.smem, x->dtype, K,
                                    (double)eps, 1, 0, 1, threadIdx.x);
@@ -636,6 +643,7 @@ __device__ __forceinline__ amk_frow amk_frow_prepare(const amk_task_ctx& ctx, co
       amk_rms_rows<AMK_THREADS, AMK_RMS_VB>(x->ptr, x->dtype, nw->ptr, nw->dtype, ctx.smem,
                                             x->dtype, K, (double)eps, 1, 0, 1, threadIdx.x);
     __syncthreads(); /* the row is in shared memory for every warp */
+    AMK_PROBE_IF(3, 7, true);
     r.p = ctx.smem;
     return r;
   }
@@ -956,30 +964,39 @@ struct amk_pre_u { static constexpr int v = AMK_FUSED_VECS / NR > 0 ? AMK_FUSED_
 #define AMK_ROW_PRE_UNITS 3
 #endif
 
-/* Whether a tile takes amk_pre_fast (block-uniform, from descriptors only): at most
- * AMK_ROW_PRE_UNITS units a warp, a 16-bit row that amk_frow_prepare puts in shared memory
- * (normalised or copied), 16-bit weights with a compiled-in loop, aligned, and rows of one
+/* Whether a tile whose row is `rdt` (16-byte aligned: `r_al16`) can take the pre path
+ * (block-uniform, from descriptors only): at most AMK_ROW_PRE_UNITS units a warp, a 16-bit row
+ * that fits shared memory, 16-bit weights with a compiled-in loop, aligned, and rows of one
  * pass. */
-template <int NR>
+template <int NR, int U = amk_pre_u<NR>::v, int PU = AMK_ROW_PRE_UNITS>
+__device__ __forceinline__ bool amk_pre_row_ok(const amk_task_ctx& ctx, int rdt, bool r_al16, long long K,
+                                               int wdt, bool w_al16, int n_units) {
+  const bool w16 = (wdt == AMK_BF16 && AMK_FUSED_HAS(AMK_TILE_W_BF16, 1)) ||
+                   (wdt == AMK_F16 && AMK_FUSED_HAS(AMK_TILE_W_F16, 1));
+  return !ctx.check_only && n_units <= PU * AMK_WARPS && w16 && w_al16 &&
+         rdt != AMK_F32 && amk_is_vec(rdt) && r_al16 && (K & 7) == 0 && K * 2 <= ctx.smem_bytes &&
+         (K >> 3) <= 32 * U;
+}
+
+/* Whether a tile takes amk_pre_fast: amk_pre_row_ok for its row x, which amk_frow_prepare puts
+ * in shared memory (normalised by nw, or copied). */
+template <int NR, int U = amk_pre_u<NR>::v, int PU = AMK_ROW_PRE_UNITS>
 __device__ __forceinline__ bool amk_pre_ok(const amk_task_ctx& ctx, const amk_buffer_t* x,
                                            const amk_buffer_t* nw, long long K, int wdt, bool w_al16,
                                            int n_units) {
-  const bool w16 = (wdt == AMK_BF16 && AMK_FUSED_HAS(AMK_TILE_W_BF16, 1)) ||
-                   (wdt == AMK_F16 && AMK_FUSED_HAS(AMK_TILE_W_F16, 1));
-  if (ctx.check_only || n_units > AMK_ROW_PRE_UNITS * AMK_WARPS || !w16 || !w_al16 ||
-      x->dtype == AMK_F32 || !amk_is_vec(x->dtype) || !amk_al16(x->ptr) || (K & 7) != 0 ||
-      K * 2 > ctx.smem_bytes || (K >> 3) > 32 * amk_pre_u<NR>::v)
-    return false;
+  if (!amk_pre_row_ok<NR, U, PU>(ctx, x->dtype, amk_al16(x->ptr), K, wdt, w_al16, n_units)) return false;
   return !nw || ((K >> 3) <= (long long)AMK_THREADS * AMK_RMS_VB && amk_is_vec(nw->dtype) &&
                  amk_al16(nw->ptr));
 }
 
-template <int WK, int NR, typename Rows, typename Epi>
-__device__ __forceinline__ void amk_pre_fast(const amk_task_ctx& ctx, const amk_buffer_t* x,
-                                             const amk_buffer_t* nw, long long K, float eps,
-                                             int n_units, Rows rows, Epi epi) {
-  constexpr int VE = amk_tile_ve<WK>::v, U = amk_pre_u<NR>::v;
-  constexpr int PU = AMK_ROW_PRE_UNITS; /* a warp's units, all loaded before the wait */
+/* The pre path: loads every unit of each warp (weights: no task writes them, so nothing orders
+ * their loads after a counter), waits, has `prep` make the 16-bit row in shared memory (an
+ * amk_frow whose p is it), and sums as amk_fdot does, in the same order. */
+template <int WK, int NR, int U, int PU, typename Prep, typename Rows, typename Epi>
+__device__ __forceinline__ void amk_pre_run(const amk_task_ctx& ctx, long long K, int n_units,
+                                            Prep prep, Rows rows, Epi epi) {
+  /* U: vectors of each row a lane holds; PU: a warp's units, all loaded before the wait */
+  constexpr int VE = amk_tile_ve<WK>::v;
   const unsigned long long pol = amk_weight_policy(ctx.prog->flags);
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int nvec = (int)(K / VE);
@@ -1005,7 +1022,7 @@ __device__ __forceinline__ void amk_pre_fast(const amk_task_ctx& ctx, const amk_
     issue(wv[k], live ? j : 0, live);
   }
   if (!amk_task_wait(ctx)) return;
-  const amk_frow rw = amk_frow_make(ctx, x, nw, K, eps);
+  const amk_frow rw = prep();
   const bool bf = AMK_BF_OF(rw.dt);
   const auto sum = [&](const uint4 (&wk)[NR][U], int j) {
     float acc[NR][4];
@@ -1031,13 +1048,24 @@ __device__ __forceinline__ void amk_pre_fast(const amk_task_ctx& ctx, const amk_
     float s[NR];
 #pragma unroll
     for (int r = 0; r < NR; ++r) s[r] = amk_warp_sum((acc[r][0] + acc[r][1]) + (acc[r][2] + acc[r][3]));
+    AMK_PROBE_IF(2, 6, j == 0 && s[0] != -1.0f); /* the first unit's sums */
     epi(j, s);
+    AMK_PROBE_IF(2, 7, j == 0); /* and its epilogue's stores issued */
   };
 #pragma unroll
   for (int k = 0; k < PU; ++k) { /* amk_pre_ok: n_units <= PU * AMK_WARPS */
     const int j = warp + k * AMK_WARPS;
     if (j < n_units) sum(wv[k], j);
   }
+}
+
+/* The pre path of a tile that prepares its row from x (normalised by nw, when given). */
+template <int WK, int NR, int U = amk_pre_u<NR>::v, int PU = AMK_ROW_PRE_UNITS, typename Rows, typename Epi>
+__device__ __forceinline__ void amk_pre_fast(const amk_task_ctx& ctx, const amk_buffer_t* x,
+                                             const amk_buffer_t* nw, long long K, float eps,
+                                             int n_units, Rows rows, Epi epi) {
+  amk_pre_run<WK, NR, U, PU>(ctx, K, n_units, [&] { return amk_frow_make(ctx, x, nw, K, eps); }, rows,
+                             epi);
 }
 #endif
 
@@ -1065,10 +1093,50 @@ __device__ __forceinline__ void amk_fused_tile(const amk_task_ctx& ctx, bool wai
 
 /* A one-row projection tile that prepares its row from x (GEMV_TILE's one-row path,
  * RMSNORM_GEMV), from its wait on. */
+#ifndef AMK_ROW_PAIRS
+#define AMK_ROW_PAIRS 1
+#endif
 __device__ __forceinline__ void amk_row_tile(const amk_task_ctx& ctx, const amk_buffer_t* x,
                                              const amk_buffer_t* nw, long long K, float eps,
                                              const amk_buffer_t* w, bool w_al16, int n_tile, int n_off,
                                              const amk_buffer_t* y, const amk_buffer_t* bias) {
+#if AMK_ROW_PRE
+  /* AMK_ROW_PAIRS: on the pre path, two consecutive rows a unit (an even tile): a warp's two
+     rows share each vector of the row and their two warp sums overlap, where two units of one
+     row ran one after the other; each row's sum is the same, in the same order. Lanes 0 and 1
+     store one row each. */
+  const int pairs = n_tile >> 1;
+  const bool shrt = amk_pre_ok<2>(ctx, x, nw, K, w->dtype, w_al16, pairs);
+  if (AMK_ROW_PAIRS && (n_tile & 1) == 0 && (shrt || amk_pre_ok<2, 6, 1>(ctx, x, nw, K, w->dtype, w_al16, pairs))) {
+    const auto rows = [=](int j, const amk_buffer_t* (&wb)[2], long long (&row)[2]) {
+      wb[0] = wb[1] = w;
+      row[0] = n_off + 2LL * j;
+      row[1] = row[0] + 1;
+    };
+    const auto epi = [=](int j, const float (&s)[2]) {
+      const int lane = threadIdx.x & 31;
+      if (lane < 2) {
+        const long long c = n_off + 2LL * j + lane;
+        amk_stf(y, c, (lane ? s[1] : s[0]) + (bias ? amk_ldf(bias, c) : 0.0f));
+      }
+    };
+    /* rows of one pass at amk_pre_u (3 units a warp), or up to 6 vectors a lane (one unit) */
+    if constexpr (AMK_FUSED_HAS(AMK_TILE_W_BF16, 1)) {
+      if (w->dtype == AMK_BF16) {
+        if (shrt) amk_pre_fast<AMK_TILE_W_BF16, 2>(ctx, x, nw, K, eps, pairs, rows, epi);
+        else amk_pre_fast<AMK_TILE_W_BF16, 2, 6, 1>(ctx, x, nw, K, eps, pairs, rows, epi);
+        return;
+      }
+    }
+    if constexpr (AMK_FUSED_HAS(AMK_TILE_W_F16, 1)) {
+      if (w->dtype == AMK_F16) {
+        if (shrt) amk_pre_fast<AMK_TILE_W_F16, 2>(ctx, x, nw, K, eps, pairs, rows, epi);
+        else amk_pre_fast<AMK_TILE_W_F16, 2, 6, 1>(ctx, x, nw, K, eps, pairs, rows, epi);
+        return;
+      }
+    }
+  }
+#endif
   amk_fused_tile<1, AMK_FUSED_PAIR_OF(1)>(ctx, false, x, nw, K, eps, w->dtype, w_al16, n_tile,
                                           amk_row_tile_rows(w, n_off), amk_row_tile_epi(y, bias, n_off));
 }

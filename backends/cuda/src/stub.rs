@@ -108,6 +108,7 @@ pub fn precompile(
     _arch: &str,
     _cache_dir: Option<&std::path::Path>,
     _program: Option<&amk_core::ir::Program>,
+    _trace: bool,
 ) -> Result<(std::path::PathBuf, usize, bool), CudaError> {
     Err(CudaError::NotCompiled)
 }

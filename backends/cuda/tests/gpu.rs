@@ -630,14 +630,30 @@ fn tuned_decode_steps_are_bit_identical_across_launches() {
 
 /// The loads before the wait (`AMK_ROW_PRE`, on for the bf16 SmolLM2 shape's kernel) sum in the
 /// loop's own order: the tuned decode step gives the same logits, bit for bit, as the kernel
-/// without them (a user's `AMK_ROW_PRE=0`), at two positions.
+/// without them (a user's `AMK_ROW_PRE=0`), at two positions; so does the tuned schedule with
+/// the attention fused into the output projection (ATTENTION_GEMV's pre path). The one-row
+/// tiles of an even number of rows take two rows a unit there (`AMK_ROW_PAIRS`).
 #[test]
 fn loads_before_the_wait_give_the_same_bits() {
     let tuned = amk_model_llama::lower::tuned_schedule();
-    let programs: Vec<_> = [0u64, 5]
+    let mut fused = tuned.clone();
+    fused
+        .fusion_grouping
+        .push(vec!["attention".into(), "gemv".into()]);
+    let programs: Vec<_> = [(&tuned, 0u64), (&tuned, 5), (&fused, 0), (&fused, 5)]
         .into_iter()
-        .map(|pos| (pos, smollm2_shape(&tuned, DType::BF16, pos, 11)))
+        .map(|(cfg, pos)| (pos, smollm2_shape(cfg, DType::BF16, pos, 11)))
         .collect();
+    assert!(
+        programs[2]
+            .1
+            .0
+            .program()
+            .tasks
+            .iter()
+            .any(|t| t.op == amk_core::Opcode::ATTENTION_GEMV),
+        "the fused schedule has ATTENTION_GEMV tiles"
+    );
     let reg = registry();
     assert!(amk_backend_cuda::loops::row_pre(
         programs[0].1.0.program(),

@@ -79,7 +79,7 @@ fn suite_kernels_compile() {
             s.spawn(|| {
                 while let Some((options, p)) = jobs.get(next.fetch_add(1, Ordering::Relaxed)) {
                     if let Err(e) =
-                        amk_backend_cuda::precompile(options, &reg, &arch, None, Some(p))
+                        amk_backend_cuda::precompile(options, &reg, &arch, None, Some(p), false)
                     {
                         failures.lock().unwrap().push(e.to_string());
                     }

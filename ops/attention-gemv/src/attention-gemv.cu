@@ -53,6 +53,46 @@ __device__ __noinline__ bool ag_check(const amk_task_ctx& ctx) {
   return ag_setup<true>(ctx, a);
 }
 
+/* The attention row's home: shared memory, as a one-row buffer of q's dtype. */
+__device__ __forceinline__ amk_buffer_t ag_row(const amk_task_ctx& ctx, const ag_args& a) {
+  amk_buffer_t row;
+  row.ptr = ctx.smem;
+  row.numel = a.K;
+  row.rank = 1;
+  row.dtype = a.q->dtype;
+  row.space = 0;
+  row.flags = 0;
+  for (int i = 0; i < 4; ++i) {
+    row.shape[i] = i == 0 ? a.K : 1;
+    row.stride[i] = 1;
+  }
+  return row;
+}
+
+/* The attention row into shared memory (every warp sees it after this), then the trace point:
+ * the row is ready (the rest is the projection). */
+__device__ __forceinline__ amk_frow ag_attend(const amk_task_ctx& ctx, const ag_args& a,
+                                              const amk_buffer_t* row, unsigned long long pol) {
+#if AMK_PROBE == 3
+  /* a cold attention, then the same warm (probe 6 between them, 7 after) */
+  amk_att_run(a.q, a.kc, a.vc, row, a.g);
+  __syncthreads();
+  AMK_PROBE_AT(6, true);
+#endif
+  amk_att_run(a.q, a.kc, a.vc, row, a.g);
+  __syncthreads();
+  AMK_PROBE_IF(3, 7, true);
+  if (ctx.trace && threadIdx.x == 0) ctx.trace[4] = amk_globaltimer();
+  amk_frow r;
+  r.p = ctx.smem;
+  r.dt = a.q->dtype;
+  r.x = row;
+  r.nw = nullptr;
+  r.inv = 0.0;
+  r.pol = pol;
+  return r;
+}
+
 /* Everything after the wait, out of line: the dispatcher keeps only the check flag and the
  * wait inline, so a late block goes from its previous task to its wait at once (the setup's
  * divisions and the arguments' spills would sit on that path otherwise). The weight rows go
@@ -61,43 +101,50 @@ __device__ __noinline__ bool ag_check(const amk_task_ctx& ctx) {
 __device__ __noinline__ void ag_run(const amk_task_ctx& ctx) {
   ag_args a;
   ag_setup<false>(ctx, a);
-  const long long K = a.K;
-  const int n_tile = a.n_tile, n_off = a.n_off;
   const amk_buffer_t* w = a.w;
   const unsigned long long pol = amk_weight_policy(ctx.prog->flags);
   if (threadIdx.x == 0) {
     const long long wsz = w->dtype == AMK_F32 ? 4 : 2;
-    amk_prefetch_l2_bulk((uint64_t)w->ptr + (uint64_t)((long long)n_off * K * wsz),
-                         (uint64_t)((long long)n_tile * K * wsz), pol);
+    amk_prefetch_l2_bulk((uint64_t)w->ptr + (uint64_t)((long long)a.n_off * a.K * wsz),
+                         (uint64_t)((long long)a.n_tile * a.K * wsz), pol);
   }
-  /* The attention row's home: shared memory, as a one-row buffer of q's dtype. */
-  amk_buffer_t row;
-  row.ptr = ctx.smem;
-  row.numel = K;
-  row.rank = 1;
-  row.dtype = a.q->dtype;
-  row.space = 0;
-  row.flags = 0;
-  for (int i = 0; i < 4; ++i) {
-    row.shape[i] = i == 0 ? K : 1;
-    row.stride[i] = 1;
-  }
-  amk_att_run(a.q, a.kc, a.vc, &row, a.g);
-  __syncthreads(); /* the row is in shared memory for every warp */
-  /* Trace point: the row is ready (the rest is the projection). */
-  if (ctx.trace && threadIdx.x == 0) ctx.trace[4] = amk_globaltimer();
-  amk_frow r;
-  r.p = ctx.smem;
-  r.dt = a.q->dtype;
-  r.x = &row;
-  r.nw = nullptr;
-  r.inv = 0.0;
-  r.pol = pol;
-  amk_row_tile_run(r, K, w, amk_al16(w->ptr), a.n_tile, a.n_off, a.y, a.bias);
+  const amk_buffer_t row = ag_row(ctx, a);
+  const amk_frow r = ag_attend(ctx, a, &row, pol);
+  amk_row_tile_run(r, a.K, w, amk_al16(w->ptr), a.n_tile, a.n_off, a.y, a.bias);
 }
+
+#if AMK_ROW_PRE
+/* The pre path (AMK_ROW_PRE, amk_pre_run): a tile whose 16-bit attention row and weight rows
+ * qualify (amk_pre_row_ok) loads its weight rows into registers before its wait, which the
+ * tile spends waiting for Q/K/V anyway, so its projection after the attention is one pass over
+ * registers (the same sums in the same order as amk_row_tile_run's). Returns false, having
+ * done nothing, for a tile that does not qualify. Out of line, as ag_run. */
+__device__ __noinline__ bool ag_pre(const amk_task_ctx& ctx) {
+  ag_args a;
+  ag_setup<false>(ctx, a);
+  const amk_buffer_t* w = a.w;
+  const bool al = amk_al16(w->ptr);
+  if (!amk_pre_row_ok<1>(ctx, a.q->dtype, true, a.K, w->dtype, al, a.n_tile)) return false;
+  const unsigned long long pol = amk_weight_policy(ctx.prog->flags);
+  const amk_buffer_t row = ag_row(ctx, a);
+  const auto prep = [&] { return ag_attend(ctx, a, &row, pol); };
+  const auto rows = amk_row_tile_rows(w, a.n_off);
+  const auto epi = amk_row_tile_epi(a.y, a.bias, a.n_off);
+  if constexpr (AMK_FUSED_HAS(AMK_TILE_W_BF16, 1)) {
+    if (w->dtype == AMK_BF16) { amk_pre_run<AMK_TILE_W_BF16, 1, amk_pre_u<1>::v, AMK_ROW_PRE_UNITS>(ctx, a.K, a.n_tile, prep, rows, epi); return true; }
+  }
+  if constexpr (AMK_FUSED_HAS(AMK_TILE_W_F16, 1)) {
+    if (w->dtype == AMK_F16) { amk_pre_run<AMK_TILE_W_F16, 1, amk_pre_u<1>::v, AMK_ROW_PRE_UNITS>(ctx, a.K, a.n_tile, prep, rows, epi); return true; }
+  }
+  return false;
+}
+#endif
 
 __device__ __forceinline__ void amk_op_attention_gemv(const amk_task_ctx& ctx) {
   if (ctx.verify && !ag_check(ctx)) return;
+#if AMK_ROW_PRE
+  if (ag_pre(ctx)) return; /* waited (or the launch is aborting) inside */
+#endif
   if (!amk_task_wait(ctx)) return; /* the checks read descriptors only */
   ag_run(ctx);
 }

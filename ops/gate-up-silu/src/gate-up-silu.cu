@@ -48,6 +48,10 @@ __device__ __noinline__ bool gu_check(const amk_task_ctx& ctx) {
   return gu_setup<true>(ctx, a);
 }
 
+#ifndef AMK_GU_TRIPLES
+#define AMK_GU_TRIPLES 1
+#endif
+
 __device__ void amk_op_gate_up_silu(const amk_task_ctx& ctx) {
   if (ctx.verify && !gu_check(ctx)) return;
   gu_args a;
@@ -61,9 +65,41 @@ __device__ void amk_op_gate_up_silu(const amk_task_ctx& ctx) {
   const long long K = a.K;
   const int n_tile = a.n_tile, n_off = a.n_off;
   const int wdt = wg->dtype == wu->dtype ? wg->dtype : -1;
+  const bool al = amk_al16(wg->ptr) && amk_al16(wu->ptr);
+#if AMK_ROW_PRE
+  /* AMK_GU_TRIPLES: on the pre path, three gate/up pairs a unit (a tile of a multiple of three
+     pairs, at most 8 units, rows of up to 3 vectors a lane): each warp sums its six rows against
+     each vector of the row at once and their warp sums overlap, where three units ran one after
+     the other (docs/perf-notes.md round 22); each row's sum is the same, in the same order.
+     Lanes 0..2 finish one pair each. */
+  if (AMK_GU_TRIPLES && n_tile % 3 == 0 && amk_pre_ok<6, 3, 1>(ctx, x, nw, K, wdt, al, n_tile / 3)) {
+    const auto rows = [=](int j, const amk_buffer_t* (&wb)[6], long long (&row)[6]) {
+#pragma unroll
+      for (int r = 0; r < 6; ++r) {
+        wb[r] = (r & 1) ? wu : wg;
+        row[r] = n_off + 3LL * j + (r >> 1);
+      }
+    };
+    const auto epi = [=](int j, const float (&s)[6]) {
+      const int lane = threadIdx.x & 31;
+      if (lane < 3) {
+        const float gs = lane == 0 ? s[0] : lane == 1 ? s[2] : s[4];
+        const float us = lane == 0 ? s[1] : lane == 1 ? s[3] : s[5];
+        const float g = amk_round_dt(y->dtype, gs), u = amk_round_dt(y->dtype, us);
+        amk_stf(y, (long long)n_off + 3LL * j + lane, g / (1.0f + expf(-g)) * u);
+      }
+    };
+    if constexpr (AMK_FUSED_HAS(AMK_TILE_W_BF16, 1)) {
+      if (wdt == AMK_BF16) { amk_pre_fast<AMK_TILE_W_BF16, 6, 3, 1>(ctx, x, nw, K, p.eps, n_tile / 3, rows, epi); return; }
+    }
+    if constexpr (AMK_FUSED_HAS(AMK_TILE_W_F16, 1)) {
+      if (wdt == AMK_F16) { amk_pre_fast<AMK_TILE_W_F16, 6, 3, 1>(ctx, x, nw, K, p.eps, n_tile / 3, rows, epi); return; }
+    }
+  }
+#endif
   /* the checks read descriptors only: the tile waits from here */
   amk_fused_tile<2, AMK_FUSED_PAIR_OF(2)>(
-      ctx, false, x, nw, K, p.eps, wdt, amk_al16(wg->ptr) && amk_al16(wu->ptr), n_tile,
+      ctx, false, x, nw, K, p.eps, wdt, al, n_tile,
       [=](int j, const amk_buffer_t* (&wb)[2], long long (&row)[2]) {
         wb[0] = wg;
         wb[1] = wu;

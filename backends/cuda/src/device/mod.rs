@@ -296,10 +296,12 @@ pub fn precompile(
     arch: &str,
     cache_dir: Option<&std::path::Path>,
     program: Option<&Program>,
+    trace: bool,
 ) -> Result<(std::path::PathBuf, usize, bool), CudaError> {
     let dir = cache_dir.map_or_else(nvrtc::default_cache_dir, std::path::Path::to_path_buf);
-    let mk =
-        megakernel_source(registry, options.knobs(program, registry)).map_err(CudaError::Layout)?;
+    let mut knobs = options.knobs(program, registry);
+    knobs.trace = trace;
+    let mk = megakernel_source(registry, knobs).map_err(CudaError::Layout)?;
     let key = nvrtc::cache_key(&mk.source, &nvrtc::options(arch))?;
     let path = dir.join(format!("{key}.{arch}.cubin"));
     let cached = path.is_file();
