@@ -126,10 +126,9 @@ fn ops_compile_rejects_an_unknown_shape() {
     );
 }
 
-#[test]
-fn ops_compile_takes_only_the_shapes_named() {
-    let dir = std::env::temp_dir().join(format!("amk-ops-shape-{}", std::process::id()));
-    let out = amk(&[
+/// `amk ops compile` of the bf16 SmolLM2 kernels for sm_90a into `cache`, with `extra` flags.
+fn compile_smollm2_bf16(cache: &std::path::Path, extra: &[&str]) -> Output {
+    let mut args = vec![
         "ops",
         "compile",
         "--arch",
@@ -139,8 +138,16 @@ fn ops_compile_takes_only_the_shapes_named() {
         "--shape",
         "smollm2-135m",
         "--cache-dir",
-        dir.to_str().unwrap(),
-    ]);
+        cache.to_str().unwrap(),
+    ];
+    args.extend_from_slice(extra);
+    amk(&args)
+}
+
+#[test]
+fn ops_compile_takes_only_the_shapes_named() {
+    let dir = std::env::temp_dir().join(format!("amk-ops-shape-{}", std::process::id()));
+    let out = compile_smollm2_bf16(&dir, &[]);
     assert_eq!(out.status.code(), Some(1));
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("sm_90a (bf16 tuned, smollm2-135m):"), "{err}");
@@ -164,21 +171,7 @@ fn ops_compile_takes_the_schedules_named_and_their_traced_kernels() {
     )
     .unwrap();
     let cache = dir.join("cubin");
-    let out = amk(&[
-        "ops",
-        "compile",
-        "--arch",
-        "sm_90a",
-        "--dtype",
-        "bf16",
-        "--shape",
-        "smollm2-135m",
-        "--config",
-        cfg.to_str().unwrap(),
-        "--traced",
-        "--cache-dir",
-        cache.to_str().unwrap(),
-    ]);
+    let out = compile_smollm2_bf16(&cache, &["--config", cfg.to_str().unwrap(), "--traced"]);
     assert_eq!(out.status.code(), Some(1));
     let err = String::from_utf8_lossy(&out.stderr);
     let name = cfg.display().to_string();

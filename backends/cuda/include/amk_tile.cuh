@@ -964,10 +964,10 @@ struct amk_pre_u { static constexpr int v = AMK_FUSED_VECS / NR > 0 ? AMK_FUSED_
 #define AMK_ROW_PRE_UNITS 3
 #endif
 
-/* Whether a tile whose row is `rdt` (16-byte aligned: `r_al16`) can take the pre path
- * (block-uniform, from descriptors only): at most AMK_ROW_PRE_UNITS units a warp, a 16-bit row
- * that fits shared memory, 16-bit weights with a compiled-in loop, aligned, and rows of one
- * pass. */
+/* Whether a tile whose row is `rdt` (16-byte aligned: `r_al16`) can take the pre path with
+ * units of NR rows, U vectors of each a lane and PU units a warp (block-uniform, from
+ * descriptors only): at most PU units a warp, a 16-bit row that fits shared memory, 16-bit
+ * weights with a compiled-in loop, aligned, and rows of at most U vectors a lane (one pass). */
 template <int NR, int U = amk_pre_u<NR>::v, int PU = AMK_ROW_PRE_UNITS>
 __device__ __forceinline__ bool amk_pre_row_ok(const amk_task_ctx& ctx, int rdt, bool r_al16, long long K,
                                                int wdt, bool w_al16, int n_units) {
@@ -1091,11 +1091,12 @@ __device__ __forceinline__ void amk_fused_tile(const amk_task_ctx& ctx, bool wai
   amk_fused_run<NR, P>(r, K, wdt, w_al16, n_units, rows, epi);
 }
 
-/* A one-row projection tile that prepares its row from x (GEMV_TILE's one-row path,
- * RMSNORM_GEMV), from its wait on. */
 #ifndef AMK_ROW_PAIRS
 #define AMK_ROW_PAIRS 1
 #endif
+
+/* A one-row projection tile that prepares its row from x (GEMV_TILE's one-row path,
+ * RMSNORM_GEMV), from its wait on. */
 __device__ __forceinline__ void amk_row_tile(const amk_task_ctx& ctx, const amk_buffer_t* x,
                                              const amk_buffer_t* nw, long long K, float eps,
                                              const amk_buffer_t* w, bool w_al16, int n_tile, int n_off,
@@ -1103,8 +1104,8 @@ __device__ __forceinline__ void amk_row_tile(const amk_task_ctx& ctx, const amk_
 #if AMK_ROW_PRE
   /* AMK_ROW_PAIRS: on the pre path, two consecutive rows a unit (an even tile): a warp's two
      rows share each vector of the row and their two warp sums overlap, where two units of one
-     row ran one after the other; each row's sum is the same, in the same order. Lanes 0 and 1
-     store one row each. */
+     row ran one after the other (SmolLM2's o_proj and down: -0.045 ms a token, docs/perf-notes.md
+     round 22); each row's sum is the same, in the same order. Lanes 0 and 1 store one row each. */
   const int pairs = n_tile >> 1;
   const bool shrt = amk_pre_ok<2>(ctx, x, nw, K, w->dtype, w_al16, pairs);
   if (AMK_ROW_PAIRS && (n_tile & 1) == 0 && (shrt || amk_pre_ok<2, 6, 1>(ctx, x, nw, K, w->dtype, w_al16, pairs))) {
