@@ -16,6 +16,7 @@ is `L<layer>.<name>[...]` or `L<layer>.<name>`), with times from the layer's fir
 
     scripts/trace_phases.py t.csv --layer 5 [--model llama-3.2-1b] [--pos 0]
     scripts/trace_phases.py t.csv --imbalance   # what each phase lost to its tiles' spread
+    scripts/trace_phases.py t.csv --probe       # a build with AMK_PROBE=N (docs/gpu-testing.md)
 """
 
 import argparse
@@ -76,6 +77,44 @@ def imbalance(path, model, pos):
     print(f"| a layer | | {total:.2f} | | |")
 
 
+def probe(path, model, pos):
+    """The AMK_PROBE points (a traced build with AMK_CUDA_DEFINES="AMK_PROBE=N"), medians per
+    phase over layers 3..26: the probes write `dispatched_us` (point 6) and `waiting_us` (point
+    7) after the task's wait, so only rows whose two points follow `ready_us` count. Levels 1
+    and 3: ready -> P6 -> P7 -> the row prepared (or returned); level 2 also: the row -> P6 (the
+    first unit's sums) -> P7 (its epilogue) -> returned. Level 4: the SM clock, cycles a ns."""
+    steady, body, clock = {}, {}, []
+    for (layer, name), g in load_layers(path, model, pos).items():
+        for r in g:
+            rd, p6, p7 = number(r, "ready_us"), number(r, "dispatched_us"), number(r, "waiting_us")
+            pro, ret, done = (number(r, "prologue_us"), number(r, "returned_us"),
+                              number(r, "done_us"))
+            if p6 is not None and p7 is not None and ret > p6 + 1.0 and p7 > p6:
+                clock.append((p7 - p6) / (ret - p6))
+            if not 3 <= layer <= 26 or None in (rd, p6, p7) or p6 < rd or p7 < rd:
+                continue
+            end = pro if pro is not None and pro >= p7 else ret
+            steady.setdefault(name, []).append((p6 - rd, p7 - p6, end - p7, ret - end, done - ret))
+            if pro is not None and pro <= p6:
+                body.setdefault(name, []).append((pro - rd, p6 - pro, p7 - p6, ret - p7))
+    print("| phase | tasks | ready -> P6 | P6 -> P7 | P7 -> row (or returned) | row -> returned "
+          "| returned -> signalled |")
+    print("|---|---|---|---|---|---|---|")
+    for name, v in steady.items():
+        cells = " | ".join(f"{statistics.median(x):.2f}" for x in zip(*v))
+        print(f"| {name} | {len(v)} | {cells} |")
+    if body:
+        print()
+        print("| phase | tasks | ready -> row | row -> P6 | P6 -> P7 | P7 -> returned |")
+        print("|---|---|---|---|---|---|")
+        for name, v in body.items():
+            cells = " | ".join(f"{statistics.median(x):.2f}" for x in zip(*v))
+            print(f"| {name} | {len(v)} | {cells} |")
+    if clock:
+        print(f"\nlevel 4: {statistics.median(clock):.3f} cycles a ns (median of {len(clock)} tasks; "
+              "meaningful only for an AMK_PROBE=4 build)")
+
+
 def median(values):
     values = [v for v in values if v is not None]
     return statistics.median(values) if values else float("nan")
@@ -97,9 +136,14 @@ def main():
     ap.add_argument("--late-us", type=float, default=6.0)
     ap.add_argument("--imbalance", action="store_true",
                     help="instead: what each phase lost to its tiles not ending together")
+    ap.add_argument("--probe", action="store_true",
+                    help="instead: the AMK_PROBE points of a diagnostic build")
     a = ap.parse_args()
     if a.imbalance:
         imbalance(a.csv, a.model, a.pos)
+        return
+    if a.probe:
+        probe(a.csv, a.model, a.pos)
         return
     phases = load(a.csv, a.model, a.pos, a.layer)
     if not phases:

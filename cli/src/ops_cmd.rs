@@ -96,19 +96,29 @@ fn parse_kind(s: &str) -> Result<Kind, String> {
 }
 
 /// The decode programs that `amk generate`, `amk bench` and `amk run` lower a Llama model to
-/// in `dtype`, one per kernel they can need: the tuned and the reference schedule, each with
-/// and without the argmax, at every preset shape. A kernel depends on the program's ops and
-/// dtypes, and on its rows' lengths through the fused loop's pass (`loops::fused_vecs`), so
-/// the presets stand for the Llama shapes (`compile` keeps one program per distinct kernel).
-/// `shapes` empty: every preset.
+/// in `dtype`, one per kernel they can need: the tuned and the reference schedule (or the
+/// named `schedules` instead, when there are any), each with and without the argmax, at every
+/// preset shape. A kernel depends on the program's ops and dtypes, and on its rows' lengths
+/// through the fused loop's pass (`loops::fused_vecs`), so the presets stand for the Llama
+/// shapes (`compile` keeps one program per distinct kernel). `shapes` empty: every preset.
 fn llama_programs(
     dtype: DType,
     shapes: &[String],
-    extra: &[(String, amk_core::ScheduleConfig)],
+    schedules: &[(String, amk_core::ScheduleConfig)],
 ) -> Result<Vec<(String, Program)>, String> {
     use amk_model_llama::lower::{LowerOptions, lower, tuned_schedule};
     use amk_model_llama::{Model, presets};
     let target = amk_core::GpuTarget::by_name("h100").ok_or("no h100 target")?;
+    let builtin;
+    let schedules = if schedules.is_empty() {
+        builtin = [
+            ("tuned".to_string(), tuned_schedule()),
+            ("default".to_string(), amk_core::ScheduleConfig::default()),
+        ];
+        &builtin[..]
+    } else {
+        schedules
+    };
     let mut out = Vec::new();
     for shape in presets::preset_names() {
         if !shapes.is_empty() && !shapes.iter().any(|s| s == shape) {
@@ -116,15 +126,6 @@ fn llama_programs(
         }
         let cfg = presets::preset(shape).map_err(|e| e.to_string())?;
         let model = Model::shape_only(cfg, shape);
-        let builtin = [
-            ("tuned".to_string(), tuned_schedule()),
-            ("default".to_string(), amk_core::ScheduleConfig::default()),
-        ];
-        let schedules = if extra.is_empty() {
-            &builtin[..]
-        } else {
-            extra
-        };
         for (sname, schedule) in schedules {
             for argmax in [true, false] {
                 let opts = LowerOptions {
@@ -149,9 +150,6 @@ fn llama_programs(
 /// whether with trace points.
 type Job<'a> = (&'a String, String, Option<Program>, bool);
 
-/// Compiles the kernels `archs` x `kinds` need (each distinct source once), as many at once as
-/// this machine has cores (NVRTC compiles on one thread); exit 1 if any failed, after the rest
-/// finished. With `json`, every kernel that compiled is printed either way.
 /// Which decode programs' kernels `compile` builds (besides `--dtype`): `ops compile`'s
 /// `--shape`, `--config` and `--traced`.
 struct Selection<'a> {
@@ -160,6 +158,9 @@ struct Selection<'a> {
     traced: bool,
 }
 
+/// Compiles the kernels `archs` x `kinds` need (each distinct source once), as many at once as
+/// this machine has cores (NVRTC compiles on one thread); exit 1 if any failed, after the rest
+/// finished. With `json`, every kernel that compiled is printed either way.
 fn compile(
     reg: &Registry,
     archs: &[String],
@@ -173,10 +174,10 @@ fn compile(
         configs,
         traced,
     } = *sel;
-    let mut extra = Vec::new();
+    let mut schedules = Vec::new();
     for c in configs {
         match crate::model_cmd::schedule_config(Some(c), true) {
-            Ok((cfg, name)) => extra.push((name, cfg)),
+            Ok((cfg, name)) => schedules.push((name, cfg)),
             Err(e) => {
                 eprintln!("amk: --config {e}");
                 return ExitCode::from(2);
@@ -197,7 +198,7 @@ fn compile(
     for k in kinds {
         match k {
             Kind::Any => programs.push(("any".into(), None)),
-            Kind::Model(dt) => match llama_programs(dt, shapes, &extra) {
+            Kind::Model(dt) => match llama_programs(dt, shapes, &schedules) {
                 Ok(ps) => programs.extend(ps.into_iter().map(|(n, p)| (n, Some(p)))),
                 Err(e) => {
                     eprintln!("amk: lowering the {} programs: {e}", dt.name());

@@ -162,7 +162,7 @@ fn ops_compile_takes_only_the_shapes_named() {
 fn ops_compile_takes_the_schedules_named_and_their_traced_kernels() {
     let dir = std::env::temp_dir().join(format!("amk-ops-config-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
-    // The tuned schedule with the attention fused into the output projection.
+    // A schedule of fused tiles with the attention fused into the output projection.
     let cfg = dir.join("fused.json");
     std::fs::write(
         &cfg,

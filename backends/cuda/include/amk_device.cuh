@@ -126,11 +126,11 @@ __device__ __forceinline__ uint64_t amk_globaltimer() {
   return t;
 }
 
-/* AMK_PROBE (diagnostic builds, off by default): points inside an op's code write the clock
- * into the running task's trace words 6 and 7 (its dispatch and wait points, read before
- * them), thread 0 only, when `cond` holds (a condition on a computed value orders the point
- * after that value). `amk bench --trace` writes them as they come; docs/perf-notes.md says
- * which build measured what. */
+/* AMK_PROBE (diagnostic builds, off by default; the traced kernel only): points inside an op's
+ * code write the clock into the running task's trace words 6 and 7 (which then no longer hold
+ * its dispatch and wait times), thread 0 only, when `cond` holds (a condition on a computed
+ * value orders the point after that value). `amk bench --trace` writes them as they come,
+ * `scripts/trace_phases.py --probe` summarises them; docs/gpu-testing.md lists the levels. */
 #ifndef AMK_PROBE
 #define AMK_PROBE 0
 #endif
@@ -145,7 +145,9 @@ __shared__ uint64_t* amk_probe_tr;
   do {                           \
   } while (0)
 #endif
-/* AMK_PROBE 1: the prologues' points (the norm, the attention); 2: the bodies' (amk_pre_run). */
+/* A point of level `level` only: 1 the prologues' (the norm, the attention), 2 the bodies'
+ * (amk_pre_run); 3 (cold then warm norms and fused attentions) and 4 (the SM clock, in the
+ * scheduler) write theirs directly. */
 #define AMK_PROBE_IF(level, slot, cond) AMK_PROBE_AT(slot, AMK_PROBE == (level) && (cond))
 
 /* Operand descriptors: the scheduler staged them in shared memory before the wait (the wait's

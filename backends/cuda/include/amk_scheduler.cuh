@@ -363,7 +363,8 @@ amk_megakernel(const __grid_constant__ amk_device_program_t prog) {
 #endif
     }
 #if AMK_PROBE == 4 && !AMK_TRACE_OFF
-    /* the SM clock: trace word 7 = word 6 + the cycles the dispatch took (in ns units) */
+    /* the SM clock: trace word 7 = word 6 (a ns time) + the cycles the dispatch took, so that
+       word 7 - word 6 over returned - word 6 is cycles a ns */
     const long long probe_c0 = clock64();
 #endif
     amk_dispatch(c);

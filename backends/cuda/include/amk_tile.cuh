@@ -626,12 +626,15 @@ __device__ __forceinline__ amk_frow amk_frow_prepare(const amk_task_ctx& ctx, co
        vectors past the row are skipped either way): the unrolled norm is ~1,500 instructions
        at 4 vectors, fetched again every layer (docs/perf-notes.md round 14 §8). */
     const long long hv = K >> 3;
-#if AMK_PROBE == 3
-    /* a cold norm, then the same warm (probe 6 between them, 7 after) */
-    amk_rms_rows<AMK_THREADS, 1>(x->ptr, x->dtype, nw->ptr, nw->dtype, ctx.smem, x->dtype, K,
-                                 (double)eps, 1, 0, 1, threadIdx.x);
-    __syncthreads();
-    AMK_PROBE_AT(6, true);
+#if AMK_PROBE == 3 && !AMK_TRACE_OFF
+    /* a cold norm, then the same warm (probe 6 between them, 7 after); rows of at most
+       8 * AMK_THREADS elements (the one-vector norm below) */
+    if (hv <= AMK_THREADS) {
+      amk_rms_rows<AMK_THREADS, 1>(x->ptr, x->dtype, nw->ptr, nw->dtype, ctx.smem, x->dtype, K,
+                                   (double)eps, 1, 0, 1, threadIdx.x);
+      __syncthreads();
+      AMK_PROBE_AT(6, true);
+    }
 #endif
     if (hv <= AMK_THREADS)
       amk_rms_rows<AMK_THREADS, 1>(x->ptr, x->dtype, nw->ptr, nw->dtype, ctx.smem, x->dtype, K,
@@ -956,7 +959,7 @@ __device__ __forceinline__ void amk_row_tile_run(const amk_frow& r, long long K,
 template <int NR>
 struct amk_pre_u { static constexpr int v = AMK_FUSED_VECS / NR > 0 ? AMK_FUSED_VECS / NR : 1; };
 
-/* Units a warp may have for a tile to take amk_pre_fast, all in registers across the wait (3:
+/* Units a warp may have for a tile to take the pre path, all in registers across the wait (3:
  * the gate/up tiles of a layout whose phases alternate between halves of the SMs, round 21);
  * more (an LM head's) keep the paired and quad loops of amk_fused_run, which stream several
  * units a warp at once. */
@@ -967,7 +970,9 @@ struct amk_pre_u { static constexpr int v = AMK_FUSED_VECS / NR > 0 ? AMK_FUSED_
 /* Whether a tile whose row is `rdt` (16-byte aligned: `r_al16`) can take the pre path with
  * units of NR rows, U vectors of each a lane and PU units a warp (block-uniform, from
  * descriptors only): at most PU units a warp, a 16-bit row that fits shared memory, 16-bit
- * weights with a compiled-in loop, aligned, and rows of at most U vectors a lane (one pass). */
+ * weights with a compiled-in loop, aligned, and rows of at most U vectors a lane (one pass).
+ * A caller checks with the U and PU it then runs amk_pre_run with: amk_pre_run drops vectors
+ * and units past them. */
 template <int NR, int U = amk_pre_u<NR>::v, int PU = AMK_ROW_PRE_UNITS>
 __device__ __forceinline__ bool amk_pre_row_ok(const amk_task_ctx& ctx, int rdt, bool r_al16, long long K,
                                                int wdt, bool w_al16, int n_units) {

@@ -655,11 +655,45 @@ fn loads_before_the_wait_give_the_same_bits() {
         "the fused schedule has ATTENTION_GEMV tiles"
     );
     let reg = registry();
-    assert!(amk_backend_cuda::loops::row_pre(
-        programs[0].1.0.program(),
-        &reg,
-        amk_backend_cuda::loops::fused_vecs(programs[0].1.0.program(), &reg)
-    ));
+    for (_, (v, _)) in &programs {
+        let p = v.program();
+        assert!(amk_backend_cuda::loops::row_pre(
+            p,
+            &reg,
+            amk_backend_cuda::loops::fused_vecs(p, &reg)
+        ));
+    }
+    // The tiles the paired paths take (their device conditions, amk_pre_row_ok, beside them):
+    // one-row GEMV tiles of an even number of rows, of 576 (3 vectors a lane) and 1,536 (6)
+    // elements, and gate/up tiles of a multiple of three pairs, at most 8 units of three.
+    let tuned_p = programs[0].1.0.program();
+    let int = |t: &amk_core::ir::Task, k: &str| {
+        t.params
+            .get(k)
+            .and_then(|v| v.as_i64())
+            .unwrap_or_else(|| panic!("{}: no int param {k}", t.label))
+    };
+    let paired: Vec<i64> = tuned_p
+        .tasks
+        .iter()
+        .filter(|t| t.op == amk_core::Opcode::GEMV_TILE && t.label.starts_with("L6."))
+        .inspect(|t| assert_eq!(int(t, "N_tile") % 2, 0, "{}", t.label))
+        .map(|t| int(t, "K"))
+        .collect();
+    assert!(
+        paired.contains(&576) && paired.contains(&1536),
+        "{paired:?}"
+    );
+    let triples = tuned_p
+        .tasks
+        .iter()
+        .filter(|t| t.op == amk_core::Opcode::GATE_UP_SILU)
+        .inspect(|t| {
+            let n = int(t, "N_tile");
+            assert!(n % 3 == 0 && n / 3 <= 8, "{}: {n} pairs", t.label);
+        })
+        .count();
+    assert!(triples > 0);
     let Some(gpu) = gpu_or_skip("loads_before_the_wait_give_the_same_bits") else {
         return;
     };

@@ -2,12 +2,13 @@
  * semantics are ops/attention-gemv/src/reference.rs: columns [n_off, n_off + N_tile) of
  * y = attention(q, k_cache, v_cache) @ W^T (+ bias), the attention row rounded to q's dtype.
  *
- * After its wait a tile asks L2 for its weight rows (one bulk prefetch: the memory system
- * idles while the attention runs; issued before the wait it measured no faster), computes
- * the whole attention row into shared memory (backends/cuda/include/amk_attention.cuh,
- * ATTENTION_TILE's paths and arithmetic; stores through a descriptor of shared memory), then
- * streams its weight rows against that row as GEMV_TILE's one-row path does (amk_row_tile_run:
- * same sums in the same order). */
+ * A tile computes the whole attention row into shared memory (backends/cuda/include/
+ * amk_attention.cuh, ATTENTION_TILE's paths and arithmetic; stores through a descriptor of
+ * shared memory), then multiplies its weight rows by that row as GEMV_TILE's one-row path does
+ * (same sums in the same order). With AMK_ROW_PRE (16-bit rows of one pass) it loads its weight
+ * rows into registers before its wait (ag_pre); otherwise, after its wait, it asks L2 for them
+ * (one bulk prefetch: the memory system idles while the attention runs) and streams them after
+ * the attention (ag_run, amk_row_tile_run). */
 
 /* The tile's operands and params. */
 struct ag_args {
@@ -73,7 +74,7 @@ __device__ __forceinline__ amk_buffer_t ag_row(const amk_task_ctx& ctx, const ag
  * the row is ready (the rest is the projection). */
 __device__ __forceinline__ amk_frow ag_attend(const amk_task_ctx& ctx, const ag_args& a,
                                               const amk_buffer_t* row, unsigned long long pol) {
-#if AMK_PROBE == 3
+#if AMK_PROBE == 3 && !AMK_TRACE_OFF
   /* a cold attention, then the same warm (probe 6 between them, 7 after) */
   amk_att_run(a.q, a.kc, a.vc, row, a.g);
   __syncthreads();
@@ -118,7 +119,8 @@ __device__ __noinline__ void ag_run(const amk_task_ctx& ctx) {
  * qualify (amk_pre_row_ok) loads its weight rows into registers before its wait, which the
  * tile spends waiting for Q/K/V anyway, so its projection after the attention is one pass over
  * registers (the same sums in the same order as amk_row_tile_run's). Returns false, having
- * done nothing, for a tile that does not qualify. Out of line, as ag_run. */
+ * done nothing, for a tile that does not qualify (it then repeats the setup after its wait, in
+ * ag_run). Out of line, as ag_run. */
 __device__ __noinline__ bool ag_pre(const amk_task_ctx& ctx) {
   ag_args a;
   ag_setup<false>(ctx, a);

@@ -68,10 +68,10 @@ __device__ void amk_op_gate_up_silu(const amk_task_ctx& ctx) {
   const bool al = amk_al16(wg->ptr) && amk_al16(wu->ptr);
 #if AMK_ROW_PRE
   /* AMK_GU_TRIPLES: on the pre path, three gate/up pairs a unit (a tile of a multiple of three
-     pairs, at most 8 units, rows of up to 3 vectors a lane): each warp sums its six rows against
-     each vector of the row at once and their warp sums overlap, where three units ran one after
-     the other (SmolLM2: -0.035 ms a token, docs/perf-notes.md round 22); each row's sum is the same, in the same order.
-     Lanes 0..2 finish one pair each. */
+     pairs, at most AMK_WARPS units, rows of up to 3 vectors a lane): each warp sums its six rows
+     against each vector of the row at once and their warp sums overlap, where three units ran
+     one after the other (SmolLM2: -0.035 ms a token, docs/perf-notes.md round 22); each row's
+     sum is the same, in the same order. Lanes 0..2 finish one pair each. */
   if (AMK_GU_TRIPLES && n_tile % 3 == 0 && amk_pre_ok<6, 3, 1>(ctx, x, nw, K, wdt, al, n_tile / 3)) {
     const auto rows = [=](int j, const amk_buffer_t* (&wb)[6], long long (&row)[6]) {
 #pragma unroll

@@ -289,7 +289,8 @@ impl CudaBackend {
 /// GPU of that architecture would with `options` (same source, same options, same key), so
 /// that the first run there loads it instead of compiling for minutes. `program`: the program
 /// it is for (a kernel holds only its ops and loops, [`CudaOptions::knobs`]); `None`, the
-/// kernel of every op. Returns the cubin's path, its size, and whether it was already cached.
+/// kernel of every op. `trace`: the kernel with its trace points, which a traced session loads
+/// (`amk bench --trace`). Returns the cubin's path, its size, and whether it was already cached.
 pub fn precompile(
     options: &CudaOptions,
     registry: &Registry,
