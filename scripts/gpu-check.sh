@@ -79,12 +79,15 @@ build)
     # `amk ops compile`'s default kernels: every op's, and the Llama decode programs' in f32,
     # f16 and bf16 (a program's kernel holds only its ops, so the op-level tests' small kernels
     # compile on the GPU machine, in seconds). PRECOMPILE_DEFINES (';'-separated
-    # AMK_CUDA_DEFINES values) adds device-code variants for `abdef`.
+    # AMK_CUDA_DEFINES values) adds device-code variants for `abdef`; PRECOMPILE_ARGS narrows or
+    # widens each compile (`amk ops compile` flags, e.g. "--dtype bf16 --shape smollm2-135m
+    # --config tuned --traced": minutes instead of tens of minutes on a small machine).
     for arch in ${PRECOMPILE-sm_90a}; do
         IFS=';' read -ra variants <<< "${PRECOMPILE_DEFINES-}"
         for defs in "" "${variants[@]}"; do
+            # shellcheck disable=SC2086 # PRECOMPILE_ARGS is a list of flags
             AMK_CUDA_DEFINES="$defs" "$CARRY/a/amk" ops compile --arch "$arch" \
-                --cache-dir "$CARRY/a/cubin" ||
+                --cache-dir "$CARRY/a/cubin" ${PRECOMPILE_ARGS:-} ||
                 echo "no precompiled cubin for $arch ($defs): the GPU machine will compile it"
         done
     done
