@@ -156,9 +156,7 @@ impl CudaBackend {
         program: &Program,
         trace: bool,
     ) -> Result<(Arc<Module>, Megakernel), CudaError> {
-        let mut knobs = self.inner.options.knobs(Some(program), registry);
-        knobs.trace = trace;
-        let mk = megakernel_source(registry, knobs).map_err(CudaError::Layout)?;
+        let mk = kernel_source(&self.inner.options, registry, Some(program), trace)?;
         let key = nvrtc::cache_key(&mk.source, &nvrtc::options(&self.inner.info.arch))?;
         let mut modules = self
             .inner
@@ -284,6 +282,20 @@ impl CudaBackend {
     }
 }
 
+/// The megakernel source a session with `options` runs `program` on (`None`: the kernel of
+/// every op), with its trace points when `trace`: one function for the session and for
+/// [`precompile`], so that a precompiled cubin's cache key is the session's.
+fn kernel_source(
+    options: &CudaOptions,
+    registry: &Registry,
+    program: Option<&Program>,
+    trace: bool,
+) -> Result<Megakernel, CudaError> {
+    let mut knobs = options.knobs(program, registry);
+    knobs.trace = trace;
+    megakernel_source(registry, knobs).map_err(CudaError::Layout)
+}
+
 /// Compiles the megakernel of `registry` for `arch` (e.g. `sm_90a`) into the cubin cache
 /// (`cache_dir`, else [`nvrtc::default_cache_dir`]) with no device, exactly as a session on a
 /// GPU of that architecture would with `options` (same source, same options, same key), so
@@ -300,9 +312,7 @@ pub fn precompile(
     trace: bool,
 ) -> Result<(std::path::PathBuf, usize, bool), CudaError> {
     let dir = cache_dir.map_or_else(nvrtc::default_cache_dir, std::path::Path::to_path_buf);
-    let mut knobs = options.knobs(program, registry);
-    knobs.trace = trace;
-    let mk = megakernel_source(registry, knobs).map_err(CudaError::Layout)?;
+    let mk = kernel_source(options, registry, program, trace)?;
     let key = nvrtc::cache_key(&mk.source, &nvrtc::options(arch))?;
     let path = dir.join(format!("{key}.{arch}.cubin"));
     let cached = path.is_file();
