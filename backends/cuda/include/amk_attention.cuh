@@ -522,6 +522,110 @@ __device__ void att_fast(const amk_buffer_t* q, const amk_buffer_t* kc, const am
 /* Tiny path                                                                                   */
 /* ------------------------------------------------------------------------------------------ */
 
+/* A lane's share of one group of heads on the tiny path: its query head bh (act: bh < batch *
+ * nh) and the address of its dims of that head's K and V rows at kv_start. From descriptors and
+ * params alone (att_tiny_at), so an ATTENTION_TILE computes it before its wait
+ * (amk_att_tiny_pre). */
+struct att_tiny_lane {
+  const char* kp;
+  const char* vp;
+  long long bh;
+  bool act;
+};
+
+/* The lane's share of the group of heads from w0 (w0 + lane / G is its head). `esz`: the
+ * caches' element size. */
+__device__ __forceinline__ att_tiny_lane att_tiny_at(const amk_buffer_t* kc, const amk_buffer_t* vc,
+                                                     int esz, int hd, int nh, int rep, long long nbh,
+                                                     long long row, long long per_batch,
+                                                     long long kv_start, long long w0) {
+  const int lane = threadIdx.x & 31;
+  const int G = hd >> 3;
+  att_tiny_lane L;
+  L.bh = w0 + lane / G;
+  L.act = L.bh < nbh;
+  /* 32-bit division where the heads fit (always, in practice): a 64-bit one is a call */
+  long long b = 0;
+  int h = 0;
+  if (L.act) {
+    if (nbh <= 0x7fffffffLL) {
+      const int bhi = (int)L.bh;
+      const int bi = bhi / nh;
+      b = bi;
+      h = bhi - bi * nh;
+    } else {
+      b = L.bh / nh;
+      h = (int)(L.bh - b * nh);
+    }
+  }
+  const long long e0 = b * per_batch + kv_start * row + (long long)(h / rep) * hd + 8 * (lane & (G - 1));
+  L.kp = (const char*)kc->ptr + e0 * esz;
+  L.vp = (const char*)vc->ptr + e0 * esz;
+  return L;
+}
+
+/* One group of heads on the tiny path, after the wait: the lane's K/V rows, q, the rows' loop,
+ * the store (att_tiny). */
+template <int DT>
+__device__ __forceinline__ void att_tiny_group(const att_tiny_lane& L, const amk_buffer_t* q, bool qvec,
+                                               const amk_buffer_t* out, int hd, long long row,
+                                               int kv_len, float scale, bool partial) {
+  const float NEG_INF = -__int_as_float(0x7f800000);
+  constexpr int ESZ = DT == AMK_F32 ? 4 : 2;
+  const int lane = threadIdx.x & 31;
+  const int G = hd >> 3; /* lanes per head, a power of two */
+  const int li = lane & (G - 1);
+  const long long per_head = partial ? (long long)hd + 2 : (long long)hd;
+  const long long rowb = row * ESZ;
+  const bool act = L.act;
+  const char* const kp = L.kp;
+  const char* const vp = L.vp;
+  att_vec<DT> kb, vb;
+  /* an empty range reads nothing: its kv_start may be max_seq (a trailing split-KV shard) */
+  att_vload<DT>(kb, kp, act && kv_len > 0);
+  att_vload<DT>(vb, vp, act && kv_len > 0);
+  float qf[8];
+#pragma unroll
+  for (int d = 0; d < 8; ++d) qf[d] = 0.0f;
+  if (act) att_q8(q, qvec, L.bh * hd + 8 * li, qf);
+  float m = NEG_INF, l = 0.0f;
+  att_f8 a;
+#pragma unroll
+  for (int d = 0; d < 8; ++d) a.v[d] = 0.0f;
+  for (int j = 0; j < kv_len; ++j) {
+    const bool more = j + 1 < kv_len;
+    att_vec<DT> kn, vn;
+    att_vload<DT>(kn, kp + (j + 1) * rowb, act && more);
+    att_vload<DT>(vn, vp + (j + 1) * rowb, act && more);
+    float kf[8];
+    att_cvt<DT>(kb, kf);
+    float s = 0.0f;
+#pragma unroll
+    for (int d = 0; d < 8; ++d) s += qf[d] * kf[d];
+    for (int o = G >> 1; o > 0; o >>= 1) s += __shfl_xor_sync(ATT_FULL, s, o);
+    s *= scale;
+    AMK_PROBE_IF(1, 6, j == 0 && s != -1.0f); /* the first row's score: q and k have landed */
+    const float m_new = fmaxf(m, s);
+    const float ea = expf(m - m_new);
+    const float alpha = (m_new == m) ? 1.0f : ea;
+    const float x = expf(s - m_new);
+    const float e = (s == NEG_INF) ? 0.0f : x;
+    l = l * alpha + e;
+    m = m_new;
+    float vf[8];
+    att_cvt<DT>(vb, vf);
+#pragma unroll
+    for (int d = 0; d < 8; ++d) {
+      a.v[d] *= alpha;
+      a.v[d] += e * vf[d];
+    }
+    kb = kn;
+    vb = vn;
+  }
+  AMK_PROBE_IF(1, 7, a.v[0] != -1.0f && l != -1.0f); /* the rows done, before the store */
+  if (act) att_store_head(out, L.bh * per_head, hd, li, true, a, m, l, partial, kv_len);
+}
+
 /* The fast path's dtypes and alignment, kv_len <= ATT_TINY_KV and G = head_dim / 8 a power of
  * two (head_dim 8..256): the first positions of a decode, where the whole attention is a few
  * rows and its time is the latency of one group's chain of instructions, not bandwidth.
@@ -538,70 +642,14 @@ __device__ void att_tiny(const amk_buffer_t* q, const amk_buffer_t* kc, const am
                          const amk_buffer_t* out, int hd, int nh, int rep, long long batch,
                          long long row, long long per_batch, long long kv_start, int kv_len,
                          float scale, bool partial) {
-  const float NEG_INF = -__int_as_float(0x7f800000);
   constexpr int ESZ = DT == AMK_F32 ? 4 : 2;
-  const int lane = threadIdx.x & 31;
-  const int G = hd >> 3; /* lanes per head, a power of two */
-  const int li = lane & (G - 1);
-  const int GW = 32 / G; /* heads per warp */
+  const int GW = 32 / (hd >> 3); /* heads per warp */
   const long long nbh = batch * nh;
-  const long long per_head = partial ? (long long)hd + 2 : (long long)hd;
-  const long long rowb = row * ESZ;
   const bool qvec = amk_is_vec(q->dtype) && (((unsigned long long)q->ptr) & 15u) == 0;
   /* warp-uniform loop (the butterflies need every lane): a group past the heads runs on zeros */
-  for (long long w0 = (long long)(threadIdx.x >> 5) * GW; w0 < nbh; w0 += (long long)AMK_WARPS * GW) {
-    const long long bh = w0 + lane / G;
-    const bool act = bh < nbh;
-    const long long b = act ? bh / nh : 0;
-    const int h = act ? (int)(bh - b * nh) : 0;
-    const long long e0 = b * per_batch + kv_start * row + (long long)(h / rep) * hd + 8 * li;
-    const char* kp = (const char*)kc->ptr + e0 * ESZ;
-    const char* vp = (const char*)vc->ptr + e0 * ESZ;
-    att_vec<DT> kb, vb;
-    /* an empty range reads nothing: its kv_start may be max_seq (a trailing split-KV shard) */
-    att_vload<DT>(kb, kp, act && kv_len > 0);
-    att_vload<DT>(vb, vp, act && kv_len > 0);
-    float qf[8];
-#pragma unroll
-    for (int d = 0; d < 8; ++d) qf[d] = 0.0f;
-    if (act) att_q8(q, qvec, bh * hd + 8 * li, qf);
-    float m = NEG_INF, l = 0.0f;
-    att_f8 a;
-#pragma unroll
-    for (int d = 0; d < 8; ++d) a.v[d] = 0.0f;
-    for (int j = 0; j < kv_len; ++j) {
-      const bool more = j + 1 < kv_len;
-      att_vec<DT> kn, vn;
-      att_vload<DT>(kn, kp + (j + 1) * rowb, act && more);
-      att_vload<DT>(vn, vp + (j + 1) * rowb, act && more);
-      float kf[8];
-      att_cvt<DT>(kb, kf);
-      float s = 0.0f;
-#pragma unroll
-      for (int d = 0; d < 8; ++d) s += qf[d] * kf[d];
-      for (int o = G >> 1; o > 0; o >>= 1) s += __shfl_xor_sync(ATT_FULL, s, o);
-      s *= scale;
-      AMK_PROBE_IF(1, 6, j == 0 && s != -1.0f); /* the first row's score: q and k have landed */
-      const float m_new = fmaxf(m, s);
-      const float ea = expf(m - m_new);
-      const float alpha = (m_new == m) ? 1.0f : ea;
-      const float x = expf(s - m_new);
-      const float e = (s == NEG_INF) ? 0.0f : x;
-      l = l * alpha + e;
-      m = m_new;
-      float vf[8];
-      att_cvt<DT>(vb, vf);
-#pragma unroll
-      for (int d = 0; d < 8; ++d) {
-        a.v[d] *= alpha;
-        a.v[d] += e * vf[d];
-      }
-      kb = kn;
-      vb = vn;
-    }
-    AMK_PROBE_IF(1, 7, a.v[0] != -1.0f && l != -1.0f); /* the rows done, before the store */
-    if (act) att_store_head(out, bh * per_head, hd, li, true, a, m, l, partial, kv_len);
-  }
+  for (long long w0 = (long long)(threadIdx.x >> 5) * GW; w0 < nbh; w0 += (long long)AMK_WARPS * GW)
+    att_tiny_group<DT>(att_tiny_at(kc, vc, ESZ, hd, nh, rep, nbh, row, per_batch, kv_start, w0), q,
+                       qvec, out, hd, row, kv_len, scale, partial);
 }
 
 /* ------------------------------------------------------------------------------------------ */
@@ -763,6 +811,73 @@ __device__ __forceinline__ bool amk_att_setup(const amk_task_ctx& ctx, bool part
   return true;
 }
 
+/* The fast path needs both caches in one vector dtype, whole 16-byte vectors per lane and
+ * 16-byte aligned bases (then every row offset is a multiple of 8 elements). */
+__device__ __forceinline__ bool amk_att_fast_ok(const amk_buffer_t* kc, const amk_buffer_t* vc,
+                                                const amk_att_geom& g) {
+  const int dt = (kc->dtype == vc->dtype) ? kc->dtype : -1;
+  return (dt == AMK_BF16 || dt == AMK_F16 || dt == AMK_F32) && (g.hd & 7) == 0 && g.hd <= 256 &&
+         ((((unsigned long long)kc->ptr) | ((unsigned long long)vc->ptr)) & 15u) == 0 &&
+         g.batch * g.nkv * ((g.rep + ATT_RB - 1) / ATT_RB) < 2147483647LL;
+}
+
+/* The tiny path's own conditions, beyond the fast path's: a short range and head_dim / 8 a
+ * power of two. */
+__device__ __forceinline__ bool amk_att_tiny_ok(const amk_att_geom& g) {
+  return g.kv_len <= ATT_TINY_KV && (((g.hd >> 3) & ((g.hd >> 3) - 1)) == 0);
+}
+
+/* AMK_ATT_TINY_PRE (default 1): an ATTENTION_TILE on the tiny path whose heads the block covers
+ * in one pass works out each lane's head and addresses before its wait (amk_att_tiny_pre), so
+ * that after the wait its lanes only load and compute (docs/perf-notes.md round 23). */
+#ifndef AMK_ATT_TINY_PRE
+#define AMK_ATT_TINY_PRE 1
+#endif
+/* The longest range that takes the plan (at most ATT_TINY_KV; 0: none, with the plan's code
+ * compiled in all the same, which measures what the code's presence alone does). */
+#ifndef AMK_ATT_TINY_PRE_KV
+#define AMK_ATT_TINY_PRE_KV ATT_TINY_KV
+#endif
+
+/* The tiny path's lane plan, from descriptors and the geometry (before the wait). */
+struct amk_att_tiny_plan {
+  att_tiny_lane L;
+  int dt;
+  bool qvec;
+  bool ok;   /* the tiny path in one pass, its dtype compiled in: att_tiny_group after the wait */
+  bool busy; /* this warp has a group */
+};
+
+__device__ __forceinline__ amk_att_tiny_plan amk_att_tiny_pre(const amk_buffer_t* q, const amk_buffer_t* kc,
+                                                              const amk_buffer_t* vc,
+                                                              const amk_att_geom& g) {
+  amk_att_tiny_plan t;
+  const int GW = 32 / (g.hd >> 3);
+  const long long nbh = g.batch * g.nh;
+  t.ok = AMK_ATT_TINY_PRE && amk_att_fast_ok(kc, vc, g) && amk_att_tiny_ok(g) &&
+         g.kv_len <= AMK_ATT_TINY_PRE_KV && nbh <= (long long)AMK_WARPS * GW;
+  t.dt = kc->dtype;
+  t.ok = t.ok && (AMK_IS_BF16(t.dt) || AMK_IS_F16(t.dt) || AMK_IS_F32(t.dt)); /* compiled in */
+  t.qvec = amk_is_vec(q->dtype) && (((unsigned long long)q->ptr) & 15u) == 0;
+  const long long w0 = (long long)(threadIdx.x >> 5) * GW;
+  t.busy = w0 < nbh;
+  if (t.ok)
+    t.L = att_tiny_at(kc, vc, t.dt == AMK_F32 ? 4 : 2, g.hd, g.nh, g.rep, nbh, g.row, g.per_batch,
+                      g.kv_start, w0);
+  return t;
+}
+
+/* The attention of an amk_att_tiny_pre plan (ok), after the wait. */
+__device__ __forceinline__ void amk_att_tiny_run(const amk_att_tiny_plan& t, const amk_buffer_t* q,
+                                                 const amk_buffer_t* out, const amk_att_geom& g) {
+  if (!t.busy) return; /* warp-uniform */
+#define ATT_TINY_GROUP(DT) att_tiny_group<DT>(t.L, q, t.qvec, out, g.hd, g.row, g.kv_len, g.scale, g.partial)
+  if (AMK_IS_BF16(t.dt)) ATT_TINY_GROUP(AMK_BF16);
+  else if (AMK_IS_F16(t.dt)) ATT_TINY_GROUP(AMK_F16);
+  else if (AMK_IS_F32(t.dt)) ATT_TINY_GROUP(AMK_F32);
+#undef ATT_TINY_GROUP
+}
+
 /* The attention of g over q and the caches into `out` (any float dtype; a descriptor of global
  * or shared memory: every store is a generic one), on the path the operands allow. After the
  * task's wait; block-uniform. */
@@ -773,17 +888,13 @@ __device__ __forceinline__ void amk_att_run(const amk_buffer_t* q, const amk_buf
   const long long batch = g.batch, row = g.row, per_batch = g.per_batch;
   const float scale = g.scale;
   const bool partial = g.partial;
-  /* The fast path needs both caches in one vector dtype, whole 16-byte vectors per lane and
-   * 16-byte aligned bases (then every row offset is a multiple of 8 elements). */
   const int dt = (kc->dtype == vc->dtype) ? kc->dtype : -1;
-  const bool fast = (dt == AMK_BF16 || dt == AMK_F16 || dt == AMK_F32) && (hd & 7) == 0 &&
-                    hd <= 256 && ((((unsigned long long)kc->ptr) | ((unsigned long long)vc->ptr)) & 15u) == 0 &&
-                    batch * nkv * ((rep + ATT_RB - 1) / ATT_RB) < 2147483647LL;
+  const bool fast = amk_att_fast_ok(kc, vc, g);
   /* Short ranges (the first positions of a decode) take one row per group and batch: four
    * times less code on the path, and no group waits on rows that are not there. */
   const bool shrt = g.kv_len <= ATT_SHORT_KV;
   /* Tiny ranges: a lane group per query head, all heads at once (see att_tiny). */
-  const bool tiny = fast && g.kv_len <= ATT_TINY_KV && (((hd >> 3) & ((hd >> 3) - 1)) == 0);
+  const bool tiny = fast && amk_att_tiny_ok(g);
 #define ATT_TINY(DT)                                                                            \
   att_tiny<DT>(q, kc, vc, out, hd, nh, rep, batch, row, per_batch, g.kv_start, g.kv_len, scale, \
                partial)

@@ -501,6 +501,24 @@ __device__ __forceinline__ void amk_ld8(const void* p, int dt, long long u, floa
   amk_cvt8(dt, a, b, f);
 }
 
+/* f[0..8) cast to BF16 or F16 (dt) exactly as amk_st, packed as stored (element 0 lowest). */
+__device__ __forceinline__ uint4 amk_pack8(int dt, const float* f) {
+  uint32_t w[4];
+#pragma unroll
+  for (int k = 0; k < 4; ++k) {
+    uint16_t lo, hi;
+    if (AMK_BF_OF(dt)) {
+      lo = amk_f32_to_bf16(f[2 * k]);
+      hi = amk_f32_to_bf16(f[2 * k + 1]);
+    } else {
+      lo = amk_f32_to_f16(f[2 * k]);
+      hi = amk_f32_to_f16(f[2 * k + 1]);
+    }
+    w[k] = (uint32_t)lo | ((uint32_t)hi << 16);
+  }
+  return make_uint4(w[0], w[1], w[2], w[3]);
+}
+
 /* Stores f[0..8) at elements 8u .. 8u+7 of an F32/BF16/F16 array, cast on store exactly as
  * amk_st (16-byte stores). */
 __device__ __forceinline__ void amk_st8(void* p, int dt, long long u, const float* f) {
@@ -511,20 +529,7 @@ __device__ __forceinline__ void amk_st8(void* p, int dt, long long u, const floa
     q[1] = make_uint4(__float_as_uint(f[4]), __float_as_uint(f[5]), __float_as_uint(f[6]),
                       __float_as_uint(f[7]));
   } else {
-    uint32_t w[4];
-#pragma unroll
-    for (int k = 0; k < 4; ++k) {
-      uint16_t lo, hi;
-      if (AMK_BF_OF(dt)) {
-        lo = amk_f32_to_bf16(f[2 * k]);
-        hi = amk_f32_to_bf16(f[2 * k + 1]);
-      } else {
-        lo = amk_f32_to_f16(f[2 * k]);
-        hi = amk_f32_to_f16(f[2 * k + 1]);
-      }
-      w[k] = (uint32_t)lo | ((uint32_t)hi << 16);
-    }
-    ((uint4*)p)[u] = make_uint4(w[0], w[1], w[2], w[3]);
+    ((uint4*)p)[u] = amk_pack8(dt, f);
   }
 }
 
@@ -698,6 +703,9 @@ __device__ __forceinline__ T amk_block_reduce(T v) {
 
 __device__ __noinline__ float amk_block_sum(float v) { return amk_block_reduce<float, false>(v); }
 __device__ __noinline__ double amk_block_sum_d(double v) { return amk_block_reduce<double, false>(v); }
+/* amk_block_sum or amk_block_sum_d by the argument's type (the norms' amk_norm_t). */
+__device__ __forceinline__ float amk_block_sum_of(float v) { return amk_block_sum(v); }
+__device__ __forceinline__ double amk_block_sum_of(double v) { return amk_block_sum_d(v); }
 
 /* ---- vector-row helpers of the norms (RMSNORM, LAYERNORM) ---- */
 
@@ -706,12 +714,13 @@ __device__ __noinline__ double amk_block_sum_d(double v) { return amk_block_redu
  * value). Calls alternate between two slots (par = call count & 1): a warp can only write a slot
  * again after the next call's barrier, by which time every thread has read it. The scheduler's
  * barrier after each task covers the first call of the next one. */
-__device__ __forceinline__ double amk_norm_block_sum(double s, int par) {
-  __shared__ double red[2][AMK_WARPS];
-  s = amk_warp_sum_d(s);
+template <typename T>
+__device__ __forceinline__ T amk_norm_block_sum(T s, int par) {
+  __shared__ T red[2][AMK_WARPS];
+  s = amk_warp_reduce<T, false>(s);
   if ((threadIdx.x & 31) == 0) red[par][threadIdx.x >> 5] = s;
   __syncthreads();
-  double t = 0.0;
+  T t = (T)0;
 #pragma unroll
   for (int k = 0; k < AMK_WARPS; ++k) t += red[par][k];
   return t;
@@ -784,31 +793,71 @@ __device__ __forceinline__ float amk_round_dt(int dt, float x) {
 #define AMK_RMS_VW 4
 
 
-/* The thread's f64 sum of squares of its elements of x. */
+/* RMSNORM's arithmetic type (amk_norm_t). f64 (AMK_NORM_F32 = 0), as the CPU reference
+ * (ops/rmsnorm/src/reference.rs): the result is then independent of the reduction's order in
+ * practice. f32 (AMK_NORM_F32 = 1), what the IR spec's reference and HF compute (f32 sum of
+ * squares, rsqrt, x * inv * w): within the spec's tolerances of the f64 reference, not
+ * bit-equal to it, and cheaper on a decode norm's path (docs/perf-notes.md round 23). The
+ * default is f32 in a kernel whose program holds no F32 buffer (AMK_NO_F32): its activations
+ * are 16-bit, whose rounding on store dwarfs f32's error. Every RMSNORM path of one kernel
+ * computes in the same type. */
+#ifndef AMK_NORM_F32
+#define AMK_NORM_F32 AMK_NO_F32
+#endif
+#if AMK_NORM_F32
+typedef float amk_norm_t;
+#else
+typedef double amk_norm_t;
+#endif
+
+/* s + v * v in amk_norm_t (one fused multiply-add). */
+__device__ __forceinline__ amk_norm_t amk_rms_sq(amk_norm_t s, float v) {
+  const amk_norm_t d = (amk_norm_t)v;
+  return fma(d, d, s);
+}
+
+/* 1 / rms from the row's sum of squares s over h elements: 1 / sqrt(s / h + eps) with IEEE
+ * division and square root in f64; in f32 (AMK_NORM_F32) rsqrtf of the IEEE quotient plus
+ * eps, as torch's rsqrt. */
+__device__ __forceinline__ amk_norm_t amk_rms_inv(amk_norm_t s, long long h, float eps) {
+#if AMK_NORM_F32
+  return rsqrtf(__fadd_rn(__fdiv_rn(s, (float)h), eps));
+#else
+  return 1.0 / sqrt(s / (double)h + (double)eps);
+#endif
+}
+
+/* One normalised element, x * inv * w in amk_norm_t (left to right), as f32. */
+__device__ __forceinline__ float amk_rms_apply(float x, amk_norm_t inv, float w) {
+#if AMK_NORM_F32
+  return __fmul_rn(__fmul_rn(x, inv), w);
+#else
+  return (float)((double)x * inv * (double)w);
+#endif
+}
+
+/* The thread's sum of squares of its elements of x (its vectors in order, each in order). */
 template <int G, int V>
-__device__ __forceinline__ double amk_rms_sumsq(int dt, long long hv, int t, const uint4* a,
-                                            const uint4* b) {
-  double s = 0.0;
+__device__ __forceinline__ amk_norm_t amk_rms_sumsq(int dt, long long hv, int t, const uint4* a,
+                                                    const uint4* b) {
+  amk_norm_t s = (amk_norm_t)0;
 #pragma unroll
   for (int q = 0; q < V; ++q) {
     if (t + (long long)q * G < hv) {
       float f[8];
       amk_cvt8(dt, a[q], b[q], f);
 #pragma unroll
-      for (int e = 0; e < 8; ++e) {
-        const double v = (double)f[e];
-        s += v * v;
-      }
+      for (int e = 0; e < 8; ++e) s = amk_rms_sq(s, f[e]);
     }
   }
   return s;
 }
 
-/* y = (float)(x * inv * w) per element (f64, as the reference), cast on store (16-byte stores). */
+/* y = x * inv * w per element (amk_rms_apply), cast on store (16-byte stores). */
 template <int G, int V>
 __device__ __forceinline__ void amk_rms_store(void* op, int odt, long long ub, long long hv, int t,
                                           int xdt, const uint4* xa, const uint4* xb, int wdt,
-                                          const uint4* wa, const uint4* wb, double inv) {
+                                          const uint4* wa, const uint4* wb, amk_norm_t inv) {
 #pragma unroll
   for (int q = 0; q < V; ++q) {
     const long long u = t + (long long)q * G;
@@ -817,11 +866,17 @@ __device__ __forceinline__ void amk_rms_store(void* op, int odt, long long ub, l
       amk_cvt8(xdt, xa[q], xb[q], xf);
       amk_cvt8(wdt, wa[q], wb[q], wf);
 #pragma unroll
-      for (int e = 0; e < 8; ++e) o[e] = (float)((double)xf[e] * inv * (double)wf[e]);
+      for (int e = 0; e < 8; ++e) o[e] = amk_rms_apply(xf[e], inv, wf[e]);
       amk_st8(op, odt, ub + u, o);
     }
   }
 }
+
+/* A thread's vector of the norm weight (raw bits, amk_ld8_raw), loaded before a task's wait
+ * (amk_norm_w_load); amk_rms_rows<G, 1, true> uses it instead of loading w. */
+struct amk_norm_w {
+  uint4 a, b;
+};
 
 /* Rows r0, r0 + rstep, .. < rows, each by a group of G threads (G = 32: one warp, t = lane,
  * shuffle reduce; G = AMK_THREADS: the whole block, t = threadIdx.x, r0 = 0, rstep = 1, so the
@@ -831,30 +886,36 @@ __device__ __forceinline__ void amk_rms_store(void* op, int odt, long long ub, l
  * registers from the reduce to the store, and w (used only at the store) is waited for only
  * there, so with one row (decode) its HBM latency overlaps x's and the reduce. Out of line: its
  * own register allocation, so the megakernel's large dispatch function spills nothing in
- * flight. */
-template <int G, int V>
+ * flight. WPRE (one vector a thread): w's vector is `wpre`, loaded before the task's wait. */
+template <int G, int V, bool WPRE = false>
 __device__ __noinline__ void amk_rms_rows(const void* xp, int xdt, const void* wp, int wdt, void* op,
-                                      int odt, long long h, double eps, long long rows,
-                                      long long r0, long long rstep, int t) {
+                                      int odt, long long h, float eps, long long rows,
+                                      long long r0, long long rstep, int t,
+                                      amk_norm_w wpre = amk_norm_w{}) {
   const long long hv = h >> 3;
-  const double dh = (double)h;
   if (r0 >= rows) return; /* warp mode: a warp without rows (warp-uniform); block: no rows */
   uint4 wa[V], wb[V], xa[V], xb[V];
-  amk_norm_ld<G, V>(wp, wdt, 0, hv, t, wa, wb);
+  if constexpr (WPRE) {
+    static_assert(V == 1, "a preloaded norm weight is one vector a thread");
+    wa[0] = wpre.a;
+    wb[0] = wpre.b;
+  } else {
+    amk_norm_ld<G, V>(wp, wdt, 0, hv, t, wa, wb);
+  }
   amk_norm_ld<G, V>(xp, xdt, r0 * hv, hv, t, xa, xb);
   int par = 0;
 #pragma unroll 1
   for (long long r = r0;;) {
-    double s = amk_rms_sumsq<G, V>(xdt, hv, t, xa, xb);
+    amk_norm_t s = amk_rms_sumsq<G, V>(xdt, hv, t, xa, xb);
     AMK_PROBE_IF(1, 6, G != 32 && s != -1.0); /* x has landed */
     amk_norm_opaque<V>(xa, xb);
     if (G == 32) {
-      s = amk_warp_sum_d(s);
+      s = amk_warp_reduce<amk_norm_t, false>(s);
     } else {
       s = amk_norm_block_sum(s, par);
       par ^= 1;
     }
-    const double inv = 1.0 / sqrt(s / dh + eps);
+    const amk_norm_t inv = amk_rms_inv(s, h, eps);
     AMK_PROBE_IF(1, 7, G != 32 && inv != -1.0); /* 1 / rms(x) */
     amk_rms_store<G, V>(op, odt, r * hv, hv, t, xdt, xa, xb, wdt, wa, wb, inv);
     r += rstep;

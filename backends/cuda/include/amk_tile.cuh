@@ -577,7 +577,7 @@ struct amk_frow {
   int dt;                /* x's dtype */
   const amk_buffer_t* x; /* generic path: x and the norm weight (null: no norm) */
   const amk_buffer_t* nw;
-  double inv;            /* 1 / rms(x) (generic path with a norm) */
+  amk_norm_t inv;        /* 1 / rms(x) (generic path with a norm) */
   unsigned long long pol; /* L2 policy of the weight loads (amk_weight_policy) */
 };
 
@@ -592,18 +592,44 @@ __device__ __forceinline__ float amk_frow_at(const amk_frow& r, long long k) {
   }
   const float v = amk_ldf(r.x, k);
   if (!r.nw) return v;
-  return amk_round_dt(r.dt, (float)((double)v * r.inv * (double)amk_ldf(r.nw, k)));
+  return amk_round_dt(r.dt, amk_rms_apply(v, r.inv, amk_ldf(r.nw, k)));
+}
+
+/* AMK_NORM_WPRE (default 1): a fused tile with a norm loads its thread's vector of the norm
+ * weight before its wait (no task writes it), so that the norm after the wait waits for x
+ * alone, not for w's round trip too (docs/perf-notes.md round 23). For the block norm of one
+ * vector a thread (rows of at most 8 * AMK_THREADS elements). */
+#ifndef AMK_NORM_WPRE
+#define AMK_NORM_WPRE 1
+#endif
+
+/* The norm weight's vector of this thread, loaded before the wait when `ok` (never for a task
+ * run for its checks alone, which reads nothing). */
+struct amk_norm_pre {
+  amk_norm_w w;
+  bool ok;
+};
+
+__device__ __forceinline__ amk_norm_pre amk_norm_pre_load(const amk_task_ctx& ctx, const amk_buffer_t* nw,
+                                                          long long K) {
+  amk_norm_pre np;
+  np.w.a = np.w.b = make_uint4(0u, 0u, 0u, 0u);
+  np.ok = AMK_NORM_WPRE && nw && !ctx.check_only && (K & 7) == 0 && (K >> 3) <= AMK_THREADS &&
+          amk_is_vec(nw->dtype) && amk_al16(nw->ptr);
+  if (np.ok && threadIdx.x < (K >> 3)) amk_ld8_raw(nw->ptr, nw->dtype, threadIdx.x, np.w.a, np.w.b);
+  return np;
 }
 
 /* amk_frow_make without the trace point. */
 __device__ __forceinline__ amk_frow amk_frow_prepare(const amk_task_ctx& ctx, const amk_buffer_t* x,
-                                                     const amk_buffer_t* nw, long long K, float eps) {
+                                                     const amk_buffer_t* nw, long long K, float eps,
+                                                     const amk_norm_pre* np) {
   amk_frow r;
   r.pol = amk_weight_policy(ctx.prog->flags);
   r.x = x;
   r.nw = nw;
   r.dt = x->dtype;
-  r.inv = 0.0;
+  r.inv = 0;
   const bool vec = amk_is_vec(x->dtype) && amk_al16(x->ptr);
   r.p = vec ? x->ptr : nullptr;
   const long long esz = x->dtype == AMK_F32 ? 4 : 2;
@@ -631,33 +657,33 @@ __device__ __forceinline__ amk_frow amk_frow_prepare(const amk_task_ctx& ctx, co
        8 * AMK_THREADS elements (the one-vector norm below) */
     if (hv <= AMK_THREADS) {
       amk_rms_rows<AMK_THREADS, 1>(x->ptr, x->dtype, nw->ptr, nw->dtype, ctx.smem, x->dtype, K,
-                                   (double)eps, 1, 0, 1, threadIdx.x);
+                                   eps, 1, 0, 1, threadIdx.x);
       __syncthreads();
       AMK_PROBE_AT(6, true);
     }
 #endif
-    if (hv <= AMK_THREADS)
+    if (np && np->ok)
+      amk_rms_rows<AMK_THREADS, 1, true>(x->ptr, x->dtype, nw->ptr, nw->dtype, ctx.smem, x->dtype,
+                                         K, eps, 1, 0, 1, threadIdx.x, np->w);
+    else if (hv <= AMK_THREADS)
       amk_rms_rows<AMK_THREADS, 1>(x->ptr, x->dtype, nw->ptr, nw->dtype, ctx.smem, x->dtype, K,
-                                   (double)eps, 1, 0, 1, threadIdx.x);
+                                   eps, 1, 0, 1, threadIdx.x);
     else if (hv <= 2 * AMK_THREADS)
       amk_rms_rows<AMK_THREADS, 2>(x->ptr, x->dtype, nw->ptr, nw->dtype, ctx.smem, x->dtype, K,
-                                   (double)eps, 1, 0, 1, threadIdx.x);
+                                   eps, 1, 0, 1, threadIdx.x);
     else
       amk_rms_rows<AMK_THREADS, AMK_RMS_VB>(x->ptr, x->dtype, nw->ptr, nw->dtype, ctx.smem,
-                                            x->dtype, K, (double)eps, 1, 0, 1, threadIdx.x);
+                                            x->dtype, K, eps, 1, 0, 1, threadIdx.x);
     __syncthreads(); /* the row is in shared memory for every warp */
     AMK_PROBE_IF(3, 7, true);
     r.p = ctx.smem;
     return r;
   }
   r.p = nullptr;
-  double s = 0.0;
-  for (long long k = threadIdx.x; k < K; k += AMK_THREADS) {
-    const double v = (double)amk_ldf(x, k);
-    s += v * v;
-  }
-  s = amk_block_sum_d(s);
-  r.inv = 1.0 / sqrt(s / (double)K + (double)eps);
+  amk_norm_t s = 0;
+  for (long long k = threadIdx.x; k < K; k += AMK_THREADS) s = amk_rms_sq(s, amk_ldf(x, k));
+  s = amk_block_sum_of(s);
+  r.inv = amk_rms_inv(s, K, eps);
   return r;
 }
 
@@ -665,10 +691,11 @@ __device__ __forceinline__ amk_frow amk_frow_prepare(const amk_task_ctx& ctx, co
  * memory when it fits (vector dtypes, 16-byte aligned, K a multiple of 8, K elements of x's
  * dtype within ctx.smem_bytes): normalised with a norm weight `nw`, else copied. Otherwise the
  * vector path reads x in place, or, with a norm, the generic path takes 1 / rms(x) from a block
- * sum and normalises on the fly. */
+ * sum and normalises on the fly. `np`: the norm weight loaded before the wait, or null. */
 __device__ __forceinline__ amk_frow amk_frow_make(const amk_task_ctx& ctx, const amk_buffer_t* x,
-                                                  const amk_buffer_t* nw, long long K, float eps) {
-  amk_frow r = amk_frow_prepare(ctx, x, nw, K, eps);
+                                                  const amk_buffer_t* nw, long long K, float eps,
+                                                  const amk_norm_pre* np = nullptr) {
+  amk_frow r = amk_frow_prepare(ctx, x, nw, K, eps, np);
 #if !AMK_TRACE_OFF
   if (ctx.trace && threadIdx.x == 0) ctx.trace[4] = amk_globaltimer();
 #endif
@@ -995,8 +1022,9 @@ __device__ __forceinline__ bool amk_pre_ok(const amk_task_ctx& ctx, const amk_bu
 }
 
 /* The pre path: loads every unit of each warp (weights: no task writes them, so nothing orders
- * their loads after a counter), waits, has `prep` make the 16-bit row in shared memory (an
- * amk_frow whose p is it), and sums as amk_fdot does, in the same order. */
+ * their loads after a counter), waits, has `prep` make the 16-bit row and return its reader
+ * (`ldx(u, v, xs)`: the lane's vector v = 32 u + lane of the row as VE floats; amk_pre_smem,
+ * amk_pre_x), and sums as amk_fdot does, in the same order. */
 template <int WK, int NR, int U, int PU, typename Prep, typename Rows, typename Epi>
 __device__ __forceinline__ void amk_pre_run(const amk_task_ctx& ctx, long long K, int n_units,
                                             Prep prep, Rows rows, Epi epi) {
@@ -1027,8 +1055,7 @@ __device__ __forceinline__ void amk_pre_run(const amk_task_ctx& ctx, long long K
     issue(wv[k], live ? j : 0, live);
   }
   if (!amk_task_wait(ctx)) return;
-  const amk_frow rw = prep();
-  const bool bf = AMK_BF_OF(rw.dt);
+  const auto ldx = prep();
   const auto sum = [&](const uint4 (&wk)[NR][U], int j) {
     float acc[NR][4];
 #pragma unroll
@@ -1040,7 +1067,7 @@ __device__ __forceinline__ void amk_pre_run(const amk_task_ctx& ctx, long long K
       const int v = u * 32 + lane;
       if (v < nvec) {
         float xs[VE];
-        amk_tile_ldx<AMK_BF16, VE>(rw.p, (long long)v * VE, xs, bf);
+        ldx(u, v, xs);
 #pragma unroll
         for (int r = 0; r < NR; ++r) {
           float wf[VE];
@@ -1064,13 +1091,76 @@ __device__ __forceinline__ void amk_pre_run(const amk_task_ctx& ctx, long long K
   }
 }
 
+/* amk_pre_run's reader of a 16-bit row made in shared memory (an amk_frow whose p is it). */
+template <int VE>
+__device__ __forceinline__ auto amk_pre_smem(const amk_frow rw) {
+  const void* p = rw.p;
+  const bool bf = AMK_BF_OF(rw.dt);
+  return [=](int, int v, float* xs) { amk_tile_ldx<AMK_BF16, VE>(p, (long long)v * VE, xs, bf); };
+}
+
+/* A lane's vectors v = 32 u + lane (u < U) of a 16-bit row in registers: amk_pre_run's reader
+ * for amk_pre_fast (amk_pre_row). */
+template <int U>
+struct amk_pre_x {
+  uint4 q[U];
+  bool bf;
+  __device__ __forceinline__ void operator()(int u, int, float* xs) const {
+    const uint32_t h[4] = {q[u].x, q[u].y, q[u].z, q[u].w};
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      xs[2 * j] = amk_tile_h2f(h[j] & 0xffffu, bf);
+      xs[2 * j + 1] = amk_tile_h2f(h[j] >> 16, bf);
+    }
+  }
+};
+
+/* The lane's vectors of a 16-bit array of hv vectors (0 past it), all loads issued at once. */
+template <int U>
+__device__ __forceinline__ void amk_pre_ld(const void* p, long long hv, uint4 (&q)[U]) {
+  const int lane = threadIdx.x & 31;
+#pragma unroll
+  for (int u = 0; u < U; ++u) {
+    const int v = u * 32 + lane;
+    q[u] = v < hv ? ((const uint4*)p)[v] : make_uint4(0u, 0u, 0u, 0u);
+  }
+}
+
+/* AMK_PRE_XREG (default 1): a pre-path tile without a norm loads its row straight into its
+ * lanes' registers after the wait, instead of the block copying it into shared memory behind a
+ * barrier (docs/perf-notes.md round 23). */
+#ifndef AMK_PRE_XREG
+#define AMK_PRE_XREG 1
+#endif
+
+/* The row of a pre-path tile (after its wait) in the lanes' registers: x itself without a norm
+ * (AMK_PRE_XREG; the same values as a copy), else prepared by the block in shared memory
+ * (amk_frow_make: normalised, or copied) and read from there. */
+template <int U>
+__device__ __forceinline__ amk_pre_x<U> amk_pre_row(const amk_task_ctx& ctx, const amk_buffer_t* x,
+                                                    const amk_buffer_t* nw, long long K, float eps,
+                                                    const amk_norm_pre& np) {
+  amk_pre_x<U> r;
+  r.bf = AMK_BF_OF(x->dtype);
+  if (AMK_PRE_XREG && !nw) {
+    amk_pre_ld<U>(x->ptr, K >> 3, r.q);
+#if !AMK_TRACE_OFF
+    if (ctx.trace && threadIdx.x == 0) ctx.trace[4] = amk_globaltimer();
+#endif
+    return r;
+  }
+  amk_pre_ld<U>(amk_frow_make(ctx, x, nw, K, eps, &np).p, K >> 3, r.q);
+  return r;
+}
+
 /* The pre path of a tile that prepares its row from x (normalised by nw, when given). */
 template <int WK, int NR, int U = amk_pre_u<NR>::v, int PU = AMK_ROW_PRE_UNITS, typename Rows, typename Epi>
 __device__ __forceinline__ void amk_pre_fast(const amk_task_ctx& ctx, const amk_buffer_t* x,
                                              const amk_buffer_t* nw, long long K, float eps,
                                              int n_units, Rows rows, Epi epi) {
-  amk_pre_run<WK, NR, U, PU>(ctx, K, n_units, [&] { return amk_frow_make(ctx, x, nw, K, eps); }, rows,
-                             epi);
+  const amk_norm_pre np = amk_norm_pre_load(ctx, nw, K);
+  amk_pre_run<WK, NR, U, PU>(ctx, K, n_units, [&] { return amk_pre_row<U>(ctx, x, nw, K, eps, np); },
+                             rows, epi);
 }
 #endif
 
@@ -1091,8 +1181,9 @@ __device__ __forceinline__ void amk_fused_tile(const amk_task_ctx& ctx, bool wai
     }
   }
 #endif
+  const amk_norm_pre np = amk_norm_pre_load(ctx, waited ? nullptr : nw, K);
   if (!waited && !amk_task_wait(ctx)) return;
-  const amk_frow r = amk_frow_make(ctx, x, nw, K, eps);
+  const amk_frow r = amk_frow_make(ctx, x, nw, K, eps, &np);
   amk_fused_run<NR, P>(r, K, wdt, w_al16, n_units, rows, epi);
 }
 

@@ -628,11 +628,14 @@ fn tuned_decode_steps_are_bit_identical_across_launches() {
     }
 }
 
-/// The loads before the wait (`AMK_ROW_PRE`, on for the bf16 SmolLM2 shape's kernel) sum in the
-/// loop's own order: the tuned decode step gives the same logits, bit for bit, as the kernel
-/// without them (a user's `AMK_ROW_PRE=0`), at two positions; so does the tuned schedule with
-/// the attention fused into the output projection (ATTENTION_GEMV's pre path). The one-row
-/// tiles of an even number of rows take two rows a unit there (`AMK_ROW_PAIRS`).
+/// The work before the wait changes no bit: the loads of each warp's weight rows (`AMK_ROW_PRE`,
+/// on for the bf16 SmolLM2 shape's kernel, whose sums keep the loop's order; rows without a
+/// norm then go straight to registers, `AMK_PRE_XREG`), of the norm weight (`AMK_NORM_WPRE`)
+/// and the tiny attention's lane plan (`AMK_ATT_TINY_PRE`): the tuned decode step gives the
+/// same logits, bit for bit, as the kernel without any of them (`AMK_ROW_PRE=0
+/// AMK_NORM_WPRE=0 AMK_ATT_TINY_PRE=0`), at two positions; so does the tuned schedule with the
+/// attention fused into the output projection (ATTENTION_GEMV's pre path). The one-row tiles
+/// of an even number of rows take two rows a unit there (`AMK_ROW_PAIRS`).
 #[test]
 fn loads_before_the_wait_give_the_same_bits() {
     let tuned = amk_model_llama::lower::tuned_schedule();
@@ -700,7 +703,9 @@ fn loads_before_the_wait_give_the_same_bits() {
     let Some(plain) = amk_backend_cuda::test_support::gpu_with_options(
         "loads_before_the_wait_give_the_same_bits",
         amk_backend_cuda::CudaOptions {
-            defines: amk_backend_cuda::parse_defines("AMK_ROW_PRE=0"),
+            defines: amk_backend_cuda::parse_defines(
+                "AMK_ROW_PRE=0 AMK_NORM_WPRE=0 AMK_ATT_TINY_PRE=0",
+            ),
             ..amk_backend_cuda::CudaOptions::default()
         },
     ) else {
@@ -723,6 +728,65 @@ fn loads_before_the_wait_give_the_same_bits() {
         );
         let diff = a.iter().zip(&b).filter(|(x, y)| x != y).count();
         assert_eq!(diff, 0, "pos {pos}: {diff} logits differ");
+    }
+}
+
+/// A 16-bit program's kernel computes RMSNORM in f32 (`AMK_NORM_F32`, on by default where the
+/// program holds no F32 buffer):
+/// the SmolLM2-135M shape in bf16, tuned, gives the logits of the same kernel with f64 norms
+/// (`AMK_NORM_F32=0`, the CPU reference's arithmetic) within the bf16 gate's bound (2e-2 of the
+/// largest |logit|), with the same argmax, at two positions.
+#[test]
+fn f32_norms_stay_within_the_bf16_bound_of_f64_norms() {
+    let tuned = amk_model_llama::lower::tuned_schedule();
+    let programs: Vec<_> = [0u64, 5]
+        .into_iter()
+        .map(|pos| (pos, smollm2_shape(&tuned, DType::BF16, pos, 13)))
+        .collect();
+    let reg = registry();
+    let Some(gpu) = gpu_or_skip("f32_norms_stay_within_the_bf16_bound_of_f64_norms") else {
+        return;
+    };
+    let Some(f64_norms) = amk_backend_cuda::test_support::gpu_with_options(
+        "f32_norms_stay_within_the_bf16_bound_of_f64_norms",
+        amk_backend_cuda::CudaOptions {
+            defines: amk_backend_cuda::parse_defines("AMK_NORM_F32=0"),
+            ..amk_backend_cuda::CudaOptions::default()
+        },
+    ) else {
+        return;
+    };
+    for (pos, (v, synth)) in &programs {
+        let inputs = step_inputs(91, *pos);
+        let logits = |g: &amk_backend_cuda::CudaBackend| -> Vec<f32> {
+            let mut s = g.load_session_synthetic(v, synth, &reg).unwrap();
+            s.poison_outputs().unwrap();
+            s.run(&inputs).unwrap().get("logits").unwrap().to_f32_vec()
+        };
+        let (got, want) = (logits(&gpu), logits(&f64_norms));
+        assert!(got.iter().all(|x| x.is_finite()), "pos {pos}");
+        let scale = want.iter().fold(0f32, |a, &w| a.max(w.abs()));
+        let err = got
+            .iter()
+            .zip(&want)
+            .fold(0f32, |a, (&g, &w)| a.max((g - w).abs()));
+        assert!(
+            scale > 0.0 && err <= 2e-2 * scale,
+            "pos {pos}: f32 norms {err:e} from f64 norms (max |logit| {scale})"
+        );
+        assert_eq!(
+            amk_model_llama::run::argmax(&got),
+            amk_model_llama::run::argmax(&want),
+            "pos {pos}"
+        );
+        eprintln!(
+            "pos {pos}: f32 norms {err:e} from f64 norms (max |logit| {scale}), {} of {} logits differ",
+            got.iter()
+                .zip(&want)
+                .filter(|(a, b)| a.to_bits() != b.to_bits())
+                .count(),
+            got.len()
+        );
     }
 }
 

@@ -5,6 +5,8 @@
 //! one at a time (`-j 1`, cooperative launches) and would otherwise compile them one after
 //! another. Ignored by default: `scripts/gpu-check.sh run` runs it first. Needs NVRTC and the
 //! GPU's architecture; says SKIPPED without a GPU (and fails under `AMK_REQUIRE_GPU=1`).
+//! `AMK_SUITE_CONFIGS` (comma-separated configuration names, e.g. `conformance`) compiles only
+//! those configurations' kernels.
 #![allow(clippy::unwrap_used)]
 
 use amk_backend_cuda::test_support::{conformance_configs, gpu_or_skip};
@@ -54,7 +56,22 @@ fn suite_kernels_compile() {
     // One job per distinct kernel (programs and configurations often share one).
     let mut jobs: Vec<(amk_backend_cuda::CudaOptions, &Program)> = Vec::new();
     let mut seen: Vec<String> = Vec::new();
-    for (_, options) in conformance_configs() {
+    // `AMK_SUITE_CONFIGS=conformance,conformance_paired`: only those configurations' kernels
+    // (a run of those test sets needs no others); unset: every configuration.
+    let only = std::env::var("AMK_SUITE_CONFIGS").ok();
+    let wanted = |name: &str| {
+        only.as_deref()
+            .is_none_or(|l| l.split(',').any(|n| n.trim() == name))
+    };
+    let configs: Vec<_> = conformance_configs()
+        .into_iter()
+        .filter(|(name, _)| wanted(name))
+        .collect();
+    assert!(
+        !configs.is_empty(),
+        "AMK_SUITE_CONFIGS names none of the suite's configurations"
+    );
+    for (_, options) in configs {
         for p in &programs {
             let knobs = options.knobs(Some(p), &reg);
             let source = amk_backend_cuda::assemble::megakernel_source(&reg, knobs)

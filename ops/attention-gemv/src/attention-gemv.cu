@@ -129,7 +129,7 @@ __device__ __noinline__ bool ag_pre(const amk_task_ctx& ctx) {
   if (!amk_pre_row_ok<1>(ctx, a.q->dtype, true, a.K, w->dtype, al, a.n_tile)) return false;
   const unsigned long long pol = amk_weight_policy(ctx.prog->flags);
   const amk_buffer_t row = ag_row(ctx, a);
-  const auto prep = [&] { return ag_attend(ctx, a, &row, pol); };
+  const auto prep = [&] { return amk_pre_smem<8>(ag_attend(ctx, a, &row, pol)); };
   const auto rows = amk_row_tile_rows(w, a.n_off);
   const auto epi = amk_row_tile_epi(a.y, a.bias, a.n_off);
   if constexpr (AMK_FUSED_HAS(AMK_TILE_W_BF16, 1)) {

@@ -21,9 +21,12 @@ __device__ void amk_op_attention_tile(const amk_task_ctx& ctx) {
   if (ctx.verify && !at_check(ctx)) return;
   amk_att_geom g;
   amk_att_setup<false>(ctx, (ctx.inst->params.flags & 2) != 0, g);
+  /* The tiny path's lanes plan their heads and addresses before the wait (AMK_ATT_TINY_PRE). */
+  const amk_att_tiny_plan t = amk_att_tiny_pre(amk_in(ctx, 0), amk_in(ctx, 1), amk_in(ctx, 2), g);
   /* The checks read descriptors and params only: q and the caches wait from here. */
   if (!amk_task_wait(ctx)) return;
   /* Trace point: the wait is met (the rest is the attention itself). */
   if (ctx.trace && threadIdx.x == 0) ctx.trace[4] = amk_globaltimer();
-  amk_att_run(amk_in(ctx, 0), amk_in(ctx, 1), amk_in(ctx, 2), amk_out(ctx, 0), g);
+  if (t.ok) amk_att_tiny_run(t, amk_in(ctx, 0), amk_out(ctx, 0), g);
+  else amk_att_run(amk_in(ctx, 0), amk_in(ctx, 1), amk_in(ctx, 2), amk_out(ctx, 0), g);
 }

@@ -2,7 +2,9 @@
  * ops/rmsnorm/src/reference.rs: every row (all leading dims) of x over the last dim `hidden`
  * becomes y = x * rsqrt(mean(x^2) + eps) * w, with the values read as f32, the reduction and the
  * per-element products carried in f64, rounded once to f32 and cast on store. eps is the f32
- * param widened to f64 (as the CPU does after rounding it to f32).
+ * param widened to f64 (as the CPU does after rounding it to f32). A kernel built with
+ * AMK_NORM_F32 (16-bit activations) carries them in f32 instead (amk_norm_t, amk_device.cuh):
+ * within the spec's tolerances of the reference, not bit-equal to it.
  *
  * Parallelisation: many short rows (rows > 1, hidden <= 1024, and rows >= AMK_WARPS / 2 or
  * hidden <= 256): one warp per row, lanes strided over the row, shuffle reduce. Otherwise the
@@ -28,7 +30,7 @@ __device__ void amk_op_rmsnorm(const amk_task_ctx& ctx) {
   const amk_buffer_t* w = amk_in(ctx, 1);
   const amk_buffer_t* out = amk_out(ctx, 0);
   const long long h = p.hidden;
-  const double eps = (double)p.eps;
+  const float eps = p.eps;
   if (h <= 0) {
     amk_fail(ctx, AMK_ERR_PARAM, h);
     return;
@@ -52,17 +54,12 @@ __device__ void amk_op_rmsnorm(const amk_task_ctx& ctx) {
     }
     for (long long r = warp; r < rows; r += AMK_WARPS) {
       const long long base = r * h;
-      double s = 0.0;
-      for (long long j = lane; j < h; j += 32) {
-        const double v = (double)amk_ldf(x, base + j);
-        s += v * v;
-      }
-      s = amk_warp_sum_d(s);
-      const double inv = 1.0 / sqrt(s / (double)h + eps);
-      for (long long j = lane; j < h; j += 32) {
-        const double v = (double)amk_ldf(x, base + j);
-        amk_stf(out, base + j, (float)(v * inv * (double)amk_ldf(w, j)));
-      }
+      amk_norm_t s = 0;
+      for (long long j = lane; j < h; j += 32) s = amk_rms_sq(s, amk_ldf(x, base + j));
+      s = amk_warp_reduce<amk_norm_t, false>(s);
+      const amk_norm_t inv = amk_rms_inv(s, h, eps);
+      for (long long j = lane; j < h; j += 32)
+        amk_stf(out, base + j, amk_rms_apply(amk_ldf(x, base + j), inv, amk_ldf(w, j)));
     }
     return;
   }
@@ -73,19 +70,14 @@ __device__ void amk_op_rmsnorm(const amk_task_ctx& ctx) {
   }
   for (long long r = 0; r < rows; ++r) {
     const long long base = r * h;
-    double s = 0.0;
-    for (long long j = threadIdx.x; j < h; j += AMK_THREADS) {
-      const double v = (double)amk_ldf(x, base + j);
-      s += v * v;
-    }
-    /* amk_block_sum_d starts and ends with a barrier: the previous row's I4 writes are done */
-    s = amk_block_sum_d(s);
-    const double inv = 1.0 / sqrt(s / (double)h + eps);
+    amk_norm_t s = 0;
+    for (long long j = threadIdx.x; j < h; j += AMK_THREADS) s = amk_rms_sq(s, amk_ldf(x, base + j));
+    /* the block sum starts and ends with a barrier: the previous row's I4 writes are done */
+    s = amk_block_sum_of(s);
+    const amk_norm_t inv = amk_rms_inv(s, h, eps);
     const long long j0 = i4 ? (threadIdx.x == 0 ? 0 : h) : threadIdx.x;
     const long long js = i4 ? 1 : AMK_THREADS;
-    for (long long j = j0; j < h; j += js) {
-      const double v = (double)amk_ldf(x, base + j);
-      amk_stf(out, base + j, (float)(v * inv * (double)amk_ldf(w, j)));
-    }
+    for (long long j = j0; j < h; j += js)
+      amk_stf(out, base + j, amk_rms_apply(amk_ldf(x, base + j), inv, amk_ldf(w, j)));
   }
 }
