@@ -793,16 +793,17 @@ __device__ __forceinline__ float amk_round_dt(int dt, float x) {
 #define AMK_RMS_VW 4
 
 
-/* RMSNORM's arithmetic type (amk_norm_t). f64 (AMK_NORM_F32 = 0), as the CPU reference
- * (ops/rmsnorm/src/reference.rs): the result is then independent of the reduction's order in
- * practice. f32 (AMK_NORM_F32 = 1), what the IR spec's reference and HF compute (f32 sum of
- * squares, rsqrt, x * inv * w): within the spec's tolerances of the f64 reference, not
- * bit-equal to it, and cheaper on a decode norm's path (docs/perf-notes.md round 23). The
- * default is f32 in a kernel whose program holds no F32 buffer (AMK_NO_F32): its activations
- * are 16-bit, whose rounding on store dwarfs f32's error. Every RMSNORM path of one kernel
- * computes in the same type. */
+/* RMSNORM's arithmetic type (amk_norm_t). f64 by default (AMK_NORM_F32 = 0), as the CPU
+ * reference (ops/rmsnorm/src/reference.rs): the result is then independent of the reduction's
+ * order in practice. AMK_NORM_F32 = 1: f32, what the IR spec's reference and HF compute (f32 sum
+ * of squares, rsqrt, x * inv * w), within the spec's tolerances of the f64 reference but not
+ * bit-equal to it. Measured (docs/perf-notes.md round 23) 0.005-0.015 ms a token faster on
+ * SmolLM2, 0.012 on the 1B and 0.04 on the 8B, but the SmolLM2 bf16 greedy tokens then left
+ * the f32 ones within 32 tokens on 3 of 5 reference prompts instead of 1
+ * (`smollm2_bf16_greedy_matches_f32_on_most_prompts`), so it is a knob, off by default. Every
+ * RMSNORM path of one kernel computes in the same type. */
 #ifndef AMK_NORM_F32
-#define AMK_NORM_F32 AMK_NO_F32
+#define AMK_NORM_F32 0
 #endif
 #if AMK_NORM_F32
 typedef float amk_norm_t;
