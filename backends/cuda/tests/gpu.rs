@@ -628,6 +628,32 @@ fn tuned_decode_steps_are_bit_identical_across_launches() {
     }
 }
 
+/// A second device handle whose kernels are built with `defines` (`AMK_CUDA_DEFINES` syntax),
+/// or `None` (the test skipped) without a GPU.
+fn gpu_with_defines(test: &str, defines: &str) -> Option<amk_backend_cuda::CudaBackend> {
+    amk_backend_cuda::test_support::gpu_with_options(
+        test,
+        amk_backend_cuda::CudaOptions {
+            defines: amk_backend_cuda::parse_defines(defines),
+            ..amk_backend_cuda::CudaOptions::default()
+        },
+    )
+}
+
+/// One decode step's logits of the program `v` with the synthetic weights `synth` generated on
+/// `g`, its outputs poisoned before the launch.
+fn synthetic_logits(
+    g: &amk_backend_cuda::CudaBackend,
+    v: &amk_core::ValidatedProgram,
+    synth: &amk_core::synth::SyntheticWeights,
+    reg: &Registry,
+    inputs: &[(&'static str, Tensor); 3],
+) -> Vec<f32> {
+    let mut s = g.load_session_synthetic(v, synth, reg).unwrap();
+    s.poison_outputs().unwrap();
+    s.run(inputs).unwrap().get("logits").unwrap().to_f32_vec()
+}
+
 /// The work before the wait changes no bit: the loads of each warp's weight rows (`AMK_ROW_PRE`,
 /// on for the bf16 SmolLM2 shape's kernel, whose sums keep the loop's order; rows without a
 /// norm then go straight to registers, `AMK_PRE_XREG`), of the norm weight (`AMK_NORM_WPRE`)
@@ -700,23 +726,16 @@ fn loads_before_the_wait_give_the_same_bits() {
     let Some(gpu) = gpu_or_skip("loads_before_the_wait_give_the_same_bits") else {
         return;
     };
-    let Some(plain) = amk_backend_cuda::test_support::gpu_with_options(
+    let Some(plain) = gpu_with_defines(
         "loads_before_the_wait_give_the_same_bits",
-        amk_backend_cuda::CudaOptions {
-            defines: amk_backend_cuda::parse_defines(
-                "AMK_ROW_PRE=0 AMK_NORM_WPRE=0 AMK_ATT_TINY_PRE=0",
-            ),
-            ..amk_backend_cuda::CudaOptions::default()
-        },
+        "AMK_ROW_PRE=0 AMK_NORM_WPRE=0 AMK_ATT_TINY_PRE=0",
     ) else {
         return;
     };
     for (pos, (v, synth)) in &programs {
         let inputs = step_inputs(77, *pos);
         let logits = |g: &amk_backend_cuda::CudaBackend| -> Vec<u32> {
-            let mut s = g.load_session_synthetic(v, synth, &reg).unwrap();
-            s.poison_outputs().unwrap();
-            (s.run(&inputs).unwrap().get("logits").unwrap().to_f32_vec())
+            synthetic_logits(g, v, synth, &reg, &inputs)
                 .iter()
                 .map(|x| x.to_bits())
                 .collect()
@@ -745,23 +764,16 @@ fn f32_norms_stay_within_the_bf16_bound_of_f64_norms() {
     let Some(gpu) = gpu_or_skip("f32_norms_stay_within_the_bf16_bound_of_f64_norms") else {
         return;
     };
-    let Some(f32_norms) = amk_backend_cuda::test_support::gpu_with_options(
+    let Some(f32_norms) = gpu_with_defines(
         "f32_norms_stay_within_the_bf16_bound_of_f64_norms",
-        amk_backend_cuda::CudaOptions {
-            defines: amk_backend_cuda::parse_defines("AMK_NORM_F32=1"),
-            ..amk_backend_cuda::CudaOptions::default()
-        },
+        "AMK_NORM_F32=1",
     ) else {
         return;
     };
     for (pos, (v, synth)) in &programs {
         let inputs = step_inputs(91, *pos);
-        let logits = |g: &amk_backend_cuda::CudaBackend| -> Vec<f32> {
-            let mut s = g.load_session_synthetic(v, synth, &reg).unwrap();
-            s.poison_outputs().unwrap();
-            s.run(&inputs).unwrap().get("logits").unwrap().to_f32_vec()
-        };
-        let (got, want) = (logits(&f32_norms), logits(&gpu));
+        let got = synthetic_logits(&f32_norms, v, synth, &reg, &inputs);
+        let want = synthetic_logits(&gpu, v, synth, &reg, &inputs);
         assert!(got.iter().all(|x| x.is_finite()), "pos {pos}");
         let scale = want.iter().fold(0f32, |a, &w| a.max(w.abs()));
         let err = got
