@@ -628,16 +628,21 @@ fn tuned_decode_steps_are_bit_identical_across_launches() {
     }
 }
 
-/// A second device handle whose kernels are built with `defines` (`AMK_CUDA_DEFINES` syntax),
-/// or `None` (the test skipped) without a GPU.
-fn gpu_with_defines(test: &str, defines: &str) -> Option<amk_backend_cuda::CudaBackend> {
-    amk_backend_cuda::test_support::gpu_with_options(
+/// Two device handles, the default one and one whose kernels are built with `defines`
+/// (`AMK_CUDA_DEFINES` syntax), or `None` (the test skipped) without a GPU.
+fn gpu_and_variant(
+    test: &str,
+    defines: &str,
+) -> Option<(amk_backend_cuda::CudaBackend, amk_backend_cuda::CudaBackend)> {
+    let gpu = gpu_or_skip(test)?;
+    let variant = amk_backend_cuda::test_support::gpu_with_options(
         test,
         amk_backend_cuda::CudaOptions {
             defines: amk_backend_cuda::parse_defines(defines),
             ..amk_backend_cuda::CudaOptions::default()
         },
-    )
+    )?;
+    Some((gpu, variant))
 }
 
 /// One decode step's logits of the program `v` with the synthetic weights `synth` generated on
@@ -723,10 +728,7 @@ fn loads_before_the_wait_give_the_same_bits() {
         })
         .count();
     assert!(triples > 0);
-    let Some(gpu) = gpu_or_skip("loads_before_the_wait_give_the_same_bits") else {
-        return;
-    };
-    let Some(plain) = gpu_with_defines(
+    let Some((gpu, plain)) = gpu_and_variant(
         "loads_before_the_wait_give_the_same_bits",
         "AMK_ROW_PRE=0 AMK_NORM_WPRE=0 AMK_ATT_TINY_PRE=0",
     ) else {
@@ -761,10 +763,7 @@ fn f32_norms_stay_within_the_bf16_bound_of_f64_norms() {
         .map(|pos| (pos, smollm2_shape(&tuned, DType::BF16, pos, 13)))
         .collect();
     let reg = registry();
-    let Some(gpu) = gpu_or_skip("f32_norms_stay_within_the_bf16_bound_of_f64_norms") else {
-        return;
-    };
-    let Some(f32_norms) = gpu_with_defines(
+    let Some((gpu, f32_norms)) = gpu_and_variant(
         "f32_norms_stay_within_the_bf16_bound_of_f64_norms",
         "AMK_NORM_F32=1",
     ) else {
