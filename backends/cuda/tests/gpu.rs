@@ -448,10 +448,7 @@ fn smollm2_shape(
     dtype: DType,
     pos: u64,
     seed: u64,
-) -> (
-    amk_core::ValidatedProgram,
-    amk_core::synth::SyntheticWeights,
-) {
+) -> ShapeProgram {
     use amk_core::GpuTarget;
     use amk_model_llama::lower::{LowerOptions, lower};
     use amk_model_llama::{Model, presets};
@@ -659,6 +656,41 @@ fn synthetic_logits(
     s.run(inputs).unwrap().get("logits").unwrap().to_f32_vec()
 }
 
+/// A lowered, validated program and its synthetic weights ([`smollm2_shape`]).
+type ShapeProgram = (
+    amk_core::ValidatedProgram,
+    amk_core::synth::SyntheticWeights,
+);
+/// A position's logits on the default device and on a variant.
+type PosLogits = (u64, Vec<f32>, Vec<f32>);
+
+/// Each program's decode-step logits (fresh caches, inputs `step_inputs(token, pos)`) on the
+/// default device and on one whose kernels are built with `defines`, as (pos, default,
+/// variant); None when the test skips (no GPU).
+fn logits_with_defines(
+    test: &str,
+    defines: &str,
+    programs: &[(u64, ShapeProgram)],
+    token: i64,
+) -> Option<Vec<PosLogits>> {
+    let (gpu, variant) = gpu_and_variant(test, defines)?;
+    let reg = registry();
+    Some(
+        programs
+            .iter()
+            .map(|(pos, (v, synth))| {
+                let inputs = step_inputs(token, *pos);
+                let default = synthetic_logits(&gpu, v, synth, &reg, &inputs);
+                (
+                    *pos,
+                    default,
+                    synthetic_logits(&variant, v, synth, &reg, &inputs),
+                )
+            })
+            .collect(),
+    )
+}
+
 /// The work before the wait changes no bit: the loads of each warp's weight rows (`AMK_ROW_PRE`,
 /// on for the bf16 SmolLM2 shape's kernel, whose sums keep the loop's order; rows without a
 /// norm then go straight to registers, `AMK_PRE_XREG`), of the norm weight (`AMK_NORM_WPRE`)
@@ -728,26 +760,21 @@ fn loads_before_the_wait_give_the_same_bits() {
         })
         .count();
     assert!(triples > 0);
-    let Some((gpu, plain)) = gpu_and_variant(
+    let Some(runs) = logits_with_defines(
         "loads_before_the_wait_give_the_same_bits",
         "AMK_ROW_PRE=0 AMK_NORM_WPRE=0 AMK_ATT_TINY_PRE=0",
+        &programs,
+        77,
     ) else {
         return;
     };
-    for (pos, (v, synth)) in &programs {
-        let inputs = step_inputs(77, *pos);
-        let logits = |g: &amk_backend_cuda::CudaBackend| -> Vec<u32> {
-            synthetic_logits(g, v, synth, &reg, &inputs)
-                .iter()
-                .map(|x| x.to_bits())
-                .collect()
-        };
-        let (a, b) = (logits(&gpu), logits(&plain));
-        assert!(
-            a.iter().all(|&x| f32::from_bits(x).is_finite()),
-            "pos {pos}"
-        );
-        let diff = a.iter().zip(&b).filter(|(x, y)| x != y).count();
+    for (pos, a, b) in runs {
+        assert!(a.iter().all(|x| x.is_finite()), "pos {pos}");
+        let diff = a
+            .iter()
+            .zip(&b)
+            .filter(|(x, y)| x.to_bits() != y.to_bits())
+            .count();
         assert_eq!(diff, 0, "pos {pos}: {diff} logits differ");
     }
 }
@@ -762,17 +789,15 @@ fn f32_norms_stay_within_the_bf16_bound_of_f64_norms() {
         .into_iter()
         .map(|pos| (pos, smollm2_shape(&tuned, DType::BF16, pos, 13)))
         .collect();
-    let reg = registry();
-    let Some((gpu, f32_norms)) = gpu_and_variant(
+    let Some(runs) = logits_with_defines(
         "f32_norms_stay_within_the_bf16_bound_of_f64_norms",
         "AMK_NORM_F32=1",
+        &programs,
+        91,
     ) else {
         return;
     };
-    for (pos, (v, synth)) in &programs {
-        let inputs = step_inputs(91, *pos);
-        let got = synthetic_logits(&f32_norms, v, synth, &reg, &inputs);
-        let want = synthetic_logits(&gpu, v, synth, &reg, &inputs);
+    for (pos, want, got) in runs {
         assert!(got.iter().all(|x| x.is_finite()), "pos {pos}");
         let scale = want.iter().fold(0f32, |a, &w| a.max(w.abs()));
         let err = got
