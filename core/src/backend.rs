@@ -119,6 +119,41 @@ impl Outputs {
     }
 }
 
+/// Rows of one buffer a loop of passes streams to the host as they are written
+/// ([`Session::run_loop`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RowWatch {
+    /// An I32 buffer of rank 2 (`[rows, columns]`), STATE or IO_OUTPUT.
+    pub buffer: String,
+    /// The first row reported. Before the run the backend sets element 0 of this row and of
+    /// every later one to [`RowWatch::UNWRITTEN`]; a row is reported, in order, once its
+    /// element 0 holds anything else (so a program writes a row's element 0 last).
+    pub first_row: u64,
+}
+
+impl RowWatch {
+    /// The marker of a row not written yet.
+    pub const UNWRITTEN: i32 = i32::MIN;
+}
+
+/// How a loop of passes ended ([`Session::run_loop`]).
+#[derive(Debug, Clone, Copy, PartialEq, Default)]
+pub struct LoopRun {
+    /// Passes completed.
+    pub passes: u64,
+    /// The program's halt word stopped the loop (otherwise the pass budget or a cancel did).
+    pub halted: bool,
+    /// The host asked to stop (the row callback returned `false`); the loop ended after the
+    /// pass that was running.
+    pub cancelled: bool,
+    /// Device time of the launch, where the backend measures one.
+    pub kernel_ms: Option<f64>,
+}
+
+/// What to do with each streamed row: `(row index, the row's elements)`; return `false` to
+/// stop the loop after the current pass.
+pub type OnRow<'a> = dyn FnMut(u64, &[i32]) -> bool + 'a;
+
 /// A loaded program ready to run forward passes.
 pub trait Session {
     /// Sets IO inputs by buffer name (values persist to later steps), runs one forward pass,
@@ -127,6 +162,34 @@ pub trait Session {
     /// Applies a checked param patch (positions between decode steps); it lasts until the
     /// next patch. Patches are absolute: each one is relative to the loaded program.
     fn set_params(&mut self, patch: &crate::validate::ParamPatch) -> Result<(), BackendError>;
+    /// Sets IO_INPUT and STATE buffers by name, without running anything (values persist).
+    fn write(&mut self, values: &[(&str, Tensor)]) -> Result<(), BackendError> {
+        let _ = values;
+        Err(BackendError::Unsupported(
+            "this backend cannot set buffers outside a step".into(),
+        ))
+    }
+    /// The current value of the STATE, IO_OUTPUT or KV_CACHE buffer named `name`.
+    fn read(&mut self, name: &str) -> Result<Tensor, BackendError> {
+        Err(BackendError::Unsupported(format!(
+            "this backend cannot read buffer '{name}' back"
+        )))
+    }
+    /// Runs up to `max_passes` passes of a program with a step loop in one go (one launch on
+    /// a GPU), stopping early when the program's halt word is set after a pass or when
+    /// `on_row` returns `false`; rows of `watch` stream to `on_row` as they are written.
+    /// Every IO input must have been set (by [`Session::write`] or an earlier step).
+    fn run_loop(
+        &mut self,
+        max_passes: u64,
+        watch: Option<&RowWatch>,
+        on_row: &mut OnRow<'_>,
+    ) -> Result<LoopRun, BackendError> {
+        let _ = (max_passes, watch, on_row);
+        Err(BackendError::Unsupported(
+            "this backend cannot run a loop of passes".into(),
+        ))
+    }
 }
 
 /// An execution backend.
@@ -414,13 +477,29 @@ fn tensor_from_entry(name: &str, info: &Value, data: &[u8]) -> Result<Tensor, St
     Tensor::from_le_bytes(dtype, &shape, bytes).map_err(|e| format!("tensor '{name}': {e}"))
 }
 
-/// Resolves a step's named IO inputs to buffer indices and checks each value's dtype and
-/// shape against its buffer (every backend's `Session::step` starts here, so they all refuse
-/// the same inputs with the same messages).
+/// The buffer each named input sets (checked: exactly one IO_INPUT buffer has the name, and
+/// the value's dtype and shape are the buffer's), in input order.
 pub fn io_input_targets(
     program: &Program,
     inputs: &[(&str, Tensor)],
 ) -> Result<Vec<usize>, BackendError> {
+    named_targets(program, inputs, &[BufferKind::IO_INPUT])
+}
+
+/// The buffer each named value sets, for [`Session::write`]: exactly one buffer of one of
+/// `kinds` has the name, and the value's dtype and shape are the buffer's.
+pub fn named_targets(
+    program: &Program,
+    inputs: &[(&str, Tensor)],
+    kinds: &[BufferKind],
+) -> Result<Vec<usize>, BackendError> {
+    let kind_names = || {
+        kinds
+            .iter()
+            .map(|k| k.name())
+            .collect::<Vec<_>>()
+            .join(" or ")
+    };
     inputs
         .iter()
         .map(|(name, value)| {
@@ -428,34 +507,8 @@ pub fn io_input_targets(
                 name: name.to_string(),
                 message,
             };
-            let all: Vec<usize> = (0..program.buffers.len())
-                .filter(|&b| program.buffers[b].name == *name)
-                .collect();
-            let Some(&first) = all.first() else {
-                return Err(err("no buffer has this name".into()));
-            };
-            let of_kind: Vec<usize> = all
-                .iter()
-                .copied()
-                .filter(|&b| program.buffers[b].kind == BufferKind::IO_INPUT)
-                .collect();
-            let b = match of_kind.as_slice() {
-                [b] => *b,
-                [] => {
-                    return Err(err(format!(
-                        "buffer {first} is a {} buffer, not {}",
-                        program.buffers[first].kind,
-                        BufferKind::IO_INPUT
-                    )));
-                }
-                many => {
-                    return Err(err(format!(
-                        "{} {} buffers have this name",
-                        many.len(),
-                        BufferKind::IO_INPUT
-                    )));
-                }
-            };
+            let b = named_buffer(program, name, kinds)
+                .map_err(|m| err(m.replace("{kinds}", &kind_names())))?;
             let buf = &program.buffers[b];
             if value.dtype() != buf.dtype || value.shape() != buf.shape.as_slice() {
                 return Err(err(format!(
@@ -469,6 +522,28 @@ pub fn io_input_targets(
             Ok(b)
         })
         .collect()
+}
+
+/// The one buffer named `name` whose kind is one of `kinds`; the error message says why not
+/// (with `{kinds}` standing for the kinds' names).
+pub fn named_buffer(program: &Program, name: &str, kinds: &[BufferKind]) -> Result<usize, String> {
+    let all: Vec<usize> = (0..program.buffers.len())
+        .filter(|&b| program.buffers[b].name == name)
+        .collect();
+    let Some(&first) = all.first() else {
+        return Err("no buffer has this name".into());
+    };
+    let of_kind: Vec<usize> = (all.iter().copied())
+        .filter(|&b| kinds.contains(&program.buffers[b].kind))
+        .collect();
+    match of_kind.as_slice() {
+        [b] => Ok(*b),
+        [] => Err(format!(
+            "buffer {first} is a {} buffer, not {{kinds}}",
+            program.buffers[first].kind
+        )),
+        many => Err(format!("{} {{kinds}} buffers have this name", many.len())),
+    }
 }
 
 /// The error for an IO input no step has given yet.

@@ -267,6 +267,10 @@ pub fn from_value(v: &Value, reg: &Registry) -> R<Program> {
         None => None,
         Some(v) => Some(config_from(v, &P::Key(&root, "config"))?),
     };
+    let step_loop = match opt(m, "step_loop") {
+        None => None,
+        Some(v) => Some(step_loop_from(v, &P::Key(&root, "step_loop"))?),
+    };
     Ok(Program {
         meta,
         target,
@@ -277,6 +281,17 @@ pub fn from_value(v: &Value, reg: &Registry) -> R<Program> {
         config,
         ir_version,
         abi_version,
+        step_loop,
+    })
+}
+
+/// `{"gate": counter id, "halt": buffer id}` (ids are checked by the validator, like every
+/// other reference).
+fn step_loop_from(v: &Value, p: &P) -> R<StepLoop> {
+    let m = expect_obj(v, p)?;
+    Ok(StepLoop {
+        gate: id(req(m, "gate", p)?, &P::Key(p, "gate"))?,
+        halt: id(req(m, "halt", p)?, &P::Key(p, "halt"))?,
     })
 }
 
@@ -765,7 +780,7 @@ pub fn to_value(p: &Program, reg: &Registry) -> R<Value> {
     });
     let config = p.config.as_ref().map_or(Value::Null, config_to);
     let target = p.target.as_ref().map_or(Value::Null, target_to);
-    Ok(obj(vec![
+    let mut fields = vec![
         ("ir_version", Value::Str(p.ir_version.clone())),
         ("abi_version", Value::Str(p.abi_version.clone())),
         ("meta", Value::Object(p.meta.clone())),
@@ -775,7 +790,18 @@ pub fn to_value(p: &Program, reg: &Registry) -> R<Value> {
         ("tasks", Value::Array(tasks)),
         ("pages", pages),
         ("config", config),
-    ]))
+    ];
+    // Written only when present, so a program without a loop keeps the reference's format.
+    if let Some(l) = &p.step_loop {
+        fields.push((
+            "step_loop",
+            obj(vec![
+                ("gate", Value::Int(l.gate as i64)),
+                ("halt", Value::Int(l.halt as i64)),
+            ]),
+        ));
+    }
+    Ok(obj(fields))
 }
 
 fn first_repeat_str<'s>(keys: &[&'s str]) -> Option<&'s str> {

@@ -8,6 +8,7 @@ pub mod abi;
 pub mod backend;
 pub mod codec;
 pub mod cpu;
+pub mod decode;
 pub mod error;
 pub mod graph;
 pub mod import;
@@ -21,7 +22,9 @@ pub mod tensor;
 pub mod testkit;
 pub mod validate;
 
-pub use backend::{Backend, BackendError, BoundWeights, Outputs, Session, WeightStore};
+pub use backend::{
+    Backend, BackendError, BoundWeights, LoopRun, OnRow, Outputs, RowWatch, Session, WeightStore,
+};
 pub use cpu::{
     CpuCall, CpuReference, DynReferenceFn, Input, OpError, Reference, ReferenceFn, RunFn,
 };

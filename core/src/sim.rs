@@ -162,7 +162,11 @@ impl Program {
                     let Some(buf) = self.buffers.get(b as usize) else {
                         continue;
                     };
-                    if buf.kind.is_read_only() || written[b as usize] {
+                    // STATE: a read before its writer is the previous pass's value.
+                    if buf.kind.is_read_only()
+                        || buf.kind == BufferKind::STATE
+                        || written[b as usize]
+                    {
                         continue;
                     }
                     if buf.kind == BufferKind::KV_CACHE

@@ -662,6 +662,18 @@ pub fn mutate(base: &Program, kind: ErrorKind, rng: &mut Rng) -> Option<Mutant> 
             task.params = m;
             format!("task {t} gets a broken FUSED recipe")
         }
+        ErrorKind::StepLoop => {
+            // A gate that ends before the pass does: the first task's counter, which the
+            // tasks after it in topological order cannot reach.
+            let first = p.tasks.first()?;
+            let gate = first.out_counter;
+            if p.tasks.iter().all(|t| t.out_counter == gate) {
+                return None;
+            }
+            let halt = p.new_buffer("halt", BufferKind::STATE, DType::I32, &[1]);
+            p.step_loop = Some(amk_core::StepLoop { gate, halt });
+            format!("step loop gated on the first task's counter #{gate}")
+        }
         ErrorKind::PageTable => {
             let users = users_of(&p);
             match rng.below(4) {

@@ -1164,3 +1164,31 @@ fn a_missing_file_is_an_io_error() {
         other => panic!("expected an Io error, got {other:?}"),
     }
 }
+
+#[test]
+fn a_step_loop_round_trips_and_is_written_only_when_present() {
+    let reg = reg();
+    let mut p = full_program();
+    let text = p.to_json(&reg).expect("serialise");
+    assert!(!text.contains("step_loop"), "absent loops are not written");
+    p.step_loop = Some(amk_core::StepLoop { gate: 1, halt: 0 });
+    let text = p.to_json(&reg).expect("serialise");
+    assert!(
+        text.ends_with("\"step_loop\": {\n    \"gate\": 1,\n    \"halt\": 0\n  }\n}"),
+        "{}",
+        &text[text.len().saturating_sub(120)..]
+    );
+    let back = Program::from_json(&text, &reg).expect("re-read");
+    assert_eq!(back, p);
+    assert_eq!(back.to_json(&reg).expect("re-serialise"), text);
+}
+
+#[rstest]
+#[case::not_an_object(r#""step_loop": 3"#, "step_loop")]
+#[case::missing_halt(r#""step_loop": {"gate": 0}"#, "step_loop")]
+#[case::negative_gate(r#""step_loop": {"gate": -1, "halt": 0}"#, "step_loop.gate")]
+#[case::string_halt(r#""step_loop": {"gate": 0, "halt": "x"}"#, "step_loop.halt")]
+fn malformed_step_loops_are_load_errors(#[case] field: &str, #[case] path: &str) {
+    let text = format!(r#"{{"ir_version": "0.2.0", "abi_version": "0.2", {field}}}"#);
+    assert_rejected_at(&text, path);
+}

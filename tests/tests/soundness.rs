@@ -82,6 +82,12 @@ const STATIC_ONLY: &[(ErrorKind, &str)] = &[
         ErrorKind::PageTable,
         "README §2: page tables reference real pages/buffers",
     ),
+    // A step loop's gate must end the pass (docs/ir.md check 10): the hazard is between two
+    // passes of one launch, which a one-pass simulation never runs.
+    (
+        ErrorKind::StepLoop,
+        "docs/ir.md check 10: the step loop's gate is a barrier of the pass",
+    ),
 ];
 
 fn static_only(k: ErrorKind) -> bool {

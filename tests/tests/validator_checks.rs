@@ -151,6 +151,54 @@ fn chain2() -> Program {
     p
 }
 
+/// A loop body: t0 reads STATE `s` (the previous pass's), t1 and t2 follow it, t2 writes `s`,
+/// t3 writes STATE `halt` and signals the gate (counter 3). Buffers: 0 s, 1 y, 2 out, 3 halt.
+/// `extra`: also a task 4 that reaches no gate producer (its own input to its own output).
+fn looped(extra: bool) -> Program {
+    let mut p = Program::new();
+    let s = p.new_buffer("s", BufferKind::STATE, I32, &[1]);
+    let y = p.new_buffer("y", ACTIVATION, I32, &[1]);
+    let out = p.new_buffer("out", IO_OUTPUT, I32, &[1]);
+    let halt = p.new_buffer("halt", BufferKind::STATE, I32, &[1]);
+    let c: Vec<CounterId> = (0..4).map(|i| p.new_counter(format!("c{i}"))).collect();
+    p.push_task(Opcode::COPY, &[s], &[y], c[0], &[], Map::new(), "read s");
+    p.push_task(
+        Opcode::COPY,
+        &[y],
+        &[out],
+        c[1],
+        &[(c[0], 1)],
+        Map::new(),
+        "out",
+    );
+    p.push_task(
+        Opcode::COPY,
+        &[y],
+        &[s],
+        c[2],
+        &[(c[1], 1)],
+        Map::new(),
+        "write s",
+    );
+    p.push_task(
+        Opcode::COPY,
+        &[y],
+        &[halt],
+        c[3],
+        &[(c[2], 1)],
+        Map::new(),
+        "halt",
+    );
+    if extra {
+        let i = p.new_buffer("i", IO_INPUT, I32, &[1]);
+        let o = p.new_buffer("o", IO_OUTPUT, I32, &[1]);
+        let c4 = p.new_counter("c4");
+        p.push_task(Opcode::COPY, &[i], &[o], c4, &[], Map::new(), "stray");
+    }
+    p.step_loop = Some(amk_core::StepLoop { gate: c[3], halt });
+    p
+}
+
 /// Four disjoint GEMV tiles of `y = x @ W^T` sharing counter 0, then `z = y + y` waiting
 /// (0, 4). Buffers: 0 x [1,64], 1 W [128,64], 2 y [1,128], 3 z [1,128]; tasks 0..3 tiles,
 /// 4 the ADD.
@@ -582,6 +630,9 @@ fn defect(kind: ErrorKind) -> Defect {
             &["task 0", "FUSED"],
         )
         .task(0),
+        K::StepLoop => Defect::new(looped(true), &["1 task(s)", "4:stray", "#3"])
+            .task(4)
+            .counter(3),
         K::PageTable => {
             let mut p = chain2();
             p.pages = Some(PageAllocation {
@@ -664,6 +715,7 @@ fn fixed(kind: ErrorKind) -> Program {
         K::PageClobber => paged(true),
         K::InplaceUninitRead => inplace(true),
         K::FusedRecipe => fused(2, RECIPE_OK),
+        K::StepLoop => looped(false),
         K::PageTable => {
             let mut p = chain2();
             p.pages = Some(PageAllocation {
@@ -758,6 +810,7 @@ fn inplace(with_init: bool) -> Program {
 #[case::inplace_uninit_read(ErrorKind::InplaceUninitRead)]
 #[case::fused_recipe(ErrorKind::FusedRecipe)]
 #[case::page_table(ErrorKind::PageTable)]
+#[case::step_loop(ErrorKind::StepLoop)]
 fn error_kind_negative_and_positive(#[case] kind: ErrorKind) {
     let d = defect(kind);
     let r = check(&d.prog);
@@ -793,17 +846,17 @@ fn error_kind_negative_and_positive(#[case] kind: ErrorKind) {
 
 #[test]
 fn vocabulary_is_the_contracts() {
-    // README §3, in order.
+    // README §3, in order, then ours (docs/ir.md).
     let errors = "missing_buffer, missing_counter, cap_inputs, cap_outputs, cap_waits, cap_rank, \
         bad_threshold, self_wait, unregistered_op, arity_inputs, arity_outputs, missing_param, \
         param_type, no_producer, threshold_exceeds, partial_shared_wait, cycle, never_produced, \
         raw_race, raw_race_kv, waw_race, onchip_cross_sm, sm_queue_order, sm_out_of_range, \
         page_clobber, output_unproduced, write_readonly, tile_out_of_bounds, shape_mismatch, \
-        counter_init, inplace_uninit_read, fused_recipe, page_table";
+        counter_init, inplace_uninit_read, fused_recipe, page_table, step_loop";
     let got: Vec<&str> = ErrorKind::ALL.iter().map(|k| k.as_str()).collect();
     let want: Vec<&str> = errors.split(", ").collect();
     assert_eq!(got, want);
-    assert_eq!(ErrorKind::ALL.len(), 33);
+    assert_eq!(ErrorKind::ALL.len(), 34);
     let warnings: Vec<&str> = WarningKind::ALL.iter().map(|k| k.as_str()).collect();
     assert_eq!(
         warnings,
@@ -3064,4 +3117,108 @@ fn fused_ops_need_eps_with_a_norm_and_an_integer_position() {
     let pos = p.buffers.iter().position(|b| b.name == "pos").unwrap();
     p.buffers[pos].dtype = F32;
     assert_only(&check(&p), ErrorKind::ShapeMismatch);
+}
+
+// ---------------------------------------------------------------------------------------------
+// STATE buffers and step loops
+
+#[test]
+fn a_state_read_ordered_before_every_writer_is_a_carried_read() {
+    let r = check(&looped(false));
+    assert_ok(&r);
+    // t0 reads `s` before t2 writes it: the previous pass's value, final when the pass starts.
+    assert_eq!(r.carried_reads, vec![(0, 0)]);
+}
+
+#[test]
+fn a_state_read_after_its_writer_is_accepted_but_not_carried() {
+    let mut p = looped(false);
+    // t1 also reads `s`, which t2 writes after it; t3 reads it after t2: ordered both ways.
+    p.tasks[3].inputs = vec![0];
+    let r = check(&p);
+    assert_ok(&r);
+    assert_eq!(r.carried_reads, vec![(0, 0)]);
+}
+
+#[test]
+fn a_state_read_unordered_with_a_writer_is_a_race() {
+    let mut p = looped(false);
+    // t1 reads `s` and t2 (its writer) no longer waits for t1: both follow t0 only, so t1's
+    // read is neither before nor after t2's write. t3 still ends the pass after both.
+    p.tasks[1].inputs = vec![0];
+    p.tasks[2].waits = vec![amk_core::Wait {
+        counter: 0,
+        threshold: 1,
+    }];
+    p.tasks[3].waits.push(amk_core::Wait {
+        counter: 1,
+        threshold: 1,
+    });
+    let r = check(&p);
+    assert_only(&r, ErrorKind::RawRace);
+    let e = first(&r, ErrorKind::RawRace);
+    assert_mentions(&e.message, &["state buffer #0", "'s'", "2"]);
+    assert_eq!(e.task, Some(1));
+    assert_eq!(e.others, vec![2]);
+}
+
+#[rstest]
+#[case::not_state(BufferKind::ACTIVATION, I32)]
+#[case::not_integer(BufferKind::STATE, F32)]
+fn the_halt_word_must_be_an_integer_state_buffer(#[case] kind: BufferKind, #[case] dtype: DType) {
+    let mut p = looped(false);
+    p.buffers[3].kind = kind;
+    p.buffers[3].dtype = dtype;
+    let r = check(&p);
+    let e = first(&r, ErrorKind::StepLoop);
+    assert_mentions(&e.message, &["halt", "#3", "integer STATE"]);
+    assert_eq!(e.buffer, Some(3));
+}
+
+#[test]
+fn the_gate_must_exist_and_be_signalled() {
+    let mut p = looped(false);
+    p.step_loop = Some(amk_core::StepLoop { gate: 9, halt: 3 });
+    assert_mentions(
+        &first(&check(&p), ErrorKind::StepLoop).message,
+        &["#9", "does not exist"],
+    );
+    let mut p = looped(false);
+    let spare = p.new_counter("nobody signals it");
+    p.step_loop = Some(amk_core::StepLoop {
+        gate: spare,
+        halt: 3,
+    });
+    assert_mentions(
+        &first(&check(&p), ErrorKind::StepLoop).message,
+        &["no task signals"],
+    );
+}
+
+#[test]
+fn a_gate_that_ends_mid_pass_is_not_a_barrier() {
+    // Gate on t1's counter: t2 and t3 run after it, so the next pass could overlap them.
+    let mut p = looped(false);
+    p.step_loop = Some(amk_core::StepLoop { gate: 1, halt: 3 });
+    let r = check(&p);
+    let e = first(&r, ErrorKind::StepLoop);
+    assert_mentions(&e.message, &["2 task(s)", "2:write s", "3:halt"]);
+    assert_eq!(e.others, vec![2, 3]);
+}
+
+#[test]
+fn state_buffers_cannot_live_in_scratch_pages() {
+    let mut p = looped(false);
+    p.pages = Some(PageAllocation {
+        buffer_to_page: vec![(0, 0)],
+        pages: vec![Page {
+            id: 0,
+            space: MemSpace::GLOBAL_SCRATCH,
+            nbytes: 256,
+            live_start: -1,
+            live_end: -1,
+        }],
+    });
+    let r = check(&p);
+    assert_mentions(&first(&r, ErrorKind::PageTable).message, &["STATE", "#0"]);
 }

@@ -5,8 +5,8 @@ use crate::tiles::{Tile, copy_region, tile_of};
 use crate::{CpuOptions, FiringMode};
 use amk_core::sim::SplitMix;
 use amk_core::{
-    BackendError, Buffer, BufferKind, CpuCall, CpuReference, DType, Input, OpError, Outputs,
-    Program, Registry, Session, Storage, Task, TaskId, Tensor, WeightStore,
+    BackendError, Buffer, BufferKind, CpuCall, CpuReference, DType, Input, LoopRun, OnRow, OpError,
+    Outputs, Program, Registry, RowWatch, Session, Storage, Task, TaskId, Tensor, WeightStore,
 };
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, PoisonError};
@@ -698,11 +698,145 @@ fn fire(
     result.map_err(|source| op_error(t, task, source))
 }
 
+/// A resolved [`RowWatch`]: the buffer, its row width and row count, the next row to report.
+struct Watched {
+    buffer: usize,
+    cols: usize,
+    rows: u64,
+    next: u64,
+}
+
+impl CpuSession {
+    /// Sets IO_INPUT and STATE buffers by name: every value is checked before any is stored.
+    fn write_named(&mut self, values: &[(&str, Tensor)]) -> Result<(), BackendError> {
+        let kinds = [BufferKind::IO_INPUT, BufferKind::STATE];
+        let targets = amk_core::backend::named_targets(&self.program, values, &kinds)?;
+        for (&b, (_, value)) in targets.iter().zip(values) {
+            self.store[b] = Slot::Owned(value.clone());
+            self.io_set[b] = true;
+        }
+        Ok(())
+    }
+
+    /// Resolves `watch` and marks its rows from `first_row` on as unwritten.
+    fn watch_rows(&mut self, watch: &RowWatch) -> Result<Watched, BackendError> {
+        let kinds = [BufferKind::STATE, BufferKind::IO_OUTPUT];
+        let err = |message: String| BackendError::Input {
+            name: watch.buffer.clone(),
+            message,
+        };
+        let b = amk_core::backend::named_buffer(&self.program, &watch.buffer, &kinds)
+            .map_err(|m| err(m.replace("{kinds}", "STATE or IO_OUTPUT")))?;
+        let buf = &self.program.buffers[b];
+        if buf.dtype != DType::I32 || buf.rank() != 2 {
+            return Err(err(format!(
+                "a watched buffer must be I32 [rows, columns], not {} {:?}",
+                buf.dtype, buf.shape
+            )));
+        }
+        let (rows, cols) = (buf.shape[0], buf.shape[1] as usize);
+        let t = self.store[b]
+            .get_mut()
+            .ok_or_else(|| err("the buffer is not writable".into()))?;
+        for r in watch.first_row..rows {
+            t.set_i64(r as usize * cols, RowWatch::UNWRITTEN as i64);
+        }
+        Ok(Watched {
+            buffer: b,
+            cols,
+            rows,
+            next: watch.first_row,
+        })
+    }
+
+    /// Reports every newly written row of `w`; `false` once `on_row` asked to stop.
+    fn report_rows(&self, w: &mut Watched, on_row: &mut OnRow<'_>) -> bool {
+        let t = self.store[w.buffer].get();
+        let mut row = vec![0i32; w.cols];
+        while w.next < w.rows {
+            let at = w.next as usize * w.cols;
+            if t.get_i64(at) == RowWatch::UNWRITTEN as i64 {
+                break;
+            }
+            for (c, x) in row.iter_mut().enumerate() {
+                *x = t.get_i64(at + c) as i32;
+            }
+            w.next += 1;
+            if !on_row(w.next - 1, &row) {
+                return false;
+            }
+        }
+        true
+    }
+
+    /// The loop of passes: the same passes [`Session::step`] runs, one after another, with
+    /// the halt word read after each.
+    fn loop_passes(
+        &mut self,
+        max_passes: u64,
+        watch: Option<&RowWatch>,
+        on_row: &mut OnRow<'_>,
+    ) -> Result<LoopRun, BackendError> {
+        let halt = self
+            .program
+            .step_loop
+            .map(|l| l.halt as usize)
+            .ok_or_else(|| {
+                BackendError::Unsupported("the program has no step loop to run".into())
+            })?;
+        if halt >= self.store.len() {
+            return Err(BackendError::Unsupported(
+                "the step loop's halt buffer does not exist".into(),
+            ));
+        }
+        self.set_inputs(&[])?;
+        let mut watched = watch.map(|w| self.watch_rows(w)).transpose()?;
+        let mut run = LoopRun::default();
+        while run.passes < max_passes && !run.halted && !run.cancelled {
+            self.run_pass()?;
+            run.passes += 1;
+            if let Some(w) = &mut watched {
+                run.cancelled = !self.report_rows(w, on_row);
+            }
+            run.halted = self.store[halt].get().get_i64(0) != 0;
+        }
+        Ok(run)
+    }
+}
+
 impl Session for CpuSession {
     fn step(&mut self, inputs: &[(&str, Tensor)]) -> Result<Outputs, BackendError> {
         self.set_inputs(inputs)?;
         self.run_pass()?;
         Ok(self.outputs())
+    }
+
+    fn write(&mut self, values: &[(&str, Tensor)]) -> Result<(), BackendError> {
+        self.write_named(values)
+    }
+
+    fn read(&mut self, name: &str) -> Result<Tensor, BackendError> {
+        let kinds = [
+            BufferKind::STATE,
+            BufferKind::IO_OUTPUT,
+            BufferKind::KV_CACHE,
+        ];
+        let b = amk_core::backend::named_buffer(&self.program, name, &kinds).map_err(|m| {
+            BackendError::Input {
+                name: name.to_string(),
+                message: m.replace("{kinds}", "STATE, IO_OUTPUT or KV_CACHE"),
+            }
+        })?;
+        Ok(self.store[b].get().clone())
+    }
+
+    fn run_loop(
+        &mut self,
+        max_passes: u64,
+        watch: Option<&RowWatch>,
+        on_row: &mut OnRow<'_>,
+    ) -> Result<LoopRun, BackendError> {
+        self.loop_passes(max_passes, watch, on_row)
     }
 
     fn set_params(&mut self, patch: &amk_core::ParamPatch) -> Result<(), BackendError> {

@@ -53,7 +53,8 @@ enum amk_memspace_t {
   AMK_HBM = 0,
   AMK_GLOBAL_SCRATCH = 1,
   AMK_SMEM = 2,
-  AMK_REGISTER = 3
+  AMK_REGISTER = 3,
+  AMK_HOST = 4 /* host memory mapped into the device (ours, appended) */
 };
 
 enum amk_opcode_t {
@@ -198,7 +199,7 @@ typedef struct amk_prefetch { /*@size 16*/
 } amk_prefetch_t;
 
 /* The kernel's one parameter, passed by value. */
-typedef struct amk_device_program { /*@size 144*/
+typedef struct amk_device_program { /*@size 184*/
   const amk_buffer_t* buffers;            /*@0*/
   const amk_instruction_t* instructions;  /*@8*/
   const amk_instruction_t* fused_steps;   /*@16*/ /* every FUSED task's expanded steps */
@@ -221,7 +222,27 @@ typedef struct amk_device_program { /*@size 144*/
   const amk_prefetch_t* l2_ranges;        /*@120*/ /* null, or AMK_L2_RANGES per instruction: weight bytes pulled into L2 before the task's wait (bytes 0 = none) */
   const amk_buffer_t* task_bufs;          /*@128*/ /* AMK_TASK_SLOTS per instruction: its operands' descriptors, input i in slot i, output j in slot AMK_MAX_INPUTS + j */
   int32_t* task_verified;                 /*@136*/ /* one word per instruction: 1 once amk_verify_tasks passed it (its ids and its op's pre-wait checks), 0 after any write of its record */
+  /* The step loop (a program with one, run by the host's run_loop): passes 1..loop_passes in
+   * one launch, pass k waiting for threshold * k (`epoch`); before pass k + 1 every block
+   * waits until counter loop_gate holds loop_gate_count * k, then stops if the halt word or
+   * loop_words[0] is non-zero. loop_passes 0 or 1: one pass, no gate. */
+  uint32_t loop_passes;                   /*@144*/
+  int32_t loop_gate;                      /*@148*/
+  uint32_t loop_gate_count;               /*@152*/
+  int32_t loop_pad;                       /*@156*/
+  volatile int32_t* loop_halt;            /*@160*/ /* element 0 of the program's halt buffer */
+  volatile int32_t* loop_stop;            /*@168*/ /* device word: non-zero stops the loop at the next gate */
+  volatile int32_t* loop_words;           /*@176*/ /* AMK_LOOP_WORDS host-mapped words: AMK_LOOP_* */
 } amk_device_program_t;
+
+/* amk_device_program::loop_words, host-mapped: the host writes AMK_LOOP_CANCEL while the
+ * launch runs; a block that runs a producer of the gate reads it before the task and, if set,
+ * sets `loop_stop` before it signals (one decision, which every block reads after the gate),
+ * and writes the pass it finished into AMK_LOOP_DONE after it signals (the host's progress
+ * and watchdog signal). */
+#define AMK_LOOP_WORDS 16
+#define AMK_LOOP_CANCEL 0
+#define AMK_LOOP_DONE 1
 
 /* Descriptor slots per task in amk_device_program::task_bufs (and in the scheduler's copy):
  * AMK_MAX_INPUTS inputs, then AMK_MAX_OUTPUTS outputs. */

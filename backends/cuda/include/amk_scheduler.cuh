@@ -283,6 +283,139 @@ __device__ __noinline__ void amk_verify_tasks(const amk_device_program_t& prog) 
  * (constant bank). */
 __shared__ amk_device_program_t amk_prog_block;
 
+/* Thread 0 of a block that ran a producer of the step loop's gate, before its signal: the
+ * host's cancel request (`cancel`, read before the task) becomes the launch's stop word, one
+ * decision that every block reads after the gate. */
+__device__ __forceinline__ void amk_gate_stop(const amk_device_program_t& prog, int cancel) {
+  if (threadIdx.x == 0 && cancel) *prog.loop_stop = 1;
+}
+
+/* Runs queue q's tasks [begin, end) once (one pass), in order. Returns false when the launch
+ * stops (a failed task, the abort flag). */
+__device__ __forceinline__ bool amk_run_queue(const amk_device_program_t& prog, int q, int begin,
+                                              int end, int* s_failed, amk_stage_t* s_stage) {
+  extern __shared__ __align__(16) unsigned char amk_smem[];
+  int t = prog.queue_tasks[begin];
+  amk_stage_issue(prog, t, begin, end, &s_stage[0]);
+  for (int i = begin; i < end; ++i) {
+    amk_stage_t* const st = &s_stage[(i - begin) & 1];
+#if AMK_TRACE_OFF
+    uint64_t* const tr = (uint64_t*)0; /* every trace point below folds away */
+#else
+    uint64_t* tr = prog.trace ? prog.trace + (long long)t * AMK_TRACE_WORDS : (uint64_t*)0;
+#endif
+    if (tr && threadIdx.x == 0) { tr[0] = amk_globaltimer(); tr[3] = (uint64_t)q; }
+    /* Task t's stage has landed (and every thread is done with the other stage: the task
+       before ended with a block barrier), so the next task's copy can start now. */
+    amk_stage_wait();
+    const int next = st->next;
+    if (next >= 0) amk_stage_issue(prog, next, i + 1, end, &s_stage[(i + 1 - begin) & 1]);
+    amk_task_ctx c;
+    c.prog = &amk_prog_block;
+    c.inst = &st->inst;
+    c.bufs = st->bufs;
+    c.task = t;
+    c.step = -1;
+    c.smem = amk_smem;
+    c.smem_bytes = prog.smem_bytes;
+    c.failed = s_failed;
+    c.trace = tr;
+#if AMK_L2_OFF
+    c.l2 = (const amk_prefetch_t*)0;
+#else
+    c.l2 = prog.l2_ranges ? st->l2 : (const amk_prefetch_t*)0;
+#endif
+    /* A record amk_verify_tasks passed skips the checks it ran: its ids here, and the pre-wait
+       checks of the ops that honour `verify` (docs/perf-notes.md round 11). */
+    c.verify = st->verified == 0;
+    c.check_only = 0;
+    if (c.verify && !amk_check_ids(c)) return false;
+#if !AMK_L2_OFF
+    if (prog.l2_ranges && (prog.flags & AMK_PROG_L2_PREFETCH_EARLY)) amk_l2_prefetch(st->l2, prog.flags);
+#endif
+#if AMK_RING
+    /* A tile's weights do not depend on any counter: start streaming them now. */
+    if (threadIdx.x == 0 && prog.prefetch) amk_ring_prestart(c);
+#endif
+    /* The wait happens inside the dispatch: before the op for most ops, inside it for those
+       that wait themselves (after their checks, so that their cold code runs before the
+       counters are met). */
+    if (threadIdx.x == 0) {
+      amk_task_waited = 0;
+      if (tr) tr[6] = amk_globaltimer();
+#if AMK_PROBE && !AMK_TRACE_OFF
+      amk_probe_tr = tr;
+#endif
+    }
+#if AMK_PROBE == 4 && !AMK_TRACE_OFF
+    /* the SM clock: trace word 7 = word 6 (a ns time) + the cycles the dispatch took, so that
+       word 7 - word 6 over returned - word 6 is cycles a ns */
+    const long long probe_c0 = clock64();
+#endif
+    /* A producer of the step loop's gate reads the host's cancel word before its task (the
+       load's latency hides behind the task) and acts on it before its signal. */
+    const bool gate_task = prog.loop_words && c.inst->out_counter == prog.loop_gate;
+    const int cancel = gate_task && threadIdx.x == 0 ? prog.loop_words[AMK_LOOP_CANCEL] : 0;
+    amk_dispatch(c);
+    if (tr && threadIdx.x == 0) tr[5] = amk_globaltimer();
+#if AMK_PROBE == 4 && !AMK_TRACE_OFF
+    if (tr && threadIdx.x == 0) tr[7] = tr[6] + (uint64_t)(clock64() - probe_c0);
+#endif
+    /* Every thread's stores of the task are done: the barrier before the signal (one barrier:
+       the flags below are read after it too). */
+    __syncthreads();
+    /* An op that returned without waiting may have read data its producers had not written:
+       the launch fails rather than signal (every thread reads the same flags). */
+    const bool no_wait = !*s_failed && !amk_task_waited;
+    if (no_wait) amk_fail(c, AMK_ERR_NO_WAIT, c.inst->op);
+    if (*s_failed || no_wait) {
+#if AMK_RING
+      /* a failed task or an aborted wait: no copy outlives the block */
+      if (threadIdx.x == 0 && amk_ring_started == t) amk_ring_drain();
+#endif
+      return false;
+    }
+    if (gate_task) amk_gate_stop(prog, cancel);
+    amk_signal(prog, c.inst->out_counter);
+    /* progress for the host (its watchdog), off the gate's path */
+    if (gate_task && threadIdx.x == 0) prog.loop_words[AMK_LOOP_DONE] = (int32_t)amk_prog_block.epoch;
+    if (tr && threadIdx.x == 0) tr[2] = amk_globaltimer();
+    t = next;
+  }
+  return true;
+}
+
+/* The end of pass `pass` (> 0) of a step loop: thread 0 waits until the gate counter holds
+ * `pass` times its producers (every task of the pass is done: the validator proved that
+ * every task reaches a producer of the gate), then reads the halt word and the stop word,
+ * which the gate's producers wrote before they signalled. False: the loop ends here (also
+ * when the host's watchdog raised the abort flag). */
+__device__ __forceinline__ bool amk_pass_gate(const amk_device_program_t& prog, uint32_t pass) {
+  __shared__ int s_go;
+  if (threadIdx.x == 0) {
+    const amk_counter_t* c = prog.counters + (long long)prog.loop_gate * AMK_COUNTER_STRIDE;
+    const uint32_t target = prog.loop_gate_count * pass;
+    int ok = 1;
+    uint64_t next_poll = 0;
+    for (uint32_t spins = 0; amk_ld_acquire(c) < target;) {
+      if (++spins > AMK_SPIN_TIGHT) __nanosleep(AMK_SPIN_SLEEP_NS);
+      if ((spins & 63) == 0) {
+        const uint64_t now = amk_globaltimer();
+        if (next_poll == 0) {
+          next_poll = now + AMK_ABORT_POLL_NS;
+        } else if (now >= next_poll) {
+          if (*prog.abort_flag != 0) { ok = 0; break; }
+          next_poll = now + AMK_ABORT_POLL_NS;
+        }
+      }
+    }
+    s_go = ok && prog.loop_halt[0] == 0 && *prog.loop_stop == 0;
+  }
+  __syncthreads();
+  return s_go != 0;
+}
+
+
 /* `prog` is a __grid_constant__ parameter (the address of an ordinary one makes the compiler
  * copy the whole table into each thread's local memory first). */
 extern "C" __global__ void __launch_bounds__(AMK_THREADS, 1)
@@ -310,85 +443,15 @@ amk_megakernel(const __grid_constant__ amk_device_program_t prog) {
   if (q >= prog.n_queues) return;
   const int begin = prog.queue_off[q], end = prog.queue_off[q + 1];
   if (begin >= end) return;
-  int t = prog.queue_tasks[begin];
-  amk_stage_issue(prog, t, begin, end, &s_stage[0]);
-  for (int i = begin; i < end; ++i) {
-    amk_stage_t* const st = &s_stage[(i - begin) & 1];
-#if AMK_TRACE_OFF
-    uint64_t* const tr = (uint64_t*)0; /* every trace point below folds away */
-#else
-    uint64_t* tr = prog.trace ? prog.trace + (long long)t * AMK_TRACE_WORDS : (uint64_t*)0;
-#endif
-    if (tr && threadIdx.x == 0) { tr[0] = amk_globaltimer(); tr[3] = (uint64_t)q; }
-    /* Task t's stage has landed (and every thread is done with the other stage: the task
-       before ended with a block barrier), so the next task's copy can start now. */
-    amk_stage_wait();
-    const int next = st->next;
-    if (next >= 0) amk_stage_issue(prog, next, i + 1, end, &s_stage[(i + 1 - begin) & 1]);
-    amk_task_ctx c;
-    c.prog = &amk_prog_block;
-    c.inst = &st->inst;
-    c.bufs = st->bufs;
-    c.task = t;
-    c.step = -1;
-    c.smem = amk_smem;
-    c.smem_bytes = prog.smem_bytes;
-    c.failed = &s_failed;
-    c.trace = tr;
-#if AMK_L2_OFF
-    c.l2 = (const amk_prefetch_t*)0;
-#else
-    c.l2 = prog.l2_ranges ? st->l2 : (const amk_prefetch_t*)0;
-#endif
-    /* A record amk_verify_tasks passed skips the checks it ran: its ids here, and the pre-wait
-       checks of the ops that honour `verify` (docs/perf-notes.md round 11). */
-    c.verify = st->verified == 0;
-    c.check_only = 0;
-    if (c.verify && !amk_check_ids(c)) break;
-#if !AMK_L2_OFF
-    if (prog.l2_ranges && (prog.flags & AMK_PROG_L2_PREFETCH_EARLY)) amk_l2_prefetch(st->l2, prog.flags);
-#endif
-#if AMK_RING
-    /* A tile's weights do not depend on any counter: start streaming them now. */
-    if (threadIdx.x == 0 && prog.prefetch) amk_ring_prestart(c);
-#endif
-    /* The wait happens inside the dispatch: before the op for most ops, inside it for those
-       that wait themselves (after their checks, so that their cold code runs before the
-       counters are met). */
-    if (threadIdx.x == 0) {
-      amk_task_waited = 0;
-      if (tr) tr[6] = amk_globaltimer();
-#if AMK_PROBE && !AMK_TRACE_OFF
-      amk_probe_tr = tr;
-#endif
-    }
-#if AMK_PROBE == 4 && !AMK_TRACE_OFF
-    /* the SM clock: trace word 7 = word 6 (a ns time) + the cycles the dispatch took, so that
-       word 7 - word 6 over returned - word 6 is cycles a ns */
-    const long long probe_c0 = clock64();
-#endif
-    amk_dispatch(c);
-    if (tr && threadIdx.x == 0) tr[5] = amk_globaltimer();
-#if AMK_PROBE == 4 && !AMK_TRACE_OFF
-    if (tr && threadIdx.x == 0) tr[7] = tr[6] + (uint64_t)(clock64() - probe_c0);
-#endif
-    /* Every thread's stores of the task are done: the barrier before the signal (one barrier:
-       the flags below are read after it too). */
+  const uint32_t passes = prog.loop_passes > 1u ? prog.loop_passes : 1u;
+  for (uint32_t pass = 1;; ++pass) {
+    if (!amk_run_queue(prog, q, begin, end, &s_failed, s_stage)) break;
+    if (pass >= passes || !amk_pass_gate(prog, pass)) break;
+    /* Pass `pass` + 1: its counter targets, and a block cache of its own (what a pass caches,
+       e.g. QKV_ROPE_APPEND's position and rotation, belongs to that pass). */
+    for (int k = threadIdx.x; k < AMK_BLOCK_CACHE_WORDS; k += AMK_THREADS) amk_block_cache[k] = 0u;
+    if (threadIdx.x == 0) amk_prog_block.epoch = pass + 1;
     __syncthreads();
-    /* An op that returned without waiting may have read data its producers had not written:
-       the launch fails rather than signal (every thread reads the same flags). */
-    const bool no_wait = !s_failed && !amk_task_waited;
-    if (no_wait) amk_fail(c, AMK_ERR_NO_WAIT, c.inst->op);
-    if (s_failed || no_wait) {
-#if AMK_RING
-      /* a failed task or an aborted wait: no copy outlives the block */
-      if (threadIdx.x == 0 && amk_ring_started == t) amk_ring_drain();
-#endif
-      break;
-    }
-    amk_signal(prog, c.inst->out_counter);
-    if (tr && threadIdx.x == 0) tr[2] = amk_globaltimer();
-    t = next;
   }
   /* A block that stops early (a failed task, the abort flag) lets no copy outlive it. */
   asm volatile("cp.async.wait_all;" ::: "memory");

@@ -171,7 +171,29 @@ pub struct AmkDeviceProgram {
     /// its op runs before its wait), 0 after any write of its record (load, patch). The
     /// megakernel skips those checks for a verified task.
     pub task_verified: u64,
+    /// Passes of a step loop this launch runs (0 or 1: one pass, no gate).
+    pub loop_passes: u32,
+    /// The step loop's gate counter.
+    pub loop_gate: i32,
+    /// Producers of the gate counter (its count after each pass).
+    pub loop_gate_count: u32,
+    #[doc(hidden)]
+    pub loop_pad: i32,
+    /// Device address of element 0 of the step loop's halt buffer (0 without a loop).
+    pub loop_halt: u64,
+    /// Device address of a device word: non-zero stops the loop at the next gate.
+    pub loop_stop: u64,
+    /// Device address of [`LOOP_WORDS`] host-mapped words ([`LOOP_CANCEL`], [`LOOP_DONE`]; 0:
+    /// no loop this launch).
+    pub loop_words: u64,
 }
+
+/// Words at `amk_device_program::loop_words`.
+pub const LOOP_WORDS: usize = 16;
+/// Loop word the host sets to ask a running loop to stop after its pass.
+pub const LOOP_CANCEL: usize = 0;
+/// Loop word the gate's producers set to the pass they finished.
+pub const LOOP_DONE: usize = 1;
 
 /// Descriptor slots per task in `amk_device_program::task_bufs`: `AMK_MAX_INPUTS` inputs, then
 /// `AMK_MAX_OUTPUTS` outputs.
@@ -246,7 +268,10 @@ pub fn field_offsets() -> Vec<(&'static str, &'static str, usize)> {
         "n_instructions" => n_instructions, "n_queues" => n_queues, "smem_bytes" => smem_bytes,
         "epoch" => epoch, "trace" => trace, "prefetch" => prefetch,
         "ring_bytes" => ring_bytes, "flags" => flags, "l2_ranges" => l2_ranges,
-        "task_bufs" => task_bufs, "task_verified" => task_verified);
+        "task_bufs" => task_bufs, "task_verified" => task_verified,
+        "loop_passes" => loop_passes, "loop_gate" => loop_gate,
+        "loop_gate_count" => loop_gate_count, "loop_pad" => loop_pad, "loop_halt" => loop_halt,
+        "loop_stop" => loop_stop, "loop_words" => loop_words);
     f!(v, "amk_prefetch", AmkPrefetch, "addr" => addr, "bytes" => bytes);
     v
 }
@@ -273,5 +298,5 @@ const _: () = assert!(offset_of!(AmkInstruction, out_counter) == 128);
 const _: () = assert!(offset_of!(AmkInstruction, params) == 136);
 const _: () = assert!(size_of::<AmkInstruction>() == 240);
 const _: () = assert!(size_of::<AmkStatus>() == 24);
-const _: () = assert!(size_of::<AmkDeviceProgram>() == 144);
+const _: () = assert!(size_of::<AmkDeviceProgram>() == 184);
 const _: () = assert!(size_of::<AmkPrefetch>() == 16);

@@ -11,7 +11,8 @@ use crate::queues::{Queues, build_queues};
 use amk_core::json::{Map, Value};
 use amk_core::registry::param_field_index;
 use amk_core::{
-    BufferKind, DType, OpSpec, Opcode, ParamType, Program, Registry, Task, abi as core_abi,
+    BufferKind, DType, MemSpace, OpSpec, Opcode, ParamType, Program, Registry, Task,
+    abi as core_abi,
 };
 use std::collections::HashMap;
 
@@ -33,6 +34,14 @@ pub enum Placement {
         /// Size in bytes.
         bytes: u64,
     },
+    /// `bytes` at `offset` in the session's host-mapped memory (buffers in `MemSpace::HOST`:
+    /// the host reads them while a launch runs).
+    Host {
+        /// Byte offset (a multiple of [`ARENA_ALIGN`]).
+        offset: u64,
+        /// Size in bytes.
+        bytes: u64,
+    },
 }
 
 /// Everything the device needs, minus addresses.
@@ -45,6 +54,8 @@ pub struct Tables {
     pub placement: Vec<Placement>,
     /// Arena size in bytes.
     pub arena_bytes: u64,
+    /// Host-mapped memory size in bytes.
+    pub host_bytes: u64,
     /// One record per task, in program order.
     pub instructions: Vec<AmkInstruction>,
     /// Expanded FUSED steps, task after task.
@@ -74,6 +85,7 @@ pub fn build(program: &Program, registry: &Registry, max_blocks: usize) -> Resul
         buffers: Vec::with_capacity(program.buffers.len()),
         placement: Vec::with_capacity(program.buffers.len()),
         arena_bytes: 0,
+        host_bytes: 0,
     };
     for (i, b) in program.buffers.iter().enumerate() {
         let kind = if matches!(b.kind, BufferKind::WEIGHT | BufferKind::CONST) {
@@ -165,6 +177,7 @@ pub fn build(program: &Program, registry: &Registry, max_blocks: usize) -> Resul
         buffers: tb.buffers,
         placement: tb.placement,
         arena_bytes: tb.arena_bytes,
+        host_bytes: tb.host_bytes,
         instructions,
         fused_steps,
         fused_off,
@@ -202,6 +215,16 @@ struct TableBuilder {
     buffers: Vec<AmkBuffer>,
     placement: Vec<Placement>,
     arena_bytes: u64,
+    host_bytes: u64,
+}
+
+/// Places `bytes` at the next aligned offset of a region of `size` bytes (grown).
+fn place(size: &mut u64, bytes: u64) -> Result<u64, String> {
+    let offset = size.next_multiple_of(ARENA_ALIGN);
+    *size = offset
+        .checked_add(bytes.max(1))
+        .ok_or_else(|| "memory size overflows".to_string())?;
+    Ok(offset)
 }
 
 impl TableBuilder {
@@ -237,16 +260,17 @@ impl TableBuilder {
             stride = stride.saturating_mul(d.shape[k]);
         }
         d.numel = i64::try_from(numel).map_err(|_| "element count overflows".to_string())?;
+        let bytes = storage_bytes(dtype, shape);
         let placement = match weight {
             Some(b) => Placement::Weight(b),
-            None => {
-                let bytes = storage_bytes(dtype, shape);
-                let offset = self.arena_bytes.next_multiple_of(ARENA_ALIGN);
-                self.arena_bytes = offset
-                    .checked_add(bytes.max(1))
-                    .ok_or_else(|| "arena size overflows".to_string())?;
-                Placement::Arena { offset, bytes }
-            }
+            None if space == MemSpace::HOST.code() as i32 => Placement::Host {
+                offset: place(&mut self.host_bytes, bytes)?,
+                bytes,
+            },
+            None => Placement::Arena {
+                offset: place(&mut self.arena_bytes, bytes)?,
+                bytes,
+            },
         };
         self.buffers.push(d);
         self.placement.push(placement);
@@ -668,6 +692,29 @@ pub fn task_buffers(instructions: &[AmkInstruction], descs: &[AmkBuffer]) -> Vec
         }
     }
     out
+}
+
+/// Sets [`BUF_LAUNCH_CONST`] in task `t`'s descriptor slots of buffer `b` for every carried
+/// read `(t, b)` the validator found (a STATE buffer read before every other writer of it in
+/// the pass: its value is final when the pass starts, so the op may read it before its wait,
+/// as it may an input no task writes).
+pub fn mark_carried_reads(
+    task_bufs: &mut [AmkBuffer],
+    instructions: &[AmkInstruction],
+    carried: &[(u32, u32)],
+) {
+    for &(t, b) in carried {
+        let Some(r) = instructions.get(t as usize) else {
+            continue;
+        };
+        for (k, &id) in r.live_inputs().iter().enumerate() {
+            if id == b as i32
+                && let Some(slot) = task_bufs.get_mut(t as usize * TASK_SLOTS + k)
+            {
+                slot.flags |= BUF_LAUNCH_CONST;
+            }
+        }
+    }
 }
 
 /// Which tasks wait on a counter an attention task (ATTENTION_TILE, ATTENTION_COMBINE) signals:

@@ -18,6 +18,7 @@ pub fn load_unvalidated(
         u64::MAX,
         crate::device::WeightSource::Store(weights),
         registry,
+        &[],
     )
 }
 

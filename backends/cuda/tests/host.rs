@@ -160,6 +160,9 @@ fn header_constants_match_the_core() {
     assert_eq!(num("AMK_L2_RANGES"), abi::L2_RANGES as i64);
     assert_eq!(num("AMK_TASK_SLOTS"), abi::TASK_SLOTS as i64);
     assert_eq!(num("AMK_BUF_LAUNCH_CONST"), abi::BUF_LAUNCH_CONST as i64);
+    assert_eq!(num("AMK_LOOP_WORDS"), abi::LOOP_WORDS as i64);
+    assert_eq!(num("AMK_LOOP_CANCEL"), abi::LOOP_CANCEL as i64);
+    assert_eq!(num("AMK_LOOP_DONE"), abi::LOOP_DONE as i64);
     assert_eq!(
         abi::TASK_SLOTS,
         core_abi::MAX_INPUTS + core_abi::MAX_OUTPUTS

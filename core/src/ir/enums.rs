@@ -96,6 +96,9 @@ abi_enum! {
         SMEM = 2,
         /// Registers of one SM (a lowering hint).
         REGISTER = 3,
+        /// Host memory mapped into the device: the host may read it while a launch runs (a
+        /// decode loop's emitted tokens stream out through it). Slow for the device to read.
+        HOST = 4,
     }
 }
 
@@ -121,6 +124,11 @@ abi_enum! {
         IO_OUTPUT = 4,
         /// Constants (read-only, bound by `source`).
         CONST = 5,
+        /// State carried from one forward pass to the next (a decode loop's position and
+        /// token): the host sets it before a run and reads it after; in a pass, a task ordered
+        /// before every writer reads the previous pass's value, one ordered after them reads
+        /// this pass's. Never paged.
+        STATE = 6,
     }
 }
 
@@ -131,5 +139,10 @@ impl BufferKind {
             self,
             BufferKind::WEIGHT | BufferKind::CONST | BufferKind::IO_INPUT
         )
+    }
+    /// Kinds whose value outlives a pass (a read with no writer in the pass is the previous
+    /// pass's value, not an uninitialised one).
+    pub const fn persists(self) -> bool {
+        matches!(self, BufferKind::KV_CACHE | BufferKind::STATE)
     }
 }

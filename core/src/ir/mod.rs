@@ -9,7 +9,7 @@ pub mod records;
 pub use config::{GpuTarget, PageStrategy, ScheduleConfig, SmAssignment};
 pub use enums::{BufferKind, DType, MemSpace};
 pub use opcode::Opcode;
-pub use program::{ABI_VERSION, CounterIndex, IR_VERSION, Program};
+pub use program::{ABI_VERSION, CounterIndex, IR_VERSION, Program, StepLoop};
 pub use records::{
     Buffer, BufferId, Counter, CounterId, Page, PageAllocation, PageId, Task, TaskId, Wait,
 };

@@ -32,6 +32,26 @@ pub struct Program {
     pub ir_version: String,
     /// ABI version string as read or written.
     pub abi_version: String,
+    /// Present when the program may run as the body of a decode loop: several passes in one
+    /// launch, counters counting on across passes (see [`StepLoop`]).
+    pub step_loop: Option<StepLoop>,
+}
+
+/// How a program runs as the body of a loop of passes inside one launch.
+///
+/// Pass k (k = 1, 2, …) waits for `threshold × k` on every counter: counters are not reset
+/// between passes, and every wait is a full wait (the validator's `partial_shared_wait` rule),
+/// so after pass k every counter holds exactly k times its producer count. Before pass k + 1
+/// each block waits until the `gate` counter holds k times its producers, then reads element 0
+/// of the `halt` buffer: non-zero ends the loop. The validator proves that every task reaches a
+/// producer of `gate` (so the gate is a barrier: all of pass k happens before any of pass
+/// k + 1) and that `halt` is an integer STATE buffer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct StepLoop {
+    /// The counter whose full count ends a pass.
+    pub gate: CounterId,
+    /// An integer STATE buffer: element 0 non-zero after a pass stops the loop.
+    pub halt: BufferId,
 }
 
 impl Default for Program {
@@ -46,6 +66,7 @@ impl Default for Program {
             config: None,
             ir_version: IR_VERSION.to_string(),
             abi_version: ABI_VERSION.to_string(),
+            step_loop: None,
         }
     }
 }

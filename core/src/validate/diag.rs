@@ -96,6 +96,9 @@ kinds! {
         FusedRecipe = "fused_recipe",
         /// A page table entry naming a missing page or buffer, or an unfit binding.
         PageTable = "page_table",
+        /// A step loop whose gate is not a barrier of the whole pass, or whose halt word is
+        /// not an integer STATE buffer.
+        StepLoop = "step_loop",
     }
 }
 
@@ -218,6 +221,10 @@ pub struct ValidationResult {
     pub warnings: Vec<ValidationWarning>,
     /// Summary numbers.
     pub stats: Stats,
+    /// `(task, buffer)`: reads of a STATE buffer that are ordered before every other writer
+    /// of it, sorted: the value such a task reads is final when the pass starts (the host's,
+    /// or the previous pass's), so a backend may read it before the task's waits.
+    pub carried_reads: Vec<(TaskId, BufferId)>,
 }
 
 impl ValidationResult {

@@ -10,6 +10,7 @@ mod diag;
 mod patch;
 mod placement;
 mod races;
+mod step_loop;
 mod structure;
 
 pub use diag::{
@@ -94,6 +95,8 @@ struct Validator<'a> {
     warnings: Vec<ValidationWarning>,
     counts: HashMap<ErrorKind, usize>,
     wcounts: HashMap<WarningKind, usize>,
+    /// Reads of STATE buffers ordered before every other writer (see [`ValidationResult`]).
+    carried: Vec<(TaskId, BufferId)>,
 }
 
 fn tag(t: &Task) -> String {
@@ -110,6 +113,7 @@ impl<'a> Validator<'a> {
             warnings: Vec::new(),
             counts: HashMap::new(),
             wcounts: HashMap::new(),
+            carried: Vec::new(),
         }
     }
 
@@ -191,6 +195,7 @@ impl<'a> Validator<'a> {
             self.check_page_table();
         }
         self.check_outputs();
+        self.check_step_loop();
         // Summaries of truncated kinds.
         let mut over: Vec<(ErrorKind, usize)> = self
             .counts
@@ -215,10 +220,12 @@ impl<'a> Validator<'a> {
             sm_assigned: self.p.sm_assigned(),
             pages: self.p.pages.as_ref().map_or(0, |pa| pa.pages.len()),
         };
+        self.carried.sort_unstable();
         ValidationResult {
             errors: self.errors,
             warnings: self.warnings,
             stats,
+            carried_reads: self.carried,
         }
     }
 }

@@ -3,6 +3,14 @@
 
 use super::*;
 
+/// A task's read of a STATE buffer and, per other writer `w`, the questions "w before the
+/// reader?" and "the reader before w?".
+struct StateRead {
+    task: TaskId,
+    buffer: BufferId,
+    pairs: Vec<(TaskId, Ans, Ans)>,
+}
+
 impl Validator<'_> {
     // ---- Checks 5, 5a, 7: provenance, write-after-write, pages ------------------------------
 
@@ -15,6 +23,8 @@ impl Validator<'_> {
         // Phase 1: ask every question the three checks need.
         // Check 5: (reader, buffer, every other writer happens-before the reader?).
         let mut reads: Vec<(TaskId, BufferId, Ans)> = Vec::new();
+        // STATE reads: per other writer, (writer before the reader?, reader before the writer?).
+        let mut state_reads: Vec<StateRead> = Vec::new();
         let mut others: Vec<TaskId> = Vec::new();
         for &t in order {
             let task = &p.tasks[t as usize];
@@ -24,6 +34,18 @@ impl Validator<'_> {
                 }
                 let Some(buf) = self.buf(b) else { continue };
                 if buf.kind.is_read_only() {
+                    continue;
+                }
+                if buf.kind == BufferKind::STATE {
+                    let pairs = (writers[b as usize].iter().copied())
+                        .filter(|&w| w != t)
+                        .map(|w| (w, reach.ask(w, t), reach.ask(t, w)))
+                        .collect();
+                    state_reads.push(StateRead {
+                        task: t,
+                        buffer: b,
+                        pairs,
+                    });
                     continue;
                 }
                 others.clear();
@@ -112,7 +134,7 @@ impl Validator<'_> {
             let ws = &writers[b as usize];
             let is_kv = buf.kind == BufferKind::KV_CACHE;
             if ws.is_empty() {
-                if !is_kv {
+                if !buf.kind.persists() {
                     self.err(
                         ValidationError::new(
                             ErrorKind::NeverProduced,
@@ -175,6 +197,8 @@ impl Validator<'_> {
             }
         }
 
+        self.check_state_reads(&state_reads, &reach);
+
         // Check 5a: multi-writer buffers.
         for (b, same_counter, links) in &multi {
             if links.iter().all(|&a| reach.answer(a)) {
@@ -210,6 +234,42 @@ impl Validator<'_> {
                     .others(writers[b2 as usize].to_vec()),
                 );
             }
+        }
+    }
+
+    /// Check 5 for STATE buffers: a read must be ordered with every other writer, either way
+    /// (before them it reads the previous pass's value, after them this pass's). A read
+    /// ordered before every other writer is a carried read (recorded: its value is final when
+    /// the pass starts).
+    fn check_state_reads(&mut self, reads: &[StateRead], reach: &Reach<'_>) {
+        for r in reads {
+            let unordered: Vec<TaskId> = (r.pairs.iter())
+                .filter(|&&(_, before, after)| !reach.answer(before) && !reach.answer(after))
+                .map(|&(w, _, _)| w)
+                .collect();
+            if unordered.is_empty() {
+                if r.pairs.iter().all(|&(_, _, after)| reach.answer(after)) {
+                    self.carried.push((r.task, r.buffer));
+                }
+                continue;
+            }
+            let task = &self.p.tasks[r.task as usize];
+            let list: Vec<String> = unordered.iter().map(|w| w.to_string()).collect();
+            self.err(
+                ValidationError::new(
+                    ErrorKind::RawRace,
+                    format!(
+                        "{} reads state buffer #{} ('{}') but is ordered neither before nor after writer task(s) {} (data race)",
+                        tag(task),
+                        r.buffer,
+                        self.bname(r.buffer),
+                        list.join(", ")
+                    ),
+                )
+                .task(r.task)
+                .buffer(r.buffer)
+                .others(unordered),
+            );
         }
     }
 

@@ -131,51 +131,101 @@ impl Drop for DeviceMem {
     }
 }
 
-/// One `i32` of page-locked host memory mapped into the device's address space: the host
-/// writes it while a kernel runs (the watchdog's abort flag) and the kernel sees the write.
+/// Page-locked host memory mapped into the device's address space: what the host writes
+/// while a kernel runs (the watchdog's abort flag, a loop's cancel word) the kernel sees, and
+/// what the kernel writes (a loop's progress, streamed tokens) the host sees.
 #[derive(Debug)]
-pub struct MappedFlag {
+pub struct MappedMem {
     ctx: Arc<CudaContext>,
     host: *mut c_void,
     dev: sys::CUdeviceptr,
+    bytes: usize,
 }
 
 // SAFETY: the pointer is owned by this value and only accessed through volatile reads and
-// writes of one i32; the driver allocation is process-wide.
-unsafe impl Send for MappedFlag {}
+// writes inside its bounds; the driver allocation is process-wide.
+unsafe impl Send for MappedMem {}
 
-impl MappedFlag {
-    /// A mapped flag, set to 0.
-    pub fn new(ctx: &Arc<CudaContext>) -> Result<Self, CudaError> {
+impl MappedMem {
+    /// `bytes` (at least 64) of mapped memory, zeroed.
+    pub fn new(ctx: &Arc<CudaContext>, bytes: usize) -> Result<Self, CudaError> {
         ctx.bind_to_thread().map_err(drv("cuCtxSetCurrent"))?;
+        let bytes = bytes.max(64).next_multiple_of(64);
         let flags = sys::CU_MEMHOSTALLOC_DEVICEMAP | sys::CU_MEMHOSTALLOC_PORTABLE;
-        // SAFETY: allocates 64 bytes of pinned, mapped host memory.
-        let host = unsafe { result::malloc_host(64, flags) }.map_err(drv("cuMemHostAlloc"))?;
+        // SAFETY: allocates `bytes` of pinned, mapped host memory.
+        let host = unsafe { result::malloc_host(bytes, flags) }.map_err(drv("cuMemHostAlloc"))?;
         let mut dev: sys::CUdeviceptr = 0;
         // SAFETY: `host` came from cuMemHostAlloc with DEVICEMAP; valid out-pointer.
         let r = unsafe { sys::cuMemHostGetDevicePointer_v2(&mut dev, host, 0) };
-        let f = MappedFlag {
+        let m = MappedMem {
             ctx: ctx.clone(),
             host,
             dev,
+            bytes,
         };
         r.result().map_err(drv("cuMemHostGetDevicePointer"))?;
-        f.set(0);
-        Ok(f)
+        m.write(0, &vec![0u8; bytes])?;
+        Ok(m)
     }
     /// The device address.
     pub fn dev_ptr(&self) -> u64 {
         self.dev
     }
-    /// Writes the flag (visible to a running kernel).
-    pub fn set(&self, v: i32) {
-        // SAFETY: `host` points at at least 4 bytes of live pinned memory, aligned.
-        unsafe { std::ptr::write_volatile(self.host as *mut i32, v) };
+    /// Writes the `i32` at word `i` (visible to a running kernel). Out of range: ignored.
+    pub fn set(&self, i: usize, v: i32) {
+        if (i + 1) * 4 <= self.bytes {
+            // SAFETY: in bounds (checked), 4-byte aligned (the allocation is page-aligned).
+            unsafe { std::ptr::write_volatile((self.host as *mut i32).add(i), v) };
+            std::sync::atomic::fence(std::sync::atomic::Ordering::SeqCst);
+        }
+    }
+    /// Reads the `i32` at word `i` (what a running kernel wrote). Out of range: 0.
+    pub fn get(&self, i: usize) -> i32 {
+        if (i + 1) * 4 > self.bytes {
+            return 0;
+        }
+        // SAFETY: in bounds (checked), 4-byte aligned.
+        let v = unsafe { std::ptr::read_volatile((self.host as *const i32).add(i)) };
+        std::sync::atomic::fence(std::sync::atomic::Ordering::Acquire);
+        v
+    }
+    /// Copies `data` to byte `offset`.
+    pub fn write(&self, offset: usize, data: &[u8]) -> Result<(), CudaError> {
+        let end = offset.checked_add(data.len()).filter(|&e| e <= self.bytes);
+        if end.is_none() {
+            return Err(CudaError::Layout(format!(
+                "write of {} bytes at {offset} overruns {} bytes of mapped memory",
+                data.len(),
+                self.bytes
+            )));
+        }
+        for (k, &b) in data.iter().enumerate() {
+            // SAFETY: `offset + k` is inside the allocation (checked above).
+            unsafe { std::ptr::write_volatile((self.host as *mut u8).add(offset + k), b) };
+        }
         std::sync::atomic::fence(std::sync::atomic::Ordering::SeqCst);
+        Ok(())
+    }
+    /// Copies `out.len()` bytes from byte `offset`.
+    pub fn read(&self, offset: usize, out: &mut [u8]) -> Result<(), CudaError> {
+        let end = offset.checked_add(out.len()).filter(|&e| e <= self.bytes);
+        if end.is_none() {
+            return Err(CudaError::Layout(format!(
+                "read of {} bytes at {offset} overruns {} bytes of mapped memory",
+                out.len(),
+                self.bytes
+            )));
+        }
+        std::sync::atomic::fence(std::sync::atomic::Ordering::Acquire);
+        for (k, b) in out.iter_mut().enumerate() {
+            // SAFETY: `offset + k` is inside the allocation (checked above).
+            *b = unsafe { std::ptr::read_volatile((self.host as *const u8).add(offset + k)) };
+        }
+        Ok(())
     }
 }
 
-impl Drop for MappedFlag {
+impl Drop for MappedMem {
     fn drop(&mut self) {
         if self.ctx.bind_to_thread().is_ok() {
             // SAFETY: allocated by malloc_host, freed once.

@@ -197,6 +197,7 @@ impl CudaBackend {
             program.id(),
             WeightSource::Store(weights),
             registry,
+            &program.result().carried_reads,
         )
     }
 
@@ -214,6 +215,7 @@ impl CudaBackend {
             program.id(),
             WeightSource::Synthetic(synth),
             registry,
+            &program.result().carried_reads,
         )
     }
 }

@@ -1,13 +1,14 @@
 //! A program loaded on the device: its memory, tables and the launch loop with the watchdog.
 
 use super::CudaBackend;
-use super::driver::{DeviceMem, Event, MappedFlag, Module, describe};
+use super::driver::{DeviceMem, Event, MappedMem, Module, describe};
 use crate::CudaError;
 use crate::TaskTrace;
 use crate::abi::{AmkDeviceProgram, AmkInstruction, AmkStatus, COUNTER_STRIDE, status};
 use crate::tables::{self, Placement, Tables, pack_params, task_label};
 use amk_core::{
-    BackendError, BufferKind, Outputs, ParamPatch, Program, Registry, Session, Tensor, WeightStore,
+    BackendError, BufferKind, LoopRun, OnRow, Outputs, ParamPatch, Program, Registry, RowWatch,
+    Session, Tensor, WeightStore,
 };
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -24,6 +25,31 @@ pub enum WeightSource<'a> {
 
 /// How long the watchdog waits for the kernel to stop after raising the abort flag.
 const ABORT_GRACE: Duration = Duration::from_secs(2);
+
+/// Polls of a running launch that spin before the host starts yielding its thread between
+/// polls (each poll is a driver query, about a microsecond).
+const SPIN_POLLS: u64 = 20_000;
+
+/// Where a non-weight buffer's bytes are: the device arena, or host-mapped memory.
+#[derive(Debug, Clone, Copy)]
+struct IoMem {
+    host: bool,
+    offset: usize,
+    bytes: usize,
+}
+
+/// A [`RowWatch`] resolved: the buffer, its row width and count, the next row to report,
+/// whether it can be read while a launch runs (host-mapped), and whether the host asked to
+/// stop.
+#[derive(Debug)]
+struct Watched {
+    buffer: usize,
+    cols: usize,
+    rows: u64,
+    next: u64,
+    live: bool,
+    stopped: bool,
+}
 
 /// A loaded program: everything lives on the device for the session's life (weights uploaded
 /// once, tables built once); a step zeroes the counters, launches once and reads the outputs.
@@ -50,7 +76,14 @@ pub struct CudaSession {
     status: DeviceMem,
     patch_ids: DeviceMem,
     patch_recs: DeviceMem,
-    abort: MappedFlag,
+    abort: MappedMem,
+    /// Buffers in `MemSpace::HOST` (none: a minimal allocation).
+    host: MappedMem,
+    /// The step loop's words: `loop_stop` on the device, [`abi::LOOP_WORDS`] mapped.
+    loop_stop: DeviceMem,
+    loop_words: MappedMem,
+    /// The last pass count a poll saw in the loop words.
+    loop_seen: i32,
     prog: AmkDeviceProgram,
     grid: u32,
     threads: u32,
@@ -93,6 +126,7 @@ impl CudaSession {
         program_id: u64,
         weights: WeightSource<'_>,
         registry: &Registry,
+        carried: &[(u32, u32)],
     ) -> Result<Self, CudaError> {
         let inner = &backend.inner;
         let ctx = &inner.ctx;
@@ -215,11 +249,13 @@ impl CudaSession {
             }
         }
         let arena = DeviceMem::zeroed(ctx, tables.arena_bytes as usize)?;
+        let host = MappedMem::new(ctx, tables.host_bytes as usize)?;
         let mut descs = tables.buffers.clone();
         for (d, p) in descs.iter_mut().zip(&tables.placement) {
             d.ptr = match *p {
                 Placement::Weight(b) => weight_ptr[b],
                 Placement::Arena { offset, .. } => arena.ptr() + offset,
+                Placement::Host { offset, .. } => host.dev_ptr() + offset,
             };
             if d.ptr == 0 {
                 return Err(CudaError::Layout(
@@ -248,8 +284,9 @@ impl CudaSession {
             tables::prefetch_keep(&tables.instructions, inner.options.l2_prefetch_tasks, &ops);
         tables::keep_ranges(&mut l2_list, &keep);
         let l2 = DeviceMem::from_slice(ctx, &l2_list)?;
-        let task_bufs =
-            DeviceMem::from_slice(ctx, &tables::task_buffers(&tables.instructions, &descs))?;
+        let mut per_task = tables::task_buffers(&tables.instructions, &descs);
+        tables::mark_carried_reads(&mut per_task, &tables.instructions, carried);
+        let task_bufs = DeviceMem::from_slice(ctx, &per_task)?;
         let instructions = DeviceMem::from_slice(ctx, &tables.instructions)?;
         let verified = DeviceMem::zeroed(ctx, tables.instructions.len().max(1) * 4)?;
         let fused_steps = DeviceMem::from_slice(ctx, &tables.fused_steps)?;
@@ -261,7 +298,21 @@ impl CudaSession {
         let n = tables.instructions.len().max(1);
         let patch_ids = DeviceMem::zeroed(ctx, n * 4)?;
         let patch_recs = DeviceMem::zeroed(ctx, n * std::mem::size_of::<AmkInstruction>())?;
-        let abort = MappedFlag::new(ctx)?;
+        let abort = MappedMem::new(ctx, 64)?;
+        let loop_stop = DeviceMem::zeroed(ctx, 64)?;
+        let loop_words = MappedMem::new(ctx, crate::abi::LOOP_WORDS * 4)?;
+        let (loop_gate, loop_gate_count, loop_halt) = match program.step_loop {
+            Some(l) => (
+                l.gate as i32,
+                program
+                    .tasks
+                    .iter()
+                    .filter(|t| t.out_counter == l.gate)
+                    .count() as u32,
+                descs.get(l.halt as usize).map_or(0, |d| d.ptr),
+            ),
+            None => (-1, 0, 0),
+        };
         let prog = AmkDeviceProgram {
             buffers: descs_mem.ptr(),
             instructions: instructions.ptr(),
@@ -297,6 +348,13 @@ impl CudaSession {
             l2_ranges: if l2_cap > 0 { l2.ptr() } else { 0 },
             task_bufs: task_bufs.ptr(),
             task_verified: verified.ptr(),
+            loop_passes: 0,
+            loop_gate,
+            loop_gate_count,
+            loop_pad: 0,
+            loop_halt,
+            loop_stop: loop_stop.ptr(),
+            loop_words: 0,
         };
         // Every task's ids and pre-wait op checks, once, on the device: the megakernel skips
         // them for the tasks that pass (docs/perf-notes.md round 11). A failure is the error
@@ -330,6 +388,10 @@ impl CudaSession {
             patch_ids,
             patch_recs,
             abort,
+            host,
+            loop_stop,
+            loop_words,
+            loop_seen: 0,
             prog,
             grid: grid as u32,
             threads,
@@ -455,8 +517,8 @@ impl CudaSession {
     pub fn poison_outputs(&mut self) -> Result<(), CudaError> {
         for b in 0..self.program.buffers.len() {
             if self.program.buffers[b].kind == BufferKind::IO_OUTPUT {
-                let (off, bytes) = self.arena_range(b)?;
-                self.arena.write(off, &vec![0xffu8; bytes])?;
+                let bytes = self.io_mem(b)?.bytes;
+                self.io_write(b, 0, &vec![0xffu8; bytes])?;
             }
         }
         Ok(())
@@ -468,13 +530,88 @@ impl CudaSession {
     }
 
     fn arena_range(&self, b: usize) -> Result<(usize, usize), CudaError> {
-        match self.tables.placement[b] {
-            Placement::Arena { offset, bytes } => Ok((offset as usize, bytes as usize)),
-            Placement::Weight(_) => Err(CudaError::Layout(format!(
-                "buffer '{}' is a weight, not an IO buffer",
+        match self.io_mem(b)? {
+            IoMem {
+                host: false,
+                offset,
+                bytes,
+            } => Ok((offset, bytes)),
+            _ => Err(CudaError::Layout(format!(
+                "buffer '{}' lives in host-mapped memory, not in the arena",
                 self.program.buffers[b].name
             ))),
         }
+    }
+
+    /// Where buffer `b`'s bytes are (any buffer but a weight).
+    fn io_mem(&self, b: usize) -> Result<IoMem, CudaError> {
+        match self.tables.placement.get(b) {
+            Some(&Placement::Arena { offset, bytes }) => Ok(IoMem {
+                host: false,
+                offset: offset as usize,
+                bytes: bytes as usize,
+            }),
+            Some(&Placement::Host { offset, bytes }) => Ok(IoMem {
+                host: true,
+                offset: offset as usize,
+                bytes: bytes as usize,
+            }),
+            _ => Err(CudaError::Layout(format!(
+                "buffer {b} is a weight (or does not exist), not an IO or state buffer"
+            ))),
+        }
+    }
+
+    /// Writes `data` at byte `at` of buffer `b`.
+    fn io_write(&self, b: usize, at: usize, data: &[u8]) -> Result<(), CudaError> {
+        let m = self.io_mem(b)?;
+        if at.checked_add(data.len()).is_none_or(|e| e > m.bytes) {
+            return Err(CudaError::Layout(format!(
+                "a write of {} bytes at {at} overruns buffer {b}",
+                data.len()
+            )));
+        }
+        if m.host {
+            self.host.write(m.offset + at, data)
+        } else {
+            self.arena.write(m.offset + at, data)
+        }
+    }
+
+    /// Reads `out.len()` bytes at byte `at` of buffer `b`. A device buffer's read waits for
+    /// the device (never call it while a launch runs); a host-mapped one's does not.
+    fn io_read(&self, b: usize, at: usize, out: &mut [u8]) -> Result<(), CudaError> {
+        let m = self.io_mem(b)?;
+        if at.checked_add(out.len()).is_none_or(|e| e > m.bytes) {
+            return Err(CudaError::Layout(format!(
+                "a read of {} bytes at {at} overruns buffer {b}",
+                out.len()
+            )));
+        }
+        if m.host {
+            self.host.read(m.offset + at, out)
+        } else {
+            self.arena.read(m.offset + at, out)
+        }
+    }
+
+    /// Buffer `b`'s whole value.
+    fn io_tensor(&self, b: usize) -> Result<Tensor, CudaError> {
+        let buf = &self.program.buffers[b];
+        let mut host = vec![0u8; self.io_mem(b)?.bytes];
+        self.io_read(b, 0, &mut host)?;
+        Tensor::from_le_bytes(buf.dtype, &buf.shape, &host)
+            .map_err(|e| CudaError::Layout(format!("buffer '{}': {e}", buf.name)))
+    }
+
+    /// Errors unless every IO input has a value.
+    fn check_inputs_set(&self) -> Result<(), CudaError> {
+        for (b, buf) in self.program.buffers.iter().enumerate() {
+            if buf.kind == BufferKind::IO_INPUT && !self.io_set[b] {
+                return Err(amk_core::backend::io_input_never_set(buf).into());
+            }
+        }
+        Ok(())
     }
 
     /// Uploads IO inputs, launches once, waits under the watchdog, reads the IO outputs.
@@ -482,44 +619,70 @@ impl CudaSession {
         if let Some(why) = &self.lost {
             return Err(CudaError::ContextLost(why.clone()));
         }
-        let targets = amk_core::backend::io_input_targets(&self.program, inputs)?;
-        for (&b, (_, value)) in targets.iter().zip(inputs) {
-            let (off, _) = self.arena_range(b)?;
-            self.arena.write(off, &value.to_le_bytes())?;
-            self.io_set[b] = true;
-        }
-        for (b, buf) in self.program.buffers.iter().enumerate() {
-            if buf.kind == BufferKind::IO_INPUT && !self.io_set[b] {
-                return Err(amk_core::backend::io_input_never_set(buf).into());
-            }
-        }
+        self.write_named(inputs, &[BufferKind::IO_INPUT])?;
+        self.check_inputs_set()?;
         self.launch_and_wait()?;
         let mut out = Outputs::default();
         for (b, buf) in self.program.buffers.iter().enumerate() {
-            if buf.kind != BufferKind::IO_OUTPUT {
-                continue;
+            if buf.kind == BufferKind::IO_OUTPUT {
+                out.tensors.push((buf.name.clone(), self.io_tensor(b)?));
             }
-            let (off, bytes) = self.arena_range(b)?;
-            let mut host = vec![0u8; bytes];
-            self.arena.read(off, &mut host)?;
-            let t = Tensor::from_le_bytes(buf.dtype, &buf.shape, &host)
-                .map_err(|e| CudaError::Layout(format!("output '{}': {e}", buf.name)))?;
-            out.tensors.push((buf.name.clone(), t));
         }
         Ok(out)
     }
 
-    fn launch_and_wait(&mut self) -> Result<(), CudaError> {
+    /// Sets buffers of `kinds` by name: every value is checked before any is written.
+    fn write_named(
+        &mut self,
+        values: &[(&str, Tensor)],
+        kinds: &[BufferKind],
+    ) -> Result<(), CudaError> {
+        let targets = amk_core::backend::named_targets(&self.program, values, kinds)?;
+        for (&b, (_, value)) in targets.iter().zip(values) {
+            self.io_write(b, 0, &value.to_le_bytes())?;
+            self.io_set[b] = true;
+        }
+        Ok(())
+    }
+
+    /// The current value of the STATE, IO_OUTPUT or KV_CACHE buffer `name`.
+    pub fn read_named(&self, name: &str) -> Result<Tensor, CudaError> {
+        let kinds = [
+            BufferKind::STATE,
+            BufferKind::IO_OUTPUT,
+            BufferKind::KV_CACHE,
+        ];
+        let b = amk_core::backend::named_buffer(&self.program, name, &kinds).map_err(|m| {
+            BackendError::Input {
+                name: name.to_string(),
+                message: m.replace("{kinds}", "STATE, IO_OUTPUT or KV_CACHE"),
+            }
+        })?;
+        self.io_tensor(b)
+    }
+
+    /// Starts one launch of the megakernel (counters, status and abort flag reset first).
+    fn launch(&mut self) -> Result<(), CudaError> {
         self.counters.zero()?;
         self.status.zero()?;
-        self.abort.set(0);
+        self.abort.set(0, 0);
         self.start.record()?;
         self.module
             .launch(&self.prog, self.grid, self.threads, self.smem)?;
-        self.end.record()?;
-        let t0 = Instant::now();
-        let mut nap = Duration::from_micros(20);
+        self.end.record()
+    }
+
+    /// Waits for the launch to end, calling `poll` between checks (it returns true when the
+    /// launch made progress, which restarts the watchdog's clock). Spins, then yields: never
+    /// sleeps past the end (a sleep's granularity is tens of microseconds, a pass a fraction
+    /// of a millisecond).
+    fn wait_launch(
+        &mut self,
+        poll: &mut dyn FnMut(&mut Self) -> Result<bool, CudaError>,
+    ) -> Result<(), CudaError> {
+        let mut progress_at = Instant::now();
         let mut aborted_at: Option<Instant> = None;
+        let mut polls: u64 = 0;
         loop {
             match self.end.done() {
                 Ok(true) => break,
@@ -530,9 +693,12 @@ impl CudaSession {
                     return Err(CudaError::ContextLost(why));
                 }
             }
+            if poll(self)? {
+                progress_at = Instant::now();
+            }
             match aborted_at {
-                None if t0.elapsed() > self.watchdog => {
-                    self.abort.set(1);
+                None if progress_at.elapsed() > self.watchdog => {
+                    self.abort.set(0, 1);
                     aborted_at = Some(Instant::now());
                 }
                 Some(at) if at.elapsed() > ABORT_GRACE => {
@@ -545,8 +711,12 @@ impl CudaSession {
                 }
                 _ => {}
             }
-            std::thread::sleep(nap);
-            nap = (nap * 2).min(Duration::from_millis(1));
+            polls += 1;
+            if polls < SPIN_POLLS {
+                std::hint::spin_loop();
+            } else {
+                std::thread::yield_now();
+            }
         }
         if aborted_at.is_some() {
             return Err(CudaError::Timeout {
@@ -565,6 +735,144 @@ impl CudaSession {
             Some(e) => Err(e),
             None => Ok(()),
         }
+    }
+
+    fn launch_and_wait(&mut self) -> Result<(), CudaError> {
+        self.launch()?;
+        self.wait_launch(&mut |_| Ok(false))
+    }
+
+    /// Resolves `watch` and marks its rows from `first_row` on as unwritten.
+    fn watch_rows(&mut self, watch: &RowWatch) -> Result<Watched, CudaError> {
+        let kinds = [BufferKind::STATE, BufferKind::IO_OUTPUT];
+        let err = |message: String| BackendError::Input {
+            name: watch.buffer.clone(),
+            message,
+        };
+        let b = amk_core::backend::named_buffer(&self.program, &watch.buffer, &kinds)
+            .map_err(|m| err(m.replace("{kinds}", "STATE or IO_OUTPUT")))?;
+        let buf = &self.program.buffers[b];
+        if buf.dtype != amk_core::DType::I32 || buf.rank() != 2 {
+            return Err(err(format!(
+                "a watched buffer must be I32 [rows, columns], not {} {:?}",
+                buf.dtype, buf.shape
+            ))
+            .into());
+        }
+        let (rows, cols) = (buf.shape[0], buf.shape[1] as usize);
+        let marker = RowWatch::UNWRITTEN.to_le_bytes();
+        for r in watch.first_row..rows {
+            self.io_write(b, r as usize * cols * 4, &marker)?;
+        }
+        Ok(Watched {
+            buffer: b,
+            cols,
+            rows,
+            next: watch.first_row,
+            live: self.io_mem(b)?.host,
+            stopped: false,
+        })
+    }
+
+    /// Reports every newly written row of `w` (until `on_row` asks to stop); true when it
+    /// reported any.
+    fn report_rows(&self, w: &mut Watched, on_row: &mut OnRow<'_>) -> Result<bool, CudaError> {
+        let mut row = vec![0u8; w.cols * 4];
+        let mut any = false;
+        while !w.stopped && w.next < w.rows {
+            self.io_read(w.buffer, w.next as usize * w.cols * 4, &mut row[..4])?;
+            if i32::from_le_bytes([row[0], row[1], row[2], row[3]]) == RowWatch::UNWRITTEN {
+                break;
+            }
+            self.io_read(w.buffer, w.next as usize * w.cols * 4, &mut row)?;
+            let vals: Vec<i32> = (row.chunks_exact(4))
+                .map(|c| i32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+                .collect();
+            w.next += 1;
+            any = true;
+            w.stopped = !on_row(w.next - 1, &vals);
+        }
+        Ok(any)
+    }
+
+    /// Runs up to `max_passes` passes of the program's step loop, as few launches as the
+    /// counters allow (one, unless `max_passes` × the largest wait threshold overflows 32
+    /// bits), streaming `watch`'s rows to `on_row` while the launch runs when the buffer is
+    /// host-mapped (else after it).
+    pub fn run_loop(
+        &mut self,
+        max_passes: u64,
+        watch: Option<&RowWatch>,
+        on_row: &mut OnRow<'_>,
+    ) -> Result<LoopRun, CudaError> {
+        if let Some(why) = &self.lost {
+            return Err(CudaError::ContextLost(why.clone()));
+        }
+        let Some(l) = self.program.step_loop else {
+            return Err(
+                BackendError::Unsupported("the program has no step loop to run".into()).into(),
+            );
+        };
+        self.check_inputs_set()?;
+        let mut watched = watch.map(|w| self.watch_rows(w)).transpose()?;
+        let widest = (self.program.tasks.iter())
+            .flat_map(|t| t.waits.iter().map(|w| w.threshold.max(1) as u64))
+            .max()
+            .unwrap_or(1)
+            .max(u64::from(self.prog.loop_gate_count));
+        let per_launch = (u64::from(u32::MAX) / widest).saturating_sub(1).max(1);
+        self.loop_stop.zero()?;
+        let mut run = LoopRun::default();
+        let mut kernel_ms = 0.0;
+        while run.passes < max_passes && !run.halted && !run.cancelled {
+            let n = (max_passes - run.passes).min(per_launch);
+            self.loop_words.set(crate::abi::LOOP_CANCEL, 0);
+            self.loop_words.set(crate::abi::LOOP_DONE, 0);
+            self.prog.loop_passes = n as u32;
+            self.prog.loop_words = self.loop_words.dev_ptr();
+            self.loop_seen = 0;
+            let launched = self
+                .launch()
+                .and_then(|()| self.wait_launch(&mut |me| me.poll_loop(&mut watched, on_row)));
+            self.prog.loop_passes = 0;
+            self.prog.loop_words = 0;
+            launched?;
+            kernel_ms += f64::from(self.last_ms.unwrap_or(0.0));
+            run.passes += u64::from(self.loop_words.get(crate::abi::LOOP_DONE).max(0) as u32);
+            let mut word = [0u8; 4];
+            self.io_read(l.halt as usize, 0, &mut word)?;
+            run.halted = i32::from_le_bytes(word) != 0;
+            self.loop_stop.read(0, &mut word)?;
+            run.cancelled = i32::from_le_bytes(word) != 0;
+            if let Some(w) = &mut watched {
+                self.report_rows(w, on_row)?;
+                run.cancelled |= w.stopped;
+            }
+        }
+        run.kernel_ms = Some(kernel_ms);
+        Ok(run)
+    }
+
+    /// One poll of a running loop: streams new rows (host-mapped) and passes the host's stop
+    /// request on; true when a pass ended since the last poll or a row arrived.
+    fn poll_loop(
+        &mut self,
+        watched: &mut Option<Watched>,
+        on_row: &mut OnRow<'_>,
+    ) -> Result<bool, CudaError> {
+        let mut progressed = false;
+        if let Some(w) = watched.as_mut().filter(|w| w.live) {
+            progressed = self.report_rows(w, on_row)?;
+            if w.stopped {
+                self.loop_words.set(crate::abi::LOOP_CANCEL, 1);
+            }
+        }
+        let done = self.loop_words.get(crate::abi::LOOP_DONE);
+        if done != self.loop_seen {
+            self.loop_seen = done;
+            progressed = true;
+        }
+        Ok(progressed)
     }
 
     /// Applies an absolute param patch: previously patched records go back to their loaded
@@ -659,6 +967,26 @@ impl Session for CudaSession {
     }
     fn set_params(&mut self, patch: &ParamPatch) -> Result<(), BackendError> {
         Ok(self.patch(patch)?)
+    }
+    fn write(&mut self, values: &[(&str, Tensor)]) -> Result<(), BackendError> {
+        if let Some(why) = &self.lost {
+            return Err(CudaError::ContextLost(why.clone()).into());
+        }
+        Ok(self.write_named(values, &[BufferKind::IO_INPUT, BufferKind::STATE])?)
+    }
+    fn read(&mut self, name: &str) -> Result<Tensor, BackendError> {
+        if let Some(why) = &self.lost {
+            return Err(CudaError::ContextLost(why.clone()).into());
+        }
+        Ok(self.read_named(name)?)
+    }
+    fn run_loop(
+        &mut self,
+        max_passes: u64,
+        watch: Option<&RowWatch>,
+        on_row: &mut OnRow<'_>,
+    ) -> Result<LoopRun, BackendError> {
+        Ok(CudaSession::run_loop(self, max_passes, watch, on_row)?)
     }
 }
 
