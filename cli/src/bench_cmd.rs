@@ -40,53 +40,68 @@ const KV_INIT: Init = Init {
 pub struct BenchArgs {
     /// A checkpoint to benchmark (HF directory or GGUF file).
     #[arg(long, value_name = "PATH")]
-    model: Option<PathBuf>,
+    pub model: Option<PathBuf>,
     /// A named model shape with synthetic weights generated on the device:
     /// llama-3.2-1b, llama-3.1-8b, smollm2-135m or tinyllama-1.1b.
     #[arg(long, value_name = "NAME")]
-    shape: Option<String>,
+    pub shape: Option<String>,
     /// Benchmarked precision: bf16 or f16 (the reference is always f32).
     #[arg(long, default_value = "bf16")]
-    dtype: String,
+    pub dtype: String,
     /// Decode positions, comma-separated (the KV cache holds a synthetic prefix before each).
     #[arg(long, value_delimiter = ',', default_value = "0,511")]
-    pos: Vec<u64>,
+    pub pos: Vec<u64>,
     /// Timed launches per point.
     #[arg(long, default_value_t = 200)]
-    iters: usize,
+    pub iters: usize,
     /// Untimed launches before timing.
     #[arg(long, default_value_t = 20)]
-    warmup: usize,
+    pub warmup: usize,
     /// KV-cache length (default: max(1024, largest position + 1)).
     #[arg(long, value_name = "N")]
-    max_seq: Option<u64>,
+    pub max_seq: Option<u64>,
     /// ScheduleConfig JSON (tiling, fusion_grouping, sm_assignment, ...), or `default` (the
     /// reference tiling) or `tuned`. Default: the tuned schedule (every projection split over
     /// all SMs, the fused decode opcodes: five phases per layer).
     #[arg(long, value_name = "cfg.json|default|tuned")]
-    config: Option<PathBuf>,
+    pub config: Option<PathBuf>,
     /// GPU target the schedule is laid out for; its SM count is replaced by the device's.
     #[arg(long, default_value = "h100")]
-    target: String,
+    pub target: String,
     /// Seed of the synthetic weights and KV prefix.
     #[arg(long, default_value_t = 1)]
-    seed: u64,
+    pub seed: u64,
     /// Also print a per-op trace of one step per point (stderr).
     #[arg(long)]
-    trace: bool,
+    pub trace: bool,
     /// With --trace, also append every traced task to FILE as CSV (model, pos, task, label,
     /// op, block; reached/ready/prologue/returned/done/dispatched/waiting in us from the step's
     /// first task, the prologue empty for ops that record none).
     #[arg(long, value_name = "FILE", requires = "trace")]
-    trace_out: Option<PathBuf>,
+    pub trace_out: Option<PathBuf>,
     /// Gate tolerance: max |error| / max |f32 logit| (the numerics conventions judge bf16 by
     /// 2e-2; a checkpoint whose logits bf16 itself moves further needs a looser bound, which
     /// the report then states).
     #[arg(long, default_value_t = HALF_TOLERANCE)]
-    tolerance: f64,
+    pub tolerance: f64,
+    /// End-to-end mode (with --model): time to first token for a prompt of this many tokens
+    /// of real text, then the decode rate at each --depth, through the engine (what `amk
+    /// generate` runs), wall clock next to device time.
+    #[arg(long, value_name = "P", requires = "model")]
+    pub prompt_tokens: Option<usize>,
+    /// End-to-end mode: tokens generated per decode measurement.
+    #[arg(long = "gen", value_name = "N", default_value_t = 128)]
+    pub gen_tokens: usize,
+    /// End-to-end mode: context lengths (tokens already in the KV cache) at which the decode
+    /// rate is measured, comma-separated.
+    #[arg(long, value_delimiter = ',', default_value = "0,512,2048")]
+    pub depth: Vec<u64>,
+    /// End-to-end mode: runs per figure (the median is reported).
+    #[arg(long, default_value_t = 3)]
+    pub repeat: usize,
     /// Machine-readable output on stdout.
     #[arg(long)]
-    json: bool,
+    pub json: bool,
 }
 
 /// Shown after `amk bench --help`.
@@ -143,14 +158,14 @@ impl Gate {
         self.argmax == self.argmax_ref && self.max_rel_err <= self.tolerance
     }
 
-    fn why(&self) -> String {
+    pub fn why(&self) -> String {
         format!(
             "max relative error {:.3e} (tolerance {:.0e}), argmax {} vs reference {}",
             self.max_rel_err, self.tolerance, self.argmax, self.argmax_ref
         )
     }
 
-    fn json(&self) -> serde_json::Value {
+    pub fn json(&self) -> serde_json::Value {
         serde_json::json!({
             "passed": self.passed(),
             "max_rel_err": if self.max_rel_err.is_finite() { Some(self.max_rel_err) } else { None },
@@ -238,7 +253,10 @@ fn subject(a: &BenchArgs) -> Result<Subject, ModelCmdError> {
 
 /// `amk bench`.
 pub fn run(a: &BenchArgs) -> ExitCode {
-    finish(a.json, bench(a))
+    match a.prompt_tokens {
+        Some(p) => finish(a.json, crate::e2e_bench::bench_e2e(a, p)),
+        None => finish(a.json, bench(a)),
+    }
 }
 
 fn bench(a: &BenchArgs) -> Result<(), ModelCmdError> {
@@ -267,6 +285,22 @@ fn bench(a: &BenchArgs) -> Result<(), ModelCmdError> {
     let reg = registry()?;
     let subject = subject(a)?;
     let max_pos = a.pos.iter().copied().max().unwrap_or(0);
+    // A checkpoint is gated on a real prefix: the first `pos` tokens of a real text are fed
+    // before the gated step (random KV rows are far from anything the model produces, and
+    // move half-precision logits further than real text does).
+    let prefix = match &subject.synth {
+        Some(_) => None,
+        None => {
+            let tok = subject.model.tokenizer.as_ref().ok_or_else(|| {
+                ModelCmdError::Usage(format!(
+                    "{}: the model carries no tokenizer to encode the gate's text prefix",
+                    subject.source
+                ))
+            })?;
+            Some(crate::e2e_bench::text_ids(tok, max_pos as usize + 1)?)
+        }
+    };
+    let prefix = prefix.as_deref();
     let max_seq = a.max_seq.unwrap_or(1024.max(max_pos + 1));
     let gpu = CudaBackend::new(CudaOptions::default())
         .map_err(|e| ModelCmdError::Usage(format!("amk bench needs the CUDA backend: {e}")))?;
@@ -280,8 +314,8 @@ fn bench(a: &BenchArgs) -> Result<(), ModelCmdError> {
             let opts = LowerOptions {
                 dtype: dt,
                 max_seq: Some(max_seq),
-                pos,
                 argmax: false,
+                decode_loop: None,
             };
             let mut lowered = lower(&subject.model, &cfg, &target, &opts)?;
             let program = std::mem::take(&mut lowered.program);
@@ -293,7 +327,8 @@ fn bench(a: &BenchArgs) -> Result<(), ModelCmdError> {
         let want = {
             let (v, lowered) = lower_at(DType::F32)?;
             let mut s = open(&gpu, &v, &lowered, subject.synth.as_ref(), &reg, a.seed)?;
-            step(&mut s, &v, pos)?
+            feed_prefix(&mut s, &v, prefix, pos)?;
+            step(&mut s, &v, pos, prefix)?
         };
         eprintln!(
             "{} pos {pos}: {} run and gate...",
@@ -302,7 +337,8 @@ fn bench(a: &BenchArgs) -> Result<(), ModelCmdError> {
         );
         let (v, lowered) = lower_at(dtype)?;
         let mut s = open(&gpu, &v, &lowered, subject.synth.as_ref(), &reg, a.seed)?;
-        let got = step(&mut s, &v, pos)?;
+        feed_prefix(&mut s, &v, prefix, pos)?;
+        let got = step(&mut s, &v, pos, prefix)?;
         let mut gate = Gate::check(&got, &want, a.tolerance);
         let p = v.program();
         let weight_bytes = p.total_weight_bytes();
@@ -321,7 +357,7 @@ fn bench(a: &BenchArgs) -> Result<(), ModelCmdError> {
                 a.iters,
                 a.warmup
             );
-            let inputs = inputs(&v, pos);
+            let inputs = inputs(&v, pos, prefix);
             for _ in 0..a.warmup {
                 s.run(&inputs)?;
             }
@@ -372,7 +408,24 @@ fn bench(a: &BenchArgs) -> Result<(), ModelCmdError> {
     }
 }
 
-/// Loads a session with the subject's weights and a synthetic KV prefix.
+/// Feeds `prefix[..pos]` (a real text) one step each, so that the KV cache holds what the
+/// model itself wrote for it; nothing without a prefix (synthetic weights: `open` filled the
+/// caches).
+fn feed_prefix(
+    s: &mut CudaSession,
+    v: &ValidatedProgram,
+    prefix: Option<&[u32]>,
+    pos: u64,
+) -> Result<(), ModelCmdError> {
+    if prefix.is_some() {
+        for p in 0..pos {
+            s.run(&inputs(v, p, prefix))?;
+        }
+    }
+    Ok(())
+}
+
+/// Loads a session with the subject's weights; synthetic weights get a synthetic KV prefix.
 fn open(
     gpu: &CudaBackend,
     v: &ValidatedProgram,
@@ -385,17 +438,20 @@ fn open(
         Some(w) => gpu.load_session_synthetic(v, w, reg)?,
         None => gpu.load_session(v, &lowered.weights, reg)?,
     };
-    let caches: Vec<usize> = (0..v.program().buffers.len())
-        .filter(|&b| v.program().buffers[b].kind == BufferKind::KV_CACHE)
-        .collect();
-    for b in caches {
-        s.fill_synthetic(b, seed ^ 0x006b_7663_6163_6865, KV_INIT)?;
+    if synth.is_some() {
+        let caches: Vec<usize> = (0..v.program().buffers.len())
+            .filter(|&b| v.program().buffers[b].kind == BufferKind::KV_CACHE)
+            .collect();
+        for b in caches {
+            s.fill_synthetic(b, seed ^ 0x006b_7663_6163_6865, KV_INIT)?;
+        }
     }
     Ok(s)
 }
 
-/// The decode step's inputs at `pos` (a fixed, position-dependent token).
-fn inputs(v: &ValidatedProgram, pos: u64) -> Vec<(&'static str, Tensor)> {
+/// The decode step's inputs at `pos`: the prefix's token there, or a fixed,
+/// position-dependent one.
+fn inputs(v: &ValidatedProgram, pos: u64, prefix: Option<&[u32]>) -> Vec<(&'static str, Tensor)> {
     let vocab = v
         .program()
         .buffers
@@ -404,7 +460,10 @@ fn inputs(v: &ValidatedProgram, pos: u64) -> Vec<(&'static str, Tensor)> {
         .and_then(|b| b.shape.last().copied())
         .unwrap_or(1)
         .max(1);
-    let token = (pos * 7919 + 1234) % vocab;
+    let token = match prefix.and_then(|t| t.get(pos as usize)) {
+        Some(&t) => u64::from(t),
+        None => (pos * 7919 + 1234) % vocab,
+    };
     let scalar = |x: u64| Tensor::from_i64(DType::I32, &[1], &[x as i64]);
     let mut out = Vec::new();
     for (name, x) in [("token_id", token), ("pos", pos), ("reshape_id0", 0)] {
@@ -416,9 +475,14 @@ fn inputs(v: &ValidatedProgram, pos: u64) -> Vec<(&'static str, Tensor)> {
 }
 
 /// One step with poisoned outputs; the logits as f32.
-fn step(s: &mut CudaSession, v: &ValidatedProgram, pos: u64) -> Result<Vec<f32>, ModelCmdError> {
+fn step(
+    s: &mut CudaSession,
+    v: &ValidatedProgram,
+    pos: u64,
+    prefix: Option<&[u32]>,
+) -> Result<Vec<f32>, ModelCmdError> {
     s.poison_outputs()?;
-    let out = s.run(&inputs(v, pos))?;
+    let out = s.run(&inputs(v, pos, prefix))?;
     logits(Some(out))
 }
 

@@ -3,6 +3,7 @@
 
 mod backend_choice;
 mod bench_cmd;
+mod e2e_bench;
 mod model_cmd;
 mod ops_cmd;
 mod registry;

@@ -1,18 +1,19 @@
 //! `amk lower`, `amk generate`, `amk perplexity`: the model-level commands.
 //!
 //! All three share one path: resolve the model (a path, or the default SmolLM2-135M-Instruct
-//! fetched and cached on first use), import it (HF directory or GGUF file), lower it under a
-//! ScheduleConfig for a GPU target, then (generate / perplexity) validate and run it on a
-//! backend (`--backend cpu|cuda|auto`, see [`crate::backend_choice`]) one token per forward
-//! pass. Bad input is a typed [`ModelCmdError`] with a message and exit status 2; a backend
-//! failure exits 3.
+//! fetched and cached on first use), import it (HF directory or GGUF file) and lower it under
+//! a ScheduleConfig for a GPU target. `generate` and `perplexity` hand the model to the engine
+//! (`amk_engine`: the program lowered as a decode loop, validated and loaded on a backend,
+//! `--backend cpu|cuda|auto`, see [`crate::backend_choice`]), which runs a whole request as
+//! one loop of passes. Bad input is a typed [`ModelCmdError`] with a message and exit status
+//! 2; a backend failure exits 3.
 
 use crate::backend_choice::{self, BackendKind, BackendUnavailable};
 use amk_core::{DType, GpuTarget, Importer, Registry, ScheduleConfig};
+use amk_engine::{Engine, EngineError, EngineOptions, Finish, Request, Sampling};
 use amk_model_llama::gguf_import::GgufImporter;
 use amk_model_llama::hf::HfImporter;
 use amk_model_llama::lower::{LowerOptions, Lowered, lower, tuned_schedule};
-use amk_model_llama::run::{Engine, Sampler, generate, perplexity};
 use amk_model_llama::{Model, ModelError, Tokenizer};
 use std::io::Write as _;
 use std::path::{Path, PathBuf};
@@ -46,6 +47,9 @@ pub enum ModelCmdError {
     /// A benchmark's half-precision output disagreed with its f32 reference.
     #[error("correctness gate failed: {0}")]
     Gate(String),
+    /// The engine could not load the model or serve the request.
+    #[error("{0}")]
+    Engine(#[from] EngineError),
 }
 
 impl ModelCmdError {
@@ -57,6 +61,13 @@ impl ModelCmdError {
             | ModelCmdError::Device(_)
             | ModelCmdError::Gate(_) => 3,
             ModelCmdError::Model(ModelError::Invalid(_)) => 1,
+            ModelCmdError::Engine(e) => match e {
+                EngineError::Backend(_) => 3,
+                EngineError::Invalid(_) | EngineError::Interface(_) => 1,
+                EngineError::Model(ModelError::Invalid(_)) => 1,
+                EngineError::Model(ModelError::Backend(_)) => 3,
+                _ => 2,
+            },
             _ => 2,
         }
     }
@@ -72,6 +83,13 @@ impl ModelCmdError {
             ModelCmdError::Io(_) => "io",
             ModelCmdError::Device(_) => "backend",
             ModelCmdError::Gate(_) => "gate",
+            ModelCmdError::Engine(e) => match e {
+                EngineError::Backend(_) => "backend",
+                EngineError::Invalid(_) | EngineError::Interface(_) => "rejected",
+                EngineError::ContextFull { .. } => "context",
+                EngineError::Request(_) => "usage",
+                EngineError::Model(_) => "model",
+            },
         }
     }
 }
@@ -109,9 +127,10 @@ pub struct ModelArgs {
 pub struct LowerArgs {
     #[command(flatten)]
     common: ModelArgs,
-    /// Decode position the program's params describe.
-    #[arg(long, default_value_t = 0)]
-    pos: u64,
+    /// Lower the program as the body of a decode loop on the device (position and token
+    /// carried from pass to pass, the NEXT_TOKEN tail, a step loop), as `generate` runs it.
+    #[arg(long)]
+    decode_loop: bool,
     /// Output program file (.json or .json.gz).
     #[arg(short = 'o', long = "output", value_name = "prog.json")]
     output: PathBuf,
@@ -146,6 +165,9 @@ pub struct GenerateArgs {
     /// Nucleus sampling: sample from the smallest set of tokens whose probability reaches P.
     #[arg(long, value_name = "P", default_value_t = 1.0)]
     top_p: f64,
+    /// Sample from the K most likely tokens only (0: every token).
+    #[arg(long, value_name = "K", default_value_t = 0)]
+    top_k: u32,
     /// Seed of the sampler (the same seed gives the same text).
     #[arg(long, default_value_t = 0)]
     seed: u64,
@@ -247,6 +269,13 @@ struct Prepared {
     lower_s: f64,
 }
 
+/// An imported model and how the engine is to lower it.
+struct Imported {
+    model: Model,
+    options: EngineOptions,
+    import_s: f64,
+}
+
 /// The schedule `--config` names, and how to name it in reports: `default` (the reference
 /// tiling), `tuned` ([`tuned_schedule`]) or a ScheduleConfig JSON file; without `--config`,
 /// `tuned` when `tuned_by_default` (the CUDA backend runs it) and `default` otherwise.
@@ -282,15 +311,11 @@ pub fn target_named(name: &str) -> Result<GpuTarget, ModelCmdError> {
     })
 }
 
-/// Imports and lowers the model. `gpu_sms`: the SM count of the CUDA device that will run
-/// the program (its schedule is then the tuned one by default, laid out for that many SMs).
-fn prepare(
-    a: &ModelArgs,
-    pos: u64,
-    argmax: bool,
-    gpu_sms: Option<usize>,
-) -> Result<Prepared, ModelCmdError> {
-    let (cfg, _) = schedule_config(a.config.as_deref(), gpu_sms.is_some())?;
+/// Imports the model and settles the lowering options. `gpu_sms`: the SM count of the CUDA
+/// device that will run the program (its schedule is then the tuned one by default, laid
+/// out for that many SMs).
+fn import(a: &ModelArgs, gpu_sms: Option<usize>) -> Result<Imported, ModelCmdError> {
+    let (schedule, _) = schedule_config(a.config.as_deref(), gpu_sms.is_some())?;
     let mut target = target_named(&a.target)?;
     if let Some(sms) = gpu_sms {
         target.num_sms = sms as i64;
@@ -299,22 +324,55 @@ fn prepare(
     let path = resolve_model(a.model.as_deref(), a.json)?;
     let t0 = Instant::now();
     let model = import_model(&path)?;
-    let import_s = t0.elapsed().as_secs_f64();
+    Ok(Imported {
+        model,
+        options: EngineOptions {
+            schedule,
+            target,
+            dtype,
+            max_seq: a.max_seq,
+            stop_slots: amk_model_llama::lower::DecodeLoop::default().stop_slots,
+        },
+        import_s: t0.elapsed().as_secs_f64(),
+    })
+}
+
+/// Imports and lowers the model (`amk lower`).
+fn prepare(a: &ModelArgs, decode_loop: bool) -> Result<Prepared, ModelCmdError> {
+    let imported = import(a, None)?;
+    let o = &imported.options;
     let t1 = Instant::now();
     let opts = LowerOptions {
-        dtype,
-        max_seq: a.max_seq,
-        pos,
-        argmax,
+        dtype: o.dtype,
+        max_seq: o.max_seq,
+        argmax: true,
+        decode_loop: decode_loop.then_some(amk_model_llama::lower::DecodeLoop {
+            stop_slots: o.stop_slots,
+        }),
     };
-    let lowered = lower(&model, &cfg, &target, &opts)?;
-    let lower_s = t1.elapsed().as_secs_f64();
+    let lowered = lower(&imported.model, &o.schedule, &o.target, &opts)?;
     Ok(Prepared {
-        model,
         lowered,
-        import_s,
-        lower_s,
+        model: imported.model,
+        import_s: imported.import_s,
+        lower_s: t1.elapsed().as_secs_f64(),
     })
+}
+
+/// Lowers, validates and loads the model as a decode loop on the chosen backend.
+fn load_engine(
+    imported: &Imported,
+    chosen: &backend_choice::Chosen,
+    reg: &Registry,
+) -> Result<(Engine, f64), ModelCmdError> {
+    let t = Instant::now();
+    let engine = amk_engine::lower_and_load(
+        &imported.model,
+        &imported.options,
+        chosen.backend.as_ref(),
+        reg,
+    )?;
+    Ok((engine, t.elapsed().as_secs_f64()))
 }
 
 fn tokenizer(model: &Model) -> Result<&Tokenizer, ModelCmdError> {
@@ -348,7 +406,7 @@ pub fn run_lower(a: &LowerArgs) -> ExitCode {
 
 fn lower_inner(a: &LowerArgs) -> Result<(), ModelCmdError> {
     let reg = registry()?;
-    let p = prepare(&a.common, a.pos, true, None)?;
+    let p = prepare(&a.common, a.decode_loop)?;
     let prog = &p.lowered.program;
     let t = Instant::now();
     let result = amk_core::validate(prog, &reg);
@@ -415,12 +473,19 @@ fn generate_inner(a: &GenerateArgs) -> Result<(), ModelCmdError> {
             .map_err(|e| ModelCmdError::Usage(format!("{}: {e}", f.display())))?,
         (None, None) => "The capital of France is".to_string(),
     };
-    let chosen = backend_choice::open(a.backend, a.threads)?;
-    let mut sampler = Sampler::new(a.temperature, a.top_p, a.seed)
+    let sampling = Sampling {
+        temperature: a.temperature as f32,
+        top_p: a.top_p as f32,
+        top_k: a.top_k,
+        seed: a.seed,
+    };
+    sampling
+        .check()
         .map_err(|e| ModelCmdError::Usage(e.to_string()))?;
+    let chosen = backend_choice::open(a.backend, a.threads)?;
     let reg = registry()?;
-    let p = prepare(&a.common, 0, true, chosen.gpu_sms)?;
-    let tok = tokenizer(&p.model)?.clone();
+    let imported = import(&a.common, chosen.gpu_sms)?;
+    let tok = tokenizer(&imported.model)?.clone();
     let rendered = if a.chat {
         tok.apply_chat_template(&[("user", text.as_str())], true)?
     } else {
@@ -432,14 +497,7 @@ fn generate_inner(a: &GenerateArgs) -> Result<(), ModelCmdError> {
             "the prompt encodes to no tokens".into(),
         ));
     }
-    let need = prompt_ids.len() as u64 + a.n.saturating_sub(1) as u64;
-    let max_seq = p.lowered.positions.max_seq;
-    if need > max_seq {
-        return Err(ModelCmdError::Model(ModelError::ContextFull { max_seq }));
-    }
-    let t = Instant::now();
-    let mut engine = Engine::new(p.lowered, chosen.backend.as_ref(), &reg)?;
-    let load_s = t.elapsed().as_secs_f64();
+    let (mut engine, load_s) = load_engine(&imported, &chosen, &reg)?;
     let stop = if a.ignore_eos {
         Vec::new()
     } else {
@@ -452,20 +510,21 @@ fn generate_inner(a: &GenerateArgs) -> Result<(), ModelCmdError> {
         out.flush()?;
     }
     let mut stream_err = None;
-    let t = Instant::now();
-    let mut first_token_s = None;
     // A model may have more rows than its tokenizer has tokens (padded embeddings): never
     // pick an id the tokenizer cannot decode.
-    let tok_vocab = tok.vocab_size();
-    let mut pick = |l: &[f32]| sampler.pick(&l[..tok_vocab.min(l.len()).max(1)]);
-    let generated = generate(&mut engine, &prompt_ids, a.n, &stop, &mut pick, &mut |id| {
-        if first_token_s.is_none() {
-            first_token_s = Some(t.elapsed().as_secs_f64());
-        }
-        if a.common.json || stop.contains(&id) {
+    let request = Request {
+        prompt: &prompt_ids,
+        max_new: a.n,
+        sampling,
+        stop: &stop,
+        vocab_limit: Some(tok.vocab_size()),
+        passes_per_launch: None,
+    };
+    let generation = engine.generate(&request, &mut |t| {
+        if a.common.json || stop.contains(&t.id) {
             return true;
         }
-        match stream.step(id) {
+        match stream.step(t.id) {
             Ok(Some(piece)) => {
                 let _ = write!(out, "{piece}");
                 let _ = out.flush();
@@ -475,25 +534,28 @@ fn generate_inner(a: &GenerateArgs) -> Result<(), ModelCmdError> {
         }
         true
     })?;
-    let total_s = t.elapsed().as_secs_f64();
     if let Some(e) = stream_err {
         return Err(e.into());
     }
-    let prefill_s = first_token_s.unwrap_or(total_s);
-    let decode_steps = generated.len().saturating_sub(1);
-    let decode_tps = if decode_steps > 0 {
-        decode_steps as f64 / (total_s - prefill_s).max(1e-9)
-    } else {
-        0.0
+    let ids: Vec<u32> = generation.tokens.iter().map(|t| t.id).collect();
+    // The text is what was streamed: without the stop token that ended generation.
+    let shown = match generation.finish {
+        Finish::Stop => &ids[..ids.len().saturating_sub(1)],
+        _ => &ids[..],
     };
-    let text_out = tok.decode(&generated)?;
+    let text_out = tok.decode(shown)?;
+    let ttft = generation.first_token_s().unwrap_or(generation.total_s);
+    let decode_tps = generation.decode_tokens_per_s().unwrap_or(0.0);
+    let prompt_tps = prompt_ids.len() as f64 / ttft.max(1e-9);
     if a.common.json {
         let v = serde_json::json!({
             "prompt_ids": prompt_ids,
-            "generated_ids": generated,
+            "generated_ids": ids,
             "text": text_out,
+            "finish": generation.finish.as_str(),
             "tokens_per_s": decode_tps,
-            "prompt_tokens_per_s": prompt_ids.len() as f64 / prefill_s.max(1e-9),
+            "prompt_tokens_per_s": prompt_tps,
+            "time_to_first_token_s": ttft,
             "backend": chosen.name(),
         });
         println!("{v}");
@@ -503,19 +565,29 @@ fn generate_inner(a: &GenerateArgs) -> Result<(), ModelCmdError> {
         }
         writeln!(out)?;
         eprintln!(
-            "[{} prompt tokens in {:.2} s ({:.1} tok/s), {} generated, decode {:.1} tok/s; import {:.2} s, lower {:.3} s, load {:.2} s; backend {}]",
+            "[{} prompt tokens in {:.2} s ({:.1} tok/s), {} generated ({}), decode {:.1} tok/s; import {:.2} s, load {:.2} s; backend {}]",
             prompt_ids.len(),
-            prefill_s,
-            prompt_ids.len() as f64 / prefill_s.max(1e-9),
-            generated.len(),
+            ttft,
+            prompt_tps,
+            ids.len(),
+            finish_words(generation.finish),
             decode_tps,
-            p.import_s,
-            p.lower_s,
+            imported.import_s,
             load_s,
             chosen.name()
         );
     }
     Ok(())
+}
+
+/// Why generation ended, for the summary line.
+fn finish_words(f: Finish) -> &'static str {
+    match f {
+        Finish::Stop => "stopped at an end token",
+        Finish::Length => "token budget reached",
+        Finish::ContextFull => "KV cache full",
+        Finish::Cancelled => "cancelled",
+    }
 }
 
 /// `amk perplexity`.
@@ -528,16 +600,12 @@ fn perplexity_inner(a: &PerplexityArgs) -> Result<(), ModelCmdError> {
         .map_err(|e| ModelCmdError::Usage(format!("{}: {e}", a.text_file.display())))?;
     let chosen = backend_choice::open(a.backend, a.threads)?;
     let reg = registry()?;
-    let p = prepare(&a.common, 0, false, chosen.gpu_sms)?;
-    let tok = tokenizer(&p.model)?.clone();
+    let imported = import(&a.common, chosen.gpu_sms)?;
+    let tok = tokenizer(&imported.model)?.clone();
     let ids = tok.encode(&text)?;
-    let max_seq = p.lowered.positions.max_seq;
-    if ids.len() as u64 > max_seq {
-        return Err(ModelCmdError::Model(ModelError::ContextFull { max_seq }));
-    }
-    let mut engine = Engine::new(p.lowered, chosen.backend.as_ref(), &reg)?;
+    let (mut engine, _) = load_engine(&imported, &chosen, &reg)?;
     let t = Instant::now();
-    let (n, nll) = perplexity(&mut engine, &ids)?;
+    let (n, nll) = engine.perplexity(&ids)?;
     let secs = t.elapsed().as_secs_f64();
     if a.common.json {
         let v = serde_json::json!({"tokens": ids.len(), "predictions": n, "nll": nll, "perplexity": nll.exp(), "backend": chosen.name()});

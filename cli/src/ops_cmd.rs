@@ -127,17 +127,23 @@ fn llama_programs(
         let cfg = presets::preset(shape).map_err(|e| e.to_string())?;
         let model = Model::shape_only(cfg, shape);
         for (sname, schedule) in schedules {
-            for argmax in [true, false] {
+            // The tails `amk run`/`amk lower` (argmax), `amk bench` (logits) and the engine
+            // (a decode loop) lower.
+            for (argmax, decode_loop) in [(true, false), (false, false), (false, true)] {
                 let opts = LowerOptions {
                     dtype,
                     max_seq: Some(64),
-                    pos: 0,
                     argmax,
+                    decode_loop: decode_loop.then(amk_model_llama::lower::DecodeLoop::default),
                 };
                 let p = lower(&model, schedule, &target, &opts)
                     .map_err(|e| e.to_string())?
                     .program;
-                let what = if argmax { ", argmax" } else { "" };
+                let what = match (argmax, decode_loop) {
+                    (true, _) => ", argmax",
+                    (_, true) => ", decode loop",
+                    _ => "",
+                };
                 let dt = dtype.name().to_ascii_lowercase();
                 out.push((format!("{dt} {sname}{what}, {shape}"), p));
             }

@@ -14,7 +14,6 @@ pub mod lower;
 pub mod model;
 pub mod permute;
 pub mod presets;
-pub mod run;
 pub mod safetensors;
 pub mod tokenizer;
 

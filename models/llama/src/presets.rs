@@ -119,6 +119,27 @@ pub fn synthetic_weights(cfg: &ModelConfig, seed: u64) -> SyntheticWeights {
 }
 
 impl Model {
+    /// A model with `config` and random weights on the host (seeded): norm weights in
+    /// [0.6, 1.4], biases in ±0.1, every matrix uniform in ±1.5/√K — logits with clear
+    /// winners, so tests of decoding see real choices, never zeros.
+    pub fn random(config: ModelConfig, seed: u64) -> Result<Model, ModelError> {
+        use amk_core::{DType, Tensor};
+        let mut rng = amk_core::sim::SplitMix(seed);
+        let mut w = amk_core::WeightStore::new();
+        for (name, shape) in tensor_names(&config) {
+            let t = if name.ends_with("norm.weight") {
+                Tensor::random(DType::F32, &shape, &mut rng, 0.6, 1.4)
+            } else if name.ends_with(".bias") {
+                Tensor::random(DType::F32, &shape, &mut rng, -0.1, 0.1)
+            } else {
+                let s = 1.5 / (*shape.last().unwrap_or(&1) as f64).sqrt();
+                Tensor::random(DType::F32, &shape, &mut rng, -s, s)
+            };
+            w.insert(name, t);
+        }
+        Model::new(config, w, None, "random", ModelFormat::Hf)
+    }
+
     /// A model with `config` and no weight data: lowering takes every tensor's shape from the
     /// configuration and the backend generates the values ([`synthetic_weights`]).
     pub fn shape_only(config: ModelConfig, source: impl Into<String>) -> Model {

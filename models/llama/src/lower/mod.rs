@@ -15,10 +15,13 @@
 //! `pipelining_depth`, `threads_per_block` and `smem_bytes_per_block` are kernel-build knobs:
 //! recorded in the program's config for the backend.
 //!
-//! Positions: a decode loop moves to the next token by patching a few int params
-//! ([`PositionPlan::edits`]: KV_APPEND `pos`, attention `kv_start`/`kv_len`) through
-//! [`amk_core::ValidatedProgram::check_patch`] and setting the `pos` input; the program is
-//! lowered once.
+//! Positions live in device memory: every task that depends on the position (ROPE,
+//! KV_APPEND, the attention, QKV_ROPE_APPEND) reads it from the `pos` buffer, and the
+//! attention's params are a static window of the cache that the position clips. Moving to the
+//! next token changes no param: the host sets `pos` (an IO input), or, in a program lowered
+//! with [`DecodeLoop`], the program's tail advances it itself (a STATE buffer) and the program
+//! runs many passes in one launch ([`amk_core::StepLoop`]; the interface is
+//! [`amk_core::decode`]).
 
 pub mod pages;
 pub mod sm;
@@ -29,7 +32,7 @@ use crate::model::{self, EMBED, FINAL_NORM, LM_HEAD, Model, ModelFormat, layer_t
 use amk_core::json::{Map, Value};
 use amk_core::{
     BufferId, BufferKind, CounterId, DType, GpuTarget, Opcode, Program, ScheduleConfig, TaskId,
-    Tensor, WeightStore,
+    Tensor, WeightStore, decode,
 };
 use std::sync::Arc;
 
@@ -87,10 +90,11 @@ pub struct LowerOptions {
     pub dtype: DType,
     /// KV-cache length; `None` = [`DEFAULT_MAX_SEQ`] capped by `max_position_embeddings`.
     pub max_seq: Option<u64>,
-    /// The position the program's params describe (a decode loop patches them later).
-    pub pos: u64,
-    /// Append SAMPLE_ARGMAX → `next_token` (I32) after the logits.
+    /// Append SAMPLE_ARGMAX → `next_token` (I32) after the logits (ignored with
+    /// `decode_loop`, whose tail chooses the next token itself).
     pub argmax: bool,
+    /// Lower the program as the body of a decode loop on the device.
+    pub decode_loop: Option<DecodeLoop>,
 }
 
 impl Default for LowerOptions {
@@ -98,48 +102,26 @@ impl Default for LowerOptions {
         LowerOptions {
             dtype: DType::F32,
             max_seq: None,
-            pos: 0,
             argmax: true,
+            decode_loop: None,
         }
     }
 }
 
-/// What changes with the position, per task.
-#[derive(Debug, Clone, PartialEq)]
-enum PosRule {
-    /// KV_APPEND: `pos = p`.
-    Append,
-    /// Whole attention: `kv_len = p + 1`.
-    Attend,
-    /// Split-KV shard `i` of `n`: rows `[i·s, min((i+1)·s, p+1))` with `s = ceil((p+1)/n)`.
-    Shard { i: u64, n: u64 },
+/// A decode program that runs many passes in one launch: the position and the token are
+/// STATE buffers, and a NEXT_TOKEN tail picks the next token (the prompt's next one, or a
+/// sampled one streamed through the host-mapped `emitted` rows), advances the position and
+/// decides whether the loop halts; the program carries a [`amk_core::StepLoop`] gated on it.
+/// Buffer names and input layouts: [`amk_core::decode`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DecodeLoop {
+    /// Stop-token slots (the `stop` input's length, at least 1).
+    pub stop_slots: u64,
 }
 
-/// The position-dependent params of a lowered program.
-#[derive(Debug, Clone, PartialEq, Default)]
-pub struct PositionPlan {
-    rules: Vec<(TaskId, PosRule)>,
-    /// KV-cache length: positions run `0..max_seq`.
-    pub max_seq: u64,
-}
-
-impl PositionPlan {
-    /// The absolute param edits for position `pos` (to pass to `check_patch`).
-    pub fn edits(&self, pos: u64) -> Vec<(TaskId, &'static str, i64)> {
-        let kv_len = pos as i64 + 1;
-        let mut out = Vec::with_capacity(self.rules.len() * 2);
-        for (t, r) in &self.rules {
-            match r {
-                PosRule::Append => out.push((*t, "pos", pos as i64)),
-                PosRule::Attend => out.push((*t, "kv_len", kv_len)),
-                PosRule::Shard { i, n } => {
-                    let (start, len) = shard_range(kv_len as u64, *i, *n);
-                    out.push((*t, "kv_start", start as i64));
-                    out.push((*t, "kv_len", len as i64));
-                }
-            }
-        }
-        out
+impl Default for DecodeLoop {
+    fn default() -> Self {
+        DecodeLoop { stop_slots: 8 }
     }
 }
 
@@ -159,8 +141,8 @@ pub struct Lowered {
     pub program: Program,
     /// Weights to bind (WeightStore::bind) — shared with the model where no cast was needed.
     pub weights: WeightStore,
-    /// Position-dependent params.
-    pub positions: PositionPlan,
+    /// KV-cache length: positions run `0..max_seq`.
+    pub max_seq: u64,
     /// Page statistics, when pages were allocated.
     pub page_stats: Option<pages::PageStats>,
 }
@@ -372,7 +354,6 @@ struct Builder<'a> {
     num_sms: u64,
     dtype: DType,
     dbytes: i64,
-    rules: Vec<(TaskId, PosRule)>,
     /// The model's RMS-norm epsilon (the fused tiles normalise with it).
     eps: Value,
 }
@@ -398,7 +379,53 @@ impl From<Val> for Row {
     }
 }
 
+/// What a decode loop's tail reads and writes besides its own buffers.
+struct LoopTail {
+    logits: Val,
+    pos: BufferId,
+    token: BufferId,
+    max_seq: u64,
+    vocab: u64,
+}
+
 impl Builder<'_> {
+    /// The decode loop's tail (NEXT_TOKEN after the logits) and its interface buffers
+    /// ([`amk_core::decode`]); returns the step loop it gates.
+    fn next_token(&mut self, t: &LoopTail, dl: DecodeLoop) -> amk_core::StepLoop {
+        let input = |b: &mut Builder<'_>, name: &str, dtype: DType, len: u64| {
+            b.p.new_buffer(name, BufferKind::IO_INPUT, dtype, &[len])
+        };
+        let prompt = input(self, decode::PROMPT, DType::I32, t.max_seq);
+        let stop = input(self, decode::STOP, DType::I32, dl.stop_slots.max(1));
+        let limits = input(self, decode::LIMITS, DType::I32, decode::LIMITS_LEN);
+        let sampling = input(self, decode::SAMPLING, DType::F32, decode::SAMPLING_LEN);
+        let halt = self
+            .p
+            .new_buffer(decode::HALT, BufferKind::STATE, DType::I32, &[1]);
+        let emitted = self.p.new_buffer(
+            decode::EMITTED,
+            BufferKind::STATE,
+            DType::I32,
+            &[t.max_seq, 2],
+        );
+        self.p.buffers[emitted as usize].space = amk_core::MemSpace::HOST;
+        let gate = self.p.new_counter("next token");
+        let task = self.p.push_task(
+            Opcode::NEXT_TOKEN,
+            &[t.logits.buf, t.pos, prompt, stop, limits, sampling],
+            &[t.pos, t.token, halt, emitted],
+            gate,
+            &[t.logits.wait],
+            Map::new(),
+            "next_token",
+        );
+        if let Some(task) = self.p.tasks.get_mut(task as usize) {
+            task.est_bytes = t.vocab as i64 * self.dbytes;
+            task.est_flops = 4 * t.vocab as i64;
+        }
+        amk_core::StepLoop { gate, halt }
+    }
+
     fn act(&mut self, name: String, shape: &[u64]) -> BufferId {
         self.p
             .new_buffer(name, BufferKind::ACTIVATION, self.dtype, shape)
@@ -500,12 +527,13 @@ impl Builder<'_> {
     /// "gemv"]`): each tile attends over `(q, k_cache, v_cache)` (ready at `waits`) with the
     /// attention params `att`, then multiplies by its rows of `wo`. Fused with the residual
     /// (`["gemv", "add"]`) the tiles take `resid` as their bias (labels `L{l}.attn_o_add[i]`);
-    /// otherwise they write the activation `L{l}.o` and an ADD follows. Every tile's `kv_len`
-    /// moves with the position. Returns the residual stream after the attention.
+    /// otherwise they write the activation `L{l}.o` and an ADD follows. Every tile reads the
+    /// position `pos` (its last input), which clips the attention window `att` to the rows
+    /// written so far. Returns the residual stream after the attention.
     fn attention_proj(
         &mut self,
         fuse_resid: bool,
-        (q, kc, vc, waits): (BufferId, BufferId, BufferId, &[(CounterId, i64)]),
+        (q, kc, vc, pos, waits): (BufferId, BufferId, BufferId, BufferId, &[(CounterId, i64)]),
         att: Map,
         wo: BufferId,
         (resid, h): (Val, u64),
@@ -513,7 +541,6 @@ impl Builder<'_> {
     ) -> Val {
         let k = self.p.buffers[q as usize].numel();
         let width = gemv_tile_width(self.cfg, h, self.num_sms);
-        let first = self.p.tasks.len();
         let mut waits = waits.to_vec();
         let mut ins = vec![q, kc, vc, wo];
         let (out, label) = if fuse_resid {
@@ -526,6 +553,7 @@ impl Builder<'_> {
         } else {
             (self.act(format!("L{l}.o"), &[1, h]), format!("L{l}.attn_o"))
         };
+        ins.push(pos);
         let val = self.tiles(
             Opcode::ATTENTION_GEMV,
             &ins,
@@ -536,9 +564,6 @@ impl Builder<'_> {
             (k, h, width, 1),
             &label,
         );
-        for t in first..self.p.tasks.len() {
-            self.rules.push((t as TaskId, PosRule::Attend));
-        }
         if fuse_resid {
             return val;
         }
@@ -748,12 +773,6 @@ pub fn lower(
             mc.max_position_embeddings
         )));
     }
-    if opts.pos >= max_seq {
-        return Err(ModelError::Lower(format!(
-            "position {} is outside the KV cache of {max_seq} rows",
-            opts.pos
-        )));
-    }
     let (h, nh, nkv, hd) = (
         mc.hidden as u64,
         mc.n_heads as u64,
@@ -762,7 +781,6 @@ pub fn lower(
     );
     let (q_dim, kv_dim, inter, vocab) =
         (nh * hd, nkv * hd, mc.intermediate as u64, mc.vocab as u64);
-    let kv_len = opts.pos + 1;
     let dbytes = (opts.dtype.bits() / 8) as i64;
     let kv_bytes = 2 * mc.n_layers as u64 * max_seq * kv_dim * dbytes as u64;
     if kv_bytes > MAX_KV_BYTES {
@@ -815,7 +833,6 @@ pub fn lower(
         num_sms: layer_sms,
         dtype: opts.dtype,
         dbytes,
-        rules: Vec::new(),
         eps: Value::Float(mc.rms_eps),
     };
     let mut weights = WeightStore::new();
@@ -847,20 +864,22 @@ pub fn lower(
     meta.insert("model", Value::from(model.source.clone()));
     meta.insert("gpu", Value::from(target.name.clone()));
     meta.insert("regime", Value::from("decode"));
-    meta.insert("pos", int(opts.pos));
-    meta.insert("kv_len", int(kv_len));
     meta.insert("max_seq", int(max_seq));
     meta.insert("dtype", Value::from(opts.dtype.name().to_string()));
     meta.insert("n_layers", int(mc.n_layers as u64));
     b.p.target = Some(target.clone());
     b.p.config = Some(cfg.clone());
 
-    let token =
-        b.p.new_buffer("token_id", BufferKind::IO_INPUT, DType::I32, &[1]);
-    let posb =
-        b.p.new_buffer("pos", BufferKind::IO_INPUT, DType::I32, &[1]);
+    // In a decode loop the program carries its position and token from pass to pass.
+    let carried = if opts.decode_loop.is_some() {
+        BufferKind::STATE
+    } else {
+        BufferKind::IO_INPUT
+    };
+    let token = b.p.new_buffer(decode::TOKEN, carried, DType::I32, &[1]);
+    let posb = b.p.new_buffer(decode::POS, carried, DType::I32, &[1]);
     let rid =
-        b.p.new_buffer("reshape_id0", BufferKind::IO_INPUT, DType::I32, &[1]);
+        b.p.new_buffer(decode::RESHAPE_ID, BufferKind::IO_INPUT, DType::I32, &[1]);
     let table = weight(&mut b, EMBED)?;
     let h0 = b.act("h0".into(), &[1, h]);
     let (mut resid, _) = b.single(
@@ -990,19 +1009,19 @@ pub fn lower(
             };
             let qr = rope(&mut b, q, &qr_shape, q_dim, "q");
             let kr = rope(&mut b, k, &[1, nkv, hd], kv_dim, "k");
-            // In place: each cache is both input and output (KV_APPEND's declared in-place pair).
+            // In place: each cache is both input and output (KV_APPEND's declared in-place pair);
+            // the row is the position input's.
             let append = |b: &mut Builder<'_>, new: Val, cache: BufferId, tag: &str| {
-                let (val, t) = b.single(
+                b.single(
                     Opcode::KV_APPEND,
-                    &[new.buf, cache],
+                    &[new.buf, cache, posb],
                     cache,
                     &[new.wait],
-                    params(&[("pos", int(opts.pos))]),
+                    Map::new(),
                     format!("L{l}.kv_append_{tag}"),
                     (kv_dim as i64 * dbytes, 0),
-                );
-                b.rules.push((t, PosRule::Append));
-                val
+                )
+                .0
             };
             let k_app = append(&mut b, kr, kc, "k");
             let v_app = append(&mut b, v, vc, "v");
@@ -1029,11 +1048,13 @@ pub fn lower(
             }
             m
         };
+        // The attention's params are a static window of the cache (all of it, or a split-KV
+        // shard's fixed slice); the position input clips it to the rows written so far.
         let hm = if fuse_attn {
             b.attention_proj(
                 fuse_resid,
-                (qr.buf, kc, vc, &att_waits),
-                attn_params(0, kv_len, None),
+                (qr.buf, kc, vc, posb, &att_waits),
+                attn_params(0, max_seq, None),
                 wo,
                 (resid, h),
                 l,
@@ -1041,33 +1062,31 @@ pub fn lower(
         } else {
             let attn = b.act(format!("L{l}.attn"), &[1, q_dim]);
             let attn = if parts <= 1 {
-                let (val, t) = b.single(
+                b.single(
                     Opcode::ATTENTION_TILE,
-                    &[qr.buf, kc, vc],
+                    &[qr.buf, kc, vc, posb],
                     attn,
                     &att_waits,
-                    attn_params(0, kv_len, None),
+                    attn_params(0, max_seq, None),
                     format!("L{l}.attention"),
-                    att_cost(kv_len),
-                );
-                b.rules.push((t, PosRule::Attend));
-                val
+                    att_cost(1),
+                )
+                .0
             } else {
                 let mut partials = Vec::new();
                 let mut waits = Vec::new();
                 for i in 0..parts {
-                    let (start, len) = shard_range(kv_len, i, parts);
+                    let (start, len) = shard_range(max_seq, i, parts);
                     let part = b.act(format!("L{l}.partial{i}"), &[nh, hd + 2]);
-                    let (val, t) = b.single(
+                    let (val, _) = b.single(
                         Opcode::ATTENTION_TILE,
-                        &[qr.buf, kc, vc],
+                        &[qr.buf, kc, vc, posb],
                         part,
                         &att_waits,
                         attn_params(start, len, Some(2)),
                         format!("L{l}.attn_shard{i}"),
-                        att_cost(max_seq.div_ceil(parts)),
+                        att_cost(1),
                     );
-                    b.rules.push((t, PosRule::Shard { i, n: parts }));
                     partials.push(val.buf);
                     waits.push(val.wait);
                 }
@@ -1150,11 +1169,24 @@ pub fn lower(
     } else {
         weight(&mut b, LM_HEAD)?
     };
-    let logits =
-        b.p.new_buffer("logits", BufferKind::IO_OUTPUT, opts.dtype, &[1, vocab]);
+    let logits = b.p.new_buffer(
+        decode::LOGITS,
+        BufferKind::IO_OUTPUT,
+        opts.dtype,
+        &[1, vocab],
+    );
     // The LM head spans every SM but the attention's, alternating or not.
     let logits = b.proj(hf, head, None, logits, h, vocab, "lm_head", grid - own_sms);
-    if opts.argmax {
+    if let Some(dl) = opts.decode_loop {
+        let loop_tail = LoopTail {
+            logits,
+            pos: posb,
+            token,
+            max_seq,
+            vocab,
+        };
+        b.p.step_loop = Some(b.next_token(&loop_tail, dl));
+    } else if opts.argmax {
         let next =
             b.p.new_buffer("next_token", BufferKind::IO_OUTPUT, DType::I32, &[1]);
         b.single(
@@ -1167,7 +1199,7 @@ pub fn lower(
             (vocab as i64 * dbytes, vocab as i64),
         );
     }
-    let Builder { mut p, rules, .. } = b;
+    let Builder { mut p, .. } = b;
     let reserve = sm::Reserve {
         ops: vec![Opcode::ATTENTION_TILE, Opcode::ATTENTION_COMBINE],
         sms: own_sms as u32,
@@ -1186,7 +1218,7 @@ pub fn lower(
     Ok(Lowered {
         program: p,
         weights,
-        positions: PositionPlan { rules, max_seq },
+        max_seq,
         page_stats,
     })
 }

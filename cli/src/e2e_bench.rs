@@ -1,0 +1,252 @@
+//! `amk bench --model F --prompt-tokens P --gen N --depth D,...`: what a user gets, end to
+//! end, through the engine (the same path as `amk generate`): time to first token for a
+//! P-token prompt, prompt tokens per second, and the decode rate of N generated tokens after
+//! D tokens of context, wall clock on the host (token arrival times) next to the device's
+//! time per pass.
+//!
+//! Correctness gate first: the half-precision engine and an f32 engine of the same checkpoint
+//! are fed the same real text, teacher-forced; the half-precision logits at its last position
+//! must be within the tolerance of the f32 ones with the same argmax, or nothing is timed.
+//! Prompts are real text (a built-in passage, repeated to length), tokenized by the model's
+//! tokenizer; generation ignores end tokens so every run produces exactly N tokens.
+
+use crate::bench_cmd::{BenchArgs, Gate, summarize};
+use crate::model_cmd::{ModelCmdError, import_model, parse_dtype, registry, target_named};
+use amk_backend_cuda::{CudaBackend, CudaOptions};
+use amk_core::DType;
+use amk_engine::{Engine, EngineOptions, Generation, Request, Sampling};
+use amk_model_llama::lower::tuned_schedule;
+use std::path::Path;
+
+/// The passage prompts are cut from (repeated as needed).
+const PASSAGE: &str = "The river town woke slowly in the autumn of that year. Fishermen \
+pulled their boats onto the gravel before the sun had cleared the hills, and the baker on the \
+corner swept flour from his step while the first carts rattled across the old stone bridge. \
+Nobody in the town could remember who had built the bridge, only that it had always been \
+there, and that the spring floods had never once reached the top of its arches. Children \
+raced along the parapet on their way to the schoolhouse, where a patient teacher wrote sums \
+on a slate board and read aloud from a book of maps. In the afternoons the market filled \
+with apples, cheese, wool and news from the villages upstream, and the traders argued about \
+prices, weather and the new railway that was said to be coming from the capital. Some \
+welcomed it, saying the town would grow rich; others feared that the young would leave on \
+the first train and never come back. The old ferryman, who had carried passengers across \
+the water for forty years, said nothing at all, but he began to mend his nets more carefully \
+than before, as if he expected to need them for a long time yet. ";
+
+/// Token ids of at least `n` tokens of the passage (repeated), cut to exactly `n`.
+pub(crate) fn text_ids(
+    tok: &amk_model_llama::Tokenizer,
+    n: usize,
+) -> Result<Vec<u32>, ModelCmdError> {
+    let once = tok.encode(PASSAGE)?;
+    if once.is_empty() {
+        return Err(ModelCmdError::Usage(
+            "the tokenizer encodes the benchmark text to no tokens".into(),
+        ));
+    }
+    Ok(once.iter().copied().cycle().take(n).collect())
+}
+
+/// One generation request with no end tokens (so exactly `max_new` tokens come out).
+fn generate(
+    engine: &mut Engine,
+    prompt: &[u32],
+    max_new: usize,
+) -> Result<Generation, ModelCmdError> {
+    let req = Request {
+        prompt,
+        max_new,
+        sampling: Sampling::greedy(),
+        stop: &[],
+        vocab_limit: None,
+        passes_per_launch: None,
+    };
+    let g = engine.generate(&req, &mut |_| true)?;
+    if g.tokens.len() != max_new {
+        return Err(ModelCmdError::Usage(format!(
+            "asked for {max_new} tokens after {} prompt tokens, got {} ({}): raise --max-seq",
+            prompt.len(),
+            g.tokens.len(),
+            g.finish.as_str()
+        )));
+    }
+    Ok(g)
+}
+
+/// The decode figures of one depth.
+struct DepthPoint {
+    depth: usize,
+    /// Median over the repeats: generated tokens per second after the first.
+    decode_tok_s: f64,
+    /// Median device ms per decode pass.
+    kernel_ms: Option<f64>,
+}
+
+/// The logits at the last position of `ids`, teacher-forced.
+fn last_logits(engine: &mut Engine, ids: &[u32]) -> Result<Vec<f32>, ModelCmdError> {
+    let mut last = Vec::new();
+    engine.forced_logits(ids, &mut |_, l| last = l.to_vec())?;
+    Ok(last)
+}
+
+/// Runs the end-to-end benchmark (`a.prompt_tokens` is set).
+pub fn bench_e2e(a: &BenchArgs, prompt_tokens: usize) -> Result<(), ModelCmdError> {
+    let dtype = parse_dtype(&a.dtype)?;
+    let path = a.model.as_deref().ok_or_else(|| {
+        ModelCmdError::Usage(
+            "--prompt-tokens (the end-to-end benchmark) needs --model: a checkpoint with a tokenizer"
+                .into(),
+        )
+    })?;
+    if prompt_tokens < 2 || a.gen_tokens < 2 {
+        return Err(ModelCmdError::Usage(
+            "--prompt-tokens and --gen must be at least 2".into(),
+        ));
+    }
+    let depths: Vec<usize> = a.depth.iter().map(|&d| d as usize).collect();
+    let longest = depths.iter().copied().max().unwrap_or(0).max(prompt_tokens) + a.gen_tokens;
+    let gpu = CudaBackend::new(CudaOptions::default())
+        .map_err(|e| ModelCmdError::Usage(format!("amk bench needs the CUDA backend: {e}")))?;
+    eprintln!("backend: cuda ({})", gpu.info());
+    let reg = registry()?;
+    let model = import_model(path)?;
+    let tok = model.tokenizer.clone().ok_or_else(|| {
+        ModelCmdError::Usage(format!(
+            "{}: the model carries no tokenizer",
+            path.display()
+        ))
+    })?;
+    let mut target = target_named(&a.target)?;
+    target.num_sms = gpu.info().sms as i64;
+    let options = |dtype: DType| EngineOptions {
+        schedule: tuned_schedule(),
+        target: target.clone(),
+        dtype,
+        max_seq: Some(a.max_seq.unwrap_or(longest as u64 + 1)),
+        stop_slots: amk_model_llama::lower::DecodeLoop::default().stop_slots,
+    };
+    let gate_ids = text_ids(&tok, prompt_tokens.min(GATE_TOKENS))?;
+    eprintln!(
+        "gate: f32 reference over {} tokens of text...",
+        gate_ids.len()
+    );
+    let want = {
+        let mut f32_engine = amk_engine::lower_and_load(&model, &options(DType::F32), &gpu, &reg)?;
+        last_logits(&mut f32_engine, &gate_ids)?
+    };
+    let mut engine = amk_engine::lower_and_load(&model, &options(dtype), &gpu, &reg)?;
+    let gate = Gate::check(&last_logits(&mut engine, &gate_ids)?, &want, a.tolerance);
+    if !gate.passed() {
+        return Err(ModelCmdError::Gate(format!(
+            "{} at position {}: {}",
+            dtype.name(),
+            gate_ids.len() - 1,
+            gate.why()
+        )));
+    }
+    eprintln!("gate passed ({}); warming up...", gate.why());
+    generate(&mut engine, &text_ids(&tok, 8)?, 8)?;
+    let repeat = a.repeat.max(1);
+    let prompt = text_ids(&tok, prompt_tokens)?;
+    let mut ttft = Vec::new();
+    for _ in 0..repeat {
+        let g = generate(&mut engine, &prompt, 1)?;
+        ttft.push(g.first_token_s().unwrap_or(g.total_s));
+    }
+    let (ttft_s, _, _) = summarize(&ttft);
+    let mut points = Vec::new();
+    for &depth in &depths {
+        eprintln!("depth {depth}: {} tokens, {repeat} times...", a.gen_tokens);
+        let ids = text_ids(&tok, depth.max(1))?;
+        let (mut rates, mut kernel) = (Vec::new(), Vec::new());
+        for _ in 0..repeat {
+            let one = generate(&mut engine, &ids, 1)?;
+            let g = generate(&mut engine, &ids, a.gen_tokens)?;
+            rates.push(g.decode_tokens_per_s().unwrap_or(f64::NAN));
+            if let (Some(k1), Some(kn)) = (one.kernel_ms, g.kernel_ms) {
+                kernel.push((kn - k1) / (a.gen_tokens - 1) as f64);
+            }
+        }
+        points.push(DepthPoint {
+            depth,
+            decode_tok_s: summarize(&rates).0,
+            kernel_ms: (!kernel.is_empty()).then(|| summarize(&kernel).0),
+        });
+    }
+    report(a, path, &gpu, dtype, prompt_tokens, ttft_s, &gate, &points);
+    Ok(())
+}
+
+/// Tokens of text the gate teacher-forces (at most the prompt's length).
+const GATE_TOKENS: usize = 64;
+
+#[allow(clippy::too_many_arguments)] // reason: one report's every figure
+fn report(
+    a: &BenchArgs,
+    path: &Path,
+    gpu: &CudaBackend,
+    dtype: DType,
+    prompt_tokens: usize,
+    ttft_s: f64,
+    gate: &Gate,
+    points: &[DepthPoint],
+) {
+    let depths: Vec<serde_json::Value> = points
+        .iter()
+        .map(|p| {
+            serde_json::json!({
+                "depth": p.depth,
+                "decode_tok_s": p.decode_tok_s,
+                "wall_ms_per_token": 1e3 / p.decode_tok_s,
+                "kernel_ms_per_token": p.kernel_ms,
+                "tokens": a.gen_tokens,
+            })
+        })
+        .collect();
+    if a.json {
+        let v = serde_json::json!({
+            "tool": "amk",
+            "mode": "e2e",
+            "device": gpu.info().to_string(),
+            "model": path.display().to_string(),
+            "dtype": dtype.name(),
+            "prompt_tokens": prompt_tokens,
+            "gen_tokens": a.gen_tokens,
+            "repeat": a.repeat.max(1),
+            "ttft_ms": ttft_s * 1e3,
+            "prompt_tok_s": prompt_tokens as f64 / ttft_s,
+            "gate": gate.json(),
+            "depths": depths,
+        });
+        println!("{v}");
+        return;
+    }
+    println!(
+        "device: {}; model {}; {}; median of {} runs",
+        gpu.info(),
+        path.display(),
+        dtype.name(),
+        a.repeat.max(1)
+    );
+    println!(
+        "prompt: {prompt_tokens} tokens, time to first token {:.2} ms ({:.0} tok/s)",
+        ttft_s * 1e3,
+        prompt_tokens as f64 / ttft_s
+    );
+    println!("| depth | decode tok/s | wall ms/token | kernel ms/token | loop overhead |");
+    println!("|---|---|---|---|---|");
+    for p in points {
+        let wall = 1e3 / p.decode_tok_s;
+        let (k, over) = match p.kernel_ms {
+            Some(k) => (
+                format!("{k:.3}"),
+                format!("{:.1} %", 100.0 * (wall / k - 1.0)),
+            ),
+            None => ("—".into(), "—".into()),
+        };
+        println!(
+            "| {} | {:.0} | {:.3} | {k} | {over} |",
+            p.depth, p.decode_tok_s, wall
+        );
+    }
+}

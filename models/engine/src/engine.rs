@@ -1,0 +1,405 @@
+//! The engine: one validated decode-loop program loaded on a backend, and the requests it
+//! serves. A request is one loop of passes on the device — the prompt teacher-forced, then
+//! each sampled token fed back — so the host sets a few buffers, starts it, and receives the
+//! tokens as they stream out.
+
+use crate::interface::Interface;
+use crate::{EngineError, Sampling};
+use amk_core::{
+    Backend, DType, Program, Registry, RowWatch, Session, Tensor, ValidatedProgram, WeightStore,
+    decode, validate_owned,
+};
+use std::time::Instant;
+
+/// A generation request.
+#[derive(Debug, Clone, Copy)]
+pub struct Request<'a> {
+    /// The prompt's token ids (at least one).
+    pub prompt: &'a [u32],
+    /// Tokens to generate at most (fewer when the KV cache fills first: [`Finish::ContextFull`]).
+    pub max_new: usize,
+    /// How tokens are chosen.
+    pub sampling: Sampling,
+    /// Generation stops after any of these tokens (which is returned).
+    pub stop: &'a [u32],
+    /// Token ids at or above this are never generated (a tokenizer with fewer tokens than the
+    /// model has rows); `None`: every id of the logits.
+    pub vocab_limit: Option<usize>,
+    /// At most this many passes per launch (`None`: the whole request in one). The loop's
+    /// state stays on the device between launches, so the tokens are the same either way.
+    pub passes_per_launch: Option<u64>,
+}
+
+/// One generated token.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Token {
+    /// Its id.
+    pub id: u32,
+    /// Its log-probability under the model (temperature 1, over the allowed ids).
+    pub logprob: f32,
+}
+
+/// Why generation ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Finish {
+    /// A stop token was generated (the last token).
+    Stop,
+    /// `max_new` tokens were generated.
+    Length,
+    /// The KV cache is full.
+    ContextFull,
+    /// The caller's token callback asked to stop.
+    Cancelled,
+}
+
+impl Finish {
+    /// A short name for reports (`stop`, `length`, `context_full`, `cancelled`).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Finish::Stop => "stop",
+            Finish::Length => "length",
+            Finish::ContextFull => "context_full",
+            Finish::Cancelled => "cancelled",
+        }
+    }
+}
+
+/// What a request produced, and how long it took.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Generation {
+    /// The generated tokens, in order.
+    pub tokens: Vec<Token>,
+    /// Why it ended.
+    pub finish: Finish,
+    /// Prompt tokens.
+    pub prompt_tokens: usize,
+    /// Forward passes run (prompt and generated tokens but the last).
+    pub passes: u64,
+    /// Seconds from the request's start to each token's arrival on the host.
+    pub token_s: Vec<f64>,
+    /// Seconds from the request's start to its end.
+    pub total_s: f64,
+    /// Device time of the launch(es), where the backend measures it.
+    pub kernel_ms: Option<f64>,
+}
+
+impl Generation {
+    /// Seconds to the first token (time to first token), if any was generated.
+    pub fn first_token_s(&self) -> Option<f64> {
+        self.token_s.first().copied()
+    }
+    /// Generated tokens per second after the first (the decode rate), if two or more.
+    pub fn decode_tokens_per_s(&self) -> Option<f64> {
+        match (self.token_s.first(), self.token_s.last()) {
+            (Some(a), Some(b)) if self.token_s.len() > 1 && b > a => {
+                Some((self.token_s.len() - 1) as f64 / (b - a))
+            }
+            _ => None,
+        }
+    }
+}
+
+/// A loaded decode-loop program.
+pub struct Engine {
+    session: Box<dyn Session>,
+    program: ValidatedProgram,
+    io: Interface,
+    backend: &'static str,
+}
+
+impl std::fmt::Debug for Engine {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Engine")
+            .field("tasks", &self.program.program().tasks.len())
+            .field("interface", &self.io)
+            .field("backend", &self.backend)
+            .finish()
+    }
+}
+
+fn ints(shape: &[u64], values: &[i64]) -> Result<Tensor, EngineError> {
+    Tensor::from_i64(DType::I32, shape, values)
+        .map_err(|e| EngineError::Request(format!("building an input: {e}")))
+}
+
+fn floats(values: &[f32]) -> Result<Tensor, EngineError> {
+    Tensor::from_f32(DType::F32, &[values.len() as u64], values)
+        .map_err(|e| EngineError::Request(format!("building an input: {e}")))
+}
+
+impl Engine {
+    /// Validates `program` (a decode-loop program: `amk_core::decode`) and loads it with its
+    /// weights on `backend`.
+    pub fn new(
+        program: Program,
+        weights: &WeightStore,
+        backend: &dyn Backend,
+        registry: &Registry,
+    ) -> Result<Engine, EngineError> {
+        let io = Interface::of(&program)?;
+        let program =
+            validate_owned(program, registry).map_err(|r| EngineError::Invalid(r.report()))?;
+        let session = backend.load(&program, weights, registry)?;
+        Ok(Engine {
+            session,
+            program,
+            io,
+            backend: backend.name(),
+        })
+    }
+
+    /// KV-cache length (the most tokens one sequence may hold).
+    pub fn max_seq(&self) -> u64 {
+        self.io.max_seq
+    }
+
+    /// The logits' width.
+    pub fn vocab(&self) -> usize {
+        self.io.vocab
+    }
+
+    /// The validated program being run.
+    pub fn program(&self) -> &ValidatedProgram {
+        &self.program
+    }
+
+    /// The backend's name (`cpu`, `cuda`).
+    pub fn backend(&self) -> &'static str {
+        self.backend
+    }
+
+    /// Checks token ids against the vocabulary.
+    fn check_ids(&self, ids: &[u32], what: &str) -> Result<(), EngineError> {
+        match ids.iter().find(|&&t| t as usize >= self.io.vocab) {
+            Some(bad) => Err(EngineError::Request(format!(
+                "{what} token id {bad} is outside the model's vocabulary of {}",
+                self.io.vocab
+            ))),
+            None => Ok(()),
+        }
+    }
+
+    /// Sets every input and state buffer for a sequence of `known` tokens (the prompt, or a
+    /// text to score) that the loop runs until it holds `end` tokens, from position 0.
+    fn start(
+        &mut self,
+        known: &[u32],
+        end: u64,
+        sampling: &Sampling,
+        stop: &[u32],
+        vocab_limit: usize,
+    ) -> Result<(), EngineError> {
+        let max_seq = self.io.max_seq as usize;
+        let mut prompt = vec![0i64; max_seq];
+        for (p, &t) in prompt.iter_mut().zip(known) {
+            *p = i64::from(t);
+        }
+        let mut stops = vec![-1i64; self.io.stop_slots];
+        for (s, &t) in stops.iter_mut().zip(stop) {
+            *s = i64::from(t);
+        }
+        let mut limits = vec![0i64; decode::LIMITS_LEN as usize];
+        limits[decode::LIMIT_PROMPT_LEN] = known.len() as i64;
+        limits[decode::LIMIT_END] = end as i64;
+        limits[decode::LIMIT_TOP_K] = i64::from(sampling.top_k);
+        // The seed's two halves, as the bits of two i32 words.
+        limits[decode::LIMIT_SEED_LO] = i64::from(sampling.seed as u32 as i32);
+        limits[decode::LIMIT_SEED_HI] = i64::from((sampling.seed >> 32) as u32 as i32);
+        limits[decode::LIMIT_VOCAB] = vocab_limit as i64;
+        let mut sampler = vec![0f32; decode::SAMPLING_LEN as usize];
+        sampler[decode::SAMPLING_TEMPERATURE] = sampling.temperature;
+        sampler[decode::SAMPLING_TOP_P] = sampling.top_p;
+        let mut values = vec![
+            (decode::PROMPT, ints(&[max_seq as u64], &prompt)?),
+            (decode::STOP, ints(&[stops.len() as u64], &stops)?),
+            (decode::LIMITS, ints(&[decode::LIMITS_LEN], &limits)?),
+            (decode::SAMPLING, floats(&sampler)?),
+            (decode::POS, ints(&[1], &[0])?),
+            (decode::TOKEN, ints(&[1], &[i64::from(known[0])])?),
+            (decode::HALT, ints(&[1], &[0])?),
+        ];
+        let has_reshape =
+            (self.program.program().buffers.iter()).any(|b| b.name == decode::RESHAPE_ID);
+        if has_reshape {
+            values.push((decode::RESHAPE_ID, ints(&[1], &[0])?));
+        }
+        self.session.write(&values)?;
+        Ok(())
+    }
+
+    /// Generates from `req.prompt` (from position 0: the sequence starts anew), in one loop
+    /// of passes on the device; `on_token` sees each token as it arrives and may return
+    /// `false` to stop (the pass running then finishes).
+    pub fn generate(
+        &mut self,
+        req: &Request<'_>,
+        on_token: &mut dyn FnMut(&Token) -> bool,
+    ) -> Result<Generation, EngineError> {
+        req.sampling.check()?;
+        let n = req.prompt.len();
+        if n == 0 {
+            return Err(EngineError::Request("the prompt has no tokens".into()));
+        }
+        self.check_ids(req.prompt, "prompt")?;
+        if n as u64 > self.io.max_seq {
+            return Err(EngineError::ContextFull {
+                prompt: n,
+                max_seq: self.io.max_seq,
+            });
+        }
+        if req.stop.len() > self.io.stop_slots {
+            return Err(EngineError::Request(format!(
+                "{} stop tokens; the program holds at most {}",
+                req.stop.len(),
+                self.io.stop_slots
+            )));
+        }
+        if let Some(&bad) = req.stop.iter().find(|&&t| i32::try_from(t).is_err()) {
+            return Err(EngineError::Request(format!(
+                "stop token id {bad} is too large"
+            )));
+        }
+        let vocab_limit = req.vocab_limit.unwrap_or(self.io.vocab).min(self.io.vocab);
+        if vocab_limit == 0 {
+            return Err(EngineError::Request("the vocabulary limit is 0".into()));
+        }
+        let t0 = Instant::now();
+        let mut out = Generation {
+            tokens: Vec::new(),
+            finish: Finish::Length,
+            prompt_tokens: n,
+            passes: 0,
+            token_s: Vec::new(),
+            total_s: 0.0,
+            kernel_ms: None,
+        };
+        if req.max_new == 0 {
+            return Ok(out);
+        }
+        let end = (n as u64)
+            .saturating_add(req.max_new as u64)
+            .min(self.io.max_seq);
+        self.start(req.prompt, end, &req.sampling, req.stop, vocab_limit)?;
+        let watch = RowWatch {
+            buffer: decode::EMITTED.to_string(),
+            first_row: n as u64,
+        };
+        let chunk = req.passes_per_launch.unwrap_or(u64::MAX).max(1);
+        let (tokens, token_s) = (&mut out.tokens, &mut out.token_s);
+        let mut on_row = |_: u64, row: &[i32]| {
+            let token = Token {
+                id: row.first().copied().unwrap_or(0) as u32,
+                logprob: f32::from_bits(row.get(1).copied().unwrap_or(0) as u32),
+            };
+            token_s.push(t0.elapsed().as_secs_f64());
+            tokens.push(token);
+            on_token(&token)
+        };
+        let mut run = amk_core::LoopRun::default();
+        let mut kernel_ms: Option<f64> = None;
+        while run.passes < end - 1 && !run.halted && !run.cancelled {
+            let budget = (end - 1 - run.passes).min(chunk);
+            // The pass after `run.passes` passes writes row `run.passes + 1`: every row before
+            // it was reported by an earlier launch.
+            let watch = RowWatch {
+                first_row: (run.passes + 1).max(watch.first_row),
+                ..watch.clone()
+            };
+            let part = self.session.run_loop(budget, Some(&watch), &mut on_row)?;
+            run.passes += part.passes;
+            run.halted = part.halted;
+            run.cancelled = part.cancelled;
+            if let Some(k) = part.kernel_ms {
+                kernel_ms = Some(kernel_ms.unwrap_or(0.0) + k);
+            }
+            if part.passes == 0 {
+                break;
+            }
+        }
+        out.passes = run.passes;
+        out.kernel_ms = kernel_ms;
+        out.total_s = t0.elapsed().as_secs_f64();
+        let stopped = (out.tokens.last()).is_some_and(|t| req.stop.contains(&t.id));
+        out.finish = if run.cancelled {
+            Finish::Cancelled
+        } else if stopped {
+            Finish::Stop
+        } else if out.tokens.len() >= req.max_new {
+            Finish::Length
+        } else {
+            Finish::ContextFull
+        };
+        Ok(out)
+    }
+
+    /// Feeds `ids` from position 0, one pass per token but the last, and hands each pass's
+    /// logits (f32) to `visit` with the pass's position: the logits that predict
+    /// `ids[pos + 1]`.
+    pub fn forced_logits(
+        &mut self,
+        ids: &[u32],
+        visit: &mut dyn FnMut(usize, &[f32]),
+    ) -> Result<(), EngineError> {
+        if ids.is_empty() {
+            return Err(EngineError::Request("no tokens to feed".into()));
+        }
+        self.check_ids(ids, "input")?;
+        if ids.len() as u64 > self.io.max_seq {
+            return Err(EngineError::ContextFull {
+                prompt: ids.len(),
+                max_seq: self.io.max_seq,
+            });
+        }
+        let n = ids.len() as u64;
+        self.start(ids, n, &Sampling::greedy(), &[], self.io.vocab)?;
+        for pos in 0..ids.len().saturating_sub(1) {
+            self.session.run_loop(1, None, &mut |_, _| true)?;
+            let logits = self.session.read(decode::LOGITS)?.to_f32_vec();
+            visit(pos, &logits);
+        }
+        Ok(())
+    }
+
+    /// Teacher-forced mean negative log-likelihood of `ids[1..]` given the tokens before
+    /// each: `(predictions, mean NLL)`, the log-softmax taken in f64.
+    pub fn perplexity(&mut self, ids: &[u32]) -> Result<(usize, f64), EngineError> {
+        if ids.len() < 2 {
+            return Err(EngineError::Request(
+                "perplexity needs at least two tokens".into(),
+            ));
+        }
+        let mut total = 0f64;
+        self.forced_logits(ids, &mut |pos, logits| {
+            total += nll(logits, ids[pos + 1] as usize);
+        })?;
+        let n = ids.len() - 1;
+        Ok((n, total / n as f64))
+    }
+}
+
+/// `-log softmax(logits)[target]`, in f64.
+pub fn nll(logits: &[f32], target: usize) -> f64 {
+    let m = logits
+        .iter()
+        .fold(f64::NEG_INFINITY, |m, &x| m.max(x as f64));
+    let lse = m + logits
+        .iter()
+        .map(|&x| (x as f64 - m).exp())
+        .sum::<f64>()
+        .ln();
+    lse - logits.get(target).map_or(f64::NAN, |&x| x as f64)
+}
+
+/// Index of the largest logit (lowest index on ties; NaN never wins) — the rule of
+/// SAMPLE_ARGMAX, NEXT_TOKEN's greedy choice and `torch.argmax` on finite logits.
+pub fn argmax(logits: &[f32]) -> u32 {
+    let mut best = 0usize;
+    let mut bv = f32::NEG_INFINITY;
+    for (i, &x) in logits.iter().enumerate() {
+        if x > bv {
+            bv = x;
+            best = i;
+        }
+    }
+    best as u32
+}

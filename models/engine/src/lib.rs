@@ -1,0 +1,63 @@
+//! `amk-engine`: the generation engine every front end goes through (`amk generate`,
+//! `amk perplexity`, `amk bench`, later a server and Python bindings).
+//!
+//! An [`Engine`] owns one validated decode-loop program loaded on a backend — its session,
+//! the KV cache in it — and serves requests: the prompt, the sampling settings and the stop
+//! tokens go to the device once, then the whole request (prompt passes and generated tokens)
+//! runs as one loop of passes in one launch, the program advancing its own position and
+//! feeding back its own tokens; tokens stream to the host as they are produced. The engine
+//! knows programs only through the decode-loop interface (`amk_core::decode`), so it is
+//! architecture-neutral; [`lower_and_load`] is the one place that lowers a Llama-family model
+//! for it.
+
+mod engine;
+mod error;
+mod interface;
+mod sampling;
+
+pub use engine::{Engine, Finish, Generation, Request, Token, argmax, nll};
+pub use error::EngineError;
+pub use interface::Interface;
+pub use sampling::Sampling;
+
+use amk_core::{Backend, DType, GpuTarget, Registry, ScheduleConfig};
+use amk_model_llama::Model;
+use amk_model_llama::lower::{DecodeLoop, LowerOptions, lower};
+
+/// How to lower a model for an engine.
+#[derive(Debug, Clone, PartialEq)]
+pub struct EngineOptions {
+    /// The schedule (tiling, fusion, SM assignment, pages).
+    pub schedule: ScheduleConfig,
+    /// The GPU the schedule is laid out for.
+    pub target: GpuTarget,
+    /// Weight, activation and KV-cache dtype.
+    pub dtype: DType,
+    /// KV-cache length (`None`: the lowering's default).
+    pub max_seq: Option<u64>,
+    /// Stop-token slots of the program.
+    pub stop_slots: u64,
+}
+
+/// Lowers `model` as a decode loop under `opts` and loads it on `backend`.
+pub fn lower_and_load(
+    model: &Model,
+    opts: &EngineOptions,
+    backend: &dyn Backend,
+    registry: &Registry,
+) -> Result<Engine, EngineError> {
+    let lowered = lower(
+        model,
+        &opts.schedule,
+        &opts.target,
+        &LowerOptions {
+            dtype: opts.dtype,
+            max_seq: opts.max_seq,
+            argmax: false,
+            decode_loop: Some(DecodeLoop {
+                stop_slots: opts.stop_slots,
+            }),
+        },
+    )?;
+    Engine::new(lowered.program, &lowered.weights, backend, registry)
+}

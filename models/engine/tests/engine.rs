@@ -1,0 +1,273 @@
+//! The engine on the CPU VM: a request as one loop of passes gives the tokens that one pass at
+//! a time gives; stop tokens, cancels, the KV cache's end and sampling seeds behave as the
+//! engine promises. The reference is the engine's own teacher-forced logits, one pass per
+//! launch (the path the perplexity takes), argmaxed on the host.
+
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+use amk_backend_cpu::CpuBackend;
+use amk_core::{DType, GpuTarget, Registry, ScheduleConfig};
+use amk_engine::{
+    Engine, EngineError, EngineOptions, Finish, Request, Sampling, argmax, lower_and_load,
+};
+use amk_model_llama::Model;
+use amk_model_llama::config::{ModelConfig, RopeScaling};
+use amk_model_llama::lower::tuned_schedule;
+use rstest::rstest;
+
+fn registry() -> Registry {
+    amk_ops::registry().unwrap()
+}
+
+fn tiny() -> Model {
+    let c = ModelConfig {
+        hidden: 32,
+        n_heads: 4,
+        n_kv_heads: 2,
+        head_dim: 8,
+        intermediate: 48,
+        vocab: 40,
+        n_layers: 2,
+        rms_eps: 1e-5,
+        rope_theta: 10000.0,
+        max_position_embeddings: 64,
+        tie_word_embeddings: true,
+        attention_bias: false,
+        rope_scaling: RopeScaling::None,
+    };
+    Model::random(c, 7).unwrap()
+}
+
+fn engine(schedule: ScheduleConfig, max_seq: u64) -> Engine {
+    let opts = EngineOptions {
+        schedule,
+        target: GpuTarget::by_name("h100").unwrap(),
+        dtype: DType::F32,
+        max_seq: Some(max_seq),
+        stop_slots: 4,
+    };
+    lower_and_load(&tiny(), &opts, &CpuBackend::default(), &registry()).unwrap()
+}
+
+fn request<'a>(prompt: &'a [u32], max_new: usize, stop: &'a [u32]) -> Request<'a> {
+    Request {
+        prompt,
+        max_new,
+        sampling: Sampling::greedy(),
+        stop,
+        vocab_limit: None,
+        passes_per_launch: None,
+    }
+}
+
+fn ids(e: &mut Engine, req: &Request<'_>) -> (Vec<u32>, Finish) {
+    let g = e.generate(req, &mut |_| true).unwrap();
+    (g.tokens.iter().map(|t| t.id).collect(), g.finish)
+}
+
+/// Greedy continuation by teacher forcing: one pass per launch, logits argmaxed on the host.
+fn host_greedy(e: &mut Engine, prompt: &[u32], n: usize) -> Vec<u32> {
+    let mut seq = prompt.to_vec();
+    for _ in 0..n {
+        seq.push(0); // forced_logits feeds all but the last id
+        let mut last = Vec::new();
+        e.forced_logits(&seq, &mut |_, l| last = l.to_vec())
+            .unwrap();
+        *seq.last_mut().unwrap() = argmax(&last);
+    }
+    seq[prompt.len()..].to_vec()
+}
+
+const PROMPT: &[u32] = &[3, 17, 5, 29, 11];
+
+#[rstest]
+#[case::reference(ScheduleConfig::default())]
+#[case::tuned(tuned_schedule())]
+fn one_launch_gives_the_tokens_of_one_pass_per_launch(#[case] schedule: ScheduleConfig) {
+    let mut e = engine(schedule, 32);
+    let want = host_greedy(&mut e, PROMPT, 12);
+    let (got, finish) = ids(&mut e, &request(PROMPT, 12, &[]));
+    assert_eq!(got, want);
+    assert_eq!(finish, Finish::Length);
+    for chunk in [1, 2, 5] {
+        let req = Request {
+            passes_per_launch: Some(chunk),
+            ..request(PROMPT, 12, &[])
+        };
+        assert_eq!(ids(&mut e, &req).0, want, "{chunk} passes per launch");
+    }
+}
+
+#[test]
+fn a_stop_token_ends_generation_at_exactly_that_token() {
+    let mut e = engine(ScheduleConfig::default(), 32);
+    let full = ids(&mut e, &request(PROMPT, 12, &[])).0;
+    // The first token whose id did not appear before it: generation must end there.
+    let k = (1..full.len())
+        .find(|&i| !full[..i].contains(&full[i]))
+        .expect("a fresh token");
+    let (got, finish) = ids(&mut e, &request(PROMPT, 12, &[full[k], 39]));
+    assert_eq!(got, full[..=k]);
+    assert_eq!(finish, Finish::Stop);
+    // A stop id among the prompt's tokens does not end the prompt.
+    let (got, _) = ids(&mut e, &request(PROMPT, 12, &[PROMPT[2]]));
+    assert!(!got.is_empty());
+}
+
+#[test]
+fn a_cancel_keeps_the_tokens_so_far_and_the_engine_usable() {
+    let mut e = engine(ScheduleConfig::default(), 32);
+    let full = ids(&mut e, &request(PROMPT, 10, &[])).0;
+    let mut seen = 0;
+    let g = e
+        .generate(&request(PROMPT, 10, &[]), &mut |_| {
+            seen += 1;
+            seen < 3
+        })
+        .unwrap();
+    assert_eq!(g.finish, Finish::Cancelled);
+    assert_eq!(
+        g.tokens.len(),
+        3,
+        "the CPU VM stops after the pass that was running"
+    );
+    let got: Vec<u32> = g.tokens.iter().map(|t| t.id).collect();
+    assert_eq!(got, full[..3]);
+    assert_eq!(ids(&mut e, &request(PROMPT, 10, &[])).0, full);
+}
+
+#[test]
+fn a_full_cache_ends_generation_and_says_so() {
+    let mut e = engine(ScheduleConfig::default(), 12);
+    let (got, finish) = ids(&mut e, &request(PROMPT, 100, &[]));
+    assert_eq!(got.len(), 12 - PROMPT.len());
+    assert_eq!(finish, Finish::ContextFull);
+}
+
+#[test]
+fn greedy_log_probabilities_are_the_models() {
+    let mut e = engine(ScheduleConfig::default(), 32);
+    let g = e.generate(&request(PROMPT, 4, &[]), &mut |_| true).unwrap();
+    let mut seq = PROMPT.to_vec();
+    seq.extend(g.tokens.iter().map(|t| t.id));
+    let mut logits = Vec::new();
+    e.forced_logits(&seq, &mut |pos, l| logits.push((pos, l.to_vec())))
+        .unwrap();
+    for (i, t) in g.tokens.iter().enumerate() {
+        let l = &logits[PROMPT.len() - 1 + i].1;
+        let want = -amk_engine::nll(l, t.id as usize);
+        assert!(
+            (f64::from(t.logprob) - want).abs() < 1e-4,
+            "token {i}: {} vs {want}",
+            t.logprob
+        );
+    }
+}
+
+#[test]
+fn a_seed_repeats_its_text_and_other_seeds_differ() {
+    let mut e = engine(ScheduleConfig::default(), 40);
+    let sample = |e: &mut Engine, seed: u64| {
+        let req = Request {
+            sampling: Sampling {
+                temperature: 1.5,
+                top_p: 0.95,
+                top_k: 0,
+                seed,
+            },
+            ..request(PROMPT, 16, &[])
+        };
+        ids(e, &req).0
+    };
+    let a = sample(&mut e, 1);
+    assert_eq!(sample(&mut e, 1), a, "same seed, same tokens");
+    let others: Vec<Vec<u32>> = (2..6).map(|s| sample(&mut e, s)).collect();
+    assert!(
+        others.iter().any(|o| *o != a),
+        "four other seeds all gave {a:?}"
+    );
+    // top-k 1 is greedy whatever the temperature.
+    let greedy = ids(&mut e, &request(PROMPT, 16, &[])).0;
+    let req = Request {
+        sampling: Sampling {
+            temperature: 2.0,
+            top_p: 1.0,
+            top_k: 1,
+            seed: 9,
+        },
+        ..request(PROMPT, 16, &[])
+    };
+    assert_eq!(ids(&mut e, &req).0, greedy);
+}
+
+#[test]
+fn a_vocabulary_limit_is_never_exceeded() {
+    let mut e = engine(ScheduleConfig::default(), 40);
+    let req = Request {
+        sampling: Sampling {
+            temperature: 3.0,
+            top_p: 1.0,
+            top_k: 0,
+            seed: 4,
+        },
+        vocab_limit: Some(10),
+        ..request(PROMPT, 30, &[])
+    };
+    let (got, _) = ids(&mut e, &req);
+    assert!(got.iter().all(|&t| t < 10), "{got:?}");
+}
+
+#[rstest]
+#[case::empty_prompt(&[], &[], Sampling::greedy())]
+#[case::id_outside_the_vocabulary(&[3, 40], &[], Sampling::greedy())]
+#[case::too_many_stop_tokens(&[3], &[1, 2, 3, 4, 5], Sampling::greedy())]
+#[case::negative_temperature(&[3], &[], Sampling { temperature: -1.0, ..Sampling::greedy() })]
+#[case::top_p_zero(&[3], &[], Sampling { top_p: 0.0, ..Sampling::greedy() })]
+fn bad_requests_are_request_errors(
+    #[case] prompt: &[u32],
+    #[case] stop: &[u32],
+    #[case] sampling: Sampling,
+) {
+    let mut e = engine(ScheduleConfig::default(), 16);
+    let req = Request {
+        sampling,
+        ..request(prompt, 4, stop)
+    };
+    match e.generate(&req, &mut |_| true) {
+        Err(EngineError::Request(msg)) => assert!(!msg.is_empty()),
+        other => panic!("expected a request error, got {other:?}"),
+    }
+    // The engine still serves a good request afterwards.
+    assert_eq!(ids(&mut e, &request(PROMPT, 3, &[])).0.len(), 3);
+}
+
+#[test]
+fn a_prompt_longer_than_the_cache_is_a_context_error() {
+    let mut e = engine(ScheduleConfig::default(), 4);
+    match e.generate(&request(PROMPT, 1, &[]), &mut |_| true) {
+        Err(EngineError::ContextFull { prompt, max_seq }) => {
+            assert_eq!((prompt, max_seq), (PROMPT.len(), 4));
+        }
+        other => panic!("expected ContextFull, got {other:?}"),
+    }
+}
+
+#[test]
+fn a_program_without_a_decode_loop_is_refused_with_the_reason() {
+    let lowered = amk_model_llama::lower::lower(
+        &tiny(),
+        &ScheduleConfig::default(),
+        &GpuTarget::by_name("h100").unwrap(),
+        &amk_model_llama::lower::LowerOptions::default(),
+    )
+    .unwrap();
+    match Engine::new(
+        lowered.program,
+        &lowered.weights,
+        &CpuBackend::default(),
+        &registry(),
+    ) {
+        Err(EngineError::Interface(msg)) => assert!(msg.contains("step loop"), "{msg}"),
+        other => panic!("expected an interface error, got {other:?}"),
+    }
+}
