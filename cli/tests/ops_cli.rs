@@ -46,7 +46,7 @@ fn ops_list_json_has_every_builtin_opcode() {
     let att = &rows[23];
     assert_eq!(att["name"], "ATTENTION_GEMV");
     assert_eq!(att["inputs"]["min"], 4);
-    assert_eq!(att["inputs"]["max"], 5);
+    assert_eq!(att["inputs"]["max"], 6);
 }
 
 #[test]

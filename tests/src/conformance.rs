@@ -196,7 +196,9 @@ macro_rules! conformance_tests {
             op_attention_tile op_attention_tile_paths_bf16 op_attention_tile_paths_f32 op_rope op_silu_mul op_gelu op_add op_mul op_dequant op_softmax
             op_allreduce_shard op_kv_append op_sample_argmax op_attention_combine op_fused
             op_rmsnorm_gemv op_gate_up_silu op_qkv_rope_append op_attention_gemv
+            op_attention_pos_bf16
             dag_chain dag_fan_in dag_tiled_groups dag_split_kv dag_kv_append_steps
+            dag_position_decode
             family_chain family_fan_in family_tiled family_kv_attention family_split_kv
             family_sm_assigned family_paged family_mixture
             llama_pos0 llama_pos3 llama_split_kv llama_sm_pages llama_bf16 llama_wide);
@@ -359,6 +361,11 @@ pub const CASES: &[Case] = &[
         run: op_attention_gemv,
     },
     Case {
+        name: "op_attention_pos_bf16",
+        about: "bf16 ATTENTION_TILE and ATTENTION_GEMV (bias or not) with a position input that clips the window, read before the wait (an input) and after it (a buffer a task writes)",
+        run: op_attention_pos_bf16,
+    },
+    Case {
         name: "dag_chain",
         about: "norm -> tiled gate/up -> SILU_MUL -> tiled down with bias -> residual ADD",
         run: dag_chain,
@@ -382,6 +389,11 @@ pub const CASES: &[Case] = &[
         name: "dag_kv_append_steps",
         about: "in-place KV_APPENDs across three steps, the last one reusing its inputs",
         run: dag_kv_append_steps,
+    },
+    Case {
+        name: "dag_position_decode",
+        about: "three decode steps with the position in device memory: KV_APPEND, ATTENTION_TILE, split-KV shards (empty ones) + combine and ATTENTION_GEMV read it",
+        run: dag_position_decode,
     },
     Case {
         name: "family_chain",
@@ -524,6 +536,26 @@ pub fn int_input_bound(p: &Program, b: BufferId) -> i64 {
                     .get(1)
                     .and_then(|&cb| p.buffers.get(cb as usize))
                     .map(|cb| cb.shape.first().copied().unwrap_or(1) as i64)
+            } else if is_position_input(p, t, i) {
+                // The rows of the cache (input 1) the position indexes, less KV_APPEND's
+                // rows after the first; an attention's window clips any larger one.
+                let cache = t.inputs.get(1).and_then(|&cb| p.buffers.get(cb as usize));
+                let new = t.inputs.first().and_then(|&nb| p.buffers.get(nb as usize));
+                cache.map(|cb| {
+                    let s = &cb.shape;
+                    let max_seq = if s.len() == 4 {
+                        s[1]
+                    } else {
+                        s.first().copied().unwrap_or(1)
+                    };
+                    let rows = match (t.op, new) {
+                        (Opcode::KV_APPEND, Some(nb)) if s.len() != 4 => {
+                            nb.numel() / (cb.numel() / max_seq.max(1)).max(1)
+                        }
+                        _ => 1,
+                    };
+                    (max_seq + 1).saturating_sub(rows.max(1)) as i64
+                })
             } else {
                 None
             };
@@ -533,6 +565,28 @@ pub fn int_input_bound(p: &Program, b: BufferId) -> i64 {
         }
     }
     bound.unwrap_or(4).max(1)
+}
+
+/// Whether input `i` of `t` is the position of a KV_APPEND, ATTENTION_TILE or ATTENTION_GEMV
+/// (the integer input after their operands).
+fn is_position_input(p: &Program, t: &amk_core::Task, i: usize) -> bool {
+    let integer = |k: usize| {
+        t.inputs
+            .get(k)
+            .and_then(|&b| p.buffers.get(b as usize))
+            .is_some_and(|b| b.dtype.is_integer())
+    };
+    match t.op {
+        Opcode::KV_APPEND => i == 2,
+        Opcode::ATTENTION_TILE => i == 3,
+        // After W and the bias; a lone fifth input is the position when it holds integers.
+        Opcode::ATTENTION_GEMV => match t.inputs.len() {
+            5 => i == 4 && integer(4),
+            6 => i == 5,
+            _ => false,
+        },
+        _ => false,
+    }
 }
 
 /// Random valid values for every IO_INPUT buffer of `p`: floats in `±1` (never 0), integers
@@ -1887,6 +1941,136 @@ fn op_attention_gemv(c: &Ctx<'_>) -> CaseResult {
     })
 }
 
+/// A step's position as the IO input `pos` (I32 `[1]`), from `positions` in turn.
+fn position_steps(positions: &[usize]) -> impl FnMut(&mut Inputs, &mut SplitMix) + '_ {
+    let mut step = 0usize;
+    move |ins: &mut Inputs, _: &mut SplitMix| {
+        let p = positions[step % positions.len()];
+        step += 1;
+        set_input(
+            ins,
+            "pos",
+            Tensor::from_i64(DType::I32, &[1], &[p as i64])
+                .unwrap_or_else(|_| Tensor::zeros(DType::I32, &[1])),
+        );
+    }
+}
+
+/// Rows of the window `[start, start + len)` at or before position `p`.
+fn rows_upto(start: usize, len: usize, p: usize) -> usize {
+    (start..start + len).filter(|&j| j <= p).count()
+}
+
+/// bf16 attention with the position in device memory, on the CUDA kernel's paths: caches of 48
+/// rows (weights, so every step sees the same rows) at positions 3, 40 and 20 (the tiny path,
+/// its plan made before the wait; the fast path's four-row batches; the tiny path again). An
+/// ATTENTION_TILE and ATTENTION_GEMV tiles over the whole cache read the position input (final
+/// before the wait); their twins over rows `[2, 30)` (which the window clips at 40) read a copy
+/// of it that a task writes (read after the wait), the GEMV twin with a bias. Every row-loop
+/// task is a one-pass bf16 row, so the CUDA kernel takes its pre path (AMK_ROW_PRE) where the
+/// position allows it.
+fn op_attention_pos_bf16(c: &Ctx<'_>) -> CaseResult {
+    const MAX_SEQ: usize = 48;
+    let a = Attn {
+        nh: 4,
+        nkv: 2,
+        hd: 16,
+        scale: 0.25,
+    };
+    let k = a.nh * a.hd;
+    let (late_start, late_len) = (2usize, 28usize);
+    let mut t = Tiny::new(44);
+    let q = t.input("q", DType::BF16, &[4, 16]);
+    let pos = t.input("pos", DType::I32, &[1]);
+    let pos_dev =
+        t.p.new_buffer("pos_dev", BufferKind::ACTIVATION, DType::I32, &[1]);
+    let shape = [MAX_SEQ as u64, 2, 16];
+    let (kc, kv) = t.weight("kcache", DType::BF16, &shape, -1.0, 1.0);
+    let (vc, vv) = t.weight("vcache", DType::BF16, &shape, -1.0, 1.0);
+    let (w, wv) = t.weight("w", DType::BF16, &[8, k as u64], -0.5, 0.5);
+    let (bias, bv) = t.weight("bias", DType::BF16, &[8], -0.5, 0.5);
+    let cp = t.task(Opcode::COPY, &[pos], &[pos_dev], &[], &[]);
+    let attn = t.output("attn", DType::F32, &[4, 16]);
+    let whole = attention_params(a, 0, MAX_SEQ);
+    t.task(
+        Opcode::ATTENTION_TILE,
+        &[q, kc, vc, pos],
+        &[attn],
+        &[],
+        &whole,
+    );
+    let attn_late = t.output("attn_late", DType::F32, &[4, 16]);
+    let window = attention_params(a, late_start, late_len);
+    t.task(
+        Opcode::ATTENTION_TILE,
+        &[q, kc, vc, pos_dev],
+        &[attn_late],
+        &[(cp, 1)],
+        &window,
+    );
+    let tile = |params: &[(&'static str, Value)], off: i64, nt: i64| {
+        let mut p = params.to_vec();
+        p.extend([
+            ("K", int(k as i64)),
+            ("N_tile", int(nt)),
+            ("n_off", int(off)),
+        ]);
+        p
+    };
+    let y = t.output("y", DType::F32, &[1, 8]);
+    let cy = t.counter();
+    for (off, nt) in [(0, 4), (4, 4)] {
+        let p = tile(&whole, off, nt);
+        t.task_on(
+            cy,
+            Opcode::ATTENTION_GEMV,
+            &[q, kc, vc, w, pos],
+            &[y],
+            &[],
+            &p,
+        );
+    }
+    let y_late = t.output("y_late", DType::F32, &[1, 8]);
+    t.task(
+        Opcode::ATTENTION_GEMV,
+        &[q, kc, vc, w, bias, pos_dev],
+        &[y_late],
+        &[(cp, 1)],
+        &tile(&window, 0, 8),
+    );
+    // bf16 rows: the attention row rounds to bf16 before the products, so one element may
+    // round the other way than the formula's; a wrong window moves the outputs far more.
+    let tol = Tol {
+        rtol: 5e-3,
+        atol: 5e-3,
+    };
+    let positions = [3usize, 40, 20];
+    check_formula(c, t, 3, tol, position_steps(&positions), |ins| {
+        let p = in_vals(ins, "pos")?[0] as usize;
+        let qv = in_vals(ins, "q")?;
+        let full = attention(a, &qv, &kv, &vv, 0, p + 1);
+        let late = attention(
+            a,
+            &qv,
+            &kv,
+            &vv,
+            late_start,
+            rows_upto(late_start, late_len, p),
+        );
+        let bf16 = |v: &[f64]| -> Vec<f64> {
+            v.iter()
+                .map(|&x| amk_core::round_to(DType::BF16, x as f32) as f64)
+                .collect()
+        };
+        Ok(vec![
+            ("y", linear(&bf16(&full), &wv, k, None)),
+            ("y_late", linear(&bf16(&late), &wv, k, Some(&bv))),
+            ("attn", full),
+            ("attn_late", late),
+        ])
+    })
+}
+
 fn op_gate_up_silu(c: &Ctx<'_>) -> CaseResult {
     let mut t = Tiny::new(42);
     let x = t.input("x", DType::F32, &[1, 16]);
@@ -2350,6 +2534,149 @@ fn dag_kv_append_steps(c: &Ctx<'_>) -> CaseResult {
         )?;
     }
     Ok(())
+}
+
+/// Three decode steps at positions 1, 4 and 7 over caches of 8 rows with the position in
+/// device memory: KV_APPEND k reads the position input, KV_APPEND v a copy of it that a task
+/// writes (which the CUDA kernel reads after the wait, the input before it); an ATTENTION_TILE
+/// over the whole cache and one over rows `[0, 6)` (the window clips the last step); split-KV
+/// shards `[0, 3)`, `[3, 6)`, `[6, 8)` that the position leaves empty in the early steps, and
+/// their combine; ATTENTION_GEMV tiles without a bias (the input) and with one (the copy). The
+/// caches keep earlier steps' rows; rows no step writes stay zero.
+fn dag_position_decode(c: &Ctx<'_>) -> CaseResult {
+    const MAX_SEQ: usize = 8;
+    let a = Attn {
+        nh: 4,
+        nkv: 2,
+        hd: 8,
+        scale: 0.35,
+    };
+    let (row, k) = (a.nkv * a.hd, a.nh * a.hd);
+    let mut t = Tiny::new(26);
+    let q = t.input("q", DType::F32, &[4, 8]);
+    let kn = t.input("k_row", DType::F32, &[1, 2, 8]);
+    let vn = t.input("v_row", DType::F32, &[1, 16]);
+    let pos = t.input("pos", DType::I32, &[1]);
+    let pos_dev =
+        t.p.new_buffer("pos_dev", BufferKind::ACTIVATION, DType::I32, &[1]);
+    let kc = t.kv("kcache", &[MAX_SEQ as u64, 2, 8]);
+    let vc = t.kv("vcache", &[MAX_SEQ as u64, 2, 8]);
+    let (w, wv) = t.weight("w", DType::F32, &[6, k as u64], -0.5, 0.5);
+    let (bias, bv) = t.weight("bias", DType::F32, &[6], -0.5, 0.5);
+    let cp = t.task(Opcode::COPY, &[pos], &[pos_dev], &[], &[]);
+    let ck = t.task(Opcode::KV_APPEND, &[kn, kc, pos], &[kc], &[], &[]);
+    let cv = t.task(
+        Opcode::KV_APPEND,
+        &[vn, vc, pos_dev],
+        &[vc],
+        &[(cp, 1)],
+        &[],
+    );
+    let kv_waits = [(ck, 1), (cv, 1), (cp, 1)];
+    let attn = t.output("attn", DType::F32, &[4, 8]);
+    let whole = attention_params(a, 0, MAX_SEQ);
+    t.task(
+        Opcode::ATTENTION_TILE,
+        &[q, kc, vc, pos],
+        &[attn],
+        &kv_waits,
+        &whole,
+    );
+    let attn6 = t.output("attn_window6", DType::F32, &[4, 8]);
+    t.task(
+        Opcode::ATTENTION_TILE,
+        &[q, kc, vc, pos_dev],
+        &[attn6],
+        &kv_waits,
+        &attention_params(a, 0, 6),
+    );
+    let shards = [(0usize, 3usize), (3, 3), (6, 2)];
+    let mut parts = Vec::new();
+    let mut waits = Vec::new();
+    for (i, &(s0, l)) in shards.iter().enumerate() {
+        let part = t.act(&format!("partial{i}"), &[4, 10]);
+        let mut params = attention_params(a, s0, l);
+        params.push(("flags", int(2)));
+        let src = if i == 2 { pos_dev } else { pos };
+        let cs = t.task(
+            Opcode::ATTENTION_TILE,
+            &[q, kc, vc, src],
+            &[part],
+            &kv_waits,
+            &params,
+        );
+        parts.push(part);
+        waits.push((cs, 1));
+    }
+    let comb = t.output("combined", DType::F32, &[1, 32]);
+    t.task(
+        Opcode::ATTENTION_COMBINE,
+        &parts,
+        &[comb],
+        &waits,
+        &[
+            ("head_dim", int(8)),
+            ("n_heads", int(4)),
+            ("n_kv_heads", int(2)),
+        ],
+    );
+    let shard1 = t.output("shard1", DType::F32, &[4, 10]);
+    t.task(Opcode::COPY, &[parts[1]], &[shard1], &[waits[1]], &[]);
+    let tile = |off: i64, nt: i64| {
+        let mut p = whole.clone();
+        p.extend([
+            ("K", int(k as i64)),
+            ("N_tile", int(nt)),
+            ("n_off", int(off)),
+        ]);
+        p
+    };
+    let proj = t.output("proj", DType::F32, &[1, 6]);
+    let cg = t.counter();
+    for (off, nt) in [(0, 4), (4, 2)] {
+        t.task_on(
+            cg,
+            Opcode::ATTENTION_GEMV,
+            &[q, kc, vc, w, pos],
+            &[proj],
+            &kv_waits,
+            &tile(off, nt),
+        );
+    }
+    let proj_b = t.output("proj_bias", DType::F32, &[1, 6]);
+    t.task(
+        Opcode::ATTENTION_GEMV,
+        &[q, kc, vc, w, bias, pos_dev],
+        &[proj_b],
+        &kv_waits,
+        &tile(0, 6),
+    );
+    let k_all = t.output("k_all", DType::F32, &[MAX_SEQ as u64, 2, 8]);
+    t.task(Opcode::COPY, &[kc], &[k_all], &[(ck, 1)], &[]);
+    let kcs = std::cell::RefCell::new(vec![0.0; MAX_SEQ * row]);
+    let vcs = std::cell::RefCell::new(vec![0.0; MAX_SEQ * row]);
+    let positions = [1usize, 4, 7];
+    check_formula(c, t, 3, F32_TOL, position_steps(&positions), |ins| {
+        let p = in_vals(ins, "pos")?[0] as usize;
+        let (mut kcv, mut vcv) = (kcs.borrow_mut(), vcs.borrow_mut());
+        kcv[p * row..(p + 1) * row].copy_from_slice(&in_vals(ins, "k_row")?);
+        vcv[p * row..(p + 1) * row].copy_from_slice(&in_vals(ins, "v_row")?);
+        let qv = in_vals(ins, "q")?;
+        let full = attention(a, &qv, &kcv, &vcv, 0, p + 1);
+        let s1 = attention_partial(a, &qv, &kcv, &vcv, 3, rows_upto(3, 3, p));
+        Ok(vec![
+            ("attn", full.clone()),
+            (
+                "attn_window6",
+                attention(a, &qv, &kcv, &vcv, 0, rows_upto(0, 6, p)),
+            ),
+            ("combined", full.clone()),
+            ("shard1", partial_layout(&s1)),
+            ("proj", linear(&full, &wv, k, None)),
+            ("proj_bias", linear(&full, &wv, k, Some(&bv))),
+            ("k_all", kcv.clone()),
+        ])
+    })
 }
 
 // ---- generator families against the oracle ----------------------------------------------------

@@ -38,9 +38,8 @@ fn max_inputs(op: Opcode) -> Option<usize> {
         | Opcode::ROPE
         | Opcode::SILU_MUL
         | Opcode::ADD
-        | Opcode::MUL
-        | Opcode::KV_APPEND => 2,
-        Opcode::LAYERNORM | Opcode::DEQUANT => 3,
+        | Opcode::MUL => 2,
+        Opcode::LAYERNORM | Opcode::DEQUANT | Opcode::KV_APPEND => 3,
         Opcode::GEMV_TILE | Opcode::GEMM_TILE | Opcode::ATTENTION_TILE => 4,
         _ => return None,
     })

@@ -1956,6 +1956,82 @@ fn kv_append_must_write_in_place() {
     assert!(r.has(ErrorKind::ShapeMismatch), "{}", r.report());
 }
 
+/// [`attention`] with a position buffer `pos` (IO_INPUT, `dtype` `[1]`, buffer 6) as the
+/// last input of KV_APPEND k (task 0, which keeps its param `pos` when `keep_param`) and of
+/// the attention (task 2, over the whole cache: the position clips it).
+fn attention_with_position(dtype: DType, keep_param: bool) -> Program {
+    let mut p = attention();
+    let pos = p.new_buffer("pos", IO_INPUT, dtype, &[1]);
+    p.tasks[0].inputs.push(pos);
+    if !keep_param {
+        p.tasks[0].params = Map::new();
+    }
+    p.tasks[2].inputs.push(pos);
+    p.tasks[2].params = attn_params(0, 8);
+    p
+}
+
+#[test]
+fn a_position_input_replaces_the_params_of_kv_append_and_attention() {
+    assert_ok(&check(&attention_with_position(I32, false)));
+    assert_ok(&check(&attention_with_position(U8, false)));
+    // A split-KV shard the position may leave empty.
+    let mut p = attention_with_position(I32, false);
+    p.buffers[5].shape = vec![4, 18];
+    p.tasks[2].params = attn_params(4, 4);
+    p.tasks[2].params.insert("flags", 2.into());
+    assert_ok(&check(&p));
+}
+
+#[test]
+fn kv_append_takes_the_param_or_the_input_not_both() {
+    let r = check(&attention_with_position(I32, true));
+    assert_only(&r, ErrorKind::ShapeMismatch);
+    assert_mentions(
+        &first(&r, ErrorKind::ShapeMismatch).message,
+        &["task 0", "pos"],
+    );
+    let mut p = attention();
+    p.tasks[0].params = Map::new();
+    let r = check(&p);
+    assert_only(&r, ErrorKind::MissingParam);
+    assert_mentions(
+        &first(&r, ErrorKind::MissingParam).message,
+        &["task 0", "pos"],
+    );
+}
+
+#[test]
+fn a_float_position_buffer_is_a_shape_mismatch() {
+    let r = check(&attention_with_position(F32, false));
+    assert_eq!(
+        r.error_kinds(),
+        vec![ErrorKind::ShapeMismatch],
+        "{}",
+        r.report()
+    );
+    for t in ["task 0", "task 2"] {
+        assert!(
+            r.errors
+                .iter()
+                .any(|e| e.message.contains(t) && e.message.contains("integer")),
+            "{t}: {}",
+            r.report()
+        );
+    }
+}
+
+#[test]
+fn position_inputs_count_against_the_arity() {
+    let mut p = attention_with_position(I32, false);
+    let pos = p.tasks[2].inputs[3];
+    p.tasks[2].inputs.push(pos);
+    p.tasks[0].inputs.push(pos);
+    let r = check(&p);
+    assert_only(&r, ErrorKind::ArityInputs);
+    assert_eq!(r.errors.len(), 2, "{}", r.report());
+}
+
 #[rstest]
 #[case::full(0, 8, None)]
 #[case::window(4, 4, None)]

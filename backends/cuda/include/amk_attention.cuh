@@ -8,6 +8,9 @@
  * the un-normalised [acc | m | l] per head (an empty shard writes acc = 0, m = -inf, l = 0).
  * Cache [max_seq, n_kv, hd] (any rank but 4, viewed flat) or batched [B, max_seq, n_kv, hd]
  * (rank 4; the value cache is read with the key cache's geometry, as the CPU does).
+ * With a position input (element 0 of an integer buffer, p) the params are a static window that
+ * the position clips: kv_len becomes min(kv_len, max(0, p + 1 - kv_start)) (amk_att_pos_len,
+ * through amk_att_setup), and every path below sees only that geometry.
  * fp32 throughout (the CPU is fp32), expf (never __expf), IEEE division.
  *
  * Fast path (K and V both F32, BF16 or F16, head_dim a multiple of 8 and <= 256, both caches
@@ -761,14 +764,50 @@ struct amk_att_geom {
   bool partial;
 };
 
+/* A position buffer the attention can read (the validator's rule, again on the device):
+ * integers, at least one element. */
+__device__ __forceinline__ bool amk_att_pos_ok(const amk_buffer_t* pb) {
+  return amk_is_int(pb->dtype) && pb->numel >= 1;
+}
+
+/* The rows of the window [kv_start, kv_start + kv_len) at or before the position p = element 0
+ * of `pb`: min(kv_len, max(0, p + 1 - kv_start)); or -1, having failed the task (AMK_ERR_INDEX,
+ * detail p), when p < 0 or when the window is empty and the task writes no split-KV partial
+ * (an empty partial is a trailing shard's: acc = 0, m = -inf, l = 0). Reads data: after the
+ * task's wait, or before it when nothing in the launch writes the position (its descriptor's
+ * AMK_BUF_LAUNCH_CONST). Block-uniform (every thread reads the same element). Out of line and
+ * on scalars: a task without a position never calls it, and its geometry stays in registers. */
+__device__ __noinline__ int amk_att_pos_len(const amk_task_ctx& ctx, const amk_buffer_t* pb,
+                                            long long kv_start, int kv_len, bool partial) {
+  const long long p = amk_ldif(pb, 0);
+  const long long n = p + 1 - kv_start;
+  if (p < 0 || (n <= 0 && !partial)) {
+    amk_fail(ctx, AMK_ERR_INDEX, p);
+    return -1;
+  }
+  return n <= 0 ? 0 : (n < kv_len ? (int)n : kv_len);
+}
+
+/* g's window clipped by the position in `pb` (amk_att_pos_len); false: the task failed. */
+__device__ __forceinline__ bool amk_att_at_pos(const amk_task_ctx& ctx, const amk_buffer_t* pb,
+                                               amk_att_geom& g) {
+  const int n = amk_att_pos_len(ctx, pb, g.kv_start, g.kv_len, g.partial);
+  g.kv_len = n;
+  return n >= 0;
+}
+
 /* The attention's geometry from its descriptors and params (inputs 0..2 = q, k_cache,
  * v_cache; `partial`: flags bit 1, a split-KV shard). CHECK: also the checks the validator and
  * the CPU reference make, failing the task (false) on the first that fails; !CHECK: the same
  * geometry with no check, for a task amk_verify_tasks passed (a late block runs this between
- * its previous task and its wait). Reads descriptors and params only: it runs before the
- * task's wait. */
+ * its previous task and its wait). Reads descriptors and params only, so it may run before the
+ * task's wait; except with `pos` (a position buffer, never with CHECK): then it also clips the
+ * window by the position (amk_att_at_pos, false when that fails the task), which is data — the
+ * caller passes it only after the wait, or before it for a position nothing in the launch
+ * writes. */
 template <bool CHECK>
-__device__ __forceinline__ bool amk_att_setup(const amk_task_ctx& ctx, bool partial, amk_att_geom& g) {
+__device__ __forceinline__ bool amk_att_setup(const amk_task_ctx& ctx, bool partial, amk_att_geom& g,
+                                              const amk_buffer_t* pos = nullptr) {
   const amk_params_t& p = ctx.inst->params;
   const amk_buffer_t* q = amk_in(ctx, 0);
   const amk_buffer_t* kc = amk_in(ctx, 1);
@@ -808,7 +847,7 @@ __device__ __forceinline__ bool amk_att_setup(const amk_task_ctx& ctx, bool part
   g.kv_len = p.kv_len;
   g.scale = scale;
   g.partial = partial;
-  return true;
+  return !pos || amk_att_at_pos(ctx, pos, g);
 }
 
 /* The fast path needs both caches in one vector dtype, whole 16-byte vectors per lane and

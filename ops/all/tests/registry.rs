@@ -1,6 +1,7 @@
 //! The built-in registry holds exactly the 20 ABI opcodes and our 4 appended fused ones (codes
 //! 20–23), under their canonical codes and names, with the arities of the spec (notes §1.3,
-//! plus our GEMV/GEMM 2–4 inputs fix).
+//! plus our GEMV/GEMM 2–4 inputs fix and the position inputs: KV_APPEND's third input, which
+//! makes its `pos` param optional, ATTENTION_GEMV's sixth).
 
 use amk_core::{Opcode, Origin, ParamType};
 use rstest::rstest;
@@ -48,14 +49,14 @@ fn registry_holds_exactly_the_abi_and_extended_opcodes() {
 #[case("DEQUANT", 13, 2, Some(3), Some(1), &["qdtype", "group"])]
 #[case("SOFTMAX", 14, 1, Some(1), Some(1), &[])]
 #[case("ALLREDUCE_SHARD", 15, 1, Some(8), Some(1), &[])]
-#[case("KV_APPEND", 16, 2, Some(2), Some(1), &["pos"])]
+#[case("KV_APPEND", 16, 2, Some(3), Some(1), &[])]
 #[case("SAMPLE_ARGMAX", 17, 1, Some(1), Some(1), &[])]
 #[case("ATTENTION_COMBINE", 18, 2, Some(8), Some(1), &["head_dim"])]
 #[case("FUSED", 19, 1, None, Some(1), &["recipe"])]
 #[case("RMSNORM_GEMV", 20, 3, Some(4), Some(1), &["eps", "K", "N_tile", "n_off"])]
 #[case("GATE_UP_SILU", 21, 3, Some(4), Some(1), &["K", "N_tile", "n_off"])]
 #[case("QKV_ROPE_APPEND", 22, 5, Some(6), Some(3), &["K", "N_tile", "n_off", "head_dim", "n_heads", "n_kv_heads", "theta"])]
-#[case("ATTENTION_GEMV", 23, 4, Some(5), Some(1), &["head_dim", "kv_start", "kv_len", "scale", "n_heads", "n_kv_heads", "K", "N_tile", "n_off"])]
+#[case("ATTENTION_GEMV", 23, 4, Some(6), Some(1), &["head_dim", "kv_start", "kv_len", "scale", "n_heads", "n_kv_heads", "K", "N_tile", "n_off"])]
 fn spec_matches_the_table(
     #[case] name: &str,
     #[case] code: u16,

@@ -1,7 +1,8 @@
 //! ATTENTION_COMBINE's CPU reference against an independent f64 formula (random partials
 //! with empty shards and wide max spreads, 2–8 parts, odd head dims, every float dtype),
 //! the split-KV end-to-end property (ATTENTION_TILE shards + ATTENTION_COMBINE = un-split
-//! ATTENTION_TILE = f64 attention), and typed errors for bad calls.
+//! ATTENTION_TILE = f64 attention, also with shards a position input clips, empty ones
+//! included), and typed errors for bad calls.
 
 #![allow(
     clippy::unwrap_used,
@@ -292,6 +293,62 @@ fn split_kv_then_combine_equals_unsplit(
     assert_close(&combined[0], &want, 1e-5, 2e-6);
     let whole_f64: Vec<f64> = whole[0].to_f32_vec().iter().map(|&x| x as f64).collect();
     assert_close(&combined[0], &whole_f64, 1e-5, 2e-6);
+}
+
+/// Split-KV shards with a position input (the lowering's static slices of the whole cache,
+/// each clipped by the position): the shards past the position are empty partials, and the
+/// combine of all of them is the attention over rows `[0, p]`.
+#[rstest]
+#[case(0)]
+#[case(3)]
+#[case(4)]
+#[case(9)]
+#[case(15)]
+fn shards_clipped_by_a_position_combine_to_the_attention_up_to_it(#[case] p: usize) {
+    let g = Geo {
+        batch: 1,
+        max_seq: 16,
+        nh: 4,
+        nkv: 2,
+        hd: 8,
+    };
+    let scale = 0.35;
+    let mut r = rng(p as u64 + 500);
+    let q = random_nonzero(DType::F32, &[4, 8], &mut r, -2.0, 2.0);
+    let k = random_nonzero(DType::F32, &[16, 2, 8], &mut r, -2.0, 2.0);
+    let v = random_nonzero(DType::F32, &[16, 2, 8], &mut r, -1.0, 1.0);
+    let pos = Tensor::from_i64(DType::I32, &[1], &[p as i64]).unwrap();
+    let mut parts = Vec::new();
+    for s0 in [0, 4, 8, 12] {
+        let mut part = [Tensor::poisoned(DType::F32, &[4, 10])];
+        let t = tile_task(g, s0, 4, scale, op_attention_tile::FLAG_PARTIAL_WRITE);
+        call(
+            op_attention_tile::reference::run,
+            &t,
+            &[&q, &k, &v, &pos],
+            &mut part,
+        )
+        .unwrap();
+        let [part] = part;
+        if s0 > p {
+            for h in 0..4 {
+                assert_eq!(part.get_f32(h * 10 + 8), f32::NEG_INFINITY, "shard {s0}: m");
+                assert_eq!(part.get_f32(h * 10 + 9), 0.0, "shard {s0}: l");
+            }
+        }
+        parts.push(part);
+    }
+    let refs: Vec<&Tensor> = parts.iter().collect();
+    let t = task(
+        Opcode::ATTENTION_COMBINE,
+        refs.len(),
+        1,
+        &[("head_dim", Value::Int(8))],
+    );
+    let mut combined = [Tensor::poisoned(DType::F32, &[1, 32])];
+    call(run, &t, &refs, &mut combined).unwrap();
+    let want = naive_attention(g, &q, &k, &v, 0, p + 1, scale);
+    assert_close(&combined[0], &want, 1e-5, 2e-6);
 }
 
 #[test]

@@ -8,30 +8,41 @@
  * (same sums in the same order). With AMK_ROW_PRE (16-bit rows of one pass) it loads its weight
  * rows into registers before its wait (ag_pre); otherwise, after its wait, it asks L2 for them
  * (one bulk prefetch: the memory system idles while the attention runs) and streams them after
- * the attention (ag_run, amk_row_tile_run). */
+ * the attention (ag_run, amk_row_tile_run).
+ *
+ * A position input (the integer input after W and the bias) clips the attention's window to the
+ * rows at or before it (amk_att_at_pos). It is data: ag_run reads it after the wait; ag_pre,
+ * before the wait, only when nothing in the launch writes it (its descriptor's
+ * AMK_BUF_LAUNCH_CONST), and otherwise leaves the tile to ag_run. */
 
 /* The tile's operands and params. */
 struct ag_args {
   amk_att_geom g;
-  const amk_buffer_t *q, *kc, *vc, *w, *bias, *y;
+  const amk_buffer_t *q, *kc, *vc, *w, *bias, *pos, *y;
   long long K;
   int n_tile, n_off;
 };
 
 /* The operands from the descriptors and params, the attention's checks included (they also
- * derive its geometry); CHECK: also the projection's checks (the validator's, again on the
- * device), failing the task (false) on the first that fails. */
+ * derive its geometry, the window not yet clipped by a position); CHECK: also the projection's
+ * checks (the validator's, again on the device), failing the task (false) on the first that
+ * fails. */
 template <bool CHECK>
 __device__ __forceinline__ bool ag_setup(const amk_task_ctx& ctx, ag_args& a) {
   const amk_params_t& p = ctx.inst->params;
   const int nin = ctx.inst->n_inputs;
-  AMK_CHECK(nin >= 4 && nin <= 5 && ctx.inst->n_outputs >= 1, AMK_ERR_SHAPE, nin);
+  AMK_CHECK(nin >= 4 && nin <= 6 && ctx.inst->n_outputs >= 1, AMK_ERR_SHAPE, nin);
   if (!amk_att_setup<CHECK>(ctx, false, a.g)) return false;
   a.q = amk_in(ctx, 0);
   a.kc = amk_in(ctx, 1);
   a.vc = amk_in(ctx, 2);
   a.w = amk_in(ctx, 3);
-  a.bias = nin == 5 ? amk_in(ctx, 4) : nullptr;
+  /* The bias (float) and the position (integer) follow W, the bias first: a lone fifth input
+     is the one its dtype says (op_attention_gemv::operand_slots). */
+  const amk_buffer_t* in4 = nin >= 5 ? amk_in(ctx, 4) : nullptr;
+  const bool pos4 = nin == 5 && amk_is_int(in4->dtype);
+  a.bias = pos4 ? nullptr : in4;
+  a.pos = nin == 6 ? amk_in(ctx, 5) : (pos4 ? in4 : nullptr);
   a.y = amk_out(ctx, 0);
   a.K = p.K;
   a.n_tile = p.N_tile;
@@ -44,6 +55,7 @@ __device__ __forceinline__ bool ag_setup(const amk_task_ctx& ctx, ag_args& a) {
     AMK_CHECK(amk_is_vec(a.w->dtype), AMK_ERR_DTYPE, a.w->dtype);
     AMK_CHECK(amk_last_dim(a.w) == K, AMK_ERR_SHAPE, amk_last_dim(a.w));
     if (!amk_row_tile_check(ctx, a.w, K, a.n_tile, a.n_off, a.y, a.bias)) return false;
+    AMK_CHECK(!a.pos || amk_att_pos_ok(a.pos), AMK_ERR_DTYPE, a.pos->dtype);
   }
   return true;
 }
@@ -102,6 +114,7 @@ __device__ __forceinline__ amk_frow ag_attend(const amk_task_ctx& ctx, const ag_
 __device__ __noinline__ void ag_run(const amk_task_ctx& ctx) {
   ag_args a;
   ag_setup<false>(ctx, a);
+  if (a.pos && !amk_att_at_pos(ctx, a.pos, a.g)) return; /* after the wait: the value is final */
   const amk_buffer_t* w = a.w;
   const unsigned long long pol = amk_weight_policy(ctx.prog->flags);
   if (threadIdx.x == 0) {
@@ -119,14 +132,22 @@ __device__ __noinline__ void ag_run(const amk_task_ctx& ctx) {
  * qualify (amk_pre_row_ok) loads its weight rows into registers before its wait, which the
  * tile spends waiting for Q/K/V anyway, so its projection after the attention is one pass over
  * registers (the same sums in the same order as amk_row_tile_run's). Returns false, having
- * done nothing, for a tile that does not qualify (it then repeats the setup after its wait, in
- * ag_run). Out of line, as ag_run. */
+ * done nothing, for a tile that does not qualify, or whose position is not final before the
+ * wait (it then repeats the setup after its wait, in ag_run); true when it ran the tile or
+ * failed it (a negative position, an empty window). Out of line, as ag_run. */
 __device__ __noinline__ bool ag_pre(const amk_task_ctx& ctx) {
   ag_args a;
   ag_setup<false>(ctx, a);
   const amk_buffer_t* w = a.w;
   const bool al = amk_al16(w->ptr);
   if (!amk_pre_row_ok<1>(ctx, a.q->dtype, true, a.K, w->dtype, al, a.n_tile)) return false;
+  /* Before the wait a position is final only when nothing in the launch writes it; otherwise
+     the tile takes ag_run, which reads it after its wait. (Not in amk_verify_tasks:
+     amk_pre_row_ok refuses check_only.) */
+  if (a.pos) {
+    if (!(a.pos->flags & AMK_BUF_LAUNCH_CONST)) return false;
+    if (!amk_att_at_pos(ctx, a.pos, a.g)) return true; /* the task failed: nothing more */
+  }
   const unsigned long long pol = amk_weight_policy(ctx.prog->flags);
   const amk_buffer_t row = ag_row(ctx, a);
   const auto prep = [&] { return amk_pre_smem<8>(ag_attend(ctx, a, &row, pol)); };
@@ -145,7 +166,7 @@ __device__ __noinline__ bool ag_pre(const amk_task_ctx& ctx) {
 __device__ __forceinline__ void amk_op_attention_gemv(const amk_task_ctx& ctx) {
   if (ctx.verify && !ag_check(ctx)) return;
 #if AMK_ROW_PRE
-  if (ag_pre(ctx)) return; /* waited (or the launch is aborting) inside */
+  if (ag_pre(ctx)) return; /* waited (or the launch is aborting, or the task failed) inside */
 #endif
   if (!amk_task_wait(ctx)) return; /* the checks read descriptors only */
   ag_run(ctx);

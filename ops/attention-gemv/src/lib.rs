@@ -2,9 +2,14 @@
 //! `y = attention(q, k_cache, v_cache) @ W^T (+ bias)` — the layer's decode attention computed
 //! inside every tile of the output projection that reads it.
 //!
-//! Inputs `[q, k_cache, v_cache, W]` or `[q, k_cache, v_cache, W, bias]`, one output; params
+//! Inputs `[q, k_cache, v_cache, W]`, `[q, k_cache, v_cache, W, bias]`,
+//! `[q, k_cache, v_cache, W, pos]` or `[q, k_cache, v_cache, W, bias, pos]`, one output; params
 //! ATTENTION_TILE's (`head_dim`, `kv_start`, `kv_len`, `scale`, `n_heads`, `n_kv_heads`; no
-//! split-KV `flags`) and GEMV_TILE's (`K`, `N_tile`, `n_off`). Why: in a decode step the
+//! split-KV `flags`) and GEMV_TILE's (`K`, `N_tile`, `n_off`). The bias is float and the
+//! position `pos` an integer buffer, so a fifth input is the one its dtype says
+//! ([`operand_slots`]); with a position, the attended rows are ATTENTION_TILE's window clipped
+//! to rows `<= pos[0]` (a negative position, or a window that ends up empty, is an error when
+//! the task runs: this op writes no split-KV partials). Why: in a decode step the
 //! attention reads only q and the cache rows the step just wrote, a few KB at the first
 //! positions, while an attention task of its own costs a phase and two hand-offs between the
 //! Q/K/V tiles and the output projection (docs/perf-notes.md round 13). Every tile needs the
@@ -36,7 +41,7 @@ pub const SPEC: OpSpec = OpSpec {
     code: Opcode::ATTENTION_GEMV,
     name: Cow::Borrowed("ATTENTION_GEMV"),
     min_inputs: 4,
-    max_inputs: Some(5),
+    max_inputs: Some(6),
     n_outputs: Some(1),
     params: Cow::Borrowed(&[
         ParamDecl::required("head_dim", ParamType::Int),
@@ -52,7 +57,7 @@ pub const SPEC: OpSpec = OpSpec {
     write_region: amk_core::WriteRegion::Columns,
     check: Some(check),
     summary: Cow::Borrowed(
-        "Columns [n_off, n_off+N_tile) of y = attention(q, k_cache, v_cache) @ W^T (+ bias), the attention computed in the tile.",
+        "Columns [n_off, n_off+N_tile) of y = attention(q, k_cache, v_cache) @ W^T (+ bias), the attention computed in the tile (its rows clipped to <= pos[0] with a position input).",
     ),
 };
 
@@ -74,10 +79,25 @@ pub(crate) fn float_bytes(d: amk_core::DType) -> u64 {
     d.bits().div_ceil(8)
 }
 
+/// The inputs holding the bias and the position, `(bias, pos)`, of a task with `n_inputs`
+/// inputs whose input 4 is (`input4_integer`) or is not an integer buffer: both follow `W`,
+/// the bias first, and a lone fifth input is the position when it holds integers (a bias is
+/// float). One rule for the validator, the CPU reference and the device (`ag_setup`).
+pub fn operand_slots(n_inputs: usize, input4_integer: bool) -> (Option<usize>, Option<usize>) {
+    match n_inputs {
+        5 if input4_integer => (None, Some(4)),
+        5 => (Some(4), None),
+        6 => (Some(4), Some(5)),
+        _ => (None, None),
+    }
+}
+
 /// Static shape and parameter rule, run by the validator.
 fn check(ctx: &TaskContext<'_>) -> Vec<Finding> {
     let mut c = Checker::new(ctx);
-    let heads = op_attention_tile::check_attention(&mut c, false);
+    let input4_integer = c.input(4).is_some_and(|b| b.dtype.is_integer());
+    let (bias, pos) = operand_slots(ctx.n_inputs(), input4_integer);
+    let heads = op_attention_tile::check_attention(&mut c, false, pos);
     let (Some(q), Some(w), Some(out), Some(k)) =
         (c.input(0), c.input(3), c.output(0), c.positive("K"))
     else {
@@ -116,7 +136,7 @@ fn check(ctx: &TaskContext<'_>) -> Vec<Finding> {
         ));
     }
     let n = w.numel() / k.max(1);
-    if let Some(b) = c.input(4) {
+    if let Some(b) = bias.and_then(|i| c.input(i)) {
         c.numel_is(b, n, "bias");
         if !vec(b) {
             c.mismatch(format!("the bias {} must be F32, F16 or BF16", desc(b)));

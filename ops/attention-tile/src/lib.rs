@@ -1,4 +1,16 @@
-//! Opcode `ATTENTION_TILE` (code 7): GQA decode attention over cache rows [kv_start, kv_start+kv_len); flags bit 1 writes un-normalised [acc|m|l] partials.
+//! Opcode `ATTENTION_TILE` (code 7): GQA decode attention over cache rows [kv_start, kv_start+kv_len), clipped to rows <= pos[0] with a 4th input; flags bit 1 writes un-normalised [acc|m|l] partials.
+//!
+//! Inputs `[q, k_cache, v_cache]` or `[q, k_cache, v_cache, pos]`, one output; params
+//! `head_dim`, `kv_start`, `kv_len`, `scale`, `n_heads`, `n_kv_heads` (and `flags`).
+//!
+//! **Position.** With the fourth input, an integer buffer whose element 0 is the position `p`,
+//! the params are a static window (the whole cache, or a split-KV shard's fixed slice) and the
+//! position clips it: the task attends rows `[kv_start, kv_start + n)` with
+//! `n = min(kv_len, max(0, p + 1 − kv_start))`. Why: a decode step then sets one element of a
+//! buffer instead of patching every attention task's params each token (as QKV_ROPE_APPEND
+//! and ROPE read theirs). A negative `p` is an index error; an empty window is a split-KV
+//! partial's empty shard (flags bit 1), an error otherwise. Both are known only when the task
+//! runs, so the static rule checks only the buffer (integer, at least one element).
 //!
 //! This crate owns everything about the op: its spec (arity, params), its static shape rule
 //! for the validator, its CPU reference (`reference.rs`) and its CUDA device function
@@ -34,7 +46,7 @@ pub const SPEC: OpSpec = OpSpec {
     write_region: amk_core::WriteRegion::Whole,
     check: Some(check),
     summary: Cow::Borrowed(
-        "GQA decode attention over cache rows [kv_start, kv_start+kv_len); flags bit 1 writes un-normalised [acc|m|l] partials.",
+        "GQA decode attention over cache rows [kv_start, kv_start+kv_len), clipped to rows <= pos[0] with a 4th input; flags bit 1 writes un-normalised [acc|m|l] partials.",
     ),
 };
 
@@ -55,7 +67,8 @@ fn check(ctx: &TaskContext<'_>) -> Vec<Finding> {
         return Vec::new();
     };
     let partial = c.int("flags").unwrap_or(0) & FLAG_PARTIAL_WRITE != 0;
-    let Some(g) = check_attention(&mut c, partial) else {
+    let pos = (ctx.n_inputs() == 4).then_some(3);
+    let Some(g) = check_attention(&mut c, partial, pos) else {
         return c.finish();
     };
     let per_head = if partial { g.hd + 2 } else { g.hd };
@@ -76,11 +89,19 @@ pub struct Heads {
 }
 
 /// The attention's own rule (inputs `[q, k_cache, v_cache, ..]` and the attention params;
-/// `partial`: a split-KV shard, which may be empty), shared with the ops that compute the
-/// attention inside another op (ATTENTION_GEMV). `None` when an operand or a size param is
-/// missing or invalid (already reported).
-pub fn check_attention(c: &mut Checker<'_, '_>, partial: bool) -> Option<Heads> {
+/// `partial`: a split-KV shard, which may be empty; `pos`: the input holding the position that
+/// clips the window, if any), shared with the ops that compute the attention inside another op
+/// (ATTENTION_GEMV). `None` when an operand or a size param is missing or invalid (already
+/// reported).
+pub fn check_attention(
+    c: &mut Checker<'_, '_>,
+    partial: bool,
+    pos: Option<usize>,
+) -> Option<Heads> {
     let (q, kc, vc) = (c.input(0)?, c.input(1)?, c.input(2)?);
+    if let Some(b) = pos.and_then(|i| c.input(i)) {
+        check_position(c, b);
+    }
     let hd = c.positive("head_dim");
     let nh = c.positive("n_heads");
     let nkv = c.positive("n_kv_heads");
@@ -127,4 +148,13 @@ pub fn check_attention(c: &mut Checker<'_, '_>, partial: bool) -> Option<Heads> 
         nh: nh as u64,
         hd: hd as u64,
     })
+}
+
+/// The rule on a position buffer: integers (the device reads element 0 with the integer
+/// loads), at least one element. Its value is data, checked when the task runs.
+pub fn check_position(c: &mut Checker<'_, '_>, pos: &amk_core::Buffer) {
+    c.integer(pos, "position buffer");
+    if pos.numel() == 0 {
+        c.mismatch(format!("the position buffer {} is empty", desc(pos)));
+    }
 }

@@ -11,8 +11,13 @@
 //! Query head `h` reads kv head `h / (n_heads / n_kv_heads)`. Scores `s_j = (q·k_j)·scale`,
 //! `m = max_j s_j`, `e_j = exp(s_j − m)`, `l = Σ e_j`, `acc = Σ e_j·v_j`; the normalised output
 //! is `acc / l`. An empty shard (`kv_len = 0`, partial only) writes `acc = 0, m = −inf, l = 0`.
-//! Everything is computed in fp32 and cast on store. No causal mask (decode); a fourth input
-//! is accepted and ignored.
+//! Everything is computed in fp32 and cast on store. No causal mask (decode).
+//!
+//! With a fourth input `pos` (integer, element 0 = `p`) the rows are `[kv_start, kv_start + n)`
+//! with `n = min(kv_len, max(0, p + 1 − kv_start))`: the params give a static window and the
+//! position clips it (crate docs). `p < 0` is [`OpError::IndexOutOfRange`]; an empty window
+//! (`p < kv_start`) is an empty shard for a partial and [`OpError::BadParam`] otherwise (as
+//! `kv_len = 0` is). The result is exactly the param-only task's over the same rows.
 
 use crate::FLAG_PARTIAL_WRITE;
 use amk_core::{CpuCall, OpError, Tensor};
@@ -59,7 +64,7 @@ fn require_float(t: &Tensor, role: &str) -> Result<(), OpError> {
 pub fn run(call: &mut CpuCall<'_, '_>) -> Result<(), OpError> {
     call.expect_arity(3, 4, 1)?;
     let partial = call.int_opt("flags")?.unwrap_or(0) & FLAG_PARTIAL_WRITE != 0;
-    let g = geometry(call, partial)?;
+    let g = geometry(call, partial, (call.n_inputs() == 4).then_some(3))?;
     let (q, kc, vc) = (call.input(0)?, call.input(1)?, call.input(2)?);
     let per_head = if partial { g.hd + 2 } else { g.hd };
     let out_len = mul(g.batch, mul(g.nh, per_head)?)?;
@@ -94,7 +99,7 @@ pub struct Geometry {
     pub row: usize,
     /// First cache row attended to.
     pub kv_start: usize,
-    /// Rows attended to.
+    /// Rows attended to (the param, clipped by the position when there is one).
     pub kv_len: usize,
     /// Score scale.
     pub scale: f32,
@@ -103,9 +108,15 @@ pub struct Geometry {
 }
 
 /// The attention params and operands of `call` (inputs `[q, k_cache, v_cache, ..]`) checked as
-/// ATTENTION_TILE checks them (`partial`: a split-KV shard, which may be empty); shared with the
-/// ops that compute the attention inside another op (ATTENTION_GEMV).
-pub fn geometry(call: &CpuCall<'_, '_>, partial: bool) -> Result<Geometry, OpError> {
+/// ATTENTION_TILE checks them (`partial`: a split-KV shard, which may be empty; `pos`: the input
+/// holding the position that clips the window, if any); shared with the ops that compute the
+/// attention inside another op (ATTENTION_GEMV). The static checks come first, the position's
+/// last (as on the device, where it is data read when the task runs).
+pub fn geometry(
+    call: &CpuCall<'_, '_>,
+    partial: bool,
+    pos: Option<usize>,
+) -> Result<Geometry, OpError> {
     let (q, kc, vc) = (call.input(0)?, call.input(1)?, call.input(2)?);
     let hd = size_param(call, "head_dim", false)?;
     let nh = size_param(call, "n_heads", false)?;
@@ -169,6 +180,23 @@ pub fn geometry(call: &CpuCall<'_, '_>, partial: bool) -> Result<Geometry, OpErr
         )));
     }
     require_float(q, "query")?;
+    let kv_len = match pos {
+        None => kv_len,
+        Some(i) => {
+            let p = position(call, i)?;
+            let n = clipped_len(kv_start, kv_len, p);
+            if n == 0 && !partial {
+                return Err(OpError::BadParam {
+                    key: "kv_start".into(),
+                    why: format!(
+                        "position {p} is before the window's first row {kv_start}: no rows to \
+                         attend to (only a partial-write shard may be empty)"
+                    ),
+                });
+            }
+            n
+        }
+    };
     Ok(Geometry {
         hd,
         nh,
@@ -181,6 +209,38 @@ pub fn geometry(call: &CpuCall<'_, '_>, partial: bool) -> Result<Geometry, OpErr
         scale,
         partial,
     })
+}
+
+/// Exclusive upper bound of a position (they are int32 on the device).
+const POSITION_LIMIT: u64 = 1 << 31;
+
+/// Element 0 of the position buffer, input `i`: a non-empty integer buffer holding a
+/// non-negative position (`OpError::DType`, `OpError::IndexOutOfRange` otherwise).
+pub fn position(call: &CpuCall<'_, '_>, i: usize) -> Result<u64, OpError> {
+    let t = call.input(i)?;
+    if !t.dtype().is_integer() || t.numel() == 0 {
+        return Err(OpError::DType(format!(
+            "the position buffer must be a non-empty integer buffer, got {} {:?}",
+            t.dtype(),
+            t.shape()
+        )));
+    }
+    let p = t.get_i64(0);
+    u64::try_from(p)
+        .ok()
+        .filter(|&p| p < POSITION_LIMIT)
+        .ok_or(OpError::IndexOutOfRange {
+            at: 0,
+            value: p,
+            limit: POSITION_LIMIT,
+        })
+}
+
+/// Rows of the window `[kv_start, kv_start + kv_len)` at or before position `p`:
+/// `min(kv_len, max(0, p + 1 − kv_start))`.
+pub fn clipped_len(kv_start: usize, kv_len: usize, p: u64) -> usize {
+    let upto = usize::try_from(p.saturating_add(1)).unwrap_or(usize::MAX);
+    upto.saturating_sub(kv_start).min(kv_len)
 }
 
 /// The attention of `g` over the operands, in fp32: `emit(i, v)` receives element `i` of the

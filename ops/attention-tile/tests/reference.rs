@@ -1,7 +1,9 @@
 //! ATTENTION_TILE's CPU reference against an independent f64 formula: GQA ratios 1/2/4/8,
 //! odd head dims, flat and head-shaped operands, `kv_start > 0` windows, batched rank-3/4
-//! operands, split-KV partial shards (including the empty shard), and typed errors for bad
-//! calls. Inputs are fresh random non-zero values, outputs are poisoned before the call.
+//! operands, split-KV partial shards (including the empty shard), a position input that clips
+//! the window (and equals the param form it replaces, bit for bit), typed errors for bad calls,
+//! and the shape rule on the position buffer. Inputs are fresh random non-zero values, outputs
+//! are poisoned before the call.
 
 #![allow(
     clippy::unwrap_used,
@@ -12,7 +14,10 @@
 
 use amk_core::json::Value;
 use amk_core::testkit::{assert_close, call, random_nonzero, rng};
-use amk_core::{CpuCall, DType, Input, OpError, Opcode, Task, Tensor};
+use amk_core::{
+    Buffer, BufferKind, CpuCall, DType, ErrorKind, Input, MemSpace, OpError, Opcode, Registry,
+    Task, TaskContext, Tensor,
+};
 use op_attention_tile::reference::run;
 use rstest::rstest;
 
@@ -239,25 +244,274 @@ fn partial_shard_matches_f64_formula(
     assert_partials(&out[0], &want, 1e-5 * (len.max(1) as f64));
 }
 
-#[test]
-fn a_fourth_input_is_ignored() {
+/// Rows a position `p` leaves of the window `[start, start + len)`, written out as the rule
+/// states it: the rows `j` of the window with `j <= p`.
+fn rows_upto(start: usize, len: usize, p: i64) -> usize {
+    (start..start + len).filter(|&j| (j as i64) <= p).count()
+}
+
+/// A position buffer of `dtype` and `shape` whose element 0 is `p` (the rest are decoys the
+/// op must not read: far past every window).
+fn pos_buffer(dtype: DType, shape: &[u64], p: i64) -> Tensor {
+    let n = shape.iter().product::<u64>() as usize;
+    let mut v = vec![97i64; n];
+    v[0] = p;
+    Tensor::from_i64(dtype, shape, &v).unwrap()
+}
+
+#[rstest]
+// The whole cache as the window (the lowering's single task): p = 0, a middle row, the last.
+#[case(0, 12, 0, None, DType::I32)]
+#[case(0, 12, 5, None, DType::I32)]
+#[case(0, 12, 11, None, DType::I32)]
+// A window starting past 0: p inside it, p beyond it (clipped to the window), p at its start.
+#[case(3, 6, 6, None, DType::I32)]
+#[case(3, 6, 40, None, DType::I8)]
+#[case(3, 6, 3, None, DType::U8)]
+// Split-KV shards: a middle shard that p cuts, one p has not reached (empty), the trailing one.
+#[case(4, 4, 5, Some(2), DType::I32)]
+#[case(8, 4, 5, Some(2), DType::I32)]
+#[case(12, 0, 5, Some(2), DType::I32)]
+#[case(0, 4, 0, Some(2), DType::I32)]
+fn a_position_clips_the_window(
+    #[case] start: usize,
+    #[case] len: usize,
+    #[case] p: i64,
+    #[case] flags: Option<i64>,
+    #[case] pdt: DType,
+) {
     let g = Geo {
         batch: 1,
-        max_seq: 6,
+        max_seq: 12,
+        nh: 4,
+        nkv: 2,
+        hd: 8,
+    };
+    let partial = flags.is_some();
+    let scale = 0.35;
+    let mut r = rng(start as u64 * 97 + len as u64 * 13 + p as u64);
+    let q = random_nonzero(DType::F32, &[4, 8], &mut r, -1.5, 1.5);
+    let k = random_nonzero(DType::F32, &[12, 2, 8], &mut r, -1.5, 1.5);
+    let v = random_nonzero(DType::F32, &[12, 2, 8], &mut r, -1.0, 1.0);
+    let pos = pos_buffer(pdt, &[3], p);
+    let t = params(g, start as i64, len as i64, scale, flags);
+    let per_head = if partial { 10 } else { 8 };
+    let mut out = [Tensor::poisoned(DType::F32, &[4, per_head])];
+    call(run, &t, &[&q, &k, &v, &pos], &mut out).unwrap();
+    let n = rows_upto(start, len, p);
+    let want = naive_partials(g, &q, &k, &v, start, n, scale);
+    if partial {
+        assert_partials(&out[0], &want, 1e-5);
+        if n == 0 {
+            for h in 0..4 {
+                assert!((0..8).all(|d| out[0].get_f32(h * 10 + d) == 0.0));
+                assert_eq!(out[0].get_f32(h * 10 + 8), f32::NEG_INFINITY);
+                assert_eq!(out[0].get_f32(h * 10 + 9), 0.0);
+            }
+        }
+    } else {
+        assert!(n > 0);
+        assert_close(&out[0], &naive_out(&want), 1e-5, 2e-6);
+    }
+}
+
+/// The position form is the param form it replaces, bit for bit: `kv_len = p + 1` without a
+/// position equals the whole cache with position `p` (single tasks and split-KV shards,
+/// batched caches, bf16 caches).
+#[rstest]
+#[case(1, 9, 0, DType::F32)]
+#[case(1, 9, 4, DType::F32)]
+#[case(1, 9, 8, DType::BF16)]
+#[case(2, 7, 3, DType::F32)]
+#[case(3, 5, 4, DType::F16)]
+fn the_position_form_equals_the_param_form(
+    #[case] batch: usize,
+    #[case] max_seq: usize,
+    #[case] p: usize,
+    #[case] dc: DType,
+) {
+    let g = Geo {
+        batch,
+        max_seq,
+        nh: 4,
+        nkv: 1,
+        hd: 6,
+    };
+    let b = batch as u64;
+    let (qshape, cshape): (Vec<u64>, Vec<u64>) = if batch > 1 {
+        (vec![b, 4, 6], vec![b, max_seq as u64, 1, 6])
+    } else {
+        (vec![4, 6], vec![max_seq as u64, 1, 6])
+    };
+    let mut r = rng(p as u64 * 7 + batch as u64);
+    let q = random_nonzero(DType::F32, &qshape, &mut r, -2.0, 2.0);
+    let k = random_nonzero(dc, &cshape, &mut r, -2.0, 2.0);
+    let v = random_nonzero(dc, &cshape, &mut r, -1.0, 1.0);
+    let pos = pos_buffer(DType::I32, &[1], p as i64);
+    let bits = |t: &Tensor| -> Vec<u32> { t.to_f32_vec().iter().map(|x| x.to_bits()).collect() };
+    // One task over rows [0, p] against the whole cache clipped at p.
+    let oshape = [b * 4 * 6];
+    let mut by_param = [Tensor::poisoned(DType::F32, &oshape)];
+    let by_len = params(g, 0, p as i64 + 1, 0.4, None);
+    call(run, &by_len, &[&q, &k, &v], &mut by_param).unwrap();
+    let mut by_pos = [Tensor::poisoned(DType::F32, &oshape)];
+    let whole = params(g, 0, max_seq as i64, 0.4, None);
+    call(run, &whole, &[&q, &k, &v, &pos], &mut by_pos).unwrap();
+    assert_eq!(bits(&by_param[0]), bits(&by_pos[0]));
+    // Shards of 3 rows: each static shard clipped at p against the shard's rows up to p.
+    let pshape = [b * 4 * 8];
+    for s0 in (0..max_seq).step_by(3) {
+        let slen = 3.min(max_seq - s0);
+        let live = rows_upto(s0, slen, p as i64);
+        let mut by_param = [Tensor::poisoned(DType::F32, &pshape)];
+        let t = params(g, s0 as i64, live as i64, 0.4, Some(2));
+        call(run, &t, &[&q, &k, &v], &mut by_param).unwrap();
+        let mut by_pos = [Tensor::poisoned(DType::F32, &pshape)];
+        let t = params(g, s0 as i64, slen as i64, 0.4, Some(2));
+        call(run, &t, &[&q, &k, &v, &pos], &mut by_pos).unwrap();
+        assert_eq!(bits(&by_param[0]), bits(&by_pos[0]), "shard at {s0}");
+    }
+}
+
+#[test]
+fn bad_positions_are_typed_errors_and_write_nothing() {
+    let g = Geo {
+        batch: 1,
+        max_seq: 8,
         nh: 4,
         nkv: 2,
         hd: 4,
     };
-    let mut r = rng(4);
+    let mut r = rng(17);
     let q = random_nonzero(DType::F32, &[4, 4], &mut r, -1.0, 1.0);
-    let k = random_nonzero(DType::F32, &[6, 2, 4], &mut r, -1.0, 1.0);
-    let v = random_nonzero(DType::F32, &[6, 2, 4], &mut r, -1.0, 1.0);
-    let extra = random_nonzero(DType::I32, &[3], &mut r, 1.0, 9.0);
-    let t = params(g, 1, 4, 0.5, None);
-    let mut out = [Tensor::poisoned(DType::F32, &[16])];
-    call(run, &t, &[&q, &k, &v, &extra], &mut out).unwrap();
-    let want = naive_out(&naive_partials(g, &q, &k, &v, 1, 4, 0.5));
-    assert_close(&out[0], &want, 1e-5, 2e-6);
+    let k = random_nonzero(DType::F32, &[8, 2, 4], &mut r, -1.0, 1.0);
+    let v = random_nonzero(DType::F32, &[8, 2, 4], &mut r, -1.0, 1.0);
+    let go = |t: &Task, pos: &Tensor, width: u64| {
+        let mut out = [Tensor::poisoned(DType::F32, &[4, width])];
+        let res = call(run, t, &[&q, &k, &v, pos], &mut out);
+        assert!(
+            out[0].to_f32_vec().iter().all(|x| x.is_nan()),
+            "a failed call wrote its output"
+        );
+        res
+    };
+    // A negative position, for a task and for a shard.
+    for flags in [None, Some(2)] {
+        let width = if flags.is_some() { 6 } else { 4 };
+        assert_eq!(
+            go(
+                &params(g, 0, 8, 0.5, flags),
+                &pos_buffer(DType::I32, &[1], -1),
+                width
+            ),
+            Err(OpError::IndexOutOfRange {
+                at: 0,
+                value: -1,
+                limit: 1 << 31
+            })
+        );
+    }
+    // A window the position has not reached: empty, which only a partial may be.
+    assert!(matches!(
+        go(
+            &params(g, 4, 4, 0.5, None),
+            &pos_buffer(DType::I32, &[1], 3),
+            4
+        ),
+        Err(OpError::BadParam { .. })
+    ));
+    // Not integers; no element.
+    let fpos = random_nonzero(DType::F32, &[1], &mut r, 1.0, 2.0);
+    assert!(matches!(
+        go(&params(g, 0, 8, 0.5, None), &fpos, 4),
+        Err(OpError::DType(_))
+    ));
+    let empty = Tensor::zeros(DType::I32, &[0]);
+    assert!(matches!(
+        go(&params(g, 0, 8, 0.5, None), &empty, 4),
+        Err(OpError::DType(_))
+    ));
+    // The static window is still checked: past the cache, or empty for a non-partial task,
+    // whatever the position.
+    assert!(matches!(
+        go(
+            &params(g, 4, 5, 0.5, None),
+            &pos_buffer(DType::I32, &[1], 2),
+            4
+        ),
+        Err(OpError::BadParam { .. })
+    ));
+    assert!(matches!(
+        go(
+            &params(g, 0, 0, 0.5, None),
+            &pos_buffer(DType::I32, &[1], 2),
+            4
+        ),
+        Err(OpError::BadParam { .. })
+    ));
+}
+
+/// The static shape rule on `[q, kcache, vcache, pos]`: the position buffer of `dtype` and
+/// `shape`, the attention of `bad_calls_are_typed_errors`.
+fn position_findings(dtype: DType, shape: &[u64], flags: Option<i64>) -> Vec<ErrorKind> {
+    let buffer = |id: u32, dtype: DType, shape: &[u64]| Buffer {
+        id,
+        name: format!("b{id}"),
+        kind: BufferKind::ACTIVATION,
+        dtype,
+        shape: shape.to_vec(),
+        space: MemSpace::HBM,
+        source: None,
+    };
+    let width = if flags.is_some() { 6 } else { 4 };
+    let buffers = [
+        buffer(0, DType::F32, &[4, 4]),
+        buffer(1, DType::F32, &[8, 2, 4]),
+        buffer(2, DType::F32, &[8, 2, 4]),
+        buffer(3, dtype, shape),
+        buffer(4, DType::F32, &[4, width]),
+    ];
+    let g = Geo {
+        batch: 1,
+        max_seq: 8,
+        nh: 4,
+        nkv: 2,
+        hd: 4,
+    };
+    let mut t = params(g, 0, 8, 0.5, flags);
+    t.inputs = vec![0, 1, 2, 3];
+    t.outputs = vec![4];
+    let reg = Registry::empty();
+    let ctx = TaskContext {
+        task: &t,
+        buffers: &buffers,
+        registry: &reg,
+    };
+    let check = op_attention_tile::SPEC
+        .check
+        .expect("ATTENTION_TILE has a shape rule");
+    check(&ctx).into_iter().map(|f| f.kind).collect()
+}
+
+#[test]
+fn the_shape_rule_takes_an_integer_position_buffer() {
+    assert_eq!(op_attention_tile::SPEC.max_inputs, Some(4));
+    for dt in [DType::I32, DType::I8, DType::U8] {
+        assert!(position_findings(dt, &[1], None).is_empty());
+    }
+    assert!(position_findings(DType::I32, &[4], Some(2)).is_empty());
+    assert_eq!(
+        position_findings(DType::F32, &[1], None),
+        vec![ErrorKind::ShapeMismatch]
+    );
+    assert_eq!(
+        position_findings(DType::BF16, &[1], Some(2)),
+        vec![ErrorKind::ShapeMismatch]
+    );
+    assert_eq!(
+        position_findings(DType::I32, &[0], None),
+        vec![ErrorKind::ShapeMismatch]
+    );
 }
 
 fn expect_err(t: &Task, ins: &[&Tensor], out_shape: &[u64], pred: fn(&OpError) -> bool) {

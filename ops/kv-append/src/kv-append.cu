@@ -1,8 +1,10 @@
 /* KV_APPEND (code 16): writes new K or V rows into the cache at `pos`, in place.
  *
- * Inputs [new, cache], output 0 = the cache (the validator requires the output to be the cache
- * input itself). Mirrors ops/kv-append/src/reference.rs, with the cache geometry taken from
- * the output as the CPU does:
+ * Inputs [new, cache] (the row: param pos) or [new, cache, pos] (the row: element 0 of that
+ * integer buffer, read here: the scheduler waits for the task's counters before this op runs),
+ * output 0 = the cache (the validator requires the output to be the cache input itself).
+ * Mirrors ops/kv-append/src/reference.rs, with the cache geometry taken from the output as the
+ * CPU does:
  * - rank 2/3 cache [max_seq, ...], rows of row = numel / max_seq elements: new holds
  *   rows = new.numel / row whole rows, written to cache rows [pos, pos + rows);
  * - rank 4 cache [B, max_seq, n_kv, hd]: new is [B, n_kv*hd] and cache[b, pos] = new[b].
@@ -40,7 +42,12 @@ __device__ void amk_op_kv_append(const amk_task_ctx& ctx) {
   const amk_buffer_t* src = amk_in(ctx, 1);
   const amk_buffer_t* cache = amk_out(ctx, 0);
   const bool separate = ctx.inst->inputs[1] != ctx.inst->outputs[0];
-  const long long pos = p.pos;
+  long long pos = p.pos;
+  if (ctx.inst->n_inputs > 2) {
+    const amk_buffer_t* pb = amk_in(ctx, 2);
+    if (!amk_is_int(pb->dtype) || pb->numel < 1) { amk_fail(ctx, AMK_ERR_DTYPE, pb->dtype); return; }
+    pos = amk_ldif(pb, 0);
+  }
   if (pos < 0) { amk_fail(ctx, AMK_ERR_INDEX, pos); return; }
   if (separate && src->numel != cache->numel) { amk_fail(ctx, AMK_ERR_SHAPE, src->numel); return; }
 

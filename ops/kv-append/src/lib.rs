@@ -1,12 +1,21 @@
 //! Opcode `KV_APPEND` (code 16): Writes new K or V rows into the cache at pos, in place.
 //!
+//! Inputs `[new, cache]` with param `pos`, or `[new, cache, pos]` where `pos` is an integer
+//! buffer whose element 0 is the row; one output, the cache itself. Why the input: a decode
+//! step then sets one element of a buffer (as QKV_ROPE_APPEND and ROPE read theirs) instead of
+//! patching every layer's KV_APPEND params each token. The param and the input are exclusive
+//! (one source of truth: a task given both is refused). A position from the input is data,
+//! checked when the task runs (a row outside the cache is an index error); the static rule
+//! checks only that the new rows fit the cache at all.
+//!
 //! This crate owns everything about the op: its spec (arity, params), its static shape rule
 //! for the validator, its CPU reference (`reference.rs`) and its CUDA device function
 //! (`kv-append.cu`).
 
 use amk_core::opcheck::{Checker, desc};
 use amk_core::{
-    Finding, OpRegistration, OpSpec, Opcode, ParamDecl, ParamType, Reference, TaskContext,
+    ErrorKind, Finding, OpRegistration, OpSpec, Opcode, ParamDecl, ParamType, Reference,
+    TaskContext,
 };
 use std::borrow::Cow;
 
@@ -17,12 +26,15 @@ pub const SPEC: OpSpec = OpSpec {
     code: Opcode::KV_APPEND,
     name: Cow::Borrowed("KV_APPEND"),
     min_inputs: 2,
-    max_inputs: Some(2),
+    max_inputs: Some(3),
     n_outputs: Some(1),
-    params: Cow::Borrowed(&[ParamDecl::required("pos", ParamType::Int)]),
+    // Required without the position input, refused with it: the rule below says which.
+    params: Cow::Borrowed(&[ParamDecl::optional("pos", ParamType::Int)]),
     write_region: amk_core::WriteRegion::Whole,
     check: Some(check),
-    summary: Cow::Borrowed("Writes new K or V rows into the cache at pos, in place."),
+    summary: Cow::Borrowed(
+        "Writes new K or V rows into the cache at pos (param, or element 0 of a 3rd input), in place.",
+    ),
 };
 
 amk_core::inventory::submit! {
@@ -46,9 +58,36 @@ fn check(ctx: &TaskContext<'_>) -> Vec<Finding> {
             desc(out)
         ));
     }
-    let Some(pos) = c.non_negative("pos") else {
-        return c.finish();
+    let has_param = ctx.task.params.contains_key("pos");
+    let pos = match (c.input(2), has_param) {
+        (Some(b), true) => {
+            c.mismatch(format!(
+                "param pos and the position input {} both give the row: give one",
+                desc(b)
+            ));
+            return c.finish();
+        }
+        (Some(b), false) => {
+            c.integer(b, "position buffer");
+            if b.numel() == 0 {
+                c.mismatch(format!("the position buffer {} is empty", desc(b)));
+            }
+            None
+        }
+        (None, false) => {
+            c.push(
+                ErrorKind::MissingParam,
+                "KV_APPEND lacks the param 'pos' (or a position input) that says where the rows go",
+            );
+            return c.finish();
+        }
+        (None, true) => match c.non_negative("pos") {
+            Some(p) => Some(p as u64),
+            None => return c.finish(),
+        },
     };
+    // With a position input the row is data: only rows that fit at position 0 can fit at all.
+    let at = pos.unwrap_or(0);
     match cache.rank() {
         2 | 3 => {
             let max_seq = cache.shape[0];
@@ -62,10 +101,10 @@ fn check(ctx: &TaskContext<'_>) -> Vec<Finding> {
                 return c.finish();
             }
             let rows = new.numel() / row;
-            if (pos as u64).saturating_add(rows) > max_seq {
+            if at.saturating_add(rows) > max_seq {
                 c.oob(format!(
-                    "rows [{pos}, {}) exceed the {max_seq} rows of the cache {}",
-                    (pos as u64).saturating_add(rows),
+                    "rows [{at}, {}) exceed the {max_seq} rows of the cache {}",
+                    at.saturating_add(rows),
                     desc(cache)
                 ));
             }
@@ -74,9 +113,9 @@ fn check(ctx: &TaskContext<'_>) -> Vec<Finding> {
             let (b, max_seq) = (cache.shape[0], cache.shape[1]);
             let per = cache.shape[2].saturating_mul(cache.shape[3]);
             c.numel_is(new, b.saturating_mul(per), "new rows");
-            if pos as u64 >= max_seq {
+            if at >= max_seq {
                 c.oob(format!(
-                    "pos = {pos} is beyond the {max_seq} positions of the cache {}",
+                    "pos = {at} is beyond the {max_seq} positions of the cache {}",
                     desc(cache)
                 ));
             }

@@ -1,9 +1,11 @@
 //! CPU reference of KV_APPEND: writes new K or V rows into the cache at `pos`, in place.
 //!
-//! Inputs `[new, cache]`, output: the cache. The op declares the pair (input 1, output 0), so
-//! a caller passes the cache as [`Input::InPlace`]`(0)` and the cache tensor itself as output
-//! 0. (A caller that passes the cache as an ordinary input gets the same result in a separate
-//! output: the cache is copied into it first, cast on store, then the rows are written.)
+//! Inputs `[new, cache]` with param `pos`, or `[new, cache, pos]` with `pos` element 0 of that
+//! integer buffer (then the param must be absent); output: the cache. The op declares the pair
+//! (input 1, output 0), so a caller passes the cache as [`Input::InPlace`]`(0)` and the cache
+//! tensor itself as output 0. (A caller that passes the cache as an ordinary input gets the
+//! same result in a separate output: the cache is copied into it first, cast on store, then
+//! the rows are written.)
 //!
 //! - Rank-2 or rank-3 cache `[max_seq, …]` with rows of `row = numel / max_seq` elements:
 //!   `new` is viewed as `rows = new.numel / row` whole rows and written to cache rows
@@ -13,19 +15,43 @@
 //!
 //! Every other cache element is left untouched. A `pos` (plus rows) beyond the cache, a
 //! negative `pos`, or a `new` that is not a whole number of rows is an error, reported before
-//! anything is written.
+//! anything is written: [`OpError::BadParam`] for the param, [`OpError::IndexOutOfRange`] for
+//! a position read from the input (data, as QKV_ROPE_APPEND's).
 
 use amk_core::{CpuCall, Input, OpError};
 
 /// Runs one KV_APPEND task.
 pub fn run(call: &mut CpuCall<'_, '_>) -> Result<(), OpError> {
-    call.expect_arity(2, 2, 1)?;
+    call.expect_arity(2, 3, 1)?;
     let new = call.input(0)?;
-    let pos = call.int("pos")?;
-    let pos = usize::try_from(pos).map_err(|_| OpError::BadParam {
-        key: "pos".into(),
-        why: format!("{pos} must not be negative"),
-    })?;
+    let (pos_value, from_input) = position(call)?;
+    if !from_input && pos_value < 0 {
+        return Err(OpError::BadParam {
+            key: "pos".into(),
+            why: format!("{pos_value} must not be negative"),
+        });
+    }
+    // The row to write, if it is below `limit` (the first start row whose rows do not fit);
+    // else the param's error, or the index's for a position read from the input.
+    let start_row = |limit: usize, why: &dyn Fn() -> String| {
+        usize::try_from(pos_value)
+            .ok()
+            .filter(|&p| p < limit)
+            .ok_or_else(|| {
+                if from_input {
+                    OpError::IndexOutOfRange {
+                        at: 0,
+                        value: pos_value,
+                        limit: limit as u64,
+                    }
+                } else {
+                    OpError::BadParam {
+                        key: "pos".into(),
+                        why: why(),
+                    }
+                }
+            })
+    };
     // Where the cache lives: the in-place output, or a separate input copied into output 0.
     let (out_idx, separate) = match call.inputs.get(1) {
         Some(Input::InPlace(j)) => (*j, None),
@@ -69,15 +95,13 @@ pub fn run(call: &mut CpuCall<'_, '_>) -> Result<(), OpError> {
                 )));
             }
             let rows = new.numel() / row;
-            if pos.saturating_add(rows) > max_seq {
-                return Err(OpError::BadParam {
-                    key: "pos".into(),
-                    why: format!(
-                        "rows [{pos}, {}) exceed the cache's {max_seq} rows",
-                        pos.saturating_add(rows)
-                    ),
-                });
-            }
+            // Rows [pos, pos + rows) fit iff pos < max_seq + 1 - rows.
+            let pos = start_row(max_seq.saturating_add(1).saturating_sub(rows), &|| {
+                format!(
+                    "rows [{pos_value}, {}) exceed the cache's {max_seq} rows",
+                    pos_value.saturating_add(rows as i64)
+                )
+            })?;
             spans.push((pos * row, rows * row, 0));
         }
         [b, max_seq, n_kv, hd] => {
@@ -91,12 +115,9 @@ pub fn run(call: &mut CpuCall<'_, '_>) -> Result<(), OpError> {
                     new.numel()
                 )));
             }
-            if pos >= max_seq {
-                return Err(OpError::BadParam {
-                    key: "pos".into(),
-                    why: format!("{pos} is beyond the cache's {max_seq} positions"),
-                });
-            }
+            let pos = start_row(max_seq, &|| {
+                format!("{pos_value} is beyond the cache's {max_seq} positions")
+            })?;
             if per > 0 {
                 for i in 0..b {
                     spans.push(((i * max_seq + pos) * per, per, i * per));
@@ -121,4 +142,28 @@ pub fn run(call: &mut CpuCall<'_, '_>) -> Result<(), OpError> {
         }
     }
     Ok(())
+}
+
+/// The row to write: `(position, whether it came from the input)`. Element 0 of input 2 (a
+/// non-empty integer buffer) when the task has it, and then no param `pos` (one source of
+/// truth); the param otherwise.
+fn position(call: &CpuCall<'_, '_>) -> Result<(i64, bool), OpError> {
+    if call.n_inputs() < 3 {
+        return Ok((call.int("pos")?, false));
+    }
+    if call.task.params.contains_key("pos") {
+        return Err(OpError::BadParam {
+            key: "pos".into(),
+            why: "given together with a position input: give one".into(),
+        });
+    }
+    let t = call.input(2)?;
+    if !t.dtype().is_integer() || t.numel() == 0 {
+        return Err(OpError::DType(format!(
+            "KV_APPEND: the position buffer must be a non-empty integer buffer, got {} {:?}",
+            t.dtype(),
+            t.shape()
+        )));
+    }
+    Ok((t.get_i64(0), true))
 }

@@ -1,13 +1,17 @@
 //! KV_APPEND's CPU reference, called as a backend calls it (the cache passed in place as
 //! `Input::InPlace(0)` and handed over as output 0): new rows land at `pos` (cast on store),
 //! every other element of a random cache is bit-for-bit unchanged, and bad calls are typed
-//! errors that leave the cache untouched.
+//! errors that leave the cache untouched; the row from a position input is the param's, and
+//! the shape rule takes the param or the input, never both.
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 use amk_core::json::Value;
 use amk_core::testkit::{assert_close, random_nonzero, rng, task};
-use amk_core::{CpuCall, DType, Input, OpError, Opcode, Task, Tensor};
+use amk_core::{
+    Buffer, BufferKind, CpuCall, DType, ErrorKind, Input, MemSpace, OpError, Opcode, Registry,
+    Task, TaskContext, Tensor,
+};
 use op_kv_append::reference::run;
 use rstest::rstest;
 
@@ -156,7 +160,7 @@ fn bad_calls_are_typed_errors_and_leave_the_cache_alone() {
     let rank5 = random_nonzero(DType::F32, &[1, 2, 5, 2, 4], &mut r, -1.0, 1.0);
     check(&pos_task(0), &row, &rank5, shape);
 
-    // Arity: one input, three inputs, no output.
+    // Arity: one input, four inputs, no output.
     let t = pos_task(0);
     let mut outs = [cache3.clone()];
     let one = [Input::InPlace(0)];
@@ -167,11 +171,16 @@ fn bad_calls_are_typed_errors_and_leave_the_cache_alone() {
         outputs: &mut outs,
     });
     assert!(matches!(e, Err(OpError::Arity { .. })));
-    let three = [Input::Tensor(&row), Input::InPlace(0), Input::Tensor(&row)];
+    let four = [
+        Input::Tensor(&row),
+        Input::InPlace(0),
+        Input::Tensor(&row),
+        Input::Tensor(&row),
+    ];
     let e = run(&mut CpuCall {
         task: &t,
         registry: None,
-        inputs: &three,
+        inputs: &four,
         outputs: &mut outs,
     });
     assert!(matches!(e, Err(OpError::Arity { .. })));
@@ -205,6 +214,200 @@ fn bad_calls_are_typed_errors_and_leave_the_cache_alone() {
         amk_core::testkit::call(run, &t, &[&row, &cache3], &mut out),
         Err(OpError::Shape(_))
     ));
+}
+
+/// Calls KV_APPEND in place with the row from a position input (no param).
+fn append_at(new: &Tensor, cache: Tensor, pos: &Tensor) -> (Result<(), OpError>, Tensor) {
+    let t = task(Opcode::KV_APPEND, 3, 1, &[]);
+    let ins = [Input::Tensor(new), Input::InPlace(0), Input::Tensor(pos)];
+    let mut outs = [cache];
+    let r = run(&mut CpuCall {
+        task: &t,
+        registry: None,
+        inputs: &ins,
+        outputs: &mut outs,
+    });
+    let [cache] = outs;
+    (r, cache)
+}
+
+/// A position buffer of `dtype` and `shape` whose element 0 is `p`; the rest are decoys.
+fn pos_buffer(dtype: DType, shape: &[u64], p: i64) -> Tensor {
+    let n = shape.iter().product::<u64>() as usize;
+    let mut v = vec![1i64; n];
+    v[0] = p;
+    Tensor::from_i64(dtype, shape, &v).unwrap()
+}
+
+#[rstest]
+// One row at the first, a middle and the last row of the cache, positions of several dtypes.
+#[case(&[1, 2, 4], &[8, 2, 4], 0, DType::I32, &[1])]
+#[case(&[1, 2, 4], &[8, 2, 4], 3, DType::I8, &[2])]
+#[case(&[1, 2, 4], &[8, 2, 4], 7, DType::U8, &[3])]
+// Several rows ending at the cache's end; a flat rank-2 cache.
+#[case(&[3, 2, 4], &[8, 2, 4], 5, DType::I32, &[1])]
+#[case(&[12], &[6, 12], 4, DType::I32, &[1])]
+// Batched rank-4 cache: every batch's row at the position.
+#[case(&[2, 2, 3], &[2, 5, 2, 3], 4, DType::I32, &[1])]
+fn a_position_input_writes_that_row_as_the_param_does(
+    #[case] new_shape: &[u64],
+    #[case] cache_shape: &[u64],
+    #[case] pos: usize,
+    #[case] pdt: DType,
+    #[case] pshape: &[u64],
+) {
+    let mut r = rng(new_shape.iter().product::<u64>() * 31 + pos as u64);
+    let new = random_nonzero(DType::F32, new_shape, &mut r, -3.0, 3.0);
+    let old = random_nonzero(DType::F32, cache_shape, &mut r, -3.0, 3.0);
+    let (want, written) = expected(&old, &new, pos);
+    let (res, cache) = append_at(&new, old.clone(), &pos_buffer(pdt, pshape, pos as i64));
+    res.unwrap();
+    let (got_bits, old_bits) = (bits(&cache), bits(&old));
+    for (i, w) in written.iter().enumerate() {
+        if !w {
+            assert_eq!(
+                got_bits[i], old_bits[i],
+                "element {i} was not to be touched"
+            );
+        }
+    }
+    assert_close(&cache, &want, 0.0, 0.0);
+    // The param form writes the same bits.
+    let (res, by_param) = append(&pos_task(pos as i64), &new, old.clone());
+    res.unwrap();
+    assert_eq!(bits(&by_param), got_bits);
+}
+
+#[test]
+fn bad_position_inputs_are_typed_errors_and_leave_the_cache_alone() {
+    let mut r = rng(23);
+    let row = random_nonzero(DType::F32, &[1, 2, 4], &mut r, -1.0, 1.0);
+    let two_rows = random_nonzero(DType::F32, &[2, 8], &mut r, -1.0, 1.0);
+    let cache3 = random_nonzero(DType::F32, &[8, 2, 4], &mut r, -1.0, 1.0);
+    let cache4 = random_nonzero(DType::F32, &[2, 5, 2, 4], &mut r, -1.0, 1.0);
+    let batch_rows = random_nonzero(DType::F32, &[2, 2, 4], &mut r, -1.0, 1.0);
+    let check = |new: &Tensor, cache: &Tensor, pos: &Tensor, want: OpError| {
+        let (res, after) = append_at(new, cache.clone(), pos);
+        assert_eq!(res, Err(want));
+        assert_eq!(bits(&after), bits(cache), "a failed call wrote the cache");
+    };
+    let index = |value: i64, limit: u64| OpError::IndexOutOfRange {
+        at: 0,
+        value,
+        limit,
+    };
+    let i32_pos = |p: i64| pos_buffer(DType::I32, &[1], p);
+    // Past the cache: one row at max_seq; two rows from the last row; a batched cache.
+    check(&row, &cache3, &i32_pos(8), index(8, 8));
+    check(&two_rows, &cache3, &i32_pos(7), index(7, 7));
+    check(&batch_rows, &cache4, &i32_pos(5), index(5, 5));
+    // Negative.
+    check(&row, &cache3, &i32_pos(-1), index(-1, 8));
+    check(
+        &batch_rows,
+        &cache4,
+        &pos_buffer(DType::I8, &[2], -7),
+        index(-7, 5),
+    );
+    // Not integers; no element.
+    let fpos = random_nonzero(DType::F32, &[1], &mut r, 1.0, 2.0);
+    let (res, after) = append_at(&row, cache3.clone(), &fpos);
+    assert!(matches!(res, Err(OpError::DType(_))), "{res:?}");
+    assert_eq!(bits(&after), bits(&cache3));
+    let (res, _) = append_at(&row, cache3.clone(), &Tensor::zeros(DType::I32, &[0]));
+    assert!(matches!(res, Err(OpError::DType(_))), "{res:?}");
+    // The param and the input together: one source of truth.
+    let both = pos_task(2);
+    let ins = [
+        Input::Tensor(&row),
+        Input::InPlace(0),
+        Input::Tensor(&i32_pos(2)),
+    ];
+    let mut outs = [cache3.clone()];
+    let e = run(&mut CpuCall {
+        task: &both,
+        registry: None,
+        inputs: &ins,
+        outputs: &mut outs,
+    });
+    assert!(matches!(e, Err(OpError::BadParam { .. })), "{e:?}");
+    assert_eq!(bits(&outs[0]), bits(&cache3));
+}
+
+fn buffer(id: u32, dtype: DType, shape: &[u64]) -> Buffer {
+    Buffer {
+        id,
+        name: format!("b{id}"),
+        kind: BufferKind::KV_CACHE,
+        dtype,
+        shape: shape.to_vec(),
+        space: MemSpace::HBM,
+        source: None,
+    }
+}
+
+/// KV_APPEND's static shape rule on `[new, cache (, pos)] -> cache` with the given params.
+fn findings(
+    new: &[u64],
+    cache: &[u64],
+    pos: Option<(DType, &[u64])>,
+    params: &[(&str, Value)],
+) -> Vec<ErrorKind> {
+    let mut buffers = vec![buffer(0, DType::F32, new), buffer(1, DType::F32, cache)];
+    let mut t = task(Opcode::KV_APPEND, 2, 1, params);
+    if let Some((dt, shape)) = pos {
+        buffers.push(buffer(2, dt, shape));
+        t.inputs.push(2);
+    }
+    t.outputs = vec![1];
+    let reg = Registry::empty();
+    let ctx = TaskContext {
+        task: &t,
+        buffers: &buffers,
+        registry: &reg,
+    };
+    let check = op_kv_append::SPEC
+        .check
+        .expect("KV_APPEND has a shape rule");
+    check(&ctx).into_iter().map(|f| f.kind).collect()
+}
+
+#[test]
+fn the_shape_rule_takes_the_param_or_the_input() {
+    let pos = |p: i64| [("pos", Value::Int(p))];
+    let int_pos: Option<(DType, &[u64])> = Some((DType::I32, &[1]));
+    // The param alone, as before.
+    assert!(findings(&[1, 8], &[8, 2, 4], None, &pos(7)).is_empty());
+    assert_eq!(
+        findings(&[1, 8], &[8, 2, 4], None, &pos(8)),
+        vec![ErrorKind::TileOutOfBounds]
+    );
+    // The input alone: any integer buffer with an element; the rows must fit at all.
+    assert!(findings(&[1, 8], &[8, 2, 4], int_pos, &[]).is_empty());
+    assert!(findings(&[8, 8], &[8, 2, 4], Some((DType::U8, &[4])), &[]).is_empty());
+    assert!(findings(&[2, 8], &[2, 8, 2, 4], int_pos, &[]).is_empty());
+    assert_eq!(
+        findings(&[9, 8], &[8, 2, 4], int_pos, &[]),
+        vec![ErrorKind::TileOutOfBounds]
+    );
+    assert_eq!(
+        findings(&[1, 8], &[8, 2, 4], Some((DType::F32, &[1])), &[]),
+        vec![ErrorKind::ShapeMismatch]
+    );
+    assert_eq!(
+        findings(&[1, 8], &[8, 2, 4], Some((DType::I32, &[0])), &[]),
+        vec![ErrorKind::ShapeMismatch]
+    );
+    // Both, or neither.
+    assert_eq!(
+        findings(&[1, 8], &[8, 2, 4], int_pos, &pos(3)),
+        vec![ErrorKind::ShapeMismatch]
+    );
+    assert_eq!(
+        findings(&[1, 8], &[8, 2, 4], None, &[]),
+        vec![ErrorKind::MissingParam]
+    );
+    assert_eq!(op_kv_append::SPEC.max_inputs, Some(3));
 }
 
 #[test]
