@@ -83,12 +83,16 @@ impl Opcode {
     /// A column tile of `attention(q, K, V) · W^T (+ bias)`: each tile computes the layer's
     /// decode attention itself, then its rows of the output projection (23).
     pub const ATTENTION_GEMV: Opcode = Opcode(23);
+    /// The tail of one on-device decode iteration: the next token (the next prompt token, or
+    /// one chosen from the logits), the position advanced, the halt flag (24).
+    pub const NEXT_TOKEN: Opcode = Opcode(24);
     /// Our appended built-in opcodes (code ≥ 20), in code order.
     pub const EXTENDED_OPS: &'static [Opcode] = &[
         Opcode::RMSNORM_GEMV,
         Opcode::GATE_UP_SILU,
         Opcode::QKV_ROPE_APPEND,
         Opcode::ATTENTION_GEMV,
+        Opcode::NEXT_TOKEN,
     ];
 
     /// The canonical name of one of our appended built-in opcodes.
@@ -98,6 +102,7 @@ impl Opcode {
             21 => Some("GATE_UP_SILU"),
             22 => Some("QKV_ROPE_APPEND"),
             23 => Some("ATTENTION_GEMV"),
+            24 => Some("NEXT_TOKEN"),
             _ => None,
         }
     }
