@@ -17,7 +17,11 @@ fn ops_list_json_has_every_builtin_opcode() {
     assert_eq!(out.status.code(), Some(0));
     let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     let rows = v.as_array().unwrap();
-    assert_eq!(rows.len(), 24, "the 20 ABI opcodes and our fused 20-23");
+    assert_eq!(
+        rows.len(),
+        25,
+        "the 20 ABI opcodes, our fused 20-23 and NEXT_TOKEN (24)"
+    );
     for (i, row) in rows.iter().enumerate() {
         assert_eq!(row["code"], i);
         assert_eq!(row["origin"], "built-in");
@@ -47,6 +51,10 @@ fn ops_list_json_has_every_builtin_opcode() {
     assert_eq!(att["name"], "ATTENTION_GEMV");
     assert_eq!(att["inputs"]["min"], 4);
     assert_eq!(att["inputs"]["max"], 6);
+    let next = &rows[24];
+    assert_eq!(next["name"], "NEXT_TOKEN");
+    assert_eq!(next["inputs"]["min"], 6);
+    assert_eq!(next["outputs"], 4);
 }
 
 #[test]
@@ -54,10 +62,10 @@ fn ops_list_prints_a_table() {
     let out = amk(&["ops", "list"]);
     assert_eq!(out.status.code(), Some(0));
     let text = String::from_utf8_lossy(&out.stdout);
-    assert_eq!(text.lines().count(), 25, "{text}");
+    assert_eq!(text.lines().count(), 26, "{text}");
     assert!(text.contains("ATTENTION_COMBINE") && text.contains("recipe:object"));
     assert!(text.contains("GATE_UP_SILU") && text.contains("QKV_ROPE_APPEND"));
-    assert!(text.contains("ATTENTION_GEMV"));
+    assert!(text.contains("ATTENTION_GEMV") && text.contains("NEXT_TOKEN"));
 }
 
 #[test]

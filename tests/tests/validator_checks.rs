@@ -2170,6 +2170,60 @@ fn sample_argmax_writes_i32() {
     assert_only(&check(&build(F32)), ErrorKind::ShapeMismatch);
 }
 
+/// NEXT_TOKEN `[logits, pos, prompt, stop, limits, sampling] -> [pos, token, halt, emitted]`:
+/// the decode layout is accepted (the position a KV_CACHE buffer advanced in place); a
+/// separate position output, a flat `emitted`, short limits or I32 logits are
+/// `shape_mismatch`.
+#[rstest]
+#[case::decode_layout(None)]
+#[case::pos_not_in_place(Some("pos_out"))]
+#[case::flat_emitted(Some("emitted"))]
+#[case::short_limits(Some("limits"))]
+#[case::integer_logits(Some("logits"))]
+fn next_token_advances_pos_in_place(#[case] broken: Option<&str>) {
+    let bad = |name: &str| broken == Some(name);
+    let mut p = Program::new();
+    let logits_dt = if bad("logits") { I32 } else { DType::BF16 };
+    let logits = p.new_buffer("logits", IO_INPUT, logits_dt, &[1, 49152]);
+    let pos = p.new_buffer("pos", KV_CACHE, I32, &[1]);
+    let prompt = p.new_buffer("prompt", IO_INPUT, I32, &[32]);
+    let stop = p.new_buffer("stop", IO_INPUT, I32, &[2]);
+    let limits = p.new_buffer(
+        "limits",
+        IO_INPUT,
+        I32,
+        &[if bad("limits") { 5 } else { 6 }],
+    );
+    let sampling = p.new_buffer("sampling", IO_INPUT, F32, &[2]);
+    let pos_out = if bad("pos_out") {
+        p.new_buffer("pos_out", IO_OUTPUT, I32, &[1])
+    } else {
+        pos
+    };
+    let token = p.new_buffer("token", IO_OUTPUT, I32, &[1]);
+    let halt = p.new_buffer("halt", IO_OUTPUT, I32, &[1]);
+    let emitted_shape: &[u64] = if bad("emitted") { &[512] } else { &[256, 2] };
+    let emitted = p.new_buffer("emitted", IO_OUTPUT, I32, emitted_shape);
+    let c = p.new_counter("next");
+    p.push_task(
+        Opcode::NEXT_TOKEN,
+        &[logits, pos, prompt, stop, limits, sampling],
+        &[pos_out, token, halt, emitted],
+        c,
+        &[],
+        Map::new(),
+        "next_token",
+    );
+    let r = check(&p);
+    match broken {
+        None => assert_ok(&r),
+        Some(name) => {
+            assert_only(&r, ErrorKind::ShapeMismatch);
+            assert_mentions(&first(&r, ErrorKind::ShapeMismatch).message, &[name]);
+        }
+    }
+}
+
 #[rstest]
 #[case::add(Opcode::ADD, 2)]
 #[case::silu_mul(Opcode::SILU_MUL, 2)]

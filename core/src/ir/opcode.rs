@@ -83,8 +83,8 @@ impl Opcode {
     /// A column tile of `attention(q, K, V) · W^T (+ bias)`: each tile computes the layer's
     /// decode attention itself, then its rows of the output projection (23).
     pub const ATTENTION_GEMV: Opcode = Opcode(23);
-    /// The decode loop's tail: the next token (the prompt's, or sampled), the position
-    /// advanced, the halt decision (24).
+    /// The tail of one on-device decode iteration: the next token (the next prompt token, or
+    /// one chosen from the logits), the position advanced, the halt flag (24).
     pub const NEXT_TOKEN: Opcode = Opcode(24);
     /// Our appended built-in opcodes (code ≥ 20), in code order.
     pub const EXTENDED_OPS: &'static [Opcode] = &[

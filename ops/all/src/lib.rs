@@ -18,6 +18,7 @@ extern crate op_gemv_tile;
 extern crate op_kv_append;
 extern crate op_layernorm;
 extern crate op_mul;
+extern crate op_next_token;
 extern crate op_nop;
 extern crate op_qkv_rope_append;
 extern crate op_rmsnorm;
@@ -49,6 +50,7 @@ pub fn registry() -> Result<Registry, IrError> {
         &op_kv_append::SPEC,
         &op_layernorm::SPEC,
         &op_mul::SPEC,
+        &op_next_token::SPEC,
         &op_qkv_rope_append::SPEC,
         &op_nop::SPEC,
         &op_rmsnorm::SPEC,
