@@ -56,7 +56,7 @@ if [ "$start_build" = 1 ]; then
   set +e; "${build[@]}" --status > /dev/null; state=$?; set -e
   case "$state" in
     0) echo "llama-bench is already built: $prefix/llama-bench" ;;
-    3) "${build[@]}" --status ;;
+    3) "${build[@]}" --status || true ;;
     *) "${build[@]}" --detach ;;
   esac
   exit 0
