@@ -195,8 +195,8 @@ macro_rules! conformance_tests {
             op_nop op_copy op_embed op_rmsnorm op_layernorm op_gemv_tile op_gemm_tile
             op_attention_tile op_attention_tile_paths_bf16 op_attention_tile_paths_f32 op_rope op_silu_mul op_gelu op_add op_mul op_dequant op_softmax
             op_allreduce_shard op_kv_append op_sample_argmax op_attention_combine op_fused
-            op_rmsnorm_gemv op_gate_up_silu op_qkv_rope_append op_attention_gemv op_next_token
-            op_attention_pos_bf16
+            op_rmsnorm_gemv op_gate_up_silu op_qkv_rope_append op_attention_gemv
+            op_attention_pos_bf16 op_next_token
             dag_chain dag_fan_in dag_tiled_groups dag_split_kv dag_kv_append_steps
             dag_position_decode
             family_chain family_fan_in family_tiled family_kv_attention family_split_kv

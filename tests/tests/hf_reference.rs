@@ -12,11 +12,10 @@
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // test file
 
 use amk_backend_cpu::CpuBackend;
-use amk_core::{GpuTarget, Registry, ScheduleConfig};
+use amk_core::{DType, GpuTarget, Registry, ScheduleConfig};
+use amk_engine::{Engine, EngineOptions, Request, Sampling, argmax, lower_and_load};
 use amk_model_llama::Model;
 use amk_model_llama::hf::import_hf;
-use amk_model_llama::lower::{LowerOptions, lower};
-use amk_model_llama::run::{Engine, argmax, generate_greedy, perplexity};
 use serde_json::Value;
 use std::path::{Path, PathBuf};
 
@@ -49,13 +48,37 @@ fn engine(model: &Model, max_seq: u64) -> Engine {
 }
 
 fn engine_with(model: &Model, max_seq: u64, cfg: &ScheduleConfig) -> Engine {
-    let target = GpuTarget::by_name("h100").unwrap();
-    let opts = LowerOptions {
+    let opts = EngineOptions {
+        schedule: cfg.clone(),
+        target: GpuTarget::by_name("h100").unwrap(),
+        dtype: DType::F32,
         max_seq: Some(max_seq),
-        ..LowerOptions::default()
+        stop_slots: 1,
     };
-    let lowered = lower(model, cfg, &target, &opts).unwrap();
-    Engine::new(lowered, &CpuBackend::default(), &registry()).unwrap()
+    lower_and_load(model, &opts, &CpuBackend::default(), &registry()).unwrap()
+}
+
+/// `n` greedy tokens after `prompt`, in one request (one loop of passes).
+fn generate_greedy(e: &mut Engine, prompt: &[u32], n: usize) -> Vec<u32> {
+    let req = Request {
+        prompt,
+        max_new: n,
+        sampling: Sampling::greedy(),
+        stop: &[],
+        vocab_limit: None,
+        passes_per_launch: None,
+    };
+    let g = e.generate(&req, &mut |_| true).unwrap();
+    g.tokens.iter().map(|t| t.id).collect()
+}
+
+/// The logits of every pass over `ids` (teacher-forced), the last id fed too.
+fn all_logits(e: &mut Engine, ids: &[u32]) -> Vec<Vec<f32>> {
+    let mut fed = ids.to_vec();
+    fed.push(0); // forced_logits feeds every id but the last
+    let mut out = Vec::new();
+    e.forced_logits(&fed, &mut |_, l| out.push(l.to_vec())).unwrap();
+    out
 }
 
 fn smollm2_path() -> PathBuf {
@@ -89,7 +112,7 @@ fn smollm2_greedy_tokens_and_perplexity_match_transformers() {
             .iter()
             .map(|g| g.as_f64().unwrap())
             .collect();
-        let got = generate_greedy(&mut e, &prompt, n_new, &[], &mut |_| true).unwrap();
+        let got = generate_greedy(&mut e, &prompt, n_new);
         assert_eq!(got.len(), want.len(), "{name}");
         match got.iter().zip(&want).position(|(a, b)| a != b) {
             None => report.push(format!("{name}: {} tokens identical", want.len())),
@@ -112,7 +135,7 @@ fn smollm2_greedy_tokens_and_perplexity_match_transformers() {
     let text = std::fs::read_to_string(reference_dir().join("ppl_text.txt")).unwrap();
     let text_ids = tok.encode(&text).unwrap();
     assert_eq!(text_ids.len() as u64, ppl["tokens"].as_u64().unwrap());
-    let (n, nll) = perplexity(&mut e, &text_ids).unwrap();
+    let (n, nll) = e.perplexity(&text_ids).unwrap();
     let want_nll = ppl["nll"].as_f64().unwrap();
     assert_eq!(n as u64, ppl["predictions"].as_u64().unwrap());
     let rel = (nll - want_nll).abs() / want_nll.abs();
@@ -135,7 +158,8 @@ fn tiny(name: &str) {
     let greedy = ids(&refdoc["greedy_next"]);
     let mut e = engine(&model, 32);
     let mut worst = 0f64;
-    for (i, (&t, row)) in input
+    let logits = all_logits(&mut e, &input);
+    for (i, (got, row)) in logits
         .iter()
         .zip(refdoc["logits"].as_array().unwrap())
         .enumerate()
@@ -146,7 +170,6 @@ fn tiny(name: &str) {
             .iter()
             .map(|x| x.as_f64().unwrap())
             .collect();
-        let got = e.step(t).unwrap();
         assert_eq!(got.len(), want.len());
         let scale = want.iter().fold(0f64, |m, x| m.max(x.abs()));
         let err = got
@@ -160,7 +183,7 @@ fn tiny(name: &str) {
             err <= 1e-5,
             "{name} position {i}: max |amk − HF| / max |HF| = {err:e}"
         );
-        assert_eq!(argmax(&got), greedy[i], "{name} position {i}: greedy token");
+        assert_eq!(argmax(got), greedy[i], "{name} position {i}: greedy token");
     }
     println!(
         "{name}: {} positions, worst relative logit error {worst:.2e}",
@@ -180,20 +203,14 @@ fn smollm2_tuned_schedule_logits_equal_the_reference_schedule() {
     let mut fused = engine_with(&model, 64, &amk_model_llama::lower::tuned_schedule());
     let p = &refdoc["prompts"].as_array().unwrap()[0];
     let mut tokens = ids(&p["prompt_ids"]);
-    let mut i = 0;
-    while i < tokens.len() && i < 24 {
-        let (a, b) = (
-            plain.step(tokens[i]).unwrap(),
-            fused.step(tokens[i]).unwrap(),
-        );
-        let same = a.iter().zip(&b).all(|(x, y)| x.to_bits() == y.to_bits());
+    tokens.extend(generate_greedy(&mut plain, &tokens.clone(), 24));
+    tokens.truncate(24);
+    let (a, b) = (all_logits(&mut plain, &tokens), all_logits(&mut fused, &tokens));
+    assert_eq!(a.len(), 24);
+    for (i, (x, y)) in a.iter().zip(&b).enumerate() {
+        let same = x.iter().zip(y).all(|(x, y)| x.to_bits() == y.to_bits());
         assert!(same, "position {i}: the tuned schedule's logits differ");
-        if i + 1 == tokens.len() {
-            tokens.push(argmax(&a));
-        }
-        i += 1;
     }
-    assert!(i == 24, "{i} positions compared");
 }
 
 #[test]

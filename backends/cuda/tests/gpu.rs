@@ -458,7 +458,6 @@ fn smollm2_shape(
     let opts = LowerOptions {
         dtype,
         max_seq: Some(64),
-        pos,
         ..LowerOptions::default()
     };
     let target = GpuTarget::by_name("h100").unwrap();
@@ -809,8 +808,8 @@ fn f32_norms_stay_within_the_bf16_bound_of_f64_norms() {
             "pos {pos}: f32 norms {err:e} from f64 norms (max |logit| {scale})"
         );
         assert_eq!(
-            amk_model_llama::run::argmax(&got),
-            amk_model_llama::run::argmax(&want),
+            amk_engine::argmax(&got),
+            amk_engine::argmax(&want),
             "pos {pos}"
         );
         eprintln!(
@@ -827,9 +826,8 @@ fn f32_norms_stay_within_the_bf16_bound_of_f64_norms() {
 mod smollm2 {
     use super::*;
     use amk_core::{GpuTarget, ScheduleConfig};
+    use amk_engine::{Engine, EngineOptions, Finish, Request, Sampling, argmax, lower_and_load};
     use amk_model_llama::Model;
-    use amk_model_llama::lower::{LowerOptions, lower};
-    use amk_model_llama::run::{Engine, argmax, generate_greedy};
 
     /// The committed HF reference (embedded: the test may run where the source tree is not).
     const HF: &str = include_str!("../../../tests/reference/smollm2_hf.json");
@@ -853,14 +851,31 @@ mod smollm2 {
         max_seq: u64,
         cfg: &ScheduleConfig,
     ) -> Engine {
-        let target = GpuTarget::by_name("h100").unwrap();
-        let opts = LowerOptions {
-            max_seq: Some(max_seq),
+        let opts = EngineOptions {
+            schedule: cfg.clone(),
+            target: GpuTarget::by_name("h100").unwrap(),
             dtype,
-            ..LowerOptions::default()
+            max_seq: Some(max_seq),
+            stop_slots: 4,
         };
-        let lowered = lower(m, cfg, &target, &opts).unwrap();
-        Engine::new(lowered, backend, &registry()).unwrap()
+        lower_and_load(m, &opts, backend, &registry()).unwrap()
+    }
+
+    fn request<'a>(prompt: &'a [u32], max_new: usize, stop: &'a [u32]) -> Request<'a> {
+        Request {
+            prompt,
+            max_new,
+            sampling: Sampling::greedy(),
+            stop,
+            vocab_limit: None,
+            passes_per_launch: None,
+        }
+    }
+
+    /// The generated ids and why generation ended.
+    fn ids(e: &mut Engine, req: &Request<'_>) -> (Vec<u32>, Finish) {
+        let g = e.generate(req, &mut |_| true).unwrap();
+        (g.tokens.iter().map(|t| t.id).collect(), g.finish)
     }
 
     /// `(name, prompt ids, HF's greedy ids, HF's top-2 gaps)` of each reference prompt.
@@ -896,7 +911,7 @@ mod smollm2 {
     }
 
     /// f32 logits on the device within 1e-5 (max error / max |logit|) of the CPU VM at the
-    /// first 5 positions of a prompt.
+    /// first 5 positions of a prompt (teacher-forced, one pass per launch).
     #[test]
     fn smollm2_f32_logits_match_the_cpu_vm() {
         let name = "smollm2_f32_logits_match_the_cpu_vm";
@@ -906,13 +921,16 @@ mod smollm2 {
         let mut cpu = engine(&m, &cpu_backend, DType::F32, 64);
         let mut dev = engine(&m, &gpu, DType::F32, 64);
         let (_, prompt, _, _) = prompts().into_iter().next().unwrap();
-        for (pos, &tok) in prompt.iter().take(5).enumerate() {
-            let want = cpu.step(tok).unwrap();
-            let got = dev.step(tok).unwrap();
+        let fed = &prompt[..6];
+        let (mut want, mut got) = (Vec::new(), Vec::new());
+        cpu.forced_logits(fed, &mut |_, l| want.push(l.to_vec())).unwrap();
+        dev.forced_logits(fed, &mut |_, l| got.push(l.to_vec())).unwrap();
+        assert_eq!(got.len(), 5);
+        for (pos, (got, want)) in got.iter().zip(&want).enumerate() {
             let scale = want.iter().fold(0f32, |a, &w| a.max(w.abs()));
             let err = got
                 .iter()
-                .zip(&want)
+                .zip(want)
                 .fold(0f32, |a, (&g, &w)| a.max((g - w).abs()));
             eprintln!("pos {pos}: max error {err:e}, relative {:e}", err / scale);
             assert!(
@@ -920,12 +938,13 @@ mod smollm2 {
                 "pos {pos}: relative error {:e}",
                 err / scale
             );
-            assert_eq!(argmax(&got), argmax(&want), "pos {pos}");
+            assert_eq!(argmax(got), argmax(want), "pos {pos}");
         }
     }
 
     /// f32 greedy continuations on the device equal HF's, token for token, for every prompt,
-    /// under the reference and the tuned schedule.
+    /// under the reference and the tuned schedule: each request one launch of many passes,
+    /// and, for the tuned schedule, one pass per launch too.
     #[test]
     fn smollm2_f32_greedy_matches_transformers() {
         let name = "smollm2_f32_greedy_matches_transformers";
@@ -937,12 +956,20 @@ mod smollm2 {
         for (sname, cfg) in [("reference", ScheduleConfig::default()), ("tuned", tuned)] {
             let mut e = engine_with(&m, &gpu, DType::F32, 128, &cfg);
             for (pname, prompt, want, _) in prompts() {
-                let got = generate_greedy(&mut e, &prompt, want.len(), &[], &mut |_| true).unwrap();
+                let got = ids(&mut e, &request(&prompt, want.len(), &[])).0;
                 assert_eq!(got, want, "{sname} schedule, {pname}");
                 eprintln!(
-                    "{sname} schedule, {pname}: {} tokens identical to HF",
+                    "{sname} schedule, {pname}: {} tokens identical to HF (one launch)",
                     want.len()
                 );
+            }
+            if sname == "tuned" {
+                let (_, prompt, want, _) = prompts().into_iter().next().unwrap();
+                let req = Request {
+                    passes_per_launch: Some(1),
+                    ..request(&prompt, want.len(), &[])
+                };
+                assert_eq!(ids(&mut e, &req).0, want, "one pass per launch");
             }
         }
     }
@@ -958,7 +985,7 @@ mod smollm2 {
         let mut identical = 0;
         for (pname, prompt, want, gaps) in prompts().into_iter().take(5) {
             let want = &want[..32];
-            let got = generate_greedy(&mut e, &prompt, 32, &[], &mut |_| true).unwrap();
+            let got = ids(&mut e, &request(&prompt, 32, &[])).0;
             match got.iter().zip(want).position(|(a, b)| a != b) {
                 None => {
                     identical += 1;
@@ -972,6 +999,72 @@ mod smollm2 {
         }
         assert!(identical >= 4, "only {identical} of 5 prompts identical");
     }
+
+    /// The device loop's promises, tuned bf16 (what `amk generate` runs): a stop token mid-launch
+    /// ends generation at exactly that token; a cancel mid-launch keeps the tokens so far and
+    /// leaves the engine usable; a seed repeats its sampled text; the device's tokens equal the
+    /// CPU VM's in f32 (greedy) and its sampled ones with the same seed.
+    #[test]
+    fn smollm2_device_loop_stops_cancels_and_samples() {
+        let name = "smollm2_device_loop_stops_cancels_and_samples";
+        let Some(gpu) = gpu_or_skip(name) else { return };
+        let Some(m) = model(name) else { return };
+        let tuned = amk_model_llama::lower::tuned_schedule();
+        let mut e = engine_with(&m, &gpu, DType::BF16, 256, &tuned);
+        let (_, prompt, _, _) = prompts().into_iter().next().unwrap();
+        let full = ids(&mut e, &request(&prompt, 48, &[])).0;
+        let k = (8..full.len())
+            .find(|&i| !full[..i].contains(&full[i]))
+            .expect("a fresh token");
+        let (got, finish) = ids(&mut e, &request(&prompt, 48, &[full[k]]));
+        assert_eq!((got.as_slice(), finish), (&full[..=k], Finish::Stop));
+        let mut seen = 0;
+        let g = e
+            .generate(&request(&prompt, 48, &[]), &mut |_| {
+                seen += 1;
+                seen < 5
+            })
+            .unwrap();
+        assert_eq!(g.finish, Finish::Cancelled);
+        let cut: Vec<u32> = g.tokens.iter().map(|t| t.id).collect();
+        assert!(cut.len() >= 5 && cut.len() < full.len(), "{} tokens", cut.len());
+        assert_eq!(cut, full[..cut.len()], "the tokens before the cancel");
+        assert_eq!(ids(&mut e, &request(&prompt, 48, &[])).0, full, "usable after");
+        let sampled = |e: &mut Engine, seed: u64| {
+            let req = Request {
+                sampling: Sampling {
+                    temperature: 0.8,
+                    top_p: 0.9,
+                    top_k: 40,
+                    seed,
+                },
+                ..request(&prompt, 48, &[])
+            };
+            ids(e, &req).0
+        };
+        let a = sampled(&mut e, 5);
+        assert_eq!(sampled(&mut e, 5), a, "same seed, same tokens");
+        assert!((6..10).any(|s| sampled(&mut e, s) != a), "other seeds all gave {a:?}");
+        // f32: the device and the CPU VM choose the same tokens, greedy and sampled.
+        let cpu_backend = cpu_vm();
+        let mut dev = engine_with(&m, &gpu, DType::F32, 64, &tuned);
+        let mut cpu = engine_with(&m, &cpu_backend, DType::F32, 64, &tuned);
+        let short = &prompt[..prompt.len().min(8)];
+        for seed in [None, Some(3)] {
+            let req = Request {
+                sampling: seed.map_or(Sampling::greedy(), |seed| Sampling {
+                    temperature: 0.7,
+                    top_p: 0.95,
+                    top_k: 0,
+                    seed,
+                }),
+                ..request(short, 12, &[])
+            };
+            let (d, c) = (ids(&mut dev, &req).0, ids(&mut cpu, &req).0);
+            eprintln!("seed {seed:?}: device {d:?}, CPU VM {c:?}");
+            assert_eq!(d, c, "seed {seed:?}");
+        }
+    }
 }
 
 // ---- performance report (ignored by default: `--run-ignored only -E 'test(perf_report)'`) ----
@@ -982,7 +1075,7 @@ mod perf {
     use amk_core::{GpuTarget, ScheduleConfig, validate_owned};
     use amk_model_llama::lower::{LowerOptions, lower};
     use amk_model_llama::model::tensor_names;
-    use amk_model_llama::run::argmax;
+    use amk_engine::argmax;
     use amk_model_llama::{Model, ModelFormat};
 
     /// A Llama-3.2-1B-shaped model with random weights (uniform ±0.02, norms 1 ± 0.1: never
@@ -1023,7 +1116,6 @@ mod perf {
         let opts = LowerOptions {
             dtype,
             max_seq: Some(1024),
-            pos,
             ..LowerOptions::default()
         };
         let lowered = lower(m, cfg, &target, &opts).unwrap();
@@ -1193,7 +1285,6 @@ mod perf {
                 let opts = LowerOptions {
                     dtype,
                     max_seq: Some(1024),
-                    pos,
                     ..LowerOptions::default()
                 };
                 let lowered = lower(&m, &ScheduleConfig::default(), &target, &opts).unwrap();

@@ -291,6 +291,7 @@ fn tables_place_weights_and_align_the_arena() {
                 assert_eq!(offset % tables::ARENA_ALIGN, 0);
                 assert_eq!(bytes, b.nbytes());
             }
+            Placement::Host { .. } => panic!("buffer {i} is not in host memory"),
         }
     }
     let r: &AmkInstruction = &t.instructions[1];
@@ -1200,4 +1201,33 @@ fn the_conformance_configurations_are_four_kernels() {
     assert!(conformance_options("conformance_l2_prefetch").l2_prefetch_bytes > 0);
     assert!(!conformance_options("conformance_paired").defines.is_empty());
     assert_eq!(conformance_options("no such").ring_bytes, 0);
+}
+
+#[test]
+fn host_buffers_go_to_host_memory_and_carried_reads_are_launch_constant() {
+    let mut p = toy(&[Some(0), Some(1), None]);
+    let last = p.buffers.len() - 1;
+    p.buffers[last].space = MemSpace::HOST;
+    let t = tables::build(&p, &registry(), 132).unwrap();
+    match t.placement[last] {
+        Placement::Host { offset, bytes } => {
+            assert_eq!((offset, bytes), (0, p.buffers[last].nbytes()));
+            assert!(t.host_bytes >= bytes);
+        }
+        other => panic!("buffer {last} placed at {other:?}"),
+    }
+    // Task 1's first input as a carried read: only that task's slot is marked.
+    let descs = t.buffers.clone();
+    let mut per_task = tables::task_buffers(&t.instructions, &descs);
+    let b = t.instructions[1].inputs[0] as u32;
+    let before: Vec<i32> = per_task.iter().map(|d| d.flags).collect();
+    tables::mark_carried_reads(&mut per_task, &t.instructions, &[(1, b)]);
+    for (k, d) in per_task.iter().enumerate() {
+        let marked = k == abi::TASK_SLOTS;
+        assert_eq!(
+            d.flags & abi::BUF_LAUNCH_CONST != 0,
+            marked || before[k] & abi::BUF_LAUNCH_CONST != 0,
+            "slot {k}"
+        );
+    }
 }

@@ -1417,7 +1417,6 @@ fn lowered_toy_models_validate_under_every_strategy() {
         let target = h100();
         let opts = LowerOptions {
             max_seq: Some(32),
-            pos: 20,
             ..LowerOptions::default()
         };
         for sm in [SmAssignment::RoundRobin, SmAssignment::LoadBalance] {
