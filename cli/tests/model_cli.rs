@@ -123,8 +123,7 @@ fn lower_writes_a_program_that_validates() {
         .args(["--config"])
         .arg(&cfg)
         .args([
-            "--pos",
-            "3",
+            "--decode-loop",
             "--dtype",
             "bf16",
             "--max-seq",
@@ -147,6 +146,7 @@ fn lower_writes_a_program_that_validates() {
         body.contains("\"bfloat16\"") || body.contains("BF16"),
         "dtype recorded"
     );
+    assert!(body.contains("\"step_loop\"") && body.contains("NEXT_TOKEN"), "a decode loop");
 }
 
 #[test]
