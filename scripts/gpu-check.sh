@@ -4,6 +4,8 @@
 #
 #   scripts/gpu-check.sh build            # here: archive + cargo-nextest + amk binary (+ the
 #                                         #   megakernel's cubin when NVRTC is here) → gpu-carry/a
+#   scripts/gpu-check.sh bundle           # here: amk + cubins in one tarball → gpu-carry/d
+#   scripts/gpu-check.sh unbundle         # there: gpu-carry/d → $AMK_HOME/amk, $AMK_HOME/cubin
 #   scripts/gpu-check.sh split-model F    # here: the GGUF in two parts → gpu-carry/b, gpu-carry/c
 #   scripts/gpu-check.sh run [FILTER]     # there: keep gpu-carry/a in $AMK_HOME, run the tests (-j 1)
 #   scripts/gpu-check.sh join-model       # there: gpu-carry/b + gpu-carry/c → $AMK_HOME/model.gguf
@@ -24,9 +26,14 @@ AMK_HOME=${AMK_HOME:-$HOME/amk-gpu}
 install() {
     mkdir -p "$AMK_HOME/x"
     if [ -d "$CARRY/a" ]; then
-        cp "$CARRY/a"/gpu.tar.zst "$CARRY/a"/amk "$CARRY/a"/libamk_plugin_example_gelu_tanh.so "$AMK_HOME/"
-        gunzip -c "$CARRY/a/cargo-nextest.gz" > "$AMK_HOME/cargo-nextest"
-        chmod +x "$AMK_HOME/cargo-nextest" "$AMK_HOME/amk"
+        # Whatever of the build this copy carries (a call may carry only some of it).
+        for f in gpu.tar.zst amk libamk_plugin_example_gelu_tanh.so; do
+            if [ -f "$CARRY/a/$f" ]; then cp "$CARRY/a/$f" "$AMK_HOME/"; fi
+        done
+        if [ -f "$CARRY/a/cargo-nextest.gz" ]; then
+            gunzip -c "$CARRY/a/cargo-nextest.gz" > "$AMK_HOME/cargo-nextest"
+            chmod +x "$AMK_HOME/cargo-nextest"
+        fi
         if [ -d "$CARRY/a/cubin" ]; then
             mkdir -p "$AMK_HOME/cubin"
             cp "$CARRY/a/cubin"/*.cubin "$AMK_HOME/cubin/" 2>/dev/null || true
@@ -92,6 +99,19 @@ build)
         done
     done
     du -sh "$CARRY/a"/*
+    ;;
+bundle)
+    # here: the amk binary and every precompiled cubin in one gzip tarball (cubins compress
+    # about five to one), for a copy that must stay small → gpu-carry/d/amk-bundle.tar.gz
+    mkdir -p "$CARRY/d"
+    tar -C "$CARRY/a" -czf "$CARRY/d/amk-bundle.tar.gz" amk cubin
+    du -sh "$CARRY/d"/*
+    ;;
+unbundle)
+    # there: gpu-carry/d/amk-bundle.tar.gz → $AMK_HOME/amk and $AMK_HOME/cubin/
+    mkdir -p "$AMK_HOME"
+    tar -C "$AMK_HOME" -xzf "$CARRY/d/amk-bundle.tar.gz"
+    ls -la "$AMK_HOME" | head
     ;;
 split-model)
     model=${2:?usage: gpu-check.sh split-model FILE.gguf}
