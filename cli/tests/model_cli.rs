@@ -146,7 +146,10 @@ fn lower_writes_a_program_that_validates() {
         body.contains("\"bfloat16\"") || body.contains("BF16"),
         "dtype recorded"
     );
-    assert!(body.contains("\"step_loop\"") && body.contains("NEXT_TOKEN"), "a decode loop");
+    assert!(
+        body.contains("\"step_loop\"") && body.contains("NEXT_TOKEN"),
+        "a decode loop"
+    );
 }
 
 #[test]

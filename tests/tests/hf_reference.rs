@@ -77,7 +77,8 @@ fn all_logits(e: &mut Engine, ids: &[u32]) -> Vec<Vec<f32>> {
     let mut fed = ids.to_vec();
     fed.push(0); // forced_logits feeds every id but the last
     let mut out = Vec::new();
-    e.forced_logits(&fed, &mut |_, l| out.push(l.to_vec())).unwrap();
+    e.forced_logits(&fed, &mut |_, l| out.push(l.to_vec()))
+        .unwrap();
     out
 }
 
@@ -205,7 +206,10 @@ fn smollm2_tuned_schedule_logits_equal_the_reference_schedule() {
     let mut tokens = ids(&p["prompt_ids"]);
     tokens.extend(generate_greedy(&mut plain, &tokens.clone(), 24));
     tokens.truncate(24);
-    let (a, b) = (all_logits(&mut plain, &tokens), all_logits(&mut fused, &tokens));
+    let (a, b) = (
+        all_logits(&mut plain, &tokens),
+        all_logits(&mut fused, &tokens),
+    );
     assert_eq!(a.len(), 24);
     for (i, (x, y)) in a.iter().zip(&b).enumerate() {
         let same = x.iter().zip(y).all(|(x, y)| x.to_bits() == y.to_bits());

@@ -3257,7 +3257,7 @@ fn a_state_read_ordered_before_every_writer_is_a_carried_read() {
     let r = check(&looped(false));
     assert_ok(&r);
     // t0 reads `s` before t2 writes it: the previous pass's value, final when the pass starts.
-    assert_eq!(r.carried_reads, vec![(0, 0)]);
+    assert_eq!(*r.carried_reads, [(0, 0)]);
 }
 
 #[test]
@@ -3267,7 +3267,7 @@ fn a_state_read_after_its_writer_is_accepted_but_not_carried() {
     p.tasks[3].inputs = vec![0];
     let r = check(&p);
     assert_ok(&r);
-    assert_eq!(r.carried_reads, vec![(0, 0)]);
+    assert_eq!(*r.carried_reads, [(0, 0)]);
 }
 
 #[test]

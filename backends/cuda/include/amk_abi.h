@@ -223,9 +223,9 @@ typedef struct amk_device_program { /*@size 184*/
   const amk_buffer_t* task_bufs;          /*@128*/ /* AMK_TASK_SLOTS per instruction: its operands' descriptors, input i in slot i, output j in slot AMK_MAX_INPUTS + j */
   int32_t* task_verified;                 /*@136*/ /* one word per instruction: 1 once amk_verify_tasks passed it (its ids and its op's pre-wait checks), 0 after any write of its record */
   /* The step loop (a program with one, run by the host's run_loop): passes 1..loop_passes in
-   * one launch, pass k waiting for threshold * k (`epoch`); before pass k + 1 every block
+   * one launch, pass k waiting for threshold * k (`epoch`). Before pass k + 1 every block
    * waits until counter loop_gate holds loop_gate_count * k, then stops if the halt word or
-   * loop_words[0] is non-zero. loop_passes 0 or 1: one pass, no gate. */
+   * the stop word is non-zero. loop_passes 0 or 1: one pass, no gate. */
   uint32_t loop_passes;                   /*@144*/
   int32_t loop_gate;                      /*@148*/
   uint32_t loop_gate_count;               /*@152*/

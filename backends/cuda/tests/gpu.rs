@@ -923,8 +923,10 @@ mod smollm2 {
         let (_, prompt, _, _) = prompts().into_iter().next().unwrap();
         let fed = &prompt[..6];
         let (mut want, mut got) = (Vec::new(), Vec::new());
-        cpu.forced_logits(fed, &mut |_, l| want.push(l.to_vec())).unwrap();
-        dev.forced_logits(fed, &mut |_, l| got.push(l.to_vec())).unwrap();
+        cpu.forced_logits(fed, &mut |_, l| want.push(l.to_vec()))
+            .unwrap();
+        dev.forced_logits(fed, &mut |_, l| got.push(l.to_vec()))
+            .unwrap();
         assert_eq!(got.len(), 5);
         for (pos, (got, want)) in got.iter().zip(&want).enumerate() {
             let scale = want.iter().fold(0f32, |a, &w| a.max(w.abs()));
@@ -1027,9 +1029,17 @@ mod smollm2 {
             .unwrap();
         assert_eq!(g.finish, Finish::Cancelled);
         let cut: Vec<u32> = g.tokens.iter().map(|t| t.id).collect();
-        assert!(cut.len() >= 5 && cut.len() < full.len(), "{} tokens", cut.len());
+        assert!(
+            cut.len() >= 5 && cut.len() < full.len(),
+            "{} tokens",
+            cut.len()
+        );
         assert_eq!(cut, full[..cut.len()], "the tokens before the cancel");
-        assert_eq!(ids(&mut e, &request(&prompt, 48, &[])).0, full, "usable after");
+        assert_eq!(
+            ids(&mut e, &request(&prompt, 48, &[])).0,
+            full,
+            "usable after"
+        );
         let sampled = |e: &mut Engine, seed: u64| {
             let req = Request {
                 sampling: Sampling {
@@ -1044,7 +1054,10 @@ mod smollm2 {
         };
         let a = sampled(&mut e, 5);
         assert_eq!(sampled(&mut e, 5), a, "same seed, same tokens");
-        assert!((6..10).any(|s| sampled(&mut e, s) != a), "other seeds all gave {a:?}");
+        assert!(
+            (6..10).any(|s| sampled(&mut e, s) != a),
+            "other seeds all gave {a:?}"
+        );
         // f32: the device and the CPU VM choose the same tokens, greedy and sampled.
         let cpu_backend = cpu_vm();
         let mut dev = engine_with(&m, &gpu, DType::F32, 64, &tuned);
@@ -1073,9 +1086,9 @@ mod perf {
     use super::*;
     use amk_core::sim::SplitMix;
     use amk_core::{GpuTarget, ScheduleConfig, validate_owned};
+    use amk_engine::argmax;
     use amk_model_llama::lower::{LowerOptions, lower};
     use amk_model_llama::model::tensor_names;
-    use amk_engine::argmax;
     use amk_model_llama::{Model, ModelFormat};
 
     /// A Llama-3.2-1B-shaped model with random weights (uniform ±0.02, norms 1 ± 0.1: never

@@ -224,7 +224,7 @@ pub struct ValidationResult {
     /// `(task, buffer)`: reads of a STATE buffer that are ordered before every other writer
     /// of it, sorted: the value such a task reads is final when the pass starts (the host's,
     /// or the previous pass's), so a backend may read it before the task's waits.
-    pub carried_reads: Vec<(TaskId, BufferId)>,
+    pub carried_reads: Box<[(TaskId, BufferId)]>,
 }
 
 impl ValidationResult {

@@ -225,7 +225,7 @@ impl<'a> Validator<'a> {
             errors: self.errors,
             warnings: self.warnings,
             stats,
-            carried_reads: self.carried,
+            carried_reads: self.carried.into_boxed_slice(),
         }
     }
 }

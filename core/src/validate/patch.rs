@@ -127,7 +127,7 @@ impl ValidatedProgram {
                 errors: bad,
                 warnings: Vec::new(),
                 stats: self.result().stats.clone(),
-                carried_reads: Vec::new(),
+                carried_reads: Box::default(),
             })
         }
     }
