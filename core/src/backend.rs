@@ -524,6 +524,41 @@ pub fn named_targets(
         .collect()
 }
 
+/// A [`RowWatch`] resolved against a program: the buffer's index, its row count and width.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct WatchedRows {
+    /// Buffer index.
+    pub buffer: usize,
+    /// Rows (the first dim).
+    pub rows: u64,
+    /// Elements per row (the second dim).
+    pub cols: usize,
+}
+
+/// Resolves `watch` (every backend's `run_loop` starts here, so they refuse the same watches
+/// with the same messages): one STATE or IO_OUTPUT buffer of that name, I32 and of rank 2.
+pub fn watched_rows(program: &Program, watch: &RowWatch) -> Result<WatchedRows, BackendError> {
+    let err = |message: String| BackendError::Input {
+        name: watch.buffer.clone(),
+        message,
+    };
+    let kinds = [BufferKind::STATE, BufferKind::IO_OUTPUT];
+    let b = named_buffer(program, &watch.buffer, &kinds)
+        .map_err(|m| err(m.replace("{kinds}", "STATE or IO_OUTPUT")))?;
+    let buf = &program.buffers[b];
+    if buf.dtype != DType::I32 || buf.rank() != 2 {
+        return Err(err(format!(
+            "a watched buffer must be I32 [rows, columns], not {} {:?}",
+            buf.dtype, buf.shape
+        )));
+    }
+    Ok(WatchedRows {
+        buffer: b,
+        rows: buf.shape[0],
+        cols: buf.shape[1] as usize,
+    })
+}
+
 /// The one buffer named `name` whose kind is one of `kinds`; the error message says why not
 /// (with `{kinds}` standing for the kinds' names).
 pub fn named_buffer(program: &Program, name: &str, kinds: &[BufferKind]) -> Result<usize, String> {

@@ -231,3 +231,41 @@ fn tiny_mqa_untied_rope_5e5_matches_transformers_logits() {
 fn tiny_qwen2_qkv_bias_matches_transformers_logits() {
     tiny("tiny-qwen2");
 }
+
+/// Diagnostic (`--ignored`): how far bf16 rounding alone (the CPU VM's bf16 program against its
+/// f32 program, same checkpoint) moves SmolLM2's logits at the first positions of a reference
+/// prompt: max |bf16 − f32| / max |f32| per position, the scale a device's bf16 gate must allow.
+#[test]
+#[ignore = "diagnostic: prints bf16 rounding error by position"]
+fn smollm2_bf16_rounding_error_by_position() {
+    let refdoc = read_json(&reference_dir().join("smollm2_hf.json"));
+    let model = amk_model_llama::gguf_import::import_gguf(&smollm2_path()).unwrap();
+    let load = |dtype: DType| {
+        let opts = EngineOptions {
+            schedule: ScheduleConfig::default(),
+            target: GpuTarget::by_name("h100").unwrap(),
+            dtype,
+            max_seq: Some(64),
+            stop_slots: 1,
+        };
+        lower_and_load(&model, &opts, &CpuBackend::default(), &registry()).unwrap()
+    };
+    let prompt = ids(&refdoc["prompts"].as_array().unwrap()[0]["prompt_ids"]);
+    let (f32s, bf16s) = (
+        all_logits(&mut load(DType::F32), &prompt),
+        all_logits(&mut load(DType::BF16), &prompt),
+    );
+    for (pos, (want, got)) in f32s.iter().zip(&bf16s).enumerate() {
+        let scale = want.iter().fold(0f32, |m, x| m.max(x.abs()));
+        let err = got
+            .iter()
+            .zip(want)
+            .fold(0f32, |m, (g, w)| m.max((g - w).abs()));
+        println!(
+            "pos {pos}: bf16 {:.3e} of max |f32 logit|, argmax {} vs {}",
+            err / scale,
+            argmax(got),
+            argmax(want)
+        );
+    }
+}

@@ -720,31 +720,20 @@ impl CpuSession {
 
     /// Resolves `watch` and marks its rows from `first_row` on as unwritten.
     fn watch_rows(&mut self, watch: &RowWatch) -> Result<Watched, BackendError> {
-        let kinds = [BufferKind::STATE, BufferKind::IO_OUTPUT];
-        let err = |message: String| BackendError::Input {
-            name: watch.buffer.clone(),
-            message,
-        };
-        let b = amk_core::backend::named_buffer(&self.program, &watch.buffer, &kinds)
-            .map_err(|m| err(m.replace("{kinds}", "STATE or IO_OUTPUT")))?;
-        let buf = &self.program.buffers[b];
-        if buf.dtype != DType::I32 || buf.rank() != 2 {
-            return Err(err(format!(
-                "a watched buffer must be I32 [rows, columns], not {} {:?}",
-                buf.dtype, buf.shape
-            )));
-        }
-        let (rows, cols) = (buf.shape[0], buf.shape[1] as usize);
-        let t = self.store[b]
+        let w = amk_core::backend::watched_rows(&self.program, watch)?;
+        let t = self.store[w.buffer]
             .get_mut()
-            .ok_or_else(|| err("the buffer is not writable".into()))?;
-        for r in watch.first_row..rows {
-            t.set_i64(r as usize * cols, RowWatch::UNWRITTEN as i64);
+            .ok_or_else(|| BackendError::Input {
+                name: watch.buffer.clone(),
+                message: "the buffer is not writable".into(),
+            })?;
+        for r in watch.first_row..w.rows {
+            t.set_i64(r as usize * w.cols, RowWatch::UNWRITTEN as i64);
         }
         Ok(Watched {
-            buffer: b,
-            cols,
-            rows,
+            buffer: w.buffer,
+            cols: w.cols,
+            rows: w.rows,
             next: watch.first_row,
         })
     }

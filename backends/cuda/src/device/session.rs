@@ -744,32 +744,17 @@ impl CudaSession {
 
     /// Resolves `watch` and marks its rows from `first_row` on as unwritten.
     fn watch_rows(&mut self, watch: &RowWatch) -> Result<Watched, CudaError> {
-        let kinds = [BufferKind::STATE, BufferKind::IO_OUTPUT];
-        let err = |message: String| BackendError::Input {
-            name: watch.buffer.clone(),
-            message,
-        };
-        let b = amk_core::backend::named_buffer(&self.program, &watch.buffer, &kinds)
-            .map_err(|m| err(m.replace("{kinds}", "STATE or IO_OUTPUT")))?;
-        let buf = &self.program.buffers[b];
-        if buf.dtype != amk_core::DType::I32 || buf.rank() != 2 {
-            return Err(err(format!(
-                "a watched buffer must be I32 [rows, columns], not {} {:?}",
-                buf.dtype, buf.shape
-            ))
-            .into());
-        }
-        let (rows, cols) = (buf.shape[0], buf.shape[1] as usize);
+        let w = amk_core::backend::watched_rows(&self.program, watch)?;
         let marker = RowWatch::UNWRITTEN.to_le_bytes();
-        for r in watch.first_row..rows {
-            self.io_write(b, r as usize * cols * 4, &marker)?;
+        for r in watch.first_row..w.rows {
+            self.io_write(w.buffer, r as usize * w.cols * 4, &marker)?;
         }
         Ok(Watched {
-            buffer: b,
-            cols,
-            rows,
+            buffer: w.buffer,
+            cols: w.cols,
+            rows: w.rows,
             next: watch.first_row,
-            live: self.io_mem(b)?.host,
+            live: self.io_mem(w.buffer)?.host,
             stopped: false,
         })
     }
