@@ -559,6 +559,20 @@ pub fn watched_rows(program: &Program, watch: &RowWatch) -> Result<WatchedRows, 
     })
 }
 
+/// The buffer [`Session::read`] reads: the one STATE, IO_OUTPUT or KV_CACHE buffer named
+/// `name` (every backend refuses the same names with the same messages).
+pub fn readable_buffer(program: &Program, name: &str) -> Result<usize, BackendError> {
+    let kinds = [
+        BufferKind::STATE,
+        BufferKind::IO_OUTPUT,
+        BufferKind::KV_CACHE,
+    ];
+    named_buffer(program, name, &kinds).map_err(|m| BackendError::Input {
+        name: name.to_string(),
+        message: m.replace("{kinds}", "STATE, IO_OUTPUT or KV_CACHE"),
+    })
+}
+
 /// The one buffer named `name` whose kind is one of `kinds`; the error message says why not
 /// (with `{kinds}` standing for the kinds' names).
 pub fn named_buffer(program: &Program, name: &str, kinds: &[BufferKind]) -> Result<usize, String> {

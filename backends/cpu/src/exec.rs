@@ -805,17 +805,7 @@ impl Session for CpuSession {
     }
 
     fn read(&mut self, name: &str) -> Result<Tensor, BackendError> {
-        let kinds = [
-            BufferKind::STATE,
-            BufferKind::IO_OUTPUT,
-            BufferKind::KV_CACHE,
-        ];
-        let b = amk_core::backend::named_buffer(&self.program, name, &kinds).map_err(|m| {
-            BackendError::Input {
-                name: name.to_string(),
-                message: m.replace("{kinds}", "STATE, IO_OUTPUT or KV_CACHE"),
-            }
-        })?;
+        let b = amk_core::backend::readable_buffer(&self.program, name)?;
         Ok(self.store[b].get().clone())
     }
 

@@ -647,17 +647,7 @@ impl CudaSession {
 
     /// The current value of the STATE, IO_OUTPUT or KV_CACHE buffer `name`.
     pub fn read_named(&self, name: &str) -> Result<Tensor, CudaError> {
-        let kinds = [
-            BufferKind::STATE,
-            BufferKind::IO_OUTPUT,
-            BufferKind::KV_CACHE,
-        ];
-        let b = amk_core::backend::named_buffer(&self.program, name, &kinds).map_err(|m| {
-            BackendError::Input {
-                name: name.to_string(),
-                message: m.replace("{kinds}", "STATE, IO_OUTPUT or KV_CACHE"),
-            }
-        })?;
+        let b = amk_core::backend::readable_buffer(&self.program, name)?;
         self.io_tensor(b)
     }
 
