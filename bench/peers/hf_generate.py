@@ -60,6 +60,9 @@ import traceback
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import llamacpp_bench  # noqa: E402  (same folder; standard library only)
+
 DEFAULT_MODEL = Path.home() / ".cache" / "amk" / "models" / "SmolLM2-135M-Instruct.Q4_1.gguf"
 COMPILE_MODES = ("manual", "auto", "none")
 GGUF_MIN_VERSION = (0, 10, 0)
@@ -315,13 +318,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def parse_depths(text: str) -> list[int]:
-    try:
-        values = [int(v) for v in text.split(",") if v.strip()]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"--depth takes comma-separated integers, not {text!r}")
-    if not values or min(values) < 0:
-        raise argparse.ArgumentTypeError("--depth needs non-negative integers")
-    return list(dict.fromkeys(values))
+    """``--depth``: comma-separated non-negative integers (llama-bench's own parser)."""
+    return llamacpp_bench.parse_ints(text, "--depth")
 
 
 def build_parser() -> argparse.ArgumentParser:

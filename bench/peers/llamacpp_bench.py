@@ -50,7 +50,8 @@ def log(message: str) -> None:
 
 
 def parse_ints(text: str, flag: str, minimum: int = 0) -> list[int]:
-    """Comma-separated integers, each at least ``minimum``."""
+    """Comma-separated integers, each at least ``minimum``, repeats dropped (the other peers'
+    scripts parse their ``--depth`` with it too)."""
     try:
         values = [int(v) for v in text.split(",") if v.strip()]
     except ValueError:
@@ -59,7 +60,7 @@ def parse_ints(text: str, flag: str, minimum: int = 0) -> list[int]:
         raise argparse.ArgumentTypeError(f"{flag} needs at least one value")
     if min(values) < minimum:
         raise argparse.ArgumentTypeError(f"{flag} values must be at least {minimum}")
-    return values
+    return list(dict.fromkeys(values))
 
 
 def command(args: argparse.Namespace) -> list[str]:

@@ -483,13 +483,8 @@ def report(runs: list[Run], model: Path | None, summary: dict[str, Any] | None,
 
 
 def parse_depths(text: str) -> list[int]:
-    try:
-        values = [int(v) for v in text.split(",") if v.strip()]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"--depth takes comma-separated integers, not {text!r}")
-    if not values or min(values) < 0:
-        raise argparse.ArgumentTypeError("--depth needs non-negative integers")
-    return list(dict.fromkeys(values))
+    """``--depth``: comma-separated non-negative integers (llama-bench's own parser)."""
+    return llamacpp_bench.parse_ints(text, "--depth")
 
 
 def build_parser() -> argparse.ArgumentParser:
