@@ -10,35 +10,13 @@ use amk_core::{
     BufferId, BufferKind, DType, GpuTarget, MemSpace, Opcode, PageStrategy, Program, Registry,
     ScheduleConfig, Session, SmAssignment, Tensor, WeightStore, decode,
 };
-use amk_model_llama::config::{ModelConfig, RopeScaling};
+use amk_model_llama::config::ModelConfig;
 use amk_model_llama::lower::{DecodeLoop, LowerOptions, lower, shard_range, tuned_schedule};
 use amk_model_llama::model::{Model, ModelFormat, tensor_names};
 use rstest::rstest;
-fn cfg(
-    layers: usize,
-    hidden: usize,
-    heads: usize,
-    kv: usize,
-    hd: usize,
-    inter: usize,
-    vocab: usize,
-) -> ModelConfig {
-    ModelConfig {
-        hidden,
-        n_heads: heads,
-        n_kv_heads: kv,
-        head_dim: hd,
-        intermediate: inter,
-        vocab,
-        n_layers: layers,
-        rms_eps: 1e-5,
-        rope_theta: 10000.0,
-        max_position_embeddings: 64,
-        tie_word_embeddings: true,
-        attention_bias: false,
-        rope_scaling: RopeScaling::None,
-    }
-}
+#[path = "support/shared.rs"]
+mod shared;
+use shared::*;
 
 /// Zero weights of the right shapes (for counting only; never run).
 fn shaped_model(c: ModelConfig) -> Model {
@@ -47,79 +25,6 @@ fn shaped_model(c: ModelConfig) -> Model {
         w.insert(name, Tensor::zeros(DType::F32, &shape));
     }
     Model::new(c, w, None, "shaped", ModelFormat::Hf).unwrap()
-}
-
-fn schedule(
-    tiling: &[(&str, &[(&str, i64)])],
-    fusion: bool,
-    sm: SmAssignment,
-    pages: PageStrategy,
-) -> ScheduleConfig {
-    ScheduleConfig {
-        tiling: tiling
-            .iter()
-            .map(|(g, kv)| {
-                (
-                    g.to_string(),
-                    kv.iter().map(|(k, v)| (k.to_string(), *v)).collect(),
-                )
-            })
-            .collect(),
-        fusion_grouping: if fusion {
-            vec![
-                vec!["embed".into(), "rope".into()],
-                vec!["gemv".into(), "add".into()],
-            ]
-        } else {
-            vec![]
-        },
-        sm_assignment: sm,
-        page_allocation: pages,
-        ..ScheduleConfig::default()
-    }
-}
-
-/// `schedule` with every fusion of the tuned schedule (norms, Q/K/V + RoPE + append, gate/up +
-/// SiLU, residual adds).
-fn all_fused(
-    tiling: &[(&str, &[(&str, i64)])],
-    sm: SmAssignment,
-    pages: PageStrategy,
-) -> ScheduleConfig {
-    ScheduleConfig {
-        fusion_grouping: tuned_schedule().fusion_grouping,
-        ..schedule(tiling, false, sm, pages)
-    }
-}
-
-/// `all_fused` plus the attention inside the output projection (`["attention", "gemv"]`).
-fn attention_fused(
-    tiling: &[(&str, &[(&str, i64)])],
-    sm: SmAssignment,
-    pages: PageStrategy,
-) -> ScheduleConfig {
-    let mut sc = all_fused(tiling, sm, pages);
-    let g = vec!["attention".to_string(), "gemv".to_string()];
-    if !sc.fusion_grouping.contains(&g) {
-        sc.fusion_grouping.push(g);
-    }
-    sc
-}
-
-/// Only the attention inside the output projection: its tiles write `o`, then an ADD.
-fn attention_fused_alone() -> ScheduleConfig {
-    ScheduleConfig {
-        fusion_grouping: vec![vec!["attention".into(), "gemv".into()]],
-        ..ScheduleConfig::default()
-    }
-}
-
-fn h100() -> GpuTarget {
-    GpuTarget::by_name("h100").unwrap()
-}
-
-fn registry() -> Registry {
-    amk_ops::registry().unwrap()
 }
 
 /// Index of the largest logit (lowest index on ties; NaN never wins): SAMPLE_ARGMAX's rule.
