@@ -197,6 +197,22 @@ pub struct PerplexityArgs {
     /// Worker threads of the CPU backend.
     #[arg(long, default_value_t = 1)]
     threads: usize,
+    /// Score only the text's first N tokens.
+    #[arg(long, value_name = "N")]
+    max_tokens: Option<usize>,
+    /// Also write the logits at the positions of --logits-at to FILE, as JSON `{"backend",
+    /// "dtype", "ids", "positions", "logits": [[f32; vocab], ..]}`: two backends' files compare
+    /// with scripts/compare_logits.py.
+    #[arg(long, value_name = "FILE", requires = "logits_at")]
+    logits_out: Option<PathBuf>,
+    /// Positions (comma-separated) whose logits --logits-out writes.
+    #[arg(
+        long,
+        value_name = "P,..",
+        value_delimiter = ',',
+        requires = "logits_out"
+    )]
+    logits_at: Vec<usize>,
 }
 
 /// Shown after the commands' `--help`.
@@ -602,11 +618,47 @@ fn perplexity_inner(a: &PerplexityArgs) -> Result<(), ModelCmdError> {
     let reg = registry()?;
     let imported = import(&a.common, chosen.gpu_sms)?;
     let tok = tokenizer(&imported.model)?.clone();
-    let ids = tok.encode(&text)?;
+    let mut ids = tok.encode(&text)?;
+    if let Some(n) = a.max_tokens {
+        ids.truncate(n);
+    }
+    if ids.len() < 2 {
+        return Err(ModelCmdError::Usage(format!(
+            "{}: {} tokens; perplexity needs at least two",
+            a.text_file.display(),
+            ids.len()
+        )));
+    }
+    if let Some(&p) = a.logits_at.iter().find(|&&p| p + 1 >= ids.len()) {
+        return Err(ModelCmdError::Usage(format!(
+            "--logits-at {p}: the text has {} tokens, so logits exist at positions 0..{}",
+            ids.len(),
+            ids.len() - 2
+        )));
+    }
     let (mut engine, _) = load_engine(&imported, &chosen, &reg)?;
     let t = Instant::now();
-    let (n, nll) = engine.perplexity(&ids)?;
+    let mut total = 0f64;
+    let mut kept: Vec<(usize, Vec<f32>)> = Vec::new();
+    engine.forced_logits(&ids, &mut |pos, logits| {
+        total += amk_engine::nll(logits, ids[pos + 1] as usize);
+        if a.logits_at.contains(&pos) {
+            kept.push((pos, logits.to_vec()));
+        }
+    })?;
+    let (n, nll) = (ids.len() - 1, total / (ids.len() - 1) as f64);
     let secs = t.elapsed().as_secs_f64();
+    if let Some(path) = &a.logits_out {
+        let v = serde_json::json!({
+            "backend": chosen.name(),
+            "dtype": a.common.dtype,
+            "ids": ids,
+            "positions": kept.iter().map(|k| k.0).collect::<Vec<_>>(),
+            "logits": kept.iter().map(|k| &k.1).collect::<Vec<_>>(),
+        });
+        std::fs::write(path, v.to_string())
+            .map_err(|e| ModelCmdError::Usage(format!("{}: {e}", path.display())))?;
+    }
     if a.common.json {
         let v = serde_json::json!({"tokens": ids.len(), "predictions": n, "nll": nll, "perplexity": nll.exp(), "backend": chosen.name()});
         println!("{v}");

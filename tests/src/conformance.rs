@@ -198,7 +198,7 @@ macro_rules! conformance_tests {
             op_rmsnorm_gemv op_gate_up_silu op_qkv_rope_append op_attention_gemv
             op_attention_pos_bf16 op_next_token
             dag_chain dag_fan_in dag_tiled_groups dag_split_kv dag_kv_append_steps
-            dag_position_decode
+            dag_position_decode dag_split_kv_decode
             family_chain family_fan_in family_tiled family_kv_attention family_split_kv
             family_sm_assigned family_paged family_mixture
             llama_pos0 llama_pos3 llama_split_kv llama_sm_pages llama_bf16 llama_wide);
@@ -399,6 +399,11 @@ pub const CASES: &[Case] = &[
         name: "dag_position_decode",
         about: "three decode steps with the position in device memory: KV_APPEND, ATTENTION_TILE, split-KV shards (empty ones) + combine and ATTENTION_GEMV read it",
         run: dag_position_decode,
+    },
+    Case {
+        name: "dag_split_kv_decode",
+        about: "three decode steps of a split-KV attention: ATTENTION_SPLIT tasks (inactive ones too) read the position as an input and as a buffer a task writes, COMBINE_GEMV tiles (bias or not) merge their partials",
+        run: dag_split_kv_decode,
     },
     Case {
         name: "family_chain",
@@ -2957,6 +2962,108 @@ fn dag_position_decode(c: &Ctx<'_>) -> CaseResult {
             ("proj", linear(&full, &wv, k, None)),
             ("proj_bias", linear(&full, &wv, k, Some(&bv))),
             ("k_all", kcv.clone()),
+        ])
+    })
+}
+
+/// A decode step of the split-KV attention (2 KV heads × 3 splits of whole 2-row chunks over
+/// an 8-row cache) at positions 1, 4 and 7 (one, three and two active splits): the splits of
+/// KV head 0 read the position input (final before the launch), those of KV head 1 a copy a
+/// task of the launch writes (read after their wait); COMBINE_GEMV tiles with and without a
+/// bias, reading either. Checked against the f64 attention over rows `0..=p` times W.
+fn dag_split_kv_decode(c: &Ctx<'_>) -> CaseResult {
+    const MAX_SEQ: usize = 8;
+    let a = Attn {
+        nh: 4,
+        nkv: 2,
+        hd: 8,
+        scale: 0.35,
+    };
+    let (row, k, n_splits) = (a.nkv * a.hd, a.nh * a.hd, 3usize);
+    let tile = (a.nh / a.nkv) * (a.hd + 2);
+    let mut t = Tiny::new(27);
+    let q = t.input("q", DType::F32, &[4, 8]);
+    let kn = t.input("k_row", DType::F32, &[1, 2, 8]);
+    let vn = t.input("v_row", DType::F32, &[1, 16]);
+    let pos = t.input("pos", DType::I32, &[1]);
+    let pos_dev =
+        t.p.new_buffer("pos_dev", BufferKind::ACTIVATION, DType::I32, &[1]);
+    let kc = t.kv("kcache", &[MAX_SEQ as u64, 2, 8]);
+    let vc = t.kv("vcache", &[MAX_SEQ as u64, 2, 8]);
+    let (w, wv) = t.weight("w", DType::F32, &[6, k as u64], -0.5, 0.5);
+    let (bias, bv) = t.weight("bias", DType::F32, &[6], -0.5, 0.5);
+    let cp = t.task(Opcode::COPY, &[pos], &[pos_dev], &[], &[]);
+    let ck = t.task(Opcode::KV_APPEND, &[kn, kc, pos], &[kc], &[], &[]);
+    let cv = t.task(Opcode::KV_APPEND, &[vn, vc, pos], &[vc], &[], &[]);
+    let waits = [(ck, 1), (cv, 1), (cp, 1)];
+    let parts = t.act("partials", &[2, n_splits as u64, 2, 10]);
+    let shape = [
+        ("head_dim", int(a.hd as i64)),
+        ("n_heads", int(a.nh as i64)),
+        ("n_kv_heads", int(a.nkv as i64)),
+        ("n_splits", int(n_splits as i64)),
+        ("chunk", int(2)),
+    ];
+    let cs = t.counter();
+    for i in 0..a.nkv * n_splits {
+        let mut pr = shape.to_vec();
+        pr.extend([
+            ("scale", Value::Float(a.scale)),
+            ("N_tile", int(tile as i64)),
+            ("n_off", int((i * tile) as i64)),
+        ]);
+        let src = if i < n_splits { pos } else { pos_dev };
+        t.task_on(
+            cs,
+            Opcode::ATTENTION_SPLIT,
+            &[q, kc, vc, src],
+            &[parts],
+            &waits,
+            &pr,
+        );
+    }
+    let all = (cs, (a.nkv * n_splits) as i64);
+    let gemv = |off: i64, nt: i64| {
+        let mut p = shape.to_vec();
+        p.extend([
+            ("K", int(k as i64)),
+            ("N_tile", int(nt)),
+            ("n_off", int(off)),
+        ]);
+        p
+    };
+    let proj = t.output("proj", DType::F32, &[1, 6]);
+    let cg = t.counter();
+    for (off, nt, src) in [(0, 4, pos), (4, 2, pos_dev)] {
+        t.task_on(
+            cg,
+            Opcode::COMBINE_GEMV,
+            &[parts, w, src],
+            &[proj],
+            &[all],
+            &gemv(off, nt),
+        );
+    }
+    let proj_b = t.output("proj_bias", DType::F32, &[1, 6]);
+    t.task(
+        Opcode::COMBINE_GEMV,
+        &[parts, w, bias, pos_dev],
+        &[proj_b],
+        &[all, (cp, 1)],
+        &gemv(0, 6),
+    );
+    let kcs = std::cell::RefCell::new(vec![0.0; MAX_SEQ * row]);
+    let vcs = std::cell::RefCell::new(vec![0.0; MAX_SEQ * row]);
+    let positions = [1usize, 4, 7];
+    check_formula(c, t, 3, F32_TOL, position_steps(&positions), |ins| {
+        let p = in_vals(ins, "pos")?[0] as usize;
+        let (mut kcv, mut vcv) = (kcs.borrow_mut(), vcs.borrow_mut());
+        kcv[p * row..(p + 1) * row].copy_from_slice(&in_vals(ins, "k_row")?);
+        vcv[p * row..(p + 1) * row].copy_from_slice(&in_vals(ins, "v_row")?);
+        let full = attention(a, &in_vals(ins, "q")?, &kcv, &vcv, 0, p + 1);
+        Ok(vec![
+            ("proj", linear(&full, &wv, k, None)),
+            ("proj_bias", linear(&full, &wv, k, Some(&bv))),
         ])
     })
 }

@@ -118,6 +118,11 @@ struct amk_task_ctx {
  * every op that does not wait itself (docs/adding-an-op.md, "Waiting for the task's
  * counters"). */
 __device__ __noinline__ bool amk_task_wait(const amk_task_ctx& c);
+/* For an op that waits itself and finds, from data it may read before its wait (a descriptor's
+ * AMK_BUF_LAUNCH_CONST buffer), that this time it reads none of the inputs its waits guard and
+ * writes nothing (ATTENTION_SPLIT's inactive splits): the task is done without waiting. Never
+ * in amk_verify_tasks (check_only), whose ops return at their wait. */
+__device__ __noinline__ void amk_task_skip_wait(const amk_task_ctx& c);
 
 /* The device's nanosecond clock (one clock for all SMs). */
 __device__ __forceinline__ uint64_t amk_globaltimer() {

@@ -237,6 +237,17 @@ __device__ __noinline__ bool amk_task_wait(const amk_task_ctx& c) {
   return ok;
 }
 
+/* A task that reads and writes nothing this time (amk_device.cuh): marked as having waited,
+ * so the scheduler signals its counter, with no wait and no prefetch. */
+__device__ __noinline__ void amk_task_skip_wait(const amk_task_ctx& c) {
+  if (threadIdx.x == 0) {
+    amk_task_waited = 1;
+#if !AMK_TRACE_OFF
+    if (c.trace) { c.trace[1] = amk_globaltimer(); c.trace[4] = 0; }
+#endif
+  }
+}
+
 /* amk_device_program::flags bit: the launch runs amk_verify_tasks instead of the queues. */
 #define AMK_PROG_VERIFY 4
 

@@ -86,6 +86,12 @@ impl Opcode {
     /// The tail of one on-device decode iteration: the next token (the next prompt token, or
     /// one chosen from the logits), the position advanced, the halt flag (24).
     pub const NEXT_TOKEN: Opcode = Opcode(24);
+    /// One (KV head × split) piece of the decode attention, its rows chosen by the position:
+    /// the un-normalised partials of the split-KV attention spread over every SM (25).
+    pub const ATTENTION_SPLIT: Opcode = Opcode(25);
+    /// A column tile of `combine(partials) · W^T (+ bias)`: the split-KV partials merged inside
+    /// every tile of the output projection that reads them (26).
+    pub const COMBINE_GEMV: Opcode = Opcode(26);
     /// Our appended built-in opcodes (code ≥ 20), in code order.
     pub const EXTENDED_OPS: &'static [Opcode] = &[
         Opcode::RMSNORM_GEMV,
@@ -93,6 +99,8 @@ impl Opcode {
         Opcode::QKV_ROPE_APPEND,
         Opcode::ATTENTION_GEMV,
         Opcode::NEXT_TOKEN,
+        Opcode::ATTENTION_SPLIT,
+        Opcode::COMBINE_GEMV,
     ];
 
     /// The canonical name of one of our appended built-in opcodes.
@@ -103,6 +111,8 @@ impl Opcode {
             22 => Some("QKV_ROPE_APPEND"),
             23 => Some("ATTENTION_GEMV"),
             24 => Some("NEXT_TOKEN"),
+            25 => Some("ATTENTION_SPLIT"),
+            26 => Some("COMBINE_GEMV"),
             _ => None,
         }
     }

@@ -195,6 +195,9 @@ fn run_and_compare(model: &Model, sc: &ScheduleConfig, tokens: &[u32]) {
 #[case::attention_fused(cfg(2, 32, 4, 2, 8, 48, 40), attention_fused(&[("gemv", &[("sm_multiple", 1)])], SmAssignment::LoadBalance, PageStrategy::GraphColor))]
 #[case::attention_fused_mqa_odd(cfg(2, 24, 3, 1, 8, 40, 33), attention_fused(&[("gemv", &[("N_tile", 5)])], SmAssignment::RoundRobin, PageStrategy::Linear))]
 #[case::attention_fused_alone(cfg(2, 32, 4, 2, 8, 48, 40), attention_fused_alone())]
+#[case::split_kv(cfg(2, 32, 4, 2, 8, 48, 40), schedule(&[("attention", &[("split_kv", 4), ("split_chunk", 2)])], false, SmAssignment::LoadBalance, PageStrategy::GraphColor))]
+#[case::split_kv_mha_odd(cfg(1, 24, 3, 3, 8, 40, 33), schedule(&[("gemv", &[("N_tile", 5)]), ("attention", &[("split_kv", 3), ("split_chunk", 3)])], true, SmAssignment::RoundRobin, PageStrategy::Linear))]
+#[case::split_kv_all_fused_mqa(cfg(2, 32, 4, 1, 8, 48, 40), all_fused(&[("gemv", &[("sm_multiple", 1)]), ("attention", &[("split_kv", 3), ("split_chunk", 1)])], SmAssignment::LoadBalance, PageStrategy::GraphColor))]
 fn lowered_decode_matches_f64_forward(#[case] c: ModelConfig, #[case] sc: ScheduleConfig) {
     let model = Model::random(c, 7).unwrap();
     let tokens = [3u32, 17, 0, 29, 5, 5, 11, 2, 31, 8];
@@ -364,6 +367,7 @@ fn half_precision_decode_stays_close(#[case] dtype: DType, #[case] tol: f64) {
 #[case::attention_fused(attention_fused(&[("gemv", &[("N_tile", 8)])], SmAssignment::RoundRobin, PageStrategy::Linear), DType::F32)]
 #[case::tuned(tuned_schedule(), DType::F32)]
 #[case::tuned_bf16(tuned_schedule(), DType::BF16)]
+#[case::split_kv_fused(all_fused(&[("gemv", &[("sm_multiple", 1)]), ("attention", &[("split_kv", 4), ("split_chunk", 2)])], SmAssignment::LoadBalance, PageStrategy::GraphColor), DType::F32)]
 fn a_host_stepped_program_gives_the_engines_logits(
     #[case] sc: ScheduleConfig,
     #[case] dtype: DType,

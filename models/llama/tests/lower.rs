@@ -7,8 +7,8 @@
 
 use amk_backend_cpu::CpuBackend;
 use amk_core::{
-    BufferId, BufferKind, DType, GpuTarget, MemSpace, Opcode, PageStrategy, Program, Registry,
-    ScheduleConfig, Session, SmAssignment, Tensor, WeightStore, decode,
+    BufferId, BufferKind, DType, ErrorKind, GpuTarget, MemSpace, Opcode, PageStrategy, Program,
+    Registry, ScheduleConfig, Session, SmAssignment, Tensor, WeightStore, decode,
 };
 use amk_model_llama::config::ModelConfig;
 use amk_model_llama::lower::{DecodeLoop, LowerOptions, lower, shard_range, tuned_schedule};
@@ -64,7 +64,8 @@ fn window(t: &amk_core::Task) -> (u64, u64) {
 /// The positions facts of a lowered program with a `max_seq`-row cache and `parts` split-KV
 /// shards: the `pos` buffer is one I32 element; every task that depends on the position reads
 /// it in its position slot (KV_APPEND 3rd input, ROPE 2nd, the reshape + ROPE FUSED task 3rd,
-/// QKV_ROPE_APPEND 5th, ATTENTION_TILE 4th, ATTENTION_GEMV last, NEXT_TOKEN 2nd, which also
+/// QKV_ROPE_APPEND 5th, ATTENTION_TILE 4th, ATTENTION_GEMV last, ATTENTION_SPLIT 4th,
+/// COMBINE_GEMV last, NEXT_TOKEN 2nd, which also
 /// writes it); no other task touches it; no task has a `pos` param; the attention's windows are
 /// static: the whole cache, or the shards' fixed slices, which tile it. Returns how many tasks
 /// read the position.
@@ -87,6 +88,8 @@ fn check_positions(p: &Program, max_seq: u64, parts: u64) -> usize {
             Opcode::QKV_ROPE_APPEND => Some(4),
             Opcode::ATTENTION_TILE => Some(3),
             Opcode::ATTENTION_GEMV => Some(t.inputs.len() - 1),
+            Opcode::ATTENTION_SPLIT => Some(3),
+            Opcode::COMBINE_GEMV => Some(t.inputs.len() - 1),
             Opcode::NEXT_TOKEN => Some(1),
             Opcode::FUSED if t.label.contains("reshape_rope") => Some(2),
             _ => None,
@@ -233,6 +236,17 @@ fn schedules() -> Vec<(&'static str, ScheduleConfig, u64)> {
         ),
         ("attention_fused_alone", attention_fused_alone(), 1),
         ("tuned", tuned_schedule(), 1),
+        (
+            "split_kv",
+            schedule(
+                &[("attention", &[("split_kv", 4), ("split_chunk", 2)])],
+                false,
+                SmAssignment::LoadBalance,
+                PageStrategy::GraphColor,
+            ),
+            1,
+        ),
+        ("tuned_split_kv", tuned_split_kv(4, 3), 1),
         ("tuned_without_own_sms", tuned, 1),
         ("tuned_split4_on_two_sms", tuned_split, 4),
     ]
@@ -1016,8 +1030,8 @@ fn sm_multiple_tiles_every_projection_over_all_sms() {
             .map(|t| t.params.get("N_tile").and_then(|v| v.as_i64()).unwrap())
             .collect()
     };
-    // The tuned schedule keeps one SM for the attention: 131 LM-head tiles of 984 rows.
-    let head = tiles(&tuned_schedule(), "lm_head");
+    // The tuned schedule with one SM kept for the attention: 131 LM-head tiles of 984 rows.
+    let head = tiles(&tuned_own_sm(), "lm_head");
     assert!(
         head.len() == 131 && head[..130].iter().all(|&w| w == 984),
         "{head:?}"
@@ -1112,7 +1126,8 @@ fn tuned_phases_put_one_tile_per_sm(#[case] unfused: bool) {
     }
 }
 
-/// The tuned schedule alternates a small model's phases (`gemv.alternate_max_kb`): SmolLM2's
+/// The tuned schedule (its attention on one SM of its own) alternates a small model's phases
+/// (`gemv.alternate_max_kb`): SmolLM2's
 /// projections are tiled for half the SMs, no projection phase shares an SM with the one before
 /// it, the output projection runs on SMs of the Q/K/V phase (so gate/up loads its weights before the
 /// attention, not beside it), and the LM head still spans every SM but the attention's. The
@@ -1126,8 +1141,8 @@ fn tuned_small_models_alternate_their_phases(#[case] dtype: DType) {
     use std::collections::BTreeSet;
     let reg = amk_ops::registry().unwrap();
     let target = GpuTarget::by_name("h100").unwrap();
-    let tuned = tuned_schedule();
-    let mut plain = tuned_schedule();
+    let tuned = tuned_own_sm();
+    let mut plain = tuned_own_sm();
     for (group, kvs) in &mut plain.tiling {
         if group == "gemv" {
             kvs.retain(|(k, _)| k != "alternate_max_kb");
@@ -1282,4 +1297,171 @@ fn own_sms_keep_attention_alone(#[case] shape: &str, #[case] own: i64, #[case] p
         let attention = t.op == Opcode::ATTENTION_TILE;
         t.sm == Some(i32::from(attention))
     }));
+}
+
+/// The tuned schedule with its attention split over the SMs: `split_kv` splits a KV head at
+/// most, split sizes multiples of `chunk` rows.
+fn tuned_split_kv(split_kv: i64, chunk: i64) -> ScheduleConfig {
+    let mut sc = tuned_schedule();
+    sc.tiling.retain(|(g, _)| g != "attention");
+    sc.tiling.push((
+        "attention".into(),
+        vec![("split_kv".into(), split_kv), ("split_chunk".into(), chunk)],
+    ));
+    sc
+}
+
+/// Split-KV attention on a full-size shape: every layer has `n_kv_heads × n_splits` split
+/// tasks (8 × 16 on the 1B over 132 SMs), on as many distinct SMs, all signalling one counter
+/// that every output-projection tile waits for in full; the program validates.
+#[rstest]
+#[case::llama_1b("llama-3.2-1b", 8, 16)]
+#[case::smollm2("smollm2-135m", 3, 16)]
+#[case::llama_8b("llama-3.1-8b", 8, 16)]
+fn split_kv_spreads_each_layer_over_the_sms(
+    #[case] shape: &str,
+    #[case] nkv: usize,
+    #[case] splits: usize,
+) {
+    use amk_model_llama::presets;
+    let reg = amk_ops::registry().unwrap();
+    let target = GpuTarget::by_name("h100").unwrap();
+    let m = Model::shape_only(presets::preset(shape).unwrap(), shape);
+    let lowered = lower(
+        &m,
+        &tuned_split_kv(16, 64),
+        &target,
+        &LowerOptions::default(),
+    )
+    .unwrap();
+    let v = amk_core::validate_owned(lowered.program, &reg)
+        .map_err(|r| r.report())
+        .unwrap();
+    let p = v.program();
+    assert!(!p.tasks.iter().any(|t| t.op == Opcode::ATTENTION_TILE));
+    let layer = |t: &amk_core::Task| t.label.split('.').next().unwrap_or("").to_string();
+    let mut by_layer: std::collections::BTreeMap<String, Vec<&amk_core::Task>> = Default::default();
+    for t in p.tasks.iter().filter(|t| t.op == Opcode::ATTENTION_SPLIT) {
+        by_layer.entry(layer(t)).or_default().push(t);
+    }
+    assert_eq!(by_layer.len(), m.config.n_layers, "{shape}");
+    for (l, tasks) in &by_layer {
+        assert_eq!(tasks.len(), nkv * splits, "{shape} {l}");
+        let mut sms: Vec<i32> = tasks.iter().map(|t| t.sm.unwrap()).collect();
+        sms.sort_unstable();
+        sms.dedup();
+        assert_eq!(sms.len(), tasks.len(), "{shape} {l}: an SM runs two splits");
+        let ctr = tasks[0].out_counter;
+        assert!(tasks.iter().all(|t| t.out_counter == ctr));
+        let tiles: Vec<_> = (p.tasks.iter())
+            .filter(|t| t.op == Opcode::COMBINE_GEMV && &layer(t) == l)
+            .collect();
+        assert!(tiles.len() >= 30, "{shape} {l}: {} tiles", tiles.len());
+        for t in tiles {
+            assert!(
+                t.waits
+                    .iter()
+                    .any(|w| w.counter == ctr && w.threshold == tasks.len() as i64),
+                "{shape} {}: does not wait for every split",
+                t.label
+            );
+        }
+    }
+}
+
+/// The combine's dependency pattern is proven, not assumed: a split-KV program validates, and
+/// each way of breaking it is refused with its kind — an output-projection tile that does not
+/// wait for the splits (a read racing their writes), one that waits for all but one (a
+/// partial wait on their shared counter), a split that does not wait for the query and the
+/// cache rows, two splits writing the same partials.
+#[test]
+fn split_kv_waits_are_proven_and_breaking_them_is_refused() {
+    let reg = registry();
+    let model = shaped_model(cfg(2, 32, 4, 2, 8, 48, 40));
+    let sc = schedule(
+        &[("attention", &[("split_kv", 4), ("split_chunk", 2)])],
+        true,
+        SmAssignment::LoadBalance,
+        PageStrategy::None,
+    );
+    let opts = LowerOptions {
+        max_seq: Some(20),
+        ..LowerOptions::default()
+    };
+    let p = lower(&model, &sc, &h100(), &opts).unwrap().program;
+    let r = amk_core::validate(&p, &reg);
+    assert!(r.ok(), "{}", r.report());
+    let split = |p: &Program| {
+        (p.tasks.iter())
+            .position(|t| t.op == Opcode::ATTENTION_SPLIT)
+            .unwrap()
+    };
+    let tile = |p: &Program| {
+        (p.tasks.iter())
+            .position(|t| t.op == Opcode::COMBINE_GEMV)
+            .unwrap()
+    };
+    let refused = |p: &Program, kind: ErrorKind, what: &str| {
+        let r = amk_core::validate(p, &reg);
+        assert!(
+            r.has(kind),
+            "{what}: not refused as {kind:?}: {}",
+            r.report()
+        );
+    };
+    let ctr = p.tasks[split(&p)].out_counter;
+
+    let mut no_wait = p.clone();
+    let t = tile(&no_wait);
+    no_wait.tasks[t].waits.retain(|w| w.counter != ctr);
+    refused(
+        &no_wait,
+        ErrorKind::RawRace,
+        "a tile that does not wait for the splits",
+    );
+
+    let mut partial = p.clone();
+    let t = tile(&partial);
+    for w in partial.tasks[t]
+        .waits
+        .iter_mut()
+        .filter(|w| w.counter == ctr)
+    {
+        w.threshold -= 1;
+    }
+    refused(
+        &partial,
+        ErrorKind::PartialSharedWait,
+        "a tile that waits for all splits but one",
+    );
+
+    let mut blind = p.clone();
+    let t = split(&blind);
+    blind.tasks[t].waits.clear();
+    let r = amk_core::validate(&blind, &reg);
+    assert!(
+        r.has(ErrorKind::RawRace) || r.has(ErrorKind::RawRaceKv),
+        "a split that does not wait for q and the cache: {}",
+        r.report()
+    );
+
+    let mut clash = p.clone();
+    let t = split(&clash);
+    let n_off = clash.tasks[t + 1].params.get("n_off").cloned().unwrap();
+    clash.tasks[t].params.insert("n_off", n_off);
+    refused(
+        &clash,
+        ErrorKind::WawRace,
+        "two splits writing the same partials",
+    );
+}
+
+/// The tuned schedule as it was before the split-KV attention: the attention on one SM of its
+/// own (`attention.own_sms` 1; bench/schedules/tuned-own-sm.json).
+fn tuned_own_sm() -> ScheduleConfig {
+    let mut sc = tuned_schedule();
+    sc.tiling.retain(|(g, _)| g != "attention");
+    sc.tiling
+        .push(("attention".into(), vec![("own_sms".into(), 1)]));
+    sc
 }

@@ -6,7 +6,9 @@ extern crate op_add;
 extern crate op_allreduce_shard;
 extern crate op_attention_combine;
 extern crate op_attention_gemv;
+extern crate op_attention_split;
 extern crate op_attention_tile;
+extern crate op_combine_gemv;
 extern crate op_copy;
 extern crate op_dequant;
 extern crate op_embed;
@@ -38,7 +40,9 @@ pub fn registry() -> Result<Registry, IrError> {
         &op_allreduce_shard::SPEC,
         &op_attention_combine::SPEC,
         &op_attention_gemv::SPEC,
+        &op_attention_split::SPEC,
         &op_attention_tile::SPEC,
+        &op_combine_gemv::SPEC,
         &op_copy::SPEC,
         &op_dequant::SPEC,
         &op_embed::SPEC,

@@ -133,6 +133,56 @@ pub fn shard_range(kv_len: u64, i: u64, n: u64) -> (u64, u64) {
     (start, size.min(kv_len - start))
 }
 
+/// Rows a split's size is a multiple of unless `tiling.attention.split_chunk` says otherwise:
+/// at position 0 one split a KV head works; from `n_splits × 64` rows on, every split.
+pub const DEFAULT_SPLIT_CHUNK: u64 = 64;
+
+/// A layer's split-KV attention (`tiling.attention.split_kv`): its geometry and the cache
+/// length it runs over.
+#[derive(Debug, Clone, Copy)]
+pub struct SplitPlan {
+    /// Heads, splits per KV head and the split granularity.
+    pub geometry: op_attention_split::SplitGeometry,
+    /// KV-cache length.
+    pub max_seq: u64,
+}
+
+/// The split-KV plan of `cfg` for model `mc` with a cache of `max_seq` rows on `target`, if it
+/// asks for one: `split_kv = n` allows up to `n` splits a KV head, and the lowering takes as
+/// many as fill the grid once (`num_sms / n_kv_heads`, at least 1, at most `n` and
+/// [`op_attention_split::MAX_SPLITS`]); `split_chunk` sets the granularity.
+pub fn split_plan(
+    cfg: &ScheduleConfig,
+    target: &GpuTarget,
+    mc: &crate::config::ModelConfig,
+    max_seq: u64,
+) -> Result<Option<SplitPlan>, ModelError> {
+    let nkv = mc.n_kv_heads as u64;
+    let Some(cap) = cfg.tile("attention", "split_kv") else {
+        return Ok(None);
+    };
+    let max = op_attention_split::MAX_SPLITS as u64;
+    if cap as u64 > max {
+        return Err(ModelError::Lower(format!(
+            "tiling attention.split_kv = {cap}: at most {max} splits a KV head"
+        )));
+    }
+    let fill = (target.num_sms.max(1) as u64 / nkv.max(1)).max(1);
+    let chunk = cfg
+        .tile("attention", "split_chunk")
+        .map_or(DEFAULT_SPLIT_CHUNK, |c| c.max(1) as u64);
+    Ok(Some(SplitPlan {
+        geometry: op_attention_split::SplitGeometry {
+            hd: mc.head_dim as u64,
+            nh: mc.n_heads as u64,
+            nkv,
+            n_splits: (cap as u64).min(fill),
+            chunk,
+        },
+        max_seq,
+    }))
+}
+
 /// A lowered model: the program, its weights (named by buffer `source`, cast to the program
 /// dtype), and how positions move.
 #[derive(Debug, Clone)]
@@ -215,9 +265,10 @@ pub fn sm_shares(num_sms: u64, rows: &[u64]) -> Vec<u64> {
 }
 
 /// The schedule the CUDA megakernel runs fastest with (docs/perf-notes.md has the
-/// measurements): every projection split over all SMs but one (`gemv.sm_multiple` 1), the
-/// attention on that one SM of its own (`attention.own_sms` 1), every fusion of [`FUSIBLE`] but
-/// the reshape+ROPE one (which the Q/K/V fusion subsumes) and the load-balancing SM assignment.
+/// measurements): every projection split over all SMs (`gemv.sm_multiple` 1), the attention
+/// split over them too (`attention.split_kv`, [`TUNED_SPLIT_KV`]; its time then stays nearly
+/// flat with the position), every fusion of [`FUSIBLE`] but the reshape+ROPE one (which the
+/// Q/K/V fusion subsumes) and the load-balancing SM assignment.
 /// The default [`ScheduleConfig`] keeps the reference's tiling.
 pub fn tuned_schedule() -> ScheduleConfig {
     let group = |g: &[&str]| g.iter().map(|s| s.to_string()).collect::<Vec<_>>();
@@ -230,7 +281,13 @@ pub fn tuned_schedule() -> ScheduleConfig {
                     ("alternate_max_kb".into(), ALTERNATE_MAX_KB),
                 ],
             ),
-            ("attention".into(), vec![("own_sms".into(), 1)]),
+            (
+                "attention".into(),
+                vec![
+                    ("split_kv".into(), TUNED_SPLIT_KV),
+                    ("split_chunk".into(), DEFAULT_SPLIT_CHUNK as i64),
+                ],
+            ),
         ],
         fusion_grouping: vec![
             group(&["gemv", "add"]),
@@ -241,6 +298,10 @@ pub fn tuned_schedule() -> ScheduleConfig {
         ..ScheduleConfig::default()
     }
 }
+
+/// The tuned schedule's `attention.split_kv`: up to 16 splits a KV head, so that a Llama with
+/// 8 KV heads spreads its attention over 128 SMs at long context (docs/perf-notes.md round 26).
+pub const TUNED_SPLIT_KV: i64 = 16;
 
 /// The tuned schedule's `gemv.alternate_max_kb`: SmolLM2-135M's largest layer projection
 /// (gate/up, 3.4 MiB in bf16) alternates and gained 0.07 ms a token on the H100; TinyLlama's
@@ -285,7 +346,16 @@ const TILING_KEYS: &[(&str, &[&str])] = &[
         "gemv",
         &["N_tile", "base_width", "sm_multiple", "alternate_max_kb"],
     ),
-    ("attention", &["n_partitions", "kv_block", "own_sms"]),
+    (
+        "attention",
+        &[
+            "n_partitions",
+            "kv_block",
+            "own_sms",
+            "split_kv",
+            "split_chunk",
+        ],
+    ),
 ];
 
 fn check_config(cfg: &ScheduleConfig) -> Result<(), ModelError> {
@@ -576,6 +646,103 @@ impl Builder<'_> {
         )
     }
 
+    /// Layer `l`'s attention as ATTENTION_SPLIT tasks (`tiling.attention.split_kv`): one per
+    /// (KV head, split), every one reading the position `pos`, all writing one partials buffer
+    /// and signalling one counter; then the output projection as COMBINE_GEMV tiles, which
+    /// merge the partials themselves. Fused with the residual (`["gemv", "add"]`) the tiles
+    /// take `resid` as their bias (labels `L{l}.combine_o_add[i]`); otherwise they write
+    /// `L{l}.o` and an ADD follows. Returns the residual stream after the attention.
+    fn split_attention(
+        &mut self,
+        fuse_resid: bool,
+        (q, kc, vc, pos, waits): (BufferId, BufferId, BufferId, BufferId, &[(CounterId, i64)]),
+        (plan, scale): (SplitPlan, Value),
+        wo: BufferId,
+        (resid, h): (Val, u64),
+        l: usize,
+    ) -> Val {
+        let g = plan.geometry;
+        let partials = self.p.new_buffer(
+            format!("L{l}.partials"),
+            BufferKind::ACTIVATION,
+            DType::F32,
+            &[g.nkv, g.n_splits, g.rep(), g.hd + 2],
+        );
+        let shape = params(&[
+            ("head_dim", int(g.hd)),
+            ("n_heads", int(g.nh)),
+            ("n_kv_heads", int(g.nkv)),
+            ("n_splits", int(g.n_splits)),
+            ("chunk", int(g.chunk)),
+        ]);
+        let ctr = self.p.new_counter(format!("L{l}.attention ready"));
+        // Every split's share of the longest context: what the SM assignment balances.
+        let rows = plan.max_seq.div_ceil(g.n_splits);
+        let cost = (
+            2 * (rows * g.hd) as i64 * self.dbytes,
+            4 * (g.rep() * g.hd * rows) as i64,
+        );
+        for task in 0..g.nkv * g.n_splits {
+            let mut pr = shape.clone();
+            pr.insert("scale", scale.clone());
+            pr.insert("N_tile", int(g.tile()));
+            pr.insert("n_off", int(task * g.tile()));
+            let (kv_head, split) = (task / g.n_splits, task % g.n_splits);
+            self.task(
+                Opcode::ATTENTION_SPLIT,
+                &[q, kc, vc, pos],
+                partials,
+                ctr,
+                waits,
+                pr,
+                format!("L{l}.attn_split[{kv_head}.{split}]"),
+                cost,
+            );
+        }
+        let parts = Val {
+            buf: partials,
+            wait: (ctr, (g.nkv * g.n_splits) as i64),
+        };
+        let k = g.nh * g.hd;
+        let width = gemv_tile_width(self.cfg, h, self.num_sms);
+        let mut waits = vec![parts.wait];
+        let mut ins = vec![partials, wo];
+        let (out, label) = if fuse_resid {
+            ins.push(resid.buf);
+            waits.push(resid.wait);
+            (
+                self.act(format!("L{l}.h_mid"), &[1, h]),
+                format!("L{l}.combine_o_add"),
+            )
+        } else {
+            (
+                self.act(format!("L{l}.o"), &[1, h]),
+                format!("L{l}.combine_o"),
+            )
+        };
+        ins.push(pos);
+        let val = self.tiles(
+            Opcode::COMBINE_GEMV,
+            &ins,
+            &[out],
+            &waits,
+            &shape,
+            false,
+            (k, h, width, 1),
+            &label,
+        );
+        if fuse_resid {
+            return val;
+        }
+        self.residual_add(
+            resid,
+            val,
+            h,
+            &format!("L{l}.h_mid"),
+            &format!("L{l}.add_attn"),
+        )
+    }
+
     /// GEMV tiles of `x[1, k] @ w[n, k]^T (+ bias) -> out[1, n]` over `sms` SMs (all of them,
     /// or a share: [`sm_shares`]), one counter. The bias may be another task's output (a
     /// residual stream, with the wait on its counter), then waited for as well. A row with a
@@ -809,6 +976,15 @@ pub fn lower(
         )));
     }
 
+    let split = split_plan(cfg, target, mc, max_seq)?;
+    if split.is_some() && (fuse_attn || parts > 1) {
+        return Err(ModelError::Lower(
+            "tiling attention.split_kv spreads the attention over every SM: it excludes \
+             attention.n_partitions > 1 and the fusion group [\"attention\", \"gemv\"]"
+                .into(),
+        ));
+    }
+
     // `attention.own_sms = k`: the attention tasks run on the grid's last k SMs and nothing
     // else does, so every projection is tiled over the others (at least one SM stays for them).
     let grid = target.num_sms.max(1) as u64;
@@ -818,6 +994,13 @@ pub fn lower(
         .tile("attention", "own_sms")
         .map_or(0, |k| k.max(0) as u64)
         .min(grid - 1);
+    if split.is_some() && own_sms > 0 {
+        return Err(ModelError::Lower(
+            "tiling attention.split_kv spreads the attention over every SM: it excludes \
+             attention.own_sms"
+                .into(),
+        ));
+    }
     // `gemv.alternate_max_kb`: a model whose every layer projection is small enough is tiled for
     // half the SMs, and the SM assignment puts consecutive phases on disjoint SMs
     // ([`alternates`]). The LM head keeps every SM.
@@ -1050,7 +1233,16 @@ pub fn lower(
         };
         // The attention's params are a static window of the cache (all of it, or a split-KV
         // shard's fixed slice); the position input clips it to the rows written so far.
-        let hm = if fuse_attn {
+        let hm = if let Some(plan) = split {
+            b.split_attention(
+                fuse_resid,
+                (qr.buf, kc, vc, posb, &att_waits),
+                (plan, scale.clone()),
+                wo,
+                (resid, h),
+                l,
+            )
+        } else if fuse_attn {
             b.attention_proj(
                 fuse_resid,
                 (qr.buf, kc, vc, posb, &att_waits),
