@@ -239,8 +239,11 @@ compare)
     shift
     shapes=$(echo "${*:-smollm2-135m llama-3.2-1b llama-3.1-8b}" | tr ' ' ',')
     mkdir -p "${BENCH_OUT:-$AMK_HOME/bench}"
+    # COMPARE_ARGS: more bench/compare.py flags (e.g. --cache-per-position for a long-context
+    # sweep with the PyTorch cache as long as each position's).
+    # shellcheck disable=SC2086 # COMPARE_ARGS is a list of flags
     python3 bench/compare.py --amk "$AMK_HOME/amk" --shapes "$shapes" --pos "${POS:-0,511}" \
-        --json-out "${BENCH_OUT:-$AMK_HOME/bench}/compare.json"
+        --json-out "${BENCH_OUT:-$AMK_HOME/bench}/compare.json" ${COMPARE_ARGS:-}
     ;;
 *)
     sed -n '2,17p' "$0"

@@ -19,8 +19,8 @@ fn ops_list_json_has_every_builtin_opcode() {
     let rows = v.as_array().unwrap();
     assert_eq!(
         rows.len(),
-        25,
-        "the 20 ABI opcodes, our fused 20-23 and NEXT_TOKEN (24)"
+        27,
+        "the 20 ABI opcodes, our fused 20-23, NEXT_TOKEN (24), ATTENTION_SPLIT and COMBINE_GEMV (25, 26)"
     );
     for (i, row) in rows.iter().enumerate() {
         assert_eq!(row["code"], i);
@@ -55,6 +55,18 @@ fn ops_list_json_has_every_builtin_opcode() {
     assert_eq!(next["name"], "NEXT_TOKEN");
     assert_eq!(next["inputs"]["min"], 6);
     assert_eq!(next["outputs"], 4);
+    let split = &rows[25];
+    assert_eq!(split["name"], "ATTENTION_SPLIT");
+    assert_eq!(
+        (
+            split["inputs"]["min"].clone(),
+            split["inputs"]["max"].clone()
+        ),
+        (4.into(), 4.into())
+    );
+    let combine = &rows[26];
+    assert_eq!(combine["name"], "COMBINE_GEMV");
+    assert_eq!(combine["inputs"]["min"], 3);
 }
 
 #[test]
@@ -62,10 +74,11 @@ fn ops_list_prints_a_table() {
     let out = amk(&["ops", "list"]);
     assert_eq!(out.status.code(), Some(0));
     let text = String::from_utf8_lossy(&out.stdout);
-    assert_eq!(text.lines().count(), 26, "{text}");
+    assert_eq!(text.lines().count(), 28, "{text}");
     assert!(text.contains("ATTENTION_COMBINE") && text.contains("recipe:object"));
     assert!(text.contains("GATE_UP_SILU") && text.contains("QKV_ROPE_APPEND"));
     assert!(text.contains("ATTENTION_GEMV") && text.contains("NEXT_TOKEN"));
+    assert!(text.contains("ATTENTION_SPLIT") && text.contains("COMBINE_GEMV"));
 }
 
 #[test]

@@ -282,7 +282,9 @@ pub struct CudaSource {
 /// The operands of an op's weight-streaming loop ([`CudaSource::row_loop`]), as input indices.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct RowLoop {
-    /// The input holding the row the weights multiply.
+    /// The input holding the row the weights multiply, or, for an op that makes its row in
+    /// the tile (COMBINE_GEMV), an input of the row's dtype; the row's length is the task's
+    /// `K` param.
     pub row: usize,
     /// The inputs holding weight rows.
     pub weights: &'static [usize],

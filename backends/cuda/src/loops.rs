@@ -148,7 +148,10 @@ struct LoopRow {
     half: bool,
 }
 
-/// Every row-loop task of `program` whose row and first weight are buffers of it.
+/// Every row-loop task of `program` whose row and first weight are buffers of it. The row's
+/// length is the task's `K` param when it has one (every built-in row-loop op does): an op
+/// that makes its row in the tile (COMBINE_GEMV merges it from partials) names as its `row`
+/// an input of the row's dtype, not one of its length.
 fn loop_rows<'a>(
     program: &'a Program,
     registry: &'a Registry,
@@ -158,8 +161,12 @@ fn loop_rows<'a>(
         let rl = registry.cuda(t.op).and_then(|c| c.row_loop)?;
         let row = operand(program, t, rl.row)?;
         let w = rl.weights.first().and_then(|&i| operand(program, t, i))?;
+        let k = t
+            .param_i64("K")
+            .filter(|&k| k > 0)
+            .map_or(row.numel(), |k| k as u64);
         Some(LoopRow {
-            k: row.numel(),
+            k,
             ve: vector_width(w.dtype),
             nr: rl.unit_rows.max(1) as u32,
             half: half(row.dtype) && half(w.dtype),

@@ -701,7 +701,13 @@ fn logits_with_defines(
 #[test]
 fn loads_before_the_wait_give_the_same_bits() {
     let tuned = amk_model_llama::lower::tuned_schedule();
+    // The attention fused into the output projection: one attention a layer (on its own SM),
+    // not split over the SMs.
     let mut fused = tuned.clone();
+    fused.tiling.retain(|(g, _)| g != "attention");
+    fused
+        .tiling
+        .push(("attention".into(), vec![("own_sms".into(), 1)]));
     fused
         .fusion_grouping
         .push(vec!["attention".into(), "gemv".into()]);

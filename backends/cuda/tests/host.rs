@@ -1056,10 +1056,10 @@ fn the_fused_pass_is_sized_to_the_programs_rows() {
     let mut long = s.clone();
     let t = long
         .tasks
-        .iter()
+        .iter_mut()
         .find(|t| t.op == Opcode::GEMV_TILE)
-        .unwrap()
-        .clone();
+        .unwrap();
+    t.params.insert("K", amk_core::json::Value::Int(2048));
     let x = t.inputs[0] as usize;
     long.buffers[x].shape = vec![1, 2048];
     assert_eq!(fused_vecs(&long, &reg), 8);
@@ -1123,8 +1123,9 @@ fn the_fused_pass_is_sized_to_the_programs_rows() {
 }
 
 /// A program's kernel handles inline only the float dtypes its buffers hold: a bf16 program
-/// leaves out the F32 and F16 branches, an f32 one the 16-bit ones; the kernel of every op keeps
-/// all three; a user's define wins.
+/// (its attention on one SM: no F32 buffer) leaves out the F32 and F16 branches, an f32 one the
+/// 16-bit ones; a bf16 program whose attention is split over the SMs keeps the F32 branches
+/// for its F32 partials; the kernel of every op keeps all three; a user's define wins.
 #[test]
 fn a_program_kernel_handles_only_its_float_dtypes() {
     use amk_backend_cuda::CudaOptions;
@@ -1135,7 +1136,17 @@ fn a_program_kernel_handles_only_its_float_dtypes() {
         defines: Vec::new(),
         ..CudaOptions::default()
     };
-    let tuned = amk_model_llama::lower::tuned_schedule();
+    let split = amk_model_llama::lower::tuned_schedule();
+    let h = head(opts.knobs(Some(&smollm2_program(DType::BF16, &split)), &reg));
+    assert!(
+        h.contains("#define AMK_NO_F16 1\n") && !h.contains("AMK_NO_F32"),
+        "{h}"
+    );
+    let mut tuned = split.clone();
+    tuned.tiling.retain(|(g, _)| g != "attention");
+    tuned
+        .tiling
+        .push(("attention".into(), vec![("own_sms".into(), 1)]));
     let h = head(opts.knobs(Some(&smollm2_program(DType::BF16, &tuned)), &reg));
     assert!(
         h.contains("#define AMK_NO_F32 1\n") && h.contains("#define AMK_NO_F16 1\n"),

@@ -40,7 +40,7 @@ pub fn split_geometry(call: &CpuCall<'_, '_>) -> Result<SplitGeometry, OpError> 
         n_splits: size(call, "n_splits", false)?,
         chunk: size(call, "chunk", false)?,
     };
-    if g.nh % g.nkv != 0 {
+    if !g.nh.is_multiple_of(g.nkv) {
         return Err(OpError::BadParam {
             key: "n_kv_heads".into(),
             why: format!(
@@ -120,7 +120,10 @@ pub fn run(call: &mut CpuCall<'_, '_>) -> Result<(), OpError> {
             "the query and the caches must be floating point".into(),
         ));
     }
-    if q.numel() as u64 != g.nh * g.hd || kc.numel() != vc.numel() || kc.numel() as u64 % row != 0 {
+    if q.numel() as u64 != g.nh * g.hd
+        || kc.numel() != vc.numel()
+        || !(kc.numel() as u64).is_multiple_of(row)
+    {
         return Err(OpError::Shape(format!(
             "query {:?} and caches {:?}/{:?} do not fit {} heads of {} and rows of {row}",
             q.shape(),
@@ -234,9 +237,9 @@ pub fn combine(parts: &Tensor, g: &SplitGeometry, p: u64) -> Vec<f32> {
         let denom = l.max(1e-20);
         for (d, o) in out.iter_mut().enumerate() {
             let mut acc = 0f32;
-            for s in 0..active {
-                if ws[s] != 0.0 {
-                    acc += parts.get_f32(base(s) + d) * ws[s];
+            for (s, &w) in ws.iter().enumerate() {
+                if w != 0.0 {
+                    acc += parts.get_f32(base(s) + d) * w;
                 }
             }
             *o = acc / denom;
