@@ -243,6 +243,15 @@ pub fn clipped_len(kv_start: usize, kv_len: usize, p: u64) -> usize {
     upto.saturating_sub(kv_start).min(kv_len)
 }
 
+/// Elements `[start, start + len)` of `t` as f32: borrowed from an F32 tensor, converted
+/// otherwise.
+fn f32_range(t: &Tensor, start: usize, len: usize) -> std::borrow::Cow<'_, [f32]> {
+    match t.as_f32() {
+        Some(all) => std::borrow::Cow::Borrowed(&all[start..start + len]),
+        None => std::borrow::Cow::Owned((start..start + len).map(|i| t.get_f32(i)).collect()),
+    }
+}
+
 /// The attention of `g` over the operands, in fp32: `emit(i, v)` receives element `i` of the
 /// output layout (`[B, n_heads, head_dim]`, or `[B, n_heads, head_dim + 2]` partials), each
 /// once, before any cast.
@@ -255,15 +264,22 @@ pub fn attend(
 ) {
     let (hd, nh) = (g.hd, g.nh);
     let per_head = if g.partial { hd + 2 } else { hd };
-    let (qv, kv, vv) = (q.to_f32_vec(), kc.to_f32_vec(), vc.to_f32_vec());
+    let qv = q.to_f32_vec();
     let mut scores = vec![0f32; g.kv_len];
     let mut acc = vec![0f32; hd];
     for b in 0..g.batch {
+        // Only the window's rows: a decode step attends to the rows written so far, a sliver
+        // of a long cache.
+        let first = b * g.per_batch + g.kv_start * g.row;
+        let (kv, vv) = (
+            f32_range(kc, first, g.kv_len * g.row),
+            f32_range(vc, first, g.kv_len * g.row),
+        );
         for h in 0..nh {
             let qh = &qv[(b * nh + h) * hd..][..hd];
             let kvh = h / g.rep;
-            // Element offset of (batch b, cache row j, kv head kvh).
-            let at = |j: usize| b * g.per_batch + (g.kv_start + j) * g.row + kvh * hd;
+            // Offset in the window of (cache row kv_start + j, kv head kvh).
+            let at = |j: usize| j * g.row + kvh * hd;
             let mut m = f32::NEG_INFINITY;
             for (j, s) in scores.iter_mut().enumerate() {
                 let k = &kv[at(j)..][..hd];
