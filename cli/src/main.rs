@@ -42,14 +42,15 @@ enum Command {
     #[command(after_help = model_cmd::AFTER_HELP)]
     Lower(model_cmd::LowerArgs),
     /// Generate text from a model, streaming it token by token (greedy, or sampled with --temperature).
-    #[command(after_help = model_cmd::AFTER_HELP)]
+    // Negative numbers are values (`--temperature -1` reaches its range check), not flags.
+    #[command(after_help = model_cmd::AFTER_HELP, allow_negative_numbers = true)]
     Generate(model_cmd::GenerateArgs),
     /// Teacher-forced perplexity of a model on a text file.
-    #[command(after_help = model_cmd::AFTER_HELP)]
+    #[command(after_help = model_cmd::AFTER_HELP, allow_negative_numbers = true)]
     Perplexity(model_cmd::PerplexityArgs),
     /// Time one decode step on the GPU (median/p10/p90 over many launches) against the
     /// bandwidth floor, after a correctness gate against an f32 reference.
-    #[command(after_help = bench_cmd::AFTER_HELP)]
+    #[command(after_help = bench_cmd::AFTER_HELP, allow_negative_numbers = true)]
     Bench(bench_cmd::BenchArgs),
 }
 

@@ -225,7 +225,8 @@ Exit status:
   3  the backend failed while running
 
 generate and perplexity print one line on stderr naming the backend that runs and why:
-`backend: cpu`, `backend: cuda (DEVICE)` or `backend: cpu (cuda unavailable: REASON)`.
+`backend: cpu`, `backend: cuda (DEVICE)` or, on a build with the cuda feature that cannot open
+a GPU, `backend: cpu (cuda unavailable: REASON)`.
 
 With --json, stdout holds one JSON object (generate and perplexity include \"backend\"); on
 failure {\"error\": {\"kind\": ..., \"message\": ...}}.";

@@ -49,6 +49,10 @@ pub enum OpsCommand {
         /// Also each kernel with its trace points, the one `amk bench --trace` loads.
         #[arg(long)]
         traced: bool,
+        /// Print the kernels the selection names (`ARCH (WHAT)`, one a line) and compile
+        /// nothing; works on a build without the cuda feature.
+        #[arg(long)]
+        list: bool,
         /// Machine-readable output (one JSON object per kernel, in an array).
         #[arg(long)]
         json: bool,
@@ -162,6 +166,28 @@ struct Selection<'a> {
     shapes: &'a [String],
     configs: &'a [std::path::PathBuf],
     traced: bool,
+    /// Print the kernels instead of compiling them.
+    list: bool,
+}
+
+/// `--list`: the kernels a compile would build, one `ARCH (WHAT)` line each (or a JSON array
+/// of `{"arch", "for"}`), compiling nothing.
+fn list_jobs(jobs: &[Job<'_>], json: bool) -> ExitCode {
+    if json {
+        let rows: Vec<Value> = jobs
+            .iter()
+            .map(|(arch, what, _, _)| json!({"arch": arch, "for": what}))
+            .collect();
+        println!(
+            "{}",
+            serde_json::to_string_pretty(&Value::Array(rows)).unwrap_or_default()
+        );
+    } else {
+        for (arch, what, _, _) in jobs {
+            println!("{arch} ({what})");
+        }
+    }
+    ExitCode::SUCCESS
 }
 
 /// Compiles the kernels `archs` x `kinds` need (each distinct source once), as many at once as
@@ -179,6 +205,7 @@ fn compile(
         shapes,
         configs,
         traced,
+        list,
     } = *sel;
     let mut schedules = Vec::new();
     for c in configs {
@@ -235,6 +262,17 @@ fn compile(
             })
         })
         .collect();
+    if list {
+        return list_jobs(&jobs, json);
+    }
+    if !cfg!(feature = "cuda") {
+        eprintln!(
+            "amk: ops compile needs the CUDA backend, and this amk was built without the cuda \
+             feature: rebuild with `cargo build --release -p amk --features cuda` (--list shows \
+             the kernels it would compile)"
+        );
+        return ExitCode::from(2);
+    }
     if !json {
         eprintln!(
             "amk: compiling {} megakernel(s) (NVRTC; up to minutes each for a cold cache) ...",
@@ -357,6 +395,7 @@ pub fn run(cmd: &OpsCommand) -> ExitCode {
             shapes,
             configs,
             traced,
+            list,
             json,
         } => compile(
             &reg,
@@ -367,6 +406,7 @@ pub fn run(cmd: &OpsCommand) -> ExitCode {
                 shapes,
                 configs,
                 traced: *traced,
+                list: *list,
             },
             *json,
         ),

@@ -22,7 +22,8 @@ comma-separated numbers as the buffer has elements (row-major): integers for int
 (I32, I8, U8, I4 as a raw nibble 0..15, BOOL 0/1), finite decimals otherwise. The same inputs
 are used for every step; KV caches start zeroed and persist from step to step. The IO_OUTPUT
 buffers of the last step are printed. One line on stderr names the backend that runs and why:
-`backend: cpu`, `backend: cuda (DEVICE)` or `backend: cpu (cuda unavailable: REASON)`.
+`backend: cpu`, `backend: cuda (DEVICE)` or, on a build with the cuda feature that cannot open
+a GPU, `backend: cpu (cuda unavailable: REASON)`.
 
 Exit status:
   0  the program ran; its outputs are on stdout

@@ -363,6 +363,23 @@ fn bad_arguments_are_typed_errors_with_exit_2() {
         .output()
         .unwrap();
     expect_usage_error(&o, "prompt.txt");
+    // Negative numbers are values, not flags: the range checks answer, before any backend
+    // line.
+    let o = base()
+        .args(["--prompt", "hi", "--temperature", "-1"])
+        .output()
+        .unwrap();
+    expect_usage_error(&o, "temperature -1 must be a finite number >= 0");
+    assert!(
+        !String::from_utf8_lossy(&o.stderr).contains("backend:"),
+        "{}",
+        text(&o)
+    );
+    let o = base()
+        .args(["--prompt", "hi", "-n", "-1"])
+        .output()
+        .unwrap();
+    expect_usage_error(&o, "invalid value '-1'");
     // --json failures are one JSON object.
     let o = base()
         .args(["--prompt", "hi", "--dtype", "int3", "--json"])
