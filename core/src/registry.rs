@@ -277,6 +277,12 @@ pub struct CudaSource {
     /// for the (weight, row) dtype pairs a program's tasks name (docs/perf-notes.md round 17);
     /// an op that runs the loop without saying so still computes right, on the generic path.
     pub row_loop: Option<RowLoop>,
+    /// An F32 buffer that only such ops touch does not keep the kernel's inline F32 branches
+    /// (`AMK_IS_F32`, folded away when no other buffer is F32): the op reads and writes such
+    /// scratch (the split-KV partials of a bf16 program) through accesses that test the dtype
+    /// themselves (`amk_ldf32`, `att_st8`), and every folded branch has a fallback that is
+    /// right for any dtype, so a wrong declaration costs speed, never results.
+    pub f32_direct: bool,
 }
 
 /// The operands of an op's weight-streaming loop ([`CudaSource::row_loop`]), as input indices.
@@ -302,7 +308,15 @@ impl CudaSource {
             shared_bytes: 0,
             own_wait: false,
             row_loop: None,
+            f32_direct: false,
         }
+    }
+
+    /// The same source, touching F32 operands only through self-testing accesses
+    /// ([`CudaSource::f32_direct`]).
+    pub const fn with_f32_direct(mut self) -> Self {
+        self.f32_direct = true;
+        self
     }
 
     /// The same source with a shared-memory need.

@@ -85,9 +85,28 @@ impl FloatDtypes {
         bf16: true,
     };
 
-    /// The float dtypes `program`'s buffers hold.
-    pub fn of_program(program: &amk_core::ir::Program) -> FloatDtypes {
-        let has = |d: amk_core::ir::DType| program.buffers.iter().any(|b| b.dtype == d);
+    /// The float dtypes `program`'s buffers hold, leaving out buffers that only ops with
+    /// [`amk_core::CudaSource::f32_direct`] touch (an untouched buffer counts: the host may
+    /// still hand it to a task through a plugin it does not know).
+    pub fn of_program(program: &amk_core::ir::Program, registry: &Registry) -> FloatDtypes {
+        let direct = |op| registry.cuda(op).is_some_and(|c| c.f32_direct);
+        let n = program.buffers.len();
+        // Per buffer: some task touches it; some task of an op without f32_direct does.
+        let (mut used, mut branched) = (vec![false; n], vec![false; n]);
+        for t in &program.tasks {
+            for &b in t.inputs.iter().chain(&t.outputs) {
+                if let (Some(u), Some(br)) =
+                    (used.get_mut(b as usize), branched.get_mut(b as usize))
+                {
+                    *u = true;
+                    *br |= !direct(t.op);
+                }
+            }
+        }
+        let has = |d: amk_core::ir::DType| {
+            (program.buffers.iter().enumerate())
+                .any(|(i, b)| b.dtype == d && (branched[i] || !used[i]))
+        };
         FloatDtypes {
             f32: has(amk_core::ir::DType::F32),
             f16: has(amk_core::ir::DType::F16),

@@ -168,7 +168,7 @@ impl CudaOptions {
             };
             knobs.fused_exact = vecs.is_some_and(|v| loops::fused_exact(p, registry, v));
             knobs.row_pre = vecs.is_some_and(|v| loops::row_pre(p, registry, v));
-            knobs.floats = assemble::FloatDtypes::of_program(p);
+            knobs.floats = assemble::FloatDtypes::of_program(p, registry);
             knobs.quant = p
                 .buffers
                 .iter()

@@ -1123,9 +1123,10 @@ fn the_fused_pass_is_sized_to_the_programs_rows() {
 }
 
 /// A program's kernel handles inline only the float dtypes its buffers hold: a bf16 program
-/// (its attention on one SM: no F32 buffer) leaves out the F32 and F16 branches, an f32 one the
-/// 16-bit ones; a bf16 program whose attention is split over the SMs keeps the F32 branches
-/// for its F32 partials; the kernel of every op keeps all three; a user's define wins.
+/// leaves out the F32 and F16 branches — its attention split over the SMs too, whose F32
+/// partials only the split-KV ops touch (`CudaSource::f32_direct`) — and keeps them when an
+/// F32 buffer meets another op; an f32 one leaves out the 16-bit ones; the kernel of every op
+/// keeps all three; a user's define wins.
 #[test]
 fn a_program_kernel_handles_only_its_float_dtypes() {
     use amk_backend_cuda::CudaOptions;
@@ -1137,11 +1138,24 @@ fn a_program_kernel_handles_only_its_float_dtypes() {
         ..CudaOptions::default()
     };
     let split = amk_model_llama::lower::tuned_schedule();
-    let h = head(opts.knobs(Some(&smollm2_program(DType::BF16, &split)), &reg));
+    let split_bf16 = smollm2_program(DType::BF16, &split);
+    let h = head(opts.knobs(Some(&split_bf16), &reg));
     assert!(
-        h.contains("#define AMK_NO_F16 1\n") && !h.contains("AMK_NO_F32"),
+        h.contains("#define AMK_NO_F32 1\n") && h.contains("#define AMK_NO_F16 1\n"),
         "{h}"
     );
+    // The partials read by a COPY as well: the F32 branches stay.
+    let mut copied = split_bf16.clone();
+    let parts = (copied.buffers.iter())
+        .position(|b| b.name.ends_with(".partials"))
+        .unwrap() as u32;
+    let t = (copied.tasks.iter_mut())
+        .find(|t| t.op == Opcode::ATTENTION_SPLIT)
+        .unwrap();
+    t.op = Opcode::COPY;
+    t.inputs = vec![parts];
+    let h = head(opts.knobs(Some(&copied), &reg));
+    assert!(!h.contains("AMK_NO_F32"), "{h}");
     let mut tuned = split.clone();
     tuned.tiling.retain(|(g, _)| g != "attention");
     tuned

@@ -75,7 +75,8 @@ amk_core::inventory::submit! {
         reference: Some(Reference { run: reference::run, in_place: &[] }),
         cuda: Some(
             amk_core::CudaSource::builtin(include_str!("attention-split.cu"), "amk_op_attention_split")
-                .with_own_wait(),
+                .with_own_wait()
+                .with_f32_direct(),
         ),
     }
 }

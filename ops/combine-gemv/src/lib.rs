@@ -66,7 +66,8 @@ amk_core::inventory::submit! {
             amk_core::CudaSource::builtin(include_str!("combine-gemv.cu"), "amk_op_combine_gemv")
                 .with_shared(SHARED_BYTES)
                 .with_own_wait()
-                .with_row_loop(1, &[1], 1),
+                .with_row_loop(1, &[1], 1)
+                .with_f32_direct(),
         ),
     }
 }

@@ -392,6 +392,7 @@ fn read_op(p: &Path, i: usize, od: &OpDescriptorV1) -> Result<ReadOp, PluginErro
             shared_bytes: od.cuda_shared_bytes,
             own_wait: false,
             row_loop: None,
+            f32_direct: false,
         }),
         _ => {
             return Err(malformed(
