@@ -144,7 +144,8 @@ pub struct LowerArgs {
 pub struct GenerateArgs {
     #[command(flatten)]
     common: ModelArgs,
-    /// Prompt text.
+    /// Prompt text. Without it or --prompt-file the prompt is read from standard input (a
+    /// pipe or a file, not a terminal).
     #[arg(long, conflicts_with = "prompt_file")]
     prompt: Option<String>,
     /// File holding the prompt text.
@@ -488,7 +489,7 @@ fn generate_inner(a: &GenerateArgs) -> Result<(), ModelCmdError> {
         (Some(t), _) => t.clone(),
         (None, Some(f)) => std::fs::read_to_string(f)
             .map_err(|e| ModelCmdError::Usage(format!("{}: {e}", f.display())))?,
-        (None, None) => "The capital of France is".to_string(),
+        (None, None) => stdin_prompt()?,
     };
     let sampling = Sampling {
         temperature: a.temperature as f32,
@@ -605,6 +606,29 @@ fn finish_words(f: Finish) -> &'static str {
         Finish::ContextFull => "KV cache full",
         Finish::Cancelled => "cancelled",
     }
+}
+
+/// The prompt piped on standard input (`amk generate` without `--prompt` or `--prompt-file`);
+/// a usage error when standard input is a terminal (nothing to wait for: say what to give) or
+/// holds only whitespace.
+fn stdin_prompt() -> Result<String, ModelCmdError> {
+    use std::io::{IsTerminal, Read};
+    const HOW: &str =
+        "give --prompt TEXT or --prompt-file FILE, or pipe the prompt on standard input";
+    let mut stdin = std::io::stdin();
+    if stdin.is_terminal() {
+        return Err(ModelCmdError::Usage(format!("no prompt: {HOW}")));
+    }
+    let mut text = String::new();
+    stdin.read_to_string(&mut text).map_err(|e| {
+        ModelCmdError::Usage(format!("reading the prompt from standard input: {e}"))
+    })?;
+    if text.trim().is_empty() {
+        return Err(ModelCmdError::Usage(format!(
+            "no prompt: standard input was empty; {HOW}"
+        )));
+    }
+    Ok(text)
 }
 
 /// `amk perplexity`.

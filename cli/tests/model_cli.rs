@@ -380,6 +380,49 @@ fn bad_arguments_are_typed_errors_with_exit_2() {
         .output()
         .unwrap();
     expect_usage_error(&o, "invalid value '-1'");
+    // No prompt: none is made up. Standard input holds it, or the error says what to give.
+    let o = base()
+        .args(["-n", "1"])
+        .stdin(std::process::Stdio::null())
+        .output()
+        .unwrap();
+    expect_usage_error(
+        &o,
+        "no prompt: standard input was empty; give --prompt TEXT",
+    );
+    let mut child = base()
+        .args(["-n", "2", "--ignore-eos", "--json", "--backend", "cpu"])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    {
+        use std::io::Write;
+        let mut stdin = child.stdin.take().unwrap();
+        stdin.write_all(b"hello world").unwrap();
+    }
+    let piped = child.wait_with_output().unwrap();
+    assert!(piped.status.success(), "{}", text(&piped));
+    let given = base()
+        .args([
+            "--prompt",
+            "hello world",
+            "-n",
+            "2",
+            "--ignore-eos",
+            "--json",
+            "--backend",
+            "cpu",
+        ])
+        .output()
+        .unwrap();
+    assert_eq!(
+        json(&piped)["prompt_ids"],
+        json(&given)["prompt_ids"],
+        "{}",
+        text(&piped)
+    );
     // --json failures are one JSON object.
     let o = base()
         .args(["--prompt", "hi", "--dtype", "int3", "--json"])
