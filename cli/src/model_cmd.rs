@@ -524,7 +524,15 @@ fn generate_inner(a: &GenerateArgs) -> Result<(), ModelCmdError> {
     let mut stream = tok.decode_stream();
     let mut out = std::io::stdout();
     if !a.common.json {
-        write!(out, "{text}")?;
+        // A completion continues its prompt's text; a chat shows the user's turn on its own
+        // line(s), marked, and the reply below it.
+        if a.chat {
+            for line in text.lines() {
+                writeln!(out, "> {line}")?;
+            }
+        } else {
+            write!(out, "{text}")?;
+        }
         out.flush()?;
     }
     let mut stream_err = None;

@@ -573,6 +573,43 @@ fn default_model_reproduces_the_hf_continuation() {
     assert_eq!(v["generated_ids"].as_array().unwrap(), &want);
 }
 
+/// `--chat` shows turns as turns: the user's prompt on its own line, marked `> `, the reply on
+/// the next line (never glued onto the prompt), the summary saying why it stopped.
+#[test]
+fn chat_shows_the_user_turn_and_the_reply_apart() {
+    let mut c = amk();
+    c.args([
+        "generate",
+        "--chat",
+        "--prompt",
+        "What is the capital of France? Answer in one sentence.",
+        "-n",
+        "24",
+        "--max-seq",
+        "128",
+    ]);
+    if let Some(g) = std::env::var_os("AMK_TEST_GGUF") {
+        c.arg("--model").arg(g);
+    }
+    let o = c.output().unwrap();
+    assert!(o.status.success(), "{}", text(&o));
+    let out = String::from_utf8_lossy(&o.stdout);
+    let mut lines = out.lines();
+    assert_eq!(
+        lines.next(),
+        Some("> What is the capital of France? Answer in one sentence."),
+        "{out}"
+    );
+    let reply = lines.next().unwrap_or_default();
+    assert!(reply.contains("Paris"), "{out}");
+    assert!(!reply.contains("<|im_end|>"), "{out}");
+    assert!(
+        String::from_utf8_lossy(&o.stderr).contains("stopped at an end token"),
+        "{}",
+        text(&o)
+    );
+}
+
 #[test]
 fn sampling_is_seeded_and_checked() {
     let d = tiny_with_tokenizer("tiny-mqa", "sample");
