@@ -172,6 +172,10 @@ pub struct GenerateArgs {
     /// Seed of the sampler (the same seed gives the same text).
     #[arg(long, default_value_t = 0)]
     seed: u64,
+    /// Only the text on stdout: no backend line, prompt progress or summary on stderr
+    /// (errors still go there).
+    #[arg(short = 'q', long)]
+    quiet: bool,
     /// Execution backend: `cpu` (the CPU VM), `cuda` (the GPU megakernel; needs a build with
     /// `--features cuda` and a GPU) or `auto` (cuda when available, else cpu). The choice is
     /// reported on stderr.
@@ -215,6 +219,9 @@ pub struct PerplexityArgs {
     )]
     logits_at: Vec<usize>,
 }
+
+/// Prompts longer than this many tokens report their progress on the CPU VM.
+const PROGRESS_MIN_PROMPT: u64 = 32;
 
 /// Shown after the commands' `--help`.
 pub const AFTER_HELP: &str = "\
@@ -500,7 +507,10 @@ fn generate_inner(a: &GenerateArgs) -> Result<(), ModelCmdError> {
     sampling
         .check()
         .map_err(|e| ModelCmdError::Usage(e.to_string()))?;
-    let chosen = backend_choice::open(a.backend, a.threads)?;
+    let chosen = backend_choice::choose(a.backend, a.threads)?;
+    if !a.quiet {
+        eprintln!("{}", chosen.line);
+    }
     let reg = registry()?;
     let imported = import(&a.common, chosen.gpu_sms)?;
     let tok = tokenizer(&imported.model)?.clone();
@@ -546,20 +556,40 @@ fn generate_inner(a: &GenerateArgs) -> Result<(), ModelCmdError> {
         vocab_limit: Some(tok.vocab_size()),
         passes_per_launch: None,
     };
-    let generation = engine.generate(&request, &mut |t| {
-        if a.common.json || stop.contains(&t.id) {
-            return true;
-        }
-        match stream.step(t.id) {
-            Ok(Some(piece)) => {
-                let _ = write!(out, "{piece}");
-                let _ = out.flush();
+    // A long prompt on the CPU VM takes seconds to minutes: say how far it is, launch by
+    // launch (on a GPU it is one launch of well under a second).
+    let t_prompt = Instant::now();
+    let mut progress = |done: u64, total: u64| {
+        eprintln!(
+            "[prompt: {done}/{total} tokens, {:.1} s]",
+            t_prompt.elapsed().as_secs_f64()
+        );
+    };
+    let watch = (!a.common.json && !a.quiet && chosen.name() == "cpu")
+        .then_some(prompt_ids.len() as u64)
+        .filter(|&n| n > PROGRESS_MIN_PROMPT)
+        .map(|n| amk_engine::PromptWatch {
+            every: (n / 8).max(PROGRESS_MIN_PROMPT / 2),
+            on: &mut progress,
+        });
+    let generation = engine.generate_observed(
+        &request,
+        &mut |t| {
+            if a.common.json || stop.contains(&t.id) {
+                return true;
             }
-            Ok(None) => {}
-            Err(e) => stream_err = Some(e),
-        }
-        true
-    })?;
+            match stream.step(t.id) {
+                Ok(Some(piece)) => {
+                    let _ = write!(out, "{piece}");
+                    let _ = out.flush();
+                }
+                Ok(None) => {}
+                Err(e) => stream_err = Some(e),
+            }
+            true
+        },
+        watch,
+    )?;
     if let Some(e) = stream_err {
         return Err(e.into());
     }
@@ -590,6 +620,8 @@ fn generate_inner(a: &GenerateArgs) -> Result<(), ModelCmdError> {
             write!(out, "{piece}")?;
         }
         writeln!(out)?;
+    }
+    if !a.common.json && !a.quiet {
         eprintln!(
             "[{} prompt tokens in {:.2} s ({:.1} tok/s), {} generated ({}), decode {:.1} tok/s; import {:.2} s, load {:.2} s; backend {}]",
             prompt_ids.len(),

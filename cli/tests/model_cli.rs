@@ -675,3 +675,33 @@ fn lower_takes_the_named_schedules() {
         "the tuned schedule should change the tiling"
     );
 }
+
+/// A long prompt on the CPU VM reports its progress on stderr, launch by launch; `-q` leaves
+/// stderr empty (no backend line, progress or summary) and the text the same.
+#[test]
+fn cpu_prompt_progress_and_quiet() {
+    let d = tiny_with_tokenizer("tiny-gqa", "progress");
+    let run = |extra: &[&str]| {
+        let mut c = amk();
+        c.args(["generate", "--model"]).arg(&d).args([
+            "--prompt",
+            &"abcdefgh".repeat(8),
+            "-n",
+            "2",
+            "--ignore-eos",
+            "--backend",
+            "cpu",
+        ]);
+        c.args(extra).output().unwrap()
+    };
+    let o = run(&[]);
+    assert!(o.status.success(), "{}", text(&o));
+    let err = String::from_utf8_lossy(&o.stderr);
+    let steps: Vec<&str> = err.lines().filter(|l| l.starts_with("[prompt: ")).collect();
+    assert!(steps.len() >= 3, "{err}");
+    assert!(steps[0].starts_with("[prompt: 16/"), "{err}");
+    let q = run(&["-q"]);
+    assert!(q.status.success(), "{}", text(&q));
+    assert!(q.stderr.is_empty(), "{}", text(&q));
+    assert_eq!(q.stdout, o.stdout);
+}

@@ -30,6 +30,14 @@ pub struct Request<'a> {
     pub passes_per_launch: Option<u64>,
 }
 
+/// Who hears of the prompt's progress ([`Engine::generate_observed`]).
+pub struct PromptWatch<'a> {
+    /// At most this many passes a launch while the prompt is fed.
+    pub every: u64,
+    /// Called after each such launch with (prompt tokens fed, prompt tokens).
+    pub on: &'a mut dyn FnMut(u64, u64),
+}
+
 /// One generated token.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Token {
@@ -235,6 +243,20 @@ impl Engine {
         req: &Request<'_>,
         on_token: &mut dyn FnMut(&Token) -> bool,
     ) -> Result<Generation, EngineError> {
+        self.generate_observed(req, on_token, None)
+    }
+
+    /// [`Engine::generate`], telling `prompt` how far the prompt is: while the prompt is fed,
+    /// the loop runs at most `prompt.every` passes a launch and calls `prompt.on` with the
+    /// prompt tokens fed so far and their count after each launch. Why: on the CPU VM a long
+    /// prompt takes a minute, which a user should see move; a launch more every `every`
+    /// passes costs the GPU a few microseconds, the same tokens either way.
+    pub fn generate_observed(
+        &mut self,
+        req: &Request<'_>,
+        on_token: &mut dyn FnMut(&Token) -> bool,
+        mut prompt: Option<PromptWatch<'_>>,
+    ) -> Result<Generation, EngineError> {
         req.sampling.check()?;
         let n = req.prompt.len();
         if n == 0 {
@@ -297,8 +319,12 @@ impl Engine {
         };
         let mut run = amk_core::LoopRun::default();
         let mut kernel_ms: Option<f64> = None;
+        let fed = n as u64 - 1; // passes that feed a prompt token and emit nothing
         while run.passes < end - 1 && !run.halted && !run.cancelled {
-            let budget = (end - 1 - run.passes).min(chunk);
+            let mut budget = (end - 1 - run.passes).min(chunk);
+            if let Some(w) = prompt.as_ref().filter(|_| run.passes < fed) {
+                budget = budget.min(w.every.max(1)).min(fed - run.passes);
+            }
             // The pass after `run.passes` passes writes row `run.passes + 1`: every row before
             // it was reported by an earlier launch.
             let watch = RowWatch {
@@ -314,6 +340,9 @@ impl Engine {
             }
             if part.passes == 0 {
                 break;
+            }
+            if let Some(w) = prompt.as_mut().filter(|_| run.passes <= fed) {
+                (w.on)(run.passes, n as u64);
             }
         }
         out.passes = run.passes;

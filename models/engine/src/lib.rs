@@ -15,7 +15,7 @@ mod error;
 mod interface;
 mod sampling;
 
-pub use engine::{Engine, Finish, Generation, Request, Token, argmax, nll};
+pub use engine::{Engine, Finish, Generation, PromptWatch, Request, Token, argmax, nll};
 pub use error::EngineError;
 pub use interface::Interface;
 pub use sampling::Sampling;

@@ -271,3 +271,28 @@ fn a_program_without_a_decode_loop_is_refused_with_the_reason() {
         other => panic!("expected an interface error, got {other:?}"),
     }
 }
+
+/// A watched prompt reports its progress launch by launch — every `every` passes, counts that
+/// grow to the last prompt token — and gives the same tokens as an unwatched one.
+#[test]
+fn a_watched_prompt_reports_progress_and_changes_no_token() {
+    let mut e = engine(ScheduleConfig::default(), 32);
+    let want = ids(&mut e, &request(PROMPT, 6, &[])).0;
+    let mut seen: Vec<(u64, u64)> = Vec::new();
+    let mut on = |done: u64, total: u64| seen.push((done, total));
+    let watch = amk_engine::PromptWatch {
+        every: 2,
+        on: &mut on,
+    };
+    let g = e
+        .generate_observed(&request(PROMPT, 6, &[]), &mut |_| true, Some(watch))
+        .unwrap();
+    let got: Vec<u32> = g.tokens.iter().map(|t| t.id).collect();
+    assert_eq!(got, want);
+    let n = PROMPT.len() as u64;
+    let want_seen: Vec<(u64, u64)> = (1..n)
+        .filter(|k| k % 2 == 0 || *k == n - 1)
+        .map(|k| (k, n))
+        .collect();
+    assert_eq!(seen, want_seen);
+}
