@@ -13,9 +13,35 @@ mod validate_cmd;
 use clap::{Parser, Subcommand};
 use std::process::ExitCode;
 
+/// The build features, as `amk --version` lists them.
+#[cfg(feature = "cuda")]
+macro_rules! features {
+    () => {
+        "cuda"
+    };
+}
+/// The build features, as `amk --version` lists them.
+#[cfg(not(feature = "cuda"))]
+macro_rules! features {
+    () => {
+        "none (CPU VM only; --features cuda adds the GPU backend)"
+    };
+}
+
+/// `amk --version`: the version, the commit it was built from and the features compiled in
+/// (the CUDA backend is a build feature, so a bug report needs to say which build).
+const VERSION: &str = concat!(
+    env!("CARGO_PKG_VERSION"),
+    " (commit ",
+    env!("AMK_COMMIT"),
+    ", features: ",
+    features!(),
+    ")"
+);
+
 /// amk: compile Llama-family models into one statically checked CUDA megakernel.
 #[derive(Parser)]
-#[command(name = "amk", version, about, long_about = None)]
+#[command(name = "amk", version = VERSION, about, long_about = None)]
 struct Cli {
     /// Load an op plugin (a shared library) before running the command; repeatable. Plugins
     /// listed in the `AMK_PLUGINS` environment variable (`:`-separated) are loaded first.
@@ -52,6 +78,12 @@ enum Command {
     /// bandwidth floor, after a correctness gate against an f32 reference.
     #[command(after_help = bench_cmd::AFTER_HELP, allow_negative_numbers = true)]
     Bench(bench_cmd::BenchArgs),
+    /// Print a shell completion script (e.g. `amk completions bash > ~/.local/share/bash-completion/completions/amk`).
+    Completions {
+        /// The shell: bash, zsh, fish, elvish or powershell.
+        #[arg(value_enum)]
+        shell: clap_complete::Shell,
+    },
 }
 
 fn main() -> ExitCode {
@@ -65,5 +97,10 @@ fn main() -> ExitCode {
         Command::Generate(args) => model_cmd::run_generate(&args),
         Command::Perplexity(args) => model_cmd::run_perplexity(&args),
         Command::Bench(args) => bench_cmd::run(&args),
+        Command::Completions { shell } => {
+            use clap::CommandFactory;
+            clap_complete::generate(shell, &mut Cli::command(), "amk", &mut std::io::stdout());
+            ExitCode::SUCCESS
+        }
     }
 }

@@ -242,3 +242,28 @@ fn ops_compile_without_cuda_refuses_once() {
     assert_eq!(err.lines().count(), 1, "{err}");
     assert!(err.contains("--features cuda"), "{err}");
 }
+
+/// `--version` names the commit and the build's features.
+#[test]
+fn version_names_the_commit_and_the_features() {
+    let out = amk(&["--version"]);
+    assert_eq!(out.status.code(), Some(0));
+    let v = String::from_utf8_lossy(&out.stdout);
+    assert!(v.starts_with("amk 0."), "{v}");
+    assert!(v.contains("(commit ") && v.contains(", features: "), "{v}");
+    assert_eq!(v.contains("features: cuda"), cfg!(feature = "cuda"), "{v}");
+}
+
+/// `completions SHELL` prints a completion script that knows the subcommands; an unknown shell
+/// is a usage error.
+#[test]
+fn completions_know_the_subcommands() {
+    let out = amk(&["completions", "bash"]);
+    assert_eq!(out.status.code(), Some(0));
+    let script = String::from_utf8_lossy(&out.stdout);
+    for word in ["generate", "perplexity", "bench", "--max-tokens"] {
+        assert!(script.contains(word), "{word}");
+    }
+    let out = amk(&["completions", "tcsh"]);
+    assert_eq!(out.status.code(), Some(2));
+}

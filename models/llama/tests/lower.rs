@@ -1465,3 +1465,33 @@ fn tuned_own_sm() -> ScheduleConfig {
         .push(("attention".into(), vec![("own_sms".into(), 1)]));
     sc
 }
+
+/// The long contexts `amk bench --pos` reaches: the 1B and 8B shapes lowered with a
+/// 32,768-row cache under the tuned (split-KV) schedule validate, each split covering at most
+/// 2,048 rows there.
+#[rstest]
+#[case::llama_1b("llama-3.2-1b")]
+#[case::llama_8b("llama-3.1-8b")]
+fn split_kv_lowers_for_a_32k_cache(#[case] shape: &str) {
+    use amk_model_llama::presets;
+    let reg = amk_ops::registry().unwrap();
+    let target = GpuTarget::by_name("h100").unwrap();
+    let m = Model::shape_only(presets::preset(shape).unwrap(), shape);
+    let opts = LowerOptions {
+        dtype: DType::BF16,
+        max_seq: Some(32768),
+        ..LowerOptions::default()
+    };
+    let lowered = lower(&m, &tuned_schedule(), &target, &opts).unwrap();
+    assert_eq!(lowered.max_seq, 32768);
+    let v = amk_core::validate_owned(lowered.program, &reg)
+        .map_err(|r| r.report())
+        .unwrap();
+    let split = (v.program().tasks.iter())
+        .find(|t| t.op == Opcode::ATTENTION_SPLIT)
+        .unwrap();
+    let n_splits = split.param_i64("n_splits").unwrap() as u64;
+    let chunk = split.param_i64("chunk").unwrap() as u64;
+    assert_eq!(n_splits, 16);
+    assert!(op_attention_split::split_size(32767, n_splits, chunk) <= 2048);
+}
