@@ -124,7 +124,8 @@ pub struct ModelArgs {
     /// Weight, activation and KV-cache dtype: f32, f16 or bf16.
     #[arg(long, default_value = "f32")]
     dtype: String,
-    /// KV-cache length (default 4096, capped by the model's max_position_embeddings).
+    /// KV-cache length: prompt and generated tokens together (default 4096, or the model's
+    /// max_position_embeddings when smaller; at most max_position_embeddings).
     #[arg(long, value_name = "N")]
     max_seq: Option<u64>,
     /// Machine-readable output on stdout.
@@ -551,6 +552,14 @@ fn generate_inner(a: &GenerateArgs) -> Result<(), ModelCmdError> {
     } else {
         tok.stop_ids()
     };
+    // Refused before anything is printed: a prompt the cache cannot hold.
+    if prompt_ids.len() as u64 > engine.max_seq() {
+        return Err(EngineError::ContextFull {
+            prompt: prompt_ids.len(),
+            max_seq: engine.max_seq(),
+        }
+        .into());
+    }
     let mut stream = tok.decode_stream();
     let mut out = std::io::stdout();
     if !a.common.json {

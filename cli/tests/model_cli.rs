@@ -331,6 +331,27 @@ fn bad_arguments_are_typed_errors_with_exit_2() {
         .output()
         .unwrap();
     expect_usage_error(&o, "KV cache");
+    assert!(
+        o.stdout.is_empty(),
+        "nothing printed before the refusal: {}",
+        text(&o)
+    );
+    // A budget beyond the cache generates until the cache is full, and says so.
+    let o = base()
+        .args([
+            "--prompt",
+            "hi",
+            "-n",
+            "100000",
+            "--max-seq",
+            "8",
+            "--ignore-eos",
+            "--json",
+        ])
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", text(&o));
+    assert_eq!(json(&o)["finish"], "context_full", "{}", text(&o));
     let o = base()
         .args(["--prompt", "hi", "--max-seq", "4000"])
         .output()
