@@ -86,6 +86,17 @@ enum Command {
     },
 }
 
+/// `error` prefixed with `path`, unless its message names the path already (an I/O error
+/// does): every error names its file once.
+pub(crate) fn with_path(path: &std::path::Path, error: &dyn std::fmt::Display) -> String {
+    let (p, e) = (path.display().to_string(), error.to_string());
+    if e.contains(&p) {
+        e
+    } else {
+        format!("{p}: {e}")
+    }
+}
+
 fn main() -> ExitCode {
     let cli = Cli::parse();
     registry::set_plugins(&cli.plugins);

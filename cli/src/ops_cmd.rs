@@ -212,7 +212,7 @@ fn compile(
         match crate::model_cmd::schedule_config(Some(c), true) {
             Ok((cfg, name)) => schedules.push((name, cfg)),
             Err(e) => {
-                eprintln!("amk: --config {e}");
+                eprintln!("error: --config {e}");
                 return ExitCode::from(2);
             }
         }
@@ -234,7 +234,7 @@ fn compile(
             Kind::Model(dt) => match llama_programs(dt, shapes, &schedules) {
                 Ok(ps) => programs.extend(ps.into_iter().map(|(n, p)| (n, Some(p)))),
                 Err(e) => {
-                    eprintln!("amk: lowering the {} programs: {e}", dt.name());
+                    eprintln!("error: lowering the {} programs: {e}", dt.name());
                     return ExitCode::from(1);
                 }
             },
@@ -267,7 +267,7 @@ fn compile(
     }
     if !cfg!(feature = "cuda") {
         eprintln!(
-            "amk: ops compile needs the CUDA backend, and this amk was built without the cuda \
+            "error: ops compile needs the CUDA backend, and this amk was built without the cuda \
              feature: rebuild with `cargo build --release -p amk --features cuda` (--list shows \
              the kernels it would compile)"
         );
@@ -275,7 +275,7 @@ fn compile(
     }
     if !json {
         eprintln!(
-            "amk: compiling {} megakernel(s) (NVRTC; up to minutes each for a cold cache) ...",
+            "compiling {} megakernel(s) (NVRTC; up to minutes each for a cold cache) ...",
             jobs.len()
         );
     }
@@ -322,7 +322,7 @@ fn compile(
                 }
             }
             Err(e) => {
-                eprintln!("amk: {arch} ({what}): {e}");
+                eprintln!("error: {arch} ({what}): {e}");
                 status = ExitCode::from(1);
             }
         }
@@ -383,7 +383,7 @@ pub fn run(cmd: &OpsCommand) -> ExitCode {
     let reg = match crate::registry::registry() {
         Ok(r) => r,
         Err(e) => {
-            eprintln!("amk: {e}");
+            eprintln!("error: {e}");
             return ExitCode::from(2);
         }
     };

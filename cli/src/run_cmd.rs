@@ -72,7 +72,7 @@ pub enum RunError {
     #[error("{0}")]
     Registry(crate::registry::RegistryError),
     /// The program file could not be read or parsed.
-    #[error("{}: {source}", path.display())]
+    #[error("{}", crate::with_path(path, source))]
     Load {
         /// File.
         path: PathBuf,
@@ -451,7 +451,7 @@ pub fn run(args: &Args) -> ExitCode {
         Ok(o) => {
             if !o.unused.is_empty() {
                 eprintln!(
-                    "amk run: warning: {} weights tensor(s) not used by any buffer: {}",
+                    "warning: {} weights tensor(s) not used by any buffer: {}",
                     o.unused.len(),
                     o.unused.join(", ")
                 );
@@ -471,12 +471,12 @@ pub fn run(args: &Args) -> ExitCode {
                     let _ = writeln!(out, "{e}");
                 }
                 eprintln!(
-                    "amk run: error: {}: rejected by the validator ({} error(s))",
+                    "error: {}: rejected by the validator ({} error(s))",
                     path.display(),
                     result.errors.len()
                 );
             } else {
-                eprintln!("amk run: error: {e}");
+                eprintln!("error: {e}");
             }
             if args.json {
                 let _ = writeln!(out, "{}", error_json(&e));

@@ -91,7 +91,7 @@ pub fn run(args: &Args) -> ExitCode {
     let reg = match crate::registry::registry() {
         Ok(r) => r,
         Err(e) => {
-            eprintln!("amk: {e}");
+            eprintln!("error: {e}");
             return ExitCode::from(2);
         }
     };
@@ -110,11 +110,13 @@ pub fn run(args: &Args) -> ExitCode {
         if args.json {
             docs.push(outcome_json(file, &o));
         } else {
-            let line = match &o {
-                Outcome::Loaded(r) => format!("{}: {}", file.display(), r.report()),
-                Outcome::LoadFailed(e) => format!("{}: [LOAD ERROR] {e}", file.display()),
-            };
-            let _ = writeln!(out, "{line}");
+            match &o {
+                Outcome::Loaded(r) => {
+                    let _ = writeln!(out, "{}: {}", file.display(), r.report());
+                }
+                // Not a verdict: an error, on stderr like every command's, naming the file once.
+                Outcome::LoadFailed(e) => eprintln!("error: {}", crate::with_path(file, e)),
+            }
         }
     }
     if args.json {

@@ -362,6 +362,11 @@ fn bad_arguments_are_typed_errors_with_exit_2() {
         .output()
         .unwrap();
     expect_usage_error(&o, "--dtype");
+    assert!(
+        !String::from_utf8_lossy(&o.stderr).contains("backend:"),
+        "an argument error comes before the backend line: {}",
+        text(&o)
+    );
     let o = base()
         .args(["--prompt", "hi", "--target", "tpu"])
         .output()

@@ -79,10 +79,17 @@ fn exit_codes_follow_the_contract() {
         .output()
         .unwrap();
     assert_eq!(load.status.code(), Some(2));
-    let text = String::from_utf8_lossy(&load.stdout);
+    let text = String::from_utf8_lossy(&load.stderr);
     assert!(
-        text.contains("broken.json") && text.contains("$.tasks[0].id"),
+        text.starts_with("error: ")
+            && text.contains("broken.json")
+            && text.contains("$.tasks[0].id"),
         "{text}"
+    );
+    assert_eq!(
+        text.matches("broken.json").count(),
+        1,
+        "the path once: {text}"
     );
 
     let missing = amk()
