@@ -192,8 +192,8 @@ pub struct GenerateArgs {
     /// reported on stderr.
     #[arg(long, value_enum, default_value_t = BackendKind::Auto)]
     backend: BackendKind,
-    /// Worker threads of the CPU backend.
-    #[arg(long, default_value_t = 1)]
+    /// Worker threads of the CPU backend (at least 1).
+    #[arg(long, default_value_t = 1, value_parser = parse_threads)]
     threads: usize,
 }
 
@@ -210,8 +210,8 @@ pub struct PerplexityArgs {
     /// reported on stderr.
     #[arg(long, value_enum, default_value_t = BackendKind::Auto)]
     backend: BackendKind,
-    /// Worker threads of the CPU backend.
-    #[arg(long, default_value_t = 1)]
+    /// Worker threads of the CPU backend (at least 1).
+    #[arg(long, default_value_t = 1, value_parser = parse_threads)]
     threads: usize,
     /// Score only the text's first N tokens.
     #[arg(long, value_name = "N")]
@@ -229,6 +229,15 @@ pub struct PerplexityArgs {
         requires = "logits_out"
     )]
     logits_at: Vec<usize>,
+}
+
+/// `--threads N`: a positive count (0 was silently taken as 1).
+fn parse_threads(s: &str) -> Result<usize, String> {
+    match s.parse::<usize>() {
+        Ok(0) => Err("must be at least 1".into()),
+        Ok(n) => Ok(n),
+        Err(e) => Err(e.to_string()),
+    }
 }
 
 /// Prompts longer than this many tokens report their progress on the CPU VM.

@@ -406,6 +406,11 @@ fn bad_arguments_are_typed_errors_with_exit_2() {
         .output()
         .unwrap();
     expect_usage_error(&o, "invalid value '-1'");
+    let o = base()
+        .args(["--prompt", "hi", "--threads", "0"])
+        .output()
+        .unwrap();
+    expect_usage_error(&o, "must be at least 1");
     // No prompt: none is made up. Standard input holds it, or the error says what to give.
     let o = base()
         .args(["-n", "1"])
