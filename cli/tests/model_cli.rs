@@ -766,3 +766,70 @@ fn a_broken_model_file_is_named() {
         "{v}"
     );
 }
+
+/// The keys of `generate --json` and `perplexity --json` are the ones README.md documents.
+#[test]
+fn json_outputs_match_the_readme() {
+    let readme =
+        std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("../README.md"))
+            .unwrap();
+    // The documented object: from its first key to the closing brace.
+    let keys_in = |start: &str, end: &str| -> Vec<String> {
+        let from = readme
+            .find(start)
+            .unwrap_or_else(|| panic!("README lacks {start}"));
+        let doc = &readme[from..];
+        let doc = &doc[..doc.find(end).map_or(doc.len(), |i| i + end.len())];
+        let mut keys: Vec<String> = doc
+            .split('"')
+            .collect::<Vec<_>>()
+            .windows(2)
+            .filter(|w| {
+                let after = w.get(1).copied().unwrap_or_default();
+                !w[0].is_empty()
+                    && (after.starts_with(':') || after.starts_with(',') || after.starts_with('}'))
+            })
+            .map(|w| w[0].to_string())
+            .filter(|k| k.chars().all(|c| c.is_ascii_lowercase() || c == '_'))
+            .collect();
+        keys.sort();
+        keys.dedup();
+        keys
+    };
+    let d = tiny_with_tokenizer("tiny-gqa", "readme");
+    let keys_of = |o: &Output| -> Vec<String> {
+        let mut k: Vec<String> = json(o).as_object().unwrap().keys().cloned().collect();
+        k.sort();
+        k
+    };
+    let generated = amk()
+        .args([
+            "generate",
+            "--prompt",
+            "hi",
+            "-n",
+            "2",
+            "--json",
+            "--backend",
+            "cpu",
+            "--model",
+        ])
+        .arg(&d)
+        .output()
+        .unwrap();
+    assert!(generated.status.success(), "{}", text(&generated));
+    let mut want = keys_in("{\"prompt_ids\"", "}`");
+    want.retain(|k| !["stop", "length", "context_full", "cpu", "cuda"].contains(&k.as_str()));
+    assert_eq!(keys_of(&generated), want);
+    let f = d.join("ppl.txt");
+    std::fs::write(&f, "hello world, hello again").unwrap();
+    let ppl = amk()
+        .args(["perplexity", "--json", "--backend", "cpu", "--text-file"])
+        .arg(&f)
+        .arg("--model")
+        .arg(&d)
+        .output()
+        .unwrap();
+    assert!(ppl.status.success(), "{}", text(&ppl));
+    assert_eq!(keys_of(&ppl), keys_in("{\"tokens\"", "}"));
+}
