@@ -61,8 +61,8 @@ pub struct BenchArgs {
     #[arg(long, value_name = "N")]
     pub max_seq: Option<u64>,
     /// ScheduleConfig JSON (tiling, fusion_grouping, sm_assignment, ...), or `default` (the
-    /// reference tiling) or `tuned`. Default: the tuned schedule (every projection split over
-    /// all SMs, the fused decode opcodes: five phases per layer).
+    /// reference tiling) or `tuned`. Default: the tuned schedule (every projection and the
+    /// attention split over all SMs, the fused decode opcodes: five phases per layer).
     #[arg(long, value_name = "cfg.json|default|tuned")]
     pub config: Option<PathBuf>,
     /// GPU target the schedule is laid out for; its SM count is replaced by the device's.

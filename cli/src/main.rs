@@ -65,7 +65,7 @@ enum Command {
     #[command(after_help = run_cmd::AFTER_HELP)]
     Run(run_cmd::Args),
     /// Import a model and lower it to a validated decode program (JSON).
-    #[command(after_help = model_cmd::AFTER_HELP)]
+    #[command(after_help = model_cmd::LOWER_AFTER_HELP)]
     Lower(model_cmd::LowerArgs),
     /// Generate text from a model, streaming it token by token (greedy, or sampled with --temperature).
     // Negative numbers are values (`--temperature -1` reaches its range check), not flags.

@@ -243,13 +243,23 @@ fn parse_threads(s: &str) -> Result<usize, String> {
 /// Prompts longer than this many tokens report their progress on the CPU VM.
 const PROGRESS_MIN_PROMPT: u64 = 32;
 
-/// Shown after the commands' `--help`.
+/// Shown after `amk lower --help`.
+pub const LOWER_AFTER_HELP: &str = "\
+Exit status:
+  0  success: the program (and with --weights-out its weights) written
+  1  the lowered program was rejected by the validator (a bug: please report it)
+  2  bad invocation or input: unreadable or unsupported model, bad config, unwritable output
+
+With --json, stdout holds one JSON object describing the program; on failure
+{\"error\": {\"kind\": ..., \"message\": ...}}. docs/cli.md has every command.";
+
+/// Shown after `amk generate --help` and `amk perplexity --help`.
 pub const AFTER_HELP: &str = "\
 Exit status:
   0  success
   1  the lowered program was rejected by the validator (a bug: please report it)
   2  bad invocation or input: unreadable or unsupported model, bad config, prompt too long,
-     --backend cuda where this build or machine has no CUDA backend, ...
+     the cuda backend asked for where this build or machine has none, ...
   3  the backend failed while running
 
 generate and perplexity print one line on stderr naming the backend that runs and why:

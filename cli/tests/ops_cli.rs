@@ -267,3 +267,57 @@ fn completions_know_the_subcommands() {
     let out = amk(&["completions", "tcsh"]);
     assert_eq!(out.status.code(), Some(2));
 }
+
+/// docs/cli.md is the reference `--help` agrees with: every flag a command's `--help` lists
+/// (but `--help` and the global `--plugin`, described once) appears in that command's section.
+#[test]
+fn cli_reference_lists_every_flag() {
+    let doc = std::fs::read_to_string(
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../docs/cli.md"),
+    )
+    .unwrap();
+    let section = |title: &str| -> String {
+        let start = doc
+            .find(&format!("## `amk {title}"))
+            .unwrap_or_else(|| panic!("docs/cli.md has no section for {title}"));
+        let rest = &doc[start + 3..];
+        rest[..rest.find("\n## ").unwrap_or(rest.len())].to_string()
+    };
+    for (args, title) in [
+        (&["generate"][..], "generate"),
+        (&["perplexity"][..], "perplexity"),
+        (&["bench"][..], "bench"),
+        (&["lower"][..], "lower"),
+        (&["validate"][..], "validate"),
+        (&["run"][..], "run"),
+        (&["ops", "list"][..], "ops list"),
+        (&["ops", "compile"][..], "ops list"),
+        (&["completions"][..], "completions"),
+    ] {
+        let mut a = args.to_vec();
+        a.push("--help");
+        let out = amk(&a);
+        assert_eq!(out.status.code(), Some(0), "{args:?}");
+        let help = String::from_utf8_lossy(&out.stdout);
+        let text = section(title);
+        for flag in help
+            .lines()
+            // option lines only (`  -n, --max-tokens <N>`, `      --json`), not descriptions
+            .filter(|l| l.trim_start().starts_with('-'))
+            .filter_map(|l| {
+                l.trim_start()
+                    .split_whitespace()
+                    .find(|w| w.starts_with("--"))
+            })
+            .map(|w| w.trim_end_matches(',').to_string())
+            .filter(|f| f != "--help" && f != "--plugin")
+        {
+            assert!(
+                text.contains(&format!("`{flag}"))
+                    || text.contains(&format!(", `{flag}"))
+                    || text.contains(&format!("{flag} ")),
+                "docs/cli.md `amk {title}` does not list {flag}"
+            );
+        }
+    }
+}
