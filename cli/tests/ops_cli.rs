@@ -304,11 +304,7 @@ fn cli_reference_lists_every_flag() {
             .lines()
             // option lines only (`  -n, --max-tokens <N>`, `      --json`), not descriptions
             .filter(|l| l.trim_start().starts_with('-'))
-            .filter_map(|l| {
-                l.trim_start()
-                    .split_whitespace()
-                    .find(|w| w.starts_with("--"))
-            })
+            .filter_map(|l| l.split_whitespace().find(|w| w.starts_with("--")))
             .map(|w| w.trim_end_matches(',').to_string())
             .filter(|f| f != "--help" && f != "--plugin")
         {
