@@ -180,7 +180,7 @@ fn list_jobs(jobs: &[Job<'_>], json: bool) -> ExitCode {
             .collect();
         println!(
             "{}",
-            serde_json::to_string_pretty(&Value::Array(rows)).unwrap_or_default()
+            serde_json::to_string(&Value::Array(rows)).unwrap_or_default()
         );
     } else {
         for (arch, what, _, _) in jobs {
@@ -328,7 +328,7 @@ fn compile(
         }
     }
     if json {
-        let doc = serde_json::to_string_pretty(&Value::Array(out)).unwrap_or_default();
+        let doc = serde_json::to_string(&Value::Array(out)).unwrap_or_default();
         println!("{doc}");
     }
     status
@@ -413,7 +413,7 @@ pub fn run(cmd: &OpsCommand) -> ExitCode {
         OpsCommand::List { json } => {
             if *json {
                 let doc = Value::Array(rows(&reg));
-                println!("{}", serde_json::to_string_pretty(&doc).unwrap_or_default());
+                println!("{}", serde_json::to_string(&doc).unwrap_or_default());
             } else {
                 println!(
                     "{:>4}  {:<18} {:<6} {:<4} {:<4} {:<4} {:<9} required params",

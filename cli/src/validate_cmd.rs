@@ -125,11 +125,7 @@ pub fn run(args: &Args) -> ExitCode {
         } else {
             Value::Array(docs)
         };
-        let _ = writeln!(
-            out,
-            "{}",
-            serde_json::to_string_pretty(&doc).unwrap_or_default()
-        );
+        let _ = writeln!(out, "{}", serde_json::to_string(&doc).unwrap_or_default());
     }
     if out.flush().is_err() {
         return ExitCode::from(2);
