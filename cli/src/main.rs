@@ -47,6 +47,10 @@ struct Cli {
     /// listed in the `AMK_PLUGINS` environment variable (`:`-separated) are loaded first.
     #[arg(long = "plugin", value_name = "PATH", global = true)]
     plugins: Vec<std::path::PathBuf>,
+    /// Log what the command does on stderr: -v at info level (import, lowering, loading), -vv
+    /// at debug. `RUST_LOG` (e.g. `RUST_LOG=amk=debug`) overrides it.
+    #[arg(short = 'v', long = "verbose", action = clap::ArgAction::Count, global = true)]
+    verbose: u8,
     #[command(subcommand)]
     command: Command,
 }
@@ -97,8 +101,27 @@ pub(crate) fn with_path(path: &std::path::Path, error: &dyn std::fmt::Display) -
     }
 }
 
+/// Logs to stderr at the level `-v` asks for (warnings only without it), unless `RUST_LOG`
+/// says otherwise.
+fn init_logging(verbose: u8) {
+    use tracing_subscriber::EnvFilter;
+    let level = match verbose {
+        0 => "warn",
+        1 => "info",
+        _ => "debug",
+    };
+    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(level));
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .with_target(false)
+        .without_time()
+        .try_init();
+}
+
 fn main() -> ExitCode {
     let cli = Cli::parse();
+    init_logging(cli.verbose);
     registry::set_plugins(&cli.plugins);
     match cli.command {
         Command::Validate(args) => validate_cmd::run(&args),

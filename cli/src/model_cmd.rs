@@ -398,6 +398,23 @@ fn import(a: &ModelArgs, gpu_sms: Option<usize>) -> Result<Imported, ModelCmdErr
     let path = resolve_model(a.model.as_deref(), a.json)?;
     let t0 = Instant::now();
     let model = import_model(&path)?;
+    let c = &model.config;
+    tracing::info!(
+        "imported {} in {:.2} s: {} layers, hidden {}, {} heads ({} KV), vocab {}",
+        path.display(),
+        t0.elapsed().as_secs_f64(),
+        c.n_layers,
+        c.hidden,
+        c.n_heads,
+        c.n_kv_heads,
+        c.vocab
+    );
+    tracing::debug!(
+        "lowering: dtype {dtype}, target {} ({} SMs), max_seq {:?}",
+        target.name,
+        target.num_sms,
+        a.max_seq
+    );
     Ok(Imported {
         model,
         options: EngineOptions {
@@ -446,6 +463,14 @@ fn load_engine(
         chosen.backend.as_ref(),
         reg,
     )?;
+    let p = engine.program().program();
+    tracing::info!(
+        "lowered, validated and loaded in {:.2} s: {} tasks, {} buffers, KV cache of {} rows",
+        t.elapsed().as_secs_f64(),
+        p.tasks.len(),
+        p.buffers.len(),
+        engine.max_seq()
+    );
     Ok((engine, t.elapsed().as_secs_f64()))
 }
 

@@ -833,3 +833,51 @@ fn json_outputs_match_the_readme() {
     assert!(ppl.status.success(), "{}", text(&ppl));
     assert_eq!(keys_of(&ppl), keys_in("{\"tokens\"", "}"));
 }
+
+/// `-v` logs what the command does (import, lowering and loading) on stderr; without it
+/// nothing but warnings is logged, and `RUST_LOG` overrides the flag.
+#[test]
+fn verbose_logs_the_steps() {
+    let d = tiny_with_tokenizer("tiny-gqa", "verbose");
+    let run = |pre: &[&str], env: Option<&str>| {
+        let mut c = amk();
+        c.args(pre)
+            .args([
+                "generate",
+                "--prompt",
+                "hi",
+                "-n",
+                "1",
+                "--backend",
+                "cpu",
+                "--model",
+            ])
+            .arg(&d);
+        match env {
+            Some(v) => c.env("RUST_LOG", v),
+            None => c.env_remove("RUST_LOG"),
+        };
+        c.output().unwrap()
+    };
+    let o = run(&["-v"], None);
+    assert!(o.status.success(), "{}", text(&o));
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        err.contains("INFO imported") && err.contains(&d.display().to_string()),
+        "{err}"
+    );
+    assert!(err.contains("INFO lowered, validated and loaded"), "{err}");
+    let quiet = run(&[], None);
+    assert!(
+        !String::from_utf8_lossy(&quiet.stderr).contains("INFO"),
+        "{}",
+        text(&quiet)
+    );
+    let off = run(&["-v"], Some("off"));
+    assert!(
+        !String::from_utf8_lossy(&off.stderr).contains("INFO"),
+        "{}",
+        text(&off)
+    );
+    assert_eq!(o.stdout, quiet.stdout, "logging changes no output");
+}
