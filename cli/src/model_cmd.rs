@@ -120,7 +120,7 @@ pub struct ModelArgs {
     config: Option<PathBuf>,
     /// GPU target the schedule is laid out for (SM count, shared memory). When the GPU runs,
     /// its own SM count replaces the target's; on the CPU VM the target only shapes the
-    /// program's tiling (the results are the same for every target).
+    /// program's tiling.
     #[arg(long, default_value = "h100")]
     target: String,
     /// Weight, activation and KV-cache dtype: f32, f16 or bf16.
