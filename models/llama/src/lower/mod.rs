@@ -449,6 +449,18 @@ impl From<Val> for Row {
     }
 }
 
+/// The attention side of an output projection whose tiles make their row themselves
+/// ([`Builder::attention_out`]): the op, its label stem, the inputs before `W`, their waits,
+/// the params and the row's length `k`.
+struct OutHead<'a> {
+    op: Opcode,
+    stem: &'a str,
+    ins: &'a [BufferId],
+    waits: &'a [(CounterId, i64)],
+    params: &'a Map,
+    k: u64,
+}
+
 /// What a decode loop's tail reads and writes besides its own buffers.
 struct LoopTail {
     logits: Val,
@@ -610,40 +622,15 @@ impl Builder<'_> {
         l: usize,
     ) -> Val {
         let k = self.p.buffers[q as usize].numel();
-        let width = gemv_tile_width(self.cfg, h, self.num_sms);
-        let mut waits = waits.to_vec();
-        let mut ins = vec![q, kc, vc, wo];
-        let (out, label) = if fuse_resid {
-            ins.push(resid.buf);
-            waits.push(resid.wait);
-            (
-                self.act(format!("L{l}.h_mid"), &[1, h]),
-                format!("L{l}.attn_o_add"),
-            )
-        } else {
-            (self.act(format!("L{l}.o"), &[1, h]), format!("L{l}.attn_o"))
+        let head = OutHead {
+            op: Opcode::ATTENTION_GEMV,
+            stem: "attn",
+            ins: &[q, kc, vc],
+            waits,
+            params: &att,
+            k,
         };
-        ins.push(pos);
-        let val = self.tiles(
-            Opcode::ATTENTION_GEMV,
-            &ins,
-            &[out],
-            &waits,
-            &att,
-            false,
-            (k, h, width, 1),
-            &label,
-        );
-        if fuse_resid {
-            return val;
-        }
-        self.residual_add(
-            resid,
-            val,
-            h,
-            &format!("L{l}.h_mid"),
-            &format!("L{l}.add_attn"),
-        )
+        self.attention_out(&head, wo, pos, fuse_resid, (resid, h), l)
     }
 
     /// Layer `l`'s attention as ATTENTION_SPLIT tasks (`tiling.attention.split_kv`): one per
@@ -699,36 +686,59 @@ impl Builder<'_> {
                 cost,
             );
         }
-        let parts = Val {
-            buf: partials,
-            wait: (ctr, (g.nkv * g.n_splits) as i64),
+        // Every tile waits for every split.
+        let head = OutHead {
+            op: Opcode::COMBINE_GEMV,
+            stem: "combine",
+            ins: &[partials],
+            waits: &[(ctr, (g.nkv * g.n_splits) as i64)],
+            params: &shape,
+            k: g.nh * g.hd,
         };
-        let k = g.nh * g.hd;
+        self.attention_out(&head, wo, pos, fuse_resid, (resid, h), l)
+    }
+
+    /// Layer `l`'s output projection as `head.op` tiles that make their attention row from
+    /// `head.ins` themselves: inputs `head.ins`, `wo`, the residual `resid` when fused with it
+    /// (`["gemv", "add"]`: labels `L{l}.{stem}_o_add[i]`, into `L{l}.h_mid`), the position
+    /// last; unfused they write `L{l}.o` (labels `L{l}.{stem}_o[i]`) and an ADD follows.
+    /// Returns the residual stream after the attention.
+    fn attention_out(
+        &mut self,
+        head: &OutHead<'_>,
+        wo: BufferId,
+        pos: BufferId,
+        fuse_resid: bool,
+        (resid, h): (Val, u64),
+        l: usize,
+    ) -> Val {
         let width = gemv_tile_width(self.cfg, h, self.num_sms);
-        let mut waits = vec![parts.wait];
-        let mut ins = vec![partials, wo];
+        let mut waits = head.waits.to_vec();
+        let mut ins = head.ins.to_vec();
+        ins.push(wo);
+        let stem = head.stem;
         let (out, label) = if fuse_resid {
             ins.push(resid.buf);
             waits.push(resid.wait);
             (
                 self.act(format!("L{l}.h_mid"), &[1, h]),
-                format!("L{l}.combine_o_add"),
+                format!("L{l}.{stem}_o_add"),
             )
         } else {
             (
                 self.act(format!("L{l}.o"), &[1, h]),
-                format!("L{l}.combine_o"),
+                format!("L{l}.{stem}_o"),
             )
         };
         ins.push(pos);
         let val = self.tiles(
-            Opcode::COMBINE_GEMV,
+            head.op,
             &ins,
             &[out],
             &waits,
-            &shape,
+            head.params,
             false,
-            (k, h, width, 1),
+            (head.k, h, width, 1),
             &label,
         );
         if fuse_resid {
