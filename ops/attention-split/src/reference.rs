@@ -10,35 +10,17 @@
 
 use crate::{SplitGeometry, split_rows};
 use amk_core::{CpuCall, OpError, Tensor};
-
-/// A required param that must be positive (or non-negative with `allow_zero`).
-fn size(call: &CpuCall<'_, '_>, key: &str, allow_zero: bool) -> Result<u64, OpError> {
-    let v = call.int(key)?;
-    if v < 0 || (v == 0 && !allow_zero) {
-        return Err(OpError::BadParam {
-            key: key.into(),
-            why: format!(
-                "{v} must be {}",
-                if allow_zero {
-                    "non-negative"
-                } else {
-                    "positive"
-                }
-            ),
-        });
-    }
-    Ok(v as u64)
-}
+use op_gemv_tile::reference::{non_negative, positive};
 
 /// The split params of `call` (ATTENTION_SPLIT's or COMBINE_GEMV's), checked as the validator
 /// checks them.
 pub fn split_geometry(call: &CpuCall<'_, '_>) -> Result<SplitGeometry, OpError> {
     let g = SplitGeometry {
-        hd: size(call, "head_dim", false)?,
-        nh: size(call, "n_heads", false)?,
-        nkv: size(call, "n_kv_heads", false)?,
-        n_splits: size(call, "n_splits", false)?,
-        chunk: size(call, "chunk", false)?,
+        hd: positive(call, "head_dim")? as u64,
+        nh: positive(call, "n_heads")? as u64,
+        nkv: positive(call, "n_kv_heads")? as u64,
+        n_splits: positive(call, "n_splits")? as u64,
+        chunk: positive(call, "chunk")? as u64,
     };
     if !g.nh.is_multiple_of(g.nkv) {
         return Err(OpError::BadParam {
@@ -100,8 +82,8 @@ pub fn run(call: &mut CpuCall<'_, '_>) -> Result<(), OpError> {
             why: format!("{scale} is not finite"),
         });
     }
-    let n_tile = size(call, "N_tile", false)?;
-    let n_off = size(call, "n_off", true)?;
+    let n_tile = positive(call, "N_tile")? as u64;
+    let n_off = non_negative(call, "n_off")? as u64;
     if n_tile != g.tile() || n_off % n_tile != 0 || n_off / n_tile >= g.nkv * g.n_splits {
         return Err(OpError::BadParam {
             key: "n_off".into(),
