@@ -84,7 +84,7 @@ pub fn run(call: &mut CpuCall<'_, '_>) -> Result<(), OpError> {
     }
     let n_tile = positive(call, "N_tile")? as u64;
     let n_off = non_negative(call, "n_off")? as u64;
-    if n_tile != g.tile() || n_off % n_tile != 0 || n_off / n_tile >= g.nkv * g.n_splits {
+    if n_tile != g.tile() || !n_off.is_multiple_of(n_tile) || n_off / n_tile >= g.nkv * g.n_splits {
         return Err(OpError::BadParam {
             key: "n_off".into(),
             why: format!(
