@@ -283,15 +283,6 @@ pub fn resolve_model(path: Option<&Path>, quiet: bool) -> Result<PathBuf, ModelC
     }
 }
 
-/// The shared options checked before anything runs (no backend line before an argument
-/// error): the dtype, the target and the schedule file.
-fn check_args(a: &ModelArgs) -> Result<(), ModelCmdError> {
-    parse_dtype(&a.dtype)?;
-    target_named(&a.target)?;
-    schedule_config(a.config.as_deref(), false)?;
-    Ok(())
-}
-
 /// Whether `path` is where the default model is cached.
 fn default_model_file(path: &Path) -> bool {
     amk_model_fetch::model_path(&amk_model_fetch::FetchOptions::smollm2()).is_ok_and(|p| p == path)
@@ -583,13 +574,14 @@ fn generate_inner(a: &GenerateArgs) -> Result<(), ModelCmdError> {
     sampling
         .check()
         .map_err(|e| ModelCmdError::Usage(e.to_string()))?;
-    check_args(&a.common)?;
     let chosen = backend_choice::choose(a.backend, a.threads)?;
+    let reg = registry()?;
+    // The backend line after the import, which checks the arguments: an argument error comes
+    // first.
+    let imported = import(&a.common, chosen.gpu_sms)?;
     if !a.quiet {
         eprintln!("{}", chosen.line);
     }
-    let reg = registry()?;
-    let imported = import(&a.common, chosen.gpu_sms)?;
     let tok = tokenizer(&imported.model)?.clone();
     let rendered = if a.chat {
         tok.apply_chat_template(&[("user", text.as_str())], true)?
@@ -764,10 +756,10 @@ pub fn run_perplexity(a: &PerplexityArgs) -> ExitCode {
 fn perplexity_inner(a: &PerplexityArgs) -> Result<(), ModelCmdError> {
     let text = std::fs::read_to_string(&a.text_file)
         .map_err(|e| ModelCmdError::Usage(format!("{}: {e}", a.text_file.display())))?;
-    check_args(&a.common)?;
-    let chosen = backend_choice::open(a.backend, a.threads)?;
+    let chosen = backend_choice::choose(a.backend, a.threads)?;
     let reg = registry()?;
     let imported = import(&a.common, chosen.gpu_sms)?;
+    eprintln!("{}", chosen.line); // after the import's argument checks, as in generate
     let tok = tokenizer(&imported.model)?.clone();
     let mut ids = tok.encode(&text)?;
     if let Some(n) = a.max_tokens {
