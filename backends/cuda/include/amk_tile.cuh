@@ -962,6 +962,38 @@ __device__ __forceinline__ auto amk_row_tile_epi(const amk_buffer_t* y, const am
   };
 }
 
+/* A row of K elements of `dtype` made in the tile's shared memory (ATTENTION_GEMV's attention
+ * row, COMBINE_GEMV's merged one), as a one-row buffer the stores of amk_attention.cuh and
+ * amk_stf can write. */
+__device__ __forceinline__ amk_buffer_t amk_smem_row(const amk_task_ctx& ctx, long long K, int dtype) {
+  amk_buffer_t row;
+  row.ptr = ctx.smem;
+  row.numel = K;
+  row.rank = 1;
+  row.dtype = dtype;
+  row.space = 0;
+  row.flags = 0;
+  for (int i = 0; i < 4; ++i) {
+    row.shape[i] = i == 0 ? K : 1;
+    row.stride[i] = 1;
+  }
+  return row;
+}
+
+/* The prepared row (amk_frow) of an amk_smem_row the block has written (after its barrier),
+ * weights loaded with L2 policy `pol`. */
+__device__ __forceinline__ amk_frow amk_smem_frow(const amk_task_ctx& ctx, const amk_buffer_t* row,
+                                                  unsigned long long pol) {
+  amk_frow r;
+  r.p = ctx.smem;
+  r.dt = row->dtype;
+  r.x = row;
+  r.nw = nullptr;
+  r.inv = 0.0;
+  r.pol = pol;
+  return r;
+}
+
 /* Columns [n_off, n_off + n_tile) of y = row . w^T (+ bias) for a prepared row r (one weight row
  * per warp at a time, amk_fused_run): ATTENTION_GEMV's projection (amk_row_tile below for the
  * tiles that prepare their row from x). w_al16: w's base is 16-byte aligned. */
@@ -1097,6 +1129,26 @@ __device__ __forceinline__ auto amk_pre_smem(const amk_frow rw) {
   const void* p = rw.p;
   const bool bf = AMK_BF_OF(rw.dt);
   return [=](int, int v, float* xs) { amk_tile_ldx<AMK_BF16, VE>(p, (long long)v * VE, xs, bf); };
+}
+
+/* The pre path of a one-row tile whose 16-bit row `prep` makes in shared memory after the wait
+ * (ATTENTION_GEMV, COMBINE_GEMV; `prep` returns the amk_frow of amk_smem_frow): columns
+ * [n_off, n_off + n_tile) of y = row . w^T (+ bias), w's rows in registers before the wait.
+ * False, having done nothing, when w's dtype has no compiled-in 16-bit loop. */
+template <class Prep>
+__device__ __forceinline__ bool amk_row_tile_pre(const amk_task_ctx& ctx, long long K, const amk_buffer_t* w,
+                                                 int n_tile, int n_off, const amk_buffer_t* y,
+                                                 const amk_buffer_t* bias, Prep prep) {
+  const auto reader = [&] { return amk_pre_smem<8>(prep()); };
+  const auto rows = amk_row_tile_rows(w, n_off);
+  const auto epi = amk_row_tile_epi(y, bias, n_off);
+  if constexpr (AMK_FUSED_HAS(AMK_TILE_W_BF16, 1)) {
+    if (w->dtype == AMK_BF16) { amk_pre_run<AMK_TILE_W_BF16, 1, amk_pre_u<1>::v, AMK_ROW_PRE_UNITS>(ctx, K, n_tile, reader, rows, epi); return true; }
+  }
+  if constexpr (AMK_FUSED_HAS(AMK_TILE_W_F16, 1)) {
+    if (w->dtype == AMK_F16) { amk_pre_run<AMK_TILE_W_F16, 1, amk_pre_u<1>::v, AMK_ROW_PRE_UNITS>(ctx, K, n_tile, reader, rows, epi); return true; }
+  }
+  return false;
 }
 
 /* A lane's vectors v = 32 u + lane (u < U) of a 16-bit row in registers: amk_pre_run's reader

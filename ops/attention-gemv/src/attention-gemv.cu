@@ -66,22 +66,6 @@ __device__ __noinline__ bool ag_check(const amk_task_ctx& ctx) {
   return ag_setup<true>(ctx, a);
 }
 
-/* The attention row's home: shared memory, as a one-row buffer of q's dtype. */
-__device__ __forceinline__ amk_buffer_t ag_row(const amk_task_ctx& ctx, const ag_args& a) {
-  amk_buffer_t row;
-  row.ptr = ctx.smem;
-  row.numel = a.K;
-  row.rank = 1;
-  row.dtype = a.q->dtype;
-  row.space = 0;
-  row.flags = 0;
-  for (int i = 0; i < 4; ++i) {
-    row.shape[i] = i == 0 ? a.K : 1;
-    row.stride[i] = 1;
-  }
-  return row;
-}
-
 /* The attention row into shared memory (every warp sees it after this), then the trace point:
  * the row is ready (the rest is the projection). */
 __device__ __forceinline__ amk_frow ag_attend(const amk_task_ctx& ctx, const ag_args& a,
@@ -96,14 +80,7 @@ __device__ __forceinline__ amk_frow ag_attend(const amk_task_ctx& ctx, const ag_
   __syncthreads();
   AMK_PROBE_IF(3, 7, true);
   if (ctx.trace && threadIdx.x == 0) ctx.trace[4] = amk_globaltimer();
-  amk_frow r;
-  r.p = ctx.smem;
-  r.dt = a.q->dtype;
-  r.x = row;
-  r.nw = nullptr;
-  r.inv = 0.0;
-  r.pol = pol;
-  return r;
+  return amk_smem_frow(ctx, row, pol);
 }
 
 /* Everything after the wait, out of line: the dispatcher keeps only the check flag and the
@@ -122,7 +99,7 @@ __device__ __noinline__ void ag_run(const amk_task_ctx& ctx) {
     amk_prefetch_l2_bulk((uint64_t)w->ptr + (uint64_t)((long long)a.n_off * a.K * wsz),
                          (uint64_t)((long long)a.n_tile * a.K * wsz), pol);
   }
-  const amk_buffer_t row = ag_row(ctx, a);
+  const amk_buffer_t row = amk_smem_row(ctx, a.K, a.q->dtype); /* the attention row */
   const amk_frow r = ag_attend(ctx, a, &row, pol);
   amk_row_tile_run(r, a.K, w, amk_al16(w->ptr), a.n_tile, a.n_off, a.y, a.bias);
 }
@@ -149,17 +126,9 @@ __device__ __noinline__ bool ag_pre(const amk_task_ctx& ctx) {
     if (!amk_att_at_pos(ctx, a.pos, a.g)) return true; /* the task failed: nothing more */
   }
   const unsigned long long pol = amk_weight_policy(ctx.prog->flags);
-  const amk_buffer_t row = ag_row(ctx, a);
-  const auto prep = [&] { return amk_pre_smem<8>(ag_attend(ctx, a, &row, pol)); };
-  const auto rows = amk_row_tile_rows(w, a.n_off);
-  const auto epi = amk_row_tile_epi(a.y, a.bias, a.n_off);
-  if constexpr (AMK_FUSED_HAS(AMK_TILE_W_BF16, 1)) {
-    if (w->dtype == AMK_BF16) { amk_pre_run<AMK_TILE_W_BF16, 1, amk_pre_u<1>::v, AMK_ROW_PRE_UNITS>(ctx, a.K, a.n_tile, prep, rows, epi); return true; }
-  }
-  if constexpr (AMK_FUSED_HAS(AMK_TILE_W_F16, 1)) {
-    if (w->dtype == AMK_F16) { amk_pre_run<AMK_TILE_W_F16, 1, amk_pre_u<1>::v, AMK_ROW_PRE_UNITS>(ctx, a.K, a.n_tile, prep, rows, epi); return true; }
-  }
-  return false;
+  const amk_buffer_t row = amk_smem_row(ctx, a.K, a.q->dtype);
+  return amk_row_tile_pre(ctx, a.K, w, a.n_tile, a.n_off, a.y, a.bias,
+                          [&] { return ag_attend(ctx, a, &row, pol); });
 }
 #endif
 

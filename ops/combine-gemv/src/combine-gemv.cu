@@ -112,30 +112,7 @@ __device__ __forceinline__ amk_frow cg_merge(const amk_task_ctx& ctx, const cg_a
   }
   __syncthreads();
   if (ctx.trace && threadIdx.x == 0) ctx.trace[4] = amk_globaltimer();
-  amk_frow f;
-  f.p = ctx.smem;
-  f.dt = a.w->dtype;
-  f.x = row;
-  f.nw = nullptr;
-  f.inv = 0.0;
-  f.pol = pol;
-  return f;
-}
-
-/* The merged row's home: shared memory, as a one-row buffer of W's dtype. */
-__device__ __forceinline__ amk_buffer_t cg_row(const amk_task_ctx& ctx, const cg_args& a) {
-  amk_buffer_t row;
-  row.ptr = ctx.smem;
-  row.numel = a.K;
-  row.rank = 1;
-  row.dtype = a.w->dtype;
-  row.space = 0;
-  row.flags = 0;
-  for (int i = 0; i < 4; ++i) {
-    row.shape[i] = i == 0 ? a.K : 1;
-    row.stride[i] = 1;
-  }
-  return row;
+  return amk_smem_frow(ctx, row, pol);
 }
 
 /* Everything after the wait, out of line (ATTENTION_GEMV's ag_run says why): the weight rows to
@@ -152,7 +129,7 @@ __device__ __noinline__ void cg_run(const amk_task_ctx& ctx) {
     amk_prefetch_l2_bulk((uint64_t)w->ptr + (uint64_t)((long long)a.n_off * a.K * wsz),
                          (uint64_t)((long long)a.n_tile * a.K * wsz), pol);
   }
-  const amk_buffer_t row = cg_row(ctx, a);
+  const amk_buffer_t row = amk_smem_row(ctx, a.K, a.w->dtype); /* the merged row */
   const amk_frow r = cg_merge(ctx, a, active, &row, pol);
   amk_row_tile_run(r, a.K, w, amk_al16(w->ptr), a.n_tile, a.n_off, a.y, a.bias);
 }
@@ -170,17 +147,9 @@ __device__ __noinline__ bool cg_pre(const amk_task_ctx& ctx) {
   const int active = cg_active(ctx, a);
   if (active < 0) return true; /* the task failed: nothing more */
   const unsigned long long pol = amk_weight_policy(ctx.prog->flags);
-  const amk_buffer_t row = cg_row(ctx, a);
-  const auto prep = [&] { return amk_pre_smem<8>(cg_merge(ctx, a, active, &row, pol)); };
-  const auto rows = amk_row_tile_rows(w, a.n_off);
-  const auto epi = amk_row_tile_epi(a.y, a.bias, a.n_off);
-  if constexpr (AMK_FUSED_HAS(AMK_TILE_W_BF16, 1)) {
-    if (w->dtype == AMK_BF16) { amk_pre_run<AMK_TILE_W_BF16, 1, amk_pre_u<1>::v, AMK_ROW_PRE_UNITS>(ctx, a.K, a.n_tile, prep, rows, epi); return true; }
-  }
-  if constexpr (AMK_FUSED_HAS(AMK_TILE_W_F16, 1)) {
-    if (w->dtype == AMK_F16) { amk_pre_run<AMK_TILE_W_F16, 1, amk_pre_u<1>::v, AMK_ROW_PRE_UNITS>(ctx, a.K, a.n_tile, prep, rows, epi); return true; }
-  }
-  return false;
+  const amk_buffer_t row = amk_smem_row(ctx, a.K, w->dtype);
+  return amk_row_tile_pre(ctx, a.K, w, a.n_tile, a.n_off, a.y, a.bias,
+                          [&] { return cg_merge(ctx, a, active, &row, pol); });
 }
 #endif
 
