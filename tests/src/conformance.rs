@@ -2823,32 +2823,39 @@ fn dag_kv_append_steps(c: &Ctx<'_>) -> CaseResult {
     Ok(())
 }
 
-/// Three decode steps at positions 1, 4 and 7 over caches of 8 rows with the position in
-/// device memory: KV_APPEND k reads the position input, KV_APPEND v a copy of it that a task
-/// writes (which the CUDA kernel reads after the wait, the input before it); an ATTENTION_TILE
-/// over the whole cache and one over rows `[0, 6)` (the window clips the last step); split-KV
-/// shards `[0, 3)`, `[3, 6)`, `[6, 8)` that the position leaves empty in the early steps, and
-/// their combine; ATTENTION_GEMV tiles without a bias (the input) and with one (the copy). The
-/// caches keep earlier steps' rows; rows no step writes stay zero.
-fn dag_position_decode(c: &Ctx<'_>) -> CaseResult {
-    const MAX_SEQ: usize = 8;
-    let a = Attn {
-        nh: 4,
-        nkv: 2,
-        hd: 8,
-        scale: 0.35,
-    };
-    let (row, k) = (a.nkv * a.hd, a.nh * a.hd);
-    let mut t = Tiny::new(26);
+/// What the position-in-device-memory decode cases share: the operands of one decode step
+/// over an 8-row cache of 2 KV heads × 8 (`q [4, 8]`, the step's K/V rows, the position as an
+/// input and as `pos_dev`, a copy a task of the launch writes), a weight `[6, 32]` and a bias,
+/// and the tasks that append the rows (K at `pos`, V at `pos_dev`, after the copy).
+struct DecodeStep {
+    q: BufferId,
+    pos: BufferId,
+    pos_dev: BufferId,
+    kc: BufferId,
+    vc: BufferId,
+    w: BufferId,
+    bias: BufferId,
+    /// The values of `w` and `bias`.
+    wv: Vec<f64>,
+    bv: Vec<f64>,
+    /// The copy's counter, and what a reader of the caches waits for.
+    copied: CounterId,
+    appended: [(CounterId, i64); 3],
+}
+
+/// Rows of the decode cases' caches.
+const DECODE_ROWS: usize = 8;
+
+fn decode_step(t: &mut Tiny) -> DecodeStep {
     let q = t.input("q", DType::F32, &[4, 8]);
     let kn = t.input("k_row", DType::F32, &[1, 2, 8]);
     let vn = t.input("v_row", DType::F32, &[1, 16]);
     let pos = t.input("pos", DType::I32, &[1]);
     let pos_dev =
         t.p.new_buffer("pos_dev", BufferKind::ACTIVATION, DType::I32, &[1]);
-    let kc = t.kv("kcache", &[MAX_SEQ as u64, 2, 8]);
-    let vc = t.kv("vcache", &[MAX_SEQ as u64, 2, 8]);
-    let (w, wv) = t.weight("w", DType::F32, &[6, k as u64], -0.5, 0.5);
+    let kc = t.kv("kcache", &[DECODE_ROWS as u64, 2, 8]);
+    let vc = t.kv("vcache", &[DECODE_ROWS as u64, 2, 8]);
+    let (w, wv) = t.weight("w", DType::F32, &[6, 32], -0.5, 0.5);
     let (bias, bv) = t.weight("bias", DType::F32, &[6], -0.5, 0.5);
     let cp = t.task(Opcode::COPY, &[pos], &[pos_dev], &[], &[]);
     let ck = t.task(Opcode::KV_APPEND, &[kn, kc, pos], &[kc], &[], &[]);
@@ -2859,7 +2866,66 @@ fn dag_position_decode(c: &Ctx<'_>) -> CaseResult {
         &[(cp, 1)],
         &[],
     );
-    let kv_waits = [(ck, 1), (cv, 1), (cp, 1)];
+    DecodeStep {
+        q,
+        pos,
+        pos_dev,
+        kc,
+        vc,
+        w,
+        bias,
+        wv,
+        bv,
+        copied: cp,
+        appended: [(ck, 1), (cv, 1), (cp, 1)],
+    }
+}
+
+/// The formula's side of a decode step: writes the step's K/V rows (`k_row`, `v_row` of `ins`)
+/// at row `pos` of the mirrored caches `kc`, `vc` (rows of `row` elements); returns `pos`.
+fn mirror_append(
+    ins: &Inputs,
+    kc: &mut [f64],
+    vc: &mut [f64],
+    row: usize,
+) -> Result<usize, Failure> {
+    let p = in_vals(ins, "pos")?[0] as usize;
+    kc[p * row..(p + 1) * row].copy_from_slice(&in_vals(ins, "k_row")?);
+    vc[p * row..(p + 1) * row].copy_from_slice(&in_vals(ins, "v_row")?);
+    Ok(p)
+}
+
+/// Three decode steps at positions 1, 4 and 7 over caches of 8 rows with the position in
+/// device memory: KV_APPEND k reads the position input, KV_APPEND v a copy of it that a task
+/// writes (which the CUDA kernel reads after the wait, the input before it); an ATTENTION_TILE
+/// over the whole cache and one over rows `[0, 6)` (the window clips the last step); split-KV
+/// shards `[0, 3)`, `[3, 6)`, `[6, 8)` that the position leaves empty in the early steps, and
+/// their combine; ATTENTION_GEMV tiles without a bias (the input) and with one (the copy). The
+/// caches keep earlier steps' rows; rows no step writes stay zero.
+fn dag_position_decode(c: &Ctx<'_>) -> CaseResult {
+    const MAX_SEQ: usize = DECODE_ROWS;
+    let a = Attn {
+        nh: 4,
+        nkv: 2,
+        hd: 8,
+        scale: 0.35,
+    };
+    let (row, k) = (a.nkv * a.hd, a.nh * a.hd);
+    let mut t = Tiny::new(26);
+    let DecodeStep {
+        q,
+        pos,
+        pos_dev,
+        kc,
+        vc,
+        w,
+        bias,
+        wv,
+        bv,
+        appended: kv_waits,
+        ..
+    } = decode_step(&mut t);
+    let ck = kv_waits[0].0;
     let attn = t.output("attn", DType::F32, &[4, 8]);
     let whole = attention_params(a, 0, MAX_SEQ);
     t.task(
@@ -2944,10 +3010,8 @@ fn dag_position_decode(c: &Ctx<'_>) -> CaseResult {
     let vcs = std::cell::RefCell::new(vec![0.0; MAX_SEQ * row]);
     let positions = [1usize, 4, 7];
     check_formula(c, t, 3, F32_TOL, position_steps(&positions), |ins| {
-        let p = in_vals(ins, "pos")?[0] as usize;
         let (mut kcv, mut vcv) = (kcs.borrow_mut(), vcs.borrow_mut());
-        kcv[p * row..(p + 1) * row].copy_from_slice(&in_vals(ins, "k_row")?);
-        vcv[p * row..(p + 1) * row].copy_from_slice(&in_vals(ins, "v_row")?);
+        let p = mirror_append(ins, &mut kcv, &mut vcv, row)?;
         let qv = in_vals(ins, "q")?;
         let full = attention(a, &qv, &kcv, &vcv, 0, p + 1);
         let s1 = attention_partial(a, &qv, &kcv, &vcv, 3, rows_upto(3, 3, p));
@@ -2972,7 +3036,7 @@ fn dag_position_decode(c: &Ctx<'_>) -> CaseResult {
 /// task of the launch writes (read after their wait); COMBINE_GEMV tiles with and without a
 /// bias, reading either. Checked against the f64 attention over rows `0..=p` times W.
 fn dag_split_kv_decode(c: &Ctx<'_>) -> CaseResult {
-    const MAX_SEQ: usize = 8;
+    const MAX_SEQ: usize = DECODE_ROWS;
     let a = Attn {
         nh: 4,
         nkv: 2,
@@ -2982,20 +3046,19 @@ fn dag_split_kv_decode(c: &Ctx<'_>) -> CaseResult {
     let (row, k, n_splits) = (a.nkv * a.hd, a.nh * a.hd, 3usize);
     let tile = (a.nh / a.nkv) * (a.hd + 2);
     let mut t = Tiny::new(27);
-    let q = t.input("q", DType::F32, &[4, 8]);
-    let kn = t.input("k_row", DType::F32, &[1, 2, 8]);
-    let vn = t.input("v_row", DType::F32, &[1, 16]);
-    let pos = t.input("pos", DType::I32, &[1]);
-    let pos_dev =
-        t.p.new_buffer("pos_dev", BufferKind::ACTIVATION, DType::I32, &[1]);
-    let kc = t.kv("kcache", &[MAX_SEQ as u64, 2, 8]);
-    let vc = t.kv("vcache", &[MAX_SEQ as u64, 2, 8]);
-    let (w, wv) = t.weight("w", DType::F32, &[6, k as u64], -0.5, 0.5);
-    let (bias, bv) = t.weight("bias", DType::F32, &[6], -0.5, 0.5);
-    let cp = t.task(Opcode::COPY, &[pos], &[pos_dev], &[], &[]);
-    let ck = t.task(Opcode::KV_APPEND, &[kn, kc, pos], &[kc], &[], &[]);
-    let cv = t.task(Opcode::KV_APPEND, &[vn, vc, pos], &[vc], &[], &[]);
-    let waits = [(ck, 1), (cv, 1), (cp, 1)];
+    let DecodeStep {
+        q,
+        pos,
+        pos_dev,
+        kc,
+        vc,
+        w,
+        bias,
+        wv,
+        bv,
+        copied: cp,
+        appended: waits,
+    } = decode_step(&mut t);
     let parts = t.act("partials", &[2, n_splits as u64, 2, 10]);
     let shape = [
         ("head_dim", int(a.hd as i64)),
@@ -3056,10 +3119,8 @@ fn dag_split_kv_decode(c: &Ctx<'_>) -> CaseResult {
     let vcs = std::cell::RefCell::new(vec![0.0; MAX_SEQ * row]);
     let positions = [1usize, 4, 7];
     check_formula(c, t, 3, F32_TOL, position_steps(&positions), |ins| {
-        let p = in_vals(ins, "pos")?[0] as usize;
         let (mut kcv, mut vcv) = (kcs.borrow_mut(), vcs.borrow_mut());
-        kcv[p * row..(p + 1) * row].copy_from_slice(&in_vals(ins, "k_row")?);
-        vcv[p * row..(p + 1) * row].copy_from_slice(&in_vals(ins, "v_row")?);
+        let p = mirror_append(ins, &mut kcv, &mut vcv, row)?;
         let full = attention(a, &in_vals(ins, "q")?, &kcv, &vcv, 0, p + 1);
         Ok(vec![
             ("proj", linear(&full, &wv, k, None)),
