@@ -2018,15 +2018,7 @@ fn op_attention_pos_bf16(c: &Ctx<'_>) -> CaseResult {
         &[(cp, 1)],
         &window,
     );
-    let tile = |params: &[(&'static str, Value)], off: i64, nt: i64| {
-        let mut p = params.to_vec();
-        p.extend([
-            ("K", int(k as i64)),
-            ("N_tile", int(nt)),
-            ("n_off", int(off)),
-        ]);
-        p
-    };
+    let tile = |params: &[(&'static str, Value)], off: i64, nt: i64| with_tile(params, k, off, nt);
     let y = t.output("y", DType::F32, &[1, 8]);
     let cy = t.counter();
     for (off, nt) in [(0, 4), (4, 4)] {
@@ -2823,6 +2815,22 @@ fn dag_kv_append_steps(c: &Ctx<'_>) -> CaseResult {
     Ok(())
 }
 
+/// `params` and a column tile's: `K` = `k`, `N_tile` = `nt`, `n_off` = `off`.
+fn with_tile(
+    params: &[(&'static str, Value)],
+    k: usize,
+    off: i64,
+    nt: i64,
+) -> Vec<(&'static str, Value)> {
+    let mut p = params.to_vec();
+    p.extend([
+        ("K", int(k as i64)),
+        ("N_tile", int(nt)),
+        ("n_off", int(off)),
+    ]);
+    p
+}
+
 /// What the position-in-device-memory decode cases share: the operands of one decode step
 /// over an 8-row cache of 2 KV heads × 8 (`q [4, 8]`, the step's K/V rows, the position as an
 /// input and as `pos_dev`, a copy a task of the launch writes), a weight `[6, 32]` and a bias,
@@ -2975,15 +2983,7 @@ fn dag_position_decode(c: &Ctx<'_>) -> CaseResult {
     );
     let shard1 = t.output("shard1", DType::F32, &[4, 10]);
     t.task(Opcode::COPY, &[parts[1]], &[shard1], &[waits[1]], &[]);
-    let tile = |off: i64, nt: i64| {
-        let mut p = whole.clone();
-        p.extend([
-            ("K", int(k as i64)),
-            ("N_tile", int(nt)),
-            ("n_off", int(off)),
-        ]);
-        p
-    };
+    let tile = |off: i64, nt: i64| with_tile(&whole, k, off, nt);
     let proj = t.output("proj", DType::F32, &[1, 6]);
     let cg = t.counter();
     for (off, nt) in [(0, 4), (4, 2)] {
@@ -3086,15 +3086,7 @@ fn dag_split_kv_decode(c: &Ctx<'_>) -> CaseResult {
         );
     }
     let all = (cs, (a.nkv * n_splits) as i64);
-    let gemv = |off: i64, nt: i64| {
-        let mut p = shape.to_vec();
-        p.extend([
-            ("K", int(k as i64)),
-            ("N_tile", int(nt)),
-            ("n_off", int(off)),
-        ]);
-        p
-    };
+    let gemv = |off: i64, nt: i64| with_tile(&shape, k, off, nt);
     let proj = t.output("proj", DType::F32, &[1, 6]);
     let cg = t.counter();
     for (off, nt, src) in [(0, 4, pos), (4, 2, pos_dev)] {
