@@ -317,11 +317,6 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 # --------------------------------------------------------------------------------------------
 
 
-def parse_depths(text: str) -> list[int]:
-    """``--depth``: comma-separated non-negative integers (llama-bench's own parser)."""
-    return llamacpp_bench.parse_ints(text, "--depth")
-
-
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         description="Time HF transformers generation (static cache + torch.compile) from a "
@@ -333,7 +328,7 @@ def build_parser() -> argparse.ArgumentParser:
                         help="prompt length for time to first token (default 512)")
     parser.add_argument("-n", "--gen", type=int, default=128,
                         help="new tokens per decode run (default 128)")
-    parser.add_argument("-d", "--depth", type=parse_depths, default=[0, 512, 2048],
+    parser.add_argument("-d", "--depth", type=llamacpp_bench.parse_depths, default=[0, 512, 2048],
                         help="comma-separated context depths for decode (default 0,512,2048)")
     parser.add_argument("-r", "--reps", type=int, default=5, help="timed runs each (default 5)")
     parser.add_argument("--warmup", type=int, default=2,

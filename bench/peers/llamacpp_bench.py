@@ -73,6 +73,11 @@ def command(args: argparse.Namespace) -> list[str]:
     ]
 
 
+def parse_depths(text: str) -> list[int]:
+    """``--depth``: comma-separated non-negative integers (every peer script's parser)."""
+    return parse_ints(text, "--depth")
+
+
 def parse_records(stdout: str) -> list[dict[str, Any]]:
     """llama-bench's JSON array (-o json), or its JSON lines (-o jsonl)."""
     text = stdout.strip()
@@ -205,7 +210,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("-n", "--gen", type=int, default=128,
                         help="decode steps of the tg test (default 128)")
     parser.add_argument("-d", "--depth", default=[0, 512, 2048],
-                        type=lambda t: parse_ints(t, "--depth"),
+                        type=parse_depths,
                         help="comma-separated context depths (default 0,512,2048)")
     parser.add_argument("-r", "--reps", type=int, default=5, help="repetitions (default 5)")
     parser.add_argument("--ngl", type=int, default=99, help="GPU layers (default 99: all)")

@@ -482,11 +482,6 @@ def report(runs: list[Run], model: Path | None, summary: dict[str, Any] | None,
 # --------------------------------------------------------------------------------------------
 
 
-def parse_depths(text: str) -> list[int]:
-    """``--depth``: comma-separated non-negative integers (llama-bench's own parser)."""
-    return llamacpp_bench.parse_ints(text, "--depth")
-
-
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         description="Run amk, llama.cpp and HF transformers on one GGUF file (or read their "
@@ -508,7 +503,7 @@ def build_parser() -> argparse.ArgumentParser:
                         help="prompt length (default 512)")
     parser.add_argument("-n", "--gen", type=int, default=128,
                         help="decoded tokens per depth (default 128)")
-    parser.add_argument("-d", "--depth", type=parse_depths, default=[0, 512, 2048],
+    parser.add_argument("-d", "--depth", type=llamacpp_bench.parse_depths, default=[0, 512, 2048],
                         help="comma-separated context depths (default 0,512,2048)")
     parser.add_argument("-r", "--reps", type=int, default=5,
                         help="repetitions for llama.cpp and HF (default 5)")
