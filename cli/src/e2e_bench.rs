@@ -14,7 +14,7 @@ use crate::bench_cmd::{BenchArgs, Gate, summarize};
 use crate::model_cmd::{ModelCmdError, import_model, parse_dtype, registry, target_named};
 use amk_backend_cuda::{CudaBackend, CudaOptions};
 use amk_core::DType;
-use amk_engine::{Engine, EngineOptions, Generation, Request, Sampling};
+use amk_engine::{Engine, EngineOptions, Generation, Request};
 use amk_model_llama::lower::tuned_schedule;
 use std::path::Path;
 
@@ -53,14 +53,7 @@ fn generate(
     prompt: &[u32],
     max_new: usize,
 ) -> Result<Generation, ModelCmdError> {
-    let req = Request {
-        prompt,
-        max_new,
-        sampling: Sampling::greedy(),
-        stop: &[],
-        vocab_limit: None,
-        passes_per_launch: None,
-    };
+    let req = Request::greedy(prompt, max_new, &[]);
     let g = engine.generate(&req, &mut |_| true)?;
     if g.tokens.len() != max_new {
         return Err(ModelCmdError::Usage(format!(

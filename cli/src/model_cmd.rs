@@ -670,7 +670,7 @@ fn generate_inner(a: &GenerateArgs) -> Result<(), ModelCmdError> {
     if let Some(e) = stream_err {
         return Err(e.into());
     }
-    let ids: Vec<u32> = generation.tokens.iter().map(|t| t.id).collect();
+    let ids = generation.ids();
     // The text is what was streamed: without the stop token that ended generation.
     let shown = match generation.finish {
         Finish::Stop => &ids[..ids.len().saturating_sub(1)],

@@ -13,7 +13,7 @@
 
 use amk_backend_cpu::CpuBackend;
 use amk_core::{DType, GpuTarget, Registry, ScheduleConfig};
-use amk_engine::{Engine, EngineOptions, Request, Sampling, argmax, lower_and_load};
+use amk_engine::{Engine, EngineOptions, Request, argmax, lower_and_load};
 use amk_model_llama::Model;
 use amk_model_llama::hf::import_hf;
 use serde_json::Value;
@@ -60,16 +60,8 @@ fn engine_with(model: &Model, max_seq: u64, cfg: &ScheduleConfig) -> Engine {
 
 /// `n` greedy tokens after `prompt`, in one request (one loop of passes).
 fn generate_greedy(e: &mut Engine, prompt: &[u32], n: usize) -> Vec<u32> {
-    let req = Request {
-        prompt,
-        max_new: n,
-        sampling: Sampling::greedy(),
-        stop: &[],
-        vocab_limit: None,
-        passes_per_launch: None,
-    };
-    let g = e.generate(&req, &mut |_| true).unwrap();
-    g.tokens.iter().map(|t| t.id).collect()
+    let req = Request::greedy(prompt, n, &[]);
+    e.generate(&req, &mut |_| true).unwrap().ids()
 }
 
 /// The logits of every pass over `ids` (teacher-forced), the last id fed too.

@@ -868,20 +868,13 @@ mod smollm2 {
     }
 
     fn request<'a>(prompt: &'a [u32], max_new: usize, stop: &'a [u32]) -> Request<'a> {
-        Request {
-            prompt,
-            max_new,
-            sampling: Sampling::greedy(),
-            stop,
-            vocab_limit: None,
-            passes_per_launch: None,
-        }
+        Request::greedy(prompt, max_new, stop)
     }
 
     /// The generated ids and why generation ended.
     fn ids(e: &mut Engine, req: &Request<'_>) -> (Vec<u32>, Finish) {
         let g = e.generate(req, &mut |_| true).unwrap();
-        (g.tokens.iter().map(|t| t.id).collect(), g.finish)
+        (g.ids(), g.finish)
     }
 
     /// `(name, prompt ids, HF's greedy ids, HF's top-2 gaps)` of each reference prompt.
@@ -1034,7 +1027,7 @@ mod smollm2 {
             })
             .unwrap();
         assert_eq!(g.finish, Finish::Cancelled);
-        let cut: Vec<u32> = g.tokens.iter().map(|t| t.id).collect();
+        let cut = g.ids();
         assert!(
             cut.len() >= 5 && cut.len() < full.len(),
             "{} tokens",

@@ -38,6 +38,21 @@ pub struct PromptWatch<'a> {
     pub on: &'a mut dyn FnMut(u64, u64),
 }
 
+impl<'a> Request<'a> {
+    /// Greedy decoding of up to `max_new` tokens after `prompt`, ending at any of `stop`, over
+    /// every id of the logits, the whole request in one launch.
+    pub fn greedy(prompt: &'a [u32], max_new: usize, stop: &'a [u32]) -> Self {
+        Request {
+            prompt,
+            max_new,
+            sampling: Sampling::greedy(),
+            stop,
+            vocab_limit: None,
+            passes_per_launch: None,
+        }
+    }
+}
+
 /// One generated token.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Token {
@@ -92,6 +107,11 @@ pub struct Generation {
 }
 
 impl Generation {
+    /// The generated token ids, in order.
+    pub fn ids(&self) -> Vec<u32> {
+        self.tokens.iter().map(|t| t.id).collect()
+    }
+
     /// Seconds to the first token (time to first token), if any was generated.
     pub fn first_token_s(&self) -> Option<f64> {
         self.token_s.first().copied()

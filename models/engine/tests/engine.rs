@@ -50,19 +50,12 @@ fn engine(schedule: ScheduleConfig, max_seq: u64) -> Engine {
 }
 
 fn request<'a>(prompt: &'a [u32], max_new: usize, stop: &'a [u32]) -> Request<'a> {
-    Request {
-        prompt,
-        max_new,
-        sampling: Sampling::greedy(),
-        stop,
-        vocab_limit: None,
-        passes_per_launch: None,
-    }
+    Request::greedy(prompt, max_new, stop)
 }
 
 fn ids(e: &mut Engine, req: &Request<'_>) -> (Vec<u32>, Finish) {
     let g = e.generate(req, &mut |_| true).unwrap();
-    (g.tokens.iter().map(|t| t.id).collect(), g.finish)
+    (g.ids(), g.finish)
 }
 
 /// Greedy continuation by teacher forcing: one pass per launch, logits argmaxed on the host.
@@ -131,7 +124,7 @@ fn a_cancel_keeps_the_tokens_so_far_and_the_engine_usable() {
         3,
         "the CPU VM stops after the pass that was running"
     );
-    let got: Vec<u32> = g.tokens.iter().map(|t| t.id).collect();
+    let got = g.ids();
     assert_eq!(got, full[..3]);
     assert_eq!(ids(&mut e, &request(PROMPT, 10, &[])).0, full);
 }
@@ -149,7 +142,7 @@ fn greedy_log_probabilities_are_the_models() {
     let mut e = engine(ScheduleConfig::default(), 32);
     let g = e.generate(&request(PROMPT, 4, &[]), &mut |_| true).unwrap();
     let mut seq = PROMPT.to_vec();
-    seq.extend(g.tokens.iter().map(|t| t.id));
+    seq.extend(g.ids());
     let mut logits = Vec::new();
     e.forced_logits(&seq, &mut |pos, l| logits.push((pos, l.to_vec())))
         .unwrap();
@@ -287,7 +280,7 @@ fn a_watched_prompt_reports_progress_and_changes_no_token() {
     let g = e
         .generate_observed(&request(PROMPT, 6, &[]), &mut |_| true, Some(watch))
         .unwrap();
-    let got: Vec<u32> = g.tokens.iter().map(|t| t.id).collect();
+    let got = g.ids();
     assert_eq!(got, want);
     let n = PROMPT.len() as u64;
     let want_seen: Vec<(u64, u64)> = (1..n)

@@ -9,9 +9,7 @@
 
 use amk_backend_cpu::CpuBackend;
 use amk_core::{Backend, DType, PageStrategy, ScheduleConfig, SmAssignment, Tensor, decode};
-use amk_engine::{
-    Engine, EngineError, EngineOptions, Finish, Request, Sampling, argmax, lower_and_load,
-};
+use amk_engine::{Engine, EngineError, EngineOptions, Finish, Request, argmax, lower_and_load};
 use amk_model_llama::Model;
 use amk_model_llama::config::ModelConfig;
 use amk_model_llama::lower::{LowerOptions, lower, tuned_schedule};
@@ -263,14 +261,7 @@ fn greedy_token_is_the_f64_argmax() {
     let want = best(&reference_logits(&model, &[5])[0]);
     let logits = logits_after_each(&mut e, &[5]);
     assert_eq!(argmax(&logits[0]) as usize, want);
-    let req = Request {
-        prompt: &[5],
-        max_new: 1,
-        sampling: Sampling::greedy(),
-        stop: &[],
-        vocab_limit: None,
-        passes_per_launch: None,
-    };
+    let req = Request::greedy(&[5], 1, &[]);
     let g = e.generate(&req, &mut |_| true).unwrap();
     assert_eq!(g.tokens.len(), 1);
     assert_eq!(g.tokens[0].id as usize, want);
@@ -294,14 +285,7 @@ fn context_overflow_is_an_error_not_a_panic() {
         other => panic!("expected ContextFull, got {other:?}"),
     };
     assert_eq!(full(e.forced_logits(&[1, 2, 3, 4], &mut |_, _| ())), (4, 3));
-    let req = |prompt: &'static [u32], max_new: usize| Request {
-        prompt,
-        max_new,
-        sampling: Sampling::greedy(),
-        stop: &[],
-        vocab_limit: None,
-        passes_per_launch: None,
-    };
+    let req = |prompt: &'static [u32], max_new: usize| Request::greedy(prompt, max_new, &[]);
     assert_eq!(
         full(
             e.generate(&req(&[1, 2, 3, 4], 1), &mut |_| true)
