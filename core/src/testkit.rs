@@ -27,6 +27,24 @@ pub fn task(op: Opcode, n_in: usize, n_out: usize, params: &[(&str, Value)]) -> 
     t
 }
 
+/// The kinds of what `spec`'s static shape rule finds in `task` over `buffers` (none for an
+/// op without a rule), as the validator would run it.
+pub fn shape_rule_kinds(
+    spec: &crate::registry::OpSpec,
+    task: &Task,
+    buffers: &[crate::ir::Buffer],
+) -> Vec<crate::ErrorKind> {
+    let reg = Registry::empty();
+    let ctx = crate::registry::TaskContext {
+        task,
+        buffers,
+        registry: &reg,
+    };
+    spec.check
+        .map(|check| check(&ctx).into_iter().map(|f| f.kind).collect())
+        .unwrap_or_default()
+}
+
 /// Runs `run` on `task` with read-only `inputs` and the given (poisoned) `outputs`.
 pub fn call(
     run: ReferenceFn,

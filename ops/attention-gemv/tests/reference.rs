@@ -6,10 +6,8 @@
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 use amk_core::json::Value;
-use amk_core::testkit::{call, random_nonzero, rng, task};
-use amk_core::{
-    Buffer, BufferKind, DType, ErrorKind, MemSpace, OpError, Opcode, Registry, TaskContext, Tensor,
-};
+use amk_core::testkit::{call, random_nonzero, rng, shape_rule_kinds, task};
+use amk_core::{Buffer, BufferKind, DType, ErrorKind, MemSpace, OpError, Opcode, Tensor};
 use rstest::rstest;
 
 /// One attention call's shape: query heads, KV heads, head size, rows `[start, start + len)`
@@ -314,16 +312,11 @@ fn findings(extra: &[(DType, &[u64])]) -> Vec<ErrorKind> {
     params.extend(tile(32, 6, 0));
     let mut t = task(Opcode::ATTENTION_GEMV, 4 + extra.len(), 1, &params);
     t.outputs = vec![out];
-    let reg = Registry::empty();
-    let ctx = TaskContext {
-        task: &t,
-        buffers: &buffers,
-        registry: &reg,
-    };
-    let check = op_attention_gemv::SPEC
-        .check
-        .expect("ATTENTION_GEMV has a shape rule");
-    check(&ctx).into_iter().map(|f| f.kind).collect()
+    assert!(
+        op_attention_gemv::SPEC.check.is_some(),
+        "ATTENTION_GEMV has a shape rule"
+    );
+    shape_rule_kinds(&op_attention_gemv::SPEC, &t, &buffers)
 }
 
 #[test]

@@ -13,10 +13,9 @@
 )]
 
 use amk_core::json::Value;
-use amk_core::testkit::{assert_close, call, random_nonzero, rng};
+use amk_core::testkit::{assert_close, call, random_nonzero, rng, shape_rule_kinds};
 use amk_core::{
-    Buffer, BufferKind, CpuCall, DType, ErrorKind, Input, MemSpace, OpError, Opcode, Registry,
-    Task, TaskContext, Tensor,
+    Buffer, BufferKind, CpuCall, DType, ErrorKind, Input, MemSpace, OpError, Opcode, Task, Tensor,
 };
 use op_attention_tile::reference::run;
 use rstest::rstest;
@@ -481,16 +480,11 @@ fn position_findings(dtype: DType, shape: &[u64], flags: Option<i64>) -> Vec<Err
     let mut t = params(g, 0, 8, 0.5, flags);
     t.inputs = vec![0, 1, 2, 3];
     t.outputs = vec![4];
-    let reg = Registry::empty();
-    let ctx = TaskContext {
-        task: &t,
-        buffers: &buffers,
-        registry: &reg,
-    };
-    let check = op_attention_tile::SPEC
-        .check
-        .expect("ATTENTION_TILE has a shape rule");
-    check(&ctx).into_iter().map(|f| f.kind).collect()
+    assert!(
+        op_attention_tile::SPEC.check.is_some(),
+        "ATTENTION_TILE has a shape rule"
+    );
+    shape_rule_kinds(&op_attention_tile::SPEC, &t, &buffers)
 }
 
 #[test]

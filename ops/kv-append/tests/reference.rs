@@ -7,10 +7,9 @@
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 use amk_core::json::Value;
-use amk_core::testkit::{assert_close, random_nonzero, rng, task};
+use amk_core::testkit::{assert_close, random_nonzero, rng, shape_rule_kinds, task};
 use amk_core::{
-    Buffer, BufferKind, CpuCall, DType, ErrorKind, Input, MemSpace, OpError, Opcode, Registry,
-    Task, TaskContext, Tensor,
+    Buffer, BufferKind, CpuCall, DType, ErrorKind, Input, MemSpace, OpError, Opcode, Task, Tensor,
 };
 use op_kv_append::reference::run;
 use rstest::rstest;
@@ -360,16 +359,11 @@ fn findings(
         t.inputs.push(2);
     }
     t.outputs = vec![1];
-    let reg = Registry::empty();
-    let ctx = TaskContext {
-        task: &t,
-        buffers: &buffers,
-        registry: &reg,
-    };
-    let check = op_kv_append::SPEC
-        .check
-        .expect("KV_APPEND has a shape rule");
-    check(&ctx).into_iter().map(|f| f.kind).collect()
+    assert!(
+        op_kv_append::SPEC.check.is_some(),
+        "KV_APPEND has a shape rule"
+    );
+    shape_rule_kinds(&op_kv_append::SPEC, &t, &buffers)
 }
 
 #[test]

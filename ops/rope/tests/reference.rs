@@ -6,11 +6,8 @@
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 use amk_core::json::Value;
-use amk_core::testkit::{assert_close, call, random_nonzero, rng, task};
-use amk_core::{
-    Buffer, BufferKind, DType, ErrorKind, MemSpace, OpError, Opcode, Registry, Task, TaskContext,
-    Tensor,
-};
+use amk_core::testkit::{assert_close, call, random_nonzero, rng, shape_rule_kinds, task};
+use amk_core::{Buffer, BufferKind, DType, ErrorKind, MemSpace, OpError, Opcode, Task, Tensor};
 use op_rope::reference::run;
 use rstest::rstest;
 
@@ -265,14 +262,8 @@ fn findings(x: &[u64], pos: &[u64], params: &[(&str, Value)]) -> Vec<ErrorKind> 
     ];
     let mut t = task(Opcode::ROPE, 2, 1, params);
     t.outputs = vec![2];
-    let reg = Registry::empty();
-    let ctx = TaskContext {
-        task: &t,
-        buffers: &buffers,
-        registry: &reg,
-    };
-    let check = op_rope::SPEC.check.expect("ROPE has a shape rule");
-    check(&ctx).into_iter().map(|f| f.kind).collect()
+    assert!(op_rope::SPEC.check.is_some(), "ROPE has a shape rule");
+    shape_rule_kinds(&op_rope::SPEC, &t, &buffers)
 }
 
 #[test]
