@@ -735,8 +735,10 @@ fn loads_before_the_wait_give_the_same_bits() {
         ));
     }
     // The tiles the paired paths take (their device conditions, amk_pre_row_ok, beside them):
-    // one-row GEMV tiles of an even number of rows, of 576 (3 vectors a lane) and 1,536 (6)
-    // elements, and gate/up tiles of a multiple of three pairs, at most 8 units of three.
+    // one-row tiles of an even number of rows, of 576 (3 vectors a lane: the output
+    // projection's COMBINE_GEMV tiles, which merge their row from the split attention) and
+    // 1,536 (6: the down projection's GEMV tiles) elements, and gate/up tiles of a multiple of
+    // three pairs, at most 8 units of three.
     let tuned_p = programs[0].1.0.program();
     let int = |t: &amk_core::ir::Task, k: &str| {
         t.params
@@ -747,7 +749,12 @@ fn loads_before_the_wait_give_the_same_bits() {
     let paired: Vec<i64> = tuned_p
         .tasks
         .iter()
-        .filter(|t| t.op == amk_core::Opcode::GEMV_TILE && t.label.starts_with("L6."))
+        .filter(|t| {
+            matches!(
+                t.op,
+                amk_core::Opcode::GEMV_TILE | amk_core::Opcode::COMBINE_GEMV
+            ) && t.label.starts_with("L6.")
+        })
         .inspect(|t| assert_eq!(int(t, "N_tile") % 2, 0, "{}", t.label))
         .map(|t| int(t, "K"))
         .collect();

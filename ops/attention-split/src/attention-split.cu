@@ -73,10 +73,12 @@ __device__ __forceinline__ bool as_setup(const amk_task_ctx& ctx, as_args& a) {
   AMK_CHECK(out->dtype == AMK_F32, AMK_ERR_DTYPE, out->dtype);
   AMK_CHECK(out->numel == (long long)a.nkv * a.n_splits * tile, AMK_ERR_SHAPE, out->numel);
   AMK_CHECK(amk_att_pos_ok(amk_in(ctx, 3)), AMK_ERR_DTYPE, amk_in(ctx, 3)->dtype);
-  const int task = p.n_off / (int)tile;
+  const int task = (int)p.n_off / (int)tile;
   a.kv_head = task / a.n_splits;
   a.split = task % a.n_splits;
-  a.rows = kc->numel / row;
+  /* 32-bit divisions where the values allow (a 64-bit one is a call of ~100 instructions, on
+   * every split's path before its wait) */
+  a.rows = kc->numel < 0x7fffffffLL ? (long long)((unsigned)kc->numel / (unsigned)row) : kc->numel / row;
   return true;
 }
 
@@ -94,10 +96,11 @@ __device__ __forceinline__ long long as_rows(const amk_task_ctx& ctx, const as_a
     amk_fail(ctx, AMK_ERR_INDEX, p);
     return -1;
   }
-  const long long per = (p + a.n_splits) / a.n_splits; /* ceil((p + 1) / n_splits) */
-  const long long size = (per + a.chunk - 1) / a.chunk * a.chunk;
+  const int q = (int)min(p, (long long)(1 << 30)); /* 32-bit: see as_setup */
+  const int per = (q + a.n_splits) / a.n_splits;  /* ceil((p + 1) / n_splits) */
+  const int size = (per + a.chunk - 1) / a.chunk * a.chunk;
   start = (long long)a.split * size;
-  return start > p ? 0 : min(size, p + 1 - start);
+  return start > p ? 0 : min((long long)size, p + 1 - start);
 }
 
 __device__ void amk_op_attention_split(const amk_task_ctx& ctx) {

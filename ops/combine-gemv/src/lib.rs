@@ -29,9 +29,27 @@ use std::borrow::Cow;
 
 pub mod reference;
 
-/// Dynamic shared memory the device tile asks for, which bounds the row it keeps there:
-/// GEMV_TILE's row budget.
+/// Dynamic shared memory the device tile asks for, which bounds what it keeps there (the row
+/// and the merge's scratch, [`shared_bytes`]): GEMV_TILE's row budget.
 pub const SHARED_BYTES: u32 = op_gemv_tile::SHARED_BYTES;
+
+/// Shared memory a tile needs at least: the merged row of `k` elements of the weight's dtype
+/// (`w_bytes` each), then the merge's scratch in f32 (the row's un-normalised sums, every
+/// head's split maxima, sums and denominator), then room to stage one split's partials of one
+/// KV head (the tile copies the partials there, as many splits at a time as the rest of its
+/// shared memory holds), each part 16-byte aligned. The device's `cg_row_bytes`,
+/// `cg_scratch_bytes` and `cg_split_bytes` compute the same.
+pub fn shared_bytes(g: &op_attention_split::SplitGeometry, k: u64, w_bytes: u64) -> u64 {
+    let align = |b: u64| b.div_ceil(16).saturating_mul(16);
+    let row = align(k.saturating_mul(w_bytes));
+    let scratch =
+        g.nh.saturating_mul(2u64.saturating_mul(g.n_splits).saturating_add(1))
+            .saturating_add(k)
+            .saturating_mul(4);
+    let split = g.rep().saturating_mul(g.hd + 2).saturating_mul(4);
+    row.saturating_add(align(scratch))
+        .saturating_add(align(split))
+}
 
 /// The op's spec, as the registry and the validator see it.
 pub const SPEC: OpSpec = OpSpec {
@@ -110,10 +128,12 @@ fn check(ctx: &TaskContext<'_>) -> Vec<Finding> {
             c.mismatch(format!("the {role} {} must be F32, F16 or BF16", desc(b)));
         }
     }
-    if vec(w) && k.saturating_mul(w.dtype.bits().div_ceil(8)) > u64::from(SHARED_BYTES) {
+    let need = shared_bytes(&g, k, w.dtype.bits().div_ceil(8));
+    if vec(w) && need > u64::from(SHARED_BYTES) {
         c.mismatch(format!(
-            "the attention row of K = {k} elements of {} exceeds the tile's {SHARED_BYTES} bytes of shared memory",
-            w.dtype
+            "the attention row of K = {k} elements of {} and the merge of {} heads x {} splits \
+             take {need} bytes, beyond the tile's {SHARED_BYTES} bytes of shared memory",
+            w.dtype, g.nh, g.n_splits
         ));
     }
     if w.last_dim() != k {

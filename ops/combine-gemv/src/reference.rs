@@ -34,10 +34,10 @@ pub fn run(call: &mut CpuCall<'_, '_>) -> Result<(), OpError> {
     let w = call.input(1)?;
     float_operand(w, "weight")?;
     let wdt = w.dtype();
-    let row_bytes = k.saturating_mul(wdt.bits().div_ceil(8) as usize);
-    if row_bytes > crate::SHARED_BYTES as usize {
+    let need = crate::shared_bytes(&g, k as u64, wdt.bits().div_ceil(8));
+    if need > u64::from(crate::SHARED_BYTES) {
         return Err(OpError::Shape(format!(
-            "COMBINE_GEMV: the attention row ({row_bytes} bytes) exceeds the tile's {} bytes",
+            "COMBINE_GEMV: the attention row and the merge take {need} bytes, beyond the tile's {}",
             crate::SHARED_BYTES
         )));
     }

@@ -173,3 +173,45 @@ fn bad_calls_are_typed_errors() {
         "a tile past the weight's rows"
     );
 }
+
+/// The merge's scratch counts against the tile's shared memory: a Llama-70B-shaped row (64
+/// heads of 128 dims, bf16) fits with 16 splits a KV head (61,760 bytes) and is refused with 32
+/// (69,952 of 65,536), where the row alone (16 KiB) would fit either way.
+#[test]
+fn the_merge_scratch_counts_against_shared_memory() {
+    let geometry = |n_splits| SplitGeometry {
+        hd: 128,
+        nh: 64,
+        nkv: 8,
+        n_splits,
+        chunk: 64,
+    };
+    assert_eq!(
+        op_combine_gemv::shared_bytes(&geometry(16), 8192, 2),
+        61_760
+    );
+    assert_eq!(
+        op_combine_gemv::shared_bytes(&geometry(32), 8192, 2),
+        69_952
+    );
+    let mut r = rng(3);
+    let w = random_nonzero(DType::BF16, &[2, 8192], &mut r, -1.0, 1.0);
+    let pb = Tensor::from_i64(DType::I32, &[1], &[100]).unwrap();
+    for (n_splits, fits) in [(16, true), (32, false)] {
+        let g = geometry(n_splits);
+        let parts = partials(&g, 9);
+        let mut out = [Tensor::zeros(DType::F32, &[1, 2])];
+        let t = task(Opcode::COMBINE_GEMV, 3, 1, &params(&g, 2, 0));
+        let got = call(
+            op_combine_gemv::reference::run,
+            &t,
+            &[&parts, &w, &pb],
+            &mut out,
+        );
+        match (fits, got) {
+            (true, Ok(())) => {}
+            (false, Err(OpError::Shape(m))) => assert!(m.contains("69952"), "{m}"),
+            (_, other) => panic!("{n_splits} splits: {other:?}"),
+        }
+    }
+}
