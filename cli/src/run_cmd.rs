@@ -19,8 +19,11 @@ use std::process::ExitCode;
 pub const AFTER_HELP: &str = "\
 Every IO_INPUT buffer of the program needs one --set NAME=v1,v2,... with exactly as many
 comma-separated numbers as the buffer has elements (row-major): integers for integer dtypes
-(I32, I8, U8, I4 as a raw nibble 0..15, BOOL 0/1), finite decimals otherwise. The same inputs
-are used for every step; KV caches start zeroed and persist from step to step. The IO_OUTPUT
+(I32, I8, U8, I4 as a raw nibble 0..15, BOOL 0/1), finite decimals otherwise, except
+`reshape_id0`, which the decode programs of `amk lower` carry and which is 0 unless set (a
+decode program's other inputs: `token_id`, the token, and `pos`, its position from 0). A
+missing input's error names what it holds when it is one of these. The same inputs are used
+for every step; KV caches start zeroed and persist from step to step. The IO_OUTPUT
 buffers of the last step are printed. One line on stderr names the backend that runs and why:
 `backend: cpu`, `backend: cuda (DEVICE)` or, on a build with the cuda feature that cannot open
 a GPU, `backend: cpu (cuda unavailable: REASON)`.
@@ -255,16 +258,18 @@ pub fn parse_inputs(p: &Program, sets: &[String]) -> Result<Vec<(String, Tensor)
         }
         out.push((name.to_string(), parse_values(buf, values)?));
     }
-    let missing: Vec<&Buffer> = io
-        .iter()
-        .copied()
-        .filter(|b| !out.iter().any(|(n, _)| *n == b.name))
-        .collect();
+    let mut missing: Vec<&Buffer> = Vec::new();
+    for b in io.iter().copied() {
+        if out.iter().any(|(n, _)| *n == b.name) {
+            continue;
+        }
+        match decode_default(b)? {
+            Some(t) => out.push((b.name.clone(), t)),
+            None => missing.push(b),
+        }
+    }
     if let Some(first) = missing.first() {
-        let all: Vec<String> = missing
-            .iter()
-            .map(|b| format!("{} ({} {:?})", b.name, b.dtype, b.shape))
-            .collect();
+        let all: Vec<String> = missing.iter().map(|b| describe_input(b)).collect();
         return Err(input_err(
             &first.name,
             format!(
@@ -274,6 +279,24 @@ pub fn parse_inputs(p: &Program, sets: &[String]) -> Result<Vec<(String, Tensor)
         ));
     }
     Ok(out)
+}
+
+/// The value of an input of the decode interface that always has one (`reshape_id0` = 0 in
+/// the decode programs `amk lower` writes), as a tensor of the buffer's dtype and shape.
+fn decode_default(b: &Buffer) -> Result<Option<Tensor>, RunError> {
+    let Some(v) = amk_core::decode::input_default(&b.name) else {
+        return Ok(None);
+    };
+    let values = vec![v.to_string(); b.numel() as usize].join(",");
+    parse_values(b, &values).map(Some)
+}
+
+/// `NAME (DTYPE [SHAPE])`, with what the input holds when it is one of the decode interface's.
+fn describe_input(b: &Buffer) -> String {
+    match amk_core::decode::input_meaning(&b.name) {
+        Some(m) => format!("{} ({} {:?}: {m})", b.name, b.dtype, b.shape),
+        None => format!("{} ({} {:?})", b.name, b.dtype, b.shape),
+    }
 }
 
 /// Loads the weights (an empty store when no file is given).

@@ -616,3 +616,53 @@ fn backend_choice_is_announced_on_stderr() {
         }
     }
 }
+
+/// The decode interface's inputs by hand: `reshape_id0` (which every decode program of `amk
+/// lower` carries) is 0 unless set, and a missing `pos` is named with what it holds. The
+/// program embeds table rows `reshape_id0` and `pos`.
+#[test]
+fn decode_inputs_have_their_default_and_their_meaning() {
+    let mut p = Program::new();
+    let rid = p.new_buffer("reshape_id0", BufferKind::IO_INPUT, DType::I32, &[1]);
+    let pos = p.new_buffer("pos", BufferKind::IO_INPUT, DType::I32, &[1]);
+    let table = p.new_weight("table", DType::F32, &[VOCAB, H], "embed.weight");
+    let hi = Value::Int(H as i64);
+    for (name, input) in [("by_rid", rid), ("by_pos", pos)] {
+        let out = p.new_buffer(name, BufferKind::IO_OUTPUT, DType::F32, &[1, H]);
+        let c = p.new_counter(name);
+        p.push_task(
+            Opcode::EMBED,
+            &[input, table],
+            &[out],
+            c,
+            &[],
+            params(&[("hidden", hi.clone())]),
+            name,
+        );
+    }
+    let mut f = fixture("decode-inputs");
+    f.program = save_program(&f.dir, "decode.json", &p);
+    let table = f.store.get("embed.weight").unwrap();
+    let row = |r: usize| vals(table)[r * H as usize..(r + 1) * H as usize].to_vec();
+    for (sets, rid_row) in [
+        (&["--set", "pos=2"][..], 0),
+        (&["--set", "pos=2", "--set", "reshape_id0=3"][..], 3),
+    ] {
+        let mut args = sets.to_vec();
+        args.push("--json");
+        let out = run(&f, &args);
+        assert_eq!(out.status.code(), Some(0), "{sets:?}: {}", stderr(&out));
+        let doc: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        assert_close("by_rid", &doc["outputs"]["by_rid"]["data"], &row(rid_row));
+        assert_close("by_pos", &doc["outputs"]["by_pos"]["data"], &row(2));
+    }
+    expect_error(
+        &f,
+        &[],
+        2,
+        "pos (I32 [1]: this pass's position, from 0)",
+        "input",
+    );
+    let out = run(&f, &[]);
+    assert!(!stderr(&out).contains("reshape_id0"), "{}", stderr(&out));
+}

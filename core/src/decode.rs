@@ -50,3 +50,40 @@ pub const SAMPLING_TEMPERATURE: usize = 0;
 pub const SAMPLING_TOP_P: usize = 1;
 /// Elements of `SAMPLING`.
 pub const SAMPLING_LEN: u64 = 2;
+
+/// What an input of the decode interface holds, in a line (for messages that name a missing
+/// input); `None` for a name outside the interface.
+pub fn input_meaning(name: &str) -> Option<&'static str> {
+    Some(match name {
+        TOKEN => "the token this pass feeds",
+        POS => "this pass's position, from 0",
+        PROMPT => "the prompt's token ids, by position",
+        STOP => "stop token ids, negative entries unused",
+        LIMITS => "prompt length, end, top-k, seed (low, high), vocabulary limit",
+        SAMPLING => "temperature, top-p",
+        RESHAPE_ID => "the row the reshape bridges embed: always 0",
+        _ => return None,
+    })
+}
+
+/// The value an input of the decode interface always has, when it has one: a front end that
+/// runs a program by hand (`amk run`) sets it unless told otherwise.
+pub fn input_default(name: &str) -> Option<i64> {
+    (name == RESHAPE_ID).then_some(0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_the_fixed_input_has_a_default_and_every_input_a_meaning() {
+        for name in [TOKEN, POS, PROMPT, STOP, LIMITS, SAMPLING, RESHAPE_ID] {
+            assert!(input_meaning(name).is_some(), "{name}");
+            assert_eq!(input_default(name).is_some(), name == RESHAPE_ID, "{name}");
+        }
+        assert_eq!(input_default(RESHAPE_ID), Some(0));
+        assert_eq!(input_meaning("x"), None);
+        assert_eq!(input_meaning(LOGITS), None, "an output, not an input");
+    }
+}
