@@ -586,7 +586,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--iters", type=int, default=200, help="timed replays per point")
     parser.add_argument("--warmup", type=int, default=20, help="untimed replays before timing")
     parser.add_argument("--max-seq", type=int, default=1024, help="KV cache rows (default 1024)")
-    parser.add_argument("--seed", type=int, default=1, help="seed of weights and inputs")
+    parser.add_argument("--seed", type=int, default=0, help="seed of weights and inputs (0, as amk's)")
     parser.add_argument("--no-compile", action="store_true",
                         help="time the eager step in a CUDA graph instead of the compiled one")
     parser.add_argument("--json", action="store_true", help="print one JSON object on stdout")

@@ -68,8 +68,8 @@ pub struct BenchArgs {
     /// GPU target the schedule is laid out for; its SM count is replaced by the device's.
     #[arg(long, default_value = "h100")]
     pub target: String,
-    /// Seed of the synthetic weights and KV prefix.
-    #[arg(long, default_value_t = 1)]
+    /// Seed of the synthetic weights and KV prefix (0 by default, as every --seed of amk).
+    #[arg(long, default_value_t = 0)]
     pub seed: u64,
     /// Also print a per-op trace of one step per point (stderr).
     #[arg(long)]

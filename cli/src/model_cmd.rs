@@ -182,7 +182,8 @@ pub struct GenerateArgs {
     /// Sample from the K most likely tokens only (0: every token).
     #[arg(long, value_name = "K", default_value_t = 0)]
     top_k: u32,
-    /// Seed of the sampler (the same seed gives the same text).
+    /// Seed of the sampler (the same seed gives the same text; 0 by default, as every --seed
+    /// of amk).
     #[arg(long, default_value_t = 0)]
     seed: u64,
     /// Only the text on stdout: no backend line, prompt progress or summary on stderr

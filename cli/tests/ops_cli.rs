@@ -319,3 +319,20 @@ fn cli_reference_lists_every_flag() {
         }
     }
 }
+
+/// Every `--seed` of amk has one default, 0: the sampler's (`generate`) and the synthetic
+/// weights' (`bench`) alike.
+#[test]
+fn every_seed_defaults_to_zero() {
+    for cmd in ["generate", "bench"] {
+        let out = amk(&[cmd, "--help"]);
+        assert_eq!(out.status.code(), Some(0), "{cmd}");
+        let help = String::from_utf8_lossy(&out.stdout);
+        let start = help
+            .find("--seed")
+            .unwrap_or_else(|| panic!("{cmd} --help has no --seed"));
+        let entry = &help[start..];
+        let entry = &entry[..entry.find("\n  -").unwrap_or(entry.len())];
+        assert!(entry.contains("[default: 0]"), "{cmd}: {entry}");
+    }
+}
