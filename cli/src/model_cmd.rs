@@ -205,9 +205,13 @@ pub struct GenerateArgs {
 pub struct PerplexityArgs {
     #[command(flatten)]
     common: ModelArgs,
-    /// Text to score (teacher-forced).
+    /// Text to score (teacher-forced). Without it or --text-file the text is read from
+    /// standard input (a pipe or a file, not a terminal), as generate's prompt is.
+    #[arg(long, conflicts_with = "text_file")]
+    text: Option<String>,
+    /// File holding the text to score.
     #[arg(long, value_name = "FILE")]
-    text_file: PathBuf,
+    text_file: Option<PathBuf>,
     /// Execution backend: `cpu` (the CPU VM), `cuda` (the GPU megakernel; needs a build with
     /// `--features cuda` and a GPU) or `auto` (cuda when available, else cpu). The choice is
     /// reported on stderr.
@@ -560,12 +564,7 @@ pub fn run_generate(a: &GenerateArgs) -> ExitCode {
 }
 
 fn generate_inner(a: &GenerateArgs) -> Result<(), ModelCmdError> {
-    let text = match (&a.prompt, &a.prompt_file) {
-        (Some(t), _) => t.clone(),
-        (None, Some(f)) => std::fs::read_to_string(f)
-            .map_err(|e| ModelCmdError::Usage(format!("{}: {e}", f.display())))?,
-        (None, None) => stdin_prompt()?,
-    };
+    let text = read_text(a.prompt.as_ref(), a.prompt_file.as_ref(), "prompt")?.text;
     let sampling = Sampling {
         temperature: a.temperature as f32,
         top_p: a.top_p as f32,
@@ -726,27 +725,52 @@ fn finish_words(f: Finish) -> &'static str {
     }
 }
 
-/// The prompt piped on standard input (`amk generate` without `--prompt` or `--prompt-file`);
-/// a usage error when standard input is a terminal (nothing to wait for: say what to give) or
-/// holds only whitespace.
-fn stdin_prompt() -> Result<String, ModelCmdError> {
+/// A command's text and where it came from (for messages).
+struct Text {
+    text: String,
+    /// The file's path, `--{flag}` or "standard input".
+    origin: String,
+}
+
+/// The text of `--{flag} TEXT` (`inline`) or `--{flag}-file FILE` (`file`), else the one piped
+/// on standard input: `amk generate`'s prompt, `amk perplexity`'s text. Standard input that
+/// is a terminal (nothing to wait for: say what to give) or holds only whitespace is a usage
+/// error.
+fn read_text(
+    inline: Option<&String>,
+    file: Option<&PathBuf>,
+    flag: &str,
+) -> Result<Text, ModelCmdError> {
     use std::io::{IsTerminal, Read};
-    const HOW: &str =
-        "give --prompt TEXT or --prompt-file FILE, or pipe the prompt on standard input";
+    if let Some(t) = inline {
+        return Ok(Text {
+            text: t.clone(),
+            origin: format!("--{flag}"),
+        });
+    }
+    if let Some(f) = file {
+        let text = std::fs::read_to_string(f)
+            .map_err(|e| ModelCmdError::Usage(format!("{}: {e}", f.display())))?;
+        let origin = f.display().to_string();
+        return Ok(Text { text, origin });
+    }
+    let how =
+        format!("give --{flag} TEXT or --{flag}-file FILE, or pipe the {flag} on standard input");
     let mut stdin = std::io::stdin();
     if stdin.is_terminal() {
-        return Err(ModelCmdError::Usage(format!("no prompt: {HOW}")));
+        return Err(ModelCmdError::Usage(format!("no {flag}: {how}")));
     }
     let mut text = String::new();
     stdin.read_to_string(&mut text).map_err(|e| {
-        ModelCmdError::Usage(format!("reading the prompt from standard input: {e}"))
+        ModelCmdError::Usage(format!("reading the {flag} from standard input: {e}"))
     })?;
     if text.trim().is_empty() {
         return Err(ModelCmdError::Usage(format!(
-            "no prompt: standard input was empty; {HOW}"
+            "no {flag}: standard input was empty; {how}"
         )));
     }
-    Ok(text)
+    let origin = "standard input".into();
+    Ok(Text { text, origin })
 }
 
 /// `amk perplexity`.
@@ -755,8 +779,7 @@ pub fn run_perplexity(a: &PerplexityArgs) -> ExitCode {
 }
 
 fn perplexity_inner(a: &PerplexityArgs) -> Result<(), ModelCmdError> {
-    let text = std::fs::read_to_string(&a.text_file)
-        .map_err(|e| ModelCmdError::Usage(format!("{}: {e}", a.text_file.display())))?;
+    let Text { text, origin } = read_text(a.text.as_ref(), a.text_file.as_ref(), "text")?;
     let chosen = backend_choice::choose(a.backend, a.threads)?;
     let reg = registry()?;
     let imported = import(&a.common, chosen.gpu_sms)?;
@@ -768,8 +791,7 @@ fn perplexity_inner(a: &PerplexityArgs) -> Result<(), ModelCmdError> {
     }
     if ids.len() < 2 {
         return Err(ModelCmdError::Usage(format!(
-            "{}: {} tokens; perplexity needs at least two",
-            a.text_file.display(),
+            "{origin}: {} tokens; perplexity needs at least two",
             ids.len()
         )));
     }

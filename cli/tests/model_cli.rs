@@ -221,6 +221,32 @@ fn generate_and_perplexity_on_an_hf_directory() {
     assert!(nll > 0.0 && nll.is_finite(), "{p}");
     assert!((p["perplexity"].as_f64().unwrap() - nll.exp()).abs() < 1e-9 * nll.exp());
     assert!(p["tokens"].as_u64().unwrap() > 5);
+    // The same text inline (`--text`) and piped on standard input scores the same.
+    let inline = amk()
+        .args(["perplexity", "--json", "--model"])
+        .arg(&d)
+        .args(["--text", "hello hello world, hello!"])
+        .output()
+        .unwrap();
+    assert!(inline.status.success(), "{}", text(&inline));
+    let mut child = amk()
+        .args(["perplexity", "--json", "--model"])
+        .arg(&d)
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    {
+        use std::io::Write;
+        let mut stdin = child.stdin.take().unwrap();
+        stdin.write_all(b"hello hello world, hello!").unwrap();
+    }
+    let piped = child.wait_with_output().unwrap();
+    assert!(piped.status.success(), "{}", text(&piped));
+    for other in [&inline, &piped] {
+        assert_eq!(json(other)["nll"], p["nll"], "{}", text(other));
+    }
 
     // Plain output streams the prompt and continuation, with a tokens/s line on stderr.
     let o = amk()
@@ -421,6 +447,24 @@ fn bad_arguments_are_typed_errors_with_exit_2() {
         &o,
         "no prompt: standard input was empty; give --prompt TEXT",
     );
+    // perplexity's text likewise: inline, a file or standard input, never two of them.
+    let ppl = || {
+        let mut c = amk();
+        c.args(["perplexity", "--model"]).arg(&d);
+        c
+    };
+    let o = ppl().stdin(std::process::Stdio::null()).output().unwrap();
+    expect_usage_error(
+        &o,
+        "no text: standard input was empty; give --text TEXT or --text-file FILE",
+    );
+    let o = ppl()
+        .args(["--text", "hi there", "--text-file", "x.txt"])
+        .output()
+        .unwrap();
+    expect_usage_error(&o, "cannot be used with");
+    let o = ppl().args(["--text", ""]).output().unwrap();
+    expect_usage_error(&o, "--text: ");
     let mut child = base()
         .args(["-n", "2", "--ignore-eos", "--json", "--backend", "cpu"])
         .stdin(std::process::Stdio::piped())
