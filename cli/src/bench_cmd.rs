@@ -302,8 +302,11 @@ fn bench(a: &BenchArgs) -> Result<(), ModelCmdError> {
     };
     let prefix = prefix.as_deref();
     let max_seq = a.max_seq.unwrap_or(1024.max(max_pos + 1));
-    let gpu = CudaBackend::new(CudaOptions::default())
-        .map_err(|e| ModelCmdError::Usage(format!("amk bench needs the CUDA backend: {e}")))?;
+    let gpu =
+        CudaBackend::new(CudaOptions::default()).map_err(|source| ModelCmdError::NeedsCuda {
+            command: "amk bench",
+            source,
+        })?;
     eprintln!("backend: cuda ({})", gpu.info());
     target.num_sms = gpu.info().sms as i64;
     eprintln!("measuring the read bandwidth (2 GiB, 20 passes)...");

@@ -98,8 +98,11 @@ pub fn bench_e2e(a: &BenchArgs, prompt_tokens: usize) -> Result<(), ModelCmdErro
     }
     let depths: Vec<usize> = a.depth.iter().map(|&d| d as usize).collect();
     let longest = depths.iter().copied().max().unwrap_or(0).max(prompt_tokens) + a.gen_tokens;
-    let gpu = CudaBackend::new(CudaOptions::default())
-        .map_err(|e| ModelCmdError::Usage(format!("amk bench needs the CUDA backend: {e}")))?;
+    let gpu =
+        CudaBackend::new(CudaOptions::default()).map_err(|source| ModelCmdError::NeedsCuda {
+            command: "amk bench",
+            source,
+        })?;
     eprintln!("backend: cuda ({})", gpu.info());
     let reg = registry()?;
     let model = import_model(path)?;

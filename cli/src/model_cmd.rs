@@ -48,6 +48,14 @@ pub enum ModelCmdError {
     /// `--backend cuda` cannot be opened here.
     #[error("{0}")]
     Backend(#[from] BackendUnavailable),
+    /// A command that runs only on a GPU (`amk bench`) cannot open the CUDA backend.
+    #[error("{command} needs the CUDA backend: {source}")]
+    NeedsCuda {
+        /// The command, as the user typed it.
+        command: &'static str,
+        /// Why the backend cannot be opened.
+        source: amk_backend_cuda::CudaError,
+    },
     /// Writing output failed.
     #[error("{0}")]
     Io(#[from] std::io::Error),
@@ -85,7 +93,9 @@ impl ModelCmdError {
         match self {
             ModelCmdError::Usage(_) => "usage",
             ModelCmdError::Fetch(_) => "fetch",
-            ModelCmdError::Model(ModelError::Backend(_)) | ModelCmdError::Backend(_) => "backend",
+            ModelCmdError::Model(ModelError::Backend(_))
+            | ModelCmdError::Backend(_)
+            | ModelCmdError::NeedsCuda { .. } => "backend",
             ModelCmdError::Model(ModelError::Invalid(_)) => "rejected",
             ModelCmdError::Model(ModelError::ContextFull { .. }) => "context",
             ModelCmdError::Model(_) | ModelCmdError::ModelFile { .. } => "model",

@@ -392,30 +392,31 @@ fn json_string(s: &str) -> String {
     serde_json::to_string(s).unwrap_or_else(|_| "\"\"".into())
 }
 
-/// The `--json` document, outputs in buffer order, then the backend that ran them.
+/// The `--json` document (compact, as every command's), outputs in buffer order, then the
+/// backend that ran them.
 fn outputs_json(outputs: &[(String, Tensor)], backend: &str) -> String {
-    let mut s = String::from("{\"outputs\": {");
+    let mut s = String::from("{\"outputs\":{");
     for (k, (name, t)) in outputs.iter().enumerate() {
         if k > 0 {
-            s.push_str(", ");
+            s.push(',');
         }
         let shape: Vec<String> = t.shape().iter().map(u64::to_string).collect();
         let _ = write!(
             s,
-            "{}: {{\"dtype\": \"{}\", \"shape\": [{}], \"data\": [",
+            "{}:{{\"dtype\":\"{}\",\"shape\":[{}],\"data\":[",
             json_string(name),
             t.dtype(),
-            shape.join(", ")
+            shape.join(",")
         );
         for i in 0..t.numel() {
             if i > 0 {
-                s.push_str(", ");
+                s.push(',');
             }
             s.push_str(&json_value(t, i));
         }
         s.push_str("]}");
     }
-    let _ = write!(s, "}}, \"backend\": {}}}", json_string(backend));
+    let _ = write!(s, "}},\"backend\":{}}}", json_string(backend));
     s
 }
 
@@ -455,12 +456,12 @@ fn outputs_text(o: &RunOutput) -> String {
 
 fn error_json(e: &RunError) -> String {
     let mut s = format!(
-        "{{\"error\": {{\"kind\": \"{}\", \"message\": {}",
+        "{{\"error\":{{\"kind\":\"{}\",\"message\":{}",
         e.kind(),
         json_string(&e.to_string())
     );
     if let Some(b) = e.buffer() {
-        let _ = write!(s, ", \"buffer\": {}", json_string(b));
+        let _ = write!(s, ",\"buffer\":{}", json_string(b));
     }
     s.push_str("}}");
     s

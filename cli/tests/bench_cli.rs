@@ -59,6 +59,8 @@ fn bench_needs_the_gpu_or_times_a_gated_point() {
             let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
             let msg = v["error"]["message"].as_str().unwrap();
             assert!(msg.starts_with("amk bench needs the CUDA backend"), "{msg}");
+            // the kind every command gives for a backend it cannot open (`--backend cuda`)
+            assert_eq!(v["error"]["kind"], "backend", "{v}");
             assert!(
                 msg.contains(why.lines().next().unwrap_or_default()),
                 "{msg}"

@@ -224,6 +224,9 @@ fn json_outputs_match_the_f64_formula() {
     let out = run(&f, &["--set", &x_arg(), "--set", &tok_arg(), "--json"]);
     assert_eq!(out.status.code(), Some(0), "stderr: {}", stderr(&out));
     let doc: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    // compact, as every command's --json (no string here holds ": " or ", ")
+    let text = stdout(&out);
+    assert!(!text.contains(": ") && !text.contains(", "), "{text}");
     let top = doc.as_object().unwrap();
     let mut keys: Vec<&String> = top.keys().collect();
     keys.sort();
