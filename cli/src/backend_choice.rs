@@ -100,7 +100,7 @@ fn auto_cpu_line(e: &dyn std::fmt::Display) -> String {
 /// [`choose`], then the `backend: ...` line on stderr.
 pub fn open(kind: BackendKind, cpu_threads: usize) -> Result<Chosen, BackendUnavailable> {
     let chosen = choose(kind, cpu_threads)?;
-    eprintln!("{}", chosen.line);
+    crate::status::status!("{}", chosen.line);
     Ok(chosen)
 }
 

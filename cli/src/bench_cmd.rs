@@ -307,9 +307,9 @@ fn bench(a: &BenchArgs) -> Result<(), ModelCmdError> {
             command: "amk bench",
             source,
         })?;
-    eprintln!("backend: cuda ({})", gpu.info());
+    crate::status::status!("backend: cuda ({})", gpu.info());
     target.num_sms = gpu.info().sms as i64;
-    eprintln!("measuring the read bandwidth (2 GiB, 20 passes)...");
+    crate::status::status!("measuring the read bandwidth (2 GiB, 20 passes)...");
     let bw = gpu.read_bandwidth(2 << 30, 20)?;
     let mut points = Vec::new();
     for &pos in &a.pos {
@@ -326,14 +326,14 @@ fn bench(a: &BenchArgs) -> Result<(), ModelCmdError> {
                 .map_err(|r| ModelError::Invalid(r.report()))?;
             Ok((v, lowered))
         };
-        eprintln!("{} pos {pos}: f32 reference...", subject.name);
+        crate::status::status!("{} pos {pos}: f32 reference...", subject.name);
         let want = {
             let (v, lowered) = lower_at(DType::F32)?;
             let mut s = open(&gpu, &v, &lowered, subject.synth.as_ref(), &reg, a.seed)?;
             feed_prefix(&mut s, &v, prefix, pos)?;
             step(&mut s, &v, pos, prefix)?
         };
-        eprintln!(
+        crate::status::status!(
             "{} pos {pos}: {} run and gate...",
             subject.name,
             dtype.name()
@@ -353,7 +353,7 @@ fn bench(a: &BenchArgs) -> Result<(), ModelCmdError> {
             .sum();
         let mut times = None;
         if gate.passed() {
-            eprintln!(
+            crate::status::status!(
                 "{} pos {pos}: gate passed ({}); timing {} launches after {} warm-ups...",
                 subject.name,
                 gate.why(),

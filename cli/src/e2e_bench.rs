@@ -103,7 +103,7 @@ pub fn bench_e2e(a: &BenchArgs, prompt_tokens: usize) -> Result<(), ModelCmdErro
             command: "amk bench",
             source,
         })?;
-    eprintln!("backend: cuda ({})", gpu.info());
+    crate::status::status!("backend: cuda ({})", gpu.info());
     let reg = registry()?;
     let model = import_model(path)?;
     let tok = model.tokenizer.clone().ok_or_else(|| {
@@ -122,7 +122,7 @@ pub fn bench_e2e(a: &BenchArgs, prompt_tokens: usize) -> Result<(), ModelCmdErro
         stop_slots: amk_model_llama::lower::DecodeLoop::default().stop_slots,
     };
     let gate_ids = text_ids(&tok, prompt_tokens.min(GATE_TOKENS))?;
-    eprintln!(
+    crate::status::status!(
         "gate: f32 reference over {} tokens of text...",
         gate_ids.len()
     );
@@ -140,7 +140,7 @@ pub fn bench_e2e(a: &BenchArgs, prompt_tokens: usize) -> Result<(), ModelCmdErro
             gate.why()
         )));
     }
-    eprintln!("gate passed ({}); warming up...", gate.why());
+    crate::status::status!("gate passed ({}); warming up...", gate.why());
     generate(&mut engine, &text_ids(&tok, 8)?, 8)?;
     let repeat = a.repeat.max(1);
     let prompt = text_ids(&tok, prompt_tokens)?;
@@ -152,7 +152,7 @@ pub fn bench_e2e(a: &BenchArgs, prompt_tokens: usize) -> Result<(), ModelCmdErro
     let (ttft_s, _, _) = summarize(&ttft);
     let mut points = Vec::new();
     for &depth in &depths {
-        eprintln!("depth {depth}: {} tokens, {repeat} times...", a.gen_tokens);
+        crate::status::status!("depth {depth}: {} tokens, {repeat} times...", a.gen_tokens);
         let ids = text_ids(&tok, depth.max(1))?;
         let (mut rates, mut kernel) = (Vec::new(), Vec::new());
         for _ in 0..repeat {

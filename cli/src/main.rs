@@ -8,6 +8,7 @@ mod model_cmd;
 mod ops_cmd;
 mod registry;
 mod run_cmd;
+mod status;
 mod validate_cmd;
 
 use clap::{Parser, Subcommand};
@@ -51,6 +52,10 @@ struct Cli {
     /// at debug. `RUST_LOG` (e.g. `RUST_LOG=amk=debug`) overrides it.
     #[arg(short = 'v', long = "verbose", action = clap::ArgAction::Count, global = true)]
     verbose: u8,
+    /// Only results: no backend line, progress, download progress or summary on stderr, and
+    /// logs at error level (errors and warnings still go to stderr).
+    #[arg(short = 'q', long, global = true, conflicts_with = "verbose")]
+    quiet: bool,
     #[command(subcommand)]
     command: Command,
 }
@@ -101,14 +106,15 @@ pub(crate) fn with_path(path: &std::path::Path, error: &dyn std::fmt::Display) -
     }
 }
 
-/// Logs to stderr at the level `-v` asks for (warnings only without it), unless `RUST_LOG`
-/// says otherwise.
-fn init_logging(verbose: u8) {
+/// Logs to stderr at the level `-v` asks for (warnings only without it, errors only with
+/// `-q`), unless `RUST_LOG` says otherwise.
+fn init_logging(verbose: u8, quiet: bool) {
     use tracing_subscriber::EnvFilter;
-    let level = match verbose {
-        0 => "warn",
-        1 => "info",
-        _ => "debug",
+    let level = match (quiet, verbose) {
+        (true, _) => "error",
+        (false, 0) => "warn",
+        (false, 1) => "info",
+        (false, _) => "debug",
     };
     let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(level));
     let _ = tracing_subscriber::fmt()
@@ -121,7 +127,8 @@ fn init_logging(verbose: u8) {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    init_logging(cli.verbose);
+    init_logging(cli.verbose, cli.quiet);
+    status::set_quiet(cli.quiet);
     registry::set_plugins(&cli.plugins);
     match cli.command {
         Command::Validate(args) => validate_cmd::run(&args),

@@ -9,6 +9,7 @@
 //! 2; a backend failure exits 3.
 
 use crate::backend_choice::{self, BackendKind, BackendUnavailable};
+use crate::status::status;
 use amk_core::{DType, GpuTarget, Importer, Registry, ScheduleConfig};
 use amk_engine::{Engine, EngineError, EngineOptions, Finish, Request, Sampling};
 use amk_model_llama::gguf_import::GgufImporter;
@@ -196,10 +197,6 @@ pub struct GenerateArgs {
     /// of amk).
     #[arg(long, default_value_t = 0)]
     seed: u64,
-    /// Only the text on stdout: no backend line, prompt progress or summary on stderr
-    /// (errors still go there).
-    #[arg(short = 'q', long)]
-    quiet: bool,
     /// Execution backend: `cpu` (the CPU VM), `cuda` (the GPU megakernel; needs a build with
     /// `--features cuda` and a GPU) or `auto` (cuda when available, else cpu). The choice is
     /// reported on stderr.
@@ -403,7 +400,7 @@ fn import(a: &ModelArgs, gpu_sms: Option<usize>) -> Result<Imported, ModelCmdErr
         target.num_sms = sms as i64;
     }
     let dtype = parse_dtype(&a.dtype)?;
-    let path = resolve_model(a.model.as_deref(), a.json)?;
+    let path = resolve_model(a.model.as_deref(), a.json || crate::status::quiet())?;
     let t0 = Instant::now();
     let model = import_model(&path)?;
     let c = &model.config;
@@ -589,9 +586,7 @@ fn generate_inner(a: &GenerateArgs) -> Result<(), ModelCmdError> {
     // The backend line after the import, which checks the arguments: an argument error comes
     // first.
     let imported = import(&a.common, chosen.gpu_sms)?;
-    if !a.quiet {
-        eprintln!("{}", chosen.line);
-    }
+    status!("{}", chosen.line);
     let tok = tokenizer(&imported.model)?.clone();
     let rendered = if a.chat {
         tok.apply_chat_template(&[("user", text.as_str())], true)?
@@ -652,7 +647,7 @@ fn generate_inner(a: &GenerateArgs) -> Result<(), ModelCmdError> {
             t_prompt.elapsed().as_secs_f64()
         );
     };
-    let watch = (!a.common.json && !a.quiet && chosen.name() == "cpu")
+    let watch = (!a.common.json && !crate::status::quiet() && chosen.name() == "cpu")
         .then_some(prompt_ids.len() as u64)
         .filter(|&n| n > PROGRESS_MIN_PROMPT)
         .map(|n| amk_engine::PromptWatch {
@@ -708,8 +703,8 @@ fn generate_inner(a: &GenerateArgs) -> Result<(), ModelCmdError> {
         }
         writeln!(out)?;
     }
-    if !a.common.json && !a.quiet {
-        eprintln!(
+    if !a.common.json {
+        status!(
             "[{} prompt tokens in {:.2} s ({:.1} tok/s), {} generated ({}), decode {:.1} tok/s; import {:.2} s, load {:.2} s; backend {}]",
             prompt_ids.len(),
             ttft,
@@ -793,7 +788,7 @@ fn perplexity_inner(a: &PerplexityArgs) -> Result<(), ModelCmdError> {
     let chosen = backend_choice::choose(a.backend, a.threads)?;
     let reg = registry()?;
     let imported = import(&a.common, chosen.gpu_sms)?;
-    eprintln!("{}", chosen.line); // after the import's argument checks, as in generate
+    status!("{}", chosen.line); // after the import's argument checks, as in generate
     let tok = tokenizer(&imported.model)?.clone();
     let mut ids = tok.encode(&text)?;
     if let Some(n) = a.max_tokens {

@@ -274,7 +274,7 @@ fn compile(
         return ExitCode::from(2);
     }
     if !json {
-        eprintln!(
+        crate::status::status!(
             "compiling {} megakernel(s) (NVRTC; up to minutes each for a cold cache) ...",
             jobs.len()
         );

@@ -269,7 +269,7 @@ fn completions_know_the_subcommands() {
 }
 
 /// docs/cli.md is the reference `--help` agrees with: every flag a command's `--help` lists
-/// (but `--help` and the global `--plugin` and `--verbose`, described once with the
+/// (but `--help` and the global `--plugin`, `--verbose` and `--quiet`, described once with the
 /// conventions, which must name them) appears in that command's section.
 #[test]
 fn cli_reference_lists_every_flag() {
@@ -283,6 +283,7 @@ fn cli_reference_lists_every_flag() {
             .unwrap_or_else(|| panic!("docs/cli.md has no section for {title}"));
         let rest = &doc[start + 3..];
         assert!(doc.contains("`-v`, `--verbose`") && doc.contains("`--plugin PATH`"));
+        assert!(doc.contains("`-q`, `--quiet`"));
         rest[..rest.find("\n## ").unwrap_or(rest.len())].to_string()
     };
     for (args, title) in [
@@ -308,7 +309,7 @@ fn cli_reference_lists_every_flag() {
             .filter(|l| l.trim_start().starts_with('-'))
             .filter_map(|l| l.split_whitespace().find(|w| w.starts_with("--")))
             .map(|w| w.trim_end_matches([',', '.']).to_string())
-            .filter(|f| !["--help", "--plugin", "--verbose"].contains(&f.as_str()))
+            .filter(|f| !["--help", "--plugin", "--verbose", "--quiet"].contains(&f.as_str()))
         {
             assert!(
                 text.contains(&format!("`{flag}"))

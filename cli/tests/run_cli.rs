@@ -669,3 +669,26 @@ fn decode_inputs_have_their_default_and_their_meaning() {
     let out = run(&f, &[]);
     assert!(!stderr(&out).contains("reshape_id0"), "{}", stderr(&out));
 }
+
+/// `-q` (any command) keeps stderr to errors: the run's backend line goes, its outputs stay;
+/// it excludes `-v`.
+#[test]
+fn quiet_keeps_stderr_to_errors() {
+    let f = fixture("quiet");
+    let (x, tok) = (x_arg(), tok_arg());
+    let loud = run(&f, &["--set", &x, "--set", &tok]);
+    let quiet = run(&f, &["-q", "--set", &x, "--set", &tok]);
+    assert_eq!(quiet.status.code(), Some(0), "{}", stderr(&quiet));
+    assert!(stderr(&loud).contains("backend: "), "{}", stderr(&loud));
+    assert!(quiet.stderr.is_empty(), "{}", stderr(&quiet));
+    assert_eq!(quiet.stdout, loud.stdout);
+    let failed = run(&f, &["-q", "--set", &x]);
+    assert_eq!(failed.status.code(), Some(2));
+    assert!(
+        stderr(&failed).starts_with("error: "),
+        "{}",
+        stderr(&failed)
+    );
+    let both = run(&f, &["-q", "-v", "--set", &x, "--set", &tok]);
+    assert_eq!(both.status.code(), Some(2), "{}", stderr(&both));
+}
