@@ -302,12 +302,7 @@ fn bench(a: &BenchArgs) -> Result<(), ModelCmdError> {
     };
     let prefix = prefix.as_deref();
     let max_seq = a.max_seq.unwrap_or(1024.max(max_pos + 1));
-    let gpu =
-        CudaBackend::new(CudaOptions::default()).map_err(|source| ModelCmdError::NeedsCuda {
-            command: "amk bench",
-            source,
-        })?;
-    crate::status::status!("backend: cuda ({})", gpu.info());
+    let gpu = open_gpu()?;
     target.num_sms = gpu.info().sms as i64;
     crate::status::status!("measuring the read bandwidth (2 GiB, 20 passes)...");
     let bw = gpu.read_bandwidth(2 << 30, 20)?;
@@ -490,6 +485,18 @@ fn step(
 }
 
 /// The `logits` output of a step as f32.
+/// The GPU `amk bench` runs on, announced on stderr (`backend: cuda (DEVICE)`); without one,
+/// the command's `backend` error.
+pub(crate) fn open_gpu() -> Result<CudaBackend, ModelCmdError> {
+    let gpu =
+        CudaBackend::new(CudaOptions::default()).map_err(|source| ModelCmdError::NeedsCuda {
+            command: "amk bench",
+            source,
+        })?;
+    crate::status::status!("backend: cuda ({})", gpu.info());
+    Ok(gpu)
+}
+
 /// Appends one traced step to `path` as CSV (a header first when the file is new).
 fn write_trace(
     path: &std::path::Path,

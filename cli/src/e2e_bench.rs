@@ -12,7 +12,7 @@
 
 use crate::bench_cmd::{BenchArgs, Gate, summarize};
 use crate::model_cmd::{ModelCmdError, import_model, parse_dtype, registry, target_named};
-use amk_backend_cuda::{CudaBackend, CudaOptions};
+use amk_backend_cuda::CudaBackend;
 use amk_core::DType;
 use amk_engine::{Engine, EngineOptions, Generation, Request};
 use amk_model_llama::lower::tuned_schedule;
@@ -98,12 +98,7 @@ pub fn bench_e2e(a: &BenchArgs, prompt_tokens: usize) -> Result<(), ModelCmdErro
     }
     let depths: Vec<usize> = a.depth.iter().map(|&d| d as usize).collect();
     let longest = depths.iter().copied().max().unwrap_or(0).max(prompt_tokens) + a.gen_tokens;
-    let gpu =
-        CudaBackend::new(CudaOptions::default()).map_err(|source| ModelCmdError::NeedsCuda {
-            command: "amk bench",
-            source,
-        })?;
-    crate::status::status!("backend: cuda ({})", gpu.info());
+    let gpu = crate::bench_cmd::open_gpu()?;
     let reg = registry()?;
     let model = import_model(path)?;
     let tok = model.tokenizer.clone().ok_or_else(|| {

@@ -229,20 +229,10 @@ fn generate_and_perplexity_on_an_hf_directory() {
         .output()
         .unwrap();
     assert!(inline.status.success(), "{}", text(&inline));
-    let mut child = amk()
-        .args(["perplexity", "--json", "--model"])
-        .arg(&d)
-        .stdin(std::process::Stdio::piped())
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
-    {
-        use std::io::Write;
-        let mut stdin = child.stdin.take().unwrap();
-        stdin.write_all(b"hello hello world, hello!").unwrap();
-    }
-    let piped = child.wait_with_output().unwrap();
+    let piped = with_stdin(
+        amk().args(["perplexity", "--json", "--model"]).arg(&d),
+        b"hello hello world, hello!",
+    );
     assert!(piped.status.success(), "{}", text(&piped));
     for other in [&inline, &piped] {
         assert_eq!(json(other)["nll"], p["nll"], "{}", text(other));
@@ -334,6 +324,19 @@ fn bad_models_are_typed_errors_with_exit_2() {
     assert!(msg.contains("expert") && msg.contains("bias"), "{msg}");
     // No tokenizer.
     expect_usage_error(&generate(&reference("tiny-gqa")), "tokenizer");
+}
+
+/// Runs `cmd` with `input` piped on its standard input.
+fn with_stdin(cmd: &mut Command, input: &[u8]) -> std::process::Output {
+    use std::io::Write;
+    let mut child = cmd
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    child.stdin.take().unwrap().write_all(input).unwrap();
+    child.wait_with_output().unwrap()
 }
 
 #[test]
@@ -465,19 +468,10 @@ fn bad_arguments_are_typed_errors_with_exit_2() {
     expect_usage_error(&o, "cannot be used with");
     let o = ppl().args(["--text", ""]).output().unwrap();
     expect_usage_error(&o, "--text: ");
-    let mut child = base()
-        .args(["-n", "2", "--ignore-eos", "--json", "--backend", "cpu"])
-        .stdin(std::process::Stdio::piped())
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
-    {
-        use std::io::Write;
-        let mut stdin = child.stdin.take().unwrap();
-        stdin.write_all(b"hello world").unwrap();
-    }
-    let piped = child.wait_with_output().unwrap();
+    let piped = with_stdin(
+        base().args(["-n", "2", "--ignore-eos", "--json", "--backend", "cpu"]),
+        b"hello world",
+    );
     assert!(piped.status.success(), "{}", text(&piped));
     let given = base()
         .args([
