@@ -79,18 +79,19 @@ def imbalance(path, model, pos):
 
 def probe(path, model, pos):
     """The AMK_PROBE points (a traced build with AMK_CUDA_DEFINES="AMK_PROBE=N"), medians per
-    phase over layers 3..26: the probes write `dispatched_us` (point 6) and `waiting_us` (point
-    7) after the task's wait, so only rows whose two points follow `ready_us` count. Levels 1
+    phase over layers 3..26: the probes write `probe6_us` (point 6) and `probe7_us` (point 7)
+    after the task's wait, so only rows whose two points follow `ready_us` count. Levels 1
     and 3: ready -> P6 -> P7 -> the row prepared (or returned); level 2 also: the row -> P6 (the
     first unit's sums) -> P7 (its epilogue) -> returned. Level 4: the SM clock, cycles a ns."""
     steady, body, clock = {}, {}, []
     for (layer, name), g in load_layers(path, model, pos).items():
         for r in g:
-            rd, p6, p7 = number(r, "ready_us"), number(r, "dispatched_us"), number(r, "waiting_us")
+            rd, p6, p7 = number(r, "ready_us"), number(r, "probe6_us"), number(r, "probe7_us")
             pro, ret, done = (number(r, "prologue_us"), number(r, "returned_us"),
                               number(r, "done_us"))
-            if p6 is not None and p7 is not None and ret > p6 + 1.0 and p7 > p6:
-                clock.append((p7 - p6) / (ret - p6))
+            disp = number(r, "dispatched_us")
+            if disp is not None and p7 is not None and ret > disp + 1.0 and p7 > disp:
+                clock.append((p7 - disp) / (ret - disp))
             if not 3 <= layer <= 26 or None in (rd, p6, p7) or p6 < rd or p7 < rd:
                 continue
             end = pro if pro is not None and pro >= p7 else ret

@@ -76,7 +76,8 @@ pub struct BenchArgs {
     pub trace: bool,
     /// With --trace, also append every traced task to FILE as CSV (model, pos, task, label,
     /// op, block; reached/ready/prologue/returned/done/dispatched/waiting in us from the step's
-    /// first task, the prologue empty for ops that record none).
+    /// first task, the prologue empty for ops that record none; then probe0..probe7, the
+    /// points an op stamps inside itself, empty where none).
     #[arg(long, value_name = "FILE", requires = "trace")]
     pub trace_out: Option<PathBuf>,
     /// Gate tolerance: max |error| / max |f32 logit| (the numerics conventions judge bf16 by
@@ -497,7 +498,8 @@ pub(crate) fn open_gpu() -> Result<CudaBackend, ModelCmdError> {
     Ok(gpu)
 }
 
-/// Appends one traced step to `path` as CSV (a header first when the file is new).
+/// Appends one traced step to `path` as CSV (a header first when the file is new): the
+/// scheduler's points, then the op's probes (`amk_probe`), empty where not stamped.
 fn write_trace(
     path: &std::path::Path,
     model: &str,
@@ -517,7 +519,7 @@ fn write_trace(
     let mut out = String::new();
     if new {
         out.push_str(
-            "model,pos,task,label,op,block,reached_us,ready_us,prologue_us,returned_us,done_us,dispatched_us,waiting_us\n",
+            "model,pos,task,label,op,block,reached_us,ready_us,prologue_us,returned_us,done_us,dispatched_us,waiting_us,probe0_us,probe1_us,probe2_us,probe3_us,probe4_us,probe5_us,probe6_us,probe7_us\n",
         );
     }
     // A point recorded only on some paths (0: not recorded) is left empty.
@@ -530,8 +532,9 @@ fn write_trace(
     };
     for t in &tr {
         let task = &p.tasks[t.task];
+        let probes: Vec<String> = t.probes.iter().map(|&p| opt(p)).collect();
         out.push_str(&format!(
-            "{model},{pos},{},{},{},{},{:.3},{:.3},{},{:.3},{:.3},{},{}\n",
+            "{model},{pos},{},{},{},{},{:.3},{:.3},{},{:.3},{:.3},{},{},{}\n",
             t.task,
             task.label.replace(',', ";"),
             task.op,
@@ -542,7 +545,8 @@ fn write_trace(
             us(t.returned),
             us(t.done),
             opt(t.dispatched),
-            opt(t.waiting)
+            opt(t.waiting),
+            probes.join(",")
         ));
     }
     f.write_all(out.as_bytes())?;

@@ -255,7 +255,10 @@ typedef struct amk_device_program { /*@size 184*/
  * task, when its waits were met, when it signalled; the block that ran it; when its op's
  * prologue ended (0 if the op records none: the row tiles record when their row is ready);
  * when its op returned (before the signal); when the scheduler dispatched it (its stage landed
- * and its ids checked); when the wait began (amk_task_wait entered, the op's checks done). */
-#define AMK_TRACE_WORDS 8
+ * and its ids checked); when the wait began (amk_task_wait entered, the op's checks done);
+ * then AMK_TRACE_PROBES words an op may stamp at points of its own (amk_probe; 0: not
+ * stamped), to see where a task's time goes inside the op. */
+#define AMK_TRACE_PROBES 8
+#define AMK_TRACE_WORDS (8 + AMK_TRACE_PROBES)
 
 #endif /* AMK_ABI_H */

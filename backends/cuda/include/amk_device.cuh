@@ -131,11 +131,25 @@ __device__ __forceinline__ uint64_t amk_globaltimer() {
   return t;
 }
 
-/* AMK_PROBE (diagnostic builds, off by default; the traced kernel only): points inside an op's
- * code write the clock into the running task's trace words 6 and 7 (which then no longer hold
- * its dispatch and wait times), thread 0 only, when `cond` holds (a condition on a computed
- * value orders the point after that value). `amk bench --trace` writes them as they come,
- * `scripts/trace_phases.py --probe` summarises them; docs/gpu-testing.md lists the levels. */
+/* Probe `k` (0 .. AMK_TRACE_PROBES - 1) of a traced task: the time an op reached a point of
+ * its own (thread 0; the last stamp of a probe wins), trace word 8 + k. An op's probes say
+ * where its time goes between the scheduler's points (docs/gpu-testing.md lists each op's);
+ * nothing in an untraced kernel. Probes 6 and 7 are AMK_PROBE's in its diagnostic builds. */
+__device__ __forceinline__ void amk_probe(const amk_task_ctx& ctx, int k) {
+#if !AMK_TRACE_OFF
+  if (ctx.trace && threadIdx.x == 0 && k >= 0 && k < AMK_TRACE_PROBES) ctx.trace[8 + k] = amk_globaltimer();
+#else
+  (void)ctx;
+  (void)k;
+#endif
+}
+
+/* AMK_PROBE (diagnostic builds, off by default; the traced kernel only): points inside the
+ * shared tile and attention code write the clock into the running task's probe words 6 and 7
+ * (amk_probe's), thread 0 only, when `cond` holds (a condition on a computed value orders the
+ * point after that value). `amk bench --trace` writes them as they come (probe6_us,
+ * probe7_us), `scripts/trace_phases.py --probe` summarises them; docs/gpu-testing.md lists the
+ * levels. */
 #ifndef AMK_PROBE
 #define AMK_PROBE 0
 #endif
@@ -143,7 +157,7 @@ __device__ __forceinline__ uint64_t amk_globaltimer() {
 __shared__ uint64_t* amk_probe_tr;
 #define AMK_PROBE_AT(slot, cond)                                                          \
   do {                                                                                    \
-    if (threadIdx.x == 0 && amk_probe_tr && (cond)) amk_probe_tr[slot] = amk_globaltimer(); \
+    if (threadIdx.x == 0 && amk_probe_tr && (cond)) amk_probe_tr[8 + (slot)] = amk_globaltimer(); \
   } while (0)
 #else
 #define AMK_PROBE_AT(slot, cond) \

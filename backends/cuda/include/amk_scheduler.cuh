@@ -359,8 +359,8 @@ __device__ __forceinline__ bool amk_run_queue(const amk_device_program_t& prog, 
 #endif
     }
 #if AMK_PROBE == 4 && !AMK_TRACE_OFF
-    /* the SM clock: trace word 7 = word 6 (a ns time) + the cycles the dispatch took, so that
-       word 7 - word 6 over returned - word 6 is cycles a ns */
+    /* the SM clock: probe 7 = dispatch time (word 6, a ns time) + the cycles the dispatch
+       took, so that (probe 7 - word 6) / (returned - word 6) is cycles a ns */
     const long long probe_c0 = clock64();
 #endif
     /* A producer of the step loop's gate reads the host's cancel word before its task (the
@@ -370,7 +370,7 @@ __device__ __forceinline__ bool amk_run_queue(const amk_device_program_t& prog, 
     amk_dispatch(c);
     if (tr && threadIdx.x == 0) tr[5] = amk_globaltimer();
 #if AMK_PROBE == 4 && !AMK_TRACE_OFF
-    if (tr && threadIdx.x == 0) tr[7] = tr[6] + (uint64_t)(clock64() - probe_c0);
+    if (tr && threadIdx.x == 0) tr[8 + 7] = tr[6] + (uint64_t)(clock64() - probe_c0);
 #endif
     /* Every thread's stores of the task are done: the barrier before the signal (one barrier:
        the flags below are read after it too). */

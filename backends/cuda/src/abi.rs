@@ -227,9 +227,12 @@ pub struct AmkPrefetch {
     pub bytes: u64,
 }
 
+/// Probe words of the per-task trace (`amk_abi.h`): points an op stamps itself (`amk_probe`).
+pub const TRACE_PROBES: usize = 8;
+
 /// Words of the per-task trace (`amk_abi.h`): reached, ready, done (ns), block, prologue,
-/// returned, dispatched, waiting (ns).
-pub const TRACE_WORDS: usize = 8;
+/// returned, dispatched, waiting (ns), then the [`TRACE_PROBES`] probes (ns, 0: not stamped).
+pub const TRACE_WORDS: usize = 8 + TRACE_PROBES;
 
 /// Step flag in `AmkInstruction::sm` of a FUSED step: zero the step's outputs before it runs
 /// (fresh scratch slots start at zero, as in the CPU reference).

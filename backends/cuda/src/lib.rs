@@ -52,6 +52,8 @@ pub struct TaskTrace {
     pub dispatched: u64,
     /// When its wait began (the op's own checks done, `amk_task_wait` entered).
     pub waiting: u64,
+    /// When its op reached its own probe points (`amk_probe`; 0: not reached or none there).
+    pub probes: [u64; abi::TRACE_PROBES],
 }
 
 use amk_core::ir::{DType, Program};

@@ -8,6 +8,9 @@
  * element g * head_dim of a row (rows keep their n_kv_heads * head_dim stride), the output
  * from n_off; the geometry is then one KV head of `rep` query heads.
  *
+ * Probes (traced kernels): 0 the shape worked out, 1 the rows, 2 thread 0 through the
+ * attention; the prologue point: the wait passed and the views made.
+ *
  * The position is data: read before the wait when nothing in the launch writes it (its
  * descriptor's AMK_BUF_LAUNCH_CONST, as in a decode loop, whose tail writes it after every
  * reader of the pass), else after the wait. An inactive split (no rows at this position)
@@ -107,11 +110,13 @@ __device__ void amk_op_attention_split(const amk_task_ctx& ctx) {
   if (ctx.verify && !as_check(ctx)) return;
   as_args a;
   as_setup<false>(ctx, a);
+  amk_probe(ctx, 0); /* the shape worked out */
   const amk_buffer_t* pb = amk_in(ctx, 3);
   const bool late = ctx.check_only || !(pb->flags & AMK_BUF_LAUNCH_CONST);
   if (late && !amk_task_wait(ctx)) return;
   long long start = 0;
   const long long len = as_rows(ctx, a, pb, start);
+  amk_probe(ctx, 1); /* the rows worked out */
   if (len < 0) return;
   if (len == 0) { /* inactive: nothing read, nothing written */
     if (!late) amk_task_skip_wait(ctx);
@@ -141,4 +146,5 @@ __device__ void amk_op_attention_split(const amk_task_ctx& ctx) {
   if (!late && !amk_task_wait(ctx)) return;
   if (ctx.trace && threadIdx.x == 0) ctx.trace[4] = amk_globaltimer();
   amk_att_run(&qv, &kv, &vv, &ov, g);
+  amk_probe(ctx, 2); /* the attention run (thread 0's part: its stores issued) */
 }

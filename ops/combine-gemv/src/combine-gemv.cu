@@ -270,28 +270,37 @@ __device__ __forceinline__ void cg_stage_merge(const cg_args& a, const cg_scratc
 }
 
 /* The merged row into `row` (shared memory, rounded to its dtype): the first batch of partials
- * is copied while the weights are worked out (cg_weights), then batch by batch. */
-__device__ __forceinline__ void cg_merge_staged(const cg_args& a, const float* parts, int active,
+ * is copied while the weights are worked out (cg_weights), then batch by batch. Probes (traced
+ * kernels): 1 the first batch issued, 2 the weights ready, 3 the first batch landed, 4 the
+ * last batch summed. */
+__device__ __forceinline__ void cg_merge_staged(const amk_task_ctx& ctx, const cg_args& a,
+                                                const float* parts, int active,
                                                 const cg_scratch& sc, const amk_buffer_t* row) {
   const cg_plan p = cg_plan_make(a, sc, active);
 #pragma unroll 1
   for (int c0 = 0;;) {
     const int c1 = cg_stage_issue(a, sc, p, active, c0);
-    if (c0 == 0) cg_weights(a, parts, active, sc); /* while the first batch is in flight */
+    if (c0 == 0) { /* the weights while the first batch is in flight */
+      amk_probe(ctx, 1);
+      cg_weights(a, parts, active, sc);
+      amk_probe(ctx, 2);
+    }
     asm volatile("cp.async.wait_all;" ::: "memory");
     __syncthreads();
+    if (c0 == 0) amk_probe(ctx, 3);
     cg_stage_merge(a, sc, p, active, c0, c1, row);
     if (c1 >= p.n_pieces) break;
     __syncthreads(); /* the stage is read: the next batch may overwrite it */
     c0 = c1;
   }
+  amk_probe(ctx, 4);
 }
 
 /* The merged row into shared memory, rounded to W's dtype (cg_merge_staged). Every warp sees it
  * after the barrier at the end. Then the trace point: the row is ready. */
 __device__ __noinline__ amk_frow cg_merge(const amk_task_ctx& ctx, const cg_args& a, int active,
                                           const amk_buffer_t* row, unsigned long long pol) {
-  cg_merge_staged(a, (const float*)a.parts->ptr, active, cg_scratch_at(ctx, a), row);
+  cg_merge_staged(ctx, a, (const float*)a.parts->ptr, active, cg_scratch_at(ctx, a), row);
   __syncthreads();
   if (ctx.trace && threadIdx.x == 0) ctx.trace[4] = amk_globaltimer();
   return amk_smem_frow(ctx, row, pol);
@@ -314,6 +323,7 @@ __device__ __noinline__ void cg_run(const amk_task_ctx& ctx) {
   cg_setup<false>(ctx, a);
   const int active = cg_active(ctx, a);
   if (active < 0) return;
+  amk_probe(ctx, 0); /* the position read */
   const amk_buffer_t* w = a.w;
   const unsigned long long pol = amk_weight_policy(ctx.prog->flags);
   cg_prefetch_w(a, pol);

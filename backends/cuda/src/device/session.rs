@@ -477,6 +477,7 @@ impl CudaSession {
                     returned: r[5],
                     dispatched: r[6],
                     waiting: r[7],
+                    probes: std::array::from_fn(|k| r.get(8 + k).copied().unwrap_or(0)),
                 }
             })
             .collect())
