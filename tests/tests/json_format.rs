@@ -801,6 +801,11 @@ const T1_ID: &str = "\"id\": 1,\n      \"op\"";
 #[case::overflowing_float("\"scale\": 0.5", "\"scale\": 1e999", "$.tasks[0].params.scale")]
 #[case::bool_threshold(THRESHOLD, "\"threshold\": true", "$.tasks[0].waits[0].threshold")]
 #[case::float_threshold(THRESHOLD, "\"threshold\": 1.0", "$.tasks[0].waits[0].threshold")]
+#[case::beyond_i64_threshold(
+    THRESHOLD,
+    "\"threshold\": 99999999999999999999",
+    "$.tasks[0].waits[0].threshold"
+)]
 #[case::string_threshold(THRESHOLD, "\"threshold\": \"1\"", "$.tasks[0].waits[0].threshold")]
 #[case::null_threshold(THRESHOLD, "\"threshold\": null", "$.tasks[0].waits[0].threshold")]
 #[case::bool_dim(
@@ -1191,4 +1196,22 @@ fn a_step_loop_round_trips_and_is_written_only_when_present() {
 fn malformed_step_loops_are_load_errors(#[case] field: &str, #[case] path: &str) {
     let text = format!(r#"{{"ir_version": "0.2.0", "abi_version": "0.2", {field}}}"#);
     assert_rejected_at(&text, path);
+}
+
+/// A JSON integer beyond 64 bits is a number (the nearest f64), not a parse error: the file
+/// reads, and a field that needs an integer refuses it at its own path (above).
+#[test]
+fn integers_beyond_i64_are_numbers() {
+    let v =
+        amk_core::json::parse("{\"model_max_length\": 1000000000000000019884624838656}").unwrap();
+    let map = v.as_object().unwrap();
+    assert_eq!(map.get("model_max_length"), Some(&Value::Float(1e30)));
+    let v = amk_core::json::parse("[-9223372036854775808, 9223372036854775808]").unwrap();
+    assert_eq!(
+        v,
+        Value::Array(vec![
+            Value::Int(i64::MIN),
+            Value::Float(9223372036854775808.0)
+        ])
+    );
 }

@@ -467,14 +467,11 @@ impl Parser<'_> {
             }
         }
         let text = std::str::from_utf8(&self.b[start..self.i]).unwrap_or("");
-        if !is_float {
-            if let Ok(v) = text.parse::<i64>() {
-                return Ok(Value::Int(v));
-            }
-            return Err(Err::Refused(
-                vec![],
-                format!("integer {text} is out of the 64-bit range"),
-            ));
+        // An integer beyond i64 is a number all the same (JSON numbers have no size: HF's
+        // tokenizer_config.json writes `model_max_length` as 1e30): a Float, which a field that
+        // needs an integer refuses at its own path.
+        if !is_float && let Ok(v) = text.parse::<i64>() {
+            return Ok(Value::Int(v));
         }
         match text.parse::<f64>() {
             Ok(f) if f.is_finite() => Ok(Value::Float(f)),

@@ -11,7 +11,7 @@ pub enum Value {
     Bool(bool),
     /// A number written without fraction or exponent that fits in `i64`.
     Int(i64),
-    /// Any other finite number.
+    /// Any other finite number (an integer beyond `i64` too, to the nearest `f64`).
     Float(f64),
     /// A string.
     Str(String),
