@@ -29,6 +29,43 @@ pub enum RopeScaling {
     },
 }
 
+impl RopeScaling {
+    /// What each rotary pair's frequency is divided by, pair `i` of `head_dim / 2` having the
+    /// base frequency `theta^(-2i / head_dim)`: `None` for plain RoPE. Llama 3's scaling
+    /// (transformers' `_compute_llama3_parameters`, the same factors llama.cpp stores as GGUF's
+    /// `rope_freqs.weight`): pairs whose wavelength `2π / freq` is shorter than
+    /// `original / high_freq_factor` keep their frequency (1), those longer than `original /
+    /// low_freq_factor` are divided by `factor`, and the ones between by `1 / ((1 - s) / factor
+    /// + s)` with `s = (original / wavelength - low) / (high - low)`; worked in f64, rounded to
+    /// f32 at the end.
+    pub fn pair_divisors(&self, head_dim: usize, theta: f64) -> Option<Vec<f32>> {
+        let RopeScaling::Llama3 {
+            factor,
+            low_freq_factor: low,
+            high_freq_factor: high,
+            original_max_position_embeddings,
+        } = *self
+        else {
+            return None;
+        };
+        let original = original_max_position_embeddings as f64;
+        let (long, short) = (original / low, original / high);
+        let divisor = |i: usize| {
+            let freq = theta.powf(-((2 * i) as f64) / head_dim as f64);
+            let wavelength = 2.0 * std::f64::consts::PI / freq;
+            if wavelength < short {
+                1.0
+            } else if wavelength > long {
+                factor
+            } else {
+                let s = (original / wavelength - low) / (high - low);
+                1.0 / ((1.0 - s) / factor + s)
+            }
+        };
+        Some((0..head_dim / 2).map(|i| divisor(i) as f32).collect())
+    }
+}
+
 /// Hyper-parameters of a Llama-family decoder (Llama, Mistral without sliding window, Qwen2).
 #[derive(Debug, Clone, PartialEq)]
 pub struct ModelConfig {

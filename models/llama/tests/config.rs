@@ -136,6 +136,47 @@ fn llama32_llama3_rope_and_tied() {
     );
 }
 
+/// Llama 3's per-pair frequency divisors, against the values issue 39 states (worked from
+/// transformers' `_compute_llama3_parameters`, to f32 rounding): the 1B (head_dim 64, factor
+/// 32, low 1, high 4, original 8192, theta 5e5) keeps pairs 0–14, divides 18–31 by 32 and pairs
+/// 15, 16, 17 by 1.6513, 3.2923, 9.6667; the 8B (head_dim 128, factor 8) keeps 0–28 and divides
+/// 35–63 by 8. Plain RoPE has none.
+#[test]
+fn llama3_pair_divisors_match_the_stated_values() {
+    let c = ModelConfig::from_hf_json(LLAMA32_1B).unwrap();
+    let d = c
+        .rope_scaling
+        .pair_divisors(c.head_dim, c.rope_theta)
+        .unwrap();
+    assert_eq!(d.len(), 32);
+    assert!(d[..15].iter().all(|&x| x == 1.0), "{d:?}");
+    assert!(d[18..].iter().all(|&x| x == 32.0), "{d:?}");
+    for (i, want) in [(15, 1.6513f32), (16, 3.2923), (17, 9.6667)] {
+        assert!(
+            (d[i] - want).abs() < 5e-5 * want,
+            "pair {i}: {} vs {want}",
+            d[i]
+        );
+    }
+    let eight_b = RopeScaling::Llama3 {
+        factor: 8.0,
+        low_freq_factor: 1.0,
+        high_freq_factor: 4.0,
+        original_max_position_embeddings: 8192,
+    };
+    let d = eight_b.pair_divisors(128, 500000.0).unwrap();
+    assert_eq!(d.len(), 64);
+    assert!(d[..29].iter().all(|&x| x == 1.0), "{d:?}");
+    assert!(d[35..].iter().all(|&x| x == 8.0), "{d:?}");
+    assert!(
+        d[29..35]
+            .windows(2)
+            .all(|w| 1.0 < w[0] && w[0] < w[1] && w[1] < 8.0),
+        "{d:?}"
+    );
+    assert_eq!(RopeScaling::None.pair_divisors(64, 1e4), None);
+}
+
 #[test]
 fn qwen2_biases_and_disabled_sliding_window() {
     let c = ModelConfig::from_hf_json(QWEN2).unwrap();
