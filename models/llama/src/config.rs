@@ -35,9 +35,9 @@ impl RopeScaling {
     /// (transformers' `_compute_llama3_parameters`, the same factors llama.cpp stores as GGUF's
     /// `rope_freqs.weight`): pairs whose wavelength `2π / freq` is shorter than
     /// `original / high_freq_factor` keep their frequency (1), those longer than `original /
-    /// low_freq_factor` are divided by `factor`, and the ones between by `1 / ((1 - s) / factor
-    /// + s)` with `s = (original / wavelength - low) / (high - low)`; worked in f64, rounded to
-    /// f32 at the end.
+    /// low_freq_factor` are divided by `factor`, and the ones between by
+    /// `1 / ((1 - s) / factor + s)` with `s = (original / wavelength - low) / (high - low)`;
+    /// worked in f64, rounded to f32 at the end.
     pub fn pair_divisors(&self, head_dim: usize, theta: f64) -> Option<Vec<f32>> {
         let RopeScaling::Llama3 {
             factor,
