@@ -5,6 +5,7 @@
 //! tests ([`gguf::write`]), and the inverse of llama.cpp's convert-time Q/K row permutation
 //! ([`permute`]). The importer and the lowering come later.
 
+pub mod chat;
 pub mod config;
 pub mod error;
 pub mod gguf;

@@ -546,15 +546,10 @@ impl Tokenizer {
         &self.inner
     }
 
-    /// Renders a conversation (`(role, content)` pairs) with the model's chat template.
-    ///
-    /// No Jinja engine: only ChatML templates are recognised — `<|im_start|>{role}\n{content}
-    /// <|im_end|>\n` per message, `<|im_start|>assistant\n` when `add_generation_prompt` —
-    /// including the variant (SmolLM2, Qwen2) that first inserts a default system message
-    /// when the conversation does not start with one (an empty conversation gets none, as
-    /// the Jinja loop never runs). The generation prompt is added only if the template has
-    /// one. Templates with features this does not reproduce (tools, reasoning, content
-    /// trimming, BOS/EOS variables, exceptions) and non-ChatML templates are refused.
+    /// Renders a conversation (`(role, content)` pairs) with the model's chat template, as
+    /// transformers' `apply_chat_template` does ([`crate::chat`]): the template's own Jinja,
+    /// with the model's BOS and EOS tokens; `add_generation_prompt` opens the assistant's turn
+    /// where the template has one.
     pub fn apply_chat_template(
         &self,
         messages: &[(&str, &str)],
@@ -564,124 +559,18 @@ impl Tokenizer {
             .chat_template
             .as_deref()
             .ok_or_else(|| ModelError::Tokenizer("the model has no chat template".to_string()))?;
-        let format = ChatFormat::recognise(template)?;
-        let mut out = String::new();
-        if let Some(system) = &format.default_system
-            && messages.first().is_some_and(|(role, _)| *role != "system")
-        {
-            out.push_str(system);
-        }
-        for (role, content) in messages {
-            out.push_str("<|im_start|>");
-            out.push_str(role);
-            out.push('\n');
-            out.push_str(content);
-            out.push_str("<|im_end|>\n");
-        }
-        if add_generation_prompt && format.generation_prompt {
-            out.push_str("<|im_start|>assistant\n");
-        }
-        Ok(out)
+        let token = |id: Option<u32>| id.and_then(|i| self.inner.id_to_token(i));
+        let (bos, eos) = (token(self.bos_id), token(self.eos_id));
+        crate::chat::render(
+            template,
+            &crate::chat::Conversation {
+                messages,
+                add_generation_prompt,
+                bos_token: bos.as_deref(),
+                eos_token: eos.as_deref(),
+            },
+        )
     }
-}
-
-/// A recognised chat template.
-#[derive(Debug)]
-struct ChatFormat {
-    /// Text inserted before the first message when it is not a system message.
-    default_system: Option<String>,
-    /// Whether the template renders `<|im_start|>assistant\n` for `add_generation_prompt`.
-    generation_prompt: bool,
-}
-
-/// Words that mark template features the ChatML renderer does not reproduce.
-const UNSUPPORTED_TEMPLATE_FEATURES: &[&str] = &[
-    "| trim",
-    "|trim",
-    ".strip(",
-    "tools",
-    "tool_call",
-    "raise_exception",
-    "<think>",
-    "reasoning",
-    "bos_token",
-    "eos_token",
-];
-
-impl ChatFormat {
-    fn recognise(template: &str) -> Result<ChatFormat, ModelError> {
-        if !(template.contains("<|im_start|>") && template.contains("<|im_end|>")) {
-            return Err(ModelError::Tokenizer(
-                "unrecognised chat template: only ChatML templates (<|im_start|> … <|im_end|>) \
-                 are supported"
-                    .to_string(),
-            ));
-        }
-        let found: Vec<&str> = UNSUPPORTED_TEMPLATE_FEATURES
-            .iter()
-            .copied()
-            .filter(|w| template.contains(w))
-            .collect();
-        if !found.is_empty() {
-            return Err(ModelError::Tokenizer(format!(
-                "unsupported ChatML chat template: it uses {} which the built-in renderer does \
-                 not reproduce",
-                found.join(", ")
-            )));
-        }
-        let checks_system = ["!= 'system'", "!= \"system\""]
-            .iter()
-            .any(|p| template.contains(p));
-        let default_system = if checks_system {
-            Some(default_system_literal(template).ok_or_else(|| {
-                ModelError::Tokenizer(
-                    "unsupported ChatML chat template: it tests for a system message but no \
-                     default '<|im_start|>system' text could be read from it"
-                        .to_string(),
-                )
-            })?)
-        } else {
-            None
-        };
-        let generation_prompt = template.contains("add_generation_prompt");
-        if generation_prompt && !template.contains("<|im_start|>assistant") {
-            return Err(ModelError::Tokenizer(
-                "unsupported ChatML chat template: its generation prompt is not \
-                 '<|im_start|>assistant'"
-                    .to_string(),
-            ));
-        }
-        Ok(ChatFormat {
-            default_system,
-            generation_prompt,
-        })
-    }
-}
-
-/// The first Jinja string literal starting with `<|im_start|>system`, unescaped.
-fn default_system_literal(template: &str) -> Option<String> {
-    for quote in ['\'', '"'] {
-        let start_pat = format!("{quote}<|im_start|>system");
-        if let Some(pos) = template.find(&start_pat) {
-            let body = &template[pos + 1..];
-            let mut out = String::new();
-            let mut chars = body.chars();
-            while let Some(c) = chars.next() {
-                match c {
-                    '\\' => match chars.next()? {
-                        'n' => out.push('\n'),
-                        't' => out.push('\t'),
-                        'r' => out.push('\r'),
-                        other => out.push(other),
-                    },
-                    c if c == quote => return Some(out),
-                    c => out.push(c),
-                }
-            }
-            return None;
-        }
-    }
-    None
 }
 
 /// Incremental decoding for streaming generation: [`DecodeStream::step`] takes one id and
