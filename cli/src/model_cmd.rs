@@ -545,7 +545,7 @@ fn lower_inner(a: &LowerArgs) -> Result<(), ModelCmdError> {
         println!("{v}");
     } else {
         println!(
-            "{}: {} tasks, {} buffers, {} counters, {} edges, {:.1} MB of weights, {} pages — VALID\nwrote {}{}\nimport {:.2} s, lower {:.3} s, validate {:.3} s",
+            "{}: {} tasks, {} buffers, {} counters, {} edges, {:.1} MB of weights, {} pages — VALID\nwrote {}{}",
             p.model.source,
             prog.tasks.len(),
             prog.buffers.len(),
@@ -557,6 +557,9 @@ fn lower_inner(a: &LowerArgs) -> Result<(), ModelCmdError> {
             a.weights_out
                 .as_ref()
                 .map_or(String::new(), |w| format!(" and {}", w.display())),
+        );
+        status!(
+            "[import {:.2} s, lower {:.3} s, validate {:.3} s]",
             p.import_s,
             p.lower_s,
             validate_s
