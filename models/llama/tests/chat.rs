@@ -5,6 +5,8 @@
 //! included; and the calendar arithmetic behind `strftime_now`.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
+#[path = "support/messages.rs"]
+mod messages;
 use amk_core::json::Value;
 use amk_model_llama::ModelError;
 use amk_model_llama::chat::{Conversation, DateTime, from_unix, render, strftime};
@@ -31,15 +33,7 @@ fn chat_templates_match_transformers() {
     for case in cases {
         let name = text(get(case, "template"));
         let t = templates.get(name).unwrap();
-        let messages: Vec<(&str, &str)> = get(case, "messages")
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|m| {
-                let pair = m.as_array().unwrap();
-                (text(&pair[0]), text(&pair[1]))
-            })
-            .collect();
+        let messages = messages::message_pairs(get(case, "messages"));
         let add = matches!(get(case, "add_generation_prompt"), Value::Bool(true));
         let got = render(
             text(get(t, "template")),

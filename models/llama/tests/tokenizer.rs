@@ -4,6 +4,8 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
+#[path = "support/messages.rs"]
+mod messages;
 use amk_model_llama::gguf::write::GgufWriter;
 use amk_model_llama::{GgufFile, GgufValue, ModelError, Tokenizer, ValueType};
 
@@ -635,15 +637,7 @@ fn matches_transformers_reference_on_smollm2() {
 
     for chat in field(&reference, "chats").as_array().unwrap() {
         let name = text(field(chat, "name"));
-        let messages: Vec<(&str, &str)> = field(chat, "messages")
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|m| {
-                let pair = m.as_array().unwrap();
-                (text(&pair[0]), text(&pair[1]))
-            })
-            .collect();
+        let messages = messages::message_pairs(field(chat, "messages"));
         let add = matches!(field(chat, "add_generation_prompt"), Value::Bool(true));
         let expect = text(field(chat, "rendered"));
         let got = tok.apply_chat_template(&messages, add).unwrap();
