@@ -100,6 +100,9 @@ pub struct ModelConfig {
 const ACCEPTED_ARCHITECTURES: [&str; 3] =
     ["LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM"];
 const ACCEPTED_MODEL_TYPES: [&str; 3] = ["llama", "mistral", "qwen2"];
+/// GGUF `general.architecture` values the importer reads: llama.cpp writes Llama and Mistral
+/// as `llama` (Q/K rows permuted for its RoPE), Qwen2 and Qwen2.5 as `qwen2` (not permuted).
+pub const GGUF_ARCHITECTURES: [&str; 2] = ["llama", "qwen2"];
 
 fn type_err(key: &str, expected: &str, v: &Value) -> ModelError {
     ModelError::ConfigKeyType {
@@ -451,13 +454,14 @@ impl ModelConfig {
         )
     }
 
-    /// Reads the configuration of a GGUF file with `general.architecture = "llama"`.
+    /// Reads the configuration of a GGUF file whose `general.architecture` is one of
+    /// [`GGUF_ARCHITECTURES`] (`ARCH` below: every key is the architecture's).
     ///
-    /// `head_dim` is `llama.attention.key_length` when present, else hidden / heads;
-    /// `vocab` is `llama.vocab_size` or the length of `tokenizer.ggml.tokens`;
+    /// `head_dim` is `ARCH.attention.key_length` when present, else hidden / heads;
+    /// `vocab` is `ARCH.vocab_size` or the length of `tokenizer.ggml.tokens`;
     /// `tie_word_embeddings` is the absence of an `output.weight` tensor; `attention_bias` is
     /// the presence of any `blk.*.attn_q.bias` tensor. RoPE scaling is always
-    /// [`RopeScaling::None`]; a file with `rope_freqs.weight` or a `llama.rope.scaling.type`
+    /// [`RopeScaling::None`]; a file with `rope_freqs.weight` or an `ARCH.rope.scaling.type`
     /// other than `none` is refused.
     ///
     /// # Errors
@@ -465,48 +469,54 @@ impl ModelConfig {
     /// one [`ModelError::Unsupported`] listing every unsupported feature.
     pub fn from_gguf(g: &GgufFile) -> Result<ModelConfig, ModelError> {
         let arch = g.get_str("general.architecture")?;
-        if arch != "llama" {
+        if !GGUF_ARCHITECTURES.contains(&arch) {
             return Err(ModelError::Unsupported {
-                reasons: vec![format!("GGUF architecture '{arch}' (supported: llama)")],
+                reasons: vec![format!(
+                    "GGUF architecture '{arch}' (supported: {})",
+                    GGUF_ARCHITECTURES.join(", ")
+                )],
             });
         }
-        let us = |k: &str| g.get_u64(k).map(|v| v as usize);
+        // Every hyper-parameter key is the architecture's (`llama.block_count`,
+        // `qwen2.block_count`, ...).
+        let key = |k: &str| format!("{arch}.{k}");
+        let us = |k: &str| g.get_u64(&key(k)).map(|v| v as usize);
         let opt_us = |k: &str| {
-            if g.contains_key(k) {
+            if g.contains_key(&key(k)) {
                 us(k).map(Some)
             } else {
                 Ok(None)
             }
         };
         let mut reasons = Vec::new();
-        let n_layers = us("llama.block_count")?;
-        let hidden = us("llama.embedding_length")?;
-        let intermediate = us("llama.feed_forward_length")?;
-        let n_heads = us("llama.attention.head_count")?;
-        let n_kv_heads = opt_us("llama.attention.head_count_kv")?.unwrap_or(n_heads);
-        let explicit_head_dim = opt_us("llama.attention.key_length")?;
-        if let (Some(k), Some(v)) = (explicit_head_dim, opt_us("llama.attention.value_length")?)
+        let n_layers = us("block_count")?;
+        let hidden = us("embedding_length")?;
+        let intermediate = us("feed_forward_length")?;
+        let n_heads = us("attention.head_count")?;
+        let n_kv_heads = opt_us("attention.head_count_kv")?.unwrap_or(n_heads);
+        let explicit_head_dim = opt_us("attention.key_length")?;
+        if let (Some(k), Some(v)) = (explicit_head_dim, opt_us("attention.value_length")?)
             && k != v
         {
             reasons.push(format!("key_length ({k}) differs from value_length ({v})"));
         }
-        let rms_eps = gguf_f64(g, "llama.attention.layer_norm_rms_epsilon")?;
-        let rope_theta = if g.contains_key("llama.rope.freq_base") {
-            gguf_f64(g, "llama.rope.freq_base")?
+        let rms_eps = gguf_f64(g, &key("attention.layer_norm_rms_epsilon"))?;
+        let rope_theta = if g.contains_key(&key("rope.freq_base")) {
+            gguf_f64(g, &key("rope.freq_base"))?
         } else {
             10000.0
         };
-        let max_position_embeddings = us("llama.context_length")?;
+        let max_position_embeddings = us("context_length")?;
         let head_dim = check_geometry(hidden, n_heads, n_kv_heads, explicit_head_dim, &mut reasons);
-        if let Some(rot) = opt_us("llama.rope.dimension_count")?
+        if let Some(rot) = opt_us("rope.dimension_count")?
             && rot != head_dim
         {
             reasons.push(format!(
                 "partial rotary (llama.rope.dimension_count = {rot}, head_dim = {head_dim})"
             ));
         }
-        if g.contains_key("llama.rope.scaling.type") {
-            let t = g.get_str("llama.rope.scaling.type")?;
+        if g.contains_key(&key("rope.scaling.type")) {
+            let t = g.get_str(&key("rope.scaling.type"))?;
             if t != "none" {
                 reasons.push(format!("GGUF rope scaling type '{t}'"));
             }
@@ -517,17 +527,17 @@ impl ModelConfig {
         {
             reasons.push("rope_freqs.weight (Llama-3 RoPE frequency factors) from GGUF".into());
         }
-        if let Some(n) = opt_us("llama.expert_count")?
+        if let Some(n) = opt_us("expert_count")?
             && n > 0
         {
             reasons.push(format!("mixture of experts (llama.expert_count = {n})"));
         }
-        let vocab = match opt_us("llama.vocab_size")? {
+        let vocab = match opt_us("vocab_size")? {
             Some(v) => v,
             None if g.contains_key("tokenizer.ggml.tokens") => {
                 g.get_array("tokenizer.ggml.tokens")?.1.len()
             }
-            None => return Err(ModelError::MissingKey("llama.vocab_size".into())),
+            None => return Err(ModelError::MissingKey(key("vocab_size"))),
         };
         let names = g.tensor_infos();
         let tie_word_embeddings = !names.iter().any(|t| t.name == "output.weight");

@@ -1,8 +1,10 @@
-//! The GGUF importer: a llama.cpp GGUF file (`general.architecture = llama`) → [`Model`].
+//! The GGUF importer: a llama.cpp GGUF file (`general.architecture` `llama` or `qwen2`) →
+//! [`Model`].
 //!
-//! Tensors are dequantised to F32 on load (the lowering casts to the program dtype), renamed to
-//! HF names, and the Q/K rows (and biases) are un-permuted from GGUF's adjacent-pair RoPE
-//! layout back to HF's rotate-half layout, so the rest of amk sees one convention.
+//! Tensors are dequantised to F32 on load (the lowering casts to the program dtype) and renamed
+//! to HF names; a `llama` file's Q/K rows (and biases) are un-permuted from llama.cpp's
+//! adjacent-pair RoPE layout back to HF's rotate-half layout (a `qwen2` file keeps HF's), so the
+//! rest of amk sees one convention.
 
 use crate::config::ModelConfig;
 use crate::error::ModelError;
@@ -27,8 +29,17 @@ enum Mapped {
     Rotary(String, usize),
 }
 
-fn map_name(name: &str, cfg: &ModelConfig) -> Option<Mapped> {
+/// `permuted`: the file's Q/K rows are in llama.cpp's adjacent-pair RoPE layout (architecture
+/// `llama`; `qwen2` files keep HF's rotate-half layout).
+fn map_name(name: &str, cfg: &ModelConfig, permuted: bool) -> Option<Mapped> {
     use Mapped::*;
+    let rotary = |hf: String, heads: usize| {
+        if permuted {
+            Rotary(hf, heads)
+        } else {
+            Plain(hf)
+        }
+    };
     match name {
         "token_embd.weight" => return Some(Plain(EMBED.to_string())),
         "output_norm.weight" => return Some(Plain(FINAL_NORM.to_string())),
@@ -41,11 +52,11 @@ fn map_name(name: &str, cfg: &ModelConfig) -> Option<Mapped> {
     let hf = |w: &str| layer_tensor(l, w);
     Some(match what {
         "attn_norm.weight" => Plain(hf("input_layernorm.weight")),
-        "attn_q.weight" => Rotary(hf("self_attn.q_proj.weight"), cfg.n_heads),
-        "attn_k.weight" => Rotary(hf("self_attn.k_proj.weight"), cfg.n_kv_heads),
+        "attn_q.weight" => rotary(hf("self_attn.q_proj.weight"), cfg.n_heads),
+        "attn_k.weight" => rotary(hf("self_attn.k_proj.weight"), cfg.n_kv_heads),
         "attn_v.weight" => Plain(hf("self_attn.v_proj.weight")),
-        "attn_q.bias" => Rotary(hf("self_attn.q_proj.bias"), cfg.n_heads),
-        "attn_k.bias" => Rotary(hf("self_attn.k_proj.bias"), cfg.n_kv_heads),
+        "attn_q.bias" => rotary(hf("self_attn.q_proj.bias"), cfg.n_heads),
+        "attn_k.bias" => rotary(hf("self_attn.k_proj.bias"), cfg.n_kv_heads),
         "attn_v.bias" => Plain(hf("self_attn.v_proj.bias")),
         "attn_output.weight" => Plain(hf("self_attn.o_proj.weight")),
         "attn_output.bias" => Plain(hf("self_attn.o_proj.bias")),
@@ -60,10 +71,11 @@ fn map_name(name: &str, cfg: &ModelConfig) -> Option<Mapped> {
 /// Imports an already-parsed GGUF file (`source` is used in messages and metadata).
 pub fn import_gguf_file(g: &GgufFile, source: &str) -> Result<Model, ModelError> {
     let config = ModelConfig::from_gguf(g)?;
+    let permuted = g.get_str("general.architecture")? == "llama";
     let mut weights = WeightStore::new();
     let mut unknown = Vec::new();
     for info in g.tensor_infos() {
-        match map_name(&info.name, &config) {
+        match map_name(&info.name, &config, permuted) {
             None => unknown.push(format!(
                 "unexpected tensor '{}' (not part of a Llama decoder this importer supports)",
                 info.name

@@ -39,6 +39,7 @@ pub const SUPPORTED_GGUF_PRE: &[&str] = &[
     "llama3",
     "llama-v3",
     "llama-bpe",
+    "qwen2",
 ];
 
 /// Token texts that end a turn or a document in common chat models; [`Tokenizer::stop_ids`]
@@ -57,6 +58,10 @@ const END_OF_TURN_TOKENS: &[&str] = &[
 const TOKEN_TYPE_CONTROL: i64 = 3;
 /// GGUF `tokenizer.ggml.token_type` value of a user-defined token (`<think>`, …).
 const TOKEN_TYPE_USER_DEFINED: i64 = 4;
+
+/// Qwen2's pre-tokenizer split (its `tokenizer.json`; llama.cpp's `qwen2`): Llama 3's but
+/// every digit its own piece.
+const QWEN2_SPLIT: &str = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
 
 /// The pre-tokenizer split used by Llama 3 (`llama-bpe` in llama.cpp), as HF transformers
 /// rebuilds it for GGUF files.
@@ -203,9 +208,14 @@ fn pre_tokenizer_for(pre: &str) -> Result<PreTokenizerWrapper, ModelError> {
         // before a digit ("x  1": ours [x, "ĠĠ", 1] like the model's own tokenizer, its
         // [x, "Ġ", "Ġ", 1]). See tests/reference/tokenizer_cases.json.
         "smollm" => Sequence::new(vec![Digits::new(true).into(), byte_level.into()]).into(),
-        "llama3" | "llama-v3" | "llama-bpe" => {
+        "llama3" | "llama-v3" | "llama-bpe" | "qwen2" => {
+            let regex = if pre == "qwen2" {
+                QWEN2_SPLIT
+            } else {
+                LLAMA3_SPLIT
+            };
             let split = Split::new(
-                SplitPattern::Regex(LLAMA3_SPLIT.to_string()),
+                SplitPattern::Regex(regex.to_string()),
                 SplitDelimiterBehavior::Isolated,
                 false,
             )

@@ -387,20 +387,19 @@ fn tokens(n: usize) -> GgufValue {
 
 /// A SmolLM2-135M-shaped metadata block with one layer's worth of tiny tensors.
 fn gguf_writer(arch: &str, tied: bool, qkv_bias: bool) -> GgufWriter {
+    // every hyper-parameter under the architecture's own name (`qwen2.block_count`, ...)
+    let k = |key: &str| format!("{arch}.{key}");
     let mut w = GgufWriter::new(3);
     w.kv("general.architecture", GgufValue::String(arch.into()))
-        .kv("llama.block_count", GgufValue::U32(30))
-        .kv("llama.context_length", GgufValue::U32(8192))
-        .kv("llama.embedding_length", GgufValue::U32(576))
-        .kv("llama.feed_forward_length", GgufValue::U32(1536))
-        .kv("llama.attention.head_count", GgufValue::U32(9))
-        .kv("llama.attention.head_count_kv", GgufValue::U32(3))
-        .kv("llama.rope.freq_base", GgufValue::F32(100000.0))
-        .kv(
-            "llama.attention.layer_norm_rms_epsilon",
-            GgufValue::F32(1e-5),
-        )
-        .kv("llama.rope.dimension_count", GgufValue::U32(64))
+        .kv(k("block_count"), GgufValue::U32(30))
+        .kv(k("context_length"), GgufValue::U32(8192))
+        .kv(k("embedding_length"), GgufValue::U32(576))
+        .kv(k("feed_forward_length"), GgufValue::U32(1536))
+        .kv(k("attention.head_count"), GgufValue::U32(9))
+        .kv(k("attention.head_count_kv"), GgufValue::U32(3))
+        .kv(k("rope.freq_base"), GgufValue::F32(100000.0))
+        .kv(k("attention.layer_norm_rms_epsilon"), GgufValue::F32(1e-5))
+        .kv(k("rope.dimension_count"), GgufValue::U32(64))
         .kv("tokenizer.ggml.tokens", tokens(100));
     w.tensor_f32("token_embd.weight", &[2, 2], &[0.0; 4]);
     if !tied {
@@ -418,11 +417,12 @@ fn parse(w: &GgufWriter) -> GgufFile {
 }
 
 #[rstest]
-#[case::tied(true, false)]
-#[case::untied(false, false)]
-#[case::biased(false, true)]
-fn gguf_config(#[case] tied: bool, #[case] bias: bool) {
-    let c = ModelConfig::from_gguf(&parse(&gguf_writer("llama", tied, bias))).unwrap();
+#[case::tied("llama", true, false)]
+#[case::untied("llama", false, false)]
+#[case::biased("llama", false, true)]
+#[case::qwen2("qwen2", true, true)]
+fn gguf_config(#[case] arch: &str, #[case] tied: bool, #[case] bias: bool) {
+    let c = ModelConfig::from_gguf(&parse(&gguf_writer(arch, tied, bias))).unwrap();
     assert_eq!(
         c,
         ModelConfig {
@@ -471,6 +471,7 @@ fn gguf_wrong_architecture() {
         Err(ModelError::Unsupported { reasons }) => {
             assert_eq!(reasons.len(), 1);
             assert!(reasons[0].contains("'gemma2'"), "{reasons:?}");
+            assert!(reasons[0].contains("llama, qwen2"), "{reasons:?}");
         }
         other => panic!("{other:?}"),
     }

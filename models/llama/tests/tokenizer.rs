@@ -124,6 +124,23 @@ fn tiny_gguf_smollm_splits_digits() {
     assert_eq!(ids, expect);
 }
 
+/// `pre = qwen2` splits every digit on its own where `llama3` keeps runs of up to three, so a
+/// merge inside a number applies under `llama3` only.
+#[test]
+fn tiny_gguf_qwen2_splits_digits_where_llama3_groups_three() {
+    let mut t = tiny();
+    t.merges.push("1 2".into());
+    t.tokens.push("12".into());
+    t.types.push(1);
+    let ids = |pre: &str| {
+        let tok = Tokenizer::from_gguf(&parse(&tiny_writer(&t, pre))).unwrap();
+        tok.encode("12345").unwrap()
+    };
+    let of = |pieces: &[&str]| pieces.iter().map(|p| id_of(&t, p)).collect::<Vec<_>>();
+    assert_eq!(ids("llama3"), of(&["12", "3", "4", "5"]));
+    assert_eq!(ids("qwen2"), of(&["1", "2", "3", "4", "5"]));
+}
+
 #[test]
 fn tiny_gguf_round_trips_any_text() {
     let (_, tok) = tiny_tokenizer();
