@@ -2,7 +2,8 @@
 //! checkpoints, usable without downloading them ([`Model::shape_only`] + synthetic weights).
 //!
 //! Llama 3.x checkpoints ship llama3 RoPE frequency scaling, which the ROPE op does not model
-//! yet; the presets leave it out. It changes no byte streamed and no task, only the rotation
+//! yet; the presets leave it out (Llama 3.2 3B, like the 1B and 8B). The Qwen2.5 presets carry
+//! the q/k/v biases their architecture has (`model_type: qwen2`); Mistral 7B is v0.3's shape. It changes no byte streamed and no task, only the rotation
 //! frequencies, so timings are unaffected.
 
 use crate::config::ModelConfig;
@@ -27,6 +28,46 @@ const PRESETS: &[(&str, &str)] = &[
             "head_dim": 128, "num_hidden_layers": 32, "vocab_size": 128256, "rms_norm_eps": 1e-5,
             "rope_theta": 500000.0, "max_position_embeddings": 131072,
             "tie_word_embeddings": false, "hidden_act": "silu"}"#,
+    ),
+    (
+        "llama-3.2-3b",
+        r#"{"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 3072,
+            "intermediate_size": 8192, "num_attention_heads": 24, "num_key_value_heads": 8,
+            "head_dim": 128, "num_hidden_layers": 28, "vocab_size": 128256, "rms_norm_eps": 1e-5,
+            "rope_theta": 500000.0, "max_position_embeddings": 131072,
+            "tie_word_embeddings": true, "hidden_act": "silu"}"#,
+    ),
+    (
+        "mistral-7b",
+        r#"{"architectures": ["MistralForCausalLM"], "model_type": "mistral", "hidden_size": 4096,
+            "intermediate_size": 14336, "num_attention_heads": 32, "num_key_value_heads": 8,
+            "head_dim": 128, "num_hidden_layers": 32, "vocab_size": 32768, "rms_norm_eps": 1e-5,
+            "rope_theta": 1000000.0, "max_position_embeddings": 32768, "sliding_window": null,
+            "tie_word_embeddings": false, "hidden_act": "silu"}"#,
+    ),
+    (
+        "qwen2.5-0.5b",
+        r#"{"architectures": ["Qwen2ForCausalLM"], "model_type": "qwen2", "hidden_size": 896,
+            "intermediate_size": 4864, "num_attention_heads": 14, "num_key_value_heads": 2,
+            "num_hidden_layers": 24, "vocab_size": 151936, "rms_norm_eps": 1e-6,
+            "rope_theta": 1000000.0, "max_position_embeddings": 32768,
+            "use_sliding_window": false, "tie_word_embeddings": true, "hidden_act": "silu"}"#,
+    ),
+    (
+        "qwen2.5-1.5b",
+        r#"{"architectures": ["Qwen2ForCausalLM"], "model_type": "qwen2", "hidden_size": 1536,
+            "intermediate_size": 8960, "num_attention_heads": 12, "num_key_value_heads": 2,
+            "num_hidden_layers": 28, "vocab_size": 151936, "rms_norm_eps": 1e-6,
+            "rope_theta": 1000000.0, "max_position_embeddings": 32768,
+            "use_sliding_window": false, "tie_word_embeddings": true, "hidden_act": "silu"}"#,
+    ),
+    (
+        "qwen2.5-7b",
+        r#"{"architectures": ["Qwen2ForCausalLM"], "model_type": "qwen2", "hidden_size": 3584,
+            "intermediate_size": 18944, "num_attention_heads": 28, "num_key_value_heads": 4,
+            "num_hidden_layers": 28, "vocab_size": 152064, "rms_norm_eps": 1e-6,
+            "rope_theta": 1000000.0, "max_position_embeddings": 32768,
+            "use_sliding_window": false, "tie_word_embeddings": false, "hidden_act": "silu"}"#,
     ),
     (
         "smollm2-135m",
@@ -167,6 +208,11 @@ mod tests {
             ("llama-3.1-8b", 8_030_261_248),
             ("smollm2-135m", 134_515_008),
             ("tinyllama-1.1b", 1_100_048_384),
+            ("llama-3.2-3b", 3_212_749_824),
+            ("mistral-7b", 7_248_023_552),
+            ("qwen2.5-0.5b", 494_032_768),
+            ("qwen2.5-1.5b", 1_543_714_304),
+            ("qwen2.5-7b", 7_615_616_512),
         ];
         for (name, params) in want {
             let cfg = preset(name).unwrap();
@@ -176,7 +222,7 @@ mod tests {
                 .sum();
             assert_eq!(n, params, "{name}");
         }
-        assert_eq!(preset_names().count(), 4);
+        assert_eq!(preset_names().count(), want.len());
         let err = preset("llama-9").unwrap_err().to_string();
         assert!(
             err.contains("llama-3.2-1b") && err.contains("llama-9"),
