@@ -11,98 +11,85 @@ use crate::error::ModelError;
 use crate::model::{EMBED, LM_HEAD, Model, ModelFormat, tensor_names};
 use amk_core::synth::{Init, SyntheticWeights};
 
-/// Every preset name with its HF `config.json`.
-const PRESETS: &[(&str, &str)] = &[
-    (
-        "llama-3.2-1b",
-        r#"{"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 2048,
-            "intermediate_size": 8192, "num_attention_heads": 32, "num_key_value_heads": 8,
-            "head_dim": 64, "num_hidden_layers": 16, "vocab_size": 128256, "rms_norm_eps": 1e-5,
-            "rope_theta": 500000.0, "max_position_embeddings": 131072,
-            "tie_word_embeddings": true, "hidden_act": "silu"}"#,
-    ),
-    (
-        "llama-3.1-8b",
-        r#"{"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 4096,
-            "intermediate_size": 14336, "num_attention_heads": 32, "num_key_value_heads": 8,
-            "head_dim": 128, "num_hidden_layers": 32, "vocab_size": 128256, "rms_norm_eps": 1e-5,
-            "rope_theta": 500000.0, "max_position_embeddings": 131072,
-            "tie_word_embeddings": false, "hidden_act": "silu"}"#,
-    ),
-    (
-        "llama-3.2-3b",
-        r#"{"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 3072,
-            "intermediate_size": 8192, "num_attention_heads": 24, "num_key_value_heads": 8,
-            "head_dim": 128, "num_hidden_layers": 28, "vocab_size": 128256, "rms_norm_eps": 1e-5,
-            "rope_theta": 500000.0, "max_position_embeddings": 131072,
-            "tie_word_embeddings": true, "hidden_act": "silu"}"#,
-    ),
-    (
-        "mistral-7b",
-        r#"{"architectures": ["MistralForCausalLM"], "model_type": "mistral", "hidden_size": 4096,
-            "intermediate_size": 14336, "num_attention_heads": 32, "num_key_value_heads": 8,
-            "head_dim": 128, "num_hidden_layers": 32, "vocab_size": 32768, "rms_norm_eps": 1e-5,
-            "rope_theta": 1000000.0, "max_position_embeddings": 32768, "sliding_window": null,
-            "tie_word_embeddings": false, "hidden_act": "silu"}"#,
-    ),
-    (
-        "qwen2.5-0.5b",
-        r#"{"architectures": ["Qwen2ForCausalLM"], "model_type": "qwen2", "hidden_size": 896,
-            "intermediate_size": 4864, "num_attention_heads": 14, "num_key_value_heads": 2,
-            "num_hidden_layers": 24, "vocab_size": 151936, "rms_norm_eps": 1e-6,
-            "rope_theta": 1000000.0, "max_position_embeddings": 32768,
-            "use_sliding_window": false, "tie_word_embeddings": true, "hidden_act": "silu"}"#,
-    ),
-    (
-        "qwen2.5-1.5b",
-        r#"{"architectures": ["Qwen2ForCausalLM"], "model_type": "qwen2", "hidden_size": 1536,
-            "intermediate_size": 8960, "num_attention_heads": 12, "num_key_value_heads": 2,
-            "num_hidden_layers": 28, "vocab_size": 151936, "rms_norm_eps": 1e-6,
-            "rope_theta": 1000000.0, "max_position_embeddings": 32768,
-            "use_sliding_window": false, "tie_word_embeddings": true, "hidden_act": "silu"}"#,
-    ),
-    (
-        "qwen2.5-7b",
-        r#"{"architectures": ["Qwen2ForCausalLM"], "model_type": "qwen2", "hidden_size": 3584,
-            "intermediate_size": 18944, "num_attention_heads": 28, "num_key_value_heads": 4,
-            "num_hidden_layers": 28, "vocab_size": 152064, "rms_norm_eps": 1e-6,
-            "rope_theta": 1000000.0, "max_position_embeddings": 32768,
-            "use_sliding_window": false, "tie_word_embeddings": false, "hidden_act": "silu"}"#,
-    ),
-    (
-        "smollm2-135m",
-        r#"{"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 576,
-            "intermediate_size": 1536, "num_attention_heads": 9, "num_key_value_heads": 3,
-            "head_dim": 64, "num_hidden_layers": 30, "vocab_size": 49152, "rms_norm_eps": 1e-5,
-            "rope_theta": 100000.0, "max_position_embeddings": 8192,
-            "tie_word_embeddings": true, "hidden_act": "silu"}"#,
-    ),
-    (
-        "tinyllama-1.1b",
-        r#"{"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 2048,
-            "intermediate_size": 5632, "num_attention_heads": 32, "num_key_value_heads": 4,
-            "head_dim": 64, "num_hidden_layers": 22, "vocab_size": 32000, "rms_norm_eps": 1e-5,
-            "rope_theta": 10000.0, "max_position_embeddings": 2048,
-            "tie_word_embeddings": false, "hidden_act": "silu"}"#,
-    ),
+/// One published checkpoint's shape: the fields of its HF `config.json` that amk reads.
+struct Shape {
+    name: &'static str,
+    /// `model_type` (`llama`, `mistral`, `qwen2`: Qwen2's q/k/v biases come with it).
+    model_type: &'static str,
+    hidden: u32,
+    intermediate: u32,
+    heads: u32,
+    kv_heads: u32,
+    head_dim: u32,
+    layers: u32,
+    vocab: u32,
+    rms_eps: f64,
+    rope_theta: f64,
+    max_positions: u32,
+    tied: bool,
+}
+
+/// Every preset, as published.
+#[rustfmt::skip]
+const PRESETS: &[Shape] = &[
+    Shape { name: "llama-3.2-1b", model_type: "llama", hidden: 2048, intermediate: 8192, heads: 32, kv_heads: 8, head_dim: 64, layers: 16, vocab: 128256, rms_eps: 1e-5, rope_theta: 500000.0, max_positions: 131072, tied: true },
+    Shape { name: "llama-3.2-3b", model_type: "llama", hidden: 3072, intermediate: 8192, heads: 24, kv_heads: 8, head_dim: 128, layers: 28, vocab: 128256, rms_eps: 1e-5, rope_theta: 500000.0, max_positions: 131072, tied: true },
+    Shape { name: "llama-3.1-8b", model_type: "llama", hidden: 4096, intermediate: 14336, heads: 32, kv_heads: 8, head_dim: 128, layers: 32, vocab: 128256, rms_eps: 1e-5, rope_theta: 500000.0, max_positions: 131072, tied: false },
+    Shape { name: "mistral-7b", model_type: "mistral", hidden: 4096, intermediate: 14336, heads: 32, kv_heads: 8, head_dim: 128, layers: 32, vocab: 32768, rms_eps: 1e-5, rope_theta: 1000000.0, max_positions: 32768, tied: false },
+    Shape { name: "qwen2.5-0.5b", model_type: "qwen2", hidden: 896, intermediate: 4864, heads: 14, kv_heads: 2, head_dim: 64, layers: 24, vocab: 151936, rms_eps: 1e-6, rope_theta: 1000000.0, max_positions: 32768, tied: true },
+    Shape { name: "qwen2.5-1.5b", model_type: "qwen2", hidden: 1536, intermediate: 8960, heads: 12, kv_heads: 2, head_dim: 128, layers: 28, vocab: 151936, rms_eps: 1e-6, rope_theta: 1000000.0, max_positions: 32768, tied: true },
+    Shape { name: "qwen2.5-7b", model_type: "qwen2", hidden: 3584, intermediate: 18944, heads: 28, kv_heads: 4, head_dim: 128, layers: 28, vocab: 152064, rms_eps: 1e-6, rope_theta: 1000000.0, max_positions: 32768, tied: false },
+    Shape { name: "smollm2-135m", model_type: "llama", hidden: 576, intermediate: 1536, heads: 9, kv_heads: 3, head_dim: 64, layers: 30, vocab: 49152, rms_eps: 1e-5, rope_theta: 100000.0, max_positions: 8192, tied: true },
+    Shape { name: "tinyllama-1.1b", model_type: "llama", hidden: 2048, intermediate: 5632, heads: 32, kv_heads: 4, head_dim: 64, layers: 22, vocab: 32000, rms_eps: 1e-5, rope_theta: 10000.0, max_positions: 2048, tied: false },
 ];
+
+impl Shape {
+    /// The shape as the HF `config.json` it comes from, so that a preset is read by the same
+    /// parser (and checks) as a checkpoint.
+    fn config_json(&self) -> String {
+        let arch = match self.model_type {
+            "mistral" => "MistralForCausalLM",
+            "qwen2" => "Qwen2ForCausalLM",
+            _ => "LlamaForCausalLM",
+        };
+        format!(
+            r#"{{"architectures": ["{arch}"], "model_type": "{}", "hidden_size": {},
+            "intermediate_size": {}, "num_attention_heads": {}, "num_key_value_heads": {},
+            "head_dim": {}, "num_hidden_layers": {}, "vocab_size": {}, "rms_norm_eps": {:e},
+            "rope_theta": {:.1}, "max_position_embeddings": {}, "tie_word_embeddings": {},
+            "hidden_act": "silu"}}"#,
+            self.model_type,
+            self.hidden,
+            self.intermediate,
+            self.heads,
+            self.kv_heads,
+            self.head_dim,
+            self.layers,
+            self.vocab,
+            self.rms_eps,
+            self.rope_theta,
+            self.max_positions,
+            self.tied
+        )
+    }
+}
 
 /// The preset names, in a stable order.
 pub fn preset_names() -> impl Iterator<Item = &'static str> {
-    PRESETS.iter().map(|(n, _)| *n)
+    PRESETS.iter().map(|p| p.name)
 }
 
 /// The configuration of preset `name`; an unknown name lists the known ones.
 pub fn preset(name: &str) -> Result<ModelConfig, ModelError> {
-    let (_, json) =
+    let shape =
         PRESETS
             .iter()
-            .find(|(n, _)| *n == name)
+            .find(|p| p.name == name)
             .ok_or_else(|| ModelError::UnknownShape {
                 name: name.to_string(),
                 known: preset_names().collect::<Vec<_>>().join(", "),
             })?;
-    ModelConfig::from_hf_json(json)
+    ModelConfig::from_hf_json(&shape.config_json())
 }
 
 /// The synthetic weights of a model with `cfg`: a standard random initialisation (uniform,
