@@ -381,65 +381,51 @@ fn bad_arguments_are_typed_errors_with_exit_2() {
         .unwrap();
     assert!(o.status.success(), "{}", text(&o));
     assert_eq!(json(&o)["finish"], "context_full", "{}", text(&o));
-    let o = base()
-        .args(["--prompt", "hi", "--max-seq", "4000"])
-        .output()
-        .unwrap();
-    expect_usage_error(&o, "max_position_embeddings");
-    let o = base()
-        .args(["--prompt", "hi", "--dtype", "int3"])
-        .output()
-        .unwrap();
-    expect_usage_error(&o, "--dtype");
-    assert!(
-        !String::from_utf8_lossy(&o.stderr).contains("backend:"),
-        "an argument error comes before the backend line: {}",
-        text(&o)
-    );
-    let o = base()
-        .args(["--prompt", "hi", "--target", "tpu"])
-        .output()
-        .unwrap();
-    expect_usage_error(&o, "unknown GPU");
-    let o = base()
-        .args(["--prompt", "hi", "--backend", "metal"])
-        .output()
-        .unwrap();
-    expect_usage_error(&o, "invalid value 'metal'");
+    // Each bad argument: its usage error; those checked before the import (no backend line
+    // yet) marked so. Negative numbers are values, not flags: the range checks answer.
     let cfg = d.join("bad.json");
     std::fs::write(&cfg, r#"{"tiling": {"gemv": {"N_tiles": 8}}}"#).unwrap();
-    let o = base()
-        .args(["--prompt", "hi", "--config", cfg.to_str().unwrap()])
-        .output()
-        .unwrap();
-    expect_usage_error(&o, "N_tiles");
-    let o = base()
-        .args(["--prompt-file", "/nonexistent/prompt.txt"])
-        .output()
-        .unwrap();
-    expect_usage_error(&o, "prompt.txt");
-    // Negative numbers are values, not flags: the range checks answer, before any backend
-    // line.
-    let o = base()
-        .args(["--prompt", "hi", "--temperature", "-1"])
-        .output()
-        .unwrap();
-    expect_usage_error(&o, "temperature -1 must be a finite number >= 0");
-    assert!(
-        !String::from_utf8_lossy(&o.stderr).contains("backend:"),
-        "{}",
-        text(&o)
-    );
-    let o = base()
-        .args(["--prompt", "hi", "-n", "-1"])
-        .output()
-        .unwrap();
-    expect_usage_error(&o, "invalid value '-1'");
-    let o = base()
-        .args(["--prompt", "hi", "--threads", "0"])
-        .output()
-        .unwrap();
-    expect_usage_error(&o, "must be at least 1");
+    let cfg = cfg.to_str().unwrap();
+    let cases: [(&[&str], &str, bool); 9] = [
+        (
+            &["--prompt", "hi", "--max-seq", "4000"],
+            "max_position_embeddings",
+            false,
+        ),
+        (&["--prompt", "hi", "--dtype", "int3"], "--dtype", true),
+        (&["--prompt", "hi", "--target", "tpu"], "unknown GPU", false),
+        (
+            &["--prompt", "hi", "--backend", "metal"],
+            "invalid value 'metal'",
+            false,
+        ),
+        (&["--prompt", "hi", "--config", cfg], "N_tiles", false),
+        (
+            &["--prompt-file", "/nonexistent/prompt.txt"],
+            "prompt.txt",
+            false,
+        ),
+        (
+            &["--prompt", "hi", "--temperature", "-1"],
+            "temperature -1 must be a finite number >= 0",
+            true,
+        ),
+        (&["--prompt", "hi", "-n", "-1"], "invalid value '-1'", false),
+        (
+            &["--prompt", "hi", "--threads", "0"],
+            "must be at least 1",
+            false,
+        ),
+    ];
+    for (args, needle, before_backend) in cases {
+        let o = base().args(args).output().unwrap();
+        expect_usage_error(&o, needle);
+        assert!(
+            !before_backend || !String::from_utf8_lossy(&o.stderr).contains("backend:"),
+            "{args:?}: an argument error comes before the backend line: {}",
+            text(&o)
+        );
+    }
     // No prompt: none is made up. Standard input holds it, or the error says what to give.
     let o = base()
         .args(["-n", "1"])
