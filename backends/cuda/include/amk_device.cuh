@@ -131,6 +131,35 @@ __device__ __forceinline__ uint64_t amk_globaltimer() {
   return t;
 }
 
+/* 16, 8 or 4 bytes global -> shared, asynchronously (sm_80+, cp.async): the threads go on at
+ * once; amk_cp_async_commit closes a group of them and amk_cp_async_wait_all waits for every
+ * group (then a barrier makes the bytes visible to the block). The 16-byte copies bypass L1
+ * (.cg), the smaller ones go through it (.ca, the only kind PTX has for them). */
+__device__ __forceinline__ void amk_cp_async16(void* dst, const void* src) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(
+                   (uint32_t)__cvta_generic_to_shared(dst)),
+               "l"(src)
+               : "memory");
+}
+__device__ __forceinline__ void amk_cp_async8(void* dst, const void* src) {
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 8;" ::"r"(
+                   (uint32_t)__cvta_generic_to_shared(dst)),
+               "l"(src)
+               : "memory");
+}
+__device__ __forceinline__ void amk_cp_async4(void* dst, const void* src) {
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4;" ::"r"(
+                   (uint32_t)__cvta_generic_to_shared(dst)),
+               "l"(src)
+               : "memory");
+}
+__device__ __forceinline__ void amk_cp_async_commit() {
+  asm volatile("cp.async.commit_group;" ::: "memory");
+}
+__device__ __forceinline__ void amk_cp_async_wait_all() {
+  asm volatile("cp.async.wait_all;" ::: "memory");
+}
+
 /* Probe `k` (0 .. AMK_TRACE_PROBES - 1) of a traced task: the time an op reached a point of
  * its own (thread 0; the last stamp of a probe wins), trace word 8 + k. An op's probes say
  * where its time goes between the scheduler's points (docs/gpu-testing.md lists each op's);

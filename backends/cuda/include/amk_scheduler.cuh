@@ -126,22 +126,8 @@ struct __align__(16) amk_stage_t {
 };
 static_assert(sizeof(amk_stage_t) % 16 == 0, "each stage of an array is a cp.async destination");
 
-/* 16 bytes (amk_cp_async16) or 4 (amk_cp_async4) global -> shared, asynchronously (sm_80+,
- * cp.async): the threads go on at once, and amk_stage_wait makes the bytes visible to the block.
- * The 16-byte copies bypass L1 (.cg). Everything copied is written by the host before the
- * launch (instruction records, descriptors, queues), so no copy can see a stale line. */
-__device__ __forceinline__ void amk_cp_async16(void* dst, const void* src) {
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(
-                   (uint32_t)__cvta_generic_to_shared(dst)),
-               "l"(src)
-               : "memory");
-}
-__device__ __forceinline__ void amk_cp_async4(void* dst, const void* src) {
-  asm volatile("cp.async.ca.shared.global [%0], [%1], 4;" ::"r"(
-                   (uint32_t)__cvta_generic_to_shared(dst)),
-               "l"(src)
-               : "memory");
-}
+/* The stage's copies (amk_cp_async16/4, amk_device.cuh) read only what the host wrote before
+ * the launch (instruction records, descriptors, queues), so no copy can see a stale line. */
 
 /* Starts copying task t — the queue's entry i of [i, end) — into `s`: its instruction record,
  * its descriptor record (the host lays the operands' descriptors out per task, so nothing here
@@ -177,12 +163,12 @@ __device__ __forceinline__ void amk_stage_issue(const amk_device_program_t& prog
     if (prog.task_verified) amk_cp_async4(&s->verified, prog.task_verified + t);
     else s->verified = 0;
   }
-  asm volatile("cp.async.commit_group;" ::: "memory");
+  amk_cp_async_commit();
 }
 
 /* Every copy amk_stage_issue started has landed and is visible to the whole block. */
 __device__ __forceinline__ void amk_stage_wait() {
-  asm volatile("cp.async.wait_all;" ::: "memory");
+  amk_cp_async_wait_all();
   __syncthreads();
 }
 
@@ -465,7 +451,7 @@ amk_megakernel(const __grid_constant__ amk_device_program_t prog) {
     __syncthreads();
   }
   /* A block that stops early (a failed task, the abort flag) lets no copy outlive it. */
-  asm volatile("cp.async.wait_all;" ::: "memory");
+  amk_cp_async_wait_all();
 }
 
 /* Overwrites the instruction records named in `ids` with `recs` (per-token param patches:

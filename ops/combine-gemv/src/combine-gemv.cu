@@ -219,14 +219,13 @@ __device__ __forceinline__ int cg_stage_issue(const cg_args& a, const cg_scratch
     const int bytes = q.n * p.split_bytes;
 #pragma unroll 1
     for (int i = threadIdx.x * p.gran; i < bytes; i += AMK_THREADS * p.gran) {
-      const unsigned int d = (unsigned int)__cvta_generic_to_shared(dst + i);
-      if (p.gran == 16) asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(d), "l"(src + i) : "memory");
-      else if (p.gran == 8) asm volatile("cp.async.ca.shared.global [%0], [%1], 8;" ::"r"(d), "l"(src + i) : "memory");
-      else asm volatile("cp.async.ca.shared.global [%0], [%1], 4;" ::"r"(d), "l"(src + i) : "memory");
+      if (p.gran == 16) amk_cp_async16(dst + i, src + i);
+      else if (p.gran == 8) amk_cp_async8(dst + i, src + i);
+      else amk_cp_async4(dst + i, src + i);
     }
     off += cg_piece_bytes(p, q);
   }
-  asm volatile("cp.async.commit_group;" ::: "memory");
+  amk_cp_async_commit();
   return c;
 }
 
@@ -285,7 +284,7 @@ __device__ __forceinline__ void cg_merge_staged(const amk_task_ctx& ctx, const c
       cg_weights(a, parts, active, sc);
       amk_probe(ctx, 2);
     }
-    asm volatile("cp.async.wait_all;" ::: "memory");
+    amk_cp_async_wait_all();
     __syncthreads();
     if (c0 == 0) amk_probe(ctx, 3);
     cg_stage_merge(a, sc, p, active, c0, c1, row);
