@@ -133,7 +133,8 @@ __device__ __forceinline__ uint64_t amk_globaltimer() {
 
 /* 16, 8 or 4 bytes global -> shared, asynchronously (sm_80+, cp.async): the threads go on at
  * once; amk_cp_async_commit closes a group of them and amk_cp_async_wait_all waits for every
- * group (then a barrier makes the bytes visible to the block). The 16-byte copies bypass L1
+ * group, amk_cp_async_wait_group for all but the newest (then a barrier makes the bytes visible
+ * to the block). The 16-byte copies bypass L1
  * (.cg), the smaller ones go through it (.ca, the only kind PTX has for them). */
 __device__ __forceinline__ void amk_cp_async16(void* dst, const void* src) {
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(
@@ -158,6 +159,12 @@ __device__ __forceinline__ void amk_cp_async_commit() {
 }
 __device__ __forceinline__ void amk_cp_async_wait_all() {
   asm volatile("cp.async.wait_all;" ::: "memory");
+}
+/* Waits until at most the N most recently committed groups are still in flight (groups
+ * complete in commit order, so every older one has landed). */
+template <int N>
+__device__ __forceinline__ void amk_cp_async_wait_group() {
+  asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory");
 }
 
 /* Probe `k` (0 .. AMK_TRACE_PROBES - 1) of a traced task: the time an op reached a point of

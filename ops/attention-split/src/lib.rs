@@ -32,7 +32,8 @@
 //!
 //! This crate owns everything about the op: its spec, its static shape rule for the
 //! validator, its CPU reference (`reference.rs`) and its CUDA device function
-//! (`attention-split.cu`; the attention itself is the backend's `amk_attention.cuh`).
+//! (`attention-split.cu`: a staged path of its own for the cases decode programs have, the
+//! backend's general attention, `amk_attention.cuh`, for the rest).
 
 use amk_core::opcheck::{Checker, desc};
 use amk_core::{
@@ -41,6 +42,11 @@ use amk_core::{
 use std::borrow::Cow;
 
 pub mod reference;
+
+/// Dynamic shared memory the device task asks for: its staged path copies its rows there a
+/// chunk at a time (as many rows as fit; a task that gets less takes the general path), the
+/// same budget as the output projection's tiles that follow it in a layer.
+pub const SHARED_BYTES: u32 = op_gemv_tile::SHARED_BYTES;
 
 /// Most splits per KV head: the combine gives one lane of a warp to each split.
 pub const MAX_SPLITS: i64 = 32;
@@ -76,7 +82,8 @@ amk_core::inventory::submit! {
         cuda: Some(
             amk_core::CudaSource::builtin(include_str!("attention-split.cu"), "amk_op_attention_split")
                 .with_own_wait()
-                .with_f32_direct(),
+                .with_f32_direct()
+                .with_shared(SHARED_BYTES),
         ),
     }
 }
