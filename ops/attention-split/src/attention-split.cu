@@ -267,37 +267,43 @@ __device__ __forceinline__ void as_prefetch(const as_plan& s, const char* kb, co
   }
 }
 
-/* The scores of the chunk's row `j` (this thread's) for every query head, scaled, into e. */
+/* t + q[d0 .. d0+8) . k[d0 .. d0+8) in order (k: a K row in shared memory, elements of `esz`
+ * bytes; q: f32 in shared memory). */
+template <int DT>
+__device__ __forceinline__ float as_dot8(const unsigned char* kr, const float* qr, int d0, int esz,
+                                         float t) {
+  att_vec<DT> kv;
+#pragma unroll
+  for (int x = 0; x < (DT == AMK_F32 ? 2 : 1); ++x) kv.x[x] = ((const uint4*)(kr + d0 * esz))[x];
+  float kf[8];
+  att_cvt<DT>(kv, kf);
+  const float4 q0 = *(const float4*)(qr + d0);
+  const float4 q1 = *(const float4*)(qr + d0 + 4);
+  t += q0.x * kf[0]; t += q0.y * kf[1]; t += q0.z * kf[2]; t += q0.w * kf[3];
+  t += q1.x * kf[4]; t += q1.y * kf[5]; t += q1.z * kf[6]; t += q1.w * kf[7];
+  return t;
+}
+
+/* The chunk's scores, scaled, into e: item i = r * n + j (head r, row j; consecutive threads
+ * take consecutive rows of one head, so their K reads hit distinct banks and their q reads are
+ * one broadcast), items i = threadIdx.x, + AMK_THREADS, ...; two partial sums a row (even and
+ * odd pieces of 8 dims) halve the chain of dependent adds. */
 template <int DT>
 __device__ __forceinline__ void as_scores(const as_plan& s, const as_args& a, int n) {
-  const int j = threadIdx.x;
-  if (j >= n) return;
-  float acc[AS_MAXREP];
-#pragma unroll
-  for (int r = 0; r < AS_MAXREP; ++r) acc[r] = 0.0f;
-  const unsigned char* kr = s.k + j * s.kstride;
-#pragma unroll 1
-  for (int d0 = 0; d0 < a.hd; d0 += 8) {
-    att_vec<DT> kv;
-#pragma unroll
-    for (int x = 0; x < (DT == AMK_F32 ? 2 : 1); ++x) kv.x[x] = ((const uint4*)(kr + d0 * s.esz))[x];
-    float kf[8];
-    att_cvt<DT>(kv, kf);
-#pragma unroll
-    for (int r = 0; r < AS_MAXREP; ++r) {
-      if (r < a.rep) {
-        const float4 q0 = *(const float4*)(s.q + r * a.hd + d0);
-        const float4 q1 = *(const float4*)(s.q + r * a.hd + d0 + 4);
-        float t = acc[r];
-        t += q0.x * kf[0]; t += q0.y * kf[1]; t += q0.z * kf[2]; t += q0.w * kf[3];
-        t += q1.x * kf[4]; t += q1.y * kf[5]; t += q1.z * kf[6]; t += q1.w * kf[7];
-        acc[r] = t;
-      }
+  const int items = n * a.rep;
+  for (int i = threadIdx.x; i < items; i += AMK_THREADS) {
+    const int r = i / n, j = i - r * n;
+    const unsigned char* kr = s.k + j * s.kstride;
+    const float* qr = s.q + r * a.hd;
+    float t0 = 0.0f, t1 = 0.0f;
+    int d0 = 0;
+    for (; d0 + 16 <= a.hd; d0 += 16) {
+      t0 = as_dot8<DT>(kr, qr, d0, s.esz, t0);
+      t1 = as_dot8<DT>(kr, qr, d0 + 8, s.esz, t1);
     }
+    if (d0 < a.hd) t0 = as_dot8<DT>(kr, qr, d0, s.esz, t0);
+    s.e[r * s.ch + j] = (t0 + t1) * a.scale;
   }
-#pragma unroll
-  for (int r = 0; r < AS_MAXREP; ++r)
-    if (r < a.rep) s.e[r * s.ch + j] = acc[r] * a.scale;
 }
 
 /* Warp r's query head: the chunk's scores become e_j = exp(s_j - m) (0 for a -inf score)
@@ -328,41 +334,53 @@ __device__ __forceinline__ void as_softmax(const as_plan& s, int n, float& m, fl
   if (lane == 0) s.alpha[r] = alpha;
 }
 
-/* This thread's value sums (as_plan's vr, vd): rescaled by the chunk's factor, then the rows
- * grp, grp + rg, ... of the chunk in order. */
+/* One row's V pair for a thread (dims 2d, 2d + 1 at `p`) as f32. */
+template <int DT>
+__device__ __forceinline__ float2 as_v2(const unsigned char* p) {
+  if constexpr (DT == AMK_F32) {
+    return *(const float2*)p;
+  } else {
+    const uint32_t w = *(const uint32_t*)p;
+    if constexpr (DT == AMK_BF16)
+      return make_float2(__uint_as_float(w << 16), __uint_as_float(w & 0xffff0000u));
+    else
+      return make_float2(amk_f16_to_f32((uint16_t)(w & 0xffffu)), amk_f16_to_f32((uint16_t)(w >> 16)));
+  }
+}
+
+/* This thread's value sums (as_plan's vr, vd): rescaled by the chunk's factor, then its row
+ * group's rows of the chunk (group g: a contiguous g-th of them) in order, even and odd rows
+ * into two partial sums (added at the end) so that two rows' products are in flight. */
 template <int DT>
 __device__ __forceinline__ void as_values(const as_plan& s, int n, float (&acc)[AS_MAXPP][2]) {
+  const int per = (n + s.rg - 1) / s.rg;
+  const int lo = s.grp * per, hi = min(n, lo + per);
 #pragma unroll
   for (int k = 0; k < AS_MAXPP; ++k) {
     const int r = s.vr[k];
     if (r < 0) continue;
     const float al = s.alpha[r];
-    float a0 = acc[k][0] * al, a1 = acc[k][1] * al;
+    float a0 = acc[k][0] * al, a1 = acc[k][1] * al, b0 = 0.0f, b1 = 0.0f;
     const float* e = s.e + r * s.ch;
     const unsigned char* vp = s.v + s.vd[k] * 2 * s.esz;
-#pragma unroll 4
-    for (int j = s.grp; j < n; j += s.rg) {
-      const float ej = e[j];
-      float v0, v1;
-      if constexpr (DT == AMK_F32) {
-        const float2 w = *(const float2*)(vp + j * s.vstride);
-        v0 = w.x;
-        v1 = w.y;
-      } else {
-        const uint32_t w = *(const uint32_t*)(vp + j * s.vstride);
-        if constexpr (DT == AMK_BF16) {
-          v0 = __uint_as_float(w << 16);
-          v1 = __uint_as_float(w & 0xffff0000u);
-        } else {
-          v0 = amk_f16_to_f32((uint16_t)(w & 0xffffu));
-          v1 = amk_f16_to_f32((uint16_t)(w >> 16));
-        }
-      }
-      a0 += ej * v0;
-      a1 += ej * v1;
+    int j = lo;
+#pragma unroll 2
+    for (; j + 1 < hi; j += 2) {
+      const float e0 = e[j], e1 = e[j + 1];
+      const float2 v = as_v2<DT>(vp + j * s.vstride);
+      const float2 w = as_v2<DT>(vp + (j + 1) * s.vstride);
+      a0 += e0 * v.x;
+      a1 += e0 * v.y;
+      b0 += e1 * w.x;
+      b1 += e1 * w.y;
     }
-    acc[k][0] = a0;
-    acc[k][1] = a1;
+    if (j < hi) {
+      const float2 v = as_v2<DT>(vp + j * s.vstride);
+      a0 += e[j] * v.x;
+      a1 += e[j] * v.y;
+    }
+    acc[k][0] = a0 + b0;
+    acc[k][1] = a1 + b1;
   }
 }
 
