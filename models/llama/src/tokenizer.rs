@@ -9,7 +9,7 @@
 //!
 //! The GGUF path reproduces what HuggingFace transformers builds from the same metadata
 //! (`AutoTokenizer.from_pretrained(dir, gguf_file=...)`): a byte-level BPE from the vocabulary
-//! and merges, control tokens (type 3) added as special tokens and user-defined tokens (type 4)
+//! and merges, or a SentencePiece BPE from the pieces and their scores (`spm`), control tokens (type 3) added as special tokens and user-defined tokens (type 4)
 //! as plain added tokens, so that both are recognised whole inside text. One deliberate
 //! difference: for `tokenizer.ggml.pre = "smollm"` the model's own pre-tokenizer (digits
 //! split one by one) is used, which transformers' GGUF loader drops (see `pre_tokenizer_for`).
@@ -28,8 +28,12 @@ use tokenizers::{AddedToken, SplitDelimiterBehavior};
 use crate::error::ModelError;
 use crate::gguf::{GgufFile, GgufValue};
 
-/// `tokenizer.ggml.model` values this module can build (only byte-level BPE).
-pub const SUPPORTED_GGUF_MODELS: &[&str] = &["gpt2"];
+mod spm;
+pub use spm::merges_from_scores;
+
+/// `tokenizer.ggml.model` values this module can build: byte-level BPE (`gpt2`) and
+/// SentencePiece BPE (`llama`).
+pub const SUPPORTED_GGUF_MODELS: &[&str] = &["gpt2", "llama"];
 
 /// `tokenizer.ggml.pre` values this module can build, for a `gpt2` (byte-level BPE) model.
 pub const SUPPORTED_GGUF_PRE: &[&str] = &[
@@ -235,6 +239,49 @@ fn pre_tokenizer_for(pre: &str) -> Result<PreTokenizerWrapper, ModelError> {
     })
 }
 
+/// The tokenizer (model, pre-tokenizer, decoder) of a byte-level BPE GGUF vocabulary `tokens`
+/// with its merges and its `tokenizer.ggml.pre` pre-tokenizer; the caller adds the special
+/// tokens.
+fn byte_level_model(gguf: &GgufFile, tokens: &[&str]) -> Result<tokenizers::Tokenizer, ModelError> {
+    let pre = if gguf.contains_key("tokenizer.ggml.pre") {
+        gguf.get_str("tokenizer.ggml.pre")?
+    } else {
+        "default"
+    };
+    let pre_tokenizer = pre_tokenizer_for(pre)?;
+    let merges_raw = gguf.get_str_array("tokenizer.ggml.merges")?;
+    // The vocabulary in the byte-level alphabet: a token written with other characters
+    // (llama.cpp stores some added tokens as plain text) is respelled byte by byte.
+    let alphabet = byte_level_alphabet();
+    let in_alphabet = |t: &str| t.chars().all(|c| alphabet.contains(&c));
+    let mut vocab = Vocab::with_capacity(tokens.len());
+    for (id, t) in (0u32..).zip(tokens) {
+        let spelled = if in_alphabet(t) {
+            (*t).to_string()
+        } else {
+            t.bytes().map(|b| alphabet[usize::from(b)]).collect()
+        };
+        vocab.insert(spelled, id);
+    }
+    let mut merges = Vec::with_capacity(merges_raw.len());
+    for (i, m) in merges_raw.iter().enumerate() {
+        let (a, b) = m.split_once(' ').ok_or_else(|| {
+            ModelError::Tokenizer(format!(
+                "tokenizer.ggml.merges[{i}] = '{m}' is not two tokens separated by a space"
+            ))
+        })?;
+        merges.push((a.to_string(), b.to_string()));
+    }
+    let bpe = BPE::builder()
+        .vocab_and_merges(vocab, merges)
+        .build()
+        .map_err(|e| tok_err("building the BPE model from tokenizer.ggml.*", e))?;
+    let mut inner = tokenizers::Tokenizer::new(bpe);
+    inner.with_pre_tokenizer(Some(pre_tokenizer));
+    inner.with_decoder(Some(ByteLevelDecoder::default()));
+    Ok(inner)
+}
+
 impl Tokenizer {
     /// Loads a HuggingFace `tokenizer.json`; if a `tokenizer_config.json` lies beside it, its
     /// `bos_token`, `eos_token`, `add_bos_token` and `chat_template` are used too (and a
@@ -304,29 +351,14 @@ impl Tokenizer {
     /// Builds the tokenizer a GGUF file describes in its `tokenizer.ggml.*` metadata.
     ///
     /// Supported: `tokenizer.ggml.model = "gpt2"` (byte-level BPE) with the pre-tokenizers in
-    /// [`SUPPORTED_GGUF_PRE`]; anything else is refused with [`ModelError::Tokenizer`].
+    /// [`SUPPORTED_GGUF_PRE`], and `"llama"` (SentencePiece BPE: the pieces, their scores and
+    /// types); anything else is refused with [`ModelError::Tokenizer`].
     /// `tokenizer.ggml.add_bos_token` decides whether [`Tokenizer::encode`] prepends BOS
-    /// (absent → no BOS, as transformers does for a byte-level GGUF vocabulary).
+    /// (absent: no BOS for a byte-level vocabulary, BOS for a SentencePiece one, as
+    /// transformers does).
     pub fn from_gguf(gguf: &GgufFile) -> Result<Tokenizer, ModelError> {
         let model = gguf.get_str("tokenizer.ggml.model")?;
-        if !SUPPORTED_GGUF_MODELS.contains(&model) {
-            let hint = match model {
-                "llama" => " (SentencePiece vocabularies are not supported yet)",
-                _ => "",
-            };
-            return Err(ModelError::Tokenizer(format!(
-                "unsupported GGUF tokenizer 'tokenizer.ggml.model' = '{model}'{hint} (supported: {})",
-                SUPPORTED_GGUF_MODELS.join(", ")
-            )));
-        }
-        let pre = if gguf.contains_key("tokenizer.ggml.pre") {
-            gguf.get_str("tokenizer.ggml.pre")?
-        } else {
-            "default"
-        };
-        let pre_tokenizer = pre_tokenizer_for(pre)?;
         let tokens = gguf.get_str_array("tokenizer.ggml.tokens")?;
-        let merges_raw = gguf.get_str_array("tokenizer.ggml.merges")?;
         let token_types = if gguf.contains_key("tokenizer.ggml.token_type") {
             let t = gguf.get_i64_array("tokenizer.ggml.token_type")?;
             if t.len() != tokens.len() {
@@ -343,37 +375,18 @@ impl Tokenizer {
         let n_tokens = u32::try_from(tokens.len()).map_err(|_| {
             ModelError::Tokenizer(format!("vocabulary too large: {} tokens", tokens.len()))
         })?;
-
-        // The vocabulary in the byte-level alphabet: a token written with other characters
-        // (llama.cpp stores some added tokens as plain text) is respelled byte by byte.
         let alphabet = byte_level_alphabet();
         let in_alphabet = |t: &str| t.chars().all(|c| alphabet.contains(&c));
-        let mut vocab = Vocab::with_capacity(tokens.len());
-        for (id, t) in (0u32..).zip(&tokens) {
-            let spelled = if in_alphabet(t) {
-                (*t).to_string()
-            } else {
-                t.bytes().map(|b| alphabet[usize::from(b)]).collect()
-            };
-            vocab.insert(spelled, id);
-        }
-        let mut merges = Vec::with_capacity(merges_raw.len());
-        for (i, m) in merges_raw.iter().enumerate() {
-            let (a, b) = m.split_once(' ').ok_or_else(|| {
-                ModelError::Tokenizer(format!(
-                    "tokenizer.ggml.merges[{i}] = '{m}' is not two tokens separated by a space"
-                ))
-            })?;
-            merges.push((a.to_string(), b.to_string()));
-        }
-        let bpe = BPE::builder()
-            .vocab_and_merges(vocab, merges)
-            .build()
-            .map_err(|e| tok_err("building the BPE model from tokenizer.ggml.*", e))?;
-
-        let mut inner = tokenizers::Tokenizer::new(bpe);
-        inner.with_pre_tokenizer(Some(pre_tokenizer));
-        inner.with_decoder(Some(ByteLevelDecoder::default()));
+        let (mut inner, byte_level) = match model {
+            "gpt2" => (byte_level_model(gguf, &tokens)?, true),
+            "llama" => (spm::sentencepiece_model(gguf, &tokens)?, false),
+            _ => {
+                return Err(ModelError::Tokenizer(format!(
+                    "unsupported GGUF tokenizer 'tokenizer.ggml.model' = '{model}' (supported: {})",
+                    SUPPORTED_GGUF_MODELS.join(", ")
+                )));
+            }
+        };
 
         let bos_id = optional_u32(gguf, "tokenizer.ggml.bos_token_id")?;
         let eos_id = optional_u32(gguf, "tokenizer.ggml.eos_token_id")?;
@@ -394,9 +407,10 @@ impl Tokenizer {
             }
         }
 
-        // Special tokens: control tokens written in the byte-level alphabet (others are
-        // llama.cpp mislabels and would grow the vocabulary), plus the named BOS/EOS/UNK/PAD
-        // tokens, as transformers does. User-defined tokens become plain added tokens.
+        // Special tokens: control tokens (in a byte-level vocabulary only those written in its
+        // alphabet: others are llama.cpp mislabels and would grow the vocabulary), plus the
+        // named BOS/EOS/UNK/PAD tokens, as transformers does. User-defined tokens become plain
+        // added tokens.
         let mut special: Vec<AddedToken> = Vec::new();
         let mut user: Vec<AddedToken> = Vec::new();
         for ((id, t), ty) in (0u32..)
@@ -404,7 +418,7 @@ impl Tokenizer {
             .zip(token_types.iter().map(Some).chain(std::iter::repeat(None)))
         {
             let named = [bos_id, eos_id, unk_id, pad_id].contains(&Some(id));
-            let written_ok = in_alphabet(t);
+            let written_ok = !byte_level || in_alphabet(t);
             if (ty == Some(&TOKEN_TYPE_CONTROL) || named) && written_ok {
                 special.push(AddedToken::from((*t).to_string(), true).normalized(false));
             } else if ty == Some(&TOKEN_TYPE_USER_DEFINED) && written_ok {
@@ -414,10 +428,12 @@ impl Tokenizer {
         inner.add_special_tokens(&special);
         inner.add_tokens(&user);
 
+        // Absent: a SentencePiece vocabulary prepends BOS (llama.cpp and transformers both),
+        // a byte-level one does not.
         let add_bos = if gguf.contains_key("tokenizer.ggml.add_bos_token") {
             gguf.get_bool("tokenizer.ggml.add_bos_token")?
         } else {
-            false
+            !byte_level
         };
         if add_bos && bos_id.is_none() {
             return Err(ModelError::Tokenizer(

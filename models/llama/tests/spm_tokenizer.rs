@@ -1,0 +1,146 @@
+//! SentencePiece GGUF vocabularies (`tokenizer.ggml.model = "llama"`) against transformers:
+//! `tests/reference/spm_tiny.gguf` (a SentencePiece BPE model trained for this test, written
+//! as llama.cpp writes such vocabularies) and `spm_tokenizer_cases.json` (transformers'
+//! `LlamaTokenizer` ids and decodings of 230 strings), both made by
+//! `tests/reference/spm_tokenizer_reference.py`. Plus the merge recovery on a hand-made
+//! vocabulary and the errors of malformed files.
+
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+use amk_core::json::Value;
+use amk_model_llama::gguf::write::GgufWriter;
+use amk_model_llama::tokenizer::merges_from_scores;
+use amk_model_llama::{GgufFile, GgufValue, ModelError, Tokenizer, ValueType};
+use std::path::PathBuf;
+
+fn reference_dir() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tests/reference")
+}
+
+fn field<'a>(v: &'a Value, key: &str) -> &'a Value {
+    v.as_object()
+        .and_then(|o| o.get(key))
+        .unwrap_or_else(|| panic!("spm_tokenizer_cases.json: missing '{key}'"))
+}
+
+fn ids(v: &Value) -> Vec<u32> {
+    v.as_array()
+        .unwrap()
+        .iter()
+        .map(|x| u32::try_from(x.as_i64().unwrap()).unwrap())
+        .collect()
+}
+
+fn tiny() -> GgufFile {
+    GgufFile::read(reference_dir().join("spm_tiny.gguf")).unwrap()
+}
+
+#[test]
+fn sentencepiece_gguf_matches_transformers_on_every_case() {
+    let text = std::fs::read_to_string(reference_dir().join("spm_tokenizer_cases.json")).unwrap();
+    let reference = amk_core::json::parse(&text).unwrap();
+    let tok = Tokenizer::from_gguf(&tiny()).unwrap();
+    assert_eq!(
+        tok.bos_id().map(i64::from),
+        field(&reference, "bos_id").as_i64()
+    );
+    assert_eq!(
+        tok.eos_id().map(i64::from),
+        field(&reference, "eos_id").as_i64()
+    );
+    assert_eq!(tok.adds_bos(), Some(true));
+    let cases = field(&reference, "cases").as_array().unwrap();
+    assert!(cases.len() >= 200, "{} cases", cases.len());
+    let mut failures = Vec::new();
+    for case in cases {
+        let input = field(case, "text").as_str().unwrap();
+        let want = ids(field(case, "input_ids"));
+        let got = tok.encode(input).unwrap();
+        if got != want {
+            failures.push(format!(
+                "encode {input:?}: got {got:?}, transformers {want:?}"
+            ));
+            continue;
+        }
+        let decoded = tok.decode(&got).unwrap();
+        let want_text = field(case, "decoded").as_str().unwrap();
+        if decoded != want_text {
+            failures.push(format!(
+                "decode {input:?}: got {decoded:?}, transformers {want_text:?}"
+            ));
+        }
+    }
+    assert!(
+        failures.is_empty(),
+        "{} of {} cases differ:\n{}",
+        failures.len(),
+        cases.len(),
+        failures.join("\n")
+    );
+}
+
+#[test]
+fn merges_come_from_scores_best_first_then_longer_halves() {
+    // "ab" (score -1) and "abc" (score -2) and "bc" (score -3): the splits of each piece into
+    // two known pieces, by the piece's score; equal scores put the longer left half first.
+    // The expected list is transformers' `generate_merges` on this vocabulary and these scores
+    // (transformers 5.24, `tokenization_utils_base.generate_merges`).
+    let tokens = ["a", "b", "c", "ab", "bc", "abc", "x", "xa"];
+    let scores = [0.0, 0.0, 0.0, -1.0, -3.0, -2.0, 0.0, -1.0];
+    let merges = merges_from_scores(&tokens, &scores);
+    let pairs: Vec<(&str, &str)> = merges
+        .iter()
+        .map(|(a, b)| (a.as_str(), b.as_str()))
+        .collect();
+    assert_eq!(
+        pairs,
+        vec![("a", "b"), ("x", "a"), ("ab", "c"), ("a", "bc"), ("b", "c"),]
+    );
+}
+
+fn rewrite(edit: impl Fn(&str, &GgufValue) -> Option<GgufValue>) -> GgufFile {
+    let gguf = tiny();
+    let mut w = GgufWriter::new(3);
+    for (k, v) in gguf.metadata() {
+        if let Some(v) = edit(k, v) {
+            w.kv(k.clone(), v);
+        }
+    }
+    GgufFile::parse(w.to_bytes()).unwrap()
+}
+
+#[test]
+fn a_sentencepiece_file_without_scores_or_with_short_scores_is_refused() {
+    let no_scores = rewrite(|k, v| (k != "tokenizer.ggml.scores").then(|| v.clone()));
+    let err = Tokenizer::from_gguf(&no_scores).unwrap_err();
+    assert!(err.to_string().contains("tokenizer.ggml.scores"), "{err}");
+
+    let short = rewrite(|k, v| {
+        Some(if k == "tokenizer.ggml.scores" {
+            GgufValue::Array(ValueType::F32, vec![GgufValue::F32(0.0); 3])
+        } else {
+            v.clone()
+        })
+    });
+    let err = Tokenizer::from_gguf(&short).unwrap_err();
+    assert!(
+        matches!(&err, ModelError::Tokenizer(m) if m.contains("tokenizer.ggml.scores has 3 entries")),
+        "{err}"
+    );
+}
+
+#[test]
+fn a_sentencepiece_file_without_add_bos_prepends_bos_and_one_that_says_no_does_not() {
+    let absent = rewrite(|k, v| (k != "tokenizer.ggml.add_bos_token").then(|| v.clone()));
+    let tok = Tokenizer::from_gguf(&absent).unwrap();
+    assert_eq!(tok.encode("Hello").unwrap().first(), tok.bos_id().as_ref());
+    let off = rewrite(|k, v| {
+        Some(if k == "tokenizer.ggml.add_bos_token" {
+            GgufValue::Bool(false)
+        } else {
+            v.clone()
+        })
+    });
+    let tok = Tokenizer::from_gguf(&off).unwrap();
+    assert_ne!(tok.encode("Hello").unwrap().first(), tok.bos_id().as_ref());
+}
