@@ -12,6 +12,10 @@ trivial ones/zeros), and saves each as float32 safetensors with
 * ``tiny-gqa/``   LlamaConfig, 2 layers, 4 heads / 2 kv heads, head_dim 16, tied embeddings
 * ``tiny-mqa/``   LlamaConfig, 3 layers, 8 heads / 1 kv head, explicit head_dim 8, untied
 * ``tiny-qwen2/`` Qwen2Config, 2 layers, 4 heads / 2 kv heads, q/k/v biases, untied
+* ``tiny-llama3/`` LlamaConfig with Llama 3's RoPE frequency scaling (``rope_type: llama3``,
+  factor 8, low/high frequency factors 1/4, original context 64: with head_dim 16 and theta
+  10000, pair 0 keeps its frequency, pairs 1-2 are smoothed, pairs 3-7 divided by 8, so the
+  scaling changes the angles from the first positions on)
 
 For each it then reloads the saved directory with ``from_pretrained`` (so the
 reference comes from exactly what is on disk), runs one teacher-forced float32
@@ -24,7 +28,7 @@ No tokenizer is saved.
 How to rerun
 ------------
     /path/to/venv/bin/python tests/reference/tiny_models.py
-    (optionally --out-dir DIR; default: the directory of this script)
+    (optionally --out-dir DIR; default: the directory of this script; --only NAME builds one)
 
 Rust tests only read the committed files; they never run this script.
 """
@@ -76,6 +80,32 @@ def model_specs():
                 vocab_size=300,
                 rms_norm_eps=1e-6,
                 rope_theta=500000.0,
+                tie_word_embeddings=False,
+                bos_token_id=None,
+                eos_token_id=None,
+            ),
+        ),
+        (
+            "tiny-llama3",
+            1004,
+            LlamaConfig(
+                hidden_size=64,
+                num_hidden_layers=2,
+                num_attention_heads=4,
+                num_key_value_heads=2,
+                head_dim=16,
+                intermediate_size=128,
+                vocab_size=288,
+                rms_norm_eps=1e-5,
+                rope_parameters={
+                    "rope_type": "llama3",
+                    "rope_theta": 10000.0,
+                    "factor": 8.0,
+                    "low_freq_factor": 1.0,
+                    "high_freq_factor": 4.0,
+                    "original_max_position_embeddings": 64,
+                },
+                max_position_embeddings=256,
                 tie_word_embeddings=False,
                 bos_token_id=None,
                 eos_token_id=None,
@@ -162,12 +192,15 @@ def reference_logits(name, seed, path):
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--out-dir", default=HERE)
+    ap.add_argument("--only", help="build only the checkpoint of this name")
     args = ap.parse_args()
 
     import transformers
 
     torch.set_num_threads(1)  # keep the reduction order simple and reproducible
     for name, seed, config in model_specs():
+        if args.only and name != args.only:
+            continue
         path, built = build_and_save(name, seed, config, args.out_dir)
         reloaded, ref = reference_logits(name, seed, path)
         # The reloaded model must carry exactly the weights that were built.

@@ -195,7 +195,7 @@ macro_rules! conformance_tests {
             op_nop op_copy op_embed op_rmsnorm op_layernorm op_gemv_tile op_gemm_tile
             op_attention_tile op_attention_tile_paths_bf16 op_attention_tile_paths_f32 op_rope op_silu_mul op_gelu op_add op_mul op_dequant op_softmax
             op_allreduce_shard op_kv_append op_sample_argmax op_attention_combine op_fused
-            op_rmsnorm_gemv op_gate_up_silu op_qkv_rope_append op_attention_gemv
+            op_rmsnorm_gemv op_gate_up_silu op_qkv_rope_append op_qkv_rope_append_factors op_attention_gemv
             op_attention_pos_bf16 op_next_token
             dag_chain dag_fan_in dag_tiled_groups dag_split_kv dag_kv_append_steps
             dag_position_decode dag_split_kv_decode
@@ -354,6 +354,11 @@ pub const CASES: &[Case] = &[
         name: "op_qkv_rope_append",
         about: "QKV_ROPE_APPEND: GQA heads, RoPE, cache rows at three positions, two tiles",
         run: op_qkv_rope_append,
+    },
+    Case {
+        name: "op_qkv_rope_append_factors",
+        about: "QKV_ROPE_APPEND with Llama 3's RoPE frequency divisors as its last input",
+        run: op_qkv_rope_append_factors,
     },
     Case {
         name: "op_attention_gemv",
@@ -1062,6 +1067,11 @@ fn softmax_rows(x: &[f64], n: usize) -> Vec<f64> {
 
 /// Rotate-half RoPE of `rows` rows (one position each) of whole heads of `hd`.
 fn rope(x: &[f64], pos: &[f64], hd: usize, theta: f64) -> Vec<f64> {
+    rope_scaled(x, pos, hd, theta, &[])
+}
+
+/// [`rope`] with frequency `i` divided by `factors[i]` (none: all 1).
+fn rope_scaled(x: &[f64], pos: &[f64], hd: usize, theta: f64, factors: &[f64]) -> Vec<f64> {
     let mut out = x.to_vec();
     let rows = pos.len();
     let row_len = x.len() / rows.max(1);
@@ -1070,7 +1080,8 @@ fn rope(x: &[f64], pos: &[f64], hd: usize, theta: f64) -> Vec<f64> {
         for head in 0..row_len / hd {
             let base = r * row_len + head * hd;
             for i in 0..half {
-                let ang = p * theta.powf(-(i as f64) / half as f64);
+                let f = factors.get(i).copied().unwrap_or(1.0);
+                let ang = p * theta.powf(-(i as f64) / half as f64) / f;
                 let (c, s) = (ang.cos(), ang.sin());
                 let (x1, x2) = (x[base + i], x[base + i + half]);
                 out[base + i] = x1 * c - x2 * s;
@@ -1544,6 +1555,16 @@ fn op_rope(c: &Ctx<'_>) -> CaseResult {
     let posb = t.input("posb", DType::I32, &[2]);
     let y = t.output("y", DType::F32, &[3, 8]);
     let yb = t.output("yb", DType::F32, &[2, 3, 4]);
+    // Llama 3's frequency factors: a third input of head_dim / 2 divisors.
+    let (fac, facv) = t.weight("factors", DType::F32, &[4], 1.0, 8.0);
+    let ys = t.output("ys", DType::F32, &[3, 8]);
+    t.task(
+        Opcode::ROPE,
+        &[x, pos, fac],
+        &[ys],
+        &[],
+        &[("head_dim", int(8)), ("theta", real(10000.0))],
+    );
     t.task(
         Opcode::ROPE,
         &[x, pos],
@@ -1567,6 +1588,16 @@ fn op_rope(c: &Ctx<'_>) -> CaseResult {
             (
                 "y",
                 rope(&in_vals(ins, "x")?, &in_vals(ins, "pos")?, 8, 10000.0),
+            ),
+            (
+                "ys",
+                rope_scaled(
+                    &in_vals(ins, "x")?,
+                    &in_vals(ins, "pos")?,
+                    8,
+                    10000.0,
+                    &facv,
+                ),
             ),
             (
                 "yb",
@@ -2125,6 +2156,16 @@ fn op_gate_up_silu(c: &Ctx<'_>) -> CaseResult {
 }
 
 fn op_qkv_rope_append(c: &Ctx<'_>) -> CaseResult {
+    qkv_rope_append_case(c, false)
+}
+
+fn op_qkv_rope_append_factors(c: &Ctx<'_>) -> CaseResult {
+    qkv_rope_append_case(c, true)
+}
+
+/// QKV_ROPE_APPEND tiles over three steps; `with_factors`: Llama 3's frequency divisors as the
+/// last input (`rope_factors` = 1).
+fn qkv_rope_append_case(c: &Ctx<'_>, with_factors: bool) -> CaseResult {
     let (nh, nkv, hd, k, seq) = (2usize, 1usize, 8usize, 16usize, 4usize);
     let theta = 10000.0;
     let mut t = Tiny::new(43);
@@ -2139,25 +2180,33 @@ fn op_qkv_rope_append(c: &Ctx<'_>) -> CaseResult {
     let vc = t.kv("vcache", &[seq as u64, nkv as u64, hd as u64]);
     let k_out = t.output("k_all", DType::F32, &[seq as u64, nkv as u64, hd as u64]);
     let v_out = t.output("v_all", DType::F32, &[seq as u64, nkv as u64, hd as u64]);
+    let (fac, facv) = t.weight("factors", DType::F32, &[hd as u64 / 2], 1.0, 8.0);
+    let facv = if with_factors { facv } else { Vec::new() };
     let ct = t.counter();
     // Two tiles: units [0, 20) (Q heads and half of K) and [20, 32).
     for (off, nt) in [(0, 20), (20, 12)] {
+        let mut ins = vec![x, wq, wk, wv, pos, nw];
+        let mut params = vec![
+            ("K", int(k as i64)),
+            ("N_tile", int(nt)),
+            ("n_off", int(off)),
+            ("head_dim", int(hd as i64)),
+            ("n_heads", int(nh as i64)),
+            ("n_kv_heads", int(nkv as i64)),
+            ("theta", real(theta)),
+            ("eps", real(1e-5)),
+        ];
+        if with_factors {
+            ins.push(fac);
+            params.push(("rope_factors", int(1)));
+        }
         t.task_on(
             ct,
             Opcode::QKV_ROPE_APPEND,
-            &[x, wq, wk, wv, pos, nw],
+            &ins,
             &[q, kc, vc],
             &[],
-            &[
-                ("K", int(k as i64)),
-                ("N_tile", int(nt)),
-                ("n_off", int(off)),
-                ("head_dim", int(hd as i64)),
-                ("n_heads", int(nh as i64)),
-                ("n_kv_heads", int(nkv as i64)),
-                ("theta", real(theta)),
-                ("eps", real(1e-5)),
-            ],
+            &params,
         );
     }
     t.task(Opcode::COPY, &[kc], &[k_out], &[(ct, 2)], &[]);
@@ -2184,15 +2233,19 @@ fn op_qkv_rope_append(c: &Ctx<'_>) -> CaseResult {
         let p = in_vals(ins, "pos")?[0] as usize;
         let pv = [p as f64];
         let (mut ka, mut va) = (k_all.borrow_mut(), v_all.borrow_mut());
-        ka[p * row..(p + 1) * row].copy_from_slice(&rope(
+        ka[p * row..(p + 1) * row].copy_from_slice(&rope_scaled(
             &linear(&xn, &wkv, k, None),
             &pv,
             hd,
             theta,
+            &facv,
         ));
         va[p * row..(p + 1) * row].copy_from_slice(&linear(&xn, &wvv, k, None));
         Ok(vec![
-            ("q", rope(&linear(&xn, &wqv, k, None), &pv, hd, theta)),
+            (
+                "q",
+                rope_scaled(&linear(&xn, &wqv, k, None), &pv, hd, theta, &facv),
+            ),
             ("k_all", ka.clone()),
             ("v_all", va.clone()),
         ])

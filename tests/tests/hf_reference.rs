@@ -144,12 +144,18 @@ fn smollm2_greedy_tokens_and_perplexity_match_transformers() {
 }
 
 fn tiny(name: &str) {
+    tiny_with(name, &ScheduleConfig::default());
+}
+
+/// [`tiny`] under schedule `cfg` (the tuned one runs the fused Q/K/V tiles' RoPE instead of
+/// ROPE tasks).
+fn tiny_with(name: &str, cfg: &ScheduleConfig) {
     let dir = reference_dir().join(name);
     let refdoc = read_json(&dir.join("hf_logits.json"));
     let model = import_hf(&dir).unwrap();
     let input = ids(&refdoc["input_ids"]);
     let greedy = ids(&refdoc["greedy_next"]);
-    let mut e = engine(&model, 32);
+    let mut e = engine_with(&model, 32, cfg);
     let mut worst = 0f64;
     let logits = all_logits(&mut e, &input);
     for (i, (got, row)) in logits
@@ -222,6 +228,14 @@ fn tiny_mqa_untied_rope_5e5_matches_transformers_logits() {
 #[test]
 fn tiny_qwen2_qkv_bias_matches_transformers_logits() {
     tiny("tiny-qwen2");
+}
+
+/// Llama 3's RoPE frequency scaling (`rope_parameters.rope_type = "llama3"`), through ROPE
+/// tasks (the reference schedule) and through the fused Q/K/V tiles (the tuned one).
+#[test]
+fn tiny_llama3_rope_scaling_matches_transformers_logits() {
+    tiny("tiny-llama3");
+    tiny_with("tiny-llama3", &amk_model_llama::lower::tuned_schedule());
 }
 
 /// Diagnostic (`--ignored`): how far bf16 rounding alone (the CPU VM's bf16 program against its

@@ -819,6 +819,13 @@ __device__ __forceinline__ float amk_rope_inv_freq(float theta, int i, int half)
   const float pw = (float)pow((double)theta, (double)e);
   return __fdiv_rn(1.0f, pw);
 }
+/* amk_rope_inv_freq divided by the per-pair frequency factor fac[i] when the task has factors
+ * (Llama 3's frequency scaling; one fp32 division, as the CPU reference). */
+__device__ __forceinline__ float amk_rope_inv_freq_scaled(float theta, int i, int half,
+                                                          const amk_buffer_t* fac) {
+  const float f = amk_rope_inv_freq(theta, i, half);
+  return fac ? __fdiv_rn(f, amk_ldf(fac, i)) : f;
+}
 /* The rotation of one pair, every product and sum rounded separately (no FMA contraction:
  * the CPU rounds each step). */
 __device__ __forceinline__ void amk_rope_pair(float x1, float x2, float c, float s, float& ya,

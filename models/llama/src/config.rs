@@ -27,6 +27,9 @@ pub enum RopeScaling {
         /// The context length the model was pre-trained with.
         original_max_position_embeddings: usize,
     },
+    /// Per-pair frequency divisors stored in the checkpoint (GGUF's `rope_freqs.weight`, which
+    /// llama.cpp writes for Llama 3's scaling), `head_dim / 2` of them.
+    Factors,
 }
 
 impl RopeScaling {
@@ -38,6 +41,7 @@ impl RopeScaling {
     /// low_freq_factor` are divided by `factor`, and the ones between by
     /// `1 / ((1 - s) / factor + s)` with `s = (original / wavelength - low) / (high - low)`;
     /// worked in f64, rounded to f32 at the end.
+    /// [`RopeScaling::Factors`]' divisors are the checkpoint's, not the config's: `None` too.
     pub fn pair_divisors(&self, head_dim: usize, theta: f64) -> Option<Vec<f32>> {
         let RopeScaling::Llama3 {
             factor,
@@ -460,9 +464,10 @@ impl ModelConfig {
     /// `head_dim` is `ARCH.attention.key_length` when present, else hidden / heads;
     /// `vocab` is `ARCH.vocab_size` or the length of `tokenizer.ggml.tokens`;
     /// `tie_word_embeddings` is the absence of an `output.weight` tensor; `attention_bias` is
-    /// the presence of any `blk.*.attn_q.bias` tensor. RoPE scaling is always
-    /// [`RopeScaling::None`]; a file with `rope_freqs.weight` or an `ARCH.rope.scaling.type`
-    /// other than `none` is refused.
+    /// the presence of any `blk.*.attn_q.bias` tensor. RoPE scaling is
+    /// [`RopeScaling::Factors`] when the file has a `rope_freqs.weight` tensor (Llama 3's
+    /// per-pair divisors), else [`RopeScaling::None`]; an `ARCH.rope.scaling.type` other than
+    /// `none` is refused.
     ///
     /// # Errors
     /// [`ModelError::MissingKey`] / [`ModelError::KeyType`] for missing or mistyped keys, and
@@ -521,12 +526,15 @@ impl ModelConfig {
                 reasons.push(format!("GGUF rope scaling type '{t}'"));
             }
         }
-        if g.tensor_infos()
+        let rope_scaling = if g
+            .tensor_infos()
             .iter()
-            .any(|t| t.name == "rope_freqs.weight")
+            .any(|t| t.name == crate::model::ROPE_FREQS)
         {
-            reasons.push("rope_freqs.weight (Llama-3 RoPE frequency factors) from GGUF".into());
-        }
+            RopeScaling::Factors
+        } else {
+            RopeScaling::None
+        };
         if let Some(n) = opt_us("expert_count")?
             && n > 0
         {
@@ -558,7 +566,7 @@ impl ModelConfig {
                 max_position_embeddings,
                 tie_word_embeddings,
                 attention_bias,
-                rope_scaling: RopeScaling::None,
+                rope_scaling,
             },
             reasons,
         )

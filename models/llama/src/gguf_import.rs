@@ -9,7 +9,7 @@
 use crate::config::ModelConfig;
 use crate::error::ModelError;
 use crate::gguf::GgufFile;
-use crate::model::{EMBED, FINAL_NORM, LM_HEAD, Model, ModelFormat, layer_tensor};
+use crate::model::{EMBED, FINAL_NORM, LM_HEAD, Model, ModelFormat, ROPE_FREQS, layer_tensor};
 use crate::permute::unpermute_qk;
 use crate::tokenizer::Tokenizer;
 use amk_core::{Importer, WeightStore};
@@ -44,6 +44,7 @@ fn map_name(name: &str, cfg: &ModelConfig, permuted: bool) -> Option<Mapped> {
         "token_embd.weight" => return Some(Plain(EMBED.to_string())),
         "output_norm.weight" => return Some(Plain(FINAL_NORM.to_string())),
         "output.weight" => return Some(Plain(LM_HEAD.to_string())),
+        ROPE_FREQS => return Some(Plain(ROPE_FREQS.to_string())),
         _ => {}
     }
     let rest = name.strip_prefix("blk.")?;

@@ -44,6 +44,9 @@ pub const EMBED: &str = "model.embed_tokens.weight";
 pub const FINAL_NORM: &str = "model.norm.weight";
 /// The name of an untied LM head.
 pub const LM_HEAD: &str = "lm_head.weight";
+/// The name of the per-pair RoPE frequency divisors a checkpoint may carry
+/// ([`crate::config::RopeScaling::Factors`]; GGUF's name, which HF checkpoints do not use).
+pub const ROPE_FREQS: &str = "rope_freqs.weight";
 
 /// The HF name of tensor `what` of layer `l` (`self_attn.q_proj.weight`, `mlp.up_proj.weight`,
 /// `input_layernorm.weight`, …).
@@ -59,6 +62,9 @@ pub fn tensor_names(cfg: &ModelConfig) -> Vec<(String, Vec<u64>)> {
     let i = cfg.intermediate as u64;
     let v = cfg.vocab as u64;
     let mut out = vec![(EMBED.to_string(), vec![v, h])];
+    if cfg.rope_scaling == crate::config::RopeScaling::Factors {
+        out.push((ROPE_FREQS.to_string(), vec![(cfg.head_dim / 2) as u64]));
+    }
     for l in 0..cfg.n_layers {
         let mut push = |what: &str, shape: Vec<u64>| out.push((layer_tensor(l, what), shape));
         push("input_layernorm.weight", vec![h]);

@@ -5,10 +5,13 @@
 //! rows are un-permuted and the `qwen2` ones left alone.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
+use amk_core::{GpuTarget, ScheduleConfig};
+use amk_model_llama::config::RopeScaling;
 use amk_model_llama::gguf::write::GgufWriter;
 use amk_model_llama::gguf_import::import_gguf_file;
 use amk_model_llama::hf::import_hf;
-use amk_model_llama::model::{EMBED, FINAL_NORM, LM_HEAD};
+use amk_model_llama::lower::{LowerOptions, lower};
+use amk_model_llama::model::{EMBED, FINAL_NORM, LM_HEAD, ROPE_FREQS};
 use amk_model_llama::permute::permute_qk;
 use amk_model_llama::{GgufFile, GgufValue, Model};
 use std::path::Path;
@@ -45,6 +48,12 @@ fn gguf_name(hf: &str, m: &Model) -> (String, Option<usize>) {
 /// `m` as a GGUF of architecture `arch` (F32 tensors, a byte-level tokenizer of the model's
 /// vocabulary size, `pre` as llama.cpp names the architecture's).
 fn to_gguf(m: &Model, arch: &str) -> GgufFile {
+    to_gguf_with(m, arch, None)
+}
+
+/// [`to_gguf`], plus a `rope_freqs.weight` tensor of per-pair RoPE divisors when given (what
+/// llama.cpp's converter writes for Llama 3's frequency scaling).
+fn to_gguf_with(m: &Model, arch: &str, rope_freqs: Option<&[f32]>) -> GgufFile {
     let c = &m.config;
     let k = |key: &str| format!("{arch}.{key}");
     let u = |v: usize| GgufValue::U32(v as u32);
@@ -88,6 +97,9 @@ fn to_gguf(m: &Model, arch: &str) -> GgufFile {
         };
         w.tensor_f32(gname, t.shape(), &t.to_f32_vec());
     }
+    if let Some(f) = rope_freqs {
+        w.tensor_f32(ROPE_FREQS.to_string(), &[f.len() as u64], f);
+    }
     GgufFile::parse(w.to_bytes()).unwrap()
 }
 
@@ -111,4 +123,74 @@ fn reference_checkpoints_import_the_same_from_gguf() {
             assert!(same, "{name} {n}: the weights differ");
         }
     }
+}
+
+/// Llama 3's frequency scaling as a GGUF carries it: llama.cpp's converter writes the per-pair
+/// divisors as `rope_freqs.weight` (and no scaling keys). The import takes them as the model's
+/// RoPE factors, and the lowered program's divisors are bit for bit the ones the HF directory's
+/// `rope_parameters` give (whose logits `tests/tests/hf_reference.rs` checks against
+/// transformers).
+#[test]
+fn a_llama3_gguf_carries_its_rope_divisors_as_rope_freqs() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/reference");
+    let hf = import_hf(&root.join("tiny-llama3")).unwrap();
+    assert!(matches!(hf.config.rope_scaling, RopeScaling::Llama3 { .. }));
+    let divisors = hf
+        .config
+        .rope_scaling
+        .pair_divisors(hf.config.head_dim, hf.config.rope_theta)
+        .unwrap();
+    let got =
+        import_gguf_file(&to_gguf_with(&hf, "llama", Some(&divisors)), "tiny-llama3").unwrap();
+    assert_eq!(got.config.rope_scaling, RopeScaling::Factors);
+    assert_eq!(
+        got.config,
+        amk_model_llama::config::ModelConfig {
+            rope_scaling: RopeScaling::Factors,
+            ..hf.config.clone()
+        }
+    );
+    let target = GpuTarget::by_name("h100").unwrap();
+    let opts = LowerOptions::default();
+    let factors = |m: &Model| {
+        let lowered = lower(m, &ScheduleConfig::default(), &target, &opts).unwrap();
+        lowered.weights.get(ROPE_FREQS).unwrap().to_f32_vec()
+    };
+    let (a, b) = (factors(&hf), factors(&got));
+    assert_eq!(a.len(), hf.config.head_dim / 2);
+    assert!(a.iter().zip(&b).all(|(x, y)| x.to_bits() == y.to_bits()));
+    // The HF directory's scaling, as transformers computes it (inv_freq / scaled inv_freq of the
+    // saved model: 1, 1.2940, 7.6674, then 8 for the pairs whose wavelength exceeds 64).
+    for (i, want) in [1.0f32, 1.2940, 7.6674, 8.0, 8.0, 8.0, 8.0, 8.0]
+        .iter()
+        .enumerate()
+    {
+        assert!(
+            (a[i] - want).abs() <= 1e-4 * want,
+            "pair {i}: {} against {want}",
+            a[i]
+        );
+    }
+}
+
+#[test]
+fn a_rope_freqs_tensor_of_the_wrong_length_or_sign_is_refused() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/reference");
+    let hf = import_hf(&root.join("tiny-llama3")).unwrap();
+    let short = to_gguf_with(&hf, "llama", Some(&[1.0; 3]));
+    let err = import_gguf_file(&short, "short").unwrap_err();
+    assert!(err.to_string().contains(ROPE_FREQS), "{err}");
+    let mut bad = vec![1.0f32; hf.config.head_dim / 2];
+    bad[2] = -1.0;
+    let m = import_gguf_file(&to_gguf_with(&hf, "llama", Some(&bad)), "negative").unwrap();
+    let target = GpuTarget::by_name("h100").unwrap();
+    let err = lower(
+        &m,
+        &ScheduleConfig::default(),
+        &target,
+        &LowerOptions::default(),
+    )
+    .map(|_| ())
+    .unwrap_err();
+    assert!(err.to_string().contains("divisor 2 = -1"), "{err}");
 }

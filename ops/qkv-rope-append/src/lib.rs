@@ -8,6 +8,10 @@
 //! `[max_seq, n_kv_heads, head_dim]` or `[max_seq, n_kv_heads · head_dim]`); params `K`,
 //! `N_tile`, `n_off`, `head_dim`, `n_heads`, `n_kv_heads`, `theta` (and `eps`).
 //!
+//! **Frequency factors.** With param `rope_factors` = 1 the last input holds `head_dim / 2`
+//! per-pair frequency divisors (Llama 3's scaling, GGUF's `rope_freqs.weight`), as ROPE's
+//! optional third input: `[x, Wq, Wk, Wv, pos (, norm_w), factors]` ([`optional_inputs`]).
+//!
 //! **Position.** Element 0 of the integer buffer `pos` (as ROPE reads its positions), checked
 //! when the task runs: a position outside the caches is an index error. It is an input rather
 //! than a param like KV_APPEND's because a decode step would otherwise patch every Q/K/V tile
@@ -41,7 +45,7 @@ pub const SPEC: OpSpec = OpSpec {
     code: Opcode::QKV_ROPE_APPEND,
     name: Cow::Borrowed("QKV_ROPE_APPEND"),
     min_inputs: 5,
-    max_inputs: Some(6),
+    max_inputs: Some(7),
     n_outputs: Some(3),
     params: Cow::Borrowed(&[
         ParamDecl::required("K", ParamType::Int),
@@ -52,6 +56,7 @@ pub const SPEC: OpSpec = OpSpec {
         ParamDecl::required("n_kv_heads", ParamType::Int),
         ParamDecl::required("theta", ParamType::Real),
         ParamDecl::optional("eps", ParamType::Real),
+        ParamDecl::optional("rope_factors", ParamType::Int),
     ]),
     write_region: amk_core::WriteRegion::Columns,
     check: Some(check),
@@ -73,10 +78,51 @@ amk_core::inventory::submit! {
     }
 }
 
+/// Where a task's optional inputs are: the norm weight and the RoPE frequency factors.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct OptionalInputs {
+    /// The RMS norm weight (input 5), when the tile normalises `x` first.
+    pub norm: Option<usize>,
+    /// The per-pair frequency factors (the last input), with `rope_factors` = 1.
+    pub factors: Option<usize>,
+}
+
+/// The optional inputs of a task with `n_inputs` inputs and param `rope_factors` (the device
+/// function reads them the same way).
+pub fn optional_inputs(n_inputs: usize, rope_factors: bool) -> OptionalInputs {
+    let factors = (rope_factors && n_inputs >= 6).then(|| n_inputs - 1);
+    let rest = n_inputs - usize::from(factors.is_some());
+    OptionalInputs {
+        norm: (rest == 6).then_some(5),
+        factors,
+    }
+}
+
 /// Static shape and parameter rule, run by the validator.
 fn check(ctx: &TaskContext<'_>) -> Vec<Finding> {
     let mut c = Checker::new(ctx);
-    let norm = (ctx.n_inputs() == 6).then_some(5);
+    let with_factors = match c.int("rope_factors") {
+        None | Some(0) => false,
+        Some(1) => true,
+        Some(v) => {
+            c.oob(format!(
+                "param rope_factors = {v} must be 0 or 1 (1: the last input holds the RoPE frequency factors)"
+            ));
+            return c.finish();
+        }
+    };
+    if with_factors && ctx.n_inputs() < 6 {
+        c.mismatch("rope_factors = 1 needs the frequency factors as the last input".to_string());
+        return c.finish();
+    }
+    if !with_factors && ctx.n_inputs() == 7 {
+        c.mismatch(
+            "7 inputs need rope_factors = 1 (the last one the frequency factors)".to_string(),
+        );
+        return c.finish();
+    }
+    let opt = optional_inputs(ctx.n_inputs(), with_factors);
+    let norm = opt.norm;
     let Some((_, rows)) = opcheck::fused_row(&mut c, &[1, 2, 3], norm) else {
         return c.finish();
     };
@@ -96,6 +142,16 @@ fn check(ctx: &TaskContext<'_>) -> Vec<Finding> {
     if hd % 2 != 0 {
         c.mismatch(format!("head_dim = {hd} must be even (RoPE rotates pairs)"));
         return c.finish();
+    }
+    if let Some(f) = opt.factors.and_then(|i| c.input(i)) {
+        c.float(f, "RoPE frequency factors");
+        if f.numel() != hd / 2 {
+            c.mismatch(format!(
+                "the RoPE frequency factors {} must hold head_dim / 2 = {} elements",
+                desc(f),
+                hd / 2
+            ));
+        }
     }
     if let Some(t) = c.real("theta")
         && !(t.is_finite() && t > 0.0)

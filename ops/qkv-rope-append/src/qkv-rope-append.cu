@@ -7,7 +7,8 @@
  * (Q and K heads; ROPE's arithmetic, amk_rope_*, with cos and sin computed before the tile and
  * kept across the launch's layers: qkv_trig) and stores them into q or the cache row pos
  * (element 0 of the integer input 4, checked against the caches). It waits for its task's
- * counters itself (amk_task_wait), after its checks. */
+ * counters itself (amk_task_wait), after its checks. With param rope_factors (ext[0]) = 1 the
+ * last input holds per-pair frequency divisors (op_qkv_rope_append::optional_inputs). */
 
 /* The pair unit u (even) starts: projection (0 Q, 1 K, 2 V), weight row, frequency index. 32-bit
  * (u < (n_heads + 2 n_kv_heads) * head_dim, int params the checks bound): two divisions per
@@ -23,16 +24,18 @@ __device__ __forceinline__ void qkv_pair(int u, int hd, int nh, int nkv, int& pr
   row = (long long)local * hd + i;
 }
 
-/* cos and sin of pair frequency i at position pos, as ROPE computes them. */
-__device__ __forceinline__ float2 qkv_cos_sin(int pos, float theta, int i, int half) {
-  const float ang = __fmul_rn((float)pos, amk_rope_inv_freq(theta, i, half));
+/* cos and sin of pair frequency i at position pos, as ROPE computes them (fac: the frequency
+ * factors, or null). */
+__device__ __forceinline__ float2 qkv_cos_sin(int pos, float theta, int i, int half,
+                                              const amk_buffer_t* fac) {
+  const float ang = __fmul_rn((float)pos, amk_rope_inv_freq_scaled(theta, i, half, fac));
   return make_float2(amk_rope_trig(ang, 0), amk_rope_trig(ang, 1));
 }
 
 /* The block cache (amk_block_cache): a key of QKV_CS_KEY words (op code + 1, the position
- * buffer's address, theta, head_dim), the position, then (cos, sin) of frequencies
- * i < head_dim / 2 (head_dim up to 2 * QKV_CS_MAX). */
-#define QKV_CS_KEY 5
+ * buffer's address, theta, head_dim, the frequency factors' address), the position, then
+ * (cos, sin) of frequencies i < head_dim / 2 (head_dim up to 2 * QKV_CS_MAX). */
+#define QKV_CS_KEY 7
 #define QKV_CS_POS QKV_CS_KEY
 #define QKV_CS_MAX ((AMK_BLOCK_CACHE_WORDS - QKV_CS_KEY - 1) / 2)
 
@@ -45,11 +48,14 @@ __device__ __forceinline__ float2 qkv_cos_sin(int pos, float theta, int i, int h
  * hit also skips reading it: one global round trip less on the path to the tile's wait
  * (docs/perf-notes.md round 10). Called by the whole block; the caller checks the position. */
 __device__ __noinline__ const float2* qkv_trig(const amk_buffer_t* pb, bool launch_const,
-                                              float theta, int hd, long long& pos) {
+                                              float theta, int hd, const amk_buffer_t* fac,
+                                              long long& pos) {
   const int half = hd >> 1;
   const unsigned long long pa = (unsigned long long)pb->ptr;
+  const unsigned long long fa = fac ? (unsigned long long)fac->ptr : 0ull;
   const uint32_t key[QKV_CS_KEY] = {22u + 1u /* QKV_ROPE_APPEND's code + 1 */, (uint32_t)pa,
-                                    (uint32_t)(pa >> 32), __float_as_uint(theta), (uint32_t)hd};
+                                    (uint32_t)(pa >> 32), __float_as_uint(theta), (uint32_t)hd,
+                                    (uint32_t)fa, (uint32_t)(fa >> 32)};
   float2* const cs = (float2*)(amk_block_cache + QKV_CS_KEY + 1);
   bool hit = half <= QKV_CS_MAX;
 #pragma unroll
@@ -63,7 +69,8 @@ __device__ __noinline__ const float2* qkv_trig(const amk_buffer_t* pb, bool laun
   if (hit && pos >= 0 && pos <= 0xffffffffLL && amk_block_cache[QKV_CS_POS] == (uint32_t)pos)
     return cs;
   __syncthreads(); /* every thread has read the old key before it changes */
-  for (int i = threadIdx.x; i < half; i += AMK_THREADS) cs[i] = qkv_cos_sin((int)pos, theta, i, half);
+  for (int i = threadIdx.x; i < half; i += AMK_THREADS)
+    cs[i] = qkv_cos_sin((int)pos, theta, i, half, fac);
   if (threadIdx.x < QKV_CS_KEY) amk_block_cache[threadIdx.x] = key[threadIdx.x];
   /* A position beyond 32 bits is never cached as valid: the caller fails the task on it. */
   if (threadIdx.x == 0) amk_block_cache[QKV_CS_POS] = (uint32_t)pos;
@@ -73,7 +80,7 @@ __device__ __noinline__ const float2* qkv_trig(const amk_buffer_t* pb, bool laun
 
 /* The tile's operands and params. */
 struct qkv_args {
-  const amk_buffer_t *x, *w[3], *pb, *nw, *dst[3];
+  const amk_buffer_t *x, *w[3], *pb, *nw, *fac, *dst[3];
   long long K;
   int n_tile, n_off, hd, nh, nkv;
   float theta;
@@ -85,14 +92,18 @@ template <bool CHECK>
 __device__ __forceinline__ bool qkv_setup(const amk_task_ctx& ctx, qkv_args& a) {
   const amk_params_t& p = ctx.inst->params;
   const int nin = ctx.inst->n_inputs;
-  AMK_CHECK(nin >= 5 && nin <= 6 && ctx.inst->n_outputs == 3, AMK_ERR_SHAPE, nin);
+  const bool with_fac = amk_has(p, AMK_P_EXT0) && p.ext[0] == 1;
+  AMK_CHECK(nin >= 5 && nin <= (with_fac ? 7 : 6) && (!with_fac || nin >= 6) &&
+                ctx.inst->n_outputs == 3,
+            AMK_ERR_SHAPE, nin);
   a.x = amk_in(ctx, 0);
   for (int c = 0; c < 3; ++c) {
     a.w[c] = amk_in(ctx, 1 + c);
     a.dst[c] = amk_out(ctx, c);
   }
   a.pb = amk_in(ctx, 4);
-  a.nw = nin == 6 ? amk_in(ctx, 5) : nullptr;
+  a.fac = with_fac ? amk_in(ctx, nin - 1) : nullptr;
+  a.nw = nin - (with_fac ? 1 : 0) == 6 ? amk_in(ctx, 5) : nullptr;
   a.K = p.K;
   a.n_tile = p.N_tile;
   a.n_off = p.n_off;
@@ -104,6 +115,8 @@ __device__ __forceinline__ bool qkv_setup(const amk_task_ctx& ctx, qkv_args& a) 
     const int hd = a.hd, nh = a.nh, nkv = a.nkv, n_tile = a.n_tile, n_off = a.n_off;
     const long long K = a.K;
     AMK_CHECK(amk_is_int(a.pb->dtype) && a.pb->numel >= 1, AMK_ERR_DTYPE, a.pb->dtype);
+    AMK_CHECK(!a.fac || (amk_is_float(a.fac->dtype) && a.fac->numel == hd / 2), AMK_ERR_SHAPE,
+              a.fac ? a.fac->numel : 0);
     if (!amk_fused_check(ctx, a.x, a.w, 3, a.nw, K)) return false;
     AMK_CHECK(hd > 0 && !(hd & 1) && nh > 0 && nkv > 0 && n_tile > 0 && !(n_tile & 1) &&
                   n_off >= 0 && !(n_off & 1) && a.theta > 0.0f,
@@ -151,7 +164,8 @@ __device__ void amk_op_qkv_rope_append(const amk_task_ctx& ctx) {
   const bool pos_early = (pb->flags & AMK_BUF_LAUNCH_CONST) != 0;
   if (!pos_early && !amk_task_wait(ctx)) return;
   long long pos_ll;
-  const float2* const cs = qkv_trig(pb, pos_early, theta, hd, pos_ll);
+  const amk_buffer_t* fac = a.fac;
+  const float2* const cs = qkv_trig(pb, pos_early, theta, hd, fac, pos_ll);
   /* The position comes from data: outside the caches it is an index error (as the CPU). */
   if (pos_ll < 0 || pos_ll >= amk_udiv(dst[1]->numel, row_len) ||
       pos_ll >= amk_udiv(dst[2]->numel, row_len)) {
@@ -188,7 +202,7 @@ __device__ void amk_op_qkv_rope_append(const amk_task_ctx& ctx) {
         const float a = amk_round_dt(d->dtype, s[0]), b = amk_round_dt(d->dtype, s[1]);
         float ya = a, yb = b;
         if (proj < 2) {
-          const float2 t = cs ? cs[i] : qkv_cos_sin(pos, theta, i, half);
+          const float2 t = cs ? cs[i] : qkv_cos_sin(pos, theta, i, half, fac);
           amk_rope_pair(a, b, t.x, t.y, ya, yb);
         }
         const long long base = proj == 0 ? r0 : (long long)pos * row_len + r0;

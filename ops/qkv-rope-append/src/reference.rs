@@ -1,4 +1,5 @@
-//! CPU reference of QKV_ROPE_APPEND `[x, Wq, Wk, Wv, pos (, norm_w)] -> [q, kcache, vcache]`.
+//! CPU reference of QKV_ROPE_APPEND `[x, Wq, Wk, Wv, pos (, norm_w) (, factors)] -> [q, kcache,
+//! vcache]`.
 //!
 //! For every pair `(u, u + 1)` of the tile's units (crate docs: head `h = u div head_dim`,
 //! rows `r = h_local·head_dim + i` and `r + half`, `i = (u mod head_dim) div 2`,
@@ -8,6 +9,7 @@
 //! ```text
 //! a, b = round_to(dtype(dst), Σ_k xn[k]·W[r, k]), round_to(dtype(dst), Σ_k xn[k]·W[r + half, k])
 //! Q, K heads:  ang = f32(pos) · inv_freq[i];  c, s = cos/sin(ang) (f64, rounded to f32)
+//!              (inv_freq[i] / factors[i] with frequency factors, as ROPE)
 //!              dst[r] = a·c − b·s,  dst[r + half] = b·c + a·s        (fp32, as ROPE)
 //! V heads:     dst[r] = a,          dst[r + half] = b
 //! ```
@@ -22,7 +24,7 @@ use amk_core::{CpuCall, OpError, Tensor, round_to};
 use op_gemv_tile::reference::{float_row_dot, non_negative, positive};
 use op_rmsnorm::reference::fused_input;
 use op_rmsnorm_gemv::reference::{float_operand, tile_end};
-use op_rope::reference::inv_freq;
+use op_rope::reference::scaled_inv_freq;
 
 /// Where a unit's pair lands: output index (0 = q, 1 = kcache, 2 = vcache), the row `r` of
 /// its projection (the pair is `r`, `r + half`) and the pair's frequency index `i`.
@@ -55,7 +57,28 @@ pub fn pair_of(u: usize, head_dim: usize, n_heads: usize, n_kv: usize) -> Pair {
 
 /// Runs one QKV_ROPE_APPEND task.
 pub fn run(call: &mut CpuCall<'_, '_>) -> Result<(), OpError> {
-    call.expect_arity(5, 6, 3)?;
+    call.expect_arity(5, 7, 3)?;
+    let with_factors = match call.int_opt("rope_factors")? {
+        None | Some(0) => false,
+        Some(1) if call.n_inputs() >= 6 => true,
+        Some(v) => {
+            return Err(OpError::BadParam {
+                key: "rope_factors".into(),
+                why: format!(
+                    "{v} with {} inputs: 1 names the last of at least 6 inputs as the frequency factors, 0 none",
+                    call.n_inputs()
+                ),
+            });
+        }
+    };
+    let opt = crate::optional_inputs(call.n_inputs(), with_factors);
+    if opt.factors.is_none() && call.n_inputs() == 7 {
+        return Err(OpError::Arity {
+            what: "inputs",
+            expected: "5..6 (7 with rope_factors = 1)".into(),
+            got: 7,
+        });
+    }
     let k = positive(call, "K")?;
     let n_tile = positive(call, "N_tile")?;
     let n_off = non_negative(call, "n_off")?;
@@ -90,8 +113,7 @@ pub fn run(call: &mut CpuCall<'_, '_>) -> Result<(), OpError> {
         )));
     }
     let pos_value = positions.get_i64(0);
-    let norm = (call.n_inputs() == 6).then_some(5);
-    let xn = fused_input(call, norm, k)?;
+    let xn = fused_input(call, opt.norm, k)?;
     let rows = [nh * hd, nkv * hd, nkv * hd];
     let mut ws: Vec<&Tensor> = Vec::with_capacity(3);
     for (j, &want) in rows.iter().enumerate() {
@@ -114,7 +136,11 @@ pub fn run(call: &mut CpuCall<'_, '_>) -> Result<(), OpError> {
         let b = float_row_dot(&xn, ws[p.proj], p.row + hd / 2, &mut scratch)?;
         sums.push((p, a, b));
     }
-    let freqs = inv_freq(theta, hd / 2);
+    let factors = match opt.factors {
+        Some(i) => Some(call.input(i)?),
+        None => None,
+    };
+    let freqs = scaled_inv_freq(theta, hd / 2, factors)?;
     let row_len = nkv * hd;
     for (j, want) in [nh * hd, 0, 0].into_iter().enumerate() {
         let out = call.output(j)?;

@@ -53,16 +53,26 @@ fn gemv(x: &Tensor, w: &Tensor, k: usize, n: usize, dt: DType) -> Tensor {
     o
 }
 
-/// ROPE (positions buffer `[pos]`) of `x` viewed as `shape`.
-fn rope(x: &Tensor, shape: &[u64], pos: usize, hd: usize, dt: DType) -> Tensor {
+/// ROPE (positions buffer `[pos]`, per-pair frequency factors when given) of `x` viewed as
+/// `shape`.
+fn rope(
+    x: &Tensor,
+    shape: &[u64],
+    pos: usize,
+    hd: usize,
+    dt: DType,
+    factors: Option<&Tensor>,
+) -> Tensor {
     let mut v = Tensor::poisoned(dt, shape);
     for i in 0..x.numel() {
         v.set_f32(i, x.get_f32(i));
     }
     let p = Tensor::from_f32(DType::I32, &[1], &[pos as f32]).unwrap();
+    let mut ins = vec![&v, &p];
+    ins.extend(factors);
     let t = task(
         Opcode::ROPE,
-        2,
+        ins.len(),
         1,
         &[
             ("head_dim", Value::Int(hd as i64)),
@@ -70,7 +80,7 @@ fn rope(x: &Tensor, shape: &[u64], pos: usize, hd: usize, dt: DType) -> Tensor {
         ],
     );
     let mut o = [Tensor::poisoned(dt, shape)];
-    call(op_rope::reference::run, &t, &[&v, &p], &mut o).unwrap();
+    call(op_rope::reference::run, &t, &ins, &mut o).unwrap();
     let [o] = o;
     o
 }
@@ -89,14 +99,18 @@ fn append(new: &Tensor, cache: &mut Tensor, pos: usize) {
 }
 
 #[rstest]
-#[case::gqa_f32_one_tile(Shape { k: 16, nh: 4, nkv: 2, hd: 8, seq: 5, pos: 3 }, DType::F32, false, &[(0, 64)])]
-#[case::gqa_bf16_norm_tiles(Shape { k: 32, nh: 4, nkv: 2, hd: 8, seq: 6, pos: 0 }, DType::BF16, true, &[(0, 20), (20, 24), (44, 20)])]
-#[case::mqa_f16_odd_k(Shape { k: 13, nh: 3, nkv: 1, hd: 4, seq: 4, pos: 2 }, DType::F16, true, &[(0, 6), (6, 8), (14, 6)])]
+#[case::gqa_f32_one_tile(Shape { k: 16, nh: 4, nkv: 2, hd: 8, seq: 5, pos: 3 }, DType::F32, false, &[(0, 64)], false)]
+#[case::gqa_bf16_norm_tiles(Shape { k: 32, nh: 4, nkv: 2, hd: 8, seq: 6, pos: 0 }, DType::BF16, true, &[(0, 20), (20, 24), (44, 20)], false)]
+#[case::mqa_f16_odd_k(Shape { k: 13, nh: 3, nkv: 1, hd: 4, seq: 4, pos: 2 }, DType::F16, true, &[(0, 6), (6, 8), (14, 6)], false)]
+// Llama 3's frequency factors: the last input, with and without the norm before it.
+#[case::gqa_f32_factors(Shape { k: 16, nh: 4, nkv: 2, hd: 8, seq: 5, pos: 4 }, DType::F32, false, &[(0, 64)], true)]
+#[case::gqa_bf16_norm_factors_tiles(Shape { k: 32, nh: 4, nkv: 2, hd: 16, seq: 9, pos: 7 }, DType::BF16, true, &[(0, 40), (40, 48), (88, 40)], true)]
 fn equals_the_unfused_prologue(
     #[case] s: Shape,
     #[case] dt: DType,
     #[case] norm: bool,
     #[case] tiles: &[(usize, usize)],
+    #[case] with_factors: bool,
 ) {
     let mut r = rng((s.k * 7 + s.nh * 3 + s.pos) as u64);
     let (k, qd, kvd) = (s.k as u64, (s.nh * s.hd) as u64, (s.nkv * s.hd) as u64);
@@ -109,6 +123,8 @@ fn equals_the_unfused_prologue(
     // Caches start with random old rows, which the op must keep.
     let kc0 = random_nonzero(dt, &cache_shape, &mut r, -1.0, 1.0);
     let vc0 = random_nonzero(dt, &cache_shape, &mut r, -1.0, 1.0);
+    let factors = random_nonzero(DType::F32, &[s.hd as u64 / 2], &mut r, 1.0, 8.0);
+    let fac = with_factors.then_some(&factors);
 
     // Unfused.
     let xs = if norm {
@@ -134,6 +150,7 @@ fn equals_the_unfused_prologue(
         s.pos,
         s.hd,
         dt,
+        fac,
     );
     let k_rot = rope(
         &gemv(&xs, &wk, s.k, kvd as usize, dt),
@@ -141,6 +158,7 @@ fn equals_the_unfused_prologue(
         s.pos,
         s.hd,
         dt,
+        fac,
     );
     let v_new = gemv(&xs, &wv, s.k, kvd as usize, dt);
     let (mut kc_want, mut vc_want) = (kc0.clone(), vc0.clone());
@@ -158,13 +176,13 @@ fn equals_the_unfused_prologue(
     if norm {
         ins.push(&nw);
     }
+    ins.extend(fac);
     for &(off, nt) in tiles {
-        let t = task(
-            Opcode::QKV_ROPE_APPEND,
-            ins.len(),
-            3,
-            &params(&s, off, nt, norm),
-        );
+        let mut p = params(&s, off, nt, norm);
+        if with_factors {
+            p.push(("rope_factors", Value::Int(1)));
+        }
+        let t = task(Opcode::QKV_ROPE_APPEND, ins.len(), 3, &p);
         call(op_qkv_rope_append::reference::run, &t, &ins, &mut outs).unwrap();
     }
     for (got, want, name) in [
@@ -275,4 +293,87 @@ fn bad_calls_are_typed_errors() {
         })
     ));
     assert!(matches!(run(&p, &wk, 3, &fpos), Err(OpError::DType(_))));
+}
+
+/// The shape rule of the frequency factors: `rope_factors` 0 or 1; with 1, the last input is
+/// `head_dim / 2` floats (after the norm weight when there is one); 7 inputs need it.
+#[test]
+fn the_shape_rule_places_and_checks_the_frequency_factors() {
+    use amk_core::testkit::shape_rule_kinds;
+    use amk_core::{Buffer, BufferKind, ErrorKind, MemSpace};
+    let buf = |id: u32, dtype: DType, shape: &[u64]| Buffer {
+        id,
+        name: format!("b{id}"),
+        kind: BufferKind::ACTIVATION,
+        dtype,
+        shape: shape.to_vec(),
+        space: MemSpace::HBM,
+        source: None,
+    };
+    let s = Shape {
+        k: 16,
+        nh: 4,
+        nkv: 2,
+        hd: 8,
+        seq: 5,
+        pos: 0,
+    };
+    let buffers = [
+        buf(0, DType::F32, &[1, 16]),    // x
+        buf(1, DType::F32, &[32, 16]),   // Wq
+        buf(2, DType::F32, &[16, 16]),   // Wk
+        buf(3, DType::F32, &[16, 16]),   // Wv
+        buf(4, DType::I32, &[1]),        // pos
+        buf(5, DType::F32, &[16]),       // norm weight
+        buf(6, DType::F32, &[4]),        // factors (head_dim / 2)
+        buf(7, DType::F32, &[3]),        // factors of the wrong length
+        buf(8, DType::F32, &[4, 8]),     // q
+        buf(9, DType::F32, &[5, 2, 8]),  // kcache
+        buf(10, DType::F32, &[5, 2, 8]), // vcache
+    ];
+    let rule = |inputs: &[u32], factors: Option<i64>| {
+        let norm = inputs.contains(&5);
+        let mut p = params(&s, 0, 64, norm);
+        if let Some(v) = factors {
+            p.push(("rope_factors", Value::Int(v)));
+        }
+        let mut t = task(Opcode::QKV_ROPE_APPEND, inputs.len(), 3, &p);
+        t.inputs = inputs.to_vec();
+        t.outputs = vec![8, 9, 10];
+        shape_rule_kinds(&op_qkv_rope_append::SPEC, &t, &buffers)
+    };
+    assert!(rule(&[0, 1, 2, 3, 4], None).is_empty());
+    assert!(rule(&[0, 1, 2, 3, 4, 6], Some(1)).is_empty());
+    assert!(rule(&[0, 1, 2, 3, 4, 5, 6], Some(1)).is_empty());
+    assert!(rule(&[0, 1, 2, 3, 4, 5], Some(0)).is_empty());
+    assert_eq!(
+        rule(&[0, 1, 2, 3, 4, 5, 7], Some(1)),
+        vec![ErrorKind::ShapeMismatch]
+    );
+    assert_eq!(
+        rule(&[0, 1, 2, 3, 4, 5, 6], None),
+        vec![ErrorKind::ShapeMismatch]
+    );
+    assert_eq!(
+        rule(&[0, 1, 2, 3, 4], Some(1)),
+        vec![ErrorKind::ShapeMismatch]
+    );
+    assert_eq!(
+        rule(&[0, 1, 2, 3, 4, 6], Some(2)),
+        vec![ErrorKind::TileOutOfBounds]
+    );
+    assert_eq!(
+        op_qkv_rope_append::optional_inputs(7, true),
+        op_qkv_rope_append::OptionalInputs {
+            norm: Some(5),
+            factors: Some(6)
+        }
+    );
+    assert_eq!(
+        op_qkv_rope_append::optional_inputs(6, false),
+        op_qkv_rope_append::OptionalInputs {
+            norm: Some(5),
+            factors: None
+        }
+    );
 }

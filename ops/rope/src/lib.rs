@@ -5,6 +5,9 @@
 //! layout, dims `2i` and `2i + 1`). The shape rule flags any other value as
 //! `tile_out_of_bounds` (an out-of-range param value, like a non-positive `theta`).
 //!
+//! An optional third input holds `head_dim / 2` per-pair frequency divisors (Llama 3's
+//! frequency scaling; GGUF's `rope_freqs.weight`): frequency `i` is divided by element `i`.
+//!
 //! This crate owns everything about the op: its spec (arity, params), its static shape rule
 //! for the validator, its CPU reference (`reference.rs`) and its CUDA device function
 //! (`rope.cu`).
@@ -22,7 +25,7 @@ pub const SPEC: OpSpec = OpSpec {
     code: Opcode::ROPE,
     name: Cow::Borrowed("ROPE"),
     min_inputs: 2,
-    max_inputs: Some(2),
+    max_inputs: Some(3),
     n_outputs: Some(1),
     params: Cow::Borrowed(&[
         ParamDecl::required("head_dim", ParamType::Int),
@@ -75,6 +78,16 @@ fn check(ctx: &TaskContext<'_>) -> Vec<Finding> {
         c.mismatch(format!(
             "head_dim = {hd} must be even (rotate-half pairs dims i and i + head_dim/2)"
         ));
+    }
+    if let Some(f) = c.input(2) {
+        c.float(f, "frequency factors");
+        let half = hd as u64 / 2;
+        if f.numel() != half {
+            c.mismatch(format!(
+                "the frequency factors {} must hold head_dim / 2 = {half} elements",
+                desc(f)
+            ));
+        }
     }
     if x.numel() % hd as u64 != 0 {
         c.mismatch(format!(

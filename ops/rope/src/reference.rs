@@ -11,12 +11,16 @@
 //!   `out = cat(x1·cos − x2·sin, x2·cos + x1·sin)`;
 //! - `1`, adjacent pairs (GGUF / GPT-J layout): dims `2i` and `2i + 1`, rotated the same way.
 //!
+//! Frequency factors (optional third input, Llama 3's `rope_type: "llama3"` scaling, GGUF's
+//! `rope_freqs.weight`): `head_dim / 2` float divisors, frequency `i` becoming
+//! `inv_freq[i] / factors[i]` (one fp32 division) before the angle is taken.
+//!
 //! Positions: a rank ≤ 2 `x` (`[n_heads, head_dim]`, or flat) uses `positions[0]` for every
 //! head; a rank ≥ 3 `x` (`[S, heads, head_dim]`, or `[B, S, heads, head_dim]`) has one
 //! position per row of its leading dims (`S`, or `B · S`), and the positions buffer must hold
 //! exactly that many. Positions must be non-negative integers below 2^31.
 
-use amk_core::{CpuCall, OpError};
+use amk_core::{CpuCall, OpError, Tensor};
 
 /// `pairing` value of the rotate-half (Llama / NeoX) layout, the default.
 pub const PAIRING_ROTATE_HALF: i64 = 0;
@@ -41,10 +45,49 @@ pub fn inv_freq(theta: f32, half: usize) -> Vec<f32> {
         .collect()
 }
 
+/// [`inv_freq`] divided by the per-pair frequency factors when there are any (`half` float
+/// elements; one fp32 division each).
+pub fn scaled_inv_freq(
+    theta: f32,
+    half: usize,
+    factors: Option<&Tensor>,
+) -> Result<Vec<f32>, OpError> {
+    let mut f = inv_freq(theta, half);
+    if let Some(t) = factors {
+        check_factors(t, half)?;
+        for (i, v) in f.iter_mut().enumerate() {
+            *v /= t.get_f32(i);
+        }
+    }
+    Ok(f)
+}
+
+/// The frequency factors operand: floating point, `half` elements.
+pub fn check_factors(t: &Tensor, half: usize) -> Result<(), OpError> {
+    if t.dtype().is_integer() {
+        return Err(OpError::DType(format!(
+            "the RoPE frequency factors must be floating point, got {}",
+            t.dtype()
+        )));
+    }
+    if t.numel() != half {
+        return Err(OpError::Shape(format!(
+            "the RoPE frequency factors {:?} must hold head_dim / 2 = {half} elements",
+            t.shape()
+        )));
+    }
+    Ok(())
+}
+
 /// Runs one ROPE task.
 pub fn run(call: &mut CpuCall<'_, '_>) -> Result<(), OpError> {
-    call.expect_arity(2, 2, 1)?;
+    call.expect_arity(2, 3, 1)?;
     let (x, positions) = (call.input(0)?, call.input(1)?);
+    let factors = if call.n_inputs() == 3 {
+        Some(call.input(2)?)
+    } else {
+        None
+    };
     let hd = call.int("head_dim")?;
     if hd <= 0 || hd % 2 != 0 {
         return Err(OpError::BadParam {
@@ -145,7 +188,7 @@ pub fn run(call: &mut CpuCall<'_, '_>) -> Result<(), OpError> {
     }
 
     let half = hd / 2;
-    let freqs = inv_freq(theta, half);
+    let freqs = scaled_inv_freq(theta, half, factors)?;
     let xv = x.to_f32_vec();
     let mut cos = vec![0f32; half];
     let mut sin = vec![0f32; half];

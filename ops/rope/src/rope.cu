@@ -11,6 +11,8 @@
  * evaluated exactly this way once per task and shared by every head and both dims of a pair.
  *
  * pairing (ext[0], absent = 0): 0 rotates dims (i, i + half), 1 rotates (2i, 2i + 1).
+ * Frequency factors (optional input 2, head_dim / 2 floats): inv_freq[i] is divided by
+ * factor i (amk_rope_inv_freq_scaled) wherever it is taken.
  * Positions: rank <= 2 x uses positions[0] for every head; rank >= 3 has one position per row
  * of the leading dims. Every position is checked (0 <= p < 2^31) before anything is written.
  *
@@ -36,8 +38,9 @@
 #define ROPE_NS 4    /* single pairs in flight per thread */
 
 /* Out-of-line copy for the paths where nothing is in flight (one copy of the f64 power). */
-__device__ __noinline__ float rope_inv_freq_call(float theta, int i, int half) {
-  return amk_rope_inv_freq(theta, i, half);
+__device__ __noinline__ float rope_inv_freq_call(float theta, int i, int half,
+                                                 const amk_buffer_t* fac) {
+  return amk_rope_inv_freq_scaled(theta, i, half, fac);
 }
 
 /* Raw words of the 8 elements at element offset e (a multiple of 8): one 16-byte load for a
@@ -64,7 +67,7 @@ __device__ __forceinline__ bool rope_run(const amk_task_ctx& ctx, const amk_buff
                                          long long rows, unsigned row_len, int hd, int pairing,
                                          float theta, bool direct, long long p0, bool p_i32,
                                          int32_t p0_i32, float* s_cos, float* s_sin,
-                                         const float* s_inv) {
+                                         const float* s_inv, const amk_buffer_t* fac) {
   const int half = hd >> 1;
   const unsigned uhalf = (unsigned)half, uhd = (unsigned)hd;
   constexpr int NB = VEC ? ROPE_NB : ROPE_NS;
@@ -129,7 +132,7 @@ __device__ __forceinline__ bool rope_run(const amk_task_ctx& ctx, const amk_buff
         float inv0 = 0.0f;
         if (direct) {
           if ((int)tid < 2 * E) {
-            inv0 = amk_rope_inv_freq(theta, (int)tid < E ? (int)tid : (int)tid - E, half);
+            inv0 = amk_rope_inv_freq_scaled(theta, (int)tid < E ? (int)tid : (int)tid - E, half, fac);
           } else if (tid == AMK_THREADS - 1 || tid == AMK_THREADS - 33) {
             /* Two idle threads of two warps evaluate sin(1) and cos(1) now: f64 sin/cos read
              * their polynomial coefficients from a global table (one sector per quadrant
@@ -244,6 +247,11 @@ __device__ void amk_op_rope(const amk_task_ctx& ctx) {
     amk_fail(ctx, AMK_ERR_DTYPE, x->dtype);
     return;
   }
+  const amk_buffer_t* fac = ctx.inst->n_inputs > 2 ? amk_in(ctx, 2) : nullptr;
+  if (fac && (!amk_is_float(fac->dtype) || fac->numel != hd / 2)) {
+    amk_fail(ctx, AMK_ERR_SHAPE, fac->numel);
+    return;
+  }
   const long long n = x->numel;
   if (n % hd != 0 || out->numel != n) {
     amk_fail(ctx, AMK_ERR_SHAPE, n);
@@ -311,16 +319,16 @@ __device__ void amk_op_rope(const amk_task_ctx& ctx) {
   if (fast) {
     if (!direct)
       for (int i = threadIdx.x; i < half; i += AMK_THREADS)
-        s_inv[i] = rope_inv_freq_call(theta, i, half);
+        s_inv[i] = rope_inv_freq_call(theta, i, half, fac);
     /* (rope_run's first barrier publishes s_inv.) */
     const bool vec = (hd & 15) == 0 && amk_is_vec(x->dtype) && amk_is_vec(out->dtype) &&
                      ((((unsigned long long)x->ptr) | ((unsigned long long)out->ptr)) & 15) == 0;
     if (vec)
       rope_run<true>(ctx, x, pb, out, rows, (unsigned)row_len, hd, pairing, theta, direct, p0,
-                     p_i32, p0_i32, s_cos, s_sin, s_inv);
+                     p_i32, p0_i32, s_cos, s_sin, s_inv, fac);
     else
       rope_run<false>(ctx, x, pb, out, rows, (unsigned)row_len, hd, pairing, theta, direct, p0,
-                      p_i32, p0_i32, s_cos, s_sin, s_inv);
+                      p_i32, p0_i32, s_cos, s_sin, s_inv, fac);
     return;
   }
 
@@ -333,7 +341,7 @@ __device__ void amk_op_rope(const amk_task_ctx& ctx) {
     const long long head = kk / half;
     const int i = (int)(kk - head * half);
     const float pf = (float)amk_ldif(pb, r);
-    const float ang = __fmul_rn(pf, rope_inv_freq_call(theta, i, half));
+    const float ang = __fmul_rn(pf, rope_inv_freq_call(theta, i, half, fac));
     const float c = amk_rope_trig(ang, 0);
     const float s = amk_rope_trig(ang, 1);
     const long long base = r * row_len + head * hd;

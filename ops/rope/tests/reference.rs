@@ -159,8 +159,13 @@ fn bad_calls_are_typed_errors() {
     // Arity.
     assert!(matches!(go(&ok, &[&x], &[32]), Err(OpError::Arity { .. })));
     assert!(matches!(
-        go(&ok, &[&x, &pos, &pos], &[32]),
+        go(&ok, &[&x, &pos, &pos, &pos], &[32]),
         Err(OpError::Arity { .. })
+    ));
+    // A third input is the frequency factors: floats, head_dim / 2 of them.
+    assert!(matches!(
+        go(&ok, &[&x, &pos, &pos], &[32]),
+        Err(OpError::DType(_))
     ));
     assert!(matches!(
         call(run, &ok, &[&x, &pos], &mut []),
@@ -300,4 +305,92 @@ fn the_shape_rule_flags_a_bad_pairing_and_rows_without_positions() {
         findings(&[2, 1, 12], &[2], &p(0)),
         vec![ErrorKind::ShapeMismatch]
     );
+}
+
+/// Per-pair frequency factors (Llama 3's scaling): frequency `i` is `inv_freq[i] / f[i]`, each
+/// step rounded to fp32 as the spec says, against the formula evaluated here; factors of 1
+/// change nothing, bit for bit.
+#[rstest]
+#[case(&[4, 16], 16, 10000.0, None, 11)]
+#[case(&[2, 64], 64, 500000.0, Some(1), 4095)]
+#[case(&[1, 3, 8], 8, 10000.0, Some(0), 37)]
+fn frequency_factors_divide_the_frequencies(
+    #[case] shape: &[u64],
+    #[case] hd: usize,
+    #[case] theta: f64,
+    #[case] pairing: Option<i64>,
+    #[case] position: i64,
+) {
+    let half = hd / 2;
+    let mut r = rng(hd as u64 * 13 + position as u64);
+    let x = random_nonzero(DType::F32, shape, &mut r, -2.0, 2.0);
+    let f = random_nonzero(DType::F32, &[half as u64], &mut r, 1.0, 32.0);
+    let pos = Tensor::from_i64(DType::I32, &[1], &[position]).unwrap();
+    let mut t = rope_task(hd as i64, theta, pairing);
+    t.inputs = vec![0, 1, 2];
+    let mut out = [Tensor::poisoned(DType::F32, shape)];
+    call(run, &t, &[&x, &pos, &f], &mut out).unwrap();
+    let adjacent = pairing == Some(1);
+    let mut want = vec![f64::NAN; x.numel()];
+    for head in 0..x.numel() / hd {
+        for i in 0..half {
+            let e = i as f32 / half as f32;
+            let inv = (1.0f32 / (theta as f32).powf(e)) / f.get_f32(i);
+            let ang = (position as f32 * inv) as f64;
+            let (a, b) = if adjacent {
+                (head * hd + 2 * i, head * hd + 2 * i + 1)
+            } else {
+                (head * hd + i, head * hd + half + i)
+            };
+            let (x1, x2) = (x.get_f32(a) as f64, x.get_f32(b) as f64);
+            want[a] = x1 * ang.cos() - x2 * ang.sin();
+            want[b] = x2 * ang.cos() + x1 * ang.sin();
+        }
+    }
+    assert_close(&out[0], &want, 1e-6, 1e-6);
+
+    let ones = Tensor::from_f32(DType::F32, &[half as u64], &vec![1.0; half]).unwrap();
+    let mut with_ones = [Tensor::poisoned(DType::F32, shape)];
+    call(run, &t, &[&x, &pos, &ones], &mut with_ones).unwrap();
+    let t2 = rope_task(hd as i64, theta, pairing);
+    let mut without = [Tensor::poisoned(DType::F32, shape)];
+    call(run, &t2, &[&x, &pos], &mut without).unwrap();
+    for i in 0..x.numel() {
+        assert_eq!(
+            with_ones[0].get_f32(i).to_bits(),
+            without[0].get_f32(i).to_bits()
+        );
+    }
+}
+
+#[test]
+fn frequency_factors_of_the_wrong_length_or_dtype_are_refused() {
+    let x = Tensor::from_f32(DType::F32, &[2, 8], &[0.5; 16]).unwrap();
+    let pos = Tensor::from_i64(DType::I32, &[1], &[3]).unwrap();
+    let mut t = rope_task(8, 1e4, None);
+    t.inputs = vec![0, 1, 2];
+    let short = Tensor::from_f32(DType::F32, &[3], &[1.0; 3]).unwrap();
+    let mut out = [Tensor::poisoned(DType::F32, &[2, 8])];
+    let err = call(run, &t, &[&x, &pos, &short], &mut out).unwrap_err();
+    assert!(matches!(err, OpError::Shape(_)), "{err}");
+    let ints = Tensor::from_i64(DType::I32, &[4], &[1, 1, 1, 1]).unwrap();
+    let err = call(run, &t, &[&x, &pos, &ints], &mut out).unwrap_err();
+    assert!(matches!(err, OpError::DType(_)), "{err}");
+
+    // The shape rule: the factors must be head_dim / 2 floats.
+    let buffers = [
+        buffer(0, DType::F32, &[2, 8]),
+        buffer(1, DType::I32, &[1]),
+        buffer(2, DType::F32, &[2, 8]),
+        buffer(3, DType::F32, &[3]),
+        buffer(4, DType::F32, &[4]),
+    ];
+    let rule = |factors: u32| {
+        let mut t = rope_task(8, 1e4, None);
+        t.inputs = vec![0, 1, factors];
+        t.outputs = vec![2];
+        shape_rule_kinds(&op_rope::SPEC, &t, &buffers)
+    };
+    assert!(rule(4).is_empty());
+    assert_eq!(rule(3), vec![ErrorKind::ShapeMismatch]);
 }

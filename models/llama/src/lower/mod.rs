@@ -28,7 +28,9 @@ pub mod sm;
 
 use crate::config::RopeScaling;
 use crate::error::ModelError;
-use crate::model::{self, EMBED, FINAL_NORM, LM_HEAD, Model, ModelFormat, layer_tensor};
+use crate::model::{
+    self, EMBED, FINAL_NORM, LM_HEAD, Model, ModelFormat, ROPE_FREQS, layer_tensor,
+};
 use amk_core::json::{Map, Value};
 use amk_core::{
     BufferId, BufferKind, CounterId, DType, GpuTarget, Opcode, Program, ScheduleConfig, TaskId,
@@ -850,9 +852,27 @@ impl Builder<'_> {
         base: &Map,
         label: &str,
     ) -> Val {
+        self.fused_tiles_then(op, x, operands, &[], outs, shape, base, label)
+    }
+
+    /// [`Self::fused_tiles`] with `tail` inputs after the norm weight (QKV_ROPE_APPEND's RoPE
+    /// frequency factors).
+    #[allow(clippy::too_many_arguments)] // reason: fused_tiles' description plus the tail
+    fn fused_tiles_then(
+        &mut self,
+        op: Opcode,
+        x: Row,
+        operands: &[BufferId],
+        tail: &[BufferId],
+        outs: &[BufferId],
+        shape: (u64, u64, u64, u64),
+        base: &Map,
+        label: &str,
+    ) -> Val {
         let mut ins = vec![x.x.buf];
         ins.extend_from_slice(operands);
         ins.extend(x.norm);
+        ins.extend_from_slice(tail);
         let norm = x.norm.is_some();
         self.tiles(op, &ins, outs, &[x.x.wait], base, norm, shape, label)
     }
@@ -934,12 +954,6 @@ pub fn lower(
             "dtype {} is not supported for lowering (F32, F16, BF16)",
             opts.dtype
         )));
-    }
-    if mc.rope_scaling != RopeScaling::None {
-        return Err(ModelError::Lower(
-            "llama3 RoPE frequency scaling is parsed but the ROPE op has no scaled-frequency mode yet"
-                .into(),
-        ));
     }
     let max_seq = opts
         .max_seq
@@ -1029,6 +1043,16 @@ pub fn lower(
         eps: Value::Float(mc.rms_eps),
     };
     let mut weights = WeightStore::new();
+    // Llama 3's RoPE frequency scaling: per-pair divisors, an f32 weight that ROPE takes as its
+    // third input and the Q/K/V tiles as their last (`rope_factors` = 1).
+    let rope_factors = match rope_factors(model)? {
+        Some(f) => {
+            let half = f.numel() as u64;
+            weights.insert(ROPE_FREQS, f);
+            Some(b.p.new_weight(ROPE_FREQS, DType::F32, &[half], ROPE_FREQS))
+        }
+        None => None,
+    };
     // A shape-only model has no data: shapes come from the config and the backend generates
     // the values, so `weights` stays empty.
     let synthetic_shapes: Option<std::collections::HashMap<String, Vec<u64>>> = (model.format
@@ -1135,17 +1159,21 @@ pub fn lower(
             let qr = b.act(format!("L{l}.qr"), &qr_shape);
             let units = (nh + 2 * nkv) * hd;
             let width = 2 * gemv_tile_width(b.cfg, units / 2, b.num_sms);
-            let base = params(&[
+            let mut base = params(&[
                 ("head_dim", int(hd)),
                 ("n_heads", int(nh)),
                 ("n_kv_heads", int(nkv)),
                 ("theta", theta.clone()),
             ]);
+            if rope_factors.is_some() {
+                base.insert("rope_factors", int(1));
+            }
             // The position is the `pos` input (one element per step, no param patches).
-            let val = b.fused_tiles(
+            let val = b.fused_tiles_then(
                 Opcode::QKV_ROPE_APPEND,
                 an,
                 &[wq, wk, wv, posb],
+                rope_factors.as_slice(),
                 &[qr, kc, vc],
                 (h, units, width, 1),
                 &base,
@@ -1166,10 +1194,18 @@ pub fn lower(
                 let out = b.act(format!("L{l}.{tag}r"), shape);
                 let rope_params = params(&[("head_dim", int(hd)), ("theta", theta.clone())]);
                 if fuse_rope {
-                    let recipe = fused_reshape_rope(shape, dim, &rope_params, opts.dtype);
+                    let recipe = fused_reshape_rope(
+                        shape,
+                        dim,
+                        &rope_params,
+                        opts.dtype,
+                        rope_factors.is_some(),
+                    );
+                    let mut ins = vec![rid, x.buf, posb];
+                    ins.extend(rope_factors);
                     b.single(
                         Opcode::FUSED,
-                        &[rid, x.buf, posb],
+                        &ins,
                         out,
                         &[x.wait],
                         recipe,
@@ -1188,9 +1224,11 @@ pub fn lower(
                         format!("L{l}.reshape_{tag}"),
                         (dim as i64 * dbytes, 0),
                     );
+                    let mut ins = vec![mid.buf, posb];
+                    ins.extend(rope_factors);
                     b.single(
                         Opcode::ROPE,
-                        &[mid.buf, posb],
+                        &ins,
                         out,
                         &[mid.wait],
                         rope_params,
@@ -1426,7 +1464,51 @@ pub fn lower(
 }
 
 /// The FUSED recipe of a reshape bridge + ROPE: inputs `[reshape_id0, x, pos]`.
-fn fused_reshape_rope(shape: &[u64], dim: u64, rope_params: &Map, dtype: DType) -> Map {
+/// The model's per-pair RoPE frequency divisors as an f32 tensor of `head_dim / 2`, if it scales
+/// its frequencies: computed from the config (Llama 3's `rope_type: "llama3"`) or the
+/// checkpoint's own (GGUF's `rope_freqs.weight`). Every divisor must be positive and finite.
+fn rope_factors(model: &Model) -> Result<Option<Tensor>, ModelError> {
+    let mc = &model.config;
+    let half = mc.head_dim / 2;
+    let values = match &mc.rope_scaling {
+        RopeScaling::None => return Ok(None),
+        RopeScaling::Llama3 { .. } => mc
+            .rope_scaling
+            .pair_divisors(mc.head_dim, mc.rope_theta)
+            .unwrap_or_default(),
+        RopeScaling::Factors => model
+            .weights
+            .get(ROPE_FREQS)
+            .ok_or_else(|| ModelError::MissingTensor(ROPE_FREQS.into()))?
+            .to_f32_vec(),
+    };
+    if values.len() != half {
+        return Err(ModelError::Shape(format!(
+            "{ROPE_FREQS} holds {} values; head_dim / 2 = {half}",
+            values.len()
+        )));
+    }
+    if let Some((i, v)) = values
+        .iter()
+        .enumerate()
+        .find(|(_, v)| !(v.is_finite() && **v > 0.0))
+    {
+        return Err(ModelError::Lower(format!(
+            "RoPE frequency divisor {i} = {v} must be positive and finite"
+        )));
+    }
+    Tensor::from_f32(DType::F32, &[half as u64], &values)
+        .map(Some)
+        .map_err(|e| ModelError::Lower(format!("the RoPE frequency divisors: {e}")))
+}
+
+fn fused_reshape_rope(
+    shape: &[u64],
+    dim: u64,
+    rope_params: &Map,
+    dtype: DType,
+    with_factors: bool,
+) -> Map {
     let shape_v = Value::Array(shape.iter().map(|&d| int(d)).collect());
     let dt = Value::from(match dtype {
         DType::F16 => "float16",
@@ -1447,7 +1529,11 @@ fn fused_reshape_rope(shape: &[u64], dim: u64, rope_params: &Map, dtype: DType) 
     s0.insert("out_dtype", dt);
     let mut s1 = Map::new();
     s1.insert("op", Value::Int(Opcode::ROPE.0 as i64));
-    s1.insert("args", Value::Array(vec![arg("s", 0), arg("in", 2)]));
+    let mut rope_args = vec![arg("s", 0), arg("in", 2)];
+    if with_factors {
+        rope_args.push(arg("in", 3));
+    }
+    s1.insert("args", Value::Array(rope_args));
     s1.insert("out", Value::from("final"));
     s1.insert("params", Value::Object(rope_params.clone()));
     let mut recipe = Map::new();
