@@ -41,8 +41,9 @@ pub struct BenchArgs {
     /// A checkpoint to benchmark (HF directory or GGUF file).
     #[arg(long, value_name = "PATH")]
     pub model: Option<PathBuf>,
-    /// A named model shape with synthetic weights generated on the device:
-    /// llama-3.2-1b, llama-3.1-8b, smollm2-135m or tinyllama-1.1b.
+    /// A named model shape with synthetic weights generated on the device: llama-3.2-1b,
+    /// llama-3.2-3b, llama-3.1-8b, mistral-7b, qwen2.5-0.5b, qwen2.5-1.5b, qwen2.5-7b,
+    /// qwen3-0.6b, qwen3-1.7b, qwen3-8b, smollm2-135m or tinyllama-1.1b.
     #[arg(long, value_name = "NAME")]
     pub shape: Option<String>,
     /// Benchmarked precision: bf16 or f16 (the reference is always f32).

@@ -12,6 +12,8 @@ trivial ones/zeros), and saves each as float32 safetensors with
 * ``tiny-gqa/``   LlamaConfig, 2 layers, 4 heads / 2 kv heads, head_dim 16, tied embeddings
 * ``tiny-mqa/``   LlamaConfig, 3 layers, 8 heads / 1 kv head, explicit head_dim 8, untied
 * ``tiny-qwen2/`` Qwen2Config, 2 layers, 4 heads / 2 kv heads, q/k/v biases, untied
+* ``tiny-qwen3/`` Qwen3Config, 2 layers, 4 heads / 2 kv heads, head_dim 24 (heads x head_dim
+  != hidden), per-head q/k RMSNorm, rope_theta 1e6, tied embeddings
 * ``tiny-llama3/`` LlamaConfig with Llama 3's RoPE frequency scaling (``rope_type: llama3``,
   factor 8, low/high frequency factors 1/4, original context 64: with head_dim 16 and theta
   10000, pair 0 keeps its frequency, pairs 1-2 are smoothed, pairs 3-7 divided by 8, so the
@@ -45,7 +47,7 @@ SEQ_LEN = 12
 
 
 def model_specs():
-    from transformers import LlamaConfig, Qwen2Config
+    from transformers import LlamaConfig, Qwen2Config, Qwen3Config
 
     return [
         (
@@ -107,6 +109,27 @@ def model_specs():
                 },
                 max_position_embeddings=256,
                 tie_word_embeddings=False,
+                bos_token_id=None,
+                eos_token_id=None,
+            ),
+        ),
+        (
+            "tiny-qwen3",
+            1005,
+            Qwen3Config(
+                hidden_size=64,
+                num_hidden_layers=2,
+                num_attention_heads=4,
+                num_key_value_heads=2,
+                head_dim=24,
+                intermediate_size=128,
+                vocab_size=256,
+                rms_norm_eps=1e-6,
+                rope_theta=1000000.0,
+                max_position_embeddings=256,
+                tie_word_embeddings=True,
+                attention_bias=False,
+                use_sliding_window=False,
                 bos_token_id=None,
                 eos_token_id=None,
             ),

@@ -230,6 +230,14 @@ fn tiny_qwen2_qkv_bias_matches_transformers_logits() {
     tiny("tiny-qwen2");
 }
 
+/// Qwen3: per-head q/k RMSNorm before RoPE, heads × head_dim ≠ hidden, tied embeddings; under
+/// the tuned schedule too (whose fused Q/K/V tiles it does not take: they split heads).
+#[test]
+fn tiny_qwen3_qk_norm_matches_transformers_logits() {
+    tiny("tiny-qwen3");
+    tiny_with("tiny-qwen3", &amk_model_llama::lower::tuned_schedule());
+}
+
 /// Llama 3's RoPE frequency scaling (`rope_parameters.rope_type = "llama3"`), through ROPE
 /// tasks (the reference schedule) and through the fused Q/K/V tiles (the tuned one).
 #[test]

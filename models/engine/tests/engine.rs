@@ -34,6 +34,7 @@ fn tiny() -> Model {
         tie_word_embeddings: true,
         attention_bias: false,
         rope_scaling: RopeScaling::None,
+        qk_norm: false,
     };
     Model::random(c, 7).unwrap()
 }

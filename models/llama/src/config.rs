@@ -99,14 +99,22 @@ pub struct ModelConfig {
     pub attention_bias: bool,
     /// RoPE frequency scaling.
     pub rope_scaling: RopeScaling,
+    /// Whether q and k are RMS-normalised per head (over `head_dim`, one weight per projection)
+    /// before RoPE (Qwen3).
+    pub qk_norm: bool,
 }
 
-const ACCEPTED_ARCHITECTURES: [&str; 3] =
-    ["LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM"];
-const ACCEPTED_MODEL_TYPES: [&str; 3] = ["llama", "mistral", "qwen2"];
+const ACCEPTED_ARCHITECTURES: [&str; 4] = [
+    "LlamaForCausalLM",
+    "MistralForCausalLM",
+    "Qwen2ForCausalLM",
+    "Qwen3ForCausalLM",
+];
+const ACCEPTED_MODEL_TYPES: [&str; 4] = ["llama", "mistral", "qwen2", "qwen3"];
 /// GGUF `general.architecture` values the importer reads: llama.cpp writes Llama and Mistral
-/// as `llama` (Q/K rows permuted for its RoPE), Qwen2 and Qwen2.5 as `qwen2` (not permuted).
-pub const GGUF_ARCHITECTURES: [&str; 2] = ["llama", "qwen2"];
+/// as `llama` (Q/K rows permuted for its RoPE), Qwen2 and Qwen2.5 as `qwen2` and Qwen3 as
+/// `qwen3` (neither permuted).
+pub const GGUF_ARCHITECTURES: [&str; 3] = ["llama", "qwen2", "qwen3"];
 
 fn type_err(key: &str, expected: &str, v: &Value) -> ModelError {
     ModelError::ConfigKeyType {
@@ -332,7 +340,8 @@ impl ModelConfig {
     /// Defaults: `num_key_value_heads` = heads, `head_dim` = hidden / heads,
     /// `rms_norm_eps` = 1e-6, `rope_theta` = 10000 (or `rope_scaling.rope_theta`),
     /// `max_position_embeddings` = 4096, `tie_word_embeddings` = false, `attention_bias` =
-    /// false (true for Qwen2, whose q/k/v projections always carry biases).
+    /// false (true for Qwen2, whose q/k/v projections always carry biases); `qk_norm` for
+    /// Qwen3 (its per-head q/k RMSNorm).
     ///
     /// # Errors
     /// [`ModelError::ConfigJson`] for invalid JSON, [`ModelError::MissingConfigKey`] /
@@ -347,6 +356,7 @@ impl ModelConfig {
 
         // Family.
         let mut is_qwen2 = false;
+        let mut is_qwen3 = false;
         if let Some(v) = present(root, "architectures") {
             let arr = v
                 .as_array()
@@ -362,6 +372,7 @@ impl ModelConfig {
                     ));
                 }
                 is_qwen2 |= a == "Qwen2ForCausalLM";
+                is_qwen3 |= a == "Qwen3ForCausalLM";
             }
         }
         if let Some(t) = opt_str(root, "model_type", "model_type")? {
@@ -372,6 +383,7 @@ impl ModelConfig {
                 ));
             }
             is_qwen2 |= t == "qwen2";
+            is_qwen3 |= t == "qwen3";
         }
 
         // Unsupported features.
@@ -453,6 +465,7 @@ impl ModelConfig {
                 tie_word_embeddings,
                 attention_bias,
                 rope_scaling,
+                qk_norm: is_qwen3,
             },
             reasons,
         )
@@ -567,6 +580,7 @@ impl ModelConfig {
                 tie_word_embeddings,
                 attention_bias,
                 rope_scaling,
+                qk_norm: arch == "qwen3",
             },
             reasons,
         )

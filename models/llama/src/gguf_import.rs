@@ -59,6 +59,8 @@ fn map_name(name: &str, cfg: &ModelConfig, permuted: bool) -> Option<Mapped> {
         "attn_q.bias" => rotary(hf("self_attn.q_proj.bias"), cfg.n_heads),
         "attn_k.bias" => rotary(hf("self_attn.k_proj.bias"), cfg.n_kv_heads),
         "attn_v.bias" => Plain(hf("self_attn.v_proj.bias")),
+        "attn_q_norm.weight" => Plain(hf("self_attn.q_norm.weight")),
+        "attn_k_norm.weight" => Plain(hf("self_attn.k_norm.weight")),
         "attn_output.weight" => Plain(hf("self_attn.o_proj.weight")),
         "attn_output.bias" => Plain(hf("self_attn.o_proj.bias")),
         "ffn_norm.weight" => Plain(hf("post_attention_layernorm.weight")),

@@ -388,20 +388,25 @@ const FEATURES: [Feature; 5] = [
         matches: is_mla,
     },
     Feature {
-        what: "per-head q/k RMSNorm (q_norm/k_norm, Qwen3-style)",
+        what: "per-head q/k RMSNorm (q_norm/k_norm) in a model whose config is not Qwen3's",
         matches: is_qk_norm,
     },
 ];
 
 /// Scans tensor names for unsupported features. q/k/v biases are a reason only when `config`
-/// is known and does not enable `attention_bias` (they are Qwen2's, and supported).
+/// is known and does not enable `attention_bias` (they are Qwen2's, and supported); per-head
+/// q/k norms only when it does not say `qk_norm` (they are Qwen3's).
 fn scan_features<'a>(
     names: impl Iterator<Item = &'a str>,
     config: Option<&ModelConfig>,
 ) -> FeatureScan<'a> {
     let mut hits: Vec<Vec<&'a str>> = vec![Vec::new(); FEATURES.len() + 1];
     let unannounced_bias = config.is_some_and(|c| !c.attention_bias);
+    let announced_qk_norm = config.is_some_and(|c| c.qk_norm);
     for n in names {
+        if announced_qk_norm && is_qk_norm(n) {
+            continue;
+        }
         if let Some(k) = FEATURES.iter().position(|f| (f.matches)(n)) {
             hits[k].push(n);
         } else if unannounced_bias && is_qkv_bias(n) {

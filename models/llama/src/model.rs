@@ -76,6 +76,10 @@ pub fn tensor_names(cfg: &ModelConfig) -> Vec<(String, Vec<u64>)> {
             push("self_attn.k_proj.bias", vec![kv]);
             push("self_attn.v_proj.bias", vec![kv]);
         }
+        if cfg.qk_norm {
+            push("self_attn.q_norm.weight", vec![cfg.head_dim as u64]);
+            push("self_attn.k_norm.weight", vec![cfg.head_dim as u64]);
+        }
         push("self_attn.o_proj.weight", vec![h, q]);
         push("post_attention_layernorm.weight", vec![h]);
         push("mlp.gate_proj.weight", vec![i, h]);

@@ -111,6 +111,7 @@ fn smollm2_exact_fields() {
             tie_word_embeddings: true,
             attention_bias: false,
             rope_scaling: RopeScaling::None,
+            qk_norm: false,
         }
     );
 }
@@ -439,6 +440,7 @@ fn gguf_config(#[case] arch: &str, #[case] tied: bool, #[case] bias: bool) {
             tie_word_embeddings: tied,
             attention_bias: bias,
             rope_scaling: RopeScaling::None,
+            qk_norm: false,
         }
     );
 }

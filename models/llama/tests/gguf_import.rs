@@ -1,6 +1,7 @@
 //! The tiny reference checkpoints written as llama.cpp lays a GGUF out, then imported: the
 //! tiny-gqa Llama as architecture `llama` (Q/K rows permuted to llama.cpp's RoPE layout), the
-//! tiny-qwen2 as `qwen2` (rows as HF has them; q/k/v biases). Each imports to the model its HF
+//! tiny-qwen2 as `qwen2` (rows as HF has them; q/k/v biases), the tiny-qwen3 as `qwen3` (rows
+//! as HF has them; per-head q/k norm weights). Each imports to the model its HF
 //! directory imports to: the same configuration and every weight bit for bit, so the `llama`
 //! rows are un-permuted and the `qwen2` ones left alone.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
@@ -35,6 +36,8 @@ fn gguf_name(hf: &str, m: &Model) -> (String, Option<usize>) {
         "self_attn.q_proj.bias" => ("attn_q.bias", Some(m.config.n_heads)),
         "self_attn.k_proj.bias" => ("attn_k.bias", Some(m.config.n_kv_heads)),
         "self_attn.v_proj.bias" => ("attn_v.bias", None),
+        "self_attn.q_norm.weight" => ("attn_q_norm.weight", None),
+        "self_attn.k_norm.weight" => ("attn_k_norm.weight", None),
         "self_attn.o_proj.weight" => ("attn_output.weight", None),
         "post_attention_layernorm.weight" => ("ffn_norm.weight", None),
         "mlp.gate_proj.weight" => ("ffn_gate.weight", None),
@@ -78,7 +81,14 @@ fn to_gguf_with(m: &Model, arch: &str, rope_freqs: Option<&[f32]>) -> GgufFile {
         .kv("tokenizer.ggml.model", GgufValue::String("gpt2".into()))
         .kv(
             "tokenizer.ggml.pre",
-            GgufValue::String(if arch == "qwen2" { "qwen2" } else { "llama3" }.into()),
+            GgufValue::String(
+                if arch.starts_with("qwen") {
+                    "qwen2"
+                } else {
+                    "llama3"
+                }
+                .into(),
+            ),
         )
         .kv(
             "tokenizer.ggml.tokens",
@@ -106,7 +116,11 @@ fn to_gguf_with(m: &Model, arch: &str, rope_freqs: Option<&[f32]>) -> GgufFile {
 #[test]
 fn reference_checkpoints_import_the_same_from_gguf() {
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/reference");
-    for (name, arch) in [("tiny-gqa", "llama"), ("tiny-qwen2", "qwen2")] {
+    for (name, arch) in [
+        ("tiny-gqa", "llama"),
+        ("tiny-qwen2", "qwen2"),
+        ("tiny-qwen3", "qwen3"),
+    ] {
         let hf = import_hf(&root.join(name)).unwrap();
         let got = import_gguf_file(&to_gguf(&hf, arch), name).unwrap();
         assert_eq!(got.config, hf.config, "{name}");

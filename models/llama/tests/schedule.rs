@@ -1385,6 +1385,7 @@ fn model_config(layers: usize, hidden: usize, heads: usize, kv: usize, hd: usize
         tie_word_embeddings: true,
         attention_bias: false,
         rope_scaling: RopeScaling::None,
+        qk_norm: false,
     }
 }
 

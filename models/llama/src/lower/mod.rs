@@ -990,8 +990,9 @@ pub fn lower(
     let fuse_resid = fuses(cfg, &["gemv", "add"]);
     let fuse_norm = fuses(cfg, &["rmsnorm", "gemv"]);
     let fuse_mlp = fuses(cfg, &["gemv", "silu_mul"]);
-    // QKV_ROPE_APPEND has no bias inputs: models with attention biases keep separate tiles.
-    let fuse_qkv = fuses(cfg, &["gemv", "rope", "kv_append"]) && !mc.attention_bias;
+    // QKV_ROPE_APPEND has no bias inputs: models with attention biases keep separate tiles; and
+    // its tiles split heads, which a per-head q/k norm (Qwen3) needs whole.
+    let fuse_qkv = fuses(cfg, &["gemv", "rope", "kv_append"]) && !mc.attention_bias && !mc.qk_norm;
     let fuse_attn = fuses(cfg, &["attention", "gemv"]);
     if fuse_attn && parts > 1 {
         return Err(ModelError::Lower(format!(
@@ -1126,6 +1127,15 @@ pub fn lower(
         } else {
             (None, None, None)
         };
+        // Qwen3's per-head q/k RMS norm weights (`head_dim` each).
+        let (q_norm, k_norm) = if mc.qk_norm {
+            (
+                Some(weight(&mut b, &w("self_attn.q_norm.weight"))?),
+                Some(weight(&mut b, &w("self_attn.k_norm.weight"))?),
+            )
+        } else {
+            (None, None)
+        };
         let wo = weight(&mut b, &w("self_attn.o_proj.weight"))?;
         let post_norm = weight(&mut b, &w("post_attention_layernorm.weight"))?;
         let wg = weight(&mut b, &w("mlp.gate_proj.weight"))?;
@@ -1189,11 +1199,17 @@ pub fn lower(
             let k = b.proj(an, wk, bk, k, h, kv_dim, &format!("L{l}.k"), s[1]);
             let v = b.proj(an, wv, bv, v, h, kv_dim, &format!("L{l}.v"), s[2]);
             // Reshape bridge [1, n·hd] → [n, hd] (EMBED of row 0) then ROPE — or both in one
-            // FUSED task.
-            let rope = |b: &mut Builder<'_>, x: Val, shape: &[u64], dim: u64, tag: &str| {
+            // FUSED task; with a per-head norm weight `qkn`, an RMSNORM of every head between
+            // them (never fused).
+            let rope = |b: &mut Builder<'_>,
+                        x: Val,
+                        shape: &[u64],
+                        dim: u64,
+                        tag: &str,
+                        qkn: Option<BufferId>| {
                 let out = b.act(format!("L{l}.{tag}r"), shape);
                 let rope_params = params(&[("head_dim", int(hd)), ("theta", theta.clone())]);
-                if fuse_rope {
+                if fuse_rope && qkn.is_none() {
                     let recipe = fused_reshape_rope(
                         shape,
                         dim,
@@ -1224,6 +1240,22 @@ pub fn lower(
                         format!("L{l}.reshape_{tag}"),
                         (dim as i64 * dbytes, 0),
                     );
+                    let mid = match qkn {
+                        Some(nw) => {
+                            let normed = b.act(format!("L{l}.{tag}n"), shape);
+                            b.single(
+                                Opcode::RMSNORM,
+                                &[mid.buf, nw],
+                                normed,
+                                &[mid.wait],
+                                params(&[("eps", b.eps.clone()), ("hidden", int(hd))]),
+                                format!("L{l}.{tag}_norm"),
+                                (dim as i64 * dbytes, 3 * dim as i64),
+                            )
+                            .0
+                        }
+                        None => mid,
+                    };
                     let mut ins = vec![mid.buf, posb];
                     ins.extend(rope_factors);
                     b.single(
@@ -1238,8 +1270,8 @@ pub fn lower(
                     .0
                 }
             };
-            let qr = rope(&mut b, q, &qr_shape, q_dim, "q");
-            let kr = rope(&mut b, k, &[1, nkv, hd], kv_dim, "k");
+            let qr = rope(&mut b, q, &qr_shape, q_dim, "q", q_norm);
+            let kr = rope(&mut b, k, &[1, nkv, hd], kv_dim, "k", k_norm);
             // In place: each cache is both input and output (KV_APPEND's declared in-place pair);
             // the row is the position input's.
             let append = |b: &mut Builder<'_>, new: Val, cache: BufferId, tag: &str| {

@@ -33,6 +33,7 @@ pub fn cfg(
         tie_word_embeddings: true,
         attention_bias: false,
         rope_scaling: RopeScaling::None,
+        qk_norm: false,
     }
 }
 
