@@ -14,6 +14,8 @@ trivial ones/zeros), and saves each as float32 safetensors with
 * ``tiny-qwen2/`` Qwen2Config, 2 layers, 4 heads / 2 kv heads, q/k/v biases, untied
 * ``tiny-qwen3/`` Qwen3Config, 2 layers, 4 heads / 2 kv heads, head_dim 24 (heads x head_dim
   != hidden), per-head q/k RMSNorm, rope_theta 1e6, tied embeddings
+* ``tiny-mistral/`` MistralConfig, 2 layers, 4 heads / 1 kv head, head_dim 16, no sliding
+  window, rope_theta 1e6, untied
 * ``tiny-llama3/`` LlamaConfig with Llama 3's RoPE frequency scaling (``rope_type: llama3``,
   factor 8, low/high frequency factors 1/4, original context 64: with head_dim 16 and theta
   10000, pair 0 keeps its frequency, pairs 1-2 are smoothed, pairs 3-7 divided by 8, so the
@@ -47,7 +49,7 @@ SEQ_LEN = 12
 
 
 def model_specs():
-    from transformers import LlamaConfig, Qwen2Config, Qwen3Config
+    from transformers import LlamaConfig, MistralConfig, Qwen2Config, Qwen3Config
 
     return [
         (
@@ -108,6 +110,26 @@ def model_specs():
                     "original_max_position_embeddings": 64,
                 },
                 max_position_embeddings=256,
+                tie_word_embeddings=False,
+                bos_token_id=None,
+                eos_token_id=None,
+            ),
+        ),
+        (
+            "tiny-mistral",
+            1006,
+            MistralConfig(
+                hidden_size=64,
+                num_hidden_layers=2,
+                num_attention_heads=4,
+                num_key_value_heads=1,
+                head_dim=16,
+                intermediate_size=96,
+                vocab_size=272,
+                rms_norm_eps=1e-5,
+                rope_theta=1000000.0,
+                max_position_embeddings=256,
+                sliding_window=None,
                 tie_word_embeddings=False,
                 bos_token_id=None,
                 eos_token_id=None,

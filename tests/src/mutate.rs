@@ -33,13 +33,9 @@ const MAX_WAITS: usize = 8;
 fn max_inputs(op: Opcode) -> Option<usize> {
     Some(match op {
         Opcode::COPY | Opcode::GELU | Opcode::SOFTMAX | Opcode::SAMPLE_ARGMAX => 1,
-        Opcode::EMBED
-        | Opcode::RMSNORM
-        | Opcode::ROPE
-        | Opcode::SILU_MUL
-        | Opcode::ADD
-        | Opcode::MUL => 2,
-        Opcode::LAYERNORM | Opcode::DEQUANT | Opcode::KV_APPEND => 3,
+        Opcode::EMBED | Opcode::RMSNORM | Opcode::SILU_MUL | Opcode::ADD | Opcode::MUL => 2,
+        // ROPE's third input: Llama 3's per-pair frequency factors.
+        Opcode::LAYERNORM | Opcode::DEQUANT | Opcode::KV_APPEND | Opcode::ROPE => 3,
         Opcode::GEMV_TILE | Opcode::GEMM_TILE | Opcode::ATTENTION_TILE => 4,
         _ => return None,
     })

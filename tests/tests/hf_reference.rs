@@ -230,6 +230,13 @@ fn tiny_qwen2_qkv_bias_matches_transformers_logits() {
     tiny("tiny-qwen2");
 }
 
+/// Mistral (no sliding window): MQA with an explicit head_dim, rope_theta 1e6, untied.
+#[test]
+fn tiny_mistral_matches_transformers_logits() {
+    tiny("tiny-mistral");
+    tiny_with("tiny-mistral", &amk_model_llama::lower::tuned_schedule());
+}
+
 /// Qwen3: per-head q/k RMSNorm before RoPE, heads × head_dim ≠ hidden, tied embeddings; under
 /// the tuned schedule too (whose fused Q/K/V tiles it does not take: they split heads).
 #[test]

@@ -118,6 +118,7 @@ fn reference_checkpoints_import_the_same_from_gguf() {
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/reference");
     for (name, arch) in [
         ("tiny-gqa", "llama"),
+        ("tiny-mistral", "llama"),
         ("tiny-qwen2", "qwen2"),
         ("tiny-qwen3", "qwen3"),
     ] {

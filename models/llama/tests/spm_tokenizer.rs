@@ -3,7 +3,10 @@
 //! as llama.cpp writes such vocabularies) and `spm_tokenizer_cases.json` (transformers'
 //! `LlamaTokenizer` ids and decodings of 230 strings), both made by
 //! `tests/reference/spm_tokenizer_reference.py`. Plus the merge recovery on a hand-made
-//! vocabulary and the errors of malformed files.
+//! vocabulary and the errors of malformed files; and a Llama-3-style byte-level BPE
+//! `tokenizer.json` directory (`tests/reference/llama3_bpe/`, with transformers' default
+//! `model_max_length` of about 1e30 in its config) against transformers on the same strings
+//! (`llama3_bpe_cases.json`, `tests/reference/llama3_bpe_reference.py`).
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
@@ -37,9 +40,22 @@ fn tiny() -> GgufFile {
 
 #[test]
 fn sentencepiece_gguf_matches_transformers_on_every_case() {
-    let text = std::fs::read_to_string(reference_dir().join("spm_tokenizer_cases.json")).unwrap();
-    let reference = amk_core::json::parse(&text).unwrap();
     let tok = Tokenizer::from_gguf(&tiny()).unwrap();
+    assert_eq!(tok.adds_bos(), Some(true));
+    matches_cases(&tok, "spm_tokenizer_cases.json");
+}
+
+#[test]
+fn llama3_style_tokenizer_json_matches_transformers_on_every_case() {
+    let tok = Tokenizer::from_file(reference_dir().join("llama3_bpe/tokenizer.json")).unwrap();
+    matches_cases(&tok, "llama3_bpe_cases.json");
+}
+
+/// `tok` against the reference file `cases`: BOS/EOS ids, and every string's ids (BOS included)
+/// and decoding.
+fn matches_cases(tok: &Tokenizer, cases: &str) {
+    let text = std::fs::read_to_string(reference_dir().join(cases)).unwrap();
+    let reference = amk_core::json::parse(&text).unwrap();
     assert_eq!(
         tok.bos_id().map(i64::from),
         field(&reference, "bos_id").as_i64()
@@ -48,7 +64,6 @@ fn sentencepiece_gguf_matches_transformers_on_every_case() {
         tok.eos_id().map(i64::from),
         field(&reference, "eos_id").as_i64()
     );
-    assert_eq!(tok.adds_bos(), Some(true));
     let cases = field(&reference, "cases").as_array().unwrap();
     assert!(cases.len() >= 200, "{} cases", cases.len());
     let mut failures = Vec::new();
