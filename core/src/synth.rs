@@ -99,6 +99,10 @@ pub struct SyntheticWeights {
     /// Tensors whose values repeat another tensor's (same seed name, so the same values when
     /// the shapes match): e.g. an untied LM head initialised to the embedding.
     pub same_values: BTreeMap<String, String>,
+    /// Tensors bound as given instead of generated, by name: values that random ones cannot
+    /// stand for (a model's RoPE frequency divisors). A buffer whose source is here is not
+    /// planned ([`SyntheticWeights::plan`]) but bound ([`SyntheticWeights::exact_bindings`]).
+    pub exact: WeightStore,
 }
 
 /// One WEIGHT/CONST buffer's synthetic content (see [`SyntheticWeights::plan`]).
@@ -131,6 +135,9 @@ impl SyntheticWeights {
                 .source
                 .as_deref()
                 .ok_or_else(|| err("the buffer has no `source` naming its tensor".into()))?;
+            if self.exact.get(src).is_some() {
+                continue;
+            }
             let init = *self
                 .inits
                 .get(src)
@@ -151,9 +158,45 @@ impl SyntheticWeights {
         Ok(out)
     }
 
+    /// The WEIGHT/CONST buffers of `p` bound to [`SyntheticWeights::exact`] tensors, in buffer
+    /// order, each checked against its buffer's dtype and shape.
+    pub fn exact_bindings<'a>(
+        &'a self,
+        p: &'a Program,
+    ) -> Result<Vec<(usize, &'a std::sync::Arc<crate::Tensor>)>, BackendError> {
+        let mut out = Vec::new();
+        for (i, b) in p.buffers.iter().enumerate() {
+            if !matches!(b.kind, BufferKind::WEIGHT | BufferKind::CONST) {
+                continue;
+            }
+            let Some(t) = b.source.as_deref().and_then(|s| self.exact.get(s)) else {
+                continue;
+            };
+            if t.dtype() != b.dtype || t.shape() != b.shape.as_slice() {
+                return Err(BackendError::Weights {
+                    buffer: b.name.clone(),
+                    message: format!(
+                        "the given tensor is {} {:?}, the buffer {} {:?}",
+                        t.dtype(),
+                        t.shape(),
+                        b.dtype,
+                        b.shape
+                    ),
+                });
+            }
+            out.push((i, t));
+        }
+        Ok(out)
+    }
+
     /// The same weights on the host, for a backend that reads a [`WeightStore`] (the CPU VM).
     pub fn materialize(&self, p: &Program) -> Result<WeightStore, BackendError> {
         let mut store = WeightStore::new();
+        for (b, t) in self.exact_bindings(p)? {
+            if let Some(src) = &p.buffers[b].source {
+                store.insert_shared(src.clone(), t.clone());
+            }
+        }
         for w in self.plan(p)? {
             if store.get(w.name).is_some() {
                 continue;

@@ -246,6 +246,11 @@ impl CudaSession {
                     };
                     weight_ptr[b] = uploads[slot].ptr();
                 }
+                // Tensors given as they are (a model's RoPE divisors): uploaded like a store's.
+                for (b, t) in synth.exact_bindings(program)? {
+                    uploads.push(DeviceMem::from_slice(ctx, &t.to_le_bytes())?);
+                    weight_ptr[b] = uploads[uploads.len() - 1].ptr();
+                }
             }
         }
         let arena = DeviceMem::zeroed(ctx, tables.arena_bytes as usize)?;
