@@ -14,6 +14,7 @@
 use crate::model_cmd::{
     ModelCmdError, finish, import_model, parse_dtype, registry, schedule_config, target_named,
 };
+use crate::output::{errln, outln};
 use amk_backend_cuda::{CudaBackend, CudaOptions, CudaSession};
 use amk_core::synth::{Init, SyntheticWeights};
 use amk_core::{BufferKind, DType, Registry, Tensor, ValidatedProgram};
@@ -377,14 +378,14 @@ fn bench(a: &BenchArgs) -> Result<(), ModelCmdError> {
             if a.trace {
                 s.enable_trace(&reg)?;
                 s.run(&inputs)?;
-                eprintln!("{} pos {pos} trace:\n{}", subject.name, s.trace_summary()?);
+                errln!("{} pos {pos} trace:\n{}", subject.name, s.trace_summary()?);
                 if let Some(path) = &a.trace_out {
                     write_trace(path, &subject.name, pos, &s)?;
                 }
             }
         }
         if times.is_none() {
-            eprintln!("{} pos {pos}: GATE FAILED: {}", subject.name, gate.why());
+            errln!("{} pos {pos}: GATE FAILED: {}", subject.name, gate.why());
         }
         points.push(Point {
             pos,
@@ -608,18 +609,18 @@ fn report(
             "read_bandwidth_gbs": bw / 1e9,
             "points": rows,
         });
-        println!("{v}");
+        outln!("{v}");
         return;
     }
-    println!(
+    outln!(
         "device: {}; read bandwidth {:.0} GB/s (streaming kernel, 2 GiB, median of 20); schedule {schedule}",
         gpu.info(),
         bw / 1e9
     );
-    println!(
+    outln!(
         "| model | dtype | pos | median ms | p10 | p90 | MB read | GB/s | floor ms | % of floor | tasks | blocks | gate (rel err, argmax) |"
     );
-    println!("|---|---|---|---|---|---|---|---|---|---|---|---|---|");
+    outln!("|---|---|---|---|---|---|---|---|---|---|---|---|---|");
     for (p, r) in points.iter().zip(&rows) {
         let f = |k: &str| r[k].as_f64().map_or("—".to_string(), |x| format!("{x:.3}"));
         let pct = r["pct_of_floor"]
@@ -628,7 +629,7 @@ fn report(
         let gbs = r["gbs"]
             .as_f64()
             .map_or("—".to_string(), |x| format!("{x:.0}"));
-        println!(
+        outln!(
             "| {} | {} | {} | {} | {} | {} | {:.1} | {} | {:.3} | {} | {} | {} | {} ({:.1e}, {}) |",
             subject.name,
             dtype.name(),

@@ -12,6 +12,7 @@
 
 use crate::bench_cmd::{BenchArgs, Gate, summarize};
 use crate::model_cmd::{ModelCmdError, import_model, parse_dtype, registry, target_named};
+use crate::output::outln;
 use amk_backend_cuda::CudaBackend;
 use amk_core::DType;
 use amk_engine::{Engine, EngineOptions, Generation, Request};
@@ -209,23 +210,23 @@ fn report(
             "gate": gate.json(),
             "depths": depths,
         });
-        println!("{v}");
+        outln!("{v}");
         return;
     }
-    println!(
+    outln!(
         "device: {}; model {}; {}; median of {} runs",
         gpu.info(),
         path.display(),
         dtype.name(),
         a.repeat.max(1)
     );
-    println!(
+    outln!(
         "prompt: {prompt_tokens} tokens, time to first token {:.2} ms ({:.0} tok/s)",
         ttft_s * 1e3,
         prompt_tokens as f64 / ttft_s
     );
-    println!("| depth | decode tok/s | wall ms/token | kernel ms/token | loop overhead |");
-    println!("|---|---|---|---|---|");
+    outln!("| depth | decode tok/s | wall ms/token | kernel ms/token | loop overhead |");
+    outln!("|---|---|---|---|---|");
     for p in points {
         let wall = 1e3 / p.decode_tok_s;
         let (k, over) = match p.kernel_ms {
@@ -235,9 +236,11 @@ fn report(
             ),
             None => ("—".into(), "—".into()),
         };
-        println!(
+        outln!(
             "| {} | {:.0} | {:.3} | {k} | {over} |",
-            p.depth, p.decode_tok_s, wall
+            p.depth,
+            p.decode_tok_s,
+            wall
         );
     }
 }

@@ -6,6 +6,7 @@ mod bench_cmd;
 mod e2e_bench;
 mod model_cmd;
 mod ops_cmd;
+mod output;
 mod registry;
 mod run_cmd;
 mod status;
@@ -126,7 +127,24 @@ fn init_logging(verbose: u8, quiet: bool) {
 }
 
 fn main() -> ExitCode {
-    let cli = Cli::parse();
+    output::finish(run())
+}
+
+/// Parses the command line (help and usage errors through [`output`] too) and runs the
+/// command.
+fn run() -> ExitCode {
+    let cli = match Cli::try_parse() {
+        Ok(cli) => cli,
+        Err(e) => {
+            let text = e.render().to_string();
+            if e.use_stderr() {
+                output::errln!("{}", text.trim_end());
+            } else {
+                output::outln!("{}", text.trim_end());
+            }
+            return ExitCode::from(u8::try_from(e.exit_code()).unwrap_or(2));
+        }
+    };
     init_logging(cli.verbose, cli.quiet);
     status::set_quiet(cli.quiet);
     registry::set_plugins(&cli.plugins);
@@ -140,7 +158,9 @@ fn main() -> ExitCode {
         Command::Bench(args) => bench_cmd::run(&args),
         Command::Completions { shell } => {
             use clap::CommandFactory;
-            clap_complete::generate(shell, &mut Cli::command(), "amk", &mut std::io::stdout());
+            let mut script = Vec::new();
+            clap_complete::generate(shell, &mut Cli::command(), "amk", &mut script);
+            output::write_out_bytes(&script);
             ExitCode::SUCCESS
         }
     }

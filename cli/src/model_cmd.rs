@@ -9,6 +9,7 @@
 //! 2; a backend failure exits 3.
 
 use crate::backend_choice::{self, BackendKind, BackendUnavailable};
+use crate::output::{errln, out, outln};
 use crate::status::status;
 use amk_core::{DType, GpuTarget, Importer, Registry, ScheduleConfig};
 use amk_engine::{Engine, EngineError, EngineOptions, Finish, Request, Sampling};
@@ -16,7 +17,6 @@ use amk_model_llama::gguf_import::GgufImporter;
 use amk_model_llama::hf::HfImporter;
 use amk_model_llama::lower::{LowerOptions, Lowered, lower, tuned_schedule};
 use amk_model_llama::{Model, ModelError, Tokenizer};
-use std::io::Write as _;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::time::Instant;
@@ -494,9 +494,9 @@ pub fn finish(json: bool, r: Result<(), ModelCmdError>) -> ExitCode {
         Err(e) => {
             if json {
                 let v = serde_json::json!({"error": {"kind": e.kind(), "message": e.to_string()}});
-                println!("{v}");
+                outln!("{v}");
             } else {
-                eprintln!("error: {e}");
+                errln!("error: {e}");
             }
             ExitCode::from(e.exit_code())
         }
@@ -542,9 +542,9 @@ fn lower_inner(a: &LowerArgs) -> Result<(), ModelCmdError> {
             "lower_s": p.lower_s,
             "validate_s": validate_s,
         });
-        println!("{v}");
+        outln!("{v}");
     } else {
-        println!(
+        outln!(
             "{}: {} tasks, {} buffers, {} counters, {} edges, {:.1} MB of weights, {} pages — VALID\nwrote {}{}",
             p.model.source,
             prog.tasks.len(),
@@ -617,18 +617,17 @@ fn generate_inner(a: &GenerateArgs) -> Result<(), ModelCmdError> {
         .into());
     }
     let mut stream = tok.decode_stream();
-    let mut out = std::io::stdout();
     if !a.common.json {
         // A completion continues its prompt's text; a chat shows the user's turn on its own
         // line(s), marked, and the reply below it.
         if a.chat {
             for line in text.lines() {
-                writeln!(out, "> {line}")?;
+                outln!("> {line}");
             }
         } else {
-            write!(out, "{text}")?;
+            out!("{text}");
         }
-        out.flush()?;
+        crate::output::flush_out();
     }
     let mut stream_err = None;
     // A model may have more rows than its tokenizer has tokens (padded embeddings): never
@@ -645,7 +644,7 @@ fn generate_inner(a: &GenerateArgs) -> Result<(), ModelCmdError> {
     // launch (on a GPU it is one launch of well under a second).
     let t_prompt = Instant::now();
     let mut progress = |done: u64, total: u64| {
-        eprintln!(
+        errln!(
             "[prompt: {done}/{total} tokens, {:.1} s]",
             t_prompt.elapsed().as_secs_f64()
         );
@@ -665,13 +664,14 @@ fn generate_inner(a: &GenerateArgs) -> Result<(), ModelCmdError> {
             }
             match stream.step(t.id) {
                 Ok(Some(piece)) => {
-                    let _ = write!(out, "{piece}");
-                    let _ = out.flush();
+                    out!("{piece}");
+                    crate::output::flush_out();
                 }
                 Ok(None) => {}
                 Err(e) => stream_err = Some(e),
             }
-            true
+            // Nobody reads the text any more (a closed pipe, a full device): stop.
+            !crate::output::stdout_closed()
         },
         watch,
     )?;
@@ -699,12 +699,12 @@ fn generate_inner(a: &GenerateArgs) -> Result<(), ModelCmdError> {
             "time_to_first_token_s": ttft,
             "backend": chosen.name(),
         });
-        println!("{v}");
+        outln!("{v}");
     } else {
         if let Some(piece) = stream.finish()? {
-            write!(out, "{piece}")?;
+            out!("{piece}");
         }
-        writeln!(out)?;
+        outln!();
     }
     if !a.common.json {
         status!(
@@ -835,9 +835,9 @@ fn perplexity_inner(a: &PerplexityArgs) -> Result<(), ModelCmdError> {
     }
     if a.common.json {
         let v = serde_json::json!({"tokens": ids.len(), "predictions": n, "nll": nll, "perplexity": nll.exp(), "backend": chosen.name()});
-        println!("{v}");
+        outln!("{v}");
     } else {
-        println!(
+        outln!(
             "{} tokens ({n} predictions): mean NLL {nll:.6}, perplexity {:.4}  [{:.1} tok/s]",
             ids.len(),
             nll.exp(),

@@ -1,6 +1,7 @@
 //! `amk ops list [--json]`: what the registry holds. `amk ops compile --arch sm_XY`: its
 //! megakernel compiled ahead of time into the cubin cache.
 
+use crate::output::{errln, outln};
 use amk_backend_cuda::assemble::megakernel_source;
 use amk_core::ir::{DType, Program};
 use amk_core::{Origin, Registry};
@@ -178,13 +179,13 @@ fn list_jobs(jobs: &[Job<'_>], json: bool) -> ExitCode {
             .iter()
             .map(|(arch, what, _, _)| json!({"arch": arch, "for": what}))
             .collect();
-        println!(
+        outln!(
             "{}",
             serde_json::to_string(&Value::Array(rows)).unwrap_or_default()
         );
     } else {
         for (arch, what, _, _) in jobs {
-            println!("{arch} ({what})");
+            outln!("{arch} ({what})");
         }
     }
     ExitCode::SUCCESS
@@ -212,7 +213,7 @@ fn compile(
         match crate::model_cmd::schedule_config(Some(c), true) {
             Ok((cfg, name)) => schedules.push((name, cfg)),
             Err(e) => {
-                eprintln!("error: --config {e}");
+                errln!("error: --config {e}");
                 return ExitCode::from(2);
             }
         }
@@ -234,7 +235,7 @@ fn compile(
             Kind::Model(dt) => match llama_programs(dt, shapes, &schedules) {
                 Ok(ps) => programs.extend(ps.into_iter().map(|(n, p)| (n, Some(p)))),
                 Err(e) => {
-                    eprintln!("error: lowering the {} programs: {e}", dt.name());
+                    errln!("error: lowering the {} programs: {e}", dt.name());
                     return ExitCode::from(1);
                 }
             },
@@ -266,7 +267,7 @@ fn compile(
         return list_jobs(&jobs, json);
     }
     if !cfg!(feature = "cuda") {
-        eprintln!(
+        errln!(
             "error: ops compile needs the CUDA backend, and this amk was built without the cuda \
              feature: rebuild with `cargo build --release -p amk --features cuda` (--list shows \
              the kernels it would compile)"
@@ -315,21 +316,21 @@ fn compile(
                     );
                 } else {
                     let how = if cached { "already cached" } else { "compiled" };
-                    println!(
+                    outln!(
                         "{arch} ({what}): {how}, {bytes} bytes, {secs:.1} s: {}",
                         path.display()
                     );
                 }
             }
             Err(e) => {
-                eprintln!("error: {arch} ({what}): {e}");
+                errln!("error: {arch} ({what}): {e}");
                 status = ExitCode::from(1);
             }
         }
     }
     if json {
         let doc = serde_json::to_string(&Value::Array(out)).unwrap_or_default();
-        println!("{doc}");
+        outln!("{doc}");
     }
     status
 }
@@ -383,7 +384,7 @@ pub fn run(cmd: &OpsCommand) -> ExitCode {
     let reg = match crate::registry::registry() {
         Ok(r) => r,
         Err(e) => {
-            eprintln!("error: {e}");
+            errln!("error: {e}");
             return ExitCode::from(2);
         }
     };
@@ -413,11 +414,17 @@ pub fn run(cmd: &OpsCommand) -> ExitCode {
         OpsCommand::List { json } => {
             if *json {
                 let doc = Value::Array(rows(&reg));
-                println!("{}", serde_json::to_string(&doc).unwrap_or_default());
+                outln!("{}", serde_json::to_string(&doc).unwrap_or_default());
             } else {
-                println!(
+                outln!(
                     "{:>4}  {:<18} {:<6} {:<4} {:<4} {:<4} {:<9} required params",
-                    "code", "name", "inputs", "outs", "cpu", "cuda", "origin"
+                    "code",
+                    "name",
+                    "inputs",
+                    "outs",
+                    "cpu",
+                    "cuda",
+                    "origin"
                 );
                 for (spec, origin) in reg.iter() {
                     let params: Vec<String> = spec
@@ -425,7 +432,7 @@ pub fn run(cmd: &OpsCommand) -> ExitCode {
                         .map(|p| format!("{}:{}", p.name, p.ty.name()))
                         .collect();
                     let yes = |b: bool| if b { "yes" } else { "no" };
-                    println!(
+                    outln!(
                         "{:>4}  {:<18} {:<6} {:<4} {:<4} {:<4} {:<9} {}",
                         spec.code.0,
                         spec.name,

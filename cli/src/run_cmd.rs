@@ -6,12 +6,12 @@
 //! [`RunError`] naming the file or buffer; nothing here panics.
 
 use crate::backend_choice::{self, BackendKind, BackendUnavailable};
+use crate::output::{errln, outln};
 use amk_core::{
     BackendError, Buffer, BufferKind, DType, IrError, Program, Registry, Tensor, ValidatedProgram,
     ValidationResult, WeightStore, validate_owned,
 };
 use std::fmt::Write as _;
-use std::io::Write as _;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
@@ -469,12 +469,10 @@ fn error_json(e: &RunError) -> String {
 
 /// Runs the command; returns the documented exit status.
 pub fn run(args: &Args) -> ExitCode {
-    let stdout = std::io::stdout();
-    let mut out = std::io::BufWriter::new(stdout.lock());
     let code = match run_inner(args) {
         Ok(o) => {
             if !o.unused.is_empty() {
-                eprintln!(
+                errln!(
                     "warning: {} weights tensor(s) not used by any buffer: {}",
                     o.unused.len(),
                     o.unused.join(", ")
@@ -485,31 +483,28 @@ pub fn run(args: &Args) -> ExitCode {
             } else {
                 outputs_text(&o)
             };
-            let _ = writeln!(out, "{}", text.trim_end());
+            outln!("{}", text.trim_end());
             0
         }
         Err(e) => {
             if let RunError::Rejected { path, result } = &e {
                 // The report is the useful part; it goes where `amk validate` puts it.
                 if !args.json {
-                    let _ = writeln!(out, "{e}");
+                    outln!("{e}");
                 }
-                eprintln!(
+                errln!(
                     "error: {}: rejected by the validator ({} error(s))",
                     path.display(),
                     result.errors.len()
                 );
             } else {
-                eprintln!("error: {e}");
+                errln!("error: {e}");
             }
             if args.json {
-                let _ = writeln!(out, "{}", error_json(&e));
+                outln!("{}", error_json(&e));
             }
             e.exit_code()
         }
     };
-    if out.flush().is_err() {
-        return ExitCode::from(2);
-    }
     ExitCode::from(code)
 }

@@ -19,7 +19,7 @@ pub fn quiet() -> bool {
 macro_rules! status {
     ($($arg:tt)*) => {
         if !$crate::status::quiet() {
-            eprintln!($($arg)*);
+            $crate::output::errln!($($arg)*);
         }
     };
 }

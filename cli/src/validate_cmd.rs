@@ -1,8 +1,8 @@
 //! `amk validate FILE... [--json]`.
 
+use crate::output::{errln, outln};
 use amk_core::{IrError, Program, Registry, ValidationResult, validate};
 use serde_json::{Value, json};
-use std::io::Write as _;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
@@ -91,12 +91,10 @@ pub fn run(args: &Args) -> ExitCode {
     let reg = match crate::registry::registry() {
         Ok(r) => r,
         Err(e) => {
-            eprintln!("error: {e}");
+            errln!("error: {e}");
             return ExitCode::from(2);
         }
     };
-    let stdout = std::io::stdout();
-    let mut out = std::io::BufWriter::new(stdout.lock());
     let mut any_load_error = false;
     let mut any_rejected = false;
     let mut docs = Vec::new();
@@ -112,10 +110,10 @@ pub fn run(args: &Args) -> ExitCode {
         } else {
             match &o {
                 Outcome::Loaded(r) => {
-                    let _ = writeln!(out, "{}: {}", file.display(), r.report());
+                    outln!("{}: {}", file.display(), r.report());
                 }
                 // Not a verdict: an error, on stderr like every command's, naming the file once.
-                Outcome::LoadFailed(e) => eprintln!("error: {}", crate::with_path(file, e)),
+                Outcome::LoadFailed(e) => errln!("error: {}", crate::with_path(file, e)),
             }
         }
     }
@@ -125,10 +123,7 @@ pub fn run(args: &Args) -> ExitCode {
         } else {
             Value::Array(docs)
         };
-        let _ = writeln!(out, "{}", serde_json::to_string(&doc).unwrap_or_default());
-    }
-    if out.flush().is_err() {
-        return ExitCode::from(2);
+        outln!("{}", serde_json::to_string(&doc).unwrap_or_default());
     }
     if any_load_error {
         ExitCode::from(2)

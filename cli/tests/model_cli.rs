@@ -905,3 +905,152 @@ fn verbose_logs_the_steps() {
     );
     assert_eq!(o.stdout, quiet.stdout, "logging changes no output");
 }
+
+/// Every command, with its stdout (and then also its stderr) on `/dev/full`, and with its
+/// stdout a pipe its reader closed at once: never a panic (exit 101). A full device is exit 2
+/// with the reason on stderr when stderr works; a closed pipe ends the command with its own
+/// code (0 for these, which succeed otherwise), as `cat` does.
+#[cfg(target_os = "linux")]
+#[test]
+fn every_command_survives_a_full_device_and_a_closed_pipe() {
+    use std::process::Stdio;
+    let d = scratch("output");
+    let model = tiny_with_tokenizer("tiny-mqa", "output-model");
+    let prog = d.join("prog.json");
+    let o = amk()
+        .args(["lower", "--max-seq", "16", "-q", "--model"])
+        .arg(reference("tiny-mqa"))
+        .arg("-o")
+        .arg(&prog)
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", text(&o));
+    let text_file = d.join("text.txt");
+    std::fs::write(&text_file, "hello world, hello world").unwrap();
+    let p = |x: &Path| x.display().to_string();
+    let weights = p(&reference("tiny-mqa").join("model.safetensors"));
+    let commands: Vec<Vec<String>> = [
+        vec!["--help"],
+        vec!["--version"],
+        vec!["ops", "list"],
+        vec!["ops", "list", "--json"],
+        vec![
+            "ops",
+            "compile",
+            "--list",
+            "--arch",
+            "sm_90a",
+            "--shape",
+            "smollm2-135m",
+        ],
+        vec!["completions", "bash"],
+        vec!["validate", &p(&prog)],
+        vec!["validate", "--json", &p(&prog)],
+        vec![
+            "run",
+            &p(&prog),
+            "--weights",
+            &weights,
+            "--set",
+            "token_id=1",
+            "--set",
+            "pos=0",
+        ],
+        vec![
+            "run",
+            &p(&prog),
+            "--weights",
+            &weights,
+            "--set",
+            "token_id=1",
+            "--set",
+            "pos=0",
+            "--json",
+        ],
+        vec![
+            "lower",
+            "--max-seq",
+            "16",
+            "--model",
+            &p(&reference("tiny-mqa")),
+            "-o",
+            &p(&d.join("p2.json")),
+        ],
+        vec![
+            "generate",
+            "--model",
+            &p(&model),
+            "--prompt",
+            "hello",
+            "-n",
+            "3",
+            "--ignore-eos",
+        ],
+        vec![
+            "generate",
+            "--model",
+            &p(&model),
+            "--prompt",
+            "hello",
+            "-n",
+            "3",
+            "--json",
+        ],
+        vec![
+            "perplexity",
+            "--model",
+            &p(&model),
+            "--text-file",
+            &p(&text_file),
+        ],
+        vec![
+            "perplexity",
+            "--model",
+            &p(&model),
+            "--text-file",
+            &p(&text_file),
+            "--json",
+        ],
+    ]
+    .iter()
+    .map(|c| c.iter().map(|s| s.to_string()).collect())
+    .collect();
+    for args in &commands {
+        let what = args.join(" ");
+        // stdout full: exit 2, the reason on stderr.
+        let full = std::fs::OpenOptions::new()
+            .write(true)
+            .open("/dev/full")
+            .unwrap();
+        let o = amk().args(args).stdout(full).output().unwrap();
+        assert_eq!(o.status.code(), Some(2), "{what} >/dev/full: {}", text(&o));
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert!(
+            err.contains("error: writing to standard output"),
+            "{what} >/dev/full: {err}"
+        );
+        // stdout and stderr full: exit 2, nothing to say it with.
+        let (f1, f2) = (
+            std::fs::OpenOptions::new()
+                .write(true)
+                .open("/dev/full")
+                .unwrap(),
+            std::fs::OpenOptions::new()
+                .write(true)
+                .open("/dev/full")
+                .unwrap(),
+        );
+        let s = amk().args(args).stdout(f1).stderr(f2).status().unwrap();
+        assert_eq!(s.code(), Some(2), "{what} >/dev/full 2>/dev/full");
+        // stdout a pipe nobody reads: the command's own exit code.
+        let mut child = amk()
+            .args(args)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        drop(child.stdout.take());
+        let s = child.wait().unwrap();
+        assert_eq!(s.code(), Some(0), "{what} | (closed)");
+    }
+}

@@ -91,7 +91,9 @@ impl Progress {
         } else {
             done as f64 * 100.0 / self.total as f64
         };
-        eprint!(
+        // Progress is best effort: a stderr that cannot be written loses it, nothing else.
+        let _ = write!(
+            std::io::stderr(),
             "\r{}: {:.1}/{:.1} MiB {:5.1}% {:.1} MiB/s   ",
             self.label,
             done as f64 / MIB,
@@ -105,7 +107,7 @@ impl Progress {
     fn finish(&mut self, done: u64) {
         if !self.quiet && self.last.is_some() {
             self.update(done, true);
-            eprintln!();
+            let _ = writeln!(std::io::stderr());
         }
     }
 }

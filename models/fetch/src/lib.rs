@@ -179,7 +179,8 @@ fn remove_stale(opts: &FetchOptions, dir: &Path, name: &str, target: &Path) {
         && m.len() != want
     {
         if !opts.quiet {
-            eprintln!(
+            let _ = writeln!(
+                std::io::stderr(),
                 "{}: {} bytes, expected {want}: damaged; downloading it again",
                 target.display(),
                 m.len()
