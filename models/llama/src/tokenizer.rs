@@ -239,6 +239,21 @@ fn pre_tokenizer_for(pre: &str) -> Result<PreTokenizerWrapper, ModelError> {
     })
 }
 
+/// GGUF `tokenizer.ggml.merges` entries ("left right") as pairs.
+fn parse_merges(raw: &[&str]) -> Result<Vec<(String, String)>, ModelError> {
+    raw.iter()
+        .enumerate()
+        .map(|(i, m)| {
+            let (a, b) = m.split_once(' ').ok_or_else(|| {
+                ModelError::Tokenizer(format!(
+                    "tokenizer.ggml.merges[{i}] = '{m}' is not two tokens separated by a space"
+                ))
+            })?;
+            Ok((a.to_string(), b.to_string()))
+        })
+        .collect()
+}
+
 /// The tokenizer (model, pre-tokenizer, decoder) of a byte-level BPE GGUF vocabulary `tokens`
 /// with its merges and its `tokenizer.ggml.pre` pre-tokenizer; the caller adds the special
 /// tokens.
@@ -263,17 +278,8 @@ fn byte_level_model(gguf: &GgufFile, tokens: &[&str]) -> Result<tokenizers::Toke
         };
         vocab.insert(spelled, id);
     }
-    let mut merges = Vec::with_capacity(merges_raw.len());
-    for (i, m) in merges_raw.iter().enumerate() {
-        let (a, b) = m.split_once(' ').ok_or_else(|| {
-            ModelError::Tokenizer(format!(
-                "tokenizer.ggml.merges[{i}] = '{m}' is not two tokens separated by a space"
-            ))
-        })?;
-        merges.push((a.to_string(), b.to_string()));
-    }
     let bpe = BPE::builder()
-        .vocab_and_merges(vocab, merges)
+        .vocab_and_merges(vocab, parse_merges(&merges_raw)?)
         .build()
         .map_err(|e| tok_err("building the BPE model from tokenizer.ggml.*", e))?;
     let mut inner = tokenizers::Tokenizer::new(bpe);

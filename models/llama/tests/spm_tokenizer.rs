@@ -10,7 +10,6 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-use amk_core::json::Value;
 use amk_model_llama::gguf::write::GgufWriter;
 use amk_model_llama::tokenizer::merges_from_scores;
 use amk_model_llama::{GgufFile, GgufValue, ModelError, Tokenizer, ValueType};
@@ -20,19 +19,9 @@ fn reference_dir() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tests/reference")
 }
 
-fn field<'a>(v: &'a Value, key: &str) -> &'a Value {
-    v.as_object()
-        .and_then(|o| o.get(key))
-        .unwrap_or_else(|| panic!("spm_tokenizer_cases.json: missing '{key}'"))
-}
-
-fn ids(v: &Value) -> Vec<u32> {
-    v.as_array()
-        .unwrap()
-        .iter()
-        .map(|x| u32::try_from(x.as_i64().unwrap()).unwrap())
-        .collect()
-}
+#[path = "support/reference_json.rs"]
+mod reference_json;
+use reference_json::{field, ids};
 
 fn tiny() -> GgufFile {
     GgufFile::read(reference_dir().join("spm_tiny.gguf")).unwrap()

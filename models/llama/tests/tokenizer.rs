@@ -499,20 +499,9 @@ fn any_template_renders_and_bad_ones_are_typed_errors() {
 // Reference comparison with HuggingFace transformers (needs the real GGUF)
 
 use amk_core::json::Value;
-
-fn field<'a>(v: &'a Value, key: &str) -> &'a Value {
-    v.as_object()
-        .and_then(|o| o.get(key))
-        .unwrap_or_else(|| panic!("tokenizer_cases.json: missing '{key}'"))
-}
-
-fn ids(v: &Value) -> Vec<u32> {
-    v.as_array()
-        .unwrap()
-        .iter()
-        .map(|x| u32::try_from(x.as_i64().unwrap()).unwrap())
-        .collect()
-}
+#[path = "support/reference_json.rs"]
+mod reference_json;
+use reference_json::{field, ids};
 
 fn text(v: &Value) -> &str {
     v.as_str().unwrap()

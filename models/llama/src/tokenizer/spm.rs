@@ -85,16 +85,7 @@ fn file_merges(gguf: &GgufFile) -> Result<Option<Vec<(String, String)>>, ModelEr
         return Ok(None);
     }
     let raw = gguf.get_str_array("tokenizer.ggml.merges")?;
-    let mut merges = Vec::with_capacity(raw.len());
-    for (i, m) in raw.iter().enumerate() {
-        let (a, b) = m.split_once(' ').ok_or_else(|| {
-            ModelError::Tokenizer(format!(
-                "tokenizer.ggml.merges[{i}] = '{m}' is not two tokens separated by a space"
-            ))
-        })?;
-        merges.push((a.to_string(), b.to_string()));
-    }
-    Ok(Some(merges))
+    super::parse_merges(&raw).map(Some)
 }
 
 /// The tokenizer (model, pre-tokenizer, decoder) of a SentencePiece GGUF vocabulary `tokens`;
