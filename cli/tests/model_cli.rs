@@ -929,6 +929,22 @@ fn every_command_survives_a_full_device_and_a_closed_pipe() {
     std::fs::write(&text_file, "hello world, hello world").unwrap();
     let p = |x: &Path| x.display().to_string();
     let weights = p(&reference("tiny-mqa").join("model.safetensors"));
+    let prog_s = p(&prog);
+    let run = vec![
+        "run",
+        &prog_s,
+        "--weights",
+        &weights,
+        "--set",
+        "token_id=1",
+        "--set",
+        "pos=0",
+    ];
+    let (model_s, text_s) = (p(&model), p(&text_file));
+    let generate = vec![
+        "generate", "--model", &model_s, "--prompt", "hello", "-n", "3",
+    ];
+    let ppl = vec!["perplexity", "--model", &model_s, "--text-file", &text_s];
     let commands: Vec<Vec<String>> = [
         vec!["--help"],
         vec!["--version"],
@@ -946,27 +962,8 @@ fn every_command_survives_a_full_device_and_a_closed_pipe() {
         vec!["completions", "bash"],
         vec!["validate", &p(&prog)],
         vec!["validate", "--json", &p(&prog)],
-        vec![
-            "run",
-            &p(&prog),
-            "--weights",
-            &weights,
-            "--set",
-            "token_id=1",
-            "--set",
-            "pos=0",
-        ],
-        vec![
-            "run",
-            &p(&prog),
-            "--weights",
-            &weights,
-            "--set",
-            "token_id=1",
-            "--set",
-            "pos=0",
-            "--json",
-        ],
+        run.clone(),
+        [run.as_slice(), &["--json"]].concat(),
         vec![
             "lower",
             "--max-seq",
@@ -976,41 +973,10 @@ fn every_command_survives_a_full_device_and_a_closed_pipe() {
             "-o",
             &p(&d.join("p2.json")),
         ],
-        vec![
-            "generate",
-            "--model",
-            &p(&model),
-            "--prompt",
-            "hello",
-            "-n",
-            "3",
-            "--ignore-eos",
-        ],
-        vec![
-            "generate",
-            "--model",
-            &p(&model),
-            "--prompt",
-            "hello",
-            "-n",
-            "3",
-            "--json",
-        ],
-        vec![
-            "perplexity",
-            "--model",
-            &p(&model),
-            "--text-file",
-            &p(&text_file),
-        ],
-        vec![
-            "perplexity",
-            "--model",
-            &p(&model),
-            "--text-file",
-            &p(&text_file),
-            "--json",
-        ],
+        [generate.as_slice(), &["--ignore-eos"]].concat(),
+        [generate.as_slice(), &["--json"]].concat(),
+        ppl.clone(),
+        [ppl.as_slice(), &["--json"]].concat(),
     ]
     .iter()
     .map(|c| c.iter().map(|s| s.to_string()).collect())

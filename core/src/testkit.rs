@@ -9,6 +9,20 @@ use crate::registry::Registry;
 use crate::sim::SplitMix;
 use crate::tensor::Tensor;
 
+/// An HBM activation buffer `b{id}` of `dtype` and `shape`, for a shape rule's buffer table
+/// ([`shape_rule_kinds`]).
+pub fn buffer(id: u32, dtype: DType, shape: &[u64]) -> crate::ir::Buffer {
+    crate::ir::Buffer {
+        id,
+        name: format!("b{id}"),
+        kind: crate::ir::BufferKind::ACTIVATION,
+        dtype,
+        shape: shape.to_vec(),
+        space: crate::ir::MemSpace::HBM,
+        source: None,
+    }
+}
+
 /// A task of `op` with `n_in` inputs, `n_out` outputs and the given params (ids are dummies:
 /// references only read params).
 pub fn task(op: Opcode, n_in: usize, n_out: usize, params: &[(&str, Value)]) -> Task {

@@ -7,7 +7,7 @@
 
 use amk_core::json::Value;
 use amk_core::testkit::{call, random_nonzero, rng, shape_rule_kinds, task};
-use amk_core::{Buffer, BufferKind, DType, ErrorKind, MemSpace, OpError, Opcode, Tensor};
+use amk_core::{DType, ErrorKind, OpError, Opcode, Tensor};
 use rstest::rstest;
 
 /// One attention call's shape: query heads, KV heads, head size, rows `[start, start + len)`
@@ -288,15 +288,7 @@ fn bad_positions_are_typed_errors() {
 /// The static shape rule on `[q, kcache, vcache, W, extra..]` (the attention of
 /// `bad_positions_are_typed_errors`, one 6-row output tile) with extra inputs of these dtypes.
 fn findings(extra: &[(DType, &[u64])]) -> Vec<ErrorKind> {
-    let buffer = |id: u32, dtype: DType, shape: &[u64]| Buffer {
-        id,
-        name: format!("b{id}"),
-        kind: BufferKind::ACTIVATION,
-        dtype,
-        shape: shape.to_vec(),
-        space: MemSpace::HBM,
-        source: None,
-    };
+    let buffer = amk_core::testkit::buffer;
     let mut buffers = vec![
         buffer(0, DType::F32, &[4, 8]),
         buffer(1, DType::F32, &[12, 2, 8]),

@@ -14,9 +14,7 @@
 
 use amk_core::json::Value;
 use amk_core::testkit::{assert_close, call, random_nonzero, rng, shape_rule_kinds};
-use amk_core::{
-    Buffer, BufferKind, CpuCall, DType, ErrorKind, Input, MemSpace, OpError, Opcode, Task, Tensor,
-};
+use amk_core::{CpuCall, DType, ErrorKind, Input, OpError, Opcode, Task, Tensor};
 use op_attention_tile::reference::run;
 use rstest::rstest;
 
@@ -453,15 +451,7 @@ fn bad_positions_are_typed_errors_and_write_nothing() {
 /// The static shape rule on `[q, kcache, vcache, pos]`: the position buffer of `dtype` and
 /// `shape`, the attention of `bad_calls_are_typed_errors`.
 fn position_findings(dtype: DType, shape: &[u64], flags: Option<i64>) -> Vec<ErrorKind> {
-    let buffer = |id: u32, dtype: DType, shape: &[u64]| Buffer {
-        id,
-        name: format!("b{id}"),
-        kind: BufferKind::ACTIVATION,
-        dtype,
-        shape: shape.to_vec(),
-        space: MemSpace::HBM,
-        source: None,
-    };
+    let buffer = amk_core::testkit::buffer;
     let width = if flags.is_some() { 6 } else { 4 };
     let buffers = [
         buffer(0, DType::F32, &[4, 4]),

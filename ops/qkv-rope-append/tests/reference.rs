@@ -299,17 +299,9 @@ fn bad_calls_are_typed_errors() {
 /// `head_dim / 2` floats (after the norm weight when there is one); 7 inputs need it.
 #[test]
 fn the_shape_rule_places_and_checks_the_frequency_factors() {
+    use amk_core::ErrorKind;
     use amk_core::testkit::shape_rule_kinds;
-    use amk_core::{Buffer, BufferKind, ErrorKind, MemSpace};
-    let buf = |id: u32, dtype: DType, shape: &[u64]| Buffer {
-        id,
-        name: format!("b{id}"),
-        kind: BufferKind::ACTIVATION,
-        dtype,
-        shape: shape.to_vec(),
-        space: MemSpace::HBM,
-        source: None,
-    };
+    let buf = amk_core::testkit::buffer;
     let s = Shape {
         k: 16,
         nh: 4,

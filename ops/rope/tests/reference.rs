@@ -7,7 +7,7 @@
 
 use amk_core::json::Value;
 use amk_core::testkit::{assert_close, call, random_nonzero, rng, shape_rule_kinds, task};
-use amk_core::{Buffer, BufferKind, DType, ErrorKind, MemSpace, OpError, Opcode, Task, Tensor};
+use amk_core::{DType, ErrorKind, OpError, Opcode, Task, Tensor};
 use op_rope::reference::run;
 use rstest::rstest;
 
@@ -246,17 +246,7 @@ fn bad_calls_are_typed_errors() {
     );
 }
 
-fn buffer(id: u32, dtype: DType, shape: &[u64]) -> Buffer {
-    Buffer {
-        id,
-        name: format!("b{id}"),
-        kind: BufferKind::ACTIVATION,
-        dtype,
-        shape: shape.to_vec(),
-        space: MemSpace::HBM,
-        source: None,
-    }
-}
+use amk_core::testkit::buffer;
 
 /// Runs ROPE's static shape rule on `x [pos] -> out` with the given params.
 fn findings(x: &[u64], pos: &[u64], params: &[(&str, Value)]) -> Vec<ErrorKind> {
