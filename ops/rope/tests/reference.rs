@@ -20,8 +20,9 @@ fn rope_task(hd: i64, theta: f64, pairing: Option<i64>) -> Task {
 }
 
 /// The expected output. The angle follows the spec's fp32 recipe (`inv_freq = 1 / theta^(i /
-/// half)` and `pos · inv_freq`, each step rounded to fp32) when `f32_angle`, else it is exact
-/// f64; the rotation is f64. Row `r` of the leading dims uses `positions[r]`.
+/// half)`, divided by `factors[i]` when given, and `pos · inv_freq`, each step rounded to fp32)
+/// when `f32_angle`, else it is exact f64; the rotation is f64. Row `r` of the leading dims
+/// uses `positions[r]`.
 fn naive(
     x: &Tensor,
     positions: &[i64],
@@ -30,6 +31,18 @@ fn naive(
     adjacent: bool,
     f32_angle: bool,
 ) -> Vec<f64> {
+    naive_scaled(x, positions, hd, theta, adjacent, f32_angle, None)
+}
+
+fn naive_scaled(
+    x: &Tensor,
+    positions: &[i64],
+    hd: usize,
+    theta: f64,
+    adjacent: bool,
+    f32_angle: bool,
+    factors: Option<&Tensor>,
+) -> Vec<f64> {
     let half = hd / 2;
     let n = x.numel();
     let per_pos = n / positions.len();
@@ -37,12 +50,13 @@ fn naive(
     for head in 0..n / hd {
         let p = positions[head * hd / per_pos];
         for i in 0..half {
+            let f = factors.map_or(1.0, |t| t.get_f32(i));
             let ang = if f32_angle {
                 let e = i as f32 / half as f32;
-                let inv = 1.0f32 / (theta as f32).powf(e);
+                let inv = (1.0f32 / (theta as f32).powf(e)) / f;
                 (p as f32 * inv) as f64
             } else {
-                p as f64 / theta.powf(i as f64 / half as f64)
+                p as f64 / theta.powf(i as f64 / half as f64) / f as f64
             };
             let (a, b) = if adjacent {
                 (head * hd + 2 * i, head * hd + 2 * i + 1)
@@ -320,23 +334,15 @@ fn frequency_factors_divide_the_frequencies(
     t.inputs = vec![0, 1, 2];
     let mut out = [Tensor::poisoned(DType::F32, shape)];
     call(run, &t, &[&x, &pos, &f], &mut out).unwrap();
-    let adjacent = pairing == Some(1);
-    let mut want = vec![f64::NAN; x.numel()];
-    for head in 0..x.numel() / hd {
-        for i in 0..half {
-            let e = i as f32 / half as f32;
-            let inv = (1.0f32 / (theta as f32).powf(e)) / f.get_f32(i);
-            let ang = (position as f32 * inv) as f64;
-            let (a, b) = if adjacent {
-                (head * hd + 2 * i, head * hd + 2 * i + 1)
-            } else {
-                (head * hd + i, head * hd + half + i)
-            };
-            let (x1, x2) = (x.get_f32(a) as f64, x.get_f32(b) as f64);
-            want[a] = x1 * ang.cos() - x2 * ang.sin();
-            want[b] = x2 * ang.cos() + x1 * ang.sin();
-        }
-    }
+    let want = naive_scaled(
+        &x,
+        &[position],
+        hd,
+        theta,
+        pairing == Some(1),
+        true,
+        Some(&f),
+    );
     assert_close(&out[0], &want, 1e-6, 1e-6);
 
     let ones = Tensor::from_f32(DType::F32, &[half as u64], &vec![1.0; half]).unwrap();
