@@ -1380,3 +1380,121 @@ mod perf {
         eprintln!("{}", rows.join("\n"));
     }
 }
+
+/// The committed tiny checkpoints (made by transformers, `tests/reference/tiny_models.py`) on
+/// the device: f32 logits at every position of HF's teacher-forced sequence within 1e-5 of
+/// HF's (max error / max |logit|) and the same argmax, under the reference and the tuned
+/// schedules — Llama (GQA tied, MQA untied), Mistral, Qwen2's q/k/v biases, Qwen3's q/k norm
+/// and Llama 3's RoPE scaling (the frequency divisors as ROPE's and the fused Q/K/V tiles'
+/// input). Embedded, as the test may run where the source tree is not.
+mod tiny_checkpoints {
+    use super::*;
+    use amk_core::{GpuTarget, ScheduleConfig};
+    use amk_engine::{EngineOptions, argmax, lower_and_load};
+
+    macro_rules! tiny {
+        ($name:literal) => {
+            (
+                $name,
+                include_str!(concat!("../../../tests/reference/", $name, "/config.json")),
+                include_bytes!(concat!(
+                    "../../../tests/reference/",
+                    $name,
+                    "/model.safetensors"
+                ))
+                .as_slice(),
+                include_str!(concat!(
+                    "../../../tests/reference/",
+                    $name,
+                    "/hf_logits.json"
+                )),
+            )
+        };
+    }
+
+    const TINY: [(&str, &str, &[u8], &str); 6] = [
+        tiny!("tiny-gqa"),
+        tiny!("tiny-mqa"),
+        tiny!("tiny-mistral"),
+        tiny!("tiny-qwen2"),
+        tiny!("tiny-qwen3"),
+        tiny!("tiny-llama3"),
+    ];
+
+    /// The checkpoint written to a scratch directory and imported.
+    fn import(name: &str, config: &str, weights: &[u8]) -> amk_model_llama::Model {
+        let dir = std::env::temp_dir().join(format!("amk-gpu-{}-{name}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::write(dir.join("config.json"), config).unwrap();
+        std::fs::write(dir.join("model.safetensors"), weights).unwrap();
+        let m = amk_model_llama::hf::import_hf(&dir).unwrap();
+        let _ = std::fs::remove_dir_all(&dir);
+        m
+    }
+
+    #[test]
+    fn tiny_checkpoints_match_transformers_on_the_device() {
+        let Some(gpu) = gpu_or_skip("tiny_checkpoints_match_transformers_on_the_device") else {
+            return;
+        };
+        let schedules = [
+            ("reference", ScheduleConfig::default()),
+            ("tuned", amk_model_llama::lower::tuned_schedule()),
+        ];
+        let mut report = Vec::new();
+        for (name, config, weights, logits) in TINY {
+            let model = import(name, config, weights);
+            let doc: serde_json::Value = serde_json::from_str(logits).unwrap();
+            let ids: Vec<u32> = doc["input_ids"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|x| x.as_u64().unwrap() as u32)
+                .collect();
+            let want = doc["logits"].as_array().unwrap();
+            let greedy: Vec<u32> = doc["greedy_next"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|x| x.as_u64().unwrap() as u32)
+                .collect();
+            for (sched, cfg) in &schedules {
+                let opts = EngineOptions {
+                    schedule: cfg.clone(),
+                    target: GpuTarget::by_name("h100").unwrap(),
+                    dtype: DType::F32,
+                    max_seq: Some(32),
+                    stop_slots: 1,
+                };
+                let mut e = lower_and_load(&model, &opts, &gpu, &registry()).unwrap();
+                let mut fed = ids.clone();
+                fed.push(0); // forced_logits feeds every id but the last
+                let mut got: Vec<Vec<f32>> = Vec::new();
+                e.forced_logits(&fed, &mut |_, l| got.push(l.to_vec()))
+                    .unwrap();
+                assert_eq!(got.len(), want.len(), "{name} {sched}");
+                let mut worst = 0f64;
+                for (i, (g, w)) in got.iter().zip(want).enumerate() {
+                    let w: Vec<f64> = w
+                        .as_array()
+                        .unwrap()
+                        .iter()
+                        .map(|x| x.as_f64().unwrap())
+                        .collect();
+                    let scale = w.iter().fold(0f64, |m, x| m.max(x.abs()));
+                    let err = g
+                        .iter()
+                        .zip(&w)
+                        .map(|(a, b)| (*a as f64 - b).abs())
+                        .fold(0f64, f64::max)
+                        / scale;
+                    worst = worst.max(err);
+                    assert!(err <= 1e-5, "{name} {sched} position {i}: {err:e}");
+                    assert_eq!(argmax(g), greedy[i], "{name} {sched} position {i}: argmax");
+                }
+                report.push(format!("{name} {sched}: worst {worst:.2e}"));
+            }
+        }
+        println!("{}", report.join("\n"));
+    }
+}
