@@ -295,29 +295,21 @@ impl WeightStore {
         })
     }
 
-    /// Parses safetensors bytes (errors are messages; the caller names the file).
+    /// Parses safetensors bytes with the strict header checks of [`crate::safetensors`] (errors
+    /// are messages; the caller names the file).
     pub fn from_safetensors_bytes(bytes: &[u8]) -> Result<WeightStore, String> {
-        let head: [u8; 8] = bytes
-            .get(..8)
-            .and_then(|h| h.try_into().ok())
-            .ok_or("shorter than the 8-byte header length")?;
-        let n = u64::from_le_bytes(head);
-        let end = 8u64
-            .checked_add(n)
-            .filter(|&e| e <= bytes.len() as u64)
-            .ok_or_else(|| format!("header length {n} runs past the end of the file"))?
-            as usize;
-        let text = std::str::from_utf8(&bytes[8..end]).map_err(|_| "header is not UTF-8")?;
-        let header = json::parse(text.trim_end()).map_err(|e| format!("header: {e}"))?;
-        let map = header.as_object().ok_or("header is not a JSON object")?;
-        let data = &bytes[end..];
+        let names = "F32, F16, BF16, I32, I8, U8, BOOL, F8_E4M3, F8_E5M2";
+        let accepted = crate::safetensors::Accepted {
+            dtype: &st_dtype,
+            names,
+        };
+        let (start, entries) = crate::safetensors::parse_header(bytes, &accepted)?;
+        let data = bytes.get(start..).unwrap_or_default();
         let mut store = WeightStore::new();
-        for (name, info) in map.iter() {
-            if name == "__metadata__" {
-                continue;
-            }
-            let t = tensor_from_entry(name, info, data)?;
-            store.insert(name, t);
+        for e in entries {
+            let t = Tensor::from_le_bytes(e.dtype, &e.shape, &data[e.begin..e.end])
+                .map_err(|err| format!("tensor '{}': {err}", e.name))?;
+            store.insert(e.name, t);
         }
         Ok(store)
     }
@@ -438,43 +430,6 @@ impl WeightStore {
             .collect();
         Ok(BoundWeights { by_buffer, unused })
     }
-}
-
-fn tensor_from_entry(name: &str, info: &Value, data: &[u8]) -> Result<Tensor, String> {
-    let m = info
-        .as_object()
-        .ok_or_else(|| format!("tensor '{name}': entry is not an object"))?;
-    let dname = m
-        .get("dtype")
-        .and_then(Value::as_str)
-        .ok_or_else(|| format!("tensor '{name}': missing dtype"))?;
-    let dtype =
-        st_dtype(dname).ok_or_else(|| format!("tensor '{name}': unsupported dtype {dname}"))?;
-    let shape: Vec<u64> = m
-        .get("shape")
-        .and_then(Value::as_array)
-        .ok_or_else(|| format!("tensor '{name}': missing shape"))?
-        .iter()
-        .map(|d| d.as_i64().filter(|&d| d >= 0).map(|d| d as u64))
-        .collect::<Option<_>>()
-        .ok_or_else(|| format!("tensor '{name}': shape must be non-negative integers"))?;
-    let offs = m
-        .get("data_offsets")
-        .and_then(Value::as_array)
-        .filter(|a| a.len() == 2)
-        .and_then(|a| Some((a[0].as_i64()?, a[1].as_i64()?)))
-        .filter(|&(a, b)| 0 <= a && a <= b && b as u64 <= data.len() as u64)
-        .ok_or_else(|| format!("tensor '{name}': data_offsets missing or out of range"))?;
-    let bytes = &data[offs.0 as usize..offs.1 as usize];
-    let numel = shape.iter().try_fold(1u64, |a, &d| a.checked_mul(d));
-    let want = numel.and_then(|n| n.checked_mul(dtype.bits() / 8));
-    if want != Some(bytes.len() as u64) {
-        return Err(format!(
-            "tensor '{name}': {} bytes for {dtype} {shape:?}",
-            bytes.len()
-        ));
-    }
-    Tensor::from_le_bytes(dtype, &shape, bytes).map_err(|e| format!("tensor '{name}': {e}"))
 }
 
 /// The buffer each named input sets (checked: exactly one IO_INPUT buffer has the name, and

@@ -16,6 +16,7 @@ pub mod ir;
 pub mod json;
 pub mod opcheck;
 pub mod registry;
+pub mod safetensors;
 pub mod sim;
 pub mod synth;
 pub mod tensor;
