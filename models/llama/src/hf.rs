@@ -171,8 +171,27 @@ impl Checkpoint {
             message,
         };
 
-        // Shards, in name order, each opened once.
+        // Shards, in name order, each opened once; their headers' declared lengths first, which
+        // together may not exceed the one-file limit (each shard under it, many of them over
+        // it, would cost minutes and gigabytes before any other check).
         let shard_names: BTreeSet<&str> = weight_map.values().map(String::as_str).collect();
+        let mut total = 0u64;
+        for shard in &shard_names {
+            let path = dir.join(shard);
+            if let Some(n) = crate::safetensors::declared_header_len(&path) {
+                total = total.saturating_add(n);
+                if total > crate::safetensors::MAX_HEADER_BYTES {
+                    return Err(index_err(
+                        &path,
+                        format!(
+                            "the shards' headers declare {total} bytes so far, beyond the {}-byte \
+                             budget of one checkpoint's headers; not a safetensors checkpoint?",
+                            crate::safetensors::MAX_HEADER_BYTES
+                        ),
+                    ));
+                }
+            }
+        }
         let mut files = Vec::with_capacity(shard_names.len());
         for shard in shard_names {
             let path = dir.join(shard);

@@ -116,6 +116,15 @@ impl SafetensorsFile {
     }
 }
 
+/// The header length a safetensors file at `path` declares (its first 8 bytes), or `None` when
+/// they cannot be read (the full open reports why).
+pub fn declared_header_len(path: &Path) -> Option<u64> {
+    use std::io::Read;
+    let mut head = [0u8; 8];
+    File::open(path).ok()?.read_exact(&mut head).ok()?;
+    Some(u64::from_le_bytes(head))
+}
+
 /// Validates the header of a whole safetensors file held in `bytes`, accepting the checkpoint
 /// dtypes F32, F16 and BF16 ([`amk_core::safetensors::parse_header`]).
 pub fn parse_header(bytes: &[u8]) -> Result<(usize, Vec<TensorEntry>), String> {

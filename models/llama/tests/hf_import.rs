@@ -751,6 +751,31 @@ fn shard_listed_but_missing() {
     );
 }
 
+/// Shards whose headers each stay under the one-file limit but together declare more are
+/// refused from their first 8 bytes (each would otherwise be parsed: minutes, gigabytes).
+#[test]
+fn shards_whose_headers_together_exceed_the_budget_are_refused_at_once() {
+    let dir = TempDir::new("shard-budget");
+    let cfg = Cfg::llama();
+    let files = write_sharded(
+        dir.path(),
+        &cfg,
+        &weights(&cfg.config(), DType::F32, 102),
+        3,
+    );
+    // Each shard declares a 60 MB header (sparse files: nothing is written).
+    for f in &files {
+        let path = dir.join(f);
+        let file = std::fs::OpenOptions::new().write(true).open(&path).unwrap();
+        file.set_len(60_000_016).unwrap();
+        use std::io::Write;
+        (&file).write_all(&60_000_000u64.to_le_bytes()).unwrap();
+    }
+    let t0 = std::time::Instant::now();
+    safetensors_err(import_hf(dir.path()), &dir.join(&files[1]), &["budget"]);
+    assert!(t0.elapsed().as_secs() < 10);
+}
+
 #[test]
 fn tensor_in_two_shards() {
     let dir = TempDir::new("two-shards");
