@@ -308,6 +308,13 @@ pub fn import_model(path: &Path) -> Result<Model, ModelCmdError> {
             path.display()
         )));
     }
+    // A FIFO or a device would block the probe or never end: a directory or a regular file.
+    if !path.is_dir() && !std::fs::metadata(path).is_ok_and(|m| m.is_file()) {
+        return Err(ModelCmdError::Usage(format!(
+            "{}: not a regular file or a directory",
+            path.display()
+        )));
+    }
     let named = |source: ModelError| ModelCmdError::ModelFile {
         path: path.display().to_string(),
         source,

@@ -1020,3 +1020,41 @@ fn every_command_survives_a_full_device_and_a_closed_pipe() {
         assert_eq!(s.code(), Some(0), "{what} | (closed)");
     }
 }
+
+/// A FIFO (which would block whoever opens it) or a device given as a model, a plugin or a
+/// program is refused at once, exit 2.
+#[cfg(unix)]
+#[test]
+fn fifos_and_devices_are_refused_without_blocking() {
+    let d = scratch("fifo");
+    let fifo = d.join("model.gguf");
+    if !Command::new("mkfifo")
+        .arg(&fifo)
+        .status()
+        .is_ok_and(|s| s.success())
+    {
+        return; // no mkfifo here: nothing to test with
+    }
+    let f = fifo.display().to_string();
+    let t0 = std::time::Instant::now();
+    for args in [
+        vec!["generate", "--model", &f, "--prompt", "hi", "-n", "1"],
+        vec!["--plugin", &f, "ops", "list"],
+        vec!["validate", &f],
+        vec!["validate", "/dev/zero"],
+        vec![
+            "generate",
+            "--model",
+            "/dev/zero",
+            "--prompt",
+            "hi",
+            "-n",
+            "1",
+        ],
+    ] {
+        let o = amk().args(&args).output().unwrap();
+        assert_eq!(o.status.code(), Some(2), "{args:?}: {}", text(&o));
+        assert!(text(&o).contains("regular file"), "{args:?}: {}", text(&o));
+    }
+    assert!(t0.elapsed().as_secs() < 10);
+}

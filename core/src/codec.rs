@@ -175,21 +175,55 @@ pub fn from_json_bytes(bytes: &[u8], reg: &Registry) -> R<Program> {
     from_json_str(text, reg)
 }
 
+/// The largest program [`load`] reads, as a file and once decompressed (1 GiB, some hundred
+/// times a 70B model's decode program): an input past it is refused before it is read, so a
+/// file of spaces or a gzip bomb cannot exhaust memory.
+pub const MAX_PROGRAM_BYTES: u64 = 1 << 30;
+
 /// Loads a program file; `*.gz` files (or any file starting with the gzip magic) are
-/// decompressed transparently.
+/// decompressed transparently. Only a regular file is read (a FIFO would block, a device
+/// never end), of at most [`MAX_PROGRAM_BYTES`], decompressed or not.
 pub fn load(path: &Path, reg: &Registry) -> R<Program> {
-    let raw = std::fs::read(path).map_err(|source| IrError::Io {
+    load_limited(path, reg, MAX_PROGRAM_BYTES)
+}
+
+/// [`load`] with another size limit.
+pub fn load_limited(path: &Path, reg: &Registry, limit: u64) -> R<Program> {
+    let io = |source| IrError::Io {
         path: path.to_path_buf(),
         source,
-    })?;
+    };
+    let too_large = |what| IrError::TooLarge {
+        path: path.to_path_buf(),
+        what,
+        limit,
+    };
+    // `stat` first: opening a FIFO would block until a writer came.
+    if !std::fs::metadata(path).map_err(io)?.is_file() {
+        return Err(IrError::NotAFile {
+            path: path.to_path_buf(),
+        });
+    }
+    let file = std::fs::File::open(path).map_err(io)?;
+    let mut raw = Vec::new();
+    file.take(limit.saturating_add(1))
+        .read_to_end(&mut raw)
+        .map_err(io)?;
+    if raw.len() as u64 > limit {
+        return Err(too_large("the file"));
+    }
     let bytes = if raw.starts_with(&[0x1f, 0x8b]) {
         let mut out = Vec::new();
         flate2::read::MultiGzDecoder::new(&raw[..])
+            .take(limit.saturating_add(1))
             .read_to_end(&mut out)
             .map_err(|source| IrError::Gzip {
                 path: path.to_path_buf(),
                 source,
             })?;
+        if out.len() as u64 > limit {
+            return Err(too_large("the decompressed program"));
+        }
         out
     } else if path.extension().is_some_and(|e| e == "gz") {
         return Err(IrError::Gzip {

@@ -14,6 +14,22 @@ pub enum IrError {
         /// Cause.
         source: std::io::Error,
     },
+    /// A path that is not a regular file (a directory, a device, a FIFO that would block).
+    #[error("{path}: not a regular file")]
+    NotAFile {
+        /// The path.
+        path: PathBuf,
+    },
+    /// A file, or its decompressed content, beyond the size the reader accepts.
+    #[error("{path}: {what} is over the {limit}-byte limit")]
+    TooLarge {
+        /// File.
+        path: PathBuf,
+        /// `the file` or `the decompressed program`.
+        what: &'static str,
+        /// The limit.
+        limit: u64,
+    },
     /// A `.gz` file is not valid gzip.
     #[error("{path}: not a valid gzip stream: {source}")]
     Gzip {

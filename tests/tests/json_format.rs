@@ -1215,3 +1215,49 @@ fn integers_beyond_i64_are_numbers() {
         ])
     );
 }
+
+/// A program file past the size limit, a gzip file that inflates past it, a device that never
+/// ends and a FIFO that would block are refused at once with typed errors, in bounded time and
+/// memory (the limit here 1 MiB; `MAX_PROGRAM_BYTES` is 1 GiB).
+#[test]
+fn oversized_endless_and_blocking_inputs_are_refused_at_once() {
+    use amk_core::codec::load_limited;
+    use std::io::Write as _;
+    let reg = reg();
+    let limit = 1u64 << 20;
+    let t0 = std::time::Instant::now();
+
+    // 64 MiB of spaces, gzipped to some 64 KB.
+    let bomb = scratch("bomb.json.gz");
+    let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::best());
+    gz.write_all(&vec![b' '; 64 << 20]).unwrap();
+    std::fs::write(&bomb, gz.finish().unwrap()).unwrap();
+    match load_limited(&bomb, &reg, limit) {
+        Err(IrError::TooLarge { what, .. }) => assert_eq!(what, "the decompressed program"),
+        other => panic!("gzip bomb: {other:?}"),
+    }
+
+    let big = scratch("big.json");
+    std::fs::write(&big, vec![b' '; (limit + 1) as usize]).unwrap();
+    match load_limited(&big, &reg, limit) {
+        Err(IrError::TooLarge { what, .. }) => assert_eq!(what, "the file"),
+        other => panic!("big file: {other:?}"),
+    }
+
+    #[cfg(unix)]
+    {
+        match Program::load(Path::new("/dev/zero"), &reg) {
+            Err(IrError::NotAFile { .. }) => {}
+            other => panic!("/dev/zero: {other:?}"),
+        }
+        let fifo = scratch("fifo.json");
+        let made = std::process::Command::new("mkfifo").arg(&fifo).status();
+        if made.is_ok_and(|s| s.success()) {
+            match Program::load(&fifo, &reg) {
+                Err(IrError::NotAFile { .. }) => {}
+                other => panic!("FIFO: {other:?}"),
+            }
+        }
+    }
+    assert!(t0.elapsed().as_secs() < 10, "{:?}", t0.elapsed());
+}

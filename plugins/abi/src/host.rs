@@ -83,6 +83,13 @@ pub fn load_plugin_with_entry(
     if !path.exists() {
         return Err(PluginError::NotFound { path: p });
     }
+    // A FIFO or a device would hang or feed the loader without end: regular files only.
+    if !std::fs::metadata(path).is_ok_and(|m| m.is_file()) {
+        return Err(PluginError::Load {
+            path: p,
+            reason: "not a regular file".into(),
+        });
+    }
     // A bare file name would make the dynamic loader search its library path: name the file.
     let load_path = if path.is_absolute() {
         path.to_path_buf()
