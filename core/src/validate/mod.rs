@@ -125,6 +125,18 @@ impl<'a> Validator<'a> {
         }
     }
 
+    /// Whether errors of `kind` are past the listing cap: a check may then count one without
+    /// building it ([`Validator::count_only`]); a hostile program with tens of thousands of
+    /// races would otherwise cost quadratic time and memory in messages nobody reads.
+    fn listing_full(&self, kind: ErrorKind) -> bool {
+        self.counts.get(&kind).is_some_and(|&n| n >= MAX_PER_KIND)
+    }
+
+    /// Counts one more error of `kind` past the listing cap (reported as "... and N more").
+    fn count_only(&mut self, kind: ErrorKind) {
+        *self.counts.entry(kind).or_insert(0) += 1;
+    }
+
     fn warn(&mut self, d: ValidationWarning) {
         let n = self.wcounts.entry(d.kind).or_insert(0);
         *n += 1;

@@ -151,6 +151,16 @@ impl Validator<'_> {
                 continue;
             }
             if !reach.answer(a) {
+                let kind = if is_kv {
+                    ErrorKind::RawRaceKv
+                } else {
+                    ErrorKind::RawRace
+                };
+                if self.listing_full(kind) {
+                    let _ = failed.next();
+                    self.count_only(kind);
+                    continue;
+                }
                 let mut missing: Vec<TaskId> = match failed.next() {
                     Some((_, ws)) => ws
                         .iter()
@@ -161,12 +171,7 @@ impl Validator<'_> {
                 };
                 missing.sort_unstable();
                 missing.dedup();
-                let (kind, what) = if is_kv {
-                    (ErrorKind::RawRaceKv, "KV cache")
-                } else {
-                    (ErrorKind::RawRace, "buffer")
-                };
-                let list: Vec<String> = missing.iter().map(|w| w.to_string()).collect();
+                let what = if is_kv { "KV cache" } else { "buffer" };
                 self.err(
                     ValidationError::new(
                         kind,
@@ -174,12 +179,12 @@ impl Validator<'_> {
                             "{} reads {what} #{b} ('{}') but writer task(s) {} are not ordered before it (data race)",
                             tag(task),
                             buf.name,
-                            list.join(", ")
+                            task_list(&missing)
                         ),
                     )
                     .task(t)
                     .buffer(b)
-                    .others(missing),
+                    .others(first_others(missing)),
                 );
             } else if !is_kv && ws.iter().all(|&w| w == t) {
                 self.err(
@@ -231,7 +236,7 @@ impl Validator<'_> {
                         ),
                     )
                     .buffer(a)
-                    .others(writers[b2 as usize].to_vec()),
+                    .others(first_others(writers[b2 as usize].to_vec())),
                 );
             }
         }
@@ -253,8 +258,11 @@ impl Validator<'_> {
                 }
                 continue;
             }
+            if self.listing_full(ErrorKind::RawRace) {
+                self.count_only(ErrorKind::RawRace);
+                continue;
+            }
             let task = &self.p.tasks[r.task as usize];
-            let list: Vec<String> = unordered.iter().map(|w| w.to_string()).collect();
             self.err(
                 ValidationError::new(
                     ErrorKind::RawRace,
@@ -263,12 +271,12 @@ impl Validator<'_> {
                         tag(task),
                         r.buffer,
                         self.bname(r.buffer),
-                        list.join(", ")
+                        task_list(&unordered)
                     ),
                 )
                 .task(r.task)
                 .buffer(r.buffer)
-                .others(unordered),
+                .others(first_others(unordered)),
             );
         }
     }
@@ -544,4 +552,28 @@ pub(super) fn all_disjoint(regions: &[Region]) -> bool {
         }
     }
     true
+}
+
+/// Task ids a message lists before summarising the rest.
+const LISTED_TASKS: usize = 8;
+/// Task ids an error keeps in `others` (the machine-readable list).
+const KEPT_OTHERS: usize = 64;
+
+/// `1, 2, 3` — or, past [`LISTED_TASKS`], the first ones and how many more.
+fn task_list(ids: &[TaskId]) -> String {
+    let shown: Vec<String> = ids
+        .iter()
+        .take(LISTED_TASKS)
+        .map(|w| w.to_string())
+        .collect();
+    match ids.len().saturating_sub(LISTED_TASKS) {
+        0 => shown.join(", "),
+        more => format!("{} and {more} more", shown.join(", ")),
+    }
+}
+
+/// The first [`KEPT_OTHERS`] of `ids`.
+fn first_others(mut ids: Vec<TaskId>) -> Vec<TaskId> {
+    ids.truncate(KEPT_OTHERS);
+    ids
 }
