@@ -506,7 +506,10 @@ fn pages_from(v: &Value, p: &P) -> R<PageAllocation> {
     }
     let pp = P::Key(p, "pages");
     let mut pages = Vec::new();
-    if let Some(list) = opt(m, "pages") {
+    // Required (the format's page allocation always lists its pages, the reference refuses
+    // one without): an empty list is written as such.
+    {
+        let list = req(m, "pages", p)?;
         for (i, pv) in expect_arr(list, &pp)?.iter().enumerate() {
             let pi = P::Idx(&pp, i);
             let pm = expect_obj(pv, &pi)?;

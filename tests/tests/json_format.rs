@@ -1261,3 +1261,35 @@ fn oversized_endless_and_blocking_inputs_are_refused_at_once() {
     }
     assert!(t0.elapsed().as_secs() < 10, "{:?}", t0.elapsed());
 }
+
+/// A page allocation must list its pages (an empty list when it has none): the format requires
+/// the field and the reference refuses a program without it.
+#[test]
+fn a_page_allocation_without_its_pages_list_is_refused() {
+    let reg = reg();
+    let text = amk_core::codec::to_json_string(&full_program(), &reg).unwrap();
+    let doc = json::parse(&text).unwrap();
+    let root = doc.as_object().expect("a program is an object");
+    let pages = root
+        .get("pages")
+        .and_then(Value::as_object)
+        .expect("full_program has pages");
+    // The same page allocation without its "pages" list.
+    let mut cut = Map::new();
+    for (k, v) in pages.iter().filter(|(k, _)| *k != "pages") {
+        cut.insert(k, v.clone());
+    }
+    let mut program = Map::new();
+    for (k, v) in root.iter() {
+        let v = if k == "pages" {
+            Value::Object(cut.clone())
+        } else {
+            v.clone()
+        };
+        program.insert(k, v);
+    }
+    let doc = Value::Object(program);
+    let mut stripped = String::new();
+    json::write::write_compact(&doc, &mut stripped);
+    assert_rejected_at(&stripped, "$.pages");
+}
