@@ -508,40 +508,38 @@ fn pages_from(v: &Value, p: &P) -> R<PageAllocation> {
     let mut pages = Vec::new();
     // Required (the format's page allocation always lists its pages, the reference refuses
     // one without): an empty list is written as such.
-    {
-        let list = req(m, "pages", p)?;
-        for (i, pv) in expect_arr(list, &pp)?.iter().enumerate() {
-            let pi = P::Idx(&pp, i);
-            let pm = expect_obj(pv, &pi)?;
-            let page_id = canonical(pm, &pi, i, "page")?;
-            let space = enum_name(
-                req(pm, "space", &pi)?,
-                &P::Key(&pi, "space"),
-                "memory space",
-                MemSpace::from_name,
-                &names(MemSpace::ALL),
-            )?;
-            let nbytes = int_in(
-                req(pm, "nbytes", &pi)?,
-                &P::Key(&pi, "nbytes"),
-                0,
-                i64::MAX,
-                "nbytes",
-            )? as u64;
-            let live = |key: &'static str| -> R<i64> {
-                match opt(pm, key) {
-                    None => Ok(-1),
-                    Some(v) => int(v, &P::Key(&pi, key)),
-                }
-            };
-            pages.push(Page {
-                id: page_id,
-                space,
-                nbytes,
-                live_start: live("live_start")?,
-                live_end: live("live_end")?,
-            });
-        }
+    let list = req(m, "pages", p)?;
+    for (i, pv) in expect_arr(list, &pp)?.iter().enumerate() {
+        let pi = P::Idx(&pp, i);
+        let pm = expect_obj(pv, &pi)?;
+        let page_id = canonical(pm, &pi, i, "page")?;
+        let space = enum_name(
+            req(pm, "space", &pi)?,
+            &P::Key(&pi, "space"),
+            "memory space",
+            MemSpace::from_name,
+            &names(MemSpace::ALL),
+        )?;
+        let nbytes = int_in(
+            req(pm, "nbytes", &pi)?,
+            &P::Key(&pi, "nbytes"),
+            0,
+            i64::MAX,
+            "nbytes",
+        )? as u64;
+        let live = |key: &'static str| -> R<i64> {
+            match opt(pm, key) {
+                None => Ok(-1),
+                Some(v) => int(v, &P::Key(&pi, key)),
+            }
+        };
+        pages.push(Page {
+            id: page_id,
+            space,
+            nbytes,
+            live_start: live("live_start")?,
+            live_end: live("live_end")?,
+        });
     }
     Ok(PageAllocation {
         buffer_to_page,

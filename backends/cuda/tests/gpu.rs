@@ -1445,19 +1445,14 @@ mod tiny_checkpoints {
         for (name, config, weights, logits) in TINY {
             let model = import(name, config, weights);
             let doc: serde_json::Value = serde_json::from_str(logits).unwrap();
-            let ids: Vec<u32> = doc["input_ids"]
-                .as_array()
-                .unwrap()
-                .iter()
-                .map(|x| x.as_u64().unwrap() as u32)
-                .collect();
+            let ids_at = |key: &str| -> Vec<u32> {
+                (doc[key].as_array().unwrap().iter())
+                    .map(|x| x.as_u64().unwrap() as u32)
+                    .collect()
+            };
+            let ids = ids_at("input_ids");
             let want = doc["logits"].as_array().unwrap();
-            let greedy: Vec<u32> = doc["greedy_next"]
-                .as_array()
-                .unwrap()
-                .iter()
-                .map(|x| x.as_u64().unwrap() as u32)
-                .collect();
+            let greedy = ids_at("greedy_next");
             for (sched, cfg) in &schedules {
                 let opts = EngineOptions {
                     schedule: cfg.clone(),

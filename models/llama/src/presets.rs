@@ -154,11 +154,9 @@ pub fn synthetic_weights(cfg: &ModelConfig, seed: u64) -> SyntheticWeights {
     if !cfg.tie_word_embeddings {
         same_values.insert(LM_HEAD.to_string(), EMBED.to_string());
     }
-    // Llama 3's RoPE divisors, exactly as the lowering derives them from the config.
+    // Llama 3's RoPE divisors, the tensor the lowering derives from the config.
     let mut exact = amk_core::WeightStore::new();
-    if let Some(f) = cfg.rope_scaling.pair_divisors(cfg.head_dim, cfg.rope_theta)
-        && let Ok(t) = amk_core::Tensor::from_f32(amk_core::DType::F32, &[f.len() as u64], &f)
-    {
+    if let Ok(Some(t)) = crate::lower::rope_divisors(cfg, None) {
         exact.insert(crate::model::ROPE_FREQS, t);
     }
     SyntheticWeights {

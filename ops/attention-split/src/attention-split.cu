@@ -200,15 +200,9 @@ __device__ __forceinline__ bool as_plan_for(const amk_task_ctx& ctx, const as_ar
   s.esz = kc->dtype == AMK_F32 ? 4 : 2;
   s.vstride = a.hd * s.esz;
   s.kstride = s.vstride + 16;
-  const int fixed = as_al16(a.rep * a.hd * 4) + 2 * as_al16(AS_MAXREP * 4) +
-                    as_al16((s.rg - 1) * a.rep * a.hd * 4);
-  const int per_row = s.kstride + s.vstride + 4 * a.rep;
-  int ch = (ctx.smem_bytes - fixed) / per_row;
-  ch = min(ch & ~31, AMK_THREADS);
-  if (ch < 32) return false;
-  s.ch = ch;
   /* the dynamic shared memory by its symbol (ctx.smem is the same bytes): pointers the compiler
-   * knows to be shared get shared-memory loads, not generic ones */
+   * knows to be shared get shared-memory loads, not generic ones; the fixed parts first, then
+   * as many rows a chunk as the rest holds */
   extern __shared__ __align__(16) unsigned char amk_smem[];
   unsigned char* p = amk_smem;
   s.q = (float*)p;
@@ -219,6 +213,10 @@ __device__ __forceinline__ bool as_plan_for(const amk_task_ctx& ctx, const as_ar
   p += as_al16(AS_MAXREP * 4);
   s.red = (float*)p;
   p += as_al16((s.rg - 1) * a.rep * a.hd * 4);
+  const int per_row = s.kstride + s.vstride + 4 * a.rep;
+  const int ch = min(((ctx.smem_bytes - (int)(p - amk_smem)) / per_row) & ~31, AMK_THREADS);
+  if (ch < 32) return false;
+  s.ch = ch;
   s.k = p;
   p += ch * s.kstride;
   s.v = p;

@@ -30,17 +30,6 @@ fn naive(
     theta: f64,
     adjacent: bool,
     f32_angle: bool,
-) -> Vec<f64> {
-    naive_scaled(x, positions, hd, theta, adjacent, f32_angle, None)
-}
-
-fn naive_scaled(
-    x: &Tensor,
-    positions: &[i64],
-    hd: usize,
-    theta: f64,
-    adjacent: bool,
-    f32_angle: bool,
     factors: Option<&Tensor>,
 ) -> Vec<f64> {
     let half = hd / 2;
@@ -117,11 +106,11 @@ fn matches_formula(
     let mut out = [Tensor::poisoned(dout, shape)];
     call(run, &t, &[&x, &pos], &mut out).unwrap();
     let adjacent = pairing == Some(1);
-    let want = naive(&x, positions, hd, theta, adjacent, true);
+    let want = naive(&x, positions, hd, theta, adjacent, true, None);
     assert_close(&out[0], &want, 1e-6, 1e-6);
     if max_pos <= 16 {
         // At small positions the fp32 angle is as good as the exact one.
-        let exact = naive(&x, positions, hd, theta, adjacent, false);
+        let exact = naive(&x, positions, hd, theta, adjacent, false, None);
         assert_close(&out[0], &exact, 1e-5, 1e-5);
     }
 }
@@ -334,7 +323,7 @@ fn frequency_factors_divide_the_frequencies(
     t.inputs = vec![0, 1, 2];
     let mut out = [Tensor::poisoned(DType::F32, shape)];
     call(run, &t, &[&x, &pos, &f], &mut out).unwrap();
-    let want = naive_scaled(
+    let want = naive(
         &x,
         &[position],
         hd,

@@ -1500,7 +1500,17 @@ pub fn lower(
 /// its frequencies: computed from the config (Llama 3's `rope_type: "llama3"`) or the
 /// checkpoint's own (GGUF's `rope_freqs.weight`). Every divisor must be positive and finite.
 fn rope_factors(model: &Model) -> Result<Option<Tensor>, ModelError> {
-    let mc = &model.config;
+    rope_divisors(&model.config, model.weights.get(ROPE_FREQS).map(|t| &**t))
+}
+
+/// The per-pair RoPE frequency divisors of a model with `mc` as an f32 tensor of
+/// `head_dim / 2` (see [`rope_factors`]); `checkpoint`: the checkpoint's `rope_freqs.weight`,
+/// which [`RopeScaling::Factors`] needs. Also what synthetic weights bind as they are
+/// (`presets::synthetic_weights`), so the two cannot derive different values.
+pub fn rope_divisors(
+    mc: &crate::config::ModelConfig,
+    checkpoint: Option<&Tensor>,
+) -> Result<Option<Tensor>, ModelError> {
     let half = mc.head_dim / 2;
     let values = match &mc.rope_scaling {
         RopeScaling::None => return Ok(None),
@@ -1508,9 +1518,7 @@ fn rope_factors(model: &Model) -> Result<Option<Tensor>, ModelError> {
             .rope_scaling
             .pair_divisors(mc.head_dim, mc.rope_theta)
             .unwrap_or_default(),
-        RopeScaling::Factors => model
-            .weights
-            .get(ROPE_FREQS)
+        RopeScaling::Factors => checkpoint
             .ok_or_else(|| ModelError::MissingTensor(ROPE_FREQS.into()))?
             .to_f32_vec(),
     };
