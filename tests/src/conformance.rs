@@ -195,7 +195,7 @@ macro_rules! conformance_tests {
             op_nop op_copy op_embed op_rmsnorm op_layernorm op_gemv_tile op_gemm_tile
             op_attention_tile op_attention_tile_paths_bf16 op_attention_tile_paths_f32 op_rope op_silu_mul op_gelu op_add op_mul op_dequant op_softmax
             op_allreduce_shard op_kv_append op_sample_argmax op_attention_combine op_fused
-            op_rmsnorm_gemv op_gate_up_silu op_qkv_rope_append op_qkv_rope_append_factors op_attention_gemv
+            op_rmsnorm_gemv op_gate_up_silu op_qkv_rope_append op_qkv_rope_append_factors op_qkv_rope_append_qk_norm op_attention_gemv
             op_attention_pos_bf16 op_next_token
             dag_chain dag_fan_in dag_tiled_groups dag_split_kv dag_kv_append_steps
             dag_position_decode dag_split_kv_decode
@@ -359,6 +359,11 @@ pub const CASES: &[Case] = &[
         name: "op_qkv_rope_append_factors",
         about: "QKV_ROPE_APPEND with Llama 3's RoPE frequency divisors as its last input",
         run: op_qkv_rope_append_factors,
+    },
+    Case {
+        name: "op_qkv_rope_append_qk_norm",
+        about: "QKV_ROPE_APPEND with Qwen3's per-head q/k RMS norms in tiles of whole heads",
+        run: op_qkv_rope_append_qk_norm,
     },
     Case {
         name: "op_attention_gemv",
@@ -2156,16 +2161,42 @@ fn op_gate_up_silu(c: &Ctx<'_>) -> CaseResult {
 }
 
 fn op_qkv_rope_append(c: &Ctx<'_>) -> CaseResult {
-    qkv_rope_append_case(c, false)
+    qkv_rope_append_case(c, QkvParts::default())
 }
 
 fn op_qkv_rope_append_factors(c: &Ctx<'_>) -> CaseResult {
-    qkv_rope_append_case(c, true)
+    let parts = QkvParts {
+        factors: true,
+        ..QkvParts::default()
+    };
+    qkv_rope_append_case(c, parts)
 }
 
-/// QKV_ROPE_APPEND tiles over three steps; `with_factors`: Llama 3's frequency divisors as the
-/// last input (`rope_factors` = 1).
-fn qkv_rope_append_case(c: &Ctx<'_>, with_factors: bool) -> CaseResult {
+fn op_qkv_rope_append_qk_norm(c: &Ctx<'_>) -> CaseResult {
+    let parts = QkvParts {
+        qk_norm: true,
+        ..QkvParts::default()
+    };
+    qkv_rope_append_case(c, parts)
+}
+
+/// The optional parts of a [`qkv_rope_append_case`].
+#[derive(Debug, Clone, Copy, Default)]
+struct QkvParts {
+    /// Llama 3's frequency divisors as the last input (`rope_factors` = 1).
+    factors: bool,
+    /// Qwen3's per-head q/k norm weights (`qk_norm` = 1), in tiles of whole heads.
+    qk_norm: bool,
+}
+
+/// RMSNORM of every head of `v` (rows of `w.len()` elements) with weight `w`, when given.
+fn head_rmsnorm(v: Vec<f64>, w: Option<&[f64]>) -> Vec<f64> {
+    w.map_or(v.clone(), |w| rmsnorm(&v, w, 1e-5))
+}
+
+/// QKV_ROPE_APPEND tiles over three steps, with the optional `parts`.
+fn qkv_rope_append_case(c: &Ctx<'_>, parts: QkvParts) -> CaseResult {
+    let with_factors = parts.factors;
     let (nh, nkv, hd, k, seq) = (2usize, 1usize, 8usize, 16usize, 4usize);
     let theta = 10000.0;
     let mut t = Tiny::new(43);
@@ -2182,9 +2213,18 @@ fn qkv_rope_append_case(c: &Ctx<'_>, with_factors: bool) -> CaseResult {
     let v_out = t.output("v_all", DType::F32, &[seq as u64, nkv as u64, hd as u64]);
     let (fac, facv) = t.weight("factors", DType::F32, &[hd as u64 / 2], 1.0, 8.0);
     let facv = if with_factors { facv } else { Vec::new() };
+    let (qn, qnv) = t.weight("q_norm", DType::F32, &[hd as u64], 0.5, 1.5);
+    let (kn, knv) = t.weight("k_norm", DType::F32, &[hd as u64], 0.5, 1.5);
+    let (qnv, knv) = (parts.qk_norm.then_some(qnv), parts.qk_norm.then_some(knv));
     let ct = t.counter();
-    // Two tiles: units [0, 20) (Q heads and half of K) and [20, 32).
-    for (off, nt) in [(0, 20), (20, 12)] {
+    // Two tiles: units [0, 20) (Q heads and half of K) and [20, 32); with the per-head norms,
+    // whole heads: [0, 16) (the Q heads) and [16, 32) (K and V).
+    let tiles = if parts.qk_norm {
+        [(0, 16), (16, 16)]
+    } else {
+        [(0, 20), (20, 12)]
+    };
+    for (off, nt) in tiles {
         let mut ins = vec![x, wq, wk, wv, pos, nw];
         let mut params = vec![
             ("K", int(k as i64)),
@@ -2196,6 +2236,10 @@ fn qkv_rope_append_case(c: &Ctx<'_>, with_factors: bool) -> CaseResult {
             ("theta", real(theta)),
             ("eps", real(1e-5)),
         ];
+        if parts.qk_norm {
+            ins.extend([qn, kn]);
+            params.push(("qk_norm", int(1)));
+        }
         if with_factors {
             ins.push(fac);
             params.push(("rope_factors", int(1)));
@@ -2234,7 +2278,7 @@ fn qkv_rope_append_case(c: &Ctx<'_>, with_factors: bool) -> CaseResult {
         let pv = [p as f64];
         let (mut ka, mut va) = (k_all.borrow_mut(), v_all.borrow_mut());
         ka[p * row..(p + 1) * row].copy_from_slice(&rope_scaled(
-            &linear(&xn, &wkv, k, None),
+            &head_rmsnorm(linear(&xn, &wkv, k, None), knv.as_deref()),
             &pv,
             hd,
             theta,
@@ -2244,7 +2288,13 @@ fn qkv_rope_append_case(c: &Ctx<'_>, with_factors: bool) -> CaseResult {
         Ok(vec![
             (
                 "q",
-                rope_scaled(&linear(&xn, &wqv, k, None), &pv, hd, theta, &facv),
+                rope_scaled(
+                    &head_rmsnorm(linear(&xn, &wqv, k, None), qnv.as_deref()),
+                    &pv,
+                    hd,
+                    theta,
+                    &facv,
+                ),
             ),
             ("k_all", ka.clone()),
             ("v_all", va.clone()),

@@ -6,9 +6,11 @@
 //!   `$AMK_TEST_GGUF`): prompt token ids, 40 greedy tokens per prompt (a divergence is allowed
 //!   only where HF's top-2 logit gap is below [`NEAR_TIE`]), and teacher-forced perplexity to
 //!   1e-5 relative.
-//! - Three tiny random-init HF checkpoints (GQA tied, MQA untied with rope_theta 5e5 and an
-//!   explicit head_dim, Qwen2 with q/k/v biases): every logit of a 12-token sequence within
-//!   1e-5 of HF (relative to the largest logit).
+//! - Six tiny random-init HF checkpoints (GQA tied, MQA untied with rope_theta 5e5 and an
+//!   explicit head_dim, Qwen2 with q/k/v biases, Qwen3 with q/k norms, Mistral, Llama 3 RoPE
+//!   scaling), each from its HF directory and from the GGUF llama.cpp's converter wrote from
+//!   it (`tests/reference/tiny_gguf.py`): every logit of a 12-token sequence within 1e-5 of HF
+//!   (relative to the largest logit), and the greedy token at every position.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // test file
 
 use amk_backend_cpu::CpuBackend;
@@ -143,16 +145,41 @@ fn smollm2_greedy_tokens_and_perplexity_match_transformers() {
     );
 }
 
-fn tiny(name: &str) {
-    tiny_with(name, &ScheduleConfig::default());
+/// The two files a tiny reference checkpoint comes as: its HF directory, and the GGUF that
+/// llama.cpp's own converter wrote from it (`tests/reference/tiny_gguf.py`).
+#[derive(Debug, Clone, Copy)]
+enum Format {
+    Hf,
+    Gguf,
 }
 
-/// [`tiny`] under schedule `cfg` (the tuned one runs the fused Q/K/V tiles' RoPE instead of
-/// ROPE tasks).
-fn tiny_with(name: &str, cfg: &ScheduleConfig) {
+fn tiny(name: &str) {
+    for format in [Format::Hf, Format::Gguf] {
+        tiny_with(name, format, &ScheduleConfig::default());
+    }
+}
+
+/// [`tiny`] with the tuned schedule too, in both file formats.
+fn tiny_both_schedules(name: &str) {
+    tiny(name);
+    for format in [Format::Hf, Format::Gguf] {
+        tiny_with(name, format, &amk_model_llama::lower::tuned_schedule());
+    }
+}
+
+/// The tiny checkpoint `name` from `format`, against transformers' logits under schedule
+/// `cfg` (the tuned one runs the fused Q/K/V tiles' RoPE instead of ROPE tasks).
+fn tiny_with(name: &str, format: Format, cfg: &ScheduleConfig) {
     let dir = reference_dir().join(name);
     let refdoc = read_json(&dir.join("hf_logits.json"));
-    let model = import_hf(&dir).unwrap();
+    let model = match format {
+        Format::Hf => import_hf(&dir).unwrap(),
+        Format::Gguf => {
+            let file = reference_dir().join("gguf").join(format!("{name}.gguf"));
+            amk_model_llama::gguf_import::import_gguf(&file).unwrap()
+        }
+    };
+    let name = format!("{name} ({format:?})");
     let input = ids(&refdoc["input_ids"]);
     let greedy = ids(&refdoc["greedy_next"]);
     let mut e = engine_with(&model, 32, cfg);
@@ -233,24 +260,21 @@ fn tiny_qwen2_qkv_bias_matches_transformers_logits() {
 /// Mistral (no sliding window): MQA with an explicit head_dim, rope_theta 1e6, untied.
 #[test]
 fn tiny_mistral_matches_transformers_logits() {
-    tiny("tiny-mistral");
-    tiny_with("tiny-mistral", &amk_model_llama::lower::tuned_schedule());
+    tiny_both_schedules("tiny-mistral");
 }
 
 /// Qwen3: per-head q/k RMSNorm before RoPE, heads × head_dim ≠ hidden, tied embeddings; under
-/// the tuned schedule too (whose fused Q/K/V tiles it does not take: they split heads).
+/// the tuned schedule too (its fused Q/K/V tiles, of whole heads, normalise them).
 #[test]
 fn tiny_qwen3_qk_norm_matches_transformers_logits() {
-    tiny("tiny-qwen3");
-    tiny_with("tiny-qwen3", &amk_model_llama::lower::tuned_schedule());
+    tiny_both_schedules("tiny-qwen3");
 }
 
 /// Llama 3's RoPE frequency scaling (`rope_parameters.rope_type = "llama3"`), through ROPE
 /// tasks (the reference schedule) and through the fused Q/K/V tiles (the tuned one).
 #[test]
 fn tiny_llama3_rope_scaling_matches_transformers_logits() {
-    tiny("tiny-llama3");
-    tiny_with("tiny-llama3", &amk_model_llama::lower::tuned_schedule());
+    tiny_both_schedules("tiny-llama3");
 }
 
 /// Diagnostic (`--ignored`): how far bf16 rounding alone (the CPU VM's bf16 program against its

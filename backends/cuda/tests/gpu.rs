@@ -1386,11 +1386,13 @@ mod perf {
 /// HF's (max error / max |logit|) and the same argmax, under the reference and the tuned
 /// schedules — Llama (GQA tied, MQA untied), Mistral, Qwen2's q/k/v biases, Qwen3's q/k norm
 /// and Llama 3's RoPE scaling (the frequency divisors as ROPE's and the fused Q/K/V tiles'
-/// input). Embedded, as the test may run where the source tree is not.
+/// input) — each from its HF directory and from the GGUF llama.cpp's converter wrote from it
+/// (`tests/reference/tiny_gguf.py`). Embedded, as the test may run where the source tree is not.
 mod tiny_checkpoints {
     use super::*;
     use amk_core::{GpuTarget, ScheduleConfig};
     use amk_engine::{EngineOptions, argmax, lower_and_load};
+    use amk_model_llama::gguf_import::import_gguf_file;
 
     macro_rules! tiny {
         ($name:literal) => {
@@ -1408,11 +1410,22 @@ mod tiny_checkpoints {
                     $name,
                     "/hf_logits.json"
                 )),
+                include_bytes!(concat!("../../../tests/reference/gguf/", $name, ".gguf"))
+                    .as_slice(),
             )
         };
     }
 
-    const TINY: [(&str, &str, &[u8], &str); 6] = [
+    /// Name, `config.json`, `model.safetensors`, `hf_logits.json`, the converter's GGUF.
+    type Tiny = (
+        &'static str,
+        &'static str,
+        &'static [u8],
+        &'static str,
+        &'static [u8],
+    );
+
+    const TINY: [Tiny; 6] = [
         tiny!("tiny-gqa"),
         tiny!("tiny-mqa"),
         tiny!("tiny-mistral"),
@@ -1421,7 +1434,7 @@ mod tiny_checkpoints {
         tiny!("tiny-llama3"),
     ];
 
-    /// The checkpoint written to a scratch directory and imported.
+    /// The HF checkpoint written to a scratch directory and imported.
     fn import(name: &str, config: &str, weights: &[u8]) -> amk_model_llama::Model {
         let dir = std::env::temp_dir().join(format!("amk-gpu-{}-{name}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
@@ -1442,8 +1455,12 @@ mod tiny_checkpoints {
             ("tuned", amk_model_llama::lower::tuned_schedule()),
         ];
         let mut report = Vec::new();
-        for (name, config, weights, logits) in TINY {
-            let model = import(name, config, weights);
+        for (name, config, weights, logits, gguf) in TINY {
+            let gguf = amk_model_llama::GgufFile::parse(gguf.to_vec()).unwrap();
+            let models = [
+                ("hf", import(name, config, weights)),
+                ("gguf", import_gguf_file(&gguf, name).unwrap()),
+            ];
             let doc: serde_json::Value = serde_json::from_str(logits).unwrap();
             let ids_at = |key: &str| -> Vec<u32> {
                 (doc[key].as_array().unwrap().iter())
@@ -1453,7 +1470,11 @@ mod tiny_checkpoints {
             let ids = ids_at("input_ids");
             let want = doc["logits"].as_array().unwrap();
             let greedy = ids_at("greedy_next");
-            for (sched, cfg) in &schedules {
+            for ((format, model), (sched, cfg)) in models
+                .iter()
+                .flat_map(|m| schedules.iter().map(move |s| (m, s)))
+            {
+                let sched = format!("{format} {sched}");
                 let opts = EngineOptions {
                     schedule: cfg.clone(),
                     target: GpuTarget::by_name("h100").unwrap(),
@@ -1461,7 +1482,7 @@ mod tiny_checkpoints {
                     max_seq: Some(32),
                     stop_slots: 1,
                 };
-                let mut e = lower_and_load(&model, &opts, &gpu, &registry()).unwrap();
+                let mut e = lower_and_load(model, &opts, &gpu, &registry()).unwrap();
                 let mut fed = ids.clone();
                 fed.push(0); // forced_logits feeds every id but the last
                 let mut got: Vec<Vec<f32>> = Vec::new();

@@ -1498,3 +1498,53 @@ fn split_kv_lowers_for_a_32k_cache(#[case] shape: &str) {
     assert_eq!(n_splits, 16);
     assert!(op_attention_split::split_size(32767, n_splits, chunk) <= 2048);
 }
+
+/// Qwen3's per-head q/k norms ride in the tuned schedule's Q/K/V tiles: every
+/// QKV_ROPE_APPEND tile holds whole heads (`qk_norm` = 1, `n_off` and `N_tile` multiples of
+/// `head_dim`, the two norm weights as inputs), no RMSNORM or ROPE task is left for them, and
+/// the program validates. The reference schedule keeps the unfused per-head RMSNORM tasks.
+#[rstest]
+#[case::qwen3_0_6b("qwen3-0.6b")]
+#[case::qwen3_8b("qwen3-8b")]
+fn qwen3_qk_norms_fuse_into_whole_head_tiles(#[case] shape: &str) {
+    use amk_model_llama::presets;
+    let reg = amk_ops::registry().unwrap();
+    let target = GpuTarget::by_name("h100").unwrap();
+    let c = presets::preset(shape).unwrap();
+    let (hd, layers) = (c.head_dim as i64, c.n_layers);
+    let m = Model::shape_only(c, shape);
+    let opts = LowerOptions {
+        dtype: DType::BF16,
+        max_seq: Some(256),
+        ..LowerOptions::default()
+    };
+    let count = |p: &Program, op: Opcode| p.tasks.iter().filter(|t| t.op == op).count();
+    let tuned = lower(&m, &tuned_schedule(), &target, &opts)
+        .unwrap()
+        .program;
+    let tiles: Vec<_> = (tuned.tasks.iter())
+        .filter(|t| t.op == Opcode::QKV_ROPE_APPEND)
+        .collect();
+    assert!(tiles.len() >= layers, "{} tiles", tiles.len());
+    for t in &tiles {
+        assert_eq!(t.param_i64("qk_norm"), Some(1));
+        assert_eq!(t.inputs.len(), 8, "x, 3 weights, pos, norm, q/k norms");
+        let (off, n) = (
+            t.param_i64("n_off").unwrap(),
+            t.param_i64("N_tile").unwrap(),
+        );
+        assert!(
+            off % hd == 0 && n % hd == 0,
+            "tile [{off}, +{n}) splits a head"
+        );
+    }
+    assert_eq!(count(&tuned, Opcode::RMSNORM), 0);
+    assert_eq!(count(&tuned, Opcode::ROPE), 0);
+    let v = amk_core::validate(&tuned, &reg);
+    assert!(v.ok(), "{}", v.report());
+    let reference = lower(&m, &ScheduleConfig::default(), &target, &opts)
+        .unwrap()
+        .program;
+    // Per layer: the input and post-attention norms, and one per Q and one per K head set.
+    assert!(count(&reference, Opcode::RMSNORM) >= 4 * layers);
+}

@@ -8,7 +8,10 @@
  * kept across the launch's layers: qkv_trig) and stores them into q or the cache row pos
  * (element 0 of the integer input 4, checked against the caches). It waits for its task's
  * counters itself (amk_task_wait), after its checks. With param rope_factors (ext[0]) = 1 the
- * last input holds per-pair frequency divisors (op_qkv_rope_append::optional_inputs). */
+ * last input holds per-pair frequency divisors; with qk_norm (ext[1]) = 1 two per-head norm
+ * weights precede them (op_qkv_rope_append::optional_inputs): the tile (whole heads) then keeps
+ * its Q and K heads' rounded sums in shared memory, and after every pair is summed one warp a
+ * head normalises (RMSNORM's arithmetic, amk_rms_*), rounds, rotates and stores them. */
 
 /* The pair unit u (even) starts: projection (0 Q, 1 K, 2 V), weight row, frequency index. 32-bit
  * (u < (n_heads + 2 n_kv_heads) * head_dim, int params the checks bound): two divisions per
@@ -80,7 +83,7 @@ __device__ __noinline__ const float2* qkv_trig(const amk_buffer_t* pb, bool laun
 
 /* The tile's operands and params. */
 struct qkv_args {
-  const amk_buffer_t *x, *w[3], *pb, *nw, *fac, *dst[3];
+  const amk_buffer_t *x, *w[3], *pb, *nw, *fac, *dst[3], *qkn[2];
   long long K;
   int n_tile, n_off, hd, nh, nkv;
   float theta;
@@ -93,9 +96,10 @@ __device__ __forceinline__ bool qkv_setup(const amk_task_ctx& ctx, qkv_args& a) 
   const amk_params_t& p = ctx.inst->params;
   const int nin = ctx.inst->n_inputs;
   const bool with_fac = amk_has(p, AMK_P_EXT0) && p.ext[0] == 1;
-  AMK_CHECK(nin >= 5 && nin <= (with_fac ? 7 : 6) && (!with_fac || nin >= 6) &&
-                ctx.inst->n_outputs == 3,
-            AMK_ERR_SHAPE, nin);
+  const bool with_qk = amk_has(p, AMK_P_EXT0 + 1) && p.ext[1] == 1;
+  const int fixed = 5 + (with_fac ? 1 : 0) + (with_qk ? 2 : 0);
+  AMK_CHECK((nin == fixed || nin == fixed + 1) && ctx.inst->n_outputs == 3, AMK_ERR_SHAPE, nin);
+  const bool with_norm = nin == fixed + 1;
   a.x = amk_in(ctx, 0);
   for (int c = 0; c < 3; ++c) {
     a.w[c] = amk_in(ctx, 1 + c);
@@ -103,7 +107,9 @@ __device__ __forceinline__ bool qkv_setup(const amk_task_ctx& ctx, qkv_args& a) 
   }
   a.pb = amk_in(ctx, 4);
   a.fac = with_fac ? amk_in(ctx, nin - 1) : nullptr;
-  a.nw = nin - (with_fac ? 1 : 0) == 6 ? amk_in(ctx, 5) : nullptr;
+  a.nw = with_norm ? amk_in(ctx, 5) : nullptr;
+  a.qkn[0] = with_qk ? amk_in(ctx, 5 + with_norm) : nullptr;
+  a.qkn[1] = with_qk ? amk_in(ctx, 6 + with_norm) : nullptr;
   a.K = p.K;
   a.n_tile = p.N_tile;
   a.n_off = p.n_off;
@@ -117,6 +123,15 @@ __device__ __forceinline__ bool qkv_setup(const amk_task_ctx& ctx, qkv_args& a) 
     AMK_CHECK(amk_is_int(a.pb->dtype) && a.pb->numel >= 1, AMK_ERR_DTYPE, a.pb->dtype);
     AMK_CHECK(!a.fac || (amk_is_float(a.fac->dtype) && a.fac->numel == hd / 2), AMK_ERR_SHAPE,
               a.fac ? a.fac->numel : 0);
+    if (a.qkn[0]) {
+      for (int c = 0; c < 2; ++c)
+        AMK_CHECK(amk_is_float(a.qkn[c]->dtype) && a.qkn[c]->numel == hd, AMK_ERR_SHAPE,
+                  a.qkn[c]->numel);
+      /* whole heads, and the row plus the heads' sums (f32) within the shared memory */
+      AMK_CHECK(hd > 0 && n_off % hd == 0 && n_tile % hd == 0 && amk_has(p, AMK_P_EPS) &&
+                    4LL * (K + n_tile) <= (long long)ctx.smem_bytes,
+                AMK_ERR_PARAM, n_tile);
+    }
     if (!amk_fused_check(ctx, a.x, a.w, 3, a.nw, K)) return false;
     AMK_CHECK(hd > 0 && !(hd & 1) && nh > 0 && nkv > 0 && n_tile > 0 && !(n_tile & 1) &&
                   n_off >= 0 && !(n_off & 1) && a.theta > 0.0f,
@@ -134,6 +149,42 @@ __device__ __forceinline__ bool qkv_setup(const amk_task_ctx& ctx, qkv_args& a) 
     }
   }
   return true;
+}
+
+/* The per-head norms' pass (qk_norm): after every pair of the tile is summed into hs, one warp
+ * a Q or K head normalises its head_dim values (RMSNORM's row: amk_rms_sq in element order
+ * within a lane, a warp sum, amk_rms_inv, amk_rms_apply; rounded to the destination's dtype),
+ * rotates each pair (cs: the block's cos/sin, or computed) and stores it into q or the K
+ * cache row pos. V heads were stored by the tile. */
+__device__ __noinline__ void qkv_norm_heads(const amk_task_ctx& ctx, const qkv_args& a,
+                                            const float* hs, const float2* cs, int pos,
+                                            long long row_len) {
+  __syncthreads(); /* every pair's sums are in hs (or the task failed: nothing to store) */
+  if (*ctx.failed) return;
+  const int hd = a.hd, half = hd >> 1, lane = threadIdx.x & 31;
+  const int head0 = a.n_off / hd, n_heads = a.n_tile / hd;
+  for (int t = threadIdx.x >> 5; t < n_heads; t += AMK_THREADS >> 5) {
+    const int head = head0 + t;
+    if (head >= a.nh + a.nkv) continue; /* a V head */
+    const int proj = head >= a.nh ? 1 : 0;
+    const int local = proj ? head - a.nh : head;
+    const float* h = hs + (long long)t * hd;
+    amk_norm_t ss = 0;
+    for (int e = lane; e < hd; e += 32) ss = amk_rms_sq(ss, h[e]);
+    const amk_norm_t inv = amk_rms_inv(amk_warp_reduce<amk_norm_t, false>(ss), hd, ctx.inst->params.eps);
+    const amk_buffer_t* w = a.qkn[proj];
+    const amk_buffer_t* d = a.dst[proj];
+    const long long base = (proj ? (long long)pos * row_len : 0) + (long long)local * hd;
+    for (int i = lane; i < half; i += 32) {
+      const float x0 = amk_round_dt(d->dtype, amk_rms_apply(h[i], inv, amk_ldf(w, i)));
+      const float x1 = amk_round_dt(d->dtype, amk_rms_apply(h[i + half], inv, amk_ldf(w, i + half)));
+      const float2 c = cs ? cs[i] : qkv_cos_sin(pos, a.theta, i, half, a.fac);
+      float y0, y1;
+      amk_rope_pair(x0, x1, c.x, c.y, y0, y1);
+      amk_stf(d, base + i, y0);
+      amk_stf(d, base + i + half, y1);
+    }
+  }
 }
 
 /* qkv_setup<true> out of line: run unless amk_verify_tasks passed the task (ctx.verify). */
@@ -182,6 +233,9 @@ __device__ void amk_op_qkv_rope_append(const amk_task_ctx& ctx) {
   const amk_buffer_t* kc = dst[1];
   const amk_buffer_t* vc = dst[2];
   const int half = hd >> 1;
+  /* With the per-head norms: the Q and K heads' rounded sums, at the end of the shared memory
+     (the row, when the tile keeps one there, is at its start; the checks bound both). */
+  float* const hs = a.qkn[0] ? (float*)(ctx.smem + ctx.smem_bytes) - n_tile : nullptr;
   /* waited already unless pos_early */
   amk_fused_tile<2, AMK_FUSED_PAIR_OF(4)>(
       ctx, !pos_early, x, nw, K, p.eps, wdt, al, n_tile >> 1,
@@ -200,6 +254,12 @@ __device__ void amk_op_qkv_rope_append(const amk_task_ctx& ctx) {
         qkv_pair(n_off + 2 * j, hd, nh, nkv, proj, r0, i);
         const amk_buffer_t* d = proj == 0 ? q : proj == 1 ? kc : vc;
         const float a = amk_round_dt(d->dtype, s[0]), b = amk_round_dt(d->dtype, s[1]);
+        if (hs && proj < 2) { /* normalised with its whole head, below */
+          float* const h = hs + (2 * j - (n_off + 2 * j) % hd);
+          h[i] = a;
+          h[i + half] = b;
+          return;
+        }
         float ya = a, yb = b;
         if (proj < 2) {
           const float2 t = cs ? cs[i] : qkv_cos_sin(pos, theta, i, half, fac);
@@ -209,4 +269,5 @@ __device__ void amk_op_qkv_rope_append(const amk_task_ctx& ctx) {
         amk_stf(d, base, ya);
         amk_stf(d, base + half, yb);
       });
+  if (hs) qkv_norm_heads(ctx, a, hs, cs, pos, row_len);
 }

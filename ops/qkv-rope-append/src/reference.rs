@@ -8,6 +8,8 @@
 //!
 //! ```text
 //! a, b = round_to(dtype(dst), Σ_k xn[k]·W[r, k]), round_to(dtype(dst), Σ_k xn[k]·W[r + half, k])
+//! qk_norm, Q and K heads: each head's head_dim values (a, b of its pairs) become RMSNORM's row
+//!              with the q or k norm weight, rounded to dtype(dst) (op_rmsnorm::reference::rms_row)
 //! Q, K heads:  ang = f32(pos) · inv_freq[i];  c, s = cos/sin(ang) (f64, rounded to f32)
 //!              (inv_freq[i] / factors[i] with frequency factors, as ROPE)
 //!              dst[r] = a·c − b·s,  dst[r + half] = b·c + a·s        (fp32, as ROPE)
@@ -22,7 +24,7 @@
 
 use amk_core::{CpuCall, OpError, Tensor, round_to};
 use op_gemv_tile::reference::{float_row_dot, non_negative, positive};
-use op_rmsnorm::reference::fused_input;
+use op_rmsnorm::reference::{fused_input, rms_row};
 use op_rmsnorm_gemv::reference::{float_operand, tile_end};
 use op_rope::reference::scaled_inv_freq;
 
@@ -57,28 +59,22 @@ pub fn pair_of(u: usize, head_dim: usize, n_heads: usize, n_kv: usize) -> Pair {
 
 /// Runs one QKV_ROPE_APPEND task.
 pub fn run(call: &mut CpuCall<'_, '_>) -> Result<(), OpError> {
-    call.expect_arity(5, 7, 3)?;
-    let with_factors = match call.int_opt("rope_factors")? {
-        None | Some(0) => false,
-        Some(1) if call.n_inputs() >= 6 => true,
-        Some(v) => {
-            return Err(OpError::BadParam {
-                key: "rope_factors".into(),
-                why: format!(
-                    "{v} with {} inputs: 1 names the last of at least 6 inputs as the frequency factors, 0 none",
-                    call.n_inputs()
-                ),
-            });
-        }
+    call.expect_arity(5, 8, 3)?;
+    let o = crate::Options {
+        rope_factors: flag(call, "rope_factors")?,
+        qk_norm: flag(call, "qk_norm")?,
     };
-    let opt = crate::optional_inputs(call.n_inputs(), with_factors);
-    if opt.factors.is_none() && call.n_inputs() == 7 {
-        return Err(OpError::Arity {
-            what: "inputs",
-            expected: "5..6 (7 with rope_factors = 1)".into(),
-            got: 7,
-        });
-    }
+    let opt = crate::optional_inputs(call.n_inputs(), o).ok_or_else(|| OpError::Arity {
+        what: "inputs",
+        expected: format!(
+            "{}..{} with rope_factors = {} and qk_norm = {}",
+            5 + usize::from(o.rope_factors) + 2 * usize::from(o.qk_norm),
+            6 + usize::from(o.rope_factors) + 2 * usize::from(o.qk_norm),
+            u8::from(o.rope_factors),
+            u8::from(o.qk_norm)
+        ),
+        got: call.n_inputs(),
+    })?;
     let k = positive(call, "K")?;
     let n_tile = positive(call, "N_tile")?;
     let n_off = non_negative(call, "n_off")?;
@@ -102,6 +98,14 @@ pub fn run(call: &mut CpuCall<'_, '_>) -> Result<(), OpError> {
         return Err(OpError::BadParam {
             key: "n_off".into(),
             why: format!("n_off = {n_off} and N_tile = {n_tile} must be even (whole RoPE pairs)"),
+        });
+    }
+    if o.qk_norm && (n_off % hd != 0 || n_tile % hd != 0) {
+        return Err(OpError::BadParam {
+            key: "n_off".into(),
+            why: format!(
+                "with qk_norm a tile holds whole heads: n_off = {n_off} and N_tile = {n_tile} must be multiples of head_dim = {hd}"
+            ),
         });
     }
     let positions = call.input(4)?;
@@ -136,6 +140,19 @@ pub fn run(call: &mut CpuCall<'_, '_>) -> Result<(), OpError> {
         let b = float_row_dot(&xn, ws[p.proj], p.row + hd / 2, &mut scratch)?;
         sums.push((p, a, b));
     }
+    let dts = [
+        call.output(0)?.dtype(),
+        call.output(1)?.dtype(),
+        call.output(2)?.dtype(),
+    ];
+    for (p, a, b) in sums.iter_mut() {
+        (*a, *b) = (round_to(dts[p.proj], *a), round_to(dts[p.proj], *b));
+    }
+    if let Some(qk) = opt.qk_norm {
+        let eps = call.real("eps")? as f32 as f64;
+        let weights = [head_weight(call, qk.q, hd)?, head_weight(call, qk.k, hd)?];
+        normalize_heads(&mut sums, hd, &weights, eps, &dts);
+    }
     let factors = match opt.factors {
         Some(i) => Some(call.input(i)?),
         None => None,
@@ -169,8 +186,6 @@ pub fn run(call: &mut CpuCall<'_, '_>) -> Result<(), OpError> {
         })?;
     for (p, a, b) in sums {
         let out = call.output(p.proj)?;
-        let dt = out.dtype();
-        let (a, b) = (round_to(dt, a), round_to(dt, b));
         let (ya, yb) = if p.proj < 2 {
             let ang = (pos as f32 * freqs[p.i]) as f64;
             let (c, s) = (ang.cos() as f32, ang.sin() as f32);
@@ -183,4 +198,60 @@ pub fn run(call: &mut CpuCall<'_, '_>) -> Result<(), OpError> {
         out.set_f32(base + p.row + hd / 2, yb);
     }
     Ok(())
+}
+
+/// Param `key`: absent or 0 is false, 1 true, anything else a [`OpError::BadParam`].
+fn flag(call: &CpuCall<'_, '_>, key: &str) -> Result<bool, OpError> {
+    match call.int_opt(key)? {
+        None | Some(0) => Ok(false),
+        Some(1) => Ok(true),
+        Some(v) => Err(OpError::BadParam {
+            key: key.into(),
+            why: format!("{v} must be 0 or 1"),
+        }),
+    }
+}
+
+/// A per-head norm weight (input `i`, `head_dim` float elements), widened to f64.
+fn head_weight(call: &CpuCall<'_, '_>, i: usize, hd: usize) -> Result<Vec<f64>, OpError> {
+    let w = call.input(i)?;
+    float_operand(w, "q/k norm weight")?;
+    if w.numel() != hd {
+        return Err(OpError::Shape(format!(
+            "QKV_ROPE_APPEND: the q/k norm weight {:?} must hold head_dim = {hd} elements",
+            w.shape()
+        )));
+    }
+    Ok((0..hd).map(|j| w.get_f32(j) as f64).collect())
+}
+
+/// Qwen3's per-head RMSNorm of the tile's Q and K heads (whole heads: the caller checked),
+/// in place on the rounded pair sums: RMSNORM's row (`op_rmsnorm::reference::rms_row`) over
+/// each head's `head_dim` values in element order, rounded to the destination's dtype, as the
+/// unfused program's RMSNORM task stores it for ROPE to read. V heads are left alone.
+fn normalize_heads(
+    sums: &mut [(Pair, f32, f32)],
+    hd: usize,
+    weights: &[Vec<f64>; 2],
+    eps: f64,
+    dts: &[amk_core::DType; 3],
+) {
+    let half = hd / 2;
+    let (mut row, mut y) = (vec![0.0f64; hd], vec![0.0f32; hd]);
+    for head in sums.chunks_mut(half) {
+        let proj = head[0].0.proj;
+        if proj == 2 {
+            continue;
+        }
+        for (p, a, b) in head.iter() {
+            (row[p.i], row[p.i + half]) = (*a as f64, *b as f64);
+        }
+        rms_row(&row, &weights[proj], eps, &mut y);
+        for (p, a, b) in head.iter_mut() {
+            (*a, *b) = (
+                round_to(dts[proj], y[p.i]),
+                round_to(dts[proj], y[p.i + half]),
+            );
+        }
+    }
 }

@@ -85,6 +85,30 @@ fn rope(
     o
 }
 
+/// RMSNORM over each `hd`-element head of `x` with weight `w` (Qwen3's q/k norm), given;
+/// `x` otherwise.
+fn head_norm(x: Tensor, hd: usize, w: Option<&Tensor>, dt: DType) -> Tensor {
+    let Some(w) = w else { return x };
+    let shape = [(x.numel() / hd) as u64, hd as u64];
+    let mut v = Tensor::poisoned(dt, &shape);
+    for i in 0..x.numel() {
+        v.set_f32(i, x.get_f32(i));
+    }
+    let t = task(
+        Opcode::RMSNORM,
+        2,
+        1,
+        &[
+            ("eps", Value::Float(1e-5)),
+            ("hidden", Value::Int(hd as i64)),
+        ],
+    );
+    let mut o = [Tensor::poisoned(dt, &shape)];
+    call(op_rmsnorm::reference::run, &t, &[&v, w], &mut o).unwrap();
+    let [o] = o;
+    o
+}
+
 /// KV_APPEND of `new` into `cache` at `pos`, in place.
 fn append(new: &Tensor, cache: &mut Tensor, pos: usize) {
     let t = task(Opcode::KV_APPEND, 2, 1, &[("pos", Value::Int(pos as i64))]);
@@ -99,18 +123,23 @@ fn append(new: &Tensor, cache: &mut Tensor, pos: usize) {
 }
 
 #[rstest]
-#[case::gqa_f32_one_tile(Shape { k: 16, nh: 4, nkv: 2, hd: 8, seq: 5, pos: 3 }, DType::F32, false, &[(0, 64)], false)]
-#[case::gqa_bf16_norm_tiles(Shape { k: 32, nh: 4, nkv: 2, hd: 8, seq: 6, pos: 0 }, DType::BF16, true, &[(0, 20), (20, 24), (44, 20)], false)]
-#[case::mqa_f16_odd_k(Shape { k: 13, nh: 3, nkv: 1, hd: 4, seq: 4, pos: 2 }, DType::F16, true, &[(0, 6), (6, 8), (14, 6)], false)]
+#[case::gqa_f32_one_tile(Shape { k: 16, nh: 4, nkv: 2, hd: 8, seq: 5, pos: 3 }, DType::F32, false, &[(0, 64)], false, false)]
+#[case::gqa_bf16_norm_tiles(Shape { k: 32, nh: 4, nkv: 2, hd: 8, seq: 6, pos: 0 }, DType::BF16, true, &[(0, 20), (20, 24), (44, 20)], false, false)]
+#[case::mqa_f16_odd_k(Shape { k: 13, nh: 3, nkv: 1, hd: 4, seq: 4, pos: 2 }, DType::F16, true, &[(0, 6), (6, 8), (14, 6)], false, false)]
 // Llama 3's frequency factors: the last input, with and without the norm before it.
-#[case::gqa_f32_factors(Shape { k: 16, nh: 4, nkv: 2, hd: 8, seq: 5, pos: 4 }, DType::F32, false, &[(0, 64)], true)]
-#[case::gqa_bf16_norm_factors_tiles(Shape { k: 32, nh: 4, nkv: 2, hd: 16, seq: 9, pos: 7 }, DType::BF16, true, &[(0, 40), (40, 48), (88, 40)], true)]
+#[case::gqa_f32_factors(Shape { k: 16, nh: 4, nkv: 2, hd: 8, seq: 5, pos: 4 }, DType::F32, false, &[(0, 64)], true, false)]
+#[case::gqa_bf16_norm_factors_tiles(Shape { k: 32, nh: 4, nkv: 2, hd: 16, seq: 9, pos: 7 }, DType::BF16, true, &[(0, 40), (40, 48), (88, 40)], true, false)]
+// Qwen3's per-head q/k norms: tiles of whole heads; heads × head_dim ≠ K.
+#[case::qwen3_f32_qk_norm(Shape { k: 16, nh: 4, nkv: 2, hd: 12, seq: 5, pos: 3 }, DType::F32, false, &[(0, 96)], false, true)]
+#[case::qwen3_bf16_norm_qk_norm_tiles(Shape { k: 32, nh: 4, nkv: 2, hd: 8, seq: 6, pos: 5 }, DType::BF16, true, &[(0, 16), (16, 32), (48, 16)], false, true)]
+#[case::qwen3_f16_qk_norm_factors(Shape { k: 24, nh: 2, nkv: 1, hd: 6, seq: 4, pos: 2 }, DType::F16, true, &[(0, 6), (6, 18)], true, true)]
 fn equals_the_unfused_prologue(
     #[case] s: Shape,
     #[case] dt: DType,
     #[case] norm: bool,
     #[case] tiles: &[(usize, usize)],
     #[case] with_factors: bool,
+    #[case] qk_norm: bool,
 ) {
     let mut r = rng((s.k * 7 + s.nh * 3 + s.pos) as u64);
     let (k, qd, kvd) = (s.k as u64, (s.nh * s.hd) as u64, (s.nkv * s.hd) as u64);
@@ -125,6 +154,9 @@ fn equals_the_unfused_prologue(
     let vc0 = random_nonzero(dt, &cache_shape, &mut r, -1.0, 1.0);
     let factors = random_nonzero(DType::F32, &[s.hd as u64 / 2], &mut r, 1.0, 8.0);
     let fac = with_factors.then_some(&factors);
+    let qn = random_nonzero(dt, &[s.hd as u64], &mut r, 0.5, 1.5);
+    let kn = random_nonzero(dt, &[s.hd as u64], &mut r, 0.5, 1.5);
+    let (qn_in, kn_in) = (qk_norm.then_some(&qn), qk_norm.then_some(&kn));
 
     // Unfused.
     let xs = if norm {
@@ -145,7 +177,7 @@ fn equals_the_unfused_prologue(
         x.clone()
     };
     let q_want = rope(
-        &gemv(&xs, &wq, s.k, qd as usize, dt),
+        &head_norm(gemv(&xs, &wq, s.k, qd as usize, dt), s.hd, qn_in, dt),
         &[s.nh as u64, s.hd as u64],
         s.pos,
         s.hd,
@@ -153,7 +185,7 @@ fn equals_the_unfused_prologue(
         fac,
     );
     let k_rot = rope(
-        &gemv(&xs, &wk, s.k, kvd as usize, dt),
+        &head_norm(gemv(&xs, &wk, s.k, kvd as usize, dt), s.hd, kn_in, dt),
         &[1, s.nkv as u64, s.hd as u64],
         s.pos,
         s.hd,
@@ -176,11 +208,16 @@ fn equals_the_unfused_prologue(
     if norm {
         ins.push(&nw);
     }
+    ins.extend(qn_in);
+    ins.extend(kn_in);
     ins.extend(fac);
     for &(off, nt) in tiles {
-        let mut p = params(&s, off, nt, norm);
+        let mut p = params(&s, off, nt, norm || qk_norm);
         if with_factors {
             p.push(("rope_factors", Value::Int(1)));
+        }
+        if qk_norm {
+            p.push(("qk_norm", Value::Int(1)));
         }
         let t = task(Opcode::QKV_ROPE_APPEND, ins.len(), 3, &p);
         call(op_qkv_rope_append::reference::run, &t, &ins, &mut outs).unwrap();
@@ -354,18 +391,128 @@ fn the_shape_rule_places_and_checks_the_frequency_factors() {
         rule(&[0, 1, 2, 3, 4, 6], Some(2)),
         vec![ErrorKind::TileOutOfBounds]
     );
+}
+
+/// Where the optional inputs are, for each combination of options.
+#[test]
+fn optional_inputs_follow_the_options() {
+    use op_qkv_rope_append::{OptionalInputs, Options, QkNormInputs, optional_inputs};
+    let (factors, qk) = (
+        Options {
+            rope_factors: true,
+            qk_norm: false,
+        },
+        Options {
+            rope_factors: false,
+            qk_norm: true,
+        },
+    );
+    let both = Options {
+        rope_factors: true,
+        qk_norm: true,
+    };
+    let at = |norm, qk: Option<(usize, usize)>, factors| OptionalInputs {
+        norm,
+        qk_norm: qk.map(|(q, k)| QkNormInputs { q, k }),
+        factors,
+    };
     assert_eq!(
-        op_qkv_rope_append::optional_inputs(7, true),
-        op_qkv_rope_append::OptionalInputs {
-            norm: Some(5),
-            factors: Some(6)
-        }
+        optional_inputs(5, Options::default()),
+        Some(at(None, None, None))
     );
     assert_eq!(
-        op_qkv_rope_append::optional_inputs(6, false),
-        op_qkv_rope_append::OptionalInputs {
-            norm: Some(5),
-            factors: None
-        }
+        optional_inputs(6, Options::default()),
+        Some(at(Some(5), None, None))
     );
+    assert_eq!(optional_inputs(7, Options::default()), None);
+    assert_eq!(
+        optional_inputs(7, factors),
+        Some(at(Some(5), None, Some(6)))
+    );
+    assert_eq!(optional_inputs(6, factors), Some(at(None, None, Some(5))));
+    assert_eq!(optional_inputs(7, qk), Some(at(None, Some((5, 6)), None)));
+    assert_eq!(
+        optional_inputs(8, qk),
+        Some(at(Some(5), Some((6, 7)), None))
+    );
+    assert_eq!(
+        optional_inputs(9, both),
+        Some(at(Some(5), Some((6, 7)), Some(8)))
+    );
+    assert_eq!(
+        optional_inputs(8, both),
+        Some(at(None, Some((5, 6)), Some(7)))
+    );
+    assert_eq!(optional_inputs(7, both), None);
+    assert_eq!(optional_inputs(6, qk), None);
+}
+
+/// The shape rule of the per-head norms: `qk_norm` 0 or 1; with 1, two float inputs of
+/// `head_dim` elements, param `eps`, tiles of whole heads, and the row and the tile's heads
+/// within the shared memory.
+#[test]
+fn the_shape_rule_checks_the_qk_norm() {
+    use amk_core::ErrorKind;
+    use amk_core::testkit::shape_rule_kinds;
+    let buf = amk_core::testkit::buffer;
+    let s = Shape {
+        k: 16,
+        nh: 4,
+        nkv: 2,
+        hd: 8,
+        seq: 5,
+        pos: 0,
+    };
+    let buffers = [
+        buf(0, DType::F32, &[1, 16]),    // x
+        buf(1, DType::F32, &[32, 16]),   // Wq
+        buf(2, DType::F32, &[16, 16]),   // Wk
+        buf(3, DType::F32, &[16, 16]),   // Wv
+        buf(4, DType::I32, &[1]),        // pos
+        buf(5, DType::F32, &[8]),        // q norm
+        buf(6, DType::F32, &[8]),        // k norm
+        buf(7, DType::F32, &[7]),        // a norm of the wrong length
+        buf(8, DType::F32, &[4, 8]),     // q
+        buf(9, DType::F32, &[5, 2, 8]),  // kcache
+        buf(10, DType::F32, &[5, 2, 8]), // vcache
+        buf(11, DType::I32, &[8]),       // an integer norm
+    ];
+    let rule = |inputs: &[u32], tile: (usize, usize), qk: Option<i64>, eps: bool| {
+        let mut p = params(&s, tile.0, tile.1, eps);
+        if let Some(v) = qk {
+            p.push(("qk_norm", Value::Int(v)));
+        }
+        let mut t = task(Opcode::QKV_ROPE_APPEND, inputs.len(), 3, &p);
+        t.inputs = inputs.to_vec();
+        t.outputs = vec![8, 9, 10];
+        shape_rule_kinds(&op_qkv_rope_append::SPEC, &t, &buffers)
+    };
+    let qk = [0, 1, 2, 3, 4, 5, 6];
+    assert!(rule(&qk, (0, 64), Some(1), true).is_empty());
+    assert!(rule(&qk, (8, 16), Some(1), true).is_empty());
+    assert_eq!(
+        rule(&qk, (0, 64), Some(0), true),
+        vec![ErrorKind::ShapeMismatch]
+    );
+    assert_eq!(
+        rule(&qk, (0, 64), Some(1), false),
+        vec![ErrorKind::ShapeMismatch]
+    );
+    assert_eq!(
+        rule(&qk, (0, 64), Some(2), true),
+        vec![ErrorKind::TileOutOfBounds]
+    );
+    assert_eq!(
+        rule(&qk, (4, 8), Some(1), true),
+        vec![ErrorKind::TileOutOfBounds]
+    );
+    assert_eq!(
+        rule(&qk, (0, 12), Some(1), true),
+        vec![ErrorKind::TileOutOfBounds]
+    );
+    assert_eq!(
+        rule(&[0, 1, 2, 3, 4, 5, 7], (0, 64), Some(1), true),
+        vec![ErrorKind::ShapeMismatch]
+    );
+    assert!(!rule(&[0, 1, 2, 3, 4, 11, 6], (0, 64), Some(1), true).is_empty());
 }

@@ -990,9 +990,13 @@ pub fn lower(
     let fuse_resid = fuses(cfg, &["gemv", "add"]);
     let fuse_norm = fuses(cfg, &["rmsnorm", "gemv"]);
     let fuse_mlp = fuses(cfg, &["gemv", "silu_mul"]);
-    // QKV_ROPE_APPEND has no bias inputs: models with attention biases keep separate tiles; and
-    // its tiles split heads, which a per-head q/k norm (Qwen3) needs whole.
-    let fuse_qkv = fuses(cfg, &["gemv", "rope", "kv_append"]) && !mc.attention_bias && !mc.qk_norm;
+    // QKV_ROPE_APPEND has no bias inputs: models with attention biases keep separate tiles.
+    // Its instruction carries 8 inputs: the input norm, Qwen3's q/k norms and Llama 3's RoPE
+    // factors together would be 9 (no published model has both).
+    let fuse_qkv = fuses(cfg, &["gemv", "rope", "kv_append"])
+        && !mc.attention_bias
+        && !(mc.qk_norm && fuse_norm && !matches!(mc.rope_scaling, RopeScaling::None))
+        && qkv_tile_max_units(mc).is_some();
     let fuse_attn = fuses(cfg, &["attention", "gemv"]);
     if fuse_attn && parts > 1 {
         return Err(ModelError::Lower(format!(
@@ -1168,7 +1172,7 @@ pub fn lower(
             // One set of QKV_ROPE_APPEND tiles: projections, RoPE and the cache rows at once.
             let qr = b.act(format!("L{l}.qr"), &qr_shape);
             let units = (nh + 2 * nkv) * hd;
-            let width = 2 * gemv_tile_width(b.cfg, units / 2, b.num_sms);
+            let mut width = 2 * gemv_tile_width(b.cfg, units / 2, b.num_sms);
             let mut base = params(&[
                 ("head_dim", int(hd)),
                 ("n_heads", int(nh)),
@@ -1178,12 +1182,21 @@ pub fn lower(
             if rope_factors.is_some() {
                 base.insert("rope_factors", int(1));
             }
+            // Qwen3's per-head norms: tiles of whole heads (as many as the shared memory holds).
+            let mut tail: Vec<BufferId> = Vec::new();
+            if let (Some(qn), Some(kn), Some(max)) = (q_norm, k_norm, qkv_tile_max_units(mc)) {
+                width = width.div_ceil(hd).max(1).saturating_mul(hd).min(max);
+                base.insert("qk_norm", int(1));
+                base.insert("eps", b.eps.clone());
+                tail.extend([qn, kn]);
+            }
+            tail.extend(rope_factors);
             // The position is the `pos` input (one element per step, no param patches).
             let val = b.fused_tiles_then(
                 Opcode::QKV_ROPE_APPEND,
                 an,
                 &[wq, wk, wv, posb],
-                rope_factors.as_slice(),
+                &tail,
                 &[qr, kc, vc],
                 (h, units, width, 1),
                 &base,
@@ -1495,7 +1508,19 @@ pub fn lower(
     })
 }
 
-/// The FUSED recipe of a reshape bridge + ROPE: inputs `[reshape_id0, x, pos]`.
+/// The most Q/K/V units a QKV_ROPE_APPEND tile of `mc` may hold: with Qwen3's per-head norms,
+/// whole heads whose f32 sums fit beside the row (`hidden` f32) in the op's shared memory
+/// (None when not one head does); without them, no limit.
+fn qkv_tile_max_units(mc: &crate::config::ModelConfig) -> Option<u64> {
+    if !mc.qk_norm {
+        return Some(u64::MAX);
+    }
+    let hd = mc.head_dim as u64;
+    let floats = u64::from(op_qkv_rope_append::SHARED_BYTES) / 4;
+    let heads = floats.checked_sub(mc.hidden as u64)? / hd.max(1);
+    (heads > 0).then_some(heads * hd)
+}
+
 /// The model's per-pair RoPE frequency divisors as an f32 tensor of `head_dim / 2`, if it scales
 /// its frequencies: computed from the config (Llama 3's `rope_type: "llama3"`) or the
 /// checkpoint's own (GGUF's `rope_freqs.weight`). Every divisor must be positive and finite.
@@ -1542,6 +1567,7 @@ pub fn rope_divisors(
         .map_err(|e| ModelError::Lower(format!("the RoPE frequency divisors: {e}")))
 }
 
+/// The FUSED recipe of a reshape bridge + ROPE: inputs `[reshape_id0, x, pos]`.
 fn fused_reshape_rope(
     shape: &[u64],
     dim: u64,
