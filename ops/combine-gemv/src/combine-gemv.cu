@@ -8,6 +8,8 @@
  * their m and l meanwhile, then sums the staged partials in split order and normalises them;
  * then it multiplies its weight rows by the row as ATTENTION_GEMV does (amk_row_tile_run, or
  * with AMK_ROW_PRE the weight rows loaded into registers before the wait, amk_pre_run).
+ * Loading the partials straight into registers instead was measured much slower: L2 round
+ * trips in series, where the stage has one (docs/perf-notes.md round 32).
  *
  * The position says which splits are active (op_attention_split::active_splits). It is data:
  * read before the wait only when nothing in the launch writes it (AMK_BUF_LAUNCH_CONST), else
@@ -239,6 +241,9 @@ __device__ __forceinline__ void cg_stage_merge(const cg_args& a, const cg_scratc
   const int sstride = a.rep * rstride; /* floats from split s to split s + 1 in a piece */
   const int r0 = threadIdx.x / a.hd, d0 = threadIdx.x - r0 * a.hd;
   const int dr = AMK_THREADS / a.hd, dd = AMK_THREADS - dr * a.hd;
+  /* the row's dtype and address in registers (row is a descriptor in local memory) */
+  const int rdt = row->dtype;
+  void* const rp = row->ptr;
   int off = 0;
   cg_piece q = cg_piece_at(p, active, c0);
 #pragma unroll 1
@@ -246,17 +251,26 @@ __device__ __forceinline__ void cg_stage_merge(const cg_args& a, const cg_scratc
     const float* x0 = (const float*)(sc.stage + off);
     off += cg_piece_bytes(p, q);
     int r = r0, d = d0;
-#pragma unroll 1
+#pragma unroll 2
     for (int e = threadIdx.x; e < per_head; e += AMK_THREADS) {
       const int h = q.g * a.rep + r, k = h * a.hd + d;
       const float* w = sc.m + h * a.n_splits + q.s0;
       const float* x = x0 + r * rstride + d;
       float acc = q.s0 == 0 ? 0.0f : sc.acc[k];
-#pragma unroll 4
-      for (int j = 0; j < q.n; ++j)
-        if (w[j] != 0.0f) acc = __fadd_rn(acc, __fmul_rn(x[j * sstride], w[j]));
-      if (q.s0 + q.n < active) sc.acc[k] = acc;
-      else amk_stf(row, k, __fdiv_rn(acc, sc.den[h]));
+      /* branch-free (a zero weight keeps acc, as the reference skips it), so the loads of 8
+         splits issue before their sums: the chain is the adds alone */
+#pragma unroll 8
+      for (int j = 0; j < q.n; ++j) {
+        const float wj = w[j], t = __fadd_rn(acc, __fmul_rn(x[j * sstride], wj));
+        acc = wj != 0.0f ? t : acc;
+      }
+      if (q.s0 + q.n < active) {
+        sc.acc[k] = acc;
+      } else {
+        const float v = __fdiv_rn(acc, sc.den[h]);
+        if (AMK_IS_F32(rdt)) ((float*)rp)[k] = v;
+        else ((uint16_t*)rp)[k] = AMK_IS_BF16(rdt) ? amk_f32_to_bf16(v) : amk_f32_to_f16(v);
+      }
       r += dr;
       d += dd;
       if (d >= a.hd) {
@@ -297,8 +311,11 @@ __device__ __forceinline__ void cg_merge_staged(const amk_task_ctx& ctx, const c
 
 /* The merged row into shared memory, rounded to W's dtype (cg_merge_staged). Every warp sees it
  * after the barrier at the end. Then the trace point: the row is ready. */
-__device__ __noinline__ amk_frow cg_merge(const amk_task_ctx& ctx, const cg_args& a, int active,
+__device__ __noinline__ amk_frow cg_merge(const amk_task_ctx& ctx, const cg_args& args, int active,
                                           const amk_buffer_t* row, unsigned long long pol) {
+  /* The args by value: read through the caller's reference, every field would be read again
+     from local memory after each store through a generic pointer (the row), which may alias it. */
+  const cg_args a = args;
   cg_merge_staged(ctx, a, (const float*)a.parts->ptr, active, cg_scratch_at(ctx, a), row);
   __syncthreads();
   if (ctx.trace && threadIdx.x == 0) ctx.trace[4] = amk_globaltimer();
