@@ -1,7 +1,7 @@
 //! `amk validate FILE... [--json]`.
 
 use crate::output::{errln, outln};
-use amk_core::{IrError, Program, Registry, ValidationResult, validate};
+use amk_core::{IrError, Registry, ValidationResult, validate};
 use serde_json::{Value, json};
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
@@ -29,15 +29,23 @@ pub struct Args {
     /// Machine-readable output on stdout.
     #[arg(long)]
     json: bool,
+    /// Largest program accepted, in MiB, as a file and decompressed (a bound on what a
+    /// hostile file can make the loader allocate).
+    #[arg(long, value_name = "MIB", default_value_t = DEFAULT_MAX_PROGRAM_MIB,
+          value_parser = clap::value_parser!(u64).range(1..=1 << 20))]
+    max_program_mib: u64,
 }
+
+/// `--max-program-mib`'s default: the library's bound.
+pub const DEFAULT_MAX_PROGRAM_MIB: u64 = amk_core::codec::MAX_PROGRAM_BYTES >> 20;
 
 enum Outcome {
     Loaded(Box<ValidationResult>),
     LoadFailed(IrError),
 }
 
-fn check_file(path: &Path, reg: &Registry) -> Outcome {
-    match Program::load(path, reg) {
+fn check_file(path: &Path, reg: &Registry, max_mib: u64) -> Outcome {
+    match amk_core::codec::load_limited(path, reg, max_mib << 20) {
         Ok(p) => Outcome::Loaded(Box::new(validate(&p, reg))),
         Err(e) => Outcome::LoadFailed(e),
     }
@@ -99,7 +107,7 @@ pub fn run(args: &Args) -> ExitCode {
     let mut any_rejected = false;
     let mut docs = Vec::new();
     for file in &args.files {
-        let o = check_file(file, &reg);
+        let o = check_file(file, &reg, args.max_program_mib);
         match &o {
             Outcome::LoadFailed(_) => any_load_error = true,
             Outcome::Loaded(r) if !r.ok() => any_rejected = true,

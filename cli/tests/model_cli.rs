@@ -1058,3 +1058,34 @@ fn fifos_and_devices_are_refused_without_blocking() {
     }
     assert!(t0.elapsed().as_secs() < 10);
 }
+
+/// `--max-program-mib` bounds what `validate` and `run` read: a program over the bound is a
+/// load error naming the flag (exit 2), and raising the bound loads it.
+#[test]
+fn the_program_size_bound_is_a_flag() {
+    let d = scratch("maxprog");
+    let example = Path::new(env!("CARGO_MANIFEST_DIR")).join("../docs/examples/toy-llama-2l.json");
+    let mut program = std::fs::read_to_string(&example).unwrap();
+    // Padded past 1 MiB with whitespace (still the same program).
+    program.push_str(&" ".repeat(1 << 20));
+    let big = d.join("big.json");
+    std::fs::write(&big, program).unwrap();
+    let b = big.display().to_string();
+    for args in [
+        vec!["validate", "--max-program-mib", "1", &b],
+        vec!["run", "--max-program-mib", "1", &b],
+    ] {
+        let o = amk().args(&args).output().unwrap();
+        assert_eq!(o.status.code(), Some(2), "{args:?}: {}", text(&o));
+        assert!(
+            text(&o).contains("--max-program-mib"),
+            "{args:?}: {}",
+            text(&o)
+        );
+    }
+    let o = amk()
+        .args(["validate", "--max-program-mib", "2", &b])
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+}

@@ -21,7 +21,9 @@ pub enum IrError {
         path: PathBuf,
     },
     /// A file, or its decompressed content, beyond the size the reader accepts.
-    #[error("{path}: {what} is over the {limit}-byte limit")]
+    #[error(
+        "{path}: {what} is over the {limit}-byte limit (the CLI's --max-program-mib raises it)"
+    )]
     TooLarge {
         /// File.
         path: PathBuf,

@@ -143,18 +143,13 @@ struct HfConfig {
     chat_template: Option<String>,
 }
 
-fn read_hf_config(path: &Path) -> Result<HfConfig, ModelError> {
+/// The `tokenizer_config.json` text `text` (`source` names it in errors).
+fn parse_hf_config(text: &str, source: &str) -> Result<HfConfig, ModelError> {
     use amk_core::json::Value;
-    let text = std::fs::read_to_string(path).map_err(|source| ModelError::Io {
-        path: path.to_path_buf(),
-        source,
-    })?;
-    let value =
-        amk_core::json::parse(&text).map_err(|e| tok_err(&format!("{}", path.display()), e))?;
+    let value = amk_core::json::parse(text).map_err(|e| tok_err(source, e))?;
     let Some(map) = value.as_object() else {
         return Err(ModelError::Tokenizer(format!(
-            "{}: expected a JSON object, found {}",
-            path.display(),
+            "{source}: expected a JSON object, found {}",
             value.type_name()
         )));
     };
@@ -304,25 +299,63 @@ impl Tokenizer {
                 source: std::io::Error::new(std::io::ErrorKind::NotFound, "no such file"),
             });
         }
-        let inner = tokenizers::Tokenizer::from_file(path)
-            .map_err(|e| tok_err(&format!("{}", path.display()), e))?;
+        let read = |p: &Path| {
+            std::fs::read(p).map_err(|source| ModelError::Io {
+                path: p.to_path_buf(),
+                source,
+            })
+        };
+        let json = read(path)?;
         let dir = path.parent().unwrap_or(Path::new("."));
         let config_path = dir.join("tokenizer_config.json");
         let config = if config_path.is_file() {
-            read_hf_config(&config_path)?
+            Some(String::from_utf8_lossy(&read(&config_path)?).into_owned())
         } else {
-            HfConfig::default()
+            None
+        };
+        let jinja = dir.join("chat_template.jinja");
+        let template = if jinja.is_file() {
+            Some(String::from_utf8_lossy(&read(&jinja)?).into_owned())
+        } else {
+            None
+        };
+        Tokenizer::from_json_parts(
+            &json,
+            config.as_deref(),
+            template,
+            &path.display().to_string(),
+        )
+    }
+
+    /// [`Tokenizer::from_file`] from what it reads: the `tokenizer.json` bytes, the
+    /// `tokenizer_config.json` text and the `chat_template.jinja` text when there are such
+    /// files (`source` names the tokenizer in errors). Also what the fuzz targets drive.
+    pub fn from_json_parts(
+        tokenizer_json: &[u8],
+        tokenizer_config: Option<&str>,
+        chat_template_jinja: Option<String>,
+        source: &str,
+    ) -> Result<Tokenizer, ModelError> {
+        // The tokenizers crate panics on some malformed files (a decoder whose JSON breaks off:
+        // an `expect` inside its deserializer, found by the fuzz target). Its JSON syntax is
+        // checked first, which avoids that one; a panic of any other kind is caught too. A bad
+        // file is an error here, never a crash.
+        serde_json::from_slice::<serde_json::Value>(tokenizer_json)
+            .map_err(|e| tok_err(source, e))?;
+        let parsed = std::panic::catch_unwind(|| tokenizers::Tokenizer::from_bytes(tokenizer_json))
+            .map_err(|_| {
+                ModelError::Tokenizer(format!(
+                    "{source}: not a valid tokenizer.json (the tokenizers crate failed reading it)"
+                ))
+            })?;
+        let inner = parsed.map_err(|e| tok_err(source, e))?;
+        let config = match tokenizer_config {
+            Some(text) => parse_hf_config(text, "tokenizer_config.json")?,
+            None => HfConfig::default(),
         };
         let mut chat_template = config.chat_template;
-        let jinja = dir.join("chat_template.jinja");
-        if chat_template.is_none() && jinja.is_file() {
-            chat_template =
-                Some(
-                    std::fs::read_to_string(&jinja).map_err(|source| ModelError::Io {
-                        path: jinja.clone(),
-                        source,
-                    })?,
-                );
+        if chat_template.is_none() {
+            chat_template = chat_template_jinja;
         }
         let lookup = |name: &Option<String>, what: &str| -> Result<Option<u32>, ModelError> {
             match name {

@@ -148,3 +148,24 @@ fn a_sentencepiece_file_without_add_bos_prepends_bos_and_one_that_says_no_does_n
     let tok = Tokenizer::from_gguf(&off).unwrap();
     assert_ne!(tok.encode("Hello").unwrap().first(), tok.bos_id().as_ref());
 }
+
+/// A `tokenizer.json` whose JSON breaks off inside its decoder made the tokenizers crate panic
+/// (an `expect` in its deserializer; found by the fuzz target): it is a typed error now, as is
+/// any JSON syntax error, and a whole file still loads.
+#[test]
+fn a_broken_tokenizer_json_is_an_error_not_a_panic() {
+    let json = std::fs::read(reference_dir().join("llama3_bpe/tokenizer.json")).unwrap();
+    let at = json
+        .windows(10)
+        .position(|w| w == b"\"decoder\":")
+        .expect("the file has a decoder");
+    for cut in [at + 12, at + 20, at + 31] {
+        let broken = [&json[..cut], b"}".as_slice()].concat();
+        let r = Tokenizer::from_json_parts(&broken, None, None, "broken.json");
+        assert!(
+            matches!(r, Err(amk_model_llama::ModelError::Tokenizer(_))),
+            "cut at {cut}"
+        );
+    }
+    assert!(Tokenizer::from_json_parts(&json, None, None, "whole.json").is_ok());
+}

@@ -125,14 +125,16 @@ pub fn load_plugin_with_entry(
 
 /// Checks the descriptor at `desc_ptr`, copies it and registers its ops (all or none);
 /// `lib` (the library holding the pointers) is kept alive by every registered reference and
-/// never unloaded.
+/// never unloaded. Public for descriptors built in this process (the fuzz targets'), which
+/// pass `lib == None`.
 ///
 /// # Safety
 /// `desc_ptr` is null or points to a descriptor whose first two `u32`s are its ABI version
 /// and size, and, when those match ours, to a valid [`PluginDescriptorV1`] whose pointers
-/// designate valid data for as long as `lib` is loaded (for `lib == None`: for the process).
+/// designate valid data for as long as `lib` is loaded (for `lib == None`: for as long as
+/// `registry` or anything taken from it is used).
 #[allow(unsafe_code)]
-pub(crate) unsafe fn register_descriptor(
+pub unsafe fn register_descriptor(
     registry: &mut Registry,
     path: &Path,
     desc_ptr: *const PluginDescriptorV1,

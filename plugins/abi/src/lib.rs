@@ -26,6 +26,7 @@ pub mod plugin;
 pub use error::PluginError;
 pub use host::{
     CudaSource, LoadedOp, LoadedPlugin, PluginRegistry, find_built_cdylib, load_plugin_with_entry,
+    register_descriptor,
 };
 
 /// The ABI version this crate speaks.
