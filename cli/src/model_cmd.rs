@@ -500,7 +500,7 @@ pub fn finish(json: bool, r: Result<(), ModelCmdError>) -> ExitCode {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             if json {
-                let v = serde_json::json!({"error": {"kind": e.kind(), "message": e.to_string()}});
+                let v = serde_json::json!({"error": {"kind": e.kind(), "message": crate::output::bounded(&e.to_string(), crate::output::MAX_ERR_BYTES)}});
                 outln!("{v}");
             } else {
                 errln!("error: {e}");

@@ -274,6 +274,11 @@ fn compile(
         );
         return ExitCode::from(2);
     }
+    if let Some(missing) = nvrtc_missing() {
+        // One message for the machine, not one per kernel: nothing can compile here.
+        errln!("error: ops compile: {missing}");
+        return ExitCode::from(2);
+    }
     if !json {
         crate::status::status!(
             "compiling {} megakernel(s) (NVRTC; up to minutes each for a cold cache) ...",
@@ -448,4 +453,13 @@ pub fn run(cmd: &OpsCommand) -> ExitCode {
             ExitCode::SUCCESS
         }
     }
+}
+
+/// Why no kernel can compile on this machine (no NVRTC library), if that is so.
+fn nvrtc_missing() -> Option<amk_backend_cuda::CudaError> {
+    #[cfg(feature = "cuda")]
+    if !amk_backend_cuda::nvrtc::nvrtc_present() {
+        return Some(amk_backend_cuda::CudaError::NvrtcMissing);
+    }
+    None
 }

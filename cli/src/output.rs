@@ -69,14 +69,40 @@ pub fn flush_out() {
     }
 }
 
-/// Writes to stderr; a failure is remembered for [`finish`].
+/// The most bytes one stderr message shows: an error quoting hostile input (a 100 MB string
+/// in a program, a name of any length) must not become a line of that size.
+pub const MAX_ERR_BYTES: usize = 16 << 10;
+
+/// Writes to stderr, each message cut at [`MAX_ERR_BYTES`] (saying how much was cut); a
+/// failure is remembered for [`finish`].
 pub fn write_err(args: fmt::Arguments<'_>) {
     if FAILURES.lock().is_ok_and(|f| f.stderr.is_some()) {
         return;
     }
-    if let Err(e) = io::stderr().lock().write_fmt(args) {
+    let full = args.to_string();
+    let text = bounded(&full, MAX_ERR_BYTES);
+    if let Err(e) = io::stderr().lock().write_all(text.as_bytes()) {
         note(false, e);
     }
+}
+
+/// `text` cut at `max` bytes (on a character boundary) with a note of what was left out, its
+/// final newline kept; unchanged when short enough.
+pub fn bounded(text: &str, max: usize) -> std::borrow::Cow<'_, str> {
+    if text.len() <= max {
+        return text.into();
+    }
+    let mut cut = max;
+    while !text.is_char_boundary(cut) {
+        cut -= 1;
+    }
+    let nl = if text.ends_with('\n') { "\n" } else { "" };
+    format!(
+        "{} … ({} more bytes not shown){nl}",
+        &text[..cut],
+        text.len() - cut
+    )
+    .into()
 }
 
 fn stdout_failed() -> bool {

@@ -1,6 +1,6 @@
 //! `amk validate FILE... [--json]`.
 
-use crate::output::{errln, outln};
+use crate::output::{MAX_ERR_BYTES, bounded, errln, outln};
 use amk_core::{IrError, Registry, ValidationResult, validate};
 use serde_json::{Value, json};
 use std::path::{Path, PathBuf};
@@ -54,7 +54,7 @@ fn check_file(path: &Path, reg: &Registry, max_mib: u64) -> Outcome {
 fn diag_json<K: std::fmt::Display>(d: &amk_core::validate::Diagnostic<K>) -> Value {
     let mut o = serde_json::Map::new();
     o.insert("kind".into(), json!(d.kind.to_string()));
-    o.insert("message".into(), json!(d.message));
+    o.insert("message".into(), json!(bounded(&d.message, MAX_ERR_BYTES)));
     if let Some(t) = d.task {
         o.insert("task".into(), json!(t));
     }
@@ -87,7 +87,7 @@ fn outcome_json(file: &Path, o: &Outcome) -> Value {
             "file": file.display().to_string(),
             "ok": false,
             "stage": "load",
-            "errors": [{"kind": "load", "message": e.to_string()}],
+            "errors": [{"kind": "load", "message": bounded(&e.to_string(), MAX_ERR_BYTES)}],
             "warnings": [],
             "stats": {},
         }),

@@ -1089,3 +1089,72 @@ fn the_program_size_bound_is_a_flag() {
         .unwrap();
     assert_eq!(o.status.code(), Some(0), "{}", text(&o));
 }
+
+/// A program the validator accepts whose buffers do not fit in memory (two 4 TiB
+/// buffers, one COPY) is refused by `amk run` with an error naming them (exit 3, a backend
+/// error) instead of aborting in the allocator.
+#[test]
+fn a_program_too_large_for_memory_is_refused_by_name() {
+    let d = scratch("hugebufs");
+    let huge = 1u64 << 40; // 4 TiB of F32
+    let program = format!(
+        r#"{{"ir_version": "0.2.0", "abi_version": "0.2",
+  "buffers": [
+    {{"id": 0, "name": "huge_in", "kind": "KV_CACHE", "dtype": "F32", "shape": [{huge}], "space": "HBM", "source": null}},
+    {{"id": 1, "name": "huge_out", "kind": "IO_OUTPUT", "dtype": "F32", "shape": [{huge}], "space": "HBM", "source": null}}
+  ],
+  "counters": [{{"id": 0, "init": 0, "note": "done"}}],
+  "tasks": [{{"id": 0, "op": "COPY", "inputs": [0], "outputs": [1], "out_counter": 0, "waits": [], "params": {{}}}}]
+}}"#
+    );
+    let f = d.join("huge.json");
+    std::fs::write(&f, program).unwrap();
+    let f = f.display().to_string();
+    let v = amk().args(["validate", &f]).output().unwrap();
+    assert_eq!(
+        v.status.code(),
+        Some(0),
+        "the program is valid: {}",
+        text(&v)
+    );
+    let o = amk().args(["run", &f]).output().unwrap();
+    assert_eq!(o.status.code(), Some(3), "{}", text(&o));
+    let t = text(&o);
+    assert!(t.contains("huge_in") && t.contains("huge_out"), "{t}");
+    assert!(!t.contains("panicked"), "{t}");
+}
+
+/// An error that quotes its input (here a 4 MB version string) shows at most 16 KiB of it,
+/// saying how much it left out, on stderr and in `--json`.
+#[test]
+fn errors_quoting_huge_input_are_bounded() {
+    let d = scratch("hugeerr");
+    let f = d.join("p.json");
+    std::fs::write(
+        &f,
+        format!("{{\"ir_version\": \"{}\"}}", "9".repeat(4 << 20)),
+    )
+    .unwrap();
+    let f = f.display().to_string();
+    let o = amk().args(["validate", &f]).output().unwrap();
+    assert_eq!(o.status.code(), Some(2));
+    assert!(
+        o.stderr.len() < 20 << 10,
+        "{} bytes of stderr",
+        o.stderr.len()
+    );
+    assert!(String::from_utf8_lossy(&o.stderr).contains("more bytes not shown"));
+    let j = amk().args(["validate", "--json", &f]).output().unwrap();
+    assert!(
+        j.stdout.len() < 20 << 10,
+        "{} bytes of JSON",
+        j.stdout.len()
+    );
+    let v: serde_json::Value = serde_json::from_slice(&j.stdout).unwrap();
+    assert!(
+        v["errors"][0]["message"]
+            .as_str()
+            .unwrap()
+            .contains("more bytes not shown")
+    );
+}

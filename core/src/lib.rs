@@ -36,7 +36,7 @@ pub use registry::{
     CheckFn, CudaSource, Finding, OpRegistration, OpSpec, Origin, PARAM_FIELDS, ParamDecl,
     ParamType, Registry, RowLoop, TaskContext, WriteRegion,
 };
-pub use tensor::{Storage, Tensor, round_to};
+pub use tensor::{NonFinite, Storage, Tensor, round_to};
 pub use validate::{
     ErrorKind, ParamPatch, ValidatedProgram, ValidationError, ValidationResult, ValidationWarning,
     WarningKind, validate, validate_owned,

@@ -33,6 +33,17 @@ pub enum Storage {
     Bytes(Vec<u8>),
 }
 
+/// Where a float tensor holds NaN or infinity ([`Tensor::non_finite`]).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct NonFinite {
+    /// Index of the first such element.
+    pub first: usize,
+    /// Its value.
+    pub value: f32,
+    /// How many elements are NaN or infinite.
+    pub count: usize,
+}
+
 /// A host tensor: dtype, logical shape and storage.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Tensor {
@@ -68,7 +79,40 @@ pub fn round_to(dtype: DType, x: f32) -> f32 {
 }
 
 impl Tensor {
-    /// A tensor of zeros.
+    /// A tensor of zeros, or None when the allocator cannot give its memory (instead of the
+    /// abort a failed allocation is).
+    pub fn try_zeros(dtype: DType, shape: &[u64]) -> Option<Tensor> {
+        /// `n` copies of `x`, or None when the allocator cannot give the memory.
+        fn filled<T: Clone>(n: usize, x: T) -> Option<Vec<T>> {
+            let mut v = Vec::new();
+            v.try_reserve_exact(n).ok()?;
+            v.resize(n, x);
+            Some(v)
+        }
+        let n = numel_of(shape);
+        let data = match dtype {
+            DType::F32 => Storage::F32(filled(n, 0.0)?),
+            DType::F16 => Storage::F16(filled(n, f16::ZERO)?),
+            DType::BF16 => Storage::BF16(filled(n, bf16::ZERO)?),
+            DType::I32 => Storage::I32(filled(n, 0)?),
+            DType::I8 => Storage::I8(filled(n, 0)?),
+            DType::U8 => Storage::U8(filled(n, 0)?),
+            DType::I4 => {
+                let k = row_len(shape);
+                let rows = n.checked_div(k).unwrap_or(0);
+                Storage::I4(filled(rows.checked_mul(k.div_ceil(2))?, 0)?)
+            }
+            DType::BOOL | DType::F8E4M3 | DType::F8E5M2 => Storage::Bytes(filled(n, 0)?),
+        };
+        Some(Tensor {
+            dtype,
+            shape: shape.to_vec(),
+            data,
+        })
+    }
+
+    /// A zero tensor (aborts, as any allocation, when memory runs out: [`Tensor::try_zeros`]
+    /// for sizes that input decides).
     pub fn zeros(dtype: DType, shape: &[u64]) -> Tensor {
         let n = numel_of(shape);
         let data = match dtype {
@@ -362,6 +406,29 @@ impl Tensor {
             Storage::I8(v) => v[i] = x.clamp(i8::MIN as i64, i8::MAX as i64) as i8,
             Storage::U8(v) => v[i] = x.clamp(0, 255) as u8,
             _ => self.set_f32(i, x as f32),
+        }
+    }
+
+    /// Where a float tensor (F32, F16, BF16) holds NaN or infinity, if it does; None for other
+    /// dtypes. A scan of every element: what an importer runs once per weight.
+    pub fn non_finite(&self) -> Option<NonFinite> {
+        fn scan<T: Copy>(
+            v: &[T],
+            bad: impl Fn(T) -> bool,
+            f: impl Fn(T) -> f32,
+        ) -> Option<NonFinite> {
+            let first = v.iter().position(|&x| bad(x))?;
+            Some(NonFinite {
+                first,
+                value: f(v[first]),
+                count: v.iter().filter(|&&x| bad(x)).count(),
+            })
+        }
+        match &self.data {
+            Storage::F32(v) => scan(v, |x| !x.is_finite(), |x| x),
+            Storage::F16(v) => scan(v, |x| !x.is_finite(), f32::from),
+            Storage::BF16(v) => scan(v, |x| !x.is_finite(), f32::from),
+            _ => None,
         }
     }
 

@@ -119,22 +119,82 @@ fn unsupported(t: usize, task: &Task, why: String) -> BackendError {
     BackendError::Unsupported(format!("task {t} ({}): {why}", task_label(task)))
 }
 
-/// A zeroed tensor for `b`, refused when its size does not fit in memory addressing.
-fn allocate(b: &Buffer) -> Result<Tensor, BackendError> {
-    let numel = b
-        .shape
-        .iter()
-        .try_fold(1usize, |a, &d| a.checked_mul(usize::try_from(d).ok()?));
-    let fits = numel
+/// Bytes of buffer `b`, None when they do not fit in memory addressing.
+fn buffer_bytes(b: &Buffer) -> Option<usize> {
+    let numel = (b.shape.iter()).try_fold(1usize, |a, &d| a.checked_mul(usize::try_from(d).ok()?));
+    numel
         .and_then(|n| n.checked_mul(b.dtype.bits().div_ceil(8) as usize))
-        .is_some_and(|bytes| bytes <= isize::MAX as usize);
-    if !fits {
-        return Err(BackendError::Unsupported(format!(
-            "buffer '{}': {} {:?} is too large to allocate",
-            b.name, b.dtype, b.shape
-        )));
+        .filter(|&bytes| bytes <= isize::MAX as usize)
+}
+
+/// Memory this machine can still give, from Linux's `/proc/meminfo` (`MemAvailable`); None
+/// where that is not known.
+fn available_memory() -> Option<u64> {
+    let text = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let line = text.lines().find(|l| l.starts_with("MemAvailable:"))?;
+    let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    kib.checked_mul(1024)
+}
+
+/// The buffers the session allocates (all but weights and constants), refused together when
+/// they exceed the memory available, naming the largest: a program the validator accepts may
+/// still ask for more than the machine has, and an allocation that fails aborts.
+fn check_memory(buffers: &[&Buffer]) -> Result<(), BackendError> {
+    let mut sizes: Vec<(u64, &Buffer)> = Vec::with_capacity(buffers.len());
+    for b in buffers {
+        let Some(bytes) = buffer_bytes(b) else {
+            return Err(BackendError::Unsupported(format!(
+                "buffer '{}': {} {:?} is too large to allocate",
+                b.name, b.dtype, b.shape
+            )));
+        };
+        sizes.push((bytes as u64, b));
     }
-    Ok(Tensor::zeros(b.dtype, &b.shape))
+    let total = sizes.iter().fold(0u64, |a, (s, _)| a.saturating_add(*s));
+    let Some(avail) = available_memory() else {
+        return Ok(());
+    };
+    if total <= avail {
+        return Ok(());
+    }
+    sizes.sort_by(|a, b| b.0.cmp(&a.0));
+    let largest: Vec<String> = (sizes.iter().take(4))
+        .map(|(s, b)| {
+            format!(
+                "'{}' {} {:?} ({})",
+                b.name,
+                b.dtype,
+                b.shape,
+                human_bytes(*s)
+            )
+        })
+        .collect();
+    Err(BackendError::Unsupported(format!(
+        "the program's buffers need {} and this machine has {} available; the largest: {}",
+        human_bytes(total),
+        human_bytes(avail),
+        largest.join(", ")
+    )))
+}
+
+/// `n` bytes as GiB or MiB with one decimal.
+fn human_bytes(n: u64) -> String {
+    if n >= 1 << 30 {
+        format!("{:.1} GiB", n as f64 / (1u64 << 30) as f64)
+    } else {
+        format!("{:.1} MiB", n as f64 / (1u64 << 20) as f64)
+    }
+}
+
+/// A zeroed tensor for `b` (whose size [`check_memory`] accepted), refused when the allocator
+/// cannot give it.
+fn allocate(b: &Buffer) -> Result<Tensor, BackendError> {
+    Tensor::try_zeros(b.dtype, &b.shape).ok_or_else(|| {
+        BackendError::Unsupported(format!(
+            "buffer '{}': {} {:?}: the allocation failed (out of memory)",
+            b.name, b.dtype, b.shape
+        ))
+    })
 }
 
 impl CpuSession {
@@ -184,6 +244,10 @@ impl CpuSession {
             }
             refs.push(reference.clone());
         }
+        let owned: Vec<&Buffer> = (program.buffers.iter())
+            .filter(|b| !matches!(b.kind, BufferKind::WEIGHT | BufferKind::CONST))
+            .collect();
+        check_memory(&owned)?;
         let mut store = Vec::with_capacity(nb);
         let mut names: HashMap<String, Vec<u32>> = HashMap::new();
         for (i, b) in program.buffers.iter().enumerate() {

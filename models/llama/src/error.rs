@@ -64,6 +64,13 @@ pub enum ModelError {
         /// What the file holds.
         found: String,
     },
+    /// Weights holding NaN or infinity: a corrupt or mis-converted checkpoint (the model would
+    /// compute nothing meaningful, e.g. one token over and over).
+    #[error("non-finite weights (NaN or infinity), a corrupt checkpoint: {}", tensors.join("; "))]
+    NonFinite {
+        /// One line per tensor: its name, the first such element and how many there are.
+        tensors: Vec<String>,
+    },
     /// A tensor has a shape the operation cannot accept.
     #[error("shape error: {0}")]
     Shape(String),

@@ -31,6 +31,12 @@ pub const MAX_DIMS: u32 = 4;
 /// The deepest array nesting accepted (guards the recursion against hostile files).
 pub const MAX_ARRAY_DEPTH: usize = 16;
 
+/// The most memory the parsed metadata may take (its values, their strings), whatever the
+/// file: a metadata array costs a `GgufValue` (32 bytes) an element in memory against 1 byte
+/// in the file, so a 96 MB array of u8 would otherwise take 3 GB. Real files stay far below
+/// (a 150,000-token vocabulary with its merges: ≈ 20 MB).
+pub const MAX_METADATA_MEMORY: u64 = 512 << 20;
+
 /// A metadata value type code.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ValueType {
@@ -414,6 +420,8 @@ impl std::fmt::Debug for GgufFile {
 struct Cursor<'a> {
     buf: &'a [u8],
     pos: usize,
+    /// Memory the metadata parsed so far takes (bounded by [`MAX_METADATA_MEMORY`]).
+    spent: u64,
 }
 
 impl<'a> Cursor<'a> {
@@ -461,6 +469,7 @@ impl<'a> Cursor<'a> {
                 len: self.buf.len() as u64,
             });
         }
+        self.spend(len, what)?;
         let bytes = self.take(len, what)?;
         String::from_utf8(bytes.to_vec()).map_err(|e| {
             ModelError::Corrupt(format!("{} at byte {start}: invalid UTF-8 ({e})", what()))
@@ -469,6 +478,20 @@ impl<'a> Cursor<'a> {
 
     /// Checks that `count` items of at least `min_size` bytes each can fit in the rest of
     /// the file (so a hostile count cannot make us allocate or loop absurdly).
+    /// Counts `bytes` more of parsed metadata against [`MAX_METADATA_MEMORY`] (before they
+    /// are allocated).
+    fn spend(&mut self, bytes: u64, what: &dyn Fn() -> String) -> Result<(), ModelError> {
+        self.spent = self.spent.saturating_add(bytes);
+        if self.spent > MAX_METADATA_MEMORY {
+            return Err(ModelError::Corrupt(format!(
+                "{}: the metadata would take more than {} MiB of memory",
+                what(),
+                MAX_METADATA_MEMORY >> 20
+            )));
+        }
+        Ok(())
+    }
+
     fn check_count(&self, count: u64, min_size: u64, what: &str) -> Result<usize, ModelError> {
         let need = count.checked_mul(min_size);
         match need {
@@ -525,6 +548,10 @@ impl<'a> Cursor<'a> {
                 })?;
                 let count = self.u64(&|| format!("array length of '{key}'"))?;
                 let n = self.check_count(count, elem.min_size(), &format!("array '{key}'"))?;
+                let item = std::mem::size_of::<GgufValue>() as u64;
+                self.spend((n as u64).saturating_mul(item), &|| {
+                    format!("array '{key}'")
+                })?;
                 let mut items = Vec::with_capacity(n);
                 for _ in 0..n {
                     items.push(self.value(elem, key, depth + 1)?);
@@ -568,6 +595,7 @@ impl GgufFile {
             let mut c = Cursor {
                 buf: &bytes,
                 pos: 0,
+                spent: 0,
             };
             let magic = bytes.get(..4).unwrap_or(&bytes);
             if magic != MAGIC {

@@ -99,6 +99,28 @@ fn ignorable(name: &str) -> bool {
     name.ends_with(".rotary_emb.inv_freq")
 }
 
+/// Refuses weights holding NaN or infinity, naming each such tensor (a checkpoint broken by
+/// its conversion would otherwise run and produce one token over and over).
+fn non_finite_weights(
+    weights: &WeightStore,
+    expected: &[(String, Vec<u64>)],
+) -> Result<(), ModelError> {
+    let tensors: Vec<String> = (expected.iter())
+        .filter_map(|(name, _)| {
+            let bad = weights.get(name)?.non_finite()?;
+            Some(format!(
+                "'{name}' element {} is {} ({} such elements)",
+                bad.first, bad.value, bad.count
+            ))
+        })
+        .collect();
+    if tensors.is_empty() {
+        Ok(())
+    } else {
+        Err(ModelError::NonFinite { tensors })
+    }
+}
+
 impl Model {
     /// Checks `weights` against `cfg` and builds the model. Every problem is reported at once:
     /// missing tensors, wrong shapes or dtypes, and tensors nothing explains (an `o_proj.bias`,
@@ -161,6 +183,7 @@ impl Model {
         if !reasons.is_empty() {
             return Err(ModelError::Unsupported { reasons });
         }
+        non_finite_weights(&weights, &expected)?;
         let drop: Vec<String> = weights
             .names()
             .filter(|n| !expected.iter().any(|(e, _)| e == n))

@@ -667,3 +667,30 @@ fn real_gguf_file() {
         }
     }
 }
+
+/// A metadata array costs a value (32 bytes) an element in memory against 1 byte in the file:
+/// a 20 MB array of u8 (640 MB parsed) is refused before anything is allocated for it, and
+/// one of 1 MB (32 MB parsed) still loads.
+#[test]
+fn metadata_arrays_are_bounded_in_memory() {
+    let file = |n: u64| {
+        let mut b = b"GGUF".to_vec();
+        b.extend(3u32.to_le_bytes()); // version
+        b.extend(0u64.to_le_bytes()); // tensors
+        b.extend(1u64.to_le_bytes()); // metadata keys
+        b.extend(3u64.to_le_bytes());
+        b.extend(b"big");
+        b.extend(9u32.to_le_bytes()); // array
+        b.extend(0u32.to_le_bytes()); // of u8
+        b.extend(n.to_le_bytes());
+        b.resize(b.len() + n as usize, 7);
+        b
+    };
+    let e = GgufFile::parse(file(20 << 20)).unwrap_err();
+    assert!(
+        matches!(&e, ModelError::Corrupt(m) if m.contains("memory")),
+        "{e}"
+    );
+    let g = GgufFile::parse(file(1 << 20)).unwrap();
+    assert_eq!(g.get_array("big").unwrap().1.len(), 1 << 20);
+}

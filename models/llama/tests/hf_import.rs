@@ -1116,3 +1116,32 @@ fn reference_tiny_checkpoints() {
         println!("NOTE: no tests/reference/tiny-* checkpoints present; reference import skipped");
     }
 }
+
+/// Weights holding NaN or infinity are refused at load, each tensor named with its first such
+/// element and their count (they used to run and yield token 0 over and over).
+#[test]
+fn non_finite_weights_are_refused_at_load() {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/reference/tiny-gqa");
+    let m = import_hf(&dir).unwrap();
+    let mut weights = WeightStore::new();
+    for name in m.weights.names() {
+        let mut t = (**m.weights.get(name).unwrap()).clone();
+        if name == "model.layers.1.mlp.up_proj.weight" {
+            t.set_f32(7, f32::NAN);
+            t.set_f32(9, f32::INFINITY);
+        }
+        weights.insert(name, t);
+    }
+    let e = amk_model_llama::Model::new(m.config.clone(), weights, None, "nan", ModelFormat::Hf)
+        .unwrap_err();
+    let ModelError::NonFinite { tensors } = &e else {
+        panic!("{e}");
+    };
+    assert_eq!(tensors.len(), 1, "{e}");
+    assert!(
+        tensors[0].contains("up_proj")
+            && tensors[0].contains("element 7")
+            && tensors[0].contains("2 such"),
+        "{e}"
+    );
+}

@@ -102,7 +102,7 @@ pub fn load_plugin_with_entry(
     // docs/plugins.md); nothing else can be checked before its code runs.
     let lib = unsafe { Library::new(&load_path) }.map_err(|e| PluginError::Load {
         path: p.clone(),
-        reason: e.to_string(),
+        reason: with_causes(&e),
     })?;
     #[allow(unsafe_code)]
     // SAFETY: the symbol is looked up with the version-1 entry type, the type every amk
@@ -218,6 +218,19 @@ pub unsafe fn register_descriptor(
         version,
         ops,
     })
+}
+
+/// `e` and every error under it, joined (the dynamic loader's own message is the cause of
+/// libloading's "dlopen failed").
+fn with_causes(e: &dyn std::error::Error) -> String {
+    let mut text = e.to_string();
+    let mut cause = e.source();
+    while let Some(c) = cause {
+        text.push_str(": ");
+        text.push_str(&c.to_string());
+        cause = c.source();
+    }
+    text
 }
 
 fn malformed(p: &Path, why: &str) -> PluginError {

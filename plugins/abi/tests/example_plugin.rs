@@ -123,6 +123,14 @@ fn missing_files_non_libraries_and_missing_symbols_are_refused() {
     let e = reg.load_plugin(&text).unwrap_err();
     assert!(matches!(e, PluginError::Load { .. }), "{e}");
     assert!(e.to_string().contains("cannot load"), "{e}");
+    // The dynamic loader's own reason (glibc: "invalid ELF header"), not only "dlopen failed".
+    let PluginError::Load { reason, .. } = &e else {
+        unreachable!()
+    };
+    assert!(
+        reason.contains("not-a-library.so") && !reason.ends_with("dlopen failed"),
+        "{e}"
+    );
 
     let e = load_plugin_with_entry(&mut reg, &example_so(), "amk_plugin_entry_v9000").unwrap_err();
     assert!(
