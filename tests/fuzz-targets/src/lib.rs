@@ -125,8 +125,8 @@ pub fn plugin(data: &[u8]) {
 mod plugin_parts;
 
 /// The seed corpus of target `name`: files of the repository (test fixtures and reference
-/// checkpoints), read from the source tree, and built inputs where no file fits (the plugin
-/// descriptor's bytes). Unknown names have none.
+/// checkpoints, and the inputs that once crashed it), read from the source tree, and built
+/// inputs where no file fits (the plugin descriptor's bytes). Unknown names have none.
 pub fn seeds(name: &str) -> Vec<Vec<u8>> {
     let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
     let files: &[&str] = match name {
@@ -153,6 +153,14 @@ pub fn seeds(name: &str) -> Vec<Vec<u8>> {
         .iter()
         .filter_map(|f| std::fs::read(root.join(f)).ok())
         .collect();
+    // Inputs that once crashed a target (`tests/fuzz-targets/regressions/<name>/`), kept so
+    // that every run tries them again.
+    let regressions = root.join("tests/fuzz-targets/regressions").join(name);
+    if let Ok(dir) = std::fs::read_dir(regressions) {
+        let mut paths: Vec<_> = dir.filter_map(|e| e.ok().map(|e| e.path())).collect();
+        paths.sort();
+        out.extend(paths.iter().filter_map(|p| std::fs::read(p).ok()));
+    }
     match name {
         "tokenizer" => {
             let dir = root.join("tests/reference/llama3_bpe");

@@ -66,10 +66,12 @@ pub fn merges_from_scores(tokens: &[&str], scores: &[f32]) -> Vec<(String, Strin
         merges[first..].sort_by_key(|m| (id[m.left], id[m.right]));
     }
     let chars = |s: &str| s.chars().count();
+    // A total order whatever the scores (a NaN from a hostile file made the comparison
+    // inconsistent, which the sort reports by panicking; found by the fuzz target): `total_cmp`
+    // with -0.0 taken as 0.0 (`+ 0.0`), so finite scores order as Python's sort does.
     merges.sort_by(|a, b| {
-        b.score
-            .partial_cmp(&a.score)
-            .unwrap_or(std::cmp::Ordering::Equal)
+        (b.score + 0.0)
+            .total_cmp(&(a.score + 0.0))
             .then_with(|| chars(b.left).cmp(&chars(a.left)))
             .then_with(|| chars(b.right).cmp(&chars(a.right)))
     });
