@@ -184,7 +184,13 @@ fn nan_scores_do_not_break_the_merge_order() {
     }
     let refs: Vec<&str> = tokens.iter().map(String::as_str).collect();
     let scores: Vec<f32> = (0..refs.len())
-        .map(|i| if i % 3 == 0 { f32::NAN } else { -((i * 7 % 11) as f32) })
+        .map(|i| {
+            if i % 3 == 0 {
+                f32::NAN
+            } else {
+                -((i * 7 % 11) as f32)
+            }
+        })
         .collect();
     assert_eq!(merges_from_scores(&refs, &scores).len(), 36);
 }

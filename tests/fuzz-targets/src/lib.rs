@@ -153,13 +153,16 @@ pub fn seeds(name: &str) -> Vec<Vec<u8>> {
         .iter()
         .filter_map(|f| std::fs::read(root.join(f)).ok())
         .collect();
-    // Inputs that once crashed a target (`tests/fuzz-targets/regressions/<name>/`), kept so
-    // that every run tries them again.
-    let regressions = root.join("tests/fuzz-targets/regressions").join(name);
-    if let Ok(dir) = std::fs::read_dir(regressions) {
-        let mut paths: Vec<_> = dir.filter_map(|e| e.ok().map(|e| e.path())).collect();
-        paths.sort();
-        out.extend(paths.iter().filter_map(|p| std::fs::read(p).ok()));
+    // Small hand-written seeds (`seeds/<name>/`: a fuzzer runs faster on small inputs), and
+    // inputs that once crashed a target (`regressions/<name>/`), kept so that every run tries
+    // them again.
+    for kind in ["seeds", "regressions"] {
+        let dir = root.join("tests/fuzz-targets").join(kind).join(name);
+        if let Ok(dir) = std::fs::read_dir(dir) {
+            let mut paths: Vec<_> = dir.filter_map(|e| e.ok().map(|e| e.path())).collect();
+            paths.sort();
+            out.extend(paths.iter().filter_map(|p| std::fs::read(p).ok()));
+        }
     }
     match name {
         "tokenizer" => {
