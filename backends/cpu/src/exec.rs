@@ -157,7 +157,7 @@ fn check_memory(buffers: &[&Buffer]) -> Result<(), BackendError> {
     if total <= avail {
         return Ok(());
     }
-    sizes.sort_by(|a, b| b.0.cmp(&a.0));
+    sizes.sort_by_key(|s| std::cmp::Reverse(s.0));
     let largest: Vec<String> = (sizes.iter().take(4))
         .map(|(s, b)| {
             format!(

@@ -100,7 +100,7 @@ impl Descriptor {
                     .map(|_| (r.bytes(), r.near(1), r.near(1)))
                     .collect(),
                 cuda: [r.bytes(), r.bytes()],
-                reference: r.u8() % 2 == 0,
+                reference: r.u8().is_multiple_of(2),
             })
             .collect();
         let mut d = Descriptor {
