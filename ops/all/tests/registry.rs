@@ -56,7 +56,7 @@ fn registry_holds_exactly_the_abi_and_extended_opcodes() {
 #[case("FUSED", 19, 1, None, Some(1), &["recipe"])]
 #[case("RMSNORM_GEMV", 20, 3, Some(4), Some(1), &["eps", "K", "N_tile", "n_off"])]
 #[case("GATE_UP_SILU", 21, 3, Some(4), Some(1), &["K", "N_tile", "n_off"])]
-#[case("QKV_ROPE_APPEND", 22, 5, Some(7), Some(3), &["K", "N_tile", "n_off", "head_dim", "n_heads", "n_kv_heads", "theta"])]
+#[case("QKV_ROPE_APPEND", 22, 5, Some(8), Some(3), &["K", "N_tile", "n_off", "head_dim", "n_heads", "n_kv_heads", "theta"])]
 #[case("ATTENTION_GEMV", 23, 4, Some(6), Some(1), &["head_dim", "kv_start", "kv_len", "scale", "n_heads", "n_kv_heads", "K", "N_tile", "n_off"])]
 #[case("NEXT_TOKEN", 24, 6, Some(6), Some(4), &[])]
 #[case("ATTENTION_SPLIT", 25, 4, Some(4), Some(1), &["head_dim", "n_heads", "n_kv_heads", "scale", "N_tile", "n_off", "n_splits", "chunk"])]

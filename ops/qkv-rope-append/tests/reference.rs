@@ -132,7 +132,7 @@ fn append(new: &Tensor, cache: &mut Tensor, pos: usize) {
 // Qwen3's per-head q/k norms: tiles of whole heads; heads × head_dim ≠ K.
 #[case::qwen3_f32_qk_norm(Shape { k: 16, nh: 4, nkv: 2, hd: 12, seq: 5, pos: 3 }, DType::F32, false, &[(0, 96)], false, true)]
 #[case::qwen3_bf16_norm_qk_norm_tiles(Shape { k: 32, nh: 4, nkv: 2, hd: 8, seq: 6, pos: 5 }, DType::BF16, true, &[(0, 16), (16, 32), (48, 16)], false, true)]
-#[case::qwen3_f16_qk_norm_factors(Shape { k: 24, nh: 2, nkv: 1, hd: 6, seq: 4, pos: 2 }, DType::F16, true, &[(0, 6), (6, 18)], true, true)]
+#[case::qwen3_f16_qk_norm_factors(Shape { k: 24, nh: 2, nkv: 1, hd: 6, seq: 4, pos: 2 }, DType::F16, false, &[(0, 6), (6, 18)], true, true)]
 fn equals_the_unfused_prologue(
     #[case] s: Shape,
     #[case] dt: DType,
@@ -332,34 +332,50 @@ fn bad_calls_are_typed_errors() {
     assert!(matches!(run(&p, &wk, 3, &fpos), Err(OpError::DType(_))));
 }
 
-/// The shape rule of the frequency factors: `rope_factors` 0 or 1; with 1, the last input is
-/// `head_dim / 2` floats (after the norm weight when there is one); 7 inputs need it.
-#[test]
-fn the_shape_rule_places_and_checks_the_frequency_factors() {
-    use amk_core::ErrorKind;
-    use amk_core::testkit::shape_rule_kinds;
-    let buf = amk_core::testkit::buffer;
-    let s = Shape {
+/// The shape the shape-rule tests use: K 16, 4 Q heads and 2 KV heads of 8, 5 cache rows.
+fn rule_shape() -> Shape {
+    Shape {
         k: 16,
         nh: 4,
         nkv: 2,
         hd: 8,
         seq: 5,
         pos: 0,
-    };
-    let buffers = [
-        buf(0, DType::F32, &[1, 16]),    // x
-        buf(1, DType::F32, &[32, 16]),   // Wq
-        buf(2, DType::F32, &[16, 16]),   // Wk
-        buf(3, DType::F32, &[16, 16]),   // Wv
-        buf(4, DType::I32, &[1]),        // pos
-        buf(5, DType::F32, &[16]),       // norm weight
-        buf(6, DType::F32, &[4]),        // factors (head_dim / 2)
-        buf(7, DType::F32, &[3]),        // factors of the wrong length
-        buf(8, DType::F32, &[4, 8]),     // q
-        buf(9, DType::F32, &[5, 2, 8]),  // kcache
-        buf(10, DType::F32, &[5, 2, 8]), // vcache
-    ];
+    }
+}
+
+/// [`rule_shape`]'s buffers: x, Wq, Wk, Wv, pos (ids 0-4), the three `optional` ones (5-7),
+/// then q, kcache, vcache (8-10), all F32 but pos.
+fn rule_buffers(optional: [(DType, &[u64]); 3]) -> [amk_core::ir::Buffer; 11] {
+    let buf = amk_core::testkit::buffer;
+    let [(d5, s5), (d6, s6), (d7, s7)] = optional;
+    [
+        buf(0, DType::F32, &[1, 16]),
+        buf(1, DType::F32, &[32, 16]),
+        buf(2, DType::F32, &[16, 16]),
+        buf(3, DType::F32, &[16, 16]),
+        buf(4, DType::I32, &[1]),
+        buf(5, d5, s5),
+        buf(6, d6, s6),
+        buf(7, d7, s7),
+        buf(8, DType::F32, &[4, 8]),
+        buf(9, DType::F32, &[5, 2, 8]),
+        buf(10, DType::F32, &[5, 2, 8]),
+    ]
+}
+
+/// The shape rule of the frequency factors: `rope_factors` 0 or 1; with 1, the last input is
+/// `head_dim / 2` floats (after the norm weight when there is one); 7 inputs need it.
+#[test]
+fn the_shape_rule_places_and_checks_the_frequency_factors() {
+    use amk_core::ErrorKind;
+    use amk_core::testkit::shape_rule_kinds;
+    let s = rule_shape();
+    let buffers = rule_buffers([
+        (DType::F32, &[16]), // 5: norm weight
+        (DType::F32, &[4]),  // 6: factors (head_dim / 2)
+        (DType::F32, &[3]),  // 7: factors of the wrong length
+    ]);
     let rule = |inputs: &[u32], factors: Option<i64>| {
         let norm = inputs.contains(&5);
         let mut p = params(&s, 0, 64, norm);
@@ -454,29 +470,14 @@ fn optional_inputs_follow_the_options() {
 fn the_shape_rule_checks_the_qk_norm() {
     use amk_core::ErrorKind;
     use amk_core::testkit::shape_rule_kinds;
-    let buf = amk_core::testkit::buffer;
-    let s = Shape {
-        k: 16,
-        nh: 4,
-        nkv: 2,
-        hd: 8,
-        seq: 5,
-        pos: 0,
-    };
-    let buffers = [
-        buf(0, DType::F32, &[1, 16]),    // x
-        buf(1, DType::F32, &[32, 16]),   // Wq
-        buf(2, DType::F32, &[16, 16]),   // Wk
-        buf(3, DType::F32, &[16, 16]),   // Wv
-        buf(4, DType::I32, &[1]),        // pos
-        buf(5, DType::F32, &[8]),        // q norm
-        buf(6, DType::F32, &[8]),        // k norm
-        buf(7, DType::F32, &[7]),        // a norm of the wrong length
-        buf(8, DType::F32, &[4, 8]),     // q
-        buf(9, DType::F32, &[5, 2, 8]),  // kcache
-        buf(10, DType::F32, &[5, 2, 8]), // vcache
-        buf(11, DType::I32, &[8]),       // an integer norm
-    ];
+    let s = rule_shape();
+    let mut buffers = rule_buffers([
+        (DType::F32, &[8]), // 5: q norm
+        (DType::F32, &[8]), // 6: k norm
+        (DType::F32, &[7]), // 7: a norm of the wrong length
+    ])
+    .to_vec();
+    buffers.push(amk_core::testkit::buffer(11, DType::I32, &[8])); // an integer norm
     let rule = |inputs: &[u32], tile: (usize, usize), qk: Option<i64>, eps: bool| {
         let mut p = params(&s, tile.0, tile.1, eps);
         if let Some(v) = qk {
