@@ -48,10 +48,8 @@ With --json, stdout holds exactly
 pub struct Args {
     /// Program file (.json or .json.gz).
     program: PathBuf,
-    /// Largest program accepted, in MiB, as a file and decompressed.
-    #[arg(long, value_name = "MIB", default_value_t = crate::validate_cmd::DEFAULT_MAX_PROGRAM_MIB,
-          value_parser = clap::value_parser!(u64).range(1..=1 << 20))]
-    max_program_mib: u64,
+    #[command(flatten)]
+    limit: crate::validate_cmd::ProgramLimit,
     /// Safetensors file holding the WEIGHT/CONST tensors, keyed by each buffer's `source`
     /// (needed when the program has such buffers).
     #[arg(long, value_name = "FILE.safetensors")]
@@ -326,13 +324,13 @@ fn run_inner(args: &Args) -> Result<RunOutput, RunError> {
     let chosen = backend_choice::open(args.backend, 1)?;
     let backend = chosen.backend.as_ref();
     let reg: Registry = crate::registry::registry().map_err(RunError::Registry)?;
-    let limit = args.max_program_mib << 20;
-    let program = amk_core::codec::load_limited(&args.program, &reg, limit).map_err(|source| {
-        RunError::Load {
+    let program = args
+        .limit
+        .load(&args.program, &reg)
+        .map_err(|source| RunError::Load {
             path: args.program.clone(),
             source,
-        }
-    })?;
+        })?;
     let validated: ValidatedProgram =
         validate_owned(program, &reg).map_err(|result| RunError::Rejected {
             path: args.program.clone(),

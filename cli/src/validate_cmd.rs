@@ -29,23 +29,34 @@ pub struct Args {
     /// Machine-readable output on stdout.
     #[arg(long)]
     json: bool,
+    #[command(flatten)]
+    limit: ProgramLimit,
+}
+
+/// `--max-program-mib`, for every command that reads a program file (`validate`, `run`).
+#[derive(clap::Args)]
+pub struct ProgramLimit {
     /// Largest program accepted, in MiB, as a file and decompressed (a bound on what a
     /// hostile file can make the loader allocate).
-    #[arg(long, value_name = "MIB", default_value_t = DEFAULT_MAX_PROGRAM_MIB,
+    #[arg(long, value_name = "MIB", default_value_t = amk_core::codec::MAX_PROGRAM_BYTES >> 20,
           value_parser = clap::value_parser!(u64).range(1..=1 << 20))]
     max_program_mib: u64,
 }
 
-/// `--max-program-mib`'s default: the library's bound.
-pub const DEFAULT_MAX_PROGRAM_MIB: u64 = amk_core::codec::MAX_PROGRAM_BYTES >> 20;
+impl ProgramLimit {
+    /// The program at `path` (`amk_core::codec::load_limited` at this bound).
+    pub fn load(&self, path: &Path, reg: &Registry) -> Result<amk_core::Program, IrError> {
+        amk_core::codec::load_limited(path, reg, self.max_program_mib << 20)
+    }
+}
 
 enum Outcome {
     Loaded(Box<ValidationResult>),
     LoadFailed(IrError),
 }
 
-fn check_file(path: &Path, reg: &Registry, max_mib: u64) -> Outcome {
-    match amk_core::codec::load_limited(path, reg, max_mib << 20) {
+fn check_file(path: &Path, reg: &Registry, limit: &ProgramLimit) -> Outcome {
+    match limit.load(path, reg) {
         Ok(p) => Outcome::Loaded(Box::new(validate(&p, reg))),
         Err(e) => Outcome::LoadFailed(e),
     }
@@ -107,7 +118,7 @@ pub fn run(args: &Args) -> ExitCode {
     let mut any_rejected = false;
     let mut docs = Vec::new();
     for file in &args.files {
-        let o = check_file(file, &reg, args.max_program_mib);
+        let o = check_file(file, &reg, &args.limit);
         match &o {
             Outcome::LoadFailed(_) => any_load_error = true,
             Outcome::Loaded(r) if !r.ok() => any_rejected = true,

@@ -112,7 +112,9 @@ impl Tensor {
     }
 
     /// A zero tensor (aborts, as any allocation, when memory runs out: [`Tensor::try_zeros`]
-    /// for sizes that input decides).
+    /// for sizes that input decides). Not built on `try_zeros`: `vec![0; n]` takes zeroed
+    /// pages from the allocator (a large cache costs nothing until written), where a fallible
+    /// reservation must write its zeros.
     pub fn zeros(dtype: DType, shape: &[u64]) -> Tensor {
         let n = numel_of(shape);
         let data = match dtype {

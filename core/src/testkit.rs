@@ -138,3 +138,13 @@ pub fn assert_close(got: &Tensor, want: &[f64], rtol: f64, atol: f64) -> f64 {
     }
     worst
 }
+
+/// How far `got` is from the reference `want`: the largest absolute difference over the
+/// largest `|want|` (floored at 1e-6), the measure the checks against HF logits bound by 1e-5.
+pub fn max_rel_err(got: &[f32], want: &[f64]) -> f64 {
+    let scale = want.iter().fold(0f64, |m, v| m.max(v.abs())).max(1e-6);
+    got.iter()
+        .zip(want)
+        .map(|(g, w)| (*g as f64 - w).abs() / scale)
+        .fold(0.0, f64::max)
+}

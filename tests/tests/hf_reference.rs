@@ -197,13 +197,7 @@ fn tiny_with(name: &str, format: Format, cfg: &ScheduleConfig) {
             .map(|x| x.as_f64().unwrap())
             .collect();
         assert_eq!(got.len(), want.len());
-        let scale = want.iter().fold(0f64, |m, x| m.max(x.abs()));
-        let err = got
-            .iter()
-            .zip(&want)
-            .map(|(g, w)| (*g as f64 - w).abs())
-            .fold(0f64, f64::max)
-            / scale;
+        let err = amk_core::testkit::max_rel_err(got, &want);
         worst = worst.max(err);
         assert!(
             err <= 1e-5,

@@ -1497,13 +1497,7 @@ mod tiny_checkpoints {
                         .iter()
                         .map(|x| x.as_f64().unwrap())
                         .collect();
-                    let scale = w.iter().fold(0f64, |m, x| m.max(x.abs()));
-                    let err = g
-                        .iter()
-                        .zip(&w)
-                        .map(|(a, b)| (*a as f64 - b).abs())
-                        .fold(0f64, f64::max)
-                        / scale;
+                    let err = amk_core::testkit::max_rel_err(g, &w);
                     worst = worst.max(err);
                     assert!(err <= 1e-5, "{name} {sched} position {i}: {err:e}");
                     assert_eq!(argmax(g), greedy[i], "{name} {sched} position {i}: argmax");

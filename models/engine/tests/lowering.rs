@@ -8,6 +8,7 @@
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // test file
 
 use amk_backend_cpu::CpuBackend;
+use amk_core::testkit::max_rel_err;
 use amk_core::{Backend, DType, PageStrategy, ScheduleConfig, SmAssignment, Tensor, decode};
 use amk_engine::{Engine, EngineError, EngineOptions, Finish, Request, argmax, lower_and_load};
 use amk_model_llama::Model;
@@ -122,14 +123,6 @@ fn reference_logits(m: &Model, tokens: &[u32]) -> Vec<Vec<f64>> {
         out.push(matvec(m, head, &f));
     }
     out
-}
-
-fn max_rel_err(got: &[f32], want: &[f64]) -> f64 {
-    let scale = want.iter().fold(0f64, |m, v| m.max(v.abs())).max(1e-6);
-    got.iter()
-        .zip(want)
-        .map(|(g, w)| (*g as f64 - w).abs() / scale)
-        .fold(0.0, f64::max)
 }
 
 /// `model` lowered as a decode loop under `sc` with a `max_seq`-row cache, loaded on the CPU VM.

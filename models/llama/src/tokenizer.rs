@@ -307,22 +307,20 @@ impl Tokenizer {
         };
         let json = read(path)?;
         let dir = path.parent().unwrap_or(Path::new("."));
-        let config_path = dir.join("tokenizer_config.json");
-        let config = if config_path.is_file() {
-            Some(String::from_utf8_lossy(&read(&config_path)?).into_owned())
-        } else {
-            None
+        // A file beside the tokenizer, as text, when there is one.
+        let beside = |name: &str| -> Result<Option<String>, ModelError> {
+            let p = dir.join(name);
+            if !p.is_file() {
+                return Ok(None);
+            }
+            Ok(Some(String::from_utf8_lossy(&read(&p)?).into_owned()))
         };
-        let jinja = dir.join("chat_template.jinja");
-        let template = if jinja.is_file() {
-            Some(String::from_utf8_lossy(&read(&jinja)?).into_owned())
-        } else {
-            None
-        };
+        let config = beside("tokenizer_config.json")?;
+        let template = beside("chat_template.jinja")?;
         Tokenizer::from_json_parts(
             &json,
             config.as_deref(),
-            template,
+            template.as_deref(),
             &path.display().to_string(),
         )
     }
@@ -333,7 +331,7 @@ impl Tokenizer {
     pub fn from_json_parts(
         tokenizer_json: &[u8],
         tokenizer_config: Option<&str>,
-        chat_template_jinja: Option<String>,
+        chat_template_jinja: Option<&str>,
         source: &str,
     ) -> Result<Tokenizer, ModelError> {
         // The tokenizers crate panics on some malformed files (a decoder whose JSON breaks off:
@@ -355,7 +353,7 @@ impl Tokenizer {
         };
         let mut chat_template = config.chat_template;
         if chat_template.is_none() {
-            chat_template = chat_template_jinja;
+            chat_template = chat_template_jinja.map(str::to_string);
         }
         let lookup = |name: &Option<String>, what: &str| -> Result<Option<u32>, ModelError> {
             match name {
