@@ -92,6 +92,12 @@ impl Opcode {
     /// A column tile of `combine(partials) · W^T (+ bias)`: the split-KV partials merged inside
     /// every tile of the output projection that reads them (26).
     pub const COMBINE_GEMV: Opcode = Opcode(26);
+    /// A `[rows × columns]` tile of a linear layer over many rows (a prompt chunk), with an
+    /// optional RMS-normalised input and a residual or SwiGLU epilogue (27).
+    pub const LINEAR_TILE: Opcode = Opcode(27);
+    /// Causal attention of many query rows (a prompt chunk) over the KV cache, each row up to
+    /// its own position (28).
+    pub const ATTENTION_CAUSAL: Opcode = Opcode(28);
     /// Our appended built-in opcodes (code ≥ 20), in code order.
     pub const EXTENDED_OPS: &'static [Opcode] = &[
         Opcode::RMSNORM_GEMV,
@@ -101,6 +107,8 @@ impl Opcode {
         Opcode::NEXT_TOKEN,
         Opcode::ATTENTION_SPLIT,
         Opcode::COMBINE_GEMV,
+        Opcode::LINEAR_TILE,
+        Opcode::ATTENTION_CAUSAL,
     ];
 
     /// The canonical name of one of our appended built-in opcodes.
@@ -113,6 +121,8 @@ impl Opcode {
             24 => Some("NEXT_TOKEN"),
             25 => Some("ATTENTION_SPLIT"),
             26 => Some("COMBINE_GEMV"),
+            27 => Some("LINEAR_TILE"),
+            28 => Some("ATTENTION_CAUSAL"),
             _ => None,
         }
     }

@@ -4,6 +4,7 @@
 // `extern crate` keeps each op crate linked even though nothing here names its items.
 extern crate op_add;
 extern crate op_allreduce_shard;
+extern crate op_attention_causal;
 extern crate op_attention_combine;
 extern crate op_attention_gemv;
 extern crate op_attention_split;
@@ -19,6 +20,7 @@ extern crate op_gemm_tile;
 extern crate op_gemv_tile;
 extern crate op_kv_append;
 extern crate op_layernorm;
+extern crate op_linear_tile;
 extern crate op_mul;
 extern crate op_next_token;
 extern crate op_nop;
@@ -38,6 +40,7 @@ pub fn registry() -> Result<Registry, IrError> {
     let _ = (
         &op_add::SPEC,
         &op_allreduce_shard::SPEC,
+        &op_attention_causal::SPEC,
         &op_attention_combine::SPEC,
         &op_attention_gemv::SPEC,
         &op_attention_split::SPEC,
@@ -53,6 +56,7 @@ pub fn registry() -> Result<Registry, IrError> {
         &op_gemv_tile::SPEC,
         &op_kv_append::SPEC,
         &op_layernorm::SPEC,
+        &op_linear_tile::SPEC,
         &op_mul::SPEC,
         &op_next_token::SPEC,
         &op_qkv_rope_append::SPEC,

@@ -24,6 +24,7 @@
 //! [`amk_core::decode`]).
 
 pub mod pages;
+pub mod prefill;
 pub mod sm;
 
 use crate::config::RopeScaling;

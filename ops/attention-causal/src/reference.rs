@@ -1,0 +1,178 @@
+//! CPU reference of ATTENTION_CAUSAL `[q, k_cache, v_cache, pos] -> o`: for every row `r` in
+//! `[m_off, m_off + M_tile)` and query head `h` of columns `[n_off, n_off + N_tile)`, with `p =
+//! pos[r]` and `g = h / (n_heads / n_kv_heads)`:
+//!
+//! ```text
+//! s_j     = (Σ_d q[r,h,d] · k[j,g,d]) · scale          j = 0..=p
+//! o[r,h]  = Σ_j exp(s_j − max s) · v[j,g] / Σ_j exp(s_j − max s)
+//! ```
+//!
+//! in f32, cast on store (ATTENTION_TILE's arithmetic, per row). A position outside the cache
+//! is an index error, found when the task runs (positions are data).
+
+use amk_core::{CpuCall, OpError, Tensor};
+
+/// The checked params and operand geometry of one call.
+#[derive(Debug, Clone)]
+struct Geometry {
+    hd: usize,
+    nh: usize,
+    rep: usize,
+    /// Elements of a cache row (`n_kv_heads · head_dim`).
+    row: usize,
+    max_seq: usize,
+    scale: f32,
+    rows: std::ops::Range<usize>,
+    heads: std::ops::Range<usize>,
+}
+
+fn size(call: &CpuCall<'_, '_>, key: &str, zero_ok: bool) -> Result<usize, OpError> {
+    let v = call.int(key)?;
+    if v < 0 || (v == 0 && !zero_ok) {
+        return Err(OpError::BadParam {
+            key: key.into(),
+            why: format!("{v} is out of range"),
+        });
+    }
+    usize::try_from(v).map_err(|_| OpError::BadParam {
+        key: key.into(),
+        why: format!("{v} does not fit this host"),
+    })
+}
+
+fn shape(msg: String) -> OpError {
+    OpError::Shape(format!("ATTENTION_CAUSAL: {msg}"))
+}
+
+fn geometry(call: &CpuCall<'_, '_>) -> Result<Geometry, OpError> {
+    let (hd, nh, nkv) = (
+        size(call, "head_dim", false)?,
+        size(call, "n_heads", false)?,
+        size(call, "n_kv_heads", false)?,
+    );
+    let (m_off, m_tile) = (size(call, "m_off", true)?, size(call, "M_tile", false)?);
+    let (n_off, n_tile) = (size(call, "n_off", true)?, size(call, "N_tile", false)?);
+    let scale = call.real("scale")? as f32;
+    if !scale.is_finite() || nh % nkv != 0 {
+        return Err(OpError::BadParam {
+            key: "scale/n_kv_heads".into(),
+            why: "scale must be finite and n_heads a multiple of n_kv_heads".into(),
+        });
+    }
+    let (q, kc, vc, pos) = (
+        call.input(0)?,
+        call.input(1)?,
+        call.input(2)?,
+        call.input(3)?,
+    );
+    let width = nh.saturating_mul(hd);
+    let row = nkv.saturating_mul(hd);
+    if q.numel() % width != 0 || kc.numel() != vc.numel() || kc.numel() % row != 0 {
+        return Err(shape(format!(
+            "the query {:?} must be rows of {width} and the caches {:?}, {:?} rows of {row}",
+            q.shape(),
+            kc.shape(),
+            vc.shape()
+        )));
+    }
+    let rows = q.numel() / width;
+    if !pos.dtype().is_integer() || pos.numel() != rows {
+        return Err(OpError::DType(format!(
+            "ATTENTION_CAUSAL: the positions {} {:?} must be integers, one per query row ({rows})",
+            pos.dtype(),
+            pos.shape()
+        )));
+    }
+    let m_end = m_off.saturating_add(m_tile);
+    let n_end = n_off.saturating_add(n_tile);
+    if m_end > rows || n_off % hd != 0 || n_tile % hd != 0 || n_end > width {
+        return Err(shape(format!(
+            "rows [{m_off}, {m_end}) and columns [{n_off}, {n_end}) must lie within {rows} rows \
+             and whole heads of {width} columns"
+        )));
+    }
+    Ok(Geometry {
+        hd,
+        nh,
+        rep: nh / nkv,
+        row,
+        max_seq: kc.numel() / row,
+        scale,
+        rows: m_off..m_end,
+        heads: n_off / hd..n_end / hd,
+    })
+}
+
+/// Row `r`'s position, checked against the cache.
+fn position(pos: &Tensor, r: usize, max_seq: usize) -> Result<usize, OpError> {
+    let p = pos.get_f32(r) as i64;
+    match usize::try_from(p) {
+        Ok(p) if p < max_seq => Ok(p),
+        _ => Err(OpError::IndexOutOfRange {
+            at: r,
+            value: p,
+            limit: max_seq as u64,
+        }),
+    }
+}
+
+/// One (row, head): the attention over cache rows `0..=p` of KV head `g`, in f32.
+fn attend_row(g: &Geometry, qh: &[f32], kc: &Tensor, vc: &Tensor, kv: usize, p: usize) -> Vec<f32> {
+    let hd = g.hd;
+    let at = |j: usize| j * g.row + kv * hd;
+    let scores: Vec<f32> = (0..=p)
+        .map(|j| {
+            let dot: f32 = (0..hd).map(|d| qh[d] * kc.get_f32(at(j) + d)).sum();
+            dot * g.scale
+        })
+        .collect();
+    let m = scores.iter().fold(f32::NEG_INFINITY, |m, &s| m.max(s));
+    let mut acc = vec![0f32; hd];
+    let mut l = 0f32;
+    for (j, &s) in scores.iter().enumerate() {
+        let e = (s - m).exp();
+        l += e;
+        for (d, a) in acc.iter_mut().enumerate() {
+            *a += e * vc.get_f32(at(j) + d);
+        }
+    }
+    acc.iter_mut().for_each(|a| *a /= l);
+    acc
+}
+
+/// Runs one ATTENTION_CAUSAL task.
+pub fn run(call: &mut CpuCall<'_, '_>) -> Result<(), OpError> {
+    call.expect_arity(4, 4, 1)?;
+    let g = geometry(call)?;
+    let (q, kc, vc, pos) = (
+        call.input(0)?,
+        call.input(1)?,
+        call.input(2)?,
+        call.input(3)?,
+    );
+    let width = g.nh * g.hd;
+    let q_numel = q.numel();
+    let mut values = Vec::with_capacity(g.rows.len() * g.heads.len());
+    for r in g.rows.clone() {
+        let p = position(pos, r, g.max_seq)?;
+        for h in g.heads.clone() {
+            let qh: Vec<f32> = (0..g.hd)
+                .map(|d| q.get_f32(r * width + h * g.hd + d))
+                .collect();
+            values.push((r, h, attend_row(&g, &qh, kc, vc, h / g.rep, p)));
+        }
+    }
+    let out = call.output(0)?;
+    if out.numel() != q_numel {
+        return Err(shape(format!(
+            "the output {:?} must be shaped like the query",
+            out.shape()
+        )));
+    }
+    for (r, h, o) in values {
+        for (d, v) in o.into_iter().enumerate() {
+            out.set_f32(r * width + h * g.hd + d, v);
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,267 @@
+//! Opcode `LINEAR_TILE` (code 27): rows `[m_off, m_off+M_tile)` × columns `[n_off,
+//! n_off+N_tile)` of a linear layer `y = x·W^T` over many rows of `x` (a prompt chunk), with
+//! an optional RMS-normalised input and an optional epilogue — the prefill program's
+//! projections, each with the elementwise op around it that would otherwise be a one-task
+//! phase over the whole chunk.
+//!
+//! Inputs, in order: `x` (`[rows, K]`), `W` (`[N, K]`), the norm weight (`K` elements) when
+//! param `norm` = 1 (then `eps` is required), then by param `epilogue`:
+//! - `0` (default): nothing more; `y = x·W^T`;
+//! - `1` (residual): `r`, of the output's shape; `y = round(x·W^T) + r`;
+//! - `2` (SwiGLU): `U` (`[N, K]`, the up weight; `W` is the gate);
+//!   `y = silu(round(x·W^T)) · round(x·U^T)`.
+//!
+//! The output is viewed as `[rows, width]` (`x`'s rows; any shape of that many elements, so a
+//! projection can write `[rows, heads, head_dim]` for the RoPE after it). `round` is the
+//! output dtype's rounding: every value equals what the unfused program (RMSNORM,
+//! GEMM_TILE into an activation of the output's dtype, ADD or SILU_MUL) stores. Params `K`,
+//! `N_tile`, `n_off`, `M_tile`, `m_off` (all required), `eps`, `norm`, `epilogue`. Float
+//! operands only (F32, F16, BF16). Why a tile of rows: a prompt chunk's `M` rows share each
+//! weight tile, so a task does `M_tile` times the arithmetic of a decode tile per byte of
+//! weight, which is what the tensor cores need.
+//!
+//! On the GPU a 16-bit program (x, W, U and the output all BF16, or all F16) runs the tile on
+//! the tensor cores (`mma.sync`, f32 accumulation); any other dtype mix, f32 programs included,
+//! runs exact f32 fused multiply-adds (no TF32), so f32 programs keep the CPU VM's 1e-5.
+//!
+//! This crate owns the op's spec, its static shape rule, its CPU reference
+//! ([`reference`](mod@reference)) and its CUDA device function (`linear-tile.cu`).
+
+use amk_core::opcheck::{Checker, desc};
+use amk_core::{
+    Buffer, DType, Finding, OpRegistration, OpSpec, Opcode, ParamDecl, ParamType, Reference,
+    TaskContext,
+};
+use std::borrow::Cow;
+
+pub mod reference;
+
+/// Dynamic shared memory a task uses on the GPU: the f32 output tile of 64 rows × (128 + 4)
+/// columns, which the epilogue reads (larger than the two pipeline stages of A and B it
+/// overlays), plus 64 row scales.
+pub const SHARED_BYTES: u32 = 64 * 132 * 4 + 64 * 8;
+
+/// Rows of `x` one device tile computes at a time (a task with more loops over them).
+pub const DEVICE_ROWS: u64 = 64;
+/// Output columns one device tile computes at a time (64 with the SwiGLU epilogue, whose tile
+/// holds the gate's and the up projection's columns side by side).
+pub const DEVICE_COLS: u64 = 128;
+
+/// The op's spec, as the registry and the validator see it.
+pub const SPEC: OpSpec = OpSpec {
+    code: Opcode::LINEAR_TILE,
+    name: Cow::Borrowed("LINEAR_TILE"),
+    min_inputs: 2,
+    max_inputs: Some(4),
+    n_outputs: Some(1),
+    params: Cow::Borrowed(&[
+        ParamDecl::required("K", ParamType::Int),
+        ParamDecl::required("N_tile", ParamType::Int),
+        ParamDecl::required("n_off", ParamType::Int),
+        ParamDecl::required("M_tile", ParamType::Int),
+        ParamDecl::required("m_off", ParamType::Int),
+        ParamDecl::optional("eps", ParamType::Real),
+        ParamDecl::optional("norm", ParamType::Int),
+        ParamDecl::optional("epilogue", ParamType::Int),
+    ]),
+    write_region: amk_core::WriteRegion::ColumnsAndRows,
+    check: Some(check),
+    summary: Cow::Borrowed(
+        "Rows [m_off, m_off+M_tile) x columns [n_off, n_off+N_tile) of x·W^T over many rows, optionally RMS-normalised first, with a residual or SwiGLU epilogue.",
+    ),
+};
+
+amk_core::inventory::submit! {
+    OpRegistration {
+        spec: SPEC,
+        reference: Some(Reference { run: reference::run, in_place: &[] }),
+        cuda: Some(
+            amk_core::CudaSource::builtin(include_str!("linear-tile.cu"), "amk_op_linear_tile")
+                .with_shared(SHARED_BYTES),
+        ),
+    }
+}
+
+/// What a task computes after the product.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Epilogue {
+    /// `y = x·W^T`.
+    None,
+    /// `y = round(x·W^T) + r`.
+    Residual,
+    /// `y = silu(round(x·W^T)) · round(x·U^T)`.
+    SwiGlu,
+}
+
+impl Epilogue {
+    /// The param's value.
+    pub fn code(self) -> i64 {
+        match self {
+            Epilogue::None => 0,
+            Epilogue::Residual => 1,
+            Epilogue::SwiGlu => 2,
+        }
+    }
+
+    /// The epilogue a param value names.
+    pub fn from_code(code: i64) -> Option<Epilogue> {
+        match code {
+            0 => Some(Epilogue::None),
+            1 => Some(Epilogue::Residual),
+            2 => Some(Epilogue::SwiGlu),
+            _ => None,
+        }
+    }
+}
+
+/// Where a task's optional inputs sit, from its `norm` and `epilogue` params.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Layout {
+    /// The norm weight's input.
+    pub norm: Option<usize>,
+    /// The epilogue.
+    pub epilogue: Epilogue,
+    /// The epilogue's operand (the residual or the up weight).
+    pub extra: Option<usize>,
+    /// Inputs the task must have.
+    pub n_inputs: usize,
+}
+
+impl Layout {
+    /// The layout of a task with these params.
+    pub fn new(norm: bool, epilogue: Epilogue) -> Layout {
+        let norm_at = norm.then_some(2);
+        let next = 2 + usize::from(norm);
+        let extra = (epilogue != Epilogue::None).then_some(next);
+        Layout {
+            norm: norm_at,
+            epilogue,
+            extra,
+            n_inputs: next + usize::from(extra.is_some()),
+        }
+    }
+
+    /// The layout the params `norm` and `epilogue` name (`None` for a value outside 0/1 and
+    /// 0/1/2).
+    pub fn from_params(norm: Option<i64>, epilogue: Option<i64>) -> Option<Layout> {
+        let norm = match norm.unwrap_or(0) {
+            0 => false,
+            1 => true,
+            _ => return None,
+        };
+        Some(Layout::new(
+            norm,
+            Epilogue::from_code(epilogue.unwrap_or(0))?,
+        ))
+    }
+
+    /// Columns of the output the device tile covers at a time.
+    pub fn device_cols(self) -> u64 {
+        match self.epilogue {
+            Epilogue::SwiGlu => DEVICE_COLS / 2,
+            _ => DEVICE_COLS,
+        }
+    }
+}
+
+fn float(b: &Buffer) -> bool {
+    matches!(b.dtype, DType::F32 | DType::F16 | DType::BF16)
+}
+
+/// Static shape and parameter rule, run by the validator.
+fn check(ctx: &TaskContext<'_>) -> Vec<Finding> {
+    let mut c = Checker::new(ctx);
+    let Some(layout) = Layout::from_params(c.int("norm"), c.int("epilogue")) else {
+        c.oob("params norm (0 or 1) and epilogue (0, 1 or 2) are out of range");
+        return c.finish();
+    };
+    if ctx.n_inputs() != layout.n_inputs {
+        c.mismatch(format!(
+            "norm and epilogue {} need {} inputs, got {}",
+            layout.epilogue.code(),
+            layout.n_inputs,
+            ctx.n_inputs()
+        ));
+        return c.finish();
+    }
+    let k = c.positive("K");
+    let n_tile = c.positive("N_tile");
+    let n_off = c.non_negative("n_off");
+    let m_tile = c.positive("M_tile");
+    let m_off = c.non_negative("m_off");
+    let (Some(x), Some(w), Some(out), Some(k)) = (c.input(0), c.input(1), c.output(0), k) else {
+        return c.finish();
+    };
+    let k = k as u64;
+    for (b, role) in [(x, "input"), (w, "weight"), (out, "output")] {
+        if !float(b) {
+            c.mismatch(format!("{role} {} must be F32, F16 or BF16", desc(b)));
+        }
+    }
+    for (b, role) in [(x, "input"), (w, "weight")] {
+        if b.last_dim() != k {
+            c.mismatch(format!(
+                "param K = {k} must equal the last dim of the {role} {}",
+                desc(b)
+            ));
+            return c.finish();
+        }
+    }
+    if let Some(nw) = layout.norm.and_then(|i| c.input(i)) {
+        if !float(nw) {
+            c.mismatch(format!("norm weight {} must be F32, F16 or BF16", desc(nw)));
+        }
+        c.numel_is(nw, k, "norm weight");
+        if c.real("eps").is_none() {
+            c.mismatch("a norm weight input needs the param eps");
+        }
+    }
+    if let Some(e) = layout.extra.and_then(|i| c.input(i)) {
+        let same = match layout.epilogue {
+            Epilogue::SwiGlu => e.shape == w.shape,
+            _ => e.numel() == out.numel(),
+        };
+        if !float(e) || !same {
+            c.mismatch(format!(
+                "the epilogue's operand {} must be a float buffer shaped like the {}",
+                desc(e),
+                if layout.epilogue == Epilogue::SwiGlu {
+                    "weight"
+                } else {
+                    "output"
+                }
+            ));
+        }
+    }
+    let rows = x.numel() / k.max(1);
+    let n = w.numel() / k.max(1);
+    if rows == 0 || out.numel() % rows != 0 {
+        c.mismatch(format!(
+            "the output {} must be {rows} row(s), like the input {}",
+            desc(out),
+            desc(x)
+        ));
+        return c.finish();
+    }
+    let width = out.numel() / rows;
+    if let (Some(nt), Some(no)) = (n_tile, n_off) {
+        let end = no.saturating_add(nt) as u64;
+        if end > n || end > width {
+            c.oob(format!(
+                "columns [{no}, {end}) exceed the {n} rows of the weight {} or the output {}",
+                desc(w),
+                desc(out)
+            ));
+        }
+    }
+    if let (Some(mt), Some(mo)) = (m_tile, m_off) {
+        let end = mo.saturating_add(mt) as u64;
+        if end > rows {
+            c.oob(format!(
+                "rows [{mo}, {end}) exceed the {rows} row(s) of the input {}",
+                desc(x)
+            ));
+        }
+    }
+    c.finish()
+}

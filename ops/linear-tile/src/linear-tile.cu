@@ -1,0 +1,291 @@
+/* LINEAR_TILE (code 27): rows [m_off, m_off + M_tile) x columns [n_off, n_off + N_tile) of
+ * y = x . W^T over many rows of x, optionally RMS-normalised first (ext[0] norm = 1, input 2 the
+ * weight, param eps), with epilogue ext[1]: 0 none, 1 residual (y = round(s) + r, r the last
+ * input, shaped like y), 2 SwiGLU (y = silu(round(s)) * round(x . U^T), U the last input).
+ * Mirrors ops/linear-tile/src/reference.rs; `round` is the output dtype's rounding.
+ *
+ * The task walks its tile in device tiles of LT_BM rows x LT_BN columns (LT_BN / 2 output
+ * columns with SwiGLU, whose tile holds the gate's columns in its first half and the up
+ * projection's in its second).
+ *
+ * Tensor-core path (x, W and U all BF16 or all F16, K % 8 == 0, 16-byte aligned): K in steps
+ * of LT_BK; B (weight rows) through cp.async into two stages, A (rows of x) through registers
+ * (normalised and rounded to x's dtype there when the task has a norm: the value an RMSNORM
+ * task would store), both XOR-swizzled by 16-byte chunk so ldmatrix reads conflict-free. 8
+ * warps as 2 (rows) x 4 (columns), each 32 x 32 of the tile: 2 x 4 mma.sync.m16n8k16 per 16 of
+ * K, f32 accumulators. The accumulators go through shared memory (f32, LT_LD a row) to the
+ * epilogue, which stores coalesced.
+ *
+ * Any other dtype mix (f32 programs): each thread sums its outputs' products in f32 in K order
+ * (no TF32), the same epilogue. Slow; it keeps f32 programs exact.
+ *
+ * Row scales of the norm: one warp a row, the sum of squares in amk_norm_t, as RMSNORM. */
+
+#define LT_BM 64
+#define LT_BN 128
+#define LT_BK 32
+#define LT_LD (LT_BN + 4)
+
+struct lt_args {
+  const amk_buffer_t* x;
+  const amk_buffer_t* w;
+  const amk_buffer_t* nw; /* norm weight or null */
+  const amk_buffer_t* ex; /* residual or up weight, or null */
+  const amk_buffer_t* y;
+  long long K, width;
+  long long m_end, n_end;
+  int epi;
+  float eps;
+};
+
+/* 1 / rms of rows m0 .. m0 + LT_BM - 1 (those below m_end) into rinv. */
+__device__ __forceinline__ void lt_row_scales(const lt_args& a, long long m0, amk_norm_t* rinv) {
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  for (int r = warp; r < LT_BM; r += AMK_WARPS) {
+    const long long m = m0 + r;
+    if (m >= a.m_end) break;
+    amk_norm_t s = (amk_norm_t)0;
+    for (long long k = lane; k < a.K; k += 32) s = amk_rms_sq(s, amk_ldf(a.x, m * a.K + k));
+    s = amk_warp_reduce<amk_norm_t, false>(s);
+    if (lane == 0) rinv[r] = amk_rms_inv(s, a.K, a.eps);
+  }
+}
+
+/* One output element of the tile from its sums (s, and u with SwiGLU). */
+__device__ __forceinline__ void lt_store(const lt_args& a, long long m, long long n, float s,
+                                         float u) {
+  const long long at = m * a.width + n;
+  const int dt = a.y->dtype;
+  float v = s;
+  if (a.epi == 1) {
+    v = amk_round_dt(dt, s) + amk_ldf(a.ex, at);
+  } else if (a.epi == 2) {
+    const float g = amk_round_dt(dt, s);
+    v = g / (1.0f + expf(-g)) * amk_round_dt(dt, u);
+  }
+  amk_stf(a.y, at, v);
+}
+
+/* ---- the generic path ---- */
+
+__device__ __forceinline__ float lt_xn(const lt_args& a, const amk_norm_t* rinv, int r, long long m,
+                                       long long k) {
+  const float v = amk_ldf(a.x, m * a.K + k);
+  if (!a.nw) return v;
+  return amk_round_dt(a.x->dtype, amk_rms_apply(v, rinv[r], amk_ldf(a.nw, k)));
+}
+
+__device__ __noinline__ void lt_tile_generic(const lt_args& a, long long m0, long long c0,
+                                             int cols, const amk_norm_t* rinv) {
+  for (int i = threadIdx.x; i < LT_BM * cols; i += AMK_THREADS) {
+    const int r = i / cols, c = i % cols;
+    const long long m = m0 + r, n = c0 + c;
+    if (m >= a.m_end || n >= a.n_end) continue;
+    float s = 0.f, u = 0.f;
+    for (long long k = 0; k < a.K; ++k) {
+      const float xv = lt_xn(a, rinv, r, m, k);
+      s = fmaf(xv, amk_ldf(a.w, n * a.K + k), s);
+      if (a.epi == 2) u = fmaf(xv, amk_ldf(a.ex, n * a.K + k), u);
+    }
+    lt_store(a, m, n, s, u);
+  }
+}
+
+/* ---- the tensor-core path ---- */
+
+/* Byte offset of 16-byte chunk `ch` (0..3) of row `row` in a stage of 64-byte rows. */
+__device__ __forceinline__ uint32_t lt_swz(int row, int ch) {
+  return (uint32_t)(row * 64 + ((ch ^ ((row >> 1) & 3)) << 4));
+}
+
+__device__ __forceinline__ void lt_ldm4(uint32_t addr, uint32_t* r) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(addr));
+}
+
+template <bool BF>
+__device__ __forceinline__ void lt_mma(float* c, const uint32_t* a, const uint32_t* b) {
+  if (BF)
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+        "{%8,%9}, {%0,%1,%2,%3};"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+  else
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+        "{%8,%9}, {%0,%1,%2,%3};"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+}
+
+/* 16 bytes global -> shared, zero-filled when !ok (src_size 0 reads nothing). */
+__device__ __forceinline__ void lt_cp16(uint32_t dst, const void* src, bool ok) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(dst), "l"(src),
+               "r"(ok ? 16 : 0)
+               : "memory");
+}
+
+/* The thread's chunk of A (row t / 4, chunk t % 4) for the K step at k0, normalised and
+ * rounded when the task has a norm; zero outside the rows or K. */
+__device__ __forceinline__ uint4 lt_load_a(const lt_args& a, long long m0, long long k0,
+                                           const amk_norm_t* rinv) {
+  const int r = threadIdx.x >> 2, ch = threadIdx.x & 3;
+  const long long m = m0 + r, k = k0 + ch * 8;
+  if (m >= a.m_end || k >= a.K) return make_uint4(0u, 0u, 0u, 0u);
+  const uint4 v = ((const uint4*)a.x->ptr)[(m * a.K + k) >> 3];
+  if (!a.nw) return v;
+  float f[8];
+  amk_cvt8<false>(a.x->dtype, v, v, f);
+#pragma unroll
+  for (int e = 0; e < 8; ++e) f[e] = amk_rms_apply(f[e], rinv[r], amk_ldf(a.nw, k + e));
+  return amk_pack8(a.x->dtype, f);
+}
+
+/* Issues the cp.async copies of B for the K step at k0 into the stage at `bs`. */
+__device__ __forceinline__ void lt_load_b(const lt_args& a, long long c0, int half_cols,
+                                          long long k0, uint32_t bs) {
+#pragma unroll
+  for (int q = 0; q < 2; ++q) {
+    const int c = threadIdx.x + q * AMK_THREADS;
+    const int row = c >> 2, ch = c & 3;
+    const bool up = a.epi == 2 && row >= half_cols;
+    const long long n = c0 + (up ? row - half_cols : row), k = k0 + ch * 8;
+    const bool ok = n < a.n_end && k < a.K;
+    const amk_buffer_t* src = up ? a.ex : a.w;
+    const uint16_t* p = (const uint16_t*)src->ptr + (ok ? n * a.K + k : 0);
+    lt_cp16(bs + lt_swz(row, ch), p, ok);
+  }
+}
+
+template <bool BF>
+__device__ __noinline__ void lt_tile_mma(const lt_args& a, long long m0, long long c0, int cols,
+                                         const amk_norm_t* rinv, unsigned char* smem) {
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int wm = warp >> 2, wn = warp & 3;
+  const uint32_t s0 = (uint32_t)__cvta_generic_to_shared(smem);
+  const uint32_t as[2] = {s0, s0 + LT_BM * 64};
+  const uint32_t bs[2] = {s0 + 2 * LT_BM * 64, s0 + 2 * LT_BM * 64 + LT_BN * 64};
+  float acc[2][4][4];
+#pragma unroll
+  for (int i = 0; i < 2; ++i)
+#pragma unroll
+    for (int j = 0; j < 4; ++j)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) acc[i][j][e] = 0.f;
+
+  const long long nk = (a.K + LT_BK - 1) / LT_BK;
+  uint4 areg = lt_load_a(a, m0, 0, rinv);
+  lt_load_b(a, c0, cols, 0, bs[0]);
+  amk_cp_async_commit();
+  for (long long kt = 0; kt < nk; ++kt) {
+    const int st = (int)(kt & 1);
+    {
+      const int r = threadIdx.x >> 2, ch = threadIdx.x & 3;
+      *(uint4*)(smem + (as[st] - s0) + lt_swz(r, ch)) = areg;
+    }
+    if (kt + 1 < nk) {
+      lt_load_b(a, c0, cols, (kt + 1) * LT_BK, bs[st ^ 1]);
+      amk_cp_async_commit();
+      areg = lt_load_a(a, m0, (kt + 1) * LT_BK, rinv);
+      asm volatile("cp.async.wait_group 1;" ::: "memory");
+    } else {
+      amk_cp_async_wait_all();
+    }
+    __syncthreads();
+#pragma unroll
+    for (int kk = 0; kk < LT_BK / 16; ++kk) {
+      uint32_t af[2][4], bf[4][2];
+#pragma unroll
+      for (int i = 0; i < 2; ++i) {
+        const int row = wm * 32 + i * 16 + (lane & 15);
+        lt_ldm4(as[st] + lt_swz(row, kk * 2 + (lane >> 4)), af[i]);
+      }
+#pragma unroll
+      for (int j = 0; j < 4; j += 2) {
+        const int row = wn * 32 + (j + (lane >> 4)) * 8 + (lane & 7);
+        uint32_t r[4];
+        lt_ldm4(bs[st] + lt_swz(row, kk * 2 + ((lane >> 3) & 1)), r);
+        bf[j][0] = r[0];
+        bf[j][1] = r[1];
+        bf[j + 1][0] = r[2];
+        bf[j + 1][1] = r[3];
+      }
+#pragma unroll
+      for (int i = 0; i < 2; ++i)
+#pragma unroll
+        for (int j = 0; j < 4; ++j) lt_mma<BF>(acc[i][j], af[i], bf[j]);
+    }
+    __syncthreads();
+  }
+  /* The accumulators to shared memory (over the stages: every warp is past its last read). */
+  float* cs = (float*)smem;
+#pragma unroll
+  for (int i = 0; i < 2; ++i)
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      const int row = wm * 32 + i * 16 + (lane >> 2), col = wn * 32 + j * 8 + (lane & 3) * 2;
+      cs[row * LT_LD + col] = acc[i][j][0];
+      cs[row * LT_LD + col + 1] = acc[i][j][1];
+      cs[(row + 8) * LT_LD + col] = acc[i][j][2];
+      cs[(row + 8) * LT_LD + col + 1] = acc[i][j][3];
+    }
+  __syncthreads();
+  for (int i = threadIdx.x; i < LT_BM * cols; i += AMK_THREADS) {
+    const int r = i / cols, c = i % cols;
+    const long long m = m0 + r, n = c0 + c;
+    if (m < a.m_end && n < a.n_end)
+      lt_store(a, m, n, cs[r * LT_LD + c], a.epi == 2 ? cs[r * LT_LD + c + cols] : 0.f);
+  }
+  __syncthreads();
+}
+
+__device__ void amk_op_linear_tile(const amk_task_ctx& ctx) {
+  const amk_params_t& p = ctx.inst->params;
+  const int norm = p.ext[0], epi = p.ext[1];
+  lt_args a;
+  a.x = amk_in(ctx, 0);
+  a.w = amk_in(ctx, 1);
+  a.nw = norm ? amk_in(ctx, 2) : nullptr;
+  a.ex = epi ? amk_in(ctx, 2 + (norm ? 1 : 0)) : nullptr;
+  a.y = amk_out(ctx, 0);
+  a.K = p.K;
+  a.epi = epi;
+  a.eps = p.eps;
+  a.m_end = (long long)p.m_off + p.M_tile;
+  a.n_end = (long long)p.n_off + p.N_tile;
+  const long long rows = a.K > 0 ? a.x->numel / a.K : 0;
+  a.width = rows > 0 ? a.y->numel / rows : 0; /* the output viewed as [rows, width] */
+  if (a.K <= 0 || a.width <= 0 || a.x->numel % a.K != 0 || a.w->numel % a.K != 0 ||
+      a.y->numel % rows != 0 ||
+      a.m_end * a.K > a.x->numel || a.n_end * a.K > a.w->numel || a.n_end > a.width ||
+      a.m_end * a.width > a.y->numel) {
+    amk_fail(ctx, AMK_ERR_SHAPE, a.K);
+    return;
+  }
+  const int dt = a.x->dtype;
+  const bool half16 = dt == AMK_BF16 || dt == AMK_F16;
+  const bool aligned = ((unsigned long long)a.x->ptr & 15) == 0 &&
+                       ((unsigned long long)a.w->ptr & 15) == 0 &&
+                       (epi != 2 || ((unsigned long long)a.ex->ptr & 15) == 0);
+  const bool mma = half16 && a.w->dtype == dt && (epi != 2 || a.ex->dtype == dt) &&
+                   a.K % 8 == 0 && aligned;
+  const int cols = epi == 2 ? LT_BN / 2 : LT_BN;
+  amk_norm_t* rinv = (amk_norm_t*)(ctx.smem + LT_BM * LT_LD * 4);
+  for (long long m0 = p.m_off; m0 < a.m_end; m0 += LT_BM) {
+    if (a.nw) {
+      lt_row_scales(a, m0, rinv);
+      __syncthreads();
+    }
+    for (long long c0 = p.n_off; c0 < a.n_end; c0 += cols) {
+      if (mma && AMK_BF_OF(dt))
+        lt_tile_mma<true>(a, m0, c0, cols, rinv, ctx.smem);
+      else if (mma)
+        lt_tile_mma<false>(a, m0, c0, cols, rinv, ctx.smem);
+      else
+        lt_tile_generic(a, m0, c0, cols, rinv);
+    }
+    __syncthreads();
+  }
+}

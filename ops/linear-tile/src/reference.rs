@@ -1,0 +1,196 @@
+//! CPU reference of LINEAR_TILE `[x, W (, norm_w) (, r | U)] -> y`, for every row `m` in
+//! `[m_off, m_off + M_tile)` and column `n` in `[n_off, n_off + N_tile)`:
+//!
+//! ```text
+//! xn      = x[m], or round_to(dtype(x), rmsnorm(x[m], norm_w, eps)) with norm = 1
+//! s       = Σ_k xn[k] · f32(W[n, k])                      (GEMV_TILE's sum and order)
+//! y[m, n] = s                                              epilogue 0
+//!         = round_to(dtype(y), s) + f32(r[m, n])           epilogue 1 (residual)
+//!         = silu(round_to(dtype(y), s)) · round_to(dtype(y), Σ_k xn[k] · f32(U[n, k]))
+//!                                                          epilogue 2 (SwiGLU)
+//! ```
+//!
+//! in f32, cast on store (the output viewed as `[rows of x, width]`): exactly what RMSNORM, GEMM_TILE into activations of the output's
+//! dtype and ADD or SILU_MUL store. Nothing outside the tile is touched.
+
+use crate::{Epilogue, Layout};
+use amk_core::{CpuCall, DType, OpError, Tensor, round_to};
+use op_gemv_tile::reference::{float_row_dot, non_negative, positive};
+use op_rmsnorm::reference::rms_row;
+
+/// The tile a task computes, from its params.
+#[derive(Debug, Clone)]
+struct Tile {
+    k: usize,
+    cols: std::ops::Range<usize>,
+    rows: std::ops::Range<usize>,
+}
+
+fn tile(call: &CpuCall<'_, '_>) -> Result<Tile, OpError> {
+    let k = positive(call, "K")?;
+    let (n_tile, n_off) = (positive(call, "N_tile")?, non_negative(call, "n_off")?);
+    let (m_tile, m_off) = (positive(call, "M_tile")?, non_negative(call, "m_off")?);
+    Ok(Tile {
+        k,
+        cols: n_off..n_off.saturating_add(n_tile),
+        rows: m_off..m_off.saturating_add(m_tile),
+    })
+}
+
+fn layout(call: &CpuCall<'_, '_>) -> Result<Layout, OpError> {
+    Layout::from_params(call.int_opt("norm")?, call.int_opt("epilogue")?).ok_or_else(|| {
+        OpError::BadParam {
+            key: "norm/epilogue".into(),
+            why: "norm must be 0 or 1 and epilogue 0, 1 or 2".into(),
+        }
+    })
+}
+
+fn float(t: &Tensor, role: &str) -> Result<(), OpError> {
+    if matches!(t.dtype(), DType::F32 | DType::F16 | DType::BF16) {
+        Ok(())
+    } else {
+        Err(OpError::DType(format!(
+            "LINEAR_TILE: the {role} must be F32, F16 or BF16, got {}",
+            t.dtype()
+        )))
+    }
+}
+
+fn shape(msg: String) -> OpError {
+    OpError::Shape(format!("LINEAR_TILE: {msg}"))
+}
+
+/// Row `m` of `x` as the product reads it: as stored, or RMS-normalised and rounded to `x`'s
+/// dtype (what an RMSNORM task stores).
+fn input_row(x: &Tensor, norm: Option<(&Tensor, f32)>, m: usize, k: usize) -> Vec<f32> {
+    let row: Vec<f32> = (m * k..(m + 1) * k).map(|i| x.get_f32(i)).collect();
+    let Some((w, eps)) = norm else { return row };
+    let xs: Vec<f64> = row.iter().map(|&v| f64::from(v)).collect();
+    let ws: Vec<f64> = (0..k).map(|j| f64::from(w.get_f32(j))).collect();
+    let mut y = vec![0f32; k];
+    rms_row(&xs, &ws, f64::from(eps), &mut y);
+    let dt = x.dtype();
+    y.iter_mut().for_each(|v| *v = round_to(dt, *v));
+    y
+}
+
+/// Runs one LINEAR_TILE task.
+pub fn run(call: &mut CpuCall<'_, '_>) -> Result<(), OpError> {
+    let l = layout(call)?;
+    call.expect_arity(l.n_inputs, l.n_inputs, 1)?;
+    let t = tile(call)?;
+    let (x, w) = (call.input(0)?, call.input(1)?);
+    float(x, "input")?;
+    float(w, "weight")?;
+    if x.last_dim() != t.k || w.last_dim() != t.k {
+        return Err(shape(format!(
+            "param K = {} must equal the last dims of the input {:?} and the weight {:?}",
+            t.k,
+            x.shape(),
+            w.shape()
+        )));
+    }
+    let (rows, n) = (x.numel() / t.k, w.numel() / t.k);
+    if t.rows.end > rows || t.cols.end > n {
+        return Err(shape(format!(
+            "the tile rows {:?} x columns {:?} exceed the input's {rows} rows or the weight's {n}",
+            t.rows, t.cols
+        )));
+    }
+    let norm = match l.norm {
+        Some(i) => {
+            let nw = call.input(i)?;
+            float(nw, "norm weight")?;
+            if nw.numel() != t.k {
+                return Err(shape(format!(
+                    "the norm weight {:?} must hold K = {} elements",
+                    nw.shape(),
+                    t.k
+                )));
+            }
+            Some((nw, call.real("eps")? as f32))
+        }
+        None => None,
+    };
+    let extra = l.extra.map(|i| call.input(i)).transpose()?;
+    if let Some(e) = extra {
+        float(e, "epilogue operand")?;
+        if l.epilogue == Epilogue::SwiGlu && e.shape() != w.shape() {
+            return Err(shape(format!(
+                "the up weight {:?} must be shaped like the gate weight {:?}",
+                e.shape(),
+                w.shape()
+            )));
+        }
+    }
+    let sums = products(
+        x,
+        w,
+        extra.filter(|_| l.epilogue == Epilogue::SwiGlu),
+        norm,
+        &t,
+    )?;
+    let residual: Option<Vec<f32>> = match (l.epilogue, extra) {
+        (Epilogue::Residual, Some(r)) => Some((0..r.numel()).map(|i| r.get_f32(i)).collect()),
+        _ => None,
+    };
+    let out = call.output(0)?;
+    float(out, "output")?;
+    let width = out.numel() / rows.max(1);
+    if out.numel() != rows * width || t.cols.end > width {
+        return Err(shape(format!(
+            "the output {:?} must have the input's {rows} rows and hold columns {:?}",
+            out.shape(),
+            t.cols
+        )));
+    }
+    if residual.as_ref().is_some_and(|r| r.len() != out.numel()) {
+        return Err(shape(format!(
+            "the residual must have the output's {} elements",
+            out.numel()
+        )));
+    }
+    let dt = out.dtype();
+    let cols = t.cols.len();
+    for (i, m) in t.rows.clone().enumerate() {
+        for (j, col) in t.cols.clone().enumerate() {
+            let (s, u) = sums[i * cols + j];
+            let at = m * width + col;
+            let v = match (l.epilogue, &residual) {
+                (Epilogue::Residual, Some(r)) => round_to(dt, s) + r[at],
+                (Epilogue::SwiGlu, _) => {
+                    let (g, u) = (round_to(dt, s), round_to(dt, u));
+                    g / (1.0 + (-g).exp()) * u
+                }
+                _ => s,
+            };
+            out.set_f32(at, v);
+        }
+    }
+    Ok(())
+}
+
+/// The tile's sums `(x·W^T, x·U^T)` (the second 0 without `U`), row-major over the tile.
+fn products(
+    x: &Tensor,
+    w: &Tensor,
+    up: Option<&Tensor>,
+    norm: Option<(&Tensor, f32)>,
+    t: &Tile,
+) -> Result<Vec<(f32, f32)>, OpError> {
+    let mut scratch = vec![0f32; t.k];
+    let mut sums = Vec::with_capacity(t.rows.len() * t.cols.len());
+    for m in t.rows.clone() {
+        let xn = input_row(x, norm, m, t.k);
+        for col in t.cols.clone() {
+            let s = float_row_dot(&xn, w, col, &mut scratch)?;
+            let u = match up {
+                Some(u) => float_row_dot(&xn, u, col, &mut scratch)?,
+                None => 0.0,
+            };
+            sums.push((s, u));
+        }
+    }
+    Ok(sums)
+}

@@ -1,0 +1,194 @@
+//! LINEAR_TILE's CPU reference equals the unfused program it replaces — (RMSNORM →) GEMM_TILE
+//! into an activation of the output's dtype (→ ADD or SILU_MUL) — bit for bit (those references
+//! are checked against f64 formulas in their own crates), touches nothing outside its tile, and
+//! refuses bad calls with typed errors.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+use amk_core::json::Value;
+use amk_core::testkit::{call, random_nonzero, rng, task};
+use amk_core::{DType, OpError, Opcode, Tensor};
+use op_linear_tile::Epilogue;
+use rstest::rstest;
+
+/// A tile's params: rows `[m_off, m_off + m_tile)`, columns `[n_off, n_off + n_tile)`.
+#[derive(Clone, Copy)]
+struct Tile {
+    k: usize,
+    rows: (usize, usize),
+    cols: (usize, usize),
+}
+
+fn params(t: Tile, norm: bool, epi: Epilogue) -> Vec<(&'static str, Value)> {
+    let int = |v: usize| Value::Int(v as i64);
+    let mut p = vec![
+        ("K", int(t.k)),
+        ("m_off", int(t.rows.0)),
+        ("M_tile", int(t.rows.1)),
+        ("n_off", int(t.cols.0)),
+        ("N_tile", int(t.cols.1)),
+        ("epilogue", Value::Int(epi.code())),
+    ];
+    if norm {
+        p.push(("norm", Value::Int(1)));
+        p.push(("eps", Value::Float(1e-6)));
+    }
+    p
+}
+
+/// The unfused program over every row: RMSNORM (when `norm`), GEMM_TILE over all columns,
+/// then ADD with `extra` or SILU_MUL with the up product.
+fn unfused(
+    x: &Tensor,
+    w: &Tensor,
+    nw: &Tensor,
+    extra: &Tensor,
+    norm: bool,
+    epi: Epilogue,
+    dt: DType,
+) -> Tensor {
+    let (m, k) = (x.shape()[0], x.shape()[1]);
+    let n = w.shape()[0];
+    let xs = if norm {
+        let t = task(
+            Opcode::RMSNORM,
+            2,
+            1,
+            &[
+                ("eps", Value::Float(1e-6)),
+                ("hidden", Value::Int(k as i64)),
+            ],
+        );
+        let mut o = [Tensor::poisoned(x.dtype(), &[m, k])];
+        call(op_rmsnorm::reference::run, &t, &[x, nw], &mut o).unwrap();
+        let [o] = o;
+        o
+    } else {
+        x.clone()
+    };
+    let gemm = task(
+        Opcode::GEMM_TILE,
+        2,
+        1,
+        &[
+            ("K", Value::Int(k as i64)),
+            ("N_tile", Value::Int(n as i64)),
+            ("n_off", Value::Int(0)),
+            ("M_tile", Value::Int(m as i64)),
+        ],
+    );
+    let product = |w: &Tensor| {
+        let mut o = [Tensor::poisoned(dt, &[m, n])];
+        call(op_gemm_tile::reference::run, &gemm, &[&xs, w], &mut o).unwrap();
+        let [o] = o;
+        o
+    };
+    let s = product(w);
+    let (op, second, run): (_, Tensor, amk_core::ReferenceFn) = match epi {
+        Epilogue::None => return s,
+        Epilogue::Residual => (Opcode::ADD, extra.clone(), op_add::reference::run),
+        Epilogue::SwiGlu => (
+            Opcode::SILU_MUL,
+            product(extra),
+            op_silu_mul::reference::run,
+        ),
+    };
+    let mut o = [Tensor::poisoned(dt, &[m, n])];
+    call(run, &task(op, 2, 1, &[]), &[&s, &second], &mut o).unwrap();
+    let [o] = o;
+    o
+}
+
+#[rstest]
+#[case::f32_plain(DType::F32, false, Epilogue::None)]
+#[case::f32_norm_residual(DType::F32, true, Epilogue::Residual)]
+#[case::bf16_norm(DType::BF16, true, Epilogue::None)]
+#[case::bf16_residual(DType::BF16, false, Epilogue::Residual)]
+#[case::bf16_norm_swiglu(DType::BF16, true, Epilogue::SwiGlu)]
+#[case::f16_swiglu(DType::F16, false, Epilogue::SwiGlu)]
+fn equals_the_unfused_program(#[case] dt: DType, #[case] norm: bool, #[case] epi: Epilogue) {
+    let (m, k, n) = (7usize, 24usize, 10usize);
+    let tile = Tile {
+        k,
+        rows: (2, 4),
+        cols: (3, 5),
+    };
+    let mut r = rng((k * 7 + n) as u64 + epi.code() as u64);
+    let x = random_nonzero(dt, &[m as u64, k as u64], &mut r, -2.0, 2.0);
+    let nw = random_nonzero(dt, &[k as u64], &mut r, 0.5, 1.5);
+    let w = random_nonzero(dt, &[n as u64, k as u64], &mut r, -1.0, 1.0);
+    let extra = match epi {
+        Epilogue::SwiGlu => random_nonzero(dt, &[n as u64, k as u64], &mut r, -1.0, 1.0),
+        _ => random_nonzero(dt, &[m as u64, n as u64], &mut r, -1.0, 1.0),
+    };
+    let want = unfused(&x, &w, &nw, &extra, norm, epi, dt);
+    let mut ins = vec![&x, &w];
+    if norm {
+        ins.push(&nw);
+    }
+    if epi != Epilogue::None {
+        ins.push(&extra);
+    }
+    let t = task(Opcode::LINEAR_TILE, ins.len(), 1, &params(tile, norm, epi));
+    let mut got = [Tensor::poisoned(dt, &[m as u64, n as u64])];
+    call(op_linear_tile::reference::run, &t, &ins, &mut got).unwrap();
+    let rows = tile.rows.0..tile.rows.0 + tile.rows.1;
+    let cols = tile.cols.0..tile.cols.0 + tile.cols.1;
+    for i in 0..m {
+        for j in 0..n {
+            let (a, b) = (got[0].get_f32(i * n + j), want.get_f32(i * n + j));
+            if rows.contains(&i) && cols.contains(&j) {
+                assert_eq!(a.to_bits(), b.to_bits(), "[{i}, {j}]: {a} vs {b}");
+            } else {
+                assert!(a.is_nan(), "[{i}, {j}] outside the tile was written");
+            }
+        }
+    }
+}
+
+#[test]
+fn bad_calls_are_typed_errors() {
+    let mut r = rng(6);
+    let x = random_nonzero(DType::F32, &[3, 8], &mut r, -1.0, 1.0);
+    let nw = random_nonzero(DType::F32, &[8], &mut r, 0.5, 1.5);
+    let w = random_nonzero(DType::F32, &[4, 8], &mut r, -1.0, 1.0);
+    let w5 = random_nonzero(DType::F32, &[5, 8], &mut r, -1.0, 1.0);
+    let run = |ins: &[&Tensor], p: &[(&str, Value)]| {
+        let mut out = [Tensor::poisoned(DType::F32, &[3, 4])];
+        let t = task(Opcode::LINEAR_TILE, ins.len(), 1, p);
+        call(op_linear_tile::reference::run, &t, ins, &mut out)
+    };
+    let all = Tile {
+        k: 8,
+        rows: (0, 3),
+        cols: (0, 4),
+    };
+    let ok = params(all, false, Epilogue::None);
+    assert!(run(&[&x, &w], &ok).is_ok());
+    assert!(matches!(
+        run(&[&x, &w, &nw], &ok),
+        Err(OpError::Arity { .. })
+    ));
+    let rows_out = Tile {
+        rows: (1, 3),
+        ..all
+    };
+    assert!(matches!(
+        run(&[&x, &w], &params(rows_out, false, Epilogue::None)),
+        Err(OpError::Shape(_))
+    ));
+    assert!(matches!(
+        run(&[&x, &w, &w5], &params(all, false, Epilogue::SwiGlu)),
+        Err(OpError::Shape(_))
+    ));
+    let mut bad: Vec<_> = ok
+        .iter()
+        .filter(|(k, _)| *k != "epilogue")
+        .cloned()
+        .collect();
+    bad.push(("epilogue", Value::Int(3)));
+    assert!(matches!(
+        run(&[&x, &w], &bad),
+        Err(OpError::BadParam { .. })
+    ));
+    assert!(run(&[&x, &w, &nw], &params(all, true, Epilogue::None)).is_ok());
+}

@@ -1,0 +1,179 @@
+//! The prefill program (`amk_model_llama::lower::prefill`) on the CPU VM against HuggingFace
+//! transformers: the tiny checkpoints' committed fp32 logits (`tests/reference/tiny_models.py`)
+//! at every position of a 12-token sequence fed as two chunks of 8 rows — the second padded —
+//! through one session, so the second chunk's attention reads the first chunk's K/V rows from
+//! the cache. Every logit within 1e-5 of HF (relative to the largest), the greedy token equal.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // test file
+
+use amk_backend_cpu::CpuBackend;
+use amk_core::{DType, GpuTarget, Registry, Session, Tensor, validate_owned};
+use amk_model_llama::Model;
+use amk_model_llama::hf::import_hf;
+use amk_model_llama::lower::prefill::{
+    IDS, LAST, POS, PrefillLogits, PrefillOptions, lower_prefill,
+};
+use serde_json::Value;
+use std::path::{Path, PathBuf};
+
+const ROWS: usize = 8;
+const MAX_SEQ: u64 = 32;
+
+fn reference_dir() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("reference")
+}
+
+fn registry() -> Registry {
+    amk_ops::registry().unwrap()
+}
+
+fn refdoc(name: &str) -> Value {
+    let path = reference_dir().join(name).join("hf_logits.json");
+    serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap()
+}
+
+fn ints(v: &Value) -> Vec<i64> {
+    v.as_array()
+        .unwrap()
+        .iter()
+        .map(|x| x.as_i64().unwrap())
+        .collect()
+}
+
+fn session(model: &Model, logits: PrefillLogits) -> Box<dyn Session> {
+    let opts = PrefillOptions {
+        dtype: DType::F32,
+        max_seq: MAX_SEQ,
+        rows: ROWS as u64,
+        logits,
+    };
+    let lowered = lower_prefill(model, &GpuTarget::by_name("h100").unwrap(), &opts).unwrap();
+    let reg = registry();
+    let program = validate_owned(lowered.program, &reg)
+        .unwrap_or_else(|r| panic!("the prefill program is invalid:\n{}", r.report()));
+    amk_core::Backend::load(&CpuBackend::default(), &program, &lowered.weights, &reg).unwrap()
+}
+
+/// Feeds `ids` in chunks of [`ROWS`] (the last padded with id 0 at the positions after it) and
+/// returns every row's logits, in order.
+fn chunked_logits(s: &mut dyn Session, ids: &[i64]) -> Vec<Vec<f32>> {
+    let mut out = Vec::new();
+    for (c, chunk) in ids.chunks(ROWS).enumerate() {
+        let p0 = (c * ROWS) as i64;
+        let mut padded = chunk.to_vec();
+        padded.resize(ROWS, 0);
+        let pos: Vec<i64> = (p0..p0 + ROWS as i64).collect();
+        let inputs = [
+            (
+                IDS,
+                Tensor::from_i64(DType::I32, &[ROWS as u64], &padded).unwrap(),
+            ),
+            (
+                POS,
+                Tensor::from_i64(DType::I32, &[ROWS as u64], &pos).unwrap(),
+            ),
+        ];
+        let o = s.step(&inputs).unwrap();
+        let logits = o.get("logits").unwrap().to_f32_vec();
+        let vocab = logits.len() / ROWS;
+        out.extend(logits.chunks(vocab).take(chunk.len()).map(<[f32]>::to_vec));
+    }
+    out
+}
+
+fn check(name: &str, label: &str, model: &Model) {
+    let doc = refdoc(name);
+    let name = label;
+    let input = ints(&doc["input_ids"]);
+    let greedy = ints(&doc["greedy_next"]);
+    let mut s = session(model, PrefillLogits::Every);
+    let got = chunked_logits(&mut *s, &input);
+    let mut worst = 0f64;
+    for (i, (g, row)) in got
+        .iter()
+        .zip(doc["logits"].as_array().unwrap())
+        .enumerate()
+    {
+        let want: Vec<f64> = row
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|x| x.as_f64().unwrap())
+            .collect();
+        let err = amk_core::testkit::max_rel_err(g, &want);
+        worst = worst.max(err);
+        assert!(
+            err <= 1e-5,
+            "{name} position {i}: max |prefill − HF| / max |HF| = {err:e}"
+        );
+        assert_eq!(
+            i64::from(amk_engine::argmax(g)),
+            greedy[i],
+            "{name} position {i}"
+        );
+    }
+    println!(
+        "{name}: {} positions through prefill, worst {worst:.2e}",
+        got.len()
+    );
+}
+
+#[test]
+fn tiny_checkpoints_through_prefill_match_transformers() {
+    for name in [
+        "tiny-gqa",
+        "tiny-mqa",
+        "tiny-mistral",
+        "tiny-qwen3",
+        "tiny-llama3",
+    ] {
+        check(name, name, &import_hf(&reference_dir().join(name)).unwrap());
+        let gguf = reference_dir().join("gguf").join(format!("{name}.gguf"));
+        check(
+            name,
+            &format!("{name} (GGUF)"),
+            &amk_model_llama::gguf_import::import_gguf(&gguf).unwrap(),
+        );
+    }
+}
+
+/// With `PrefillLogits::Last` the program computes the row `LAST` names: the same values as
+/// that row of the every-row program.
+#[test]
+fn the_last_row_mode_gives_the_chosen_row() {
+    let model = import_hf(&reference_dir().join("tiny-gqa")).unwrap();
+    let input = ints(&refdoc("tiny-gqa")["input_ids"]);
+    let every = chunked_logits(&mut *session(&model, PrefillLogits::Every), &input[..ROWS]);
+    let mut s = session(&model, PrefillLogits::Last);
+    let pos: Vec<i64> = (0..ROWS as i64).collect();
+    for row in [0usize, 5, ROWS - 1] {
+        let inputs = [
+            (
+                IDS,
+                Tensor::from_i64(DType::I32, &[ROWS as u64], &input[..ROWS]).unwrap(),
+            ),
+            (
+                POS,
+                Tensor::from_i64(DType::I32, &[ROWS as u64], &pos).unwrap(),
+            ),
+            (
+                LAST,
+                Tensor::from_i64(DType::I32, &[1], &[row as i64]).unwrap(),
+            ),
+        ];
+        let got = s.step(&inputs).unwrap().get("logits").unwrap().to_f32_vec();
+        assert_eq!(got, every[row], "row {row}");
+    }
+}
+
+#[test]
+fn attention_biases_are_refused_with_a_reason() {
+    let model = import_hf(&reference_dir().join("tiny-qwen2")).unwrap();
+    let opts = PrefillOptions {
+        dtype: DType::F32,
+        max_seq: MAX_SEQ,
+        rows: ROWS as u64,
+        logits: PrefillLogits::Last,
+    };
+    let err = lower_prefill(&model, &GpuTarget::by_name("h100").unwrap(), &opts).unwrap_err();
+    assert!(err.to_string().contains("attention biases"), "{err}");
+}
