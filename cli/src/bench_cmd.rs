@@ -102,6 +102,16 @@ pub struct BenchArgs {
     /// End-to-end mode: runs per figure (the median is reported).
     #[arg(long, default_value_t = 3)]
     pub repeat: usize,
+    /// Prefill mode: time the prefill program over one chunk of this many prompt tokens
+    /// (comma-separated sizes), its first position each `--pos`, gated like the decode points;
+    /// reports prompt tokens per second of kernel time.
+    #[arg(
+        long,
+        value_name = "ROWS",
+        value_delimiter = ',',
+        conflicts_with = "prompt_tokens"
+    )]
+    pub prefill: Vec<u64>,
     /// Machine-readable output on stdout.
     #[arg(long)]
     pub json: bool,
@@ -217,14 +227,14 @@ struct Point {
 }
 
 /// What is benchmarked: the model and where its weights come from.
-struct Subject {
-    name: String,
-    source: String,
-    model: Model,
-    synth: Option<SyntheticWeights>,
+pub(crate) struct Subject {
+    pub(crate) name: String,
+    pub(crate) source: String,
+    pub(crate) model: Model,
+    pub(crate) synth: Option<SyntheticWeights>,
 }
 
-fn subject(a: &BenchArgs) -> Result<Subject, ModelCmdError> {
+pub(crate) fn subject(a: &BenchArgs) -> Result<Subject, ModelCmdError> {
     match (&a.shape, &a.model) {
         (Some(shape), _) => {
             let cfg = presets::preset(shape).map_err(|e| ModelCmdError::Usage(e.to_string()))?;
@@ -256,6 +266,9 @@ fn subject(a: &BenchArgs) -> Result<Subject, ModelCmdError> {
 
 /// `amk bench`.
 pub fn run(a: &BenchArgs) -> ExitCode {
+    if !a.prefill.is_empty() {
+        return finish(a.json, crate::prefill_bench::bench_prefill(a, &a.prefill));
+    }
     match a.prompt_tokens {
         Some(p) => finish(a.json, crate::e2e_bench::bench_e2e(a, p)),
         None => finish(a.json, bench(a)),
@@ -427,7 +440,7 @@ fn feed_prefix(
 }
 
 /// Loads a session with the subject's weights; synthetic weights get a synthetic KV prefix.
-fn open(
+pub(crate) fn open(
     gpu: &CudaBackend,
     v: &ValidatedProgram,
     lowered: &Lowered,
@@ -555,7 +568,7 @@ fn write_trace(
     Ok(())
 }
 
-fn logits(out: Option<amk_core::Outputs>) -> Result<Vec<f32>, ModelCmdError> {
+pub(crate) fn logits(out: Option<amk_core::Outputs>) -> Result<Vec<f32>, ModelCmdError> {
     out.as_ref()
         .and_then(|o| o.get("logits"))
         .map(|t| t.to_f32_vec())

@@ -7,6 +7,7 @@ mod e2e_bench;
 mod model_cmd;
 mod ops_cmd;
 mod output;
+mod prefill_bench;
 mod registry;
 mod run_cmd;
 mod status;

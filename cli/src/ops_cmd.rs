@@ -50,6 +50,10 @@ pub enum OpsCommand {
         /// Also each kernel with its trace points, the one `amk bench --trace` loads.
         #[arg(long)]
         traced: bool,
+        /// Only the programs of this regime: `decode` (a token a pass) or `prefill` (a prompt
+        /// chunk a pass); repeatable. Default: both.
+        #[arg(long = "regime", value_name = "decode|prefill", value_parser = ["decode", "prefill"])]
+        regimes: Vec<String>,
         /// Print the kernels the selection names (`ARCH (WHAT)`, one a line) and compile
         /// nothing; works on a build without the cuda feature.
         #[arg(long)]
@@ -110,7 +114,10 @@ fn llama_programs(
     dtype: DType,
     shapes: &[String],
     schedules: &[(String, amk_core::ScheduleConfig)],
+    regimes: &[String],
 ) -> Result<Vec<(String, Program)>, String> {
+    let wants = |r: &str| regimes.is_empty() || regimes.iter().any(|x| x == r);
+    use amk_model_llama::lower::prefill::{PrefillLogits, PrefillOptions, lower_prefill};
     use amk_model_llama::lower::{LowerOptions, lower, tuned_schedule};
     use amk_model_llama::{Model, presets};
     let target = amk_core::GpuTarget::by_name("h100").ok_or("no h100 target")?;
@@ -131,7 +138,7 @@ fn llama_programs(
         }
         let cfg = presets::preset(shape).map_err(|e| e.to_string())?;
         let model = Model::shape_only(cfg, shape);
-        for (sname, schedule) in schedules {
+        for (sname, schedule) in schedules.iter().filter(|_| wants("decode")) {
             // The tails `amk run`/`amk lower` (argmax), `amk bench` (logits) and the engine
             // (a decode loop) lower.
             for (argmax, decode_loop) in [(true, false), (false, false), (false, true)] {
@@ -153,6 +160,27 @@ fn llama_programs(
                 out.push((format!("{dt} {sname}{what}, {shape}"), p));
             }
         }
+        // The prefill programs (`amk bench --prefill`, the engine's prompts): one kernel for
+        // every chunk size; logits of the last row and of every row.
+        for logits in [PrefillLogits::Last, PrefillLogits::Every]
+            .into_iter()
+            .filter(|_| wants("prefill"))
+        {
+            let opts = PrefillOptions {
+                dtype,
+                max_seq: 64,
+                rows: 16,
+                logits,
+            };
+            // Models the prefill program does not take (attention biases) have none.
+            if let Ok(l) = lower_prefill(&model, &target, &opts) {
+                let dt = dtype.name().to_ascii_lowercase();
+                out.push((
+                    format!("{dt} prefill ({logits:?} logits), {shape}"),
+                    l.program,
+                ));
+            }
+        }
     }
     Ok(out)
 }
@@ -167,6 +195,8 @@ struct Selection<'a> {
     shapes: &'a [String],
     configs: &'a [std::path::PathBuf],
     traced: bool,
+    /// `decode` and/or `prefill` (empty: both).
+    regimes: &'a [String],
     /// Print the kernels instead of compiling them.
     list: bool,
 }
@@ -206,6 +236,7 @@ fn compile(
         shapes,
         configs,
         traced,
+        regimes,
         list,
     } = *sel;
     let mut schedules = Vec::new();
@@ -232,7 +263,7 @@ fn compile(
     for k in kinds {
         match k {
             Kind::Any => programs.push(("any".into(), None)),
-            Kind::Model(dt) => match llama_programs(dt, shapes, &schedules) {
+            Kind::Model(dt) => match llama_programs(dt, shapes, &schedules, regimes) {
                 Ok(ps) => programs.extend(ps.into_iter().map(|(n, p)| (n, Some(p)))),
                 Err(e) => {
                     errln!("error: lowering the {} programs: {e}", dt.name());
@@ -401,6 +432,7 @@ pub fn run(cmd: &OpsCommand) -> ExitCode {
             shapes,
             configs,
             traced,
+            regimes,
             list,
             json,
         } => compile(
@@ -412,6 +444,7 @@ pub fn run(cmd: &OpsCommand) -> ExitCode {
                 shapes,
                 configs,
                 traced: *traced,
+                regimes,
                 list: *list,
             },
             *json,

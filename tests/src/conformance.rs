@@ -197,7 +197,7 @@ macro_rules! conformance_tests {
             op_allreduce_shard op_kv_append op_sample_argmax op_attention_combine op_fused
             op_rmsnorm_gemv op_gate_up_silu op_qkv_rope_append op_qkv_rope_append_factors op_qkv_rope_append_qk_norm op_attention_gemv
             op_attention_pos_bf16 op_next_token
-            op_linear_tile op_linear_tile_bf16 op_attention_causal op_attention_causal_bf16
+            op_linear_tile op_linear_tile_bf16 op_linear_tile_rope op_attention_causal op_attention_causal_bf16
             dag_chain dag_fan_in dag_tiled_groups dag_split_kv dag_kv_append_steps
             dag_position_decode dag_split_kv_decode
             family_chain family_fan_in family_tiled family_kv_attention family_split_kv
@@ -360,6 +360,11 @@ pub const CASES: &[Case] = &[
         name: "op_linear_tile_bf16",
         about: "LINEAR_TILE in bf16 (the tensor-core path): 70 x 96 x 136 and 9 x 40 x 20 (K tail)",
         run: op_linear_tile_bf16,
+    },
+    Case {
+        name: "op_linear_tile_rope",
+        about: "LINEAR_TILE's RoPE epilogue: f32 and bf16 (tensor cores), with and without divisors",
+        run: op_linear_tile_rope,
     },
     Case {
         name: "op_attention_causal",
@@ -3507,7 +3512,8 @@ fn linear_tile_case(c: &Ctx<'_>, dt: DType, m: u64, k: u64, n: u64, tol: Tol) ->
             ins.push(nw);
         }
         match v.epi {
-            Epilogue::None => {}
+            // RoPE: `linear_tile_rope_case`.
+            Epilogue::None | Epilogue::Rope => {}
             Epilogue::Residual => ins.push(resid),
             Epilogue::SwiGlu => ins.push(u),
         }
@@ -3632,4 +3638,73 @@ fn op_attention_causal_bf16(c: &Ctx<'_>) -> CaseResult {
         scale: 0.125,
     };
     attention_causal_case(c, DType::BF16, a, 40, BF16_TOL)
+}
+
+/// LINEAR_TILE's RoPE epilogue: `m` rows at positions from a random start, heads of `hd`
+/// (two heads a tile, so a device tile holds whole heads), with and without frequency
+/// divisors, against the f64 RoPE of the f64 product (rounded to `dt` before the rotation, as
+/// the op stores it).
+fn linear_tile_rope_case(c: &Ctx<'_>, dt: DType, m: u64, k: u64, hd: u64, tol: Tol) -> CaseResult {
+    let heads = 4u64;
+    let n = heads * hd;
+    let mut t = Tiny::new(91 + k);
+    let x = t.input("x", dt, &[m, k]);
+    let pos = t.input("pos", DType::I32, &[m]);
+    let (w, wv) = t.weight("w", dt, &[n, k], -0.5, 0.5);
+    let (fac, facv) = t.weight("fac", DType::F32, &[hd / 2], 1.0, 8.0);
+    let mut outs = Vec::new();
+    for (name, factors) in [("y_rope", false), ("y_rope_scaled", true)] {
+        let y = t.output(name, dt, &[m, heads, hd]);
+        let ct = t.counter();
+        let half_rows = m as i64 / 2 + 1;
+        for (mo, mt) in [(0, half_rows), (half_rows, m as i64 - half_rows)] {
+            for no in [0, 2 * hd as i64] {
+                let mut p = vec![
+                    ("K", int(k as i64)),
+                    ("m_off", int(mo)),
+                    ("M_tile", int(mt)),
+                    ("n_off", int(no)),
+                    ("N_tile", int(2 * hd as i64)),
+                    ("epilogue", int(op_linear_tile::Epilogue::Rope.code())),
+                    ("head_dim", int(hd as i64)),
+                    ("theta", real(10000.0)),
+                ];
+                let mut ins = vec![x, w, pos];
+                if factors {
+                    p.push(("rope_factors", int(1)));
+                    ins.push(fac);
+                }
+                t.task_on(ct, Opcode::LINEAR_TILE, &ins, &[y], &[], &p);
+            }
+        }
+        outs.push((name, factors));
+    }
+    // Small positions: ROPE's angles are f32 products (spec), which at thousands move a value
+    // by more than F32_TOL from the f64 formula's.
+    let make = |ins: &mut Inputs, rng: &mut SplitMix| {
+        let start = (rng.next() % 40) as i64;
+        let p: Vec<i64> = (start..start + m as i64).collect();
+        if let Ok(pt) = Tensor::from_i64(DType::I32, &[m], &p) {
+            set_input(ins, "pos", pt);
+        }
+    };
+    check_formula(c, t, 2, tol, make, |ins| {
+        let (xv, pv) = (in_vals(ins, "x")?, in_vals(ins, "pos")?);
+        let s: Vec<f64> = linear(&xv, &wv, k as usize, None)
+            .into_iter()
+            .map(|v| amk_core::round_to(dt, v as f32) as f64)
+            .collect();
+        Ok(outs
+            .iter()
+            .map(|&(name, factors)| {
+                let f: &[f64] = if factors { &facv } else { &[] };
+                (name, rope_scaled(&s, &pv, hd as usize, 10000.0, f))
+            })
+            .collect())
+    })
+}
+
+fn op_linear_tile_rope(c: &Ctx<'_>) -> CaseResult {
+    linear_tile_rope_case(c, DType::F32, 9, 24, 16, F32_TOL)?;
+    linear_tile_rope_case(c, DType::BF16, 70, 96, 64, BF16_TOL)
 }

@@ -22,6 +22,7 @@
 struct ac_args {
   const amk_buffer_t *q, *kc, *vc, *pos, *out;
   int hd, nhg, h_first, g;
+  bool vec; /* the caches take 16-byte loads */
   long long width, row, m_off, L;
   float scale;
 };
@@ -93,12 +94,35 @@ __device__ void ac_group(const ac_args& a, int pg0, int np, float* smem) {
   }
   for (long long j0 = 0; j0 <= top; j0 += AC_KB) {
     __syncthreads(); /* the queries are staged; the previous block is consumed */
-    for (int i = threadIdx.x; i < AC_KB * hd; i += AMK_THREADS) {
-      const int jj = i / hd, d = i % hd;
-      const long long j = j0 + jj;
-      const long long at = j * a.row + (long long)a.g * hd + d;
-      ks[jj * ld + d] = j <= top ? amk_ldf(a.kc, at) : 0.f;
-      vs[jj * ld + d] = j <= top ? amk_ldf(a.vc, at) : 0.f;
+    if (a.vec) {
+      /* 8 elements a 16-byte load (head_dim % 8 == 0, 16-byte aligned caches). */
+      const int hv = hd >> 3;
+      for (int i = threadIdx.x; i < AC_KB * hv; i += AMK_THREADS) {
+        const int jj = i / hv, d = (i % hv) * 8;
+        const long long j = j0 + jj;
+        float kf[8], vf[8];
+        if (j <= top) {
+          const long long u = (j * a.row + (long long)a.g * hd + d) >> 3;
+          amk_ld8(a.kc->ptr, a.kc->dtype, u, kf);
+          amk_ld8(a.vc->ptr, a.vc->dtype, u, vf);
+        } else {
+#pragma unroll
+          for (int e = 0; e < 8; ++e) kf[e] = vf[e] = 0.f;
+        }
+#pragma unroll
+        for (int e = 0; e < 8; ++e) {
+          ks[jj * ld + d + e] = kf[e];
+          vs[jj * ld + d + e] = vf[e];
+        }
+      }
+    } else {
+      for (int i = threadIdx.x; i < AC_KB * hd; i += AMK_THREADS) {
+        const int jj = i / hd, d = i % hd;
+        const long long j = j0 + jj;
+        const long long at = j * a.row + (long long)a.g * hd + d;
+        ks[jj * ld + d] = j <= top ? amk_ldf(a.kc, at) : 0.f;
+        vs[jj * ld + d] = j <= top ? amk_ldf(a.vc, at) : 0.f;
+      }
     }
     __syncthreads();
     ac_block(a, qs, ks, vs, j0, np, plim, m, l, acc);
@@ -150,6 +174,11 @@ __device__ void amk_op_attention_causal(const amk_task_ctx& ctx) {
       return;
     }
   }
+  const int kdt = a.kc->dtype;
+  const bool half_or_f32 =
+      (kdt == AMK_F32 || kdt == AMK_BF16 || kdt == AMK_F16) && kdt == a.vc->dtype;
+  a.vec = half_or_f32 && a.hd % 8 == 0 && ((unsigned long long)a.kc->ptr & 15) == 0 &&
+          ((unsigned long long)a.vc->ptr & 15) == 0;
   const int rep = nh / nkv, h0 = p.n_off / a.hd, h1 = (p.n_off + p.N_tile) / a.hd;
   for (int g = h0 / rep; g * rep < h1; ++g) {
     a.g = g;

@@ -9,7 +9,11 @@
 //! - `0` (default): nothing more; `y = x·W^T`;
 //! - `1` (residual): `r`, of the output's shape; `y = round(x·W^T) + r`;
 //! - `2` (SwiGLU): `U` (`[N, K]`, the up weight; `W` is the gate);
-//!   `y = silu(round(x·W^T)) · round(x·U^T)`.
+//!   `y = silu(round(x·W^T)) · round(x·U^T)`;
+//! - `3` (RoPE): the positions (one per row of `x`), then with param `rope_factors` = 1 the
+//!   per-pair frequency divisors; `y = rope(round(x·W^T))`, ROPE's rotate-half arithmetic
+//!   over heads of `head_dim` at each row's position (params `head_dim`, `theta`): a Q or K
+//!   projection and its RoPE in one task.
 //!
 //! The output is viewed as `[rows, width]` (`x`'s rows; any shape of that many elements, so a
 //! projection can write `[rows, heads, head_dim]` for the RoPE after it). `round` is the
@@ -36,10 +40,15 @@ use std::borrow::Cow;
 
 pub mod reference;
 
-/// Dynamic shared memory a task uses on the GPU: the f32 output tile of 64 rows × (128 + 4)
-/// columns, which the epilogue reads (larger than the two pipeline stages of A and B it
-/// overlays), plus 64 row scales.
-pub const SHARED_BYTES: u32 = 64 * 132 * 4 + 64 * 8;
+/// Dynamic shared memory a task uses on the GPU: six pipeline stages of A (64 × 32) and B
+/// (128 × 32) 16-bit tiles, which the f32 output tile overlays after the K loop, then 64 row
+/// scales (f64), 64 RoPE pair frequencies (f32) and the norm weight as f32 (up to
+/// [`MAX_NORM_K`] elements).
+pub const SHARED_BYTES: u32 =
+    6 * (64 * 32 + 128 * 32) * 2 + 64 * 8 + 64 * 4 + MAX_NORM_K as u32 * 4;
+
+/// The longest row the device normalises (it stages the norm weight in shared memory).
+pub const MAX_NORM_K: u64 = 8192;
 
 /// Rows of `x` one device tile computes at a time (a task with more loops over them).
 pub const DEVICE_ROWS: u64 = 64;
@@ -52,7 +61,7 @@ pub const SPEC: OpSpec = OpSpec {
     code: Opcode::LINEAR_TILE,
     name: Cow::Borrowed("LINEAR_TILE"),
     min_inputs: 2,
-    max_inputs: Some(4),
+    max_inputs: Some(5),
     n_outputs: Some(1),
     params: Cow::Borrowed(&[
         ParamDecl::required("K", ParamType::Int),
@@ -63,6 +72,9 @@ pub const SPEC: OpSpec = OpSpec {
         ParamDecl::optional("eps", ParamType::Real),
         ParamDecl::optional("norm", ParamType::Int),
         ParamDecl::optional("epilogue", ParamType::Int),
+        ParamDecl::optional("rope_factors", ParamType::Int),
+        ParamDecl::optional("head_dim", ParamType::Int),
+        ParamDecl::optional("theta", ParamType::Real),
     ]),
     write_region: amk_core::WriteRegion::ColumnsAndRows,
     check: Some(check),
@@ -91,6 +103,10 @@ pub enum Epilogue {
     Residual,
     /// `y = silu(round(x·W^T)) · round(x·U^T)`.
     SwiGlu,
+    /// `y = rope(round(x·W^T))` at each row's position: ROPE's rotate-half pairs of every head
+    /// (params `head_dim`, `theta`; the operand is the positions, one per row of `x`; with
+    /// param `rope_factors` = 1 a further input holds the per-pair frequency divisors).
+    Rope,
 }
 
 impl Epilogue {
@@ -100,6 +116,7 @@ impl Epilogue {
             Epilogue::None => 0,
             Epilogue::Residual => 1,
             Epilogue::SwiGlu => 2,
+            Epilogue::Rope => 3,
         }
     }
 
@@ -109,49 +126,60 @@ impl Epilogue {
             0 => Some(Epilogue::None),
             1 => Some(Epilogue::Residual),
             2 => Some(Epilogue::SwiGlu),
+            3 => Some(Epilogue::Rope),
             _ => None,
         }
     }
 }
 
-/// Where a task's optional inputs sit, from its `norm` and `epilogue` params.
+/// Where a task's optional inputs sit, from its `norm`, `epilogue` and `rope_factors` params.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Layout {
     /// The norm weight's input.
     pub norm: Option<usize>,
     /// The epilogue.
     pub epilogue: Epilogue,
-    /// The epilogue's operand (the residual or the up weight).
+    /// The epilogue's operand (the residual, the up weight or the positions).
     pub extra: Option<usize>,
+    /// The RoPE frequency divisors' input.
+    pub factors: Option<usize>,
     /// Inputs the task must have.
     pub n_inputs: usize,
 }
 
 impl Layout {
-    /// The layout of a task with these params.
-    pub fn new(norm: bool, epilogue: Epilogue) -> Layout {
+    /// The layout of a task with these params (`factors` only counts with [`Epilogue::Rope`]).
+    pub fn new(norm: bool, epilogue: Epilogue, factors: bool) -> Layout {
         let norm_at = norm.then_some(2);
         let next = 2 + usize::from(norm);
         let extra = (epilogue != Epilogue::None).then_some(next);
+        let next = next + usize::from(extra.is_some());
+        let factors = (epilogue == Epilogue::Rope && factors).then_some(next);
         Layout {
             norm: norm_at,
             epilogue,
             extra,
-            n_inputs: next + usize::from(extra.is_some()),
+            factors,
+            n_inputs: next + usize::from(factors.is_some()),
         }
     }
 
-    /// The layout the params `norm` and `epilogue` name (`None` for a value outside 0/1 and
-    /// 0/1/2).
-    pub fn from_params(norm: Option<i64>, epilogue: Option<i64>) -> Option<Layout> {
-        let norm = match norm.unwrap_or(0) {
-            0 => false,
-            1 => true,
-            _ => return None,
+    /// The layout the params `norm`, `epilogue` and `rope_factors` name (`None` for a value
+    /// outside 0/1, 0..=3 and 0/1).
+    pub fn from_params(
+        norm: Option<i64>,
+        epilogue: Option<i64>,
+        rope_factors: Option<i64>,
+    ) -> Option<Layout> {
+        let flag = |v: Option<i64>| match v.unwrap_or(0) {
+            0 => Some(false),
+            1 => Some(true),
+            _ => None,
         };
         Some(Layout::new(
-            norm,
+            flag(norm)?,
             Epilogue::from_code(epilogue.unwrap_or(0))?,
+            flag(rope_factors)?,
         ))
     }
 
@@ -171,8 +199,9 @@ fn float(b: &Buffer) -> bool {
 /// Static shape and parameter rule, run by the validator.
 fn check(ctx: &TaskContext<'_>) -> Vec<Finding> {
     let mut c = Checker::new(ctx);
-    let Some(layout) = Layout::from_params(c.int("norm"), c.int("epilogue")) else {
-        c.oob("params norm (0 or 1) and epilogue (0, 1 or 2) are out of range");
+    let Some(layout) = Layout::from_params(c.int("norm"), c.int("epilogue"), c.int("rope_factors"))
+    else {
+        c.oob("params norm (0 or 1), epilogue (0 to 3) and rope_factors (0 or 1) are out of range");
         return c.finish();
     };
     if ctx.n_inputs() != layout.n_inputs {
@@ -212,11 +241,20 @@ fn check(ctx: &TaskContext<'_>) -> Vec<Finding> {
             c.mismatch(format!("norm weight {} must be F32, F16 or BF16", desc(nw)));
         }
         c.numel_is(nw, k, "norm weight");
+        if k > MAX_NORM_K {
+            c.oob(format!("a normalised row of K = {k} exceeds {MAX_NORM_K}"));
+        }
         if c.real("eps").is_none() {
             c.mismatch("a norm weight input needs the param eps");
         }
     }
-    if let Some(e) = layout.extra.and_then(|i| c.input(i)) {
+    let rows = x.numel() / k.max(1);
+    if layout.epilogue == Epilogue::Rope {
+        rope_rule(&mut c, &layout, rows, (n_off, n_tile));
+    }
+    if let Some(e) = layout.extra.and_then(|i| c.input(i))
+        && layout.epilogue != Epilogue::Rope
+    {
         let same = match layout.epilogue {
             Epilogue::SwiGlu => e.shape == w.shape,
             _ => e.numel() == out.numel(),
@@ -233,7 +271,6 @@ fn check(ctx: &TaskContext<'_>) -> Vec<Finding> {
             ));
         }
     }
-    let rows = x.numel() / k.max(1);
     let n = w.numel() / k.max(1);
     if rows == 0 || out.numel() % rows != 0 {
         c.mismatch(format!(
@@ -264,4 +301,49 @@ fn check(ctx: &TaskContext<'_>) -> Vec<Finding> {
         }
     }
     c.finish()
+}
+
+/// The RoPE epilogue's rule: a positive even `head_dim` and a positive `theta`, columns of whole
+/// heads, integer positions one per row of `x`, and `head_dim / 2` float divisors with
+/// `rope_factors`.
+fn rope_rule(
+    c: &mut Checker<'_, '_>,
+    layout: &Layout,
+    rows: u64,
+    cols: (Option<i64>, Option<i64>),
+) {
+    let hd = c.int("head_dim").unwrap_or(0);
+    if hd <= 0 || hd % 2 != 0 || hd as u64 > DEVICE_COLS {
+        c.oob(format!(
+            "the RoPE epilogue needs an even head_dim of at most {DEVICE_COLS}, got {hd}"
+        ));
+        return;
+    }
+    if !c.real("theta").is_some_and(|t| t.is_finite() && t > 0.0) {
+        c.oob("the RoPE epilogue needs a positive finite theta");
+    }
+    if let (Some(no), Some(nt)) = cols
+        && (no % hd != 0 || nt % hd != 0)
+    {
+        c.oob(format!(
+            "columns [{no}, {}) must be whole heads of {hd} for the RoPE epilogue",
+            no.saturating_add(nt)
+        ));
+    }
+    if let Some(pos) = layout.extra.and_then(|i| c.input(i))
+        && (!pos.dtype.is_integer() || pos.numel() != rows)
+    {
+        c.mismatch(format!(
+            "the positions {} must be integers, one per row of x ({rows})",
+            desc(pos)
+        ));
+    }
+    if let Some(f) = layout.factors.and_then(|i| c.input(i))
+        && (!float(f) || f.numel() != hd as u64 / 2)
+    {
+        c.mismatch(format!(
+            "the RoPE frequency divisors {} must be head_dim / 2 floats",
+            desc(f)
+        ));
+    }
 }

@@ -9,12 +9,13 @@
  * projection's in its second).
  *
  * Tensor-core path (x, W and U all BF16 or all F16, K % 8 == 0, 16-byte aligned): K in steps
- * of LT_BK; B (weight rows) through cp.async into two stages, A (rows of x) through registers
- * (normalised and rounded to x's dtype there when the task has a norm: the value an RMSNORM
- * task would store), both XOR-swizzled by 16-byte chunk so ldmatrix reads conflict-free. 8
- * warps as 2 (rows) x 4 (columns), each 32 x 32 of the tile: 2 x 4 mma.sync.m16n8k16 per 16 of
- * K, f32 accumulators. The accumulators go through shared memory (f32, LT_LD a row) to the
- * epilogue, which stores coalesced.
+ * of LT_BK through an LT_STAGES-deep cp.async pipeline of A (rows of x) and B (weight rows),
+ * both XOR-swizzled by 16-byte chunk so ldmatrix reads conflict-free. With a norm, each
+ * thread normalises its own landed A chunk in shared memory (x * inv * w, rounded to x's
+ * dtype: the value an RMSNORM task would store), the norm weight staged once as f32. 8 warps
+ * as 2 (rows) x 4 (columns), each 32 x 32 of the tile: 2 x 4 mma.sync.m16n8k16 per 16 of K,
+ * f32 accumulators. The accumulators go through shared memory (f32, LT_LD a row) to the
+ * epilogue, which stores coalesced. The output is viewed as [rows of x, width].
  *
  * Any other dtype mix (f32 programs): each thread sums its outputs' products in f32 in K order
  * (no TF32), the same epilogue. Slow; it keeps f32 programs exact.
@@ -25,27 +26,51 @@
 #define LT_BN 128
 #define LT_BK 32
 #define LT_LD (LT_BN + 4)
+#define LT_STAGES 6
+#define LT_A_BYTES (LT_BM * LT_BK * 2)
+#define LT_STAGE (LT_A_BYTES + LT_BN * LT_BK * 2)
+/* Shared memory: the stages (or, after the K loop, the f32 tile), then the row scales, the
+ * RoPE pair frequencies (LT_BN / 2 floats), then the norm weight as f32 (K at most LT_KMAX). */
+#define LT_TILE_BYTES (LT_STAGES * LT_STAGE > LT_BM * LT_LD * 4 ? LT_STAGES * LT_STAGE : LT_BM * LT_LD * 4)
+#define LT_KMAX 8192
 
 struct lt_args {
   const amk_buffer_t* x;
   const amk_buffer_t* w;
-  const amk_buffer_t* nw; /* norm weight or null */
-  const amk_buffer_t* ex; /* residual or up weight, or null */
+  const amk_buffer_t* nw;  /* norm weight or null */
+  const amk_buffer_t* ex;  /* residual, up weight or positions, or null */
+  const amk_buffer_t* fac; /* RoPE frequency divisors or null */
   const amk_buffer_t* y;
   long long K, width;
   long long m_end, n_end;
-  int epi;
+  int epi, hd;
+  bool vec_out; /* y (and a residual) take 8 elements a 16-byte access */
   float eps;
 };
 
-/* 1 / rms of rows m0 .. m0 + LT_BM - 1 (those below m_end) into rinv. */
+/* 1 / rms of rows m0 .. m0 + LT_BM - 1 (those below m_end) into rinv: a warp a row, 8
+ * elements a 16-byte load where the row allows. */
 __device__ __forceinline__ void lt_row_scales(const lt_args& a, long long m0, amk_norm_t* rinv) {
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int dt = a.x->dtype;
+  const bool vec = (dt == AMK_F32 || dt == AMK_BF16 || dt == AMK_F16) && a.K % 8 == 0 &&
+                   ((unsigned long long)a.x->ptr & 15) == 0;
   for (int r = warp; r < LT_BM; r += AMK_WARPS) {
     const long long m = m0 + r;
     if (m >= a.m_end) break;
     amk_norm_t s = (amk_norm_t)0;
-    for (long long k = lane; k < a.K; k += 32) s = amk_rms_sq(s, amk_ldf(a.x, m * a.K + k));
+    if (vec) {
+      const long long base = (m * a.K) >> 3;
+#pragma unroll 4
+      for (long long u = lane; u < (a.K >> 3); u += 32) {
+        float f[8];
+        amk_ld8(a.x->ptr, dt, base + u, f);
+#pragma unroll
+        for (int e = 0; e < 8; ++e) s = amk_rms_sq(s, f[e]);
+      }
+    } else {
+      for (long long k = lane; k < a.K; k += 32) s = amk_rms_sq(s, amk_ldf(a.x, m * a.K + k));
+    }
     s = amk_warp_reduce<amk_norm_t, false>(s);
     if (lane == 0) rinv[r] = amk_rms_inv(s, a.K, a.eps);
   }
@@ -75,8 +100,9 @@ __device__ __forceinline__ float lt_xn(const lt_args& a, const amk_norm_t* rinv,
   return amk_round_dt(a.x->dtype, amk_rms_apply(v, rinv[r], amk_ldf(a.nw, k)));
 }
 
+/* The sums of the tile into `cs` (f32, LT_LD a row; the up projection's at column + cols). */
 __device__ __noinline__ void lt_tile_generic(const lt_args& a, long long m0, long long c0,
-                                             int cols, const amk_norm_t* rinv) {
+                                             int cols, const amk_norm_t* rinv, float* cs) {
   for (int i = threadIdx.x; i < LT_BM * cols; i += AMK_THREADS) {
     const int r = i / cols, c = i % cols;
     const long long m = m0 + r, n = c0 + c;
@@ -87,7 +113,66 @@ __device__ __noinline__ void lt_tile_generic(const lt_args& a, long long m0, lon
       s = fmaf(xv, amk_ldf(a.w, n * a.K + k), s);
       if (a.epi == 2) u = fmaf(xv, amk_ldf(a.ex, n * a.K + k), u);
     }
-    lt_store(a, m, n, s, u);
+    cs[r * LT_LD + c] = s;
+    if (a.epi == 2) cs[r * LT_LD + c + cols] = u;
+  }
+}
+
+/* The RoPE epilogue: each (row, head, pair) of the tile, the pair's two sums rounded to y's
+ * dtype (what a projection stores), rotated as ROPE does at the row's position. `fq` holds the
+ * pair frequencies. */
+__device__ __forceinline__ void lt_rope_out(const lt_args& a, long long m0, long long c0, int cols,
+                                            const float* cs, const float* fq) {
+  const int half = a.hd >> 1, heads = cols / a.hd, dt = a.y->dtype;
+  for (int i = threadIdx.x; i < LT_BM * heads * half; i += AMK_THREADS) {
+    const int r = i / (heads * half), h = (i / half) % heads, k = i % half;
+    const long long m = m0 + r, n = c0 + (long long)h * a.hd;
+    if (m >= a.m_end || n >= a.n_end) continue;
+    const float x1 = amk_round_dt(dt, cs[r * LT_LD + h * a.hd + k]);
+    const float x2 = amk_round_dt(dt, cs[r * LT_LD + h * a.hd + k + half]);
+    const float ang = __fmul_rn((float)amk_ldif(a.ex, m), fq[k]);
+    float ya, yb;
+    amk_rope_pair(x1, x2, amk_rope_trig(ang, 0), amk_rope_trig(ang, 1), ya, yb);
+    amk_stf(a.y, m * a.width + n + k, ya);
+    amk_stf(a.y, m * a.width + n + k + half, yb);
+  }
+}
+
+/* The epilogue of a device tile whose sums are in `cs`: 8 consecutive columns a unit, through
+ * 16-byte loads of the residual and stores of y where they fit. */
+__device__ __noinline__ void lt_epilogue(const lt_args& a, long long m0, long long c0, int cols,
+                                         const float* cs, const float* fq) {
+  if (a.epi == 3) {
+    lt_rope_out(a, m0, c0, cols, cs, fq);
+    return;
+  }
+  const int cu = cols >> 3;
+  for (int u = threadIdx.x; u < LT_BM * cu; u += AMK_THREADS) {
+    const int r = u / cu, c = (u % cu) * 8;
+    const long long m = m0 + r, n = c0 + c;
+    if (m >= a.m_end || n >= a.n_end) continue;
+    const float* src = cs + r * LT_LD + c;
+    if (a.vec_out && n + 8 <= a.n_end) {
+      const int dt = a.y->dtype;
+      const long long at = (m * a.width + n) >> 3;
+      float v[8], rr[8];
+      if (a.epi == 1) amk_ld8(a.ex->ptr, a.ex->dtype, at, rr);
+#pragma unroll
+      for (int e = 0; e < 8; ++e) {
+        if (a.epi == 1) {
+          v[e] = amk_round_dt(dt, src[e]) + rr[e];
+        } else if (a.epi == 2) {
+          const float g = amk_round_dt(dt, src[e]);
+          v[e] = g / (1.0f + expf(-g)) * amk_round_dt(dt, src[e + cols]);
+        } else {
+          v[e] = src[e];
+        }
+      }
+      amk_st8(a.y->ptr, dt, at, v);
+    } else {
+      for (int e = 0; e < 8 && n + e < a.n_end; ++e)
+        lt_store(a, m, n + e, src[e], a.epi == 2 ? src[e + cols] : 0.f);
+    }
   }
 }
 
@@ -127,25 +212,19 @@ __device__ __forceinline__ void lt_cp16(uint32_t dst, const void* src, bool ok) 
                : "memory");
 }
 
-/* The thread's chunk of A (row t / 4, chunk t % 4) for the K step at k0, normalised and
- * rounded when the task has a norm; zero outside the rows or K. */
-__device__ __forceinline__ uint4 lt_load_a(const lt_args& a, long long m0, long long k0,
-                                           const amk_norm_t* rinv) {
-  const int r = threadIdx.x >> 2, ch = threadIdx.x & 3;
-  const long long m = m0 + r, k = k0 + ch * 8;
-  if (m >= a.m_end || k >= a.K) return make_uint4(0u, 0u, 0u, 0u);
-  const uint4 v = ((const uint4*)a.x->ptr)[(m * a.K + k) >> 3];
-  if (!a.nw) return v;
-  float f[8];
-  amk_cvt8<false>(a.x->dtype, v, v, f);
-#pragma unroll
-  for (int e = 0; e < 8; ++e) f[e] = amk_rms_apply(f[e], rinv[r], amk_ldf(a.nw, k + e));
-  return amk_pack8(a.x->dtype, f);
-}
-
-/* Issues the cp.async copies of B for the K step at k0 into the stage at `bs`. */
-__device__ __forceinline__ void lt_load_b(const lt_args& a, long long c0, int half_cols,
-                                          long long k0, uint32_t bs) {
+/* Issues the cp.async copies of one K step (at k0) into stage `st`: A's chunk of this thread
+ * (row t / 4, chunk t % 4) and two of B's (weight rows; with SwiGLU the second half of the
+ * tile's rows are U's). Zero-filled outside the rows, the columns and K. */
+__device__ __forceinline__ void lt_load_stage(const lt_args& a, long long m0, long long c0,
+                                              int half_cols, long long k0, uint32_t as,
+                                              uint32_t bs) {
+  {
+    const int r = threadIdx.x >> 2, ch = threadIdx.x & 3;
+    const long long m = m0 + r, k = k0 + ch * 8;
+    const bool ok = m < a.m_end && k < a.K;
+    const uint16_t* p = (const uint16_t*)a.x->ptr + (ok ? m * a.K + k : 0);
+    lt_cp16(as + lt_swz(r, ch), p, ok);
+  }
 #pragma unroll
   for (int q = 0; q < 2; ++q) {
     const int c = threadIdx.x + q * AMK_THREADS;
@@ -157,16 +236,33 @@ __device__ __forceinline__ void lt_load_b(const lt_args& a, long long c0, int ha
     const uint16_t* p = (const uint16_t*)src->ptr + (ok ? n * a.K + k : 0);
     lt_cp16(bs + lt_swz(row, ch), p, ok);
   }
+  amk_cp_async_commit();
+}
+
+/* The norm on this thread's landed A chunk of the K step at k0 (in place): x * inv * w,
+ * rounded to x's dtype — what an RMSNORM task would store. `ws` holds the norm weight (f32). */
+__device__ __forceinline__ void lt_norm_chunk(const lt_args& a, long long m0, long long k0,
+                                              unsigned char* stage, const amk_norm_t* rinv,
+                                              const float* ws) {
+  const int r = threadIdx.x >> 2, ch = threadIdx.x & 3;
+  const long long k = k0 + ch * 8;
+  if (m0 + r >= a.m_end || k >= a.K) return;
+  uint4* p = (uint4*)(stage + lt_swz(r, ch));
+  float f[8];
+  const uint4 v = *p;
+  amk_cvt8<false>(a.x->dtype, v, v, f);
+#pragma unroll
+  for (int e = 0; e < 8; ++e) f[e] = amk_rms_apply(f[e], rinv[r], ws[k + e]);
+  *p = amk_pack8(a.x->dtype, f);
 }
 
 template <bool BF>
 __device__ __noinline__ void lt_tile_mma(const lt_args& a, long long m0, long long c0, int cols,
-                                         const amk_norm_t* rinv, unsigned char* smem) {
+                                         const amk_norm_t* rinv, const float* ws, const float* fq,
+                                         unsigned char* smem) {
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int wm = warp >> 2, wn = warp & 3;
   const uint32_t s0 = (uint32_t)__cvta_generic_to_shared(smem);
-  const uint32_t as[2] = {s0, s0 + LT_BM * 64};
-  const uint32_t bs[2] = {s0 + 2 * LT_BM * 64, s0 + 2 * LT_BM * 64 + LT_BN * 64};
   float acc[2][4][4];
 #pragma unroll
   for (int i = 0; i < 2; ++i)
@@ -175,38 +271,45 @@ __device__ __noinline__ void lt_tile_mma(const lt_args& a, long long m0, long lo
 #pragma unroll
       for (int e = 0; e < 4; ++e) acc[i][j][e] = 0.f;
 
-  const long long nk = (a.K + LT_BK - 1) / LT_BK;
-  uint4 areg = lt_load_a(a, m0, 0, rinv);
-  lt_load_b(a, c0, cols, 0, bs[0]);
-  amk_cp_async_commit();
-  for (long long kt = 0; kt < nk; ++kt) {
-    const int st = (int)(kt & 1);
-    {
-      const int r = threadIdx.x >> 2, ch = threadIdx.x & 3;
-      *(uint4*)(smem + (as[st] - s0) + lt_swz(r, ch)) = areg;
-    }
-    if (kt + 1 < nk) {
-      lt_load_b(a, c0, cols, (kt + 1) * LT_BK, bs[st ^ 1]);
+  const int nk = (int)((a.K + LT_BK - 1) / LT_BK);
+#pragma unroll
+  for (int st = 0; st < LT_STAGES - 1; ++st) {
+    if (st < nk)
+      lt_load_stage(a, m0, c0, cols, (long long)st * LT_BK, s0 + st * LT_STAGE,
+                    s0 + st * LT_STAGE + LT_A_BYTES);
+    else
       amk_cp_async_commit();
-      areg = lt_load_a(a, m0, (kt + 1) * LT_BK, rinv);
-      asm volatile("cp.async.wait_group 1;" ::: "memory");
-    } else {
-      amk_cp_async_wait_all();
+  }
+  for (int kt = 0; kt < nk; ++kt) {
+    const int st = kt % LT_STAGES;
+    const uint32_t as = s0 + st * LT_STAGE, bs = as + LT_A_BYTES;
+    asm volatile("cp.async.wait_group %0;" ::"n"(LT_STAGES - 2) : "memory");
+    __syncthreads(); /* stage kt landed for everyone; stage kt - 1 is consumed */
+    if (a.nw) {
+      lt_norm_chunk(a, m0, (long long)kt * LT_BK, smem + st * LT_STAGE, rinv, ws);
+      __syncthreads();
     }
-    __syncthreads();
+    {
+      const int nx = kt + LT_STAGES - 1, sn = nx % LT_STAGES;
+      if (nx < nk)
+        lt_load_stage(a, m0, c0, cols, (long long)nx * LT_BK, s0 + sn * LT_STAGE,
+                      s0 + sn * LT_STAGE + LT_A_BYTES);
+      else
+        amk_cp_async_commit();
+    }
 #pragma unroll
     for (int kk = 0; kk < LT_BK / 16; ++kk) {
       uint32_t af[2][4], bf[4][2];
 #pragma unroll
       for (int i = 0; i < 2; ++i) {
         const int row = wm * 32 + i * 16 + (lane & 15);
-        lt_ldm4(as[st] + lt_swz(row, kk * 2 + (lane >> 4)), af[i]);
+        lt_ldm4(as + lt_swz(row, kk * 2 + (lane >> 4)), af[i]);
       }
 #pragma unroll
       for (int j = 0; j < 4; j += 2) {
         const int row = wn * 32 + (j + (lane >> 4)) * 8 + (lane & 7);
         uint32_t r[4];
-        lt_ldm4(bs[st] + lt_swz(row, kk * 2 + ((lane >> 3) & 1)), r);
+        lt_ldm4(bs + lt_swz(row, kk * 2 + ((lane >> 3) & 1)), r);
         bf[j][0] = r[0];
         bf[j][1] = r[1];
         bf[j + 1][0] = r[2];
@@ -217,9 +320,10 @@ __device__ __noinline__ void lt_tile_mma(const lt_args& a, long long m0, long lo
 #pragma unroll
         for (int j = 0; j < 4; ++j) lt_mma<BF>(acc[i][j], af[i], bf[j]);
     }
-    __syncthreads();
   }
-  /* The accumulators to shared memory (over the stages: every warp is past its last read). */
+  amk_cp_async_wait_all();
+  __syncthreads(); /* every warp is past its last read of the stages */
+  /* The accumulators to shared memory, over the stages. */
   float* cs = (float*)smem;
 #pragma unroll
   for (int i = 0; i < 2; ++i)
@@ -232,12 +336,7 @@ __device__ __noinline__ void lt_tile_mma(const lt_args& a, long long m0, long lo
       cs[(row + 8) * LT_LD + col + 1] = acc[i][j][3];
     }
   __syncthreads();
-  for (int i = threadIdx.x; i < LT_BM * cols; i += AMK_THREADS) {
-    const int r = i / cols, c = i % cols;
-    const long long m = m0 + r, n = c0 + c;
-    if (m < a.m_end && n < a.n_end)
-      lt_store(a, m, n, cs[r * LT_LD + c], a.epi == 2 ? cs[r * LT_LD + c + cols] : 0.f);
-  }
+  lt_epilogue(a, m0, c0, cols, cs, fq);
   __syncthreads();
 }
 
@@ -248,19 +347,23 @@ __device__ void amk_op_linear_tile(const amk_task_ctx& ctx) {
   a.x = amk_in(ctx, 0);
   a.w = amk_in(ctx, 1);
   a.nw = norm ? amk_in(ctx, 2) : nullptr;
-  a.ex = epi ? amk_in(ctx, 2 + (norm ? 1 : 0)) : nullptr;
+  const int extra = 2 + (norm ? 1 : 0);
+  a.ex = epi ? amk_in(ctx, extra) : nullptr;
+  a.fac = (epi == 3 && p.ext[2]) ? amk_in(ctx, extra + 1) : nullptr;
   a.y = amk_out(ctx, 0);
   a.K = p.K;
   a.epi = epi;
+  a.hd = p.head_dim;
   a.eps = p.eps;
   a.m_end = (long long)p.m_off + p.M_tile;
   a.n_end = (long long)p.n_off + p.N_tile;
   const long long rows = a.K > 0 ? a.x->numel / a.K : 0;
   a.width = rows > 0 ? a.y->numel / rows : 0; /* the output viewed as [rows, width] */
   if (a.K <= 0 || a.width <= 0 || a.x->numel % a.K != 0 || a.w->numel % a.K != 0 ||
-      a.y->numel % rows != 0 ||
-      a.m_end * a.K > a.x->numel || a.n_end * a.K > a.w->numel || a.n_end > a.width ||
-      a.m_end * a.width > a.y->numel) {
+      a.y->numel % rows != 0 || a.m_end * a.K > a.x->numel || a.n_end * a.K > a.w->numel ||
+      a.n_end > a.width || a.m_end * a.width > a.y->numel ||
+      (epi == 3 && (a.hd <= 0 || a.hd > LT_BN || (a.hd & 1) || p.n_off % a.hd != 0 ||
+                    p.N_tile % a.hd != 0 || a.ex->numel != rows))) {
     amk_fail(ctx, AMK_ERR_SHAPE, a.K);
     return;
   }
@@ -271,21 +374,48 @@ __device__ void amk_op_linear_tile(const amk_task_ctx& ctx) {
                        (epi != 2 || ((unsigned long long)a.ex->ptr & 15) == 0);
   const bool mma = half16 && a.w->dtype == dt && (epi != 2 || a.ex->dtype == dt) &&
                    a.K % 8 == 0 && aligned;
-  const int cols = epi == 2 ? LT_BN / 2 : LT_BN;
-  amk_norm_t* rinv = (amk_norm_t*)(ctx.smem + LT_BM * LT_LD * 4);
+  const int ydt = a.y->dtype;
+  const bool fdt = ydt == AMK_F32 || ydt == AMK_BF16 || ydt == AMK_F16;
+  a.vec_out = fdt && a.width % 8 == 0 && ((unsigned long long)a.y->ptr & 15) == 0 &&
+              (epi != 1 || ((a.ex->dtype == AMK_F32 || a.ex->dtype == AMK_BF16 ||
+                             a.ex->dtype == AMK_F16) &&
+                            ((unsigned long long)a.ex->ptr & 15) == 0));
+  /* Device tile columns: the gate's half with SwiGLU, whole heads with RoPE. */
+  const int cols = epi == 2 ? LT_BN / 2 : epi == 3 ? (LT_BN / a.hd) * a.hd : LT_BN;
+  amk_norm_t* rinv = (amk_norm_t*)(ctx.smem + LT_TILE_BYTES);
+  float* fq = (float*)(ctx.smem + LT_TILE_BYTES + LT_BM * 8);
+  float* ws = fq + LT_BN / 2;
+  if (a.nw && mma) {
+    if (a.K > LT_KMAX) { amk_fail(ctx, AMK_ERR_SHAPE, a.K); return; }
+    for (long long k = threadIdx.x; k < a.K; k += AMK_THREADS) ws[k] = amk_ldf(a.nw, k);
+  }
+  if (epi == 3)
+    for (int k = threadIdx.x; k < a.hd / 2; k += AMK_THREADS)
+      fq[k] = amk_rope_inv_freq_scaled(p.theta, k, a.hd / 2, a.fac);
+  if (epi == 3) {
+    for (long long m = p.m_off + threadIdx.x; m < a.m_end; m += AMK_THREADS) {
+      const long long pos = amk_ldif(a.ex, m);
+      if (pos < 0) { amk_fail(ctx, AMK_ERR_INDEX, pos); }
+    }
+    __syncthreads();
+    if (*ctx.failed) return;
+  }
   for (long long m0 = p.m_off; m0 < a.m_end; m0 += LT_BM) {
     if (a.nw) {
       lt_row_scales(a, m0, rinv);
-      __syncthreads();
-    }
-    for (long long c0 = p.n_off; c0 < a.n_end; c0 += cols) {
-      if (mma && AMK_BF_OF(dt))
-        lt_tile_mma<true>(a, m0, c0, cols, rinv, ctx.smem);
-      else if (mma)
-        lt_tile_mma<false>(a, m0, c0, cols, rinv, ctx.smem);
-      else
-        lt_tile_generic(a, m0, c0, cols, rinv);
     }
     __syncthreads();
+    for (long long c0 = p.n_off; c0 < a.n_end; c0 += cols) {
+      if (mma && AMK_BF_OF(dt)) {
+        lt_tile_mma<true>(a, m0, c0, cols, rinv, ws, fq, ctx.smem);
+      } else if (mma) {
+        lt_tile_mma<false>(a, m0, c0, cols, rinv, ws, fq, ctx.smem);
+      } else {
+        lt_tile_generic(a, m0, c0, cols, rinv, (float*)ctx.smem);
+        __syncthreads();
+        lt_epilogue(a, m0, c0, cols, (const float*)ctx.smem, fq);
+        __syncthreads();
+      }
+    }
   }
 }

@@ -38,11 +38,14 @@ fn tile(call: &CpuCall<'_, '_>) -> Result<Tile, OpError> {
 }
 
 fn layout(call: &CpuCall<'_, '_>) -> Result<Layout, OpError> {
-    Layout::from_params(call.int_opt("norm")?, call.int_opt("epilogue")?).ok_or_else(|| {
-        OpError::BadParam {
-            key: "norm/epilogue".into(),
-            why: "norm must be 0 or 1 and epilogue 0, 1 or 2".into(),
-        }
+    Layout::from_params(
+        call.int_opt("norm")?,
+        call.int_opt("epilogue")?,
+        call.int_opt("rope_factors")?,
+    )
+    .ok_or_else(|| OpError::BadParam {
+        key: "norm/epilogue/rope_factors".into(),
+        why: "norm must be 0 or 1, epilogue 0 to 3 and rope_factors 0 or 1".into(),
     })
 }
 
@@ -114,7 +117,7 @@ pub fn run(call: &mut CpuCall<'_, '_>) -> Result<(), OpError> {
         None => None,
     };
     let extra = l.extra.map(|i| call.input(i)).transpose()?;
-    if let Some(e) = extra {
+    if let Some(e) = extra.filter(|_| l.epilogue != Epilogue::Rope) {
         float(e, "epilogue operand")?;
         if l.epilogue == Epilogue::SwiGlu && e.shape() != w.shape() {
             return Err(shape(format!(
@@ -131,6 +134,10 @@ pub fn run(call: &mut CpuCall<'_, '_>) -> Result<(), OpError> {
         norm,
         &t,
     )?;
+    let rope = match l.epilogue {
+        Epilogue::Rope => Some(Rope::new(call, &l, &t, rows)?),
+        _ => None,
+    };
     let residual: Option<Vec<f32>> = match (l.epilogue, extra) {
         (Epilogue::Residual, Some(r)) => Some((0..r.numel()).map(|i| r.get_f32(i)).collect()),
         _ => None,
@@ -153,6 +160,17 @@ pub fn run(call: &mut CpuCall<'_, '_>) -> Result<(), OpError> {
     }
     let dt = out.dtype();
     let cols = t.cols.len();
+    if let Some(rope) = rope {
+        for (i, m) in t.rows.clone().enumerate() {
+            let row: Vec<f32> = (0..cols)
+                .map(|j| round_to(dt, sums[i * cols + j].0))
+                .collect();
+            for (j, v) in rope.rotate(&row, i).into_iter().enumerate() {
+                out.set_f32(m * width + t.cols.start + j, v);
+            }
+        }
+        return Ok(());
+    }
     for (i, m) in t.rows.clone().enumerate() {
         for (j, col) in t.cols.clone().enumerate() {
             let (s, u) = sums[i * cols + j];
@@ -193,4 +211,77 @@ fn products(
         }
     }
     Ok(sums)
+}
+
+/// The RoPE epilogue's operands: each tile row's cos and sin per pair frequency, as ROPE
+/// computes them.
+struct Rope {
+    hd: usize,
+    /// `(cos, sin)` of every pair frequency, per tile row.
+    trig: Vec<Vec<(f32, f32)>>,
+}
+
+impl Rope {
+    fn new(call: &CpuCall<'_, '_>, l: &Layout, t: &Tile, rows: usize) -> Result<Rope, OpError> {
+        let hd = positive(call, "head_dim")?;
+        let theta = call.real("theta")? as f32;
+        if hd % 2 != 0 || !(theta.is_finite() && theta > 0.0) {
+            return Err(OpError::BadParam {
+                key: "head_dim/theta".into(),
+                why: format!("head_dim {hd} must be even and theta {theta} positive"),
+            });
+        }
+        if t.cols.start % hd != 0 || t.cols.len() % hd != 0 {
+            return Err(shape(format!(
+                "columns {:?} must be whole heads of {hd} for the RoPE epilogue",
+                t.cols
+            )));
+        }
+        let pos = call.input(l.extra.unwrap_or(0))?;
+        if !pos.dtype().is_integer() || pos.numel() != rows {
+            return Err(OpError::DType(format!(
+                "LINEAR_TILE: the positions {} {:?} must be integers, one per row ({rows})",
+                pos.dtype(),
+                pos.shape()
+            )));
+        }
+        let factors = l.factors.map(|i| call.input(i)).transpose()?;
+        let freqs = op_rope::reference::scaled_inv_freq(theta, hd / 2, factors)?;
+        let mut trig = Vec::with_capacity(t.rows.len());
+        for m in t.rows.clone() {
+            let p = pos.get_i64(m);
+            if !(0..1 << 31).contains(&p) {
+                return Err(OpError::IndexOutOfRange {
+                    at: m,
+                    value: p,
+                    limit: 1 << 31,
+                });
+            }
+            let p = p as f32;
+            trig.push(
+                freqs
+                    .iter()
+                    .map(|&f| {
+                        let ang = f64::from(p * f);
+                        (ang.cos() as f32, ang.sin() as f32)
+                    })
+                    .collect(),
+            );
+        }
+        Ok(Rope { hd, trig })
+    }
+
+    /// Tile row `i`'s values (whole heads) rotated: ROPE's rotate-half pairs.
+    fn rotate(&self, row: &[f32], i: usize) -> Vec<f32> {
+        let half = self.hd / 2;
+        let mut out = row.to_vec();
+        for head in row.chunks(self.hd).enumerate().map(|(h, _)| h * self.hd) {
+            for (k, &(c, s)) in self.trig[i].iter().enumerate() {
+                let (x1, x2) = (row[head + k], row[head + k + half]);
+                out[head + k] = x1 * c - x2 * s;
+                out[head + k + half] = x2 * c + x1 * s;
+            }
+        }
+        out
+    }
 }

@@ -84,7 +84,8 @@ fn unfused(
     };
     let s = product(w);
     let (op, second, run): (_, Tensor, amk_core::ReferenceFn) = match epi {
-        Epilogue::None => return s,
+        // RoPE has its own test below.
+        Epilogue::None | Epilogue::Rope => return s,
         Epilogue::Residual => (Opcode::ADD, extra.clone(), op_add::reference::run),
         Epilogue::SwiGlu => (
             Opcode::SILU_MUL,
@@ -185,10 +186,89 @@ fn bad_calls_are_typed_errors() {
         .filter(|(k, _)| *k != "epilogue")
         .cloned()
         .collect();
-    bad.push(("epilogue", Value::Int(3)));
+    bad.push(("epilogue", Value::Int(4)));
     assert!(matches!(
         run(&[&x, &w], &bad),
         Err(OpError::BadParam { .. })
     ));
     assert!(run(&[&x, &w, &nw], &params(all, true, Epilogue::None)).is_ok());
+}
+
+/// The RoPE epilogue equals GEMM_TILE into an activation of the output's dtype followed by
+/// ROPE at each row's position (with and without Llama 3's frequency divisors).
+#[rstest]
+#[case::f32(DType::F32, false)]
+#[case::bf16_factors(DType::BF16, true)]
+fn the_rope_epilogue_equals_gemm_then_rope(#[case] dt: DType, #[case] factors: bool) {
+    let (m, k, hd, heads) = (5usize, 16usize, 8usize, 3usize);
+    let n = hd * heads;
+    let mut r = rng(77);
+    let x = random_nonzero(dt, &[m as u64, k as u64], &mut r, -2.0, 2.0);
+    let w = random_nonzero(dt, &[n as u64, k as u64], &mut r, -1.0, 1.0);
+    let fac = random_nonzero(DType::F32, &[hd as u64 / 2], &mut r, 1.0, 8.0);
+    let pos = Tensor::from_i64(DType::I32, &[m as u64], &[3, 4, 5, 6, 700]).unwrap();
+    let rope_p = [
+        ("head_dim", Value::Int(hd as i64)),
+        ("theta", Value::Float(10000.0)),
+    ];
+    let want = {
+        let all = Tile {
+            k,
+            rows: (0, m),
+            cols: (0, n),
+        };
+        let mut s = [Tensor::poisoned(dt, &[m as u64, heads as u64, hd as u64])];
+        let t = task(
+            Opcode::LINEAR_TILE,
+            2,
+            1,
+            &params(all, false, Epilogue::None),
+        );
+        call(op_linear_tile::reference::run, &t, &[&x, &w], &mut s).unwrap();
+        let mut ins = vec![&s[0], &pos];
+        if factors {
+            ins.push(&fac);
+        }
+        let mut o = [Tensor::poisoned(dt, &[m as u64, heads as u64, hd as u64])];
+        call(
+            op_rope::reference::run,
+            &task(Opcode::ROPE, ins.len(), 1, &rope_p),
+            &ins,
+            &mut o,
+        )
+        .unwrap();
+        let [o] = o;
+        o
+    };
+    // Rows 1..4, the second and third heads.
+    let tile = Tile {
+        k,
+        rows: (1, 3),
+        cols: (hd, 2 * hd),
+    };
+    let mut p = params(tile, false, Epilogue::Rope);
+    p.extend(rope_p.iter().cloned());
+    let mut ins = vec![&x, &w, &pos];
+    if factors {
+        p.push(("rope_factors", Value::Int(1)));
+        ins.push(&fac);
+    }
+    let mut got = [Tensor::poisoned(dt, &[m as u64, heads as u64, hd as u64])];
+    call(
+        op_linear_tile::reference::run,
+        &task(Opcode::LINEAR_TILE, ins.len(), 1, &p),
+        &ins,
+        &mut got,
+    )
+    .unwrap();
+    for i in 0..m {
+        for j in 0..n {
+            let (a, b) = (got[0].get_f32(i * n + j), want.get_f32(i * n + j));
+            if (1..4).contains(&i) && j >= hd {
+                assert_eq!(a.to_bits(), b.to_bits(), "[{i}, {j}]: {a} vs {b}");
+            } else {
+                assert!(a.is_nan(), "[{i}, {j}] outside the tile was written");
+            }
+        }
+    }
 }

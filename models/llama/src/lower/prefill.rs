@@ -75,6 +75,9 @@ struct Linear<'a> {
     n: u64,
     norm: Option<BufferId>,
     epilogue: (Epilogue, Option<Val>),
+    /// Inputs after the epilogue's operand (the RoPE divisors) and the params that go with
+    /// them.
+    tail: (&'a [BufferId], &'a Map),
     out: BufferId,
     label: &'a str,
 }
@@ -83,7 +86,6 @@ struct Builder {
     p: Program,
     dtype: DType,
     dbytes: i64,
-    num_sms: u64,
     eps: Value,
 }
 
@@ -114,22 +116,20 @@ impl Builder {
         }
     }
 
-    /// Columns a tile takes: the widest of 128, 64 and 32 that still gives every SM a tile
-    /// (the device computes 64 × 128 at a time, 64 × 64 with SwiGLU).
-    fn tile_cols(&self, n: u64, epilogue: Epilogue, rows: u64) -> u64 {
-        let widest = Layout::new(false, epilogue).device_cols();
-        let row_blocks = rows.div_ceil(op_linear_tile::DEVICE_ROWS);
-        let mut cols = widest;
-        while cols > 32 && row_blocks * n.div_ceil(cols) < self.num_sms {
-            cols /= 2;
-        }
-        cols
+    /// Columns a tile takes: the device tile's (128, or 64 with SwiGLU). A narrower task would
+    /// still run the whole device tile, its other columns zero.
+    fn tile_cols(epilogue: Epilogue) -> u64 {
+        Layout::new(false, epilogue, false).device_cols()
     }
 
     /// The LINEAR_TILE grid of `lin` over `rows` rows, on one counter.
     fn linear(&mut self, lin: &Linear<'_>, rows: u64) -> Val {
         let (epilogue, extra) = lin.epilogue;
-        let cols = self.tile_cols(lin.n, epilogue, rows);
+        let mut cols = Self::tile_cols(epilogue);
+        if let Some(Value::Int(hd)) = lin.tail.1.get("head_dim") {
+            let hd = (*hd).max(1) as u64;
+            cols = (cols / hd).max(1) * hd;
+        }
         let c = self.p.new_counter(format!("{} ready", lin.label));
         let mut ins = vec![lin.x.buf, lin.w];
         ins.extend(lin.norm);
@@ -140,6 +140,7 @@ impl Builder {
                 waits.push(e.wait);
             }
         }
+        ins.extend(lin.tail.0);
         let mut tiles = 0;
         let dr = op_linear_tile::DEVICE_ROWS;
         for m0 in (0..rows).step_by(dr as usize) {
@@ -157,6 +158,9 @@ impl Builder {
                 }
                 if epilogue != Epilogue::None {
                     pr.insert("epilogue", Value::Int(epilogue.code()));
+                }
+                for (key, v) in lin.tail.1.iter() {
+                    pr.insert(key, v.clone());
                 }
                 let label = format!("{}[{tiles}]", lin.label);
                 let t =
@@ -231,7 +235,6 @@ pub fn lower_prefill(
         p: Program::new(),
         dtype: opts.dtype,
         dbytes: (opts.dtype.bits() / 8) as i64,
-        num_sms: target.num_sms.max(1) as u64,
         eps: Value::Float(mc.rms_eps),
     };
     let mut weights = WeightStore::new();
@@ -321,8 +324,20 @@ pub fn lower_prefill(
         };
         let (kc, vc) = (cache(&mut b, "kcache"), cache(&mut b, "vcache"));
 
-        // Q, K, V as [rows, heads, head_dim]: ROPE then turns each row at its own position.
-        let proj = |b: &mut Builder, wt: BufferId, heads: u64, tag: &str| {
+        // Q, K, V as [rows, heads, head_dim]. Q and K are turned at each row's position by the
+        // projection's RoPE epilogue, or — with Qwen3's per-head norms, which come between the
+        // projection and the RoPE — by RMSNORM and ROPE tasks after it.
+        let no_params = Map::new();
+        let mut rope_params = params(&[("head_dim", int(hd)), ("theta", theta.clone())]);
+        if rope_factors.is_some() {
+            rope_params.insert("rope_factors", int(1));
+        }
+        let rope_tail: Vec<BufferId> = rope_factors.into_iter().collect();
+        let pos_val = Val {
+            buf: pos,
+            wait: resid.wait,
+        };
+        let proj = |b: &mut Builder, wt: BufferId, heads: u64, tag: &str, rope: bool| {
             let out = b.act(format!("L{l}.{tag}"), &[rows, heads, hd]);
             let lin = Linear {
                 x: resid,
@@ -330,30 +345,36 @@ pub fn lower_prefill(
                 k: h,
                 n: heads * hd,
                 norm: Some(in_norm),
-                epilogue: (Epilogue::None, None),
+                epilogue: if rope {
+                    (Epilogue::Rope, Some(pos_val))
+                } else {
+                    (Epilogue::None, None)
+                },
+                tail: if rope {
+                    (&rope_tail, &rope_params)
+                } else {
+                    (&[], &no_params)
+                },
                 out,
                 label: &format!("L{l}.{tag}"),
             };
             b.linear(&lin, rows)
         };
-        let q = proj(&mut b, wq, nh, "q");
-        let k = proj(&mut b, wk, nkv, "k");
-        let v = proj(&mut b, wv, nkv, "v");
+        let fused_rope = qk_norms.is_none();
+        let q = proj(&mut b, wq, nh, "q", fused_rope);
+        let k = proj(&mut b, wk, nkv, "k", fused_rope);
+        let v = proj(&mut b, wv, nkv, "v", false);
         let rope = |b: &mut Builder, x: Val, heads: u64, tag: &str, qkn: Option<BufferId>| {
-            let x = match qkn {
-                Some(nw) => {
-                    let normed = b.act(format!("L{l}.{tag}n"), &[rows, heads, hd]);
-                    b.single(
-                        Opcode::RMSNORM,
-                        (&[x.buf, nw], normed),
-                        &[x.wait],
-                        params(&[("eps", b.eps.clone()), ("hidden", int(hd))]),
-                        format!("L{l}.{tag}_norm"),
-                        (rows * heads * hd) as i64 * b.dbytes,
-                    )
-                }
-                None => x,
-            };
+            let Some(nw) = qkn else { return x };
+            let normed = b.act(format!("L{l}.{tag}n"), &[rows, heads, hd]);
+            let x = b.single(
+                Opcode::RMSNORM,
+                (&[x.buf, nw], normed),
+                &[x.wait],
+                params(&[("eps", b.eps.clone()), ("hidden", int(hd))]),
+                format!("L{l}.{tag}_norm"),
+                (rows * heads * hd) as i64 * b.dbytes,
+            );
             let out = b.act(format!("L{l}.{tag}r"), &[rows, heads, hd]);
             let mut ins = vec![x.buf, pos];
             ins.extend(rope_factors);
@@ -428,6 +449,7 @@ pub fn lower_prefill(
                 n: h,
                 norm: None,
                 epilogue: (Epilogue::Residual, Some(resid)),
+                tail: (&[], &no_params),
                 out: hm,
                 label: &format!("L{l}.o_add"),
             },
@@ -448,6 +470,7 @@ pub fn lower_prefill(
                         wait: hm.wait,
                     }),
                 ),
+                tail: (&[], &no_params),
                 out: act,
                 label: &format!("L{l}.gate_up"),
             },
@@ -462,6 +485,7 @@ pub fn lower_prefill(
                 n: h,
                 norm: None,
                 epilogue: (Epilogue::Residual, Some(hm)),
+                tail: (&[], &no_params),
                 out,
                 label: &format!("L{l}.down_add"),
             },
@@ -504,6 +528,7 @@ pub fn lower_prefill(
             n: vocab,
             norm: Some(fnorm),
             epilogue: (Epilogue::None, None),
+            tail: (&[], &Map::new()),
             out: logits,
             label: "lm_head",
         },
