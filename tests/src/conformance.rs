@@ -373,7 +373,7 @@ pub const CASES: &[Case] = &[
     },
     Case {
         name: "op_attention_causal_bf16",
-        about: "ATTENTION_CAUSAL in bf16: 40 rows, head_dim 64, 3 heads a KV head (pair groups)",
+        about: "ATTENTION_CAUSAL in bf16 (the tensor-core path): 40 rows of head_dim 64 with 3 heads a KV head, 50 rows of head_dim 128 with 4 (two pair groups), keys in two blocks",
         run: op_attention_causal_bf16,
     },
     Case {
@@ -3637,7 +3637,14 @@ fn op_attention_causal_bf16(c: &Ctx<'_>) -> CaseResult {
         hd: 64,
         scale: 0.125,
     };
-    attention_causal_case(c, DType::BF16, a, 40, BF16_TOL)
+    attention_causal_case(c, DType::BF16, a, 40, BF16_TOL)?;
+    let wide = Attn {
+        nh: 4,
+        nkv: 1,
+        hd: 128,
+        scale: 0.088,
+    };
+    attention_causal_case(c, DType::BF16, wide, 50, BF16_TOL)
 }
 
 /// LINEAR_TILE's RoPE epilogue: `m` rows at positions from a random start, heads of `hd`

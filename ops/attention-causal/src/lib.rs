@@ -12,9 +12,12 @@
 //! after the cache's earlier rows, and the mask is the position, so the same op serves a first
 //! chunk, a later chunk and a padded last one.
 //!
-//! On the GPU a task stages its KV head's cache rows in shared memory a block of 32 at a time
-//! and runs an online softmax for up to 32 (row, head) pairs at once (a warp per pair group, a
-//! lane per key for the scores, a lane per dim for the values); head_dim up to 128.
+//! On the GPU a 16-bit task with heads of 64 or 128 runs flash-attention style on the tensor
+//! cores: up to 64 (row, head) pairs at once, a warp per 16, the KV head's cache rows in blocks
+//! of 64 through a two-stage pipeline, P rounded to the 16-bit type for the P·V product. Any
+//! other task stages the rows as f32 a block of 32 at a time and runs an online softmax for up
+//! to 32 pairs at once on the CUDA cores (a lane per key for the scores, a lane per dim for the
+//! values); head_dim up to 128.
 //!
 //! This crate owns the op's spec, its static shape rule, its CPU reference
 //! ([`reference`](mod@reference)) and its CUDA device function (`attention-causal.cu`).
@@ -29,14 +32,20 @@ pub mod reference;
 
 /// The largest head the device function takes.
 pub const MAX_HEAD_DIM: u64 = 128;
-/// (row, head) pairs the device function works on together: a task whose rows × heads of one
+/// (row, head) pairs the device function works on together on its tensor-core path (16-bit
+/// programs; its CUDA-core path takes half as many at a time): a task whose rows × heads of one
 /// KV head exceed it streams that KV head's rows once more for each further group.
-pub const DEVICE_PAIRS: u64 = 32;
+pub const DEVICE_PAIRS: u64 = 64;
 
-/// Dynamic shared memory a task uses on the GPU: the pairs' queries (f32) and a block of 32 key
-/// and 32 value rows (f32, one pad element a row), at the largest head.
-pub const SHARED_BYTES: u32 =
-    (DEVICE_PAIRS * MAX_HEAD_DIM * 4 + 2 * 32 * (MAX_HEAD_DIM + 1) * 4) as u32;
+/// Dynamic shared memory a task uses on the GPU, the larger of its two paths' at the largest
+/// head: the CUDA-core path's 32 queries and a block of 32 key and 32 value rows (f32, one pad
+/// element a row); the tensor-core path's 64 queries and two stages of 64 key and 64 value rows
+/// (16-bit).
+pub const SHARED_BYTES: u32 = {
+    let cores = 32 * MAX_HEAD_DIM * 4 + 2 * 32 * (MAX_HEAD_DIM + 1) * 4;
+    let tensor = (64 + 4 * 64) * MAX_HEAD_DIM * 2;
+    (if cores > tensor { cores } else { tensor }) as u32
+};
 
 /// The op's spec, as the registry and the validator see it.
 pub const SPEC: OpSpec = OpSpec {

@@ -40,12 +40,12 @@ use std::borrow::Cow;
 
 pub mod reference;
 
-/// Dynamic shared memory a task uses on the GPU: six pipeline stages of A (64 × 32) and B
-/// (128 × 32) 16-bit tiles, which the f32 output tile overlays after the K loop, then 64 row
+/// Dynamic shared memory a task uses on the GPU: four pipeline stages of A (64 × 64) and B
+/// (128 × 64) 16-bit tiles, which the f32 output tile overlays after the K loop, then 64 row
 /// scales (f64), 64 RoPE pair frequencies (f32) and the norm weight as f32 (up to
 /// [`MAX_NORM_K`] elements).
 pub const SHARED_BYTES: u32 =
-    6 * (64 * 32 + 128 * 32) * 2 + 64 * 8 + 64 * 4 + MAX_NORM_K as u32 * 4;
+    4 * (64 * 64 + 128 * 64) * 2 + 64 * 8 + 64 * 4 + MAX_NORM_K as u32 * 4;
 
 /// The longest row the device normalises (it stages the norm weight in shared memory).
 pub const MAX_NORM_K: u64 = 8192;

@@ -24,9 +24,9 @@
 
 #define LT_BM 64
 #define LT_BN 128
-#define LT_BK 32
+#define LT_BK 64
 #define LT_LD (LT_BN + 4)
-#define LT_STAGES 6
+#define LT_STAGES 4
 #define LT_A_BYTES (LT_BM * LT_BK * 2)
 #define LT_STAGE (LT_A_BYTES + LT_BN * LT_BK * 2)
 /* Shared memory: the stages (or, after the K loop, the f32 tile), then the row scales, the
@@ -152,7 +152,7 @@ __device__ __noinline__ void lt_epilogue(const lt_args& a, long long m0, long lo
     const long long m = m0 + r, n = c0 + c;
     if (m >= a.m_end || n >= a.n_end) continue;
     const float* src = cs + r * LT_LD + c;
-    if (a.vec_out && n + 8 <= a.n_end) {
+    if (a.vec_out && (n & 7) == 0 && n + 8 <= a.n_end) {
       const int dt = a.y->dtype;
       const long long at = (m * a.width + n) >> 3;
       float v[8], rr[8];
@@ -178,9 +178,11 @@ __device__ __noinline__ void lt_epilogue(const lt_args& a, long long m0, long lo
 
 /* ---- the tensor-core path ---- */
 
-/* Byte offset of 16-byte chunk `ch` (0..3) of row `row` in a stage of 64-byte rows. */
+/* Byte offset of 16-byte chunk `ch` (0..7) of row `row` in a stage of 128-byte rows (LT_BK
+ * 16-bit elements): the chunk XOR the row's low 3 bits, so the 8 rows an ldmatrix phase reads
+ * at one logical chunk sit in 8 different bank groups. */
 __device__ __forceinline__ uint32_t lt_swz(int row, int ch) {
-  return (uint32_t)(row * 64 + ((ch ^ ((row >> 1) & 3)) << 4));
+  return (uint32_t)(row * (LT_BK * 2) + ((ch ^ (row & 7)) << 4));
 }
 
 __device__ __forceinline__ void lt_ldm4(uint32_t addr, uint32_t* r) {
@@ -212,23 +214,26 @@ __device__ __forceinline__ void lt_cp16(uint32_t dst, const void* src, bool ok) 
                : "memory");
 }
 
-/* Issues the cp.async copies of one K step (at k0) into stage `st`: A's chunk of this thread
- * (row t / 4, chunk t % 4) and two of B's (weight rows; with SwiGLU the second half of the
- * tile's rows are U's). Zero-filled outside the rows, the columns and K. */
+/* Issues the cp.async copies of one K step (at k0) into stage `st`: this thread's chunks of A
+ * and of B (weight rows; with SwiGLU the second half of the tile's rows are U's). Zero-filled
+ * outside the rows, the columns and K. */
 __device__ __forceinline__ void lt_load_stage(const lt_args& a, long long m0, long long c0,
                                               int half_cols, long long k0, uint32_t as,
                                               uint32_t bs) {
-  {
-    const int r = threadIdx.x >> 2, ch = threadIdx.x & 3;
+  constexpr int CPR = LT_BK / 8; /* 16-byte chunks a row */
+#pragma unroll
+  for (int q = 0; q < LT_BM * CPR / AMK_THREADS; ++q) {
+    const int c = threadIdx.x + q * AMK_THREADS;
+    const int r = c / CPR, ch = c % CPR;
     const long long m = m0 + r, k = k0 + ch * 8;
     const bool ok = m < a.m_end && k < a.K;
     const uint16_t* p = (const uint16_t*)a.x->ptr + (ok ? m * a.K + k : 0);
     lt_cp16(as + lt_swz(r, ch), p, ok);
   }
 #pragma unroll
-  for (int q = 0; q < 2; ++q) {
+  for (int q = 0; q < LT_BN * CPR / AMK_THREADS; ++q) {
     const int c = threadIdx.x + q * AMK_THREADS;
-    const int row = c >> 2, ch = c & 3;
+    const int row = c / CPR, ch = c % CPR;
     const bool up = a.epi == 2 && row >= half_cols;
     const long long n = c0 + (up ? row - half_cols : row), k = k0 + ch * 8;
     const bool ok = n < a.n_end && k < a.K;
@@ -239,21 +244,26 @@ __device__ __forceinline__ void lt_load_stage(const lt_args& a, long long m0, lo
   amk_cp_async_commit();
 }
 
-/* The norm on this thread's landed A chunk of the K step at k0 (in place): x * inv * w,
+/* The norm on this thread's landed A chunks of the K step at k0 (in place): x * inv * w,
  * rounded to x's dtype — what an RMSNORM task would store. `ws` holds the norm weight (f32). */
 __device__ __forceinline__ void lt_norm_chunk(const lt_args& a, long long m0, long long k0,
                                               unsigned char* stage, const amk_norm_t* rinv,
                                               const float* ws) {
-  const int r = threadIdx.x >> 2, ch = threadIdx.x & 3;
-  const long long k = k0 + ch * 8;
-  if (m0 + r >= a.m_end || k >= a.K) return;
-  uint4* p = (uint4*)(stage + lt_swz(r, ch));
-  float f[8];
-  const uint4 v = *p;
-  amk_cvt8<false>(a.x->dtype, v, v, f);
+  constexpr int CPR = LT_BK / 8;
 #pragma unroll
-  for (int e = 0; e < 8; ++e) f[e] = amk_rms_apply(f[e], rinv[r], ws[k + e]);
-  *p = amk_pack8(a.x->dtype, f);
+  for (int q = 0; q < LT_BM * CPR / AMK_THREADS; ++q) {
+    const int c = threadIdx.x + q * AMK_THREADS;
+    const int r = c / CPR, ch = c % CPR;
+    const long long k = k0 + ch * 8;
+    if (m0 + r >= a.m_end || k >= a.K) continue;
+    uint4* p = (uint4*)(stage + lt_swz(r, ch));
+    float f[8];
+    const uint4 v = *p;
+    amk_cvt8<false>(a.x->dtype, v, v, f);
+#pragma unroll
+    for (int e = 0; e < 8; ++e) f[e] = amk_rms_apply(f[e], rinv[r], ws[k + e]);
+    *p = amk_pack8(a.x->dtype, f);
+  }
 }
 
 template <bool BF>
