@@ -250,6 +250,14 @@ __device__ __noinline__ void ac_group_mma(const ac_args& a, int pg0, int np, uns
   const long long pos0 = p0 < np ? (long long)amk_ldif(a.pos, a.m_off + (pg0 + p0) / a.nhg) : -1;
   const long long pos1 = p1 < np ? (long long)amk_ldif(a.pos, a.m_off + (pg0 + p1) / a.nhg) : -1;
   const bool active = warp * 16 < np; /* warp-uniform */
+  /* The warp's largest position: a block past it is skipped by the whole warp (the mma and
+   * shuffles below need every lane; rows before a block are masked inside it). */
+  long long wtop = max(pos0, pos1);
+#pragma unroll
+  for (int o2 = 1; o2 < 32; o2 <<= 1) {
+    const long long other = __shfl_xor_sync(0xffffffffu, wtop, o2);
+    wtop = max(wtop, other);
+  }
   uint32_t qf[HD / 16][4];
   float o[HD / 8][4];
 #pragma unroll
@@ -270,7 +278,7 @@ __device__ __noinline__ void ac_group_mma(const ac_args& a, int pg0, int np, uns
         ac_ldm4(qs + ac_swz(warp * 16 + (lane & 15), kk * 2 + (lane >> 4), HD), qf[kk]);
     }
     const long long key0 = (long long)b * AC_MKB;
-    if (active && key0 <= max(pos0, pos1)) {
+    if (active && key0 <= wtop) {
       float sc[AC_MKB / 8][4];
 #pragma unroll
       for (int j = 0; j < AC_MKB / 8; ++j) sc[j][0] = sc[j][1] = sc[j][2] = sc[j][3] = 0.f;
