@@ -141,6 +141,11 @@ pub struct ModelArgs {
     /// max_position_embeddings when smaller; at most max_position_embeddings).
     #[arg(long, value_name = "N")]
     max_seq: Option<u64>,
+    /// Prompt tokens a prefill pass takes: a prompt's K/V rows go through the prefill program
+    /// in chunks of this many before decoding starts (0: one decode pass a prompt token).
+    /// Default: 512 on a GPU, 64 on the CPU VM.
+    #[arg(long, value_name = "N")]
+    prefill_rows: Option<u64>,
     /// Machine-readable output on stdout.
     #[arg(long)]
     json: bool,
@@ -435,10 +440,22 @@ fn import(a: &ModelArgs, gpu_sms: Option<usize>) -> Result<Imported, ModelCmdErr
             dtype,
             max_seq: a.max_seq,
             stop_slots: amk_model_llama::lower::DecodeLoop::default().stop_slots,
+            prefill_rows: Some(a.prefill_rows.unwrap_or(if gpu_sms.is_some() {
+                GPU_PREFILL_ROWS
+            } else {
+                CPU_PREFILL_ROWS
+            }))
+            .filter(|&r| r > 0),
         },
         import_s: t0.elapsed().as_secs_f64(),
     })
 }
+
+/// Prompt tokens a prefill pass takes on a GPU by default (a chunk of 512 rows costs little
+/// more than one of 128 there: docs/perf-notes.md round 33).
+pub const GPU_PREFILL_ROWS: u64 = 512;
+/// ... and on the CPU VM, where a padded row costs what a real one does.
+pub const CPU_PREFILL_ROWS: u64 = 64;
 
 /// Imports and lowers the model (`amk lower`).
 fn prepare(a: &ModelArgs, decode_loop: bool) -> Result<Prepared, ModelCmdError> {

@@ -175,6 +175,23 @@ pub trait Session {
             "this backend cannot read buffer '{name}' back"
         )))
     }
+    /// Loads `program` to run beside this session, on the same device: each of its KV caches
+    /// named, typed and shaped as one of this session's *is* that cache (one cache, which
+    /// both sessions write and read; a prefill program fills the rows a decode program then
+    /// attends to), and its weights come from `weights` (a backend may share the uploaded
+    /// tensors of this session's weights of the same names instead). The two sessions must
+    /// not run at once; a shared cache is read through the session that was loaded first.
+    fn load_beside(
+        &mut self,
+        program: &ValidatedProgram,
+        weights: &WeightStore,
+        registry: &Registry,
+    ) -> Result<Box<dyn Session>, BackendError> {
+        let _ = (program, weights, registry);
+        Err(BackendError::Unsupported(
+            "this backend cannot load a program beside another".into(),
+        ))
+    }
     /// Runs up to `max_passes` passes of a program with a step loop in one go (one launch on
     /// a GPU), stopping early when the program's halt word is set after a pass or when
     /// `on_row` returns `false`; rows of `watch` stream to `on_row` as they are written.

@@ -56,6 +56,7 @@ fn engine_with(model: &Model, max_seq: u64, cfg: &ScheduleConfig) -> Engine {
         dtype: DType::F32,
         max_seq: Some(max_seq),
         stop_slots: 1,
+        prefill_rows: None,
     };
     lower_and_load(model, &opts, &CpuBackend::default(), &registry()).unwrap()
 }
@@ -286,6 +287,7 @@ fn smollm2_bf16_rounding_error_by_position() {
             dtype,
             max_seq: Some(64),
             stop_slots: 1,
+            prefill_rows: None,
         };
         lower_and_load(&model, &opts, &CpuBackend::default(), &registry()).unwrap()
     };

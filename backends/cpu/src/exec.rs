@@ -99,6 +99,11 @@ pub struct CpuSession {
     loaded_params: HashMap<TaskId, amk_core::json::Map>,
     /// Tasks the current patch edited.
     patched: Vec<TaskId>,
+    /// KV caches shared with sessions loaded beside this one ([`Session::load_beside`]): each
+    /// lives in its mutex between calls and in `store` during one (checked out at the start of
+    /// a step, a loop or a read, checked back in at its end), so whichever session runs sees
+    /// what the other wrote.
+    links: Vec<(usize, Arc<Mutex<Tensor>>)>,
 }
 
 impl std::fmt::Debug for CpuSession {
@@ -286,6 +291,7 @@ impl CpuSession {
             program_id,
             loaded_params: HashMap::new(),
             patched: Vec::new(),
+            links: Vec::new(),
         })
     }
 
@@ -311,7 +317,8 @@ impl CpuSession {
     }
 
     /// The current value of the first buffer named `name` (weights, KV caches, activations,
-    /// IO buffers).
+    /// IO buffers). A KV cache shared with a session loaded beside this one is empty here
+    /// between calls; [`Session::read`] gives its value.
     pub fn buffer(&self, name: &str) -> Option<&Tensor> {
         let b = *self.names.get(name)?.first()?;
         self.store.get(b as usize).map(Slot::get)
@@ -330,8 +337,50 @@ impl CpuSession {
     pub fn set_kv_cache(&mut self, name: &str, value: Tensor) -> Result<(), BackendError> {
         let b = self.find(name, BufferKind::KV_CACHE)?;
         self.check_fits(b, &value)?;
-        self.store[b] = Slot::Owned(value);
+        match self.links.iter().find(|(l, _)| *l == b) {
+            Some((_, m)) => *lock(m)? = value,
+            None => self.store[b] = Slot::Owned(value),
+        }
         Ok(())
+    }
+
+    /// Moves every linked KV cache into the store for a call.
+    fn check_out(&mut self) -> Result<(), BackendError> {
+        for (b, m) in &self.links {
+            self.store[*b] = Slot::Owned(std::mem::replace(&mut *lock(m)?, placeholder()));
+        }
+        Ok(())
+    }
+
+    /// Moves every linked KV cache back to its mutex after a call.
+    fn check_in(&mut self) {
+        for (b, m) in &self.links {
+            if let Ok(mut g) = m.lock() {
+                *g = self.store[*b].take();
+            }
+        }
+    }
+
+    /// `f` with the linked KV caches in the store.
+    fn with_links<T>(
+        &mut self,
+        f: impl FnOnce(&mut Self) -> Result<T, BackendError>,
+    ) -> Result<T, BackendError> {
+        self.check_out()?;
+        let r = f(self);
+        self.check_in();
+        r
+    }
+
+    /// The link of this session's buffer `b` (made now if it has none: the tensor moves into
+    /// it).
+    fn link(&mut self, b: usize) -> Arc<Mutex<Tensor>> {
+        if let Some((_, m)) = self.links.iter().find(|(l, _)| *l == b) {
+            return Arc::clone(m);
+        }
+        let m = Arc::new(Mutex::new(self.store[b].take()));
+        self.links.push((b, Arc::clone(&m)));
+        m
     }
 
     /// The one buffer named `name` of kind `kind`.
@@ -857,11 +906,19 @@ impl CpuSession {
     }
 }
 
+/// A linked cache's mutex, locked (a poisoned one is a backend error: a step panicked).
+fn lock(m: &Mutex<Tensor>) -> Result<std::sync::MutexGuard<'_, Tensor>, BackendError> {
+    m.lock()
+        .map_err(|_| BackendError::Unsupported("a shared KV cache's lock is poisoned".into()))
+}
+
 impl Session for CpuSession {
     fn step(&mut self, inputs: &[(&str, Tensor)]) -> Result<Outputs, BackendError> {
-        self.set_inputs(inputs)?;
-        self.run_pass()?;
-        Ok(self.outputs())
+        self.with_links(|s| {
+            s.set_inputs(inputs)?;
+            s.run_pass()?;
+            Ok(s.outputs())
+        })
     }
 
     fn write(&mut self, values: &[(&str, Tensor)]) -> Result<(), BackendError> {
@@ -870,7 +927,7 @@ impl Session for CpuSession {
 
     fn read(&mut self, name: &str) -> Result<Tensor, BackendError> {
         let b = amk_core::backend::readable_buffer(&self.program, name)?;
-        Ok(self.store[b].get().clone())
+        self.with_links(|s| Ok(s.store[b].get().clone()))
     }
 
     fn run_loop(
@@ -879,7 +936,39 @@ impl Session for CpuSession {
         watch: Option<&RowWatch>,
         on_row: &mut OnRow<'_>,
     ) -> Result<LoopRun, BackendError> {
-        self.loop_passes(max_passes, watch, on_row)
+        self.with_links(|s| s.loop_passes(max_passes, watch, on_row))
+    }
+
+    fn load_beside(
+        &mut self,
+        program: &amk_core::ValidatedProgram,
+        weights: &amk_core::WeightStore,
+        registry: &Registry,
+    ) -> Result<Box<dyn Session>, BackendError> {
+        let mut other = CpuSession::new(
+            program.program().clone(),
+            program.id(),
+            weights,
+            registry,
+            self.options,
+        )?;
+        for b in 0..other.program.buffers.len() {
+            let buf = &other.program.buffers[b];
+            if buf.kind != BufferKind::KV_CACHE {
+                continue;
+            }
+            let mine = self.program.buffers.iter().position(|m| {
+                m.kind == BufferKind::KV_CACHE
+                    && m.name == buf.name
+                    && m.dtype == buf.dtype
+                    && m.shape == buf.shape
+            });
+            if let Some(mine) = mine {
+                other.store[b] = Slot::Owned(placeholder());
+                other.links.push((b, self.link(mine)));
+            }
+        }
+        Ok(Box::new(other))
     }
 
     fn set_params(&mut self, patch: &amk_core::ParamPatch) -> Result<(), BackendError> {

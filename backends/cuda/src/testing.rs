@@ -19,6 +19,7 @@ pub fn load_unvalidated(
         crate::device::WeightSource::Store(weights),
         registry,
         &[],
+        None,
     )
 }
 

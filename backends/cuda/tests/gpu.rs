@@ -870,6 +870,7 @@ mod smollm2 {
             dtype,
             max_seq: Some(max_seq),
             stop_slots: 4,
+            prefill_rows: None,
         };
         lower_and_load(m, &opts, backend, &registry()).unwrap()
     }
@@ -1481,6 +1482,7 @@ mod tiny_checkpoints {
                     dtype: DType::F32,
                     max_seq: Some(32),
                     stop_slots: 1,
+                    prefill_rows: None,
                 };
                 let mut e = lower_and_load(model, &opts, &gpu, &registry()).unwrap();
                 let mut fed = ids.clone();
@@ -1504,6 +1506,121 @@ mod tiny_checkpoints {
                 }
                 report.push(format!("{name} {sched}: worst {worst:.2e}"));
             }
+        }
+        println!("{}", report.join("\n"));
+    }
+
+    /// The prefill program on the device: each tiny checkpoint (but Qwen2's, whose attention
+    /// biases it does not take) fed as two chunks of 8 rows — the second padded — in f32,
+    /// every row's logits within 1e-5 of transformers' and the same greedy tokens; in bf16
+    /// (LINEAR_TILE on the tensor cores) within 2e-2 of the CPU VM's bf16 prefill. Then an engine with the prefill
+    /// program beside its decode loop generates the tokens the decode loop alone generates.
+    #[test]
+    fn tiny_checkpoints_prefill_on_the_device() {
+        use amk_model_llama::lower::prefill::{
+            IDS, POS, PrefillLogits, PrefillOptions, lower_prefill,
+        };
+        let Some(gpu) = gpu_or_skip("tiny_checkpoints_prefill_on_the_device") else {
+            return;
+        };
+        const ROWS: usize = 8;
+        let mut report = Vec::new();
+        for (name, config, weights, logits, _) in TINY {
+            if name == "tiny-qwen2" {
+                continue;
+            }
+            let model = import(name, config, weights);
+            let doc: serde_json::Value = serde_json::from_str(logits).unwrap();
+            let ids: Vec<i64> = (doc["input_ids"].as_array().unwrap().iter())
+                .map(|x| x.as_i64().unwrap())
+                .collect();
+            let greedy: Vec<u32> = (doc["greedy_next"].as_array().unwrap().iter())
+                .map(|x| x.as_u64().unwrap() as u32)
+                .collect();
+            let want = doc["logits"].as_array().unwrap();
+            // bf16 is judged against the CPU VM's bf16 prefill (the same roundings at every
+            // op boundary; only f32 accumulation orders differ): bf16 itself moves a random
+            // tiny model's logits by up to 5e-2 of the largest from transformers' f32.
+            let mut cpu_bf16: Vec<Vec<f32>> = Vec::new();
+            for (dtype, bound) in [(DType::F32, 1e-5), (DType::BF16, 2e-2)] {
+                let opts = PrefillOptions {
+                    dtype,
+                    max_seq: 32,
+                    rows: ROWS as u64,
+                    logits: PrefillLogits::Every,
+                };
+                let target = GpuTarget::by_name("h100").unwrap();
+                let lowered = lower_prefill(&model, &target, &opts).unwrap();
+                let v = amk_core::validate_owned(lowered.program, &registry()).unwrap();
+                let mut s = gpu.load_session(&v, &lowered.weights, &registry()).unwrap();
+                let mut cpu = amk_core::Backend::load(
+                    &amk_backend_cpu::CpuBackend::default(),
+                    &v,
+                    &lowered.weights,
+                    &registry(),
+                )
+                .unwrap();
+                let mut got: Vec<Vec<f32>> = Vec::new();
+                for (c, chunk) in ids.chunks(ROWS).enumerate() {
+                    let mut padded = chunk.to_vec();
+                    padded.resize(ROWS, 0);
+                    let p0 = (c * ROWS) as i64;
+                    let pos: Vec<i64> = (p0..p0 + ROWS as i64).collect();
+                    let t = |v: &[i64]| {
+                        amk_core::Tensor::from_i64(DType::I32, &[ROWS as u64], v).unwrap()
+                    };
+                    s.poison_outputs().unwrap();
+                    let inputs = [(IDS, t(&padded)), (POS, t(&pos))];
+                    let out = s.run(&inputs).unwrap();
+                    let l = out.get("logits").unwrap().to_f32_vec();
+                    let vocab = l.len() / ROWS;
+                    got.extend(l.chunks(vocab).take(chunk.len()).map(<[f32]>::to_vec));
+                    if dtype == DType::BF16 {
+                        let c = cpu.step(&inputs).unwrap();
+                        let l = c.get("logits").unwrap().to_f32_vec();
+                        cpu_bf16.extend(l.chunks(vocab).take(chunk.len()).map(<[f32]>::to_vec));
+                    }
+                }
+                let mut worst = 0f64;
+                for (i, (g, w)) in got.iter().zip(want).enumerate() {
+                    let w: Vec<f64> = match dtype {
+                        DType::BF16 => cpu_bf16[i].iter().map(|&x| f64::from(x)).collect(),
+                        _ => (w.as_array().unwrap().iter())
+                            .map(|x| x.as_f64().unwrap())
+                            .collect(),
+                    };
+                    let err = amk_core::testkit::max_rel_err(g, &w);
+                    worst = worst.max(err);
+                    assert!(err <= bound, "{name} {dtype} prefill position {i}: {err:e}");
+                    if dtype == DType::F32 {
+                        assert_eq!(argmax(g), greedy[i], "{name} prefill position {i}");
+                    }
+                }
+                report.push(format!("{name} {dtype} prefill: worst {worst:.2e}"));
+            }
+            let engine = |prefill: Option<u64>| {
+                let opts = EngineOptions {
+                    schedule: amk_model_llama::lower::tuned_schedule(),
+                    target: GpuTarget::by_name("h100").unwrap(),
+                    dtype: DType::F32,
+                    max_seq: Some(32),
+                    stop_slots: 1,
+                    prefill_rows: prefill,
+                };
+                lower_and_load(&model, &opts, &gpu, &registry()).unwrap()
+            };
+            let prompt: Vec<u32> = ids.iter().map(|&x| x as u32).collect();
+            let req = amk_engine::Request::greedy(&prompt, 6, &[]);
+            let want = engine(None).generate(&req, &mut |_| true).unwrap().ids();
+            let mut e = engine(Some(4));
+            assert_eq!(
+                e.prefill_rows(),
+                Some(4),
+                "{name}: {:?}",
+                e.prefill_refused()
+            );
+            let got = e.generate(&req, &mut |_| true).unwrap().ids();
+            assert_eq!(got, want, "{name}: tokens after a prefilled prompt");
         }
         println!("{}", report.join("\n"));
     }

@@ -9,6 +9,9 @@ use amk_core::{
     Backend, DType, Program, Registry, RowWatch, Session, Tensor, ValidatedProgram, WeightStore,
     decode, validate_owned,
 };
+use amk_model_llama::lower::prefill::{
+    IDS as PREFILL_IDS, LAST as PREFILL_LAST, POS as PREFILL_POS,
+};
 use std::time::Instant;
 
 /// A generation request.
@@ -127,12 +130,23 @@ impl Generation {
     }
 }
 
-/// A loaded decode-loop program.
+/// A loaded decode-loop program, and optionally a prefill program beside it
+/// ([`Engine::attach_prefill`]).
 pub struct Engine {
     session: Box<dyn Session>,
     program: ValidatedProgram,
     io: Interface,
     backend: &'static str,
+    prefill: Option<Prefill>,
+    /// Why a prefill program was not attached when one was asked for.
+    pub(crate) prefill_refused: Option<String>,
+}
+
+/// A prefill program loaded beside the decode program: it writes a chunk of prompt tokens'
+/// K/V rows into the caches the decode program reads.
+struct Prefill {
+    session: Box<dyn Session>,
+    rows: u64,
 }
 
 impl std::fmt::Debug for Engine {
@@ -173,7 +187,74 @@ impl Engine {
             program,
             io,
             backend: backend.name(),
+            prefill: None,
+            prefill_refused: None,
         })
+    }
+
+    /// Validates `program`, a prefill program (`amk_model_llama::lower::prefill`: inputs
+    /// `prefill.ids`, `prefill.pos` and `prefill.last`, KV caches named, typed and shaped as the
+    /// decode program's), and loads it beside the decode program: from then on a request's
+    /// prompt is written into the caches a chunk of rows a pass, and the decode loop starts
+    /// at its last token.
+    pub fn attach_prefill(
+        &mut self,
+        program: Program,
+        weights: &WeightStore,
+        registry: &Registry,
+    ) -> Result<(), EngineError> {
+        let rows = prefill_interface(&program, self.program.program())?;
+        let program =
+            validate_owned(program, registry).map_err(|r| EngineError::Invalid(r.report()))?;
+        let session = self.session.load_beside(&program, weights, registry)?;
+        self.prefill = Some(Prefill { session, rows });
+        Ok(())
+    }
+
+    /// Prompt tokens a prefill pass takes (`None`: prompts go through the decode program).
+    pub fn prefill_rows(&self) -> Option<u64> {
+        self.prefill.as_ref().map(|p| p.rows)
+    }
+
+    /// Why no prefill program runs, when one was asked for and the model's could not be
+    /// lowered (its prompts go through the decode program).
+    pub fn prefill_refused(&self) -> Option<&str> {
+        self.prefill_refused.as_deref()
+    }
+
+    /// Writes the K/V rows of `prompt[..n - 1]` through the prefill program, a chunk of rows a
+    /// pass (the last chunk padded with id 0 at the positions after it, which decoding
+    /// overwrites before it reads them), as far as whole chunks fit the cache; returns the
+    /// number of tokens written (0 without a prefill program). `on` hears of each chunk.
+    fn prefill_prompt(
+        &mut self,
+        prompt: &[u32],
+        on: &mut dyn FnMut(u64),
+    ) -> Result<u64, EngineError> {
+        let max_seq = self.io.max_seq;
+        let Some(p) = self.prefill.as_mut() else {
+            return Ok(0);
+        };
+        let todo = prompt.len().saturating_sub(1) as u64;
+        let mut done = 0u64;
+        while done < todo && done + p.rows <= max_seq {
+            let len = (todo - done).min(p.rows);
+            let mut ids: Vec<i64> = prompt[done as usize..(done + len) as usize]
+                .iter()
+                .map(|&t| i64::from(t))
+                .collect();
+            ids.resize(p.rows as usize, 0);
+            let pos: Vec<i64> = (done as i64..(done + p.rows) as i64).collect();
+            let inputs = [
+                (PREFILL_IDS, ints(&[p.rows], &ids)?),
+                (PREFILL_POS, ints(&[p.rows], &pos)?),
+                (PREFILL_LAST, ints(&[1], &[len as i64 - 1])?),
+            ];
+            p.session.step(&inputs)?;
+            done += len;
+            on(done);
+        }
+        Ok(done)
     }
 
     /// KV-cache length (the most tokens one sequence may hold).
@@ -208,11 +289,12 @@ impl Engine {
     }
 
     /// Sets every input and state buffer for a sequence of `known` tokens (the prompt, or a
-    /// text to score) that the loop runs until it holds `end` tokens, from position 0.
+    /// text to score) that the loop runs until it holds `end` tokens, from position `base`
+    /// (the rows before it are in the caches already: 0, or what the prefill program wrote).
     fn start(
         &mut self,
         known: &[u32],
-        end: u64,
+        (base, end): (u64, u64),
         sampling: &Sampling,
         stop: &[u32],
         vocab_limit: usize,
@@ -242,8 +324,11 @@ impl Engine {
             (decode::STOP, ints(&[stops.len() as u64], &stops)?),
             (decode::LIMITS, ints(&[decode::LIMITS_LEN], &limits)?),
             (decode::SAMPLING, floats(&sampler)?),
-            (decode::POS, ints(&[1], &[0])?),
-            (decode::TOKEN, ints(&[1], &[i64::from(known[0])])?),
+            (decode::POS, ints(&[1], &[base as i64])?),
+            (
+                decode::TOKEN,
+                ints(&[1], &[i64::from(known[base as usize])])?,
+            ),
             (decode::HALT, ints(&[1], &[0])?),
         ];
         let has_reshape =
@@ -321,7 +406,21 @@ impl Engine {
         let end = (n as u64)
             .saturating_add(req.max_new as u64)
             .min(self.io.max_seq);
-        self.start(req.prompt, end, &req.sampling, req.stop, vocab_limit)?;
+        // The prompt's rows through the prefill program, where there is one: the decode loop
+        // then starts at position `base`.
+        let mut on_chunk = |done: u64| {
+            if let Some(w) = prompt.as_mut() {
+                (w.on)(done, n as u64);
+            }
+        };
+        let base = self.prefill_prompt(req.prompt, &mut on_chunk)?;
+        self.start(
+            req.prompt,
+            (base, end),
+            &req.sampling,
+            req.stop,
+            vocab_limit,
+        )?;
         let watch = RowWatch {
             buffer: decode::EMITTED.to_string(),
             first_row: n as u64,
@@ -339,16 +438,17 @@ impl Engine {
         };
         let mut run = amk_core::LoopRun::default();
         let mut kernel_ms: Option<f64> = None;
-        let fed = n as u64 - 1; // passes that feed a prompt token and emit nothing
-        while run.passes < end - 1 && !run.halted && !run.cancelled {
-            let mut budget = (end - 1 - run.passes).min(chunk);
-            if let Some(w) = prompt.as_ref().filter(|_| run.passes < fed) {
-                budget = budget.min(w.every.max(1)).min(fed - run.passes);
+        let fed = n as u64 - 1; // positions whose pass feeds a prompt token and emits nothing
+        // `at`: the positions done (the pass at position `at` writes row `at + 1`).
+        let at = |run: &amk_core::LoopRun| base + run.passes;
+        while at(&run) < end - 1 && !run.halted && !run.cancelled {
+            let mut budget = (end - 1 - at(&run)).min(chunk);
+            if let Some(w) = prompt.as_ref().filter(|_| at(&run) < fed) {
+                budget = budget.min(w.every.max(1)).min(fed - at(&run));
             }
-            // The pass after `run.passes` passes writes row `run.passes + 1`: every row before
-            // it was reported by an earlier launch.
+            // Every row before the next pass's was reported by an earlier launch.
             let watch = RowWatch {
-                first_row: (run.passes + 1).max(watch.first_row),
+                first_row: (at(&run) + 1).max(watch.first_row),
                 ..watch.clone()
             };
             let part = self.session.run_loop(budget, Some(&watch), &mut on_row)?;
@@ -361,10 +461,11 @@ impl Engine {
             if part.passes == 0 {
                 break;
             }
-            if let Some(w) = prompt.as_mut().filter(|_| run.passes <= fed) {
-                (w.on)(run.passes, n as u64);
+            if let Some(w) = prompt.as_mut().filter(|_| at(&run) <= fed) {
+                (w.on)(at(&run), n as u64);
             }
         }
+        run.passes += base;
         out.passes = run.passes;
         out.kernel_ms = kernel_ms;
         out.total_s = t0.elapsed().as_secs_f64();
@@ -400,7 +501,7 @@ impl Engine {
             });
         }
         let n = ids.len() as u64;
-        self.start(ids, n, &Sampling::greedy(), &[], self.io.vocab)?;
+        self.start(ids, (0, n), &Sampling::greedy(), &[], self.io.vocab)?;
         for pos in 0..ids.len().saturating_sub(1) {
             self.session.run_loop(1, None, &mut |_, _| true)?;
             let logits = self.session.read(decode::LOGITS)?.to_f32_vec();
@@ -451,4 +552,47 @@ pub fn argmax(logits: &[f32]) -> u32 {
         }
     }
     best as u32
+}
+
+/// The rows of a prefill program (`amk_model_llama::lower::prefill`), checked against the
+/// decode program `decode` whose caches it writes: its ids and positions are I32 inputs of one
+/// length (the rows), its last-row index one I32 input, and each of its KV caches is one of
+/// `decode`'s (name, dtype and shape).
+fn prefill_interface(p: &Program, decode: &Program) -> Result<u64, EngineError> {
+    let input = |name: &str| -> Result<u64, EngineError> {
+        let mut found = p.buffers.iter().filter(|b| b.name == name);
+        match (found.next(), found.next()) {
+            (Some(b), None)
+                if b.kind == amk_core::BufferKind::IO_INPUT && b.dtype == DType::I32 =>
+            {
+                Ok(b.numel())
+            }
+            _ => Err(EngineError::Interface(format!(
+                "the prefill program needs one I32 input named '{name}'"
+            ))),
+        }
+    };
+    let rows = input(PREFILL_IDS)?;
+    if rows == 0 || input(PREFILL_POS)? != rows || input(PREFILL_LAST)? != 1 {
+        return Err(EngineError::Interface(format!(
+            "the prefill program's '{PREFILL_IDS}' and '{PREFILL_POS}' must hold its rows and \
+             '{PREFILL_LAST}' one element"
+        )));
+    }
+    for b in p
+        .buffers
+        .iter()
+        .filter(|b| b.kind == amk_core::BufferKind::KV_CACHE)
+    {
+        let same = decode.buffers.iter().any(|d| {
+            d.kind == b.kind && d.name == b.name && d.dtype == b.dtype && d.shape == b.shape
+        });
+        if !same {
+            return Err(EngineError::Interface(format!(
+                "the prefill program's KV cache '{}' is not one of the decode program's",
+                b.name
+            )));
+        }
+    }
+    Ok(rows)
 }

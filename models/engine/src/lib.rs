@@ -22,6 +22,7 @@ pub use sampling::Sampling;
 
 use amk_core::{Backend, DType, GpuTarget, Registry, ScheduleConfig};
 use amk_model_llama::Model;
+use amk_model_llama::lower::prefill::{PrefillLogits, PrefillOptions, lower_prefill_sharing};
 use amk_model_llama::lower::{DecodeLoop, LowerOptions, lower};
 
 /// How to lower a model for an engine.
@@ -37,6 +38,10 @@ pub struct EngineOptions {
     pub max_seq: Option<u64>,
     /// Stop-token slots of the program.
     pub stop_slots: u64,
+    /// Prompt tokens a prefill pass takes (`None`: prompts go through the decode program a
+    /// token a pass). A model the prefill program does not take (attention biases) decodes
+    /// its prompts token by token either way.
+    pub prefill_rows: Option<u64>,
 }
 
 /// Lowers `model` as a decode loop under `opts` and loads it on `backend`.
@@ -59,5 +64,22 @@ pub fn lower_and_load(
             }),
         },
     )?;
-    Engine::new(lowered.program, &lowered.weights, backend, registry)
+    let max_seq = lowered.max_seq;
+    let weights = lowered.weights;
+    let mut engine = Engine::new(lowered.program, &weights, backend, registry)?;
+    if let Some(rows) = opts.prefill_rows.filter(|&r| r > 0 && r <= max_seq) {
+        let popts = PrefillOptions {
+            dtype: opts.dtype,
+            max_seq,
+            rows,
+            logits: PrefillLogits::Last,
+        };
+        // The decode program's weights: the prefill program names the same tensors, so no
+        // cast is made twice (and on a GPU the uploads are shared).
+        match lower_prefill_sharing(model, &opts.target, &popts, weights) {
+            Ok(p) => engine.attach_prefill(p.program, &p.weights, registry)?,
+            Err(e) => engine.prefill_refused = Some(e.to_string()),
+        }
+    }
+    Ok(engine)
 }

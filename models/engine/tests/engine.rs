@@ -46,6 +46,7 @@ fn engine(schedule: ScheduleConfig, max_seq: u64) -> Engine {
         dtype: DType::F32,
         max_seq: Some(max_seq),
         stop_slots: 4,
+        prefill_rows: None,
     };
     lower_and_load(&tiny(), &opts, &CpuBackend::default(), &registry()).unwrap()
 }
@@ -289,4 +290,80 @@ fn a_watched_prompt_reports_progress_and_changes_no_token() {
         .map(|k| (k, n))
         .collect();
     assert_eq!(seen, want_seen);
+}
+
+fn engine_with_prefill(max_seq: u64, rows: u64) -> Engine {
+    let opts = EngineOptions {
+        schedule: tuned_schedule(),
+        target: GpuTarget::by_name("h100").unwrap(),
+        dtype: DType::F32,
+        max_seq: Some(max_seq),
+        stop_slots: 4,
+        prefill_rows: Some(rows),
+    };
+    let e = lower_and_load(&tiny(), &opts, &CpuBackend::default(), &registry()).unwrap();
+    assert_eq!(e.prefill_rows(), Some(rows), "{:?}", e.prefill_refused());
+    e
+}
+
+/// A prompt written by the prefill program (whole chunks, a padded last chunk, a remainder
+/// past the last chunk that fits the cache) gives the tokens the decode program alone gives:
+/// on the CPU VM every op rounds as the decode path, so the caches are the same bit for bit.
+#[rstest]
+#[case::one_token(&[7], 32, 4)]
+#[case::padded_chunk(PROMPT, 32, 4)]
+#[case::chunks_and_remainder(&[3, 17, 5, 29, 11, 2, 8, 13, 21, 34, 1, 9, 4, 6, 30, 22, 19, 27, 12, 15, 31, 16, 24, 10, 14, 20, 33], 30, 8)]
+fn prefilled_prompts_give_the_decode_paths_tokens(
+    #[case] prompt: &[u32],
+    #[case] max_seq: u64,
+    #[case] rows: u64,
+) {
+    let want = ids(
+        &mut engine(tuned_schedule(), max_seq),
+        &request(prompt, 3, &[]),
+    );
+    let mut e = engine_with_prefill(max_seq, rows);
+    let got = ids(&mut e, &request(prompt, 3, &[]));
+    assert_eq!(got, want);
+    // The engine stays usable: a second request (the caches rewritten from position 0).
+    assert_eq!(ids(&mut e, &request(prompt, 3, &[])), want);
+    let seeded = Request {
+        sampling: Sampling {
+            temperature: 0.8,
+            top_p: 0.9,
+            top_k: 0,
+            seed: 5,
+        },
+        ..request(prompt, 3, &[])
+    };
+    let a = e.generate(&seeded, &mut |_| true).unwrap().ids();
+    let b = engine(tuned_schedule(), max_seq)
+        .generate(&seeded, &mut |_| true)
+        .unwrap()
+        .ids();
+    assert_eq!(a, b, "sampling with a seed after a prefilled prompt");
+}
+
+/// A model the prefill program does not take (attention biases) decodes its prompts token by
+/// token and says why.
+#[test]
+fn attention_biases_keep_the_decode_path() {
+    let mut c = tiny().config;
+    c.attention_bias = true;
+    let opts = EngineOptions {
+        schedule: tuned_schedule(),
+        target: GpuTarget::by_name("h100").unwrap(),
+        dtype: DType::F32,
+        max_seq: Some(32),
+        stop_slots: 4,
+        prefill_rows: Some(8),
+    };
+    let model = Model::random(c, 7).unwrap();
+    let mut e = lower_and_load(&model, &opts, &CpuBackend::default(), &registry()).unwrap();
+    assert_eq!(e.prefill_rows(), None);
+    assert!(
+        e.prefill_refused()
+            .is_some_and(|w| w.contains("attention biases"))
+    );
+    assert_eq!(ids(&mut e, &request(PROMPT, 2, &[])).0.len(), 2);
 }

@@ -133,6 +133,7 @@ fn engine(model: &Model, sc: &ScheduleConfig, dtype: DType, max_seq: u64) -> Eng
         dtype,
         max_seq: Some(max_seq),
         stop_slots: 2,
+        prefill_rows: None,
     };
     lower_and_load(model, &opts, &CpuBackend::default(), &registry()).unwrap()
 }

@@ -198,6 +198,7 @@ impl CudaBackend {
             WeightSource::Store(weights),
             registry,
             &program.result().carried_reads,
+            None,
         )
     }
 
@@ -216,6 +217,7 @@ impl CudaBackend {
             WeightSource::Synthetic(synth),
             registry,
             &program.result().carried_reads,
+            None,
         )
     }
 }

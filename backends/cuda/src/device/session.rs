@@ -7,8 +7,8 @@ use crate::TaskTrace;
 use crate::abi::{AmkDeviceProgram, AmkInstruction, AmkStatus, COUNTER_STRIDE, status};
 use crate::tables::{self, Placement, Tables, pack_params, task_label};
 use amk_core::{
-    BackendError, BufferKind, LoopRun, OnRow, Outputs, ParamPatch, Program, Registry, RowWatch,
-    Session, Tensor, WeightStore,
+    BackendError, BufferKind, DType, LoopRun, OnRow, Outputs, ParamPatch, Program, Registry,
+    RowWatch, Session, Tensor, WeightStore,
 };
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -63,8 +63,14 @@ pub struct CudaSession {
     /// The device copy of each instruction record, mirrored on the host.
     current: Vec<AmkInstruction>,
     patched: Vec<usize>,
-    arena: DeviceMem,
-    _weights: Vec<DeviceMem>,
+    arena: Arc<DeviceMem>,
+    weights_mem: Vec<Arc<DeviceMem>>,
+    /// Each buffer's device address (0: none).
+    addrs: Vec<u64>,
+    /// Buffers that live in the memory of the session this one was loaded beside.
+    borrowed: Vec<bool>,
+    /// That memory, kept alive as long as this session is.
+    _lent: Vec<Arc<DeviceMem>>,
     /// Buffer descriptors, per-instruction prefetch ranges, and the per-task descriptor records.
     _descs: (DeviceMem, DeviceMem, DeviceMem, DeviceMem),
     instructions: DeviceMem,
@@ -107,6 +113,26 @@ impl std::fmt::Debug for CudaSession {
     }
 }
 
+/// What a session loaded beside another ([`amk_core::Session::load_beside`]) takes from it:
+/// the device addresses of its KV caches and weights by buffer name (with kind, dtype and
+/// shape, which must match), and the memory that holds them, kept alive by the new session.
+pub(crate) struct Beside {
+    by_name: HashMap<String, (BufferKind, DType, Vec<u64>, u64)>,
+    keep: Vec<Arc<DeviceMem>>,
+}
+
+impl Beside {
+    /// The address `buf` takes from the other session, if that session has a KV cache or
+    /// weight of its name, kind, dtype and shape.
+    fn lends(&self, buf: &amk_core::Buffer) -> Option<u64> {
+        if !matches!(buf.kind, BufferKind::KV_CACHE | BufferKind::WEIGHT) {
+            return None;
+        }
+        let (kind, dtype, shape, addr) = self.by_name.get(&buf.name)?;
+        (*kind == buf.kind && *dtype == buf.dtype && *shape == buf.shape).then_some(*addr)
+    }
+}
+
 /// Blocks of `threads` threads and `smem` bytes of dynamic shared memory that fit on one SM
 /// with `module`'s kernel, after the opt-in a launch needs past 48 KB in all (static
 /// included).
@@ -127,8 +153,12 @@ impl CudaSession {
         weights: WeightSource<'_>,
         registry: &Registry,
         carried: &[(u32, u32)],
+        beside: Option<&Beside>,
     ) -> Result<Self, CudaError> {
         let inner = &backend.inner;
+        let lent: Vec<Option<u64>> = (program.buffers.iter())
+            .map(|b| beside.and_then(|x| x.lends(b)))
+            .collect();
         let ctx = &inner.ctx;
         let (module, mk) = backend.module_for(registry, program, false)?;
         for t in &program.tasks {
@@ -200,19 +230,23 @@ impl CudaSession {
         }
 
         // Memory: weights once (deduplicated by tensor), one zeroed arena for the rest.
-        let mut uploads: Vec<DeviceMem> = Vec::new();
+        let mut uploads: Vec<Arc<DeviceMem>> = Vec::new();
         let mut weight_ptr = vec![0u64; program.buffers.len()];
         match weights {
             WeightSource::Store(store) => {
                 let bound = store.bind(program)?;
                 let mut by_tensor: HashMap<*const Tensor, usize> = HashMap::new();
                 for (b, t) in bound.by_buffer.iter().enumerate() {
+                    if let Some(addr) = lent[b] {
+                        weight_ptr[b] = addr;
+                        continue;
+                    }
                     let Some(t) = t else { continue };
                     let key = Arc::as_ptr(t);
                     let slot = match by_tensor.get(&key) {
                         Some(&i) => i,
                         None => {
-                            uploads.push(DeviceMem::from_slice(ctx, &t.to_le_bytes())?);
+                            uploads.push(Arc::new(DeviceMem::from_slice(ctx, &t.to_le_bytes())?));
                             by_tensor.insert(key, uploads.len() - 1);
                             uploads.len() - 1
                         }
@@ -224,6 +258,10 @@ impl CudaSession {
                 let mut by_name: HashMap<&str, (usize, &amk_core::Buffer)> = HashMap::new();
                 for w in synth.plan(program)? {
                     let (b, src) = (w.buffer, w.name);
+                    if let Some(addr) = lent[b] {
+                        weight_ptr[b] = addr;
+                        continue;
+                    }
                     let buf = &program.buffers[b];
                     let slot = match by_name.get(src) {
                         Some(&(i, first)) => {
@@ -239,7 +277,7 @@ impl CudaSession {
                             let mem = DeviceMem::zeroed(ctx, buf.nbytes() as usize)?;
                             let ts = amk_core::synth::tensor_seed(synth.seed, w.seed_name);
                             backend.synth_fill(mem.ptr(), buf.numel(), buf.dtype, ts, w.init)?;
-                            uploads.push(mem);
+                            uploads.push(Arc::new(mem));
                             by_name.insert(src, (uploads.len() - 1, buf));
                             uploads.len() - 1
                         }
@@ -248,12 +286,12 @@ impl CudaSession {
                 }
                 // Tensors given as they are (a model's RoPE divisors): uploaded like a store's.
                 for (b, t) in synth.exact_bindings(program)? {
-                    uploads.push(DeviceMem::from_slice(ctx, &t.to_le_bytes())?);
+                    uploads.push(Arc::new(DeviceMem::from_slice(ctx, &t.to_le_bytes())?));
                     weight_ptr[b] = uploads[uploads.len() - 1].ptr();
                 }
             }
         }
-        let arena = DeviceMem::zeroed(ctx, tables.arena_bytes as usize)?;
+        let arena = Arc::new(DeviceMem::zeroed(ctx, tables.arena_bytes as usize)?);
         let host = MappedMem::new(ctx, tables.host_bytes as usize)?;
         let mut descs = tables.buffers.clone();
         for (d, p) in descs.iter_mut().zip(&tables.placement) {
@@ -268,6 +306,13 @@ impl CudaSession {
                 ));
             }
         }
+        // The other session's KV caches (its weights are already in weight_ptr).
+        for (d, addr) in descs.iter_mut().zip(&lent) {
+            if let Some(a) = addr {
+                d.ptr = *a;
+            }
+        }
+        let addrs: Vec<u64> = descs.iter().map(|d| d.ptr).collect();
         let descs_mem = DeviceMem::from_slice(ctx, &descs)?;
         let prefetch = DeviceMem::from_slice(
             ctx,
@@ -382,7 +427,10 @@ impl CudaSession {
             registry: registry.clone(),
             patched: Vec::new(),
             arena,
-            _weights: uploads,
+            weights_mem: uploads,
+            addrs,
+            borrowed: lent.iter().map(Option::is_some).collect(),
+            _lent: beside.map(|b| b.keep.clone()).unwrap_or_default(),
             _descs: (descs_mem, prefetch, l2, task_bufs),
             instructions,
             verified,
@@ -410,6 +458,24 @@ impl CudaSession {
             trace: None,
             tables,
         })
+    }
+
+    /// What a session loaded beside this one takes from it: its KV caches and weights (and
+    /// the memory holding them).
+    pub(crate) fn beside(&self) -> Beside {
+        let mut by_name = HashMap::new();
+        for (b, buf) in self.program.buffers.iter().enumerate() {
+            if matches!(buf.kind, BufferKind::KV_CACHE | BufferKind::WEIGHT) && self.addrs[b] != 0 {
+                by_name.insert(
+                    buf.name.clone(),
+                    (buf.kind, buf.dtype, buf.shape.clone(), self.addrs[b]),
+                );
+            }
+        }
+        let mut keep = self._lent.clone();
+        keep.push(Arc::clone(&self.arena));
+        keep.extend(self.weights_mem.iter().cloned());
+        Beside { by_name, keep }
     }
 
     /// Kernel time of the last forward pass, from device events.
@@ -551,6 +617,13 @@ impl CudaSession {
 
     /// Where buffer `b`'s bytes are (any buffer but a weight).
     fn io_mem(&self, b: usize) -> Result<IoMem, CudaError> {
+        if self.borrowed.get(b).copied().unwrap_or(false) {
+            return Err(CudaError::Layout(format!(
+                "buffer '{}' is the KV cache of the session this one was loaded beside: read \
+                 and write it there",
+                self.program.buffers[b].name
+            )));
+        }
         match self.tables.placement.get(b) {
             Some(&Placement::Arena { offset, bytes }) => Ok(IoMem {
                 host: false,
@@ -961,6 +1034,25 @@ impl Session for CudaSession {
         }
         Ok(self.read_named(name)?)
     }
+    fn load_beside(
+        &mut self,
+        program: &amk_core::ValidatedProgram,
+        weights: &amk_core::WeightStore,
+        registry: &Registry,
+    ) -> Result<Box<dyn Session>, BackendError> {
+        let beside = self.beside();
+        let s = CudaSession::load(
+            &self.backend,
+            program.program(),
+            program.id(),
+            WeightSource::Store(weights),
+            registry,
+            &program.result().carried_reads,
+            Some(&beside),
+        )?;
+        Ok(Box::new(s))
+    }
+
     fn run_loop(
         &mut self,
         max_passes: u64,

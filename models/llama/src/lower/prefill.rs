@@ -220,6 +220,17 @@ pub fn lower_prefill(
     target: &GpuTarget,
     opts: &PrefillOptions,
 ) -> Result<Lowered, ModelError> {
+    lower_prefill_sharing(model, target, opts, WeightStore::new())
+}
+
+/// [`lower_prefill`] starting from `weights` (a decode lowering's, of the same dtype): tensors
+/// already there are not cast again.
+pub fn lower_prefill_sharing(
+    model: &Model,
+    target: &GpuTarget,
+    opts: &PrefillOptions,
+    mut weights: WeightStore,
+) -> Result<Lowered, ModelError> {
     check(model, opts)?;
     let mc = &model.config;
     let (h, nh, nkv, hd) = (
@@ -237,7 +248,6 @@ pub fn lower_prefill(
         dbytes: (opts.dtype.bits() / 8) as i64,
         eps: Value::Float(mc.rms_eps),
     };
-    let mut weights = WeightStore::new();
     let rope_factors = match rope_factors(model)? {
         Some(f) => {
             let half = f.numel() as u64;
