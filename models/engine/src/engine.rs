@@ -138,15 +138,57 @@ pub struct Engine {
     io: Interface,
     backend: &'static str,
     prefill: Option<Prefill>,
+    /// The prefill program with every row's logits, for teacher-forced scoring.
+    scorer: Option<Prefill>,
     /// Why a prefill program was not attached when one was asked for.
     pub(crate) prefill_refused: Option<String>,
 }
 
 /// A prefill program loaded beside the decode program: it writes a chunk of prompt tokens'
-/// K/V rows into the caches the decode program reads.
+/// K/V rows into the caches the decode program reads (and, a scorer's, every row's logits).
 struct Prefill {
     session: Box<dyn Session>,
     rows: u64,
+    /// Its logits are one row, chosen by the `prefill.last` input (generation); otherwise
+    /// every row's (scoring).
+    last: bool,
+}
+
+impl Prefill {
+    /// Runs `ids[..n - 1]` through the program a chunk of rows a pass (the last chunk padded
+    /// with id 0 at the positions after it, which decoding overwrites before it reads them),
+    /// as far as whole chunks fit a cache of `max_seq` rows; returns the tokens run. After each
+    /// chunk `on` gets its first position, its real rows and the pass's outputs.
+    fn feed(
+        &mut self,
+        ids: &[u32],
+        max_seq: u64,
+        on: &mut dyn FnMut(u64, u64, &amk_core::Outputs),
+    ) -> Result<u64, EngineError> {
+        let rows = self.rows;
+        let todo = ids.len().saturating_sub(1) as u64;
+        let mut done = 0u64;
+        while done < todo && done + rows <= max_seq {
+            let len = (todo - done).min(rows);
+            let mut chunk: Vec<i64> = ids[done as usize..(done + len) as usize]
+                .iter()
+                .map(|&t| i64::from(t))
+                .collect();
+            chunk.resize(rows as usize, 0);
+            let pos: Vec<i64> = (done as i64..(done + rows) as i64).collect();
+            let mut inputs = vec![
+                (PREFILL_IDS, ints(&[rows], &chunk)?),
+                (PREFILL_POS, ints(&[rows], &pos)?),
+            ];
+            if self.last {
+                inputs.push((PREFILL_LAST, ints(&[1], &[len as i64 - 1])?));
+            }
+            let out = self.session.step(&inputs)?;
+            on(done, len, &out);
+            done += len;
+        }
+        Ok(done)
+    }
 }
 
 impl std::fmt::Debug for Engine {
@@ -188,26 +230,38 @@ impl Engine {
             io,
             backend: backend.name(),
             prefill: None,
+            scorer: None,
             prefill_refused: None,
         })
     }
 
     /// Validates `program`, a prefill program (`amk_model_llama::lower::prefill`: inputs
-    /// `prefill.ids`, `prefill.pos` and `prefill.last`, KV caches named, typed and shaped as the
-    /// decode program's), and loads it beside the decode program: from then on a request's
-    /// prompt is written into the caches a chunk of rows a pass, and the decode loop starts
-    /// at its last token.
+    /// `prefill.ids` and `prefill.pos` of its rows, KV caches named, typed and shaped as the
+    /// decode program's), and loads it beside the decode program. One whose logits are the row
+    /// `prefill.last` names writes a request's prompt into the caches a chunk of rows a pass,
+    /// and the decode loop starts at the prompt's last token; one with every row's logits
+    /// scores teacher-forced text ([`Engine::forced_logits`], [`Engine::perplexity`]) a chunk
+    /// a pass.
     pub fn attach_prefill(
         &mut self,
         program: Program,
         weights: &WeightStore,
         registry: &Registry,
     ) -> Result<(), EngineError> {
-        let rows = prefill_interface(&program, self.program.program())?;
+        let (rows, last) = prefill_interface(&program, self.program.program(), self.io.vocab)?;
         let program =
             validate_owned(program, registry).map_err(|r| EngineError::Invalid(r.report()))?;
         let session = self.session.load_beside(&program, weights, registry)?;
-        self.prefill = Some(Prefill { session, rows });
+        let p = Prefill {
+            session,
+            rows,
+            last,
+        };
+        if last {
+            self.prefill = Some(p);
+        } else {
+            self.scorer = Some(p);
+        }
         Ok(())
     }
 
@@ -222,39 +276,19 @@ impl Engine {
         self.prefill_refused.as_deref()
     }
 
-    /// Writes the K/V rows of `prompt[..n - 1]` through the prefill program, a chunk of rows a
-    /// pass (the last chunk padded with id 0 at the positions after it, which decoding
-    /// overwrites before it reads them), as far as whole chunks fit the cache; returns the
-    /// number of tokens written (0 without a prefill program). `on` hears of each chunk.
+    /// Writes the K/V rows of `prompt[..n - 1]` through the prefill program, as far as whole
+    /// chunks fit the cache ([`Prefill::feed`]); returns the number of tokens written (0
+    /// without a prefill program). `on` hears of each chunk with the tokens written so far.
     fn prefill_prompt(
         &mut self,
         prompt: &[u32],
         on: &mut dyn FnMut(u64),
     ) -> Result<u64, EngineError> {
         let max_seq = self.io.max_seq;
-        let Some(p) = self.prefill.as_mut() else {
-            return Ok(0);
-        };
-        let todo = prompt.len().saturating_sub(1) as u64;
-        let mut done = 0u64;
-        while done < todo && done + p.rows <= max_seq {
-            let len = (todo - done).min(p.rows);
-            let mut ids: Vec<i64> = prompt[done as usize..(done + len) as usize]
-                .iter()
-                .map(|&t| i64::from(t))
-                .collect();
-            ids.resize(p.rows as usize, 0);
-            let pos: Vec<i64> = (done as i64..(done + p.rows) as i64).collect();
-            let inputs = [
-                (PREFILL_IDS, ints(&[p.rows], &ids)?),
-                (PREFILL_POS, ints(&[p.rows], &pos)?),
-                (PREFILL_LAST, ints(&[1], &[len as i64 - 1])?),
-            ];
-            p.session.step(&inputs)?;
-            done += len;
-            on(done);
+        match self.prefill.as_mut() {
+            Some(p) => p.feed(prompt, max_seq, &mut |first, len, _| on(first + len)),
+            None => Ok(0),
         }
-        Ok(done)
     }
 
     /// KV-cache length (the most tokens one sequence may hold).
@@ -482,9 +516,10 @@ impl Engine {
         Ok(out)
     }
 
-    /// Feeds `ids` from position 0, one pass per token but the last, and hands each pass's
-    /// logits (f32) to `visit` with the pass's position: the logits that predict
-    /// `ids[pos + 1]`.
+    /// Feeds `ids` from position 0 and hands the logits (f32) that predict `ids[pos + 1]` to
+    /// `visit` with `pos`, for every position but the last: whole chunks of rows through the
+    /// scoring prefill program where the engine has one, the rest (and everything without
+    /// one) a decode pass a position.
     pub fn forced_logits(
         &mut self,
         ids: &[u32],
@@ -501,8 +536,34 @@ impl Engine {
             });
         }
         let n = ids.len() as u64;
-        self.start(ids, (0, n), &Sampling::greedy(), &[], self.io.vocab)?;
-        for pos in 0..ids.len().saturating_sub(1) {
+        // Whole chunks through the scorer, where there is one; the rest a pass a position.
+        let base = match self.scorer.as_mut() {
+            Some(sc) => {
+                let vocab = self.io.vocab;
+                let mut failed = None;
+                let done = sc.feed(ids, self.io.max_seq, &mut |first, len, out| match out
+                    .get(decode::LOGITS)
+                {
+                    Some(t) => {
+                        let all = t.to_f32_vec();
+                        for (i, row) in all.chunks(vocab).take(len as usize).enumerate() {
+                            visit(first as usize + i, row);
+                        }
+                    }
+                    None => failed = Some("the scorer produced no logits".to_string()),
+                })?;
+                if let Some(why) = failed {
+                    return Err(EngineError::Interface(why));
+                }
+                done
+            }
+            None => 0,
+        };
+        if base + 1 >= n {
+            return Ok(());
+        }
+        self.start(ids, (base, n), &Sampling::greedy(), &[], self.io.vocab)?;
+        for pos in base as usize..ids.len() - 1 {
             self.session.run_loop(1, None, &mut |_, _| true)?;
             let logits = self.session.read(decode::LOGITS)?.to_f32_vec();
             visit(pos, &logits);
@@ -555,28 +616,46 @@ pub fn argmax(logits: &[f32]) -> u32 {
 }
 
 /// The rows of a prefill program (`amk_model_llama::lower::prefill`), checked against the
-/// decode program `decode` whose caches it writes: its ids and positions are I32 inputs of one
-/// length (the rows), its last-row index one I32 input, and each of its KV caches is one of
-/// `decode`'s (name, dtype and shape).
-fn prefill_interface(p: &Program, decode: &Program) -> Result<u64, EngineError> {
-    let input = |name: &str| -> Result<u64, EngineError> {
-        let mut found = p.buffers.iter().filter(|b| b.name == name);
-        match (found.next(), found.next()) {
-            (Some(b), None)
-                if b.kind == amk_core::BufferKind::IO_INPUT && b.dtype == DType::I32 =>
-            {
-                Ok(b.numel())
+/// decode program `decode` whose caches it writes, and whether its logits are one chosen row:
+/// its ids and positions are I32 inputs of one length (the rows); with a `prefill.last` input
+/// (one I32) its `logits` are one row of `vocab`, without one they are a row of `vocab` for
+/// every row; each of its KV caches is one of `decode`'s (name, dtype and shape).
+fn prefill_interface(
+    p: &Program,
+    decode: &Program,
+    vocab: usize,
+) -> Result<(u64, bool), EngineError> {
+    let named = |name: &str| -> Vec<&amk_core::Buffer> {
+        p.buffers.iter().filter(|b| b.name == name).collect()
+    };
+    let input = |name: &str| -> Result<Option<u64>, EngineError> {
+        match named(name)[..] {
+            [] => Ok(None),
+            [b] if b.kind == amk_core::BufferKind::IO_INPUT && b.dtype == DType::I32 => {
+                Ok(Some(b.numel()))
             }
             _ => Err(EngineError::Interface(format!(
-                "the prefill program needs one I32 input named '{name}'"
+                "the prefill program's '{name}' must be one I32 input"
             ))),
         }
     };
-    let rows = input(PREFILL_IDS)?;
-    if rows == 0 || input(PREFILL_POS)? != rows || input(PREFILL_LAST)? != 1 {
+    let rows = input(PREFILL_IDS)?.unwrap_or(0);
+    let last = input(PREFILL_LAST)?;
+    let logits = match named(decode::LOGITS)[..] {
+        [b] if b.kind == amk_core::BufferKind::IO_OUTPUT => b.numel(),
+        _ => 0,
+    };
+    let want_logits = if last.is_some() { 1 } else { rows } * vocab as u64;
+    if rows == 0
+        || input(PREFILL_POS)? != Some(rows)
+        || last.is_some_and(|n| n != 1)
+        || logits != want_logits
+    {
         return Err(EngineError::Interface(format!(
-            "the prefill program's '{PREFILL_IDS}' and '{PREFILL_POS}' must hold its rows and \
-             '{PREFILL_LAST}' one element"
+            "the prefill program's '{PREFILL_IDS}' and '{PREFILL_POS}' must hold its rows, \
+             '{PREFILL_LAST}' (if any) one element, and '{}' one row of {vocab} logits (with \
+             '{PREFILL_LAST}') or one a row",
+            decode::LOGITS
         )));
     }
     for b in p
@@ -594,5 +673,5 @@ fn prefill_interface(p: &Program, decode: &Program) -> Result<u64, EngineError> 
             )));
         }
     }
-    Ok(rows)
+    Ok((rows, last.is_some()))
 }

@@ -68,17 +68,23 @@ pub fn lower_and_load(
     let weights = lowered.weights;
     let mut engine = Engine::new(lowered.program, &weights, backend, registry)?;
     if let Some(rows) = opts.prefill_rows.filter(|&r| r > 0 && r <= max_seq) {
-        let popts = PrefillOptions {
-            dtype: opts.dtype,
-            max_seq,
-            rows,
-            logits: PrefillLogits::Last,
-        };
-        // The decode program's weights: the prefill program names the same tensors, so no
-        // cast is made twice (and on a GPU the uploads are shared).
-        match lower_prefill_sharing(model, &opts.target, &popts, weights) {
-            Ok(p) => engine.attach_prefill(p.program, &p.weights, registry)?,
-            Err(e) => engine.prefill_refused = Some(e.to_string()),
+        // One program for prompts (the last row's logits) and one for scoring (every row's).
+        for logits in [PrefillLogits::Last, PrefillLogits::Every] {
+            let popts = PrefillOptions {
+                dtype: opts.dtype,
+                max_seq,
+                rows,
+                logits,
+            };
+            // The decode program's weights: the prefill program names the same tensors, so
+            // no cast is made twice (and on a GPU the uploads are shared).
+            match lower_prefill_sharing(model, &opts.target, &popts, weights.clone()) {
+                Ok(p) => engine.attach_prefill(p.program, &p.weights, registry)?,
+                Err(e) => {
+                    engine.prefill_refused = Some(e.to_string());
+                    break;
+                }
+            }
         }
     }
     Ok(engine)

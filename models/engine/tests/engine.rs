@@ -367,3 +367,33 @@ fn attention_biases_keep_the_decode_path() {
     );
     assert_eq!(ids(&mut e, &request(PROMPT, 2, &[])).0.len(), 2);
 }
+
+/// Teacher-forced logits through the scoring prefill program (whole chunks, then the rest a
+/// decode pass a position) equal the decode path's, so the perplexity does too (f32 on the
+/// CPU VM: the same roundings, bit for bit).
+#[rstest]
+#[case::chunks(32, 4)]
+#[case::chunks_and_remainder(30, 8)]
+fn scoring_through_prefill_equals_the_decode_path(#[case] max_seq: u64, #[case] rows: u64) {
+    let text: Vec<u32> = (0..27u32).map(|i| (i * 7 + 3) % 40).collect();
+    let logits = |e: &mut Engine| {
+        let mut all = Vec::new();
+        e.forced_logits(&text, &mut |pos, l| all.push((pos, l.to_vec())))
+            .unwrap();
+        all
+    };
+    let mut plain = engine(tuned_schedule(), max_seq);
+    let mut pre = engine_with_prefill(max_seq, rows);
+    let (want, got) = (logits(&mut plain), logits(&mut pre));
+    assert_eq!(got.len(), text.len() - 1);
+    assert_eq!(got, want);
+    let (a, b) = (
+        plain.perplexity(&text).unwrap(),
+        pre.perplexity(&text).unwrap(),
+    );
+    assert_eq!(a.0, b.0);
+    assert!((a.1 - b.1).abs() <= 1e-6 * a.1.abs(), "{a:?} vs {b:?}");
+    // Generation after scoring starts its sequence anew.
+    let req = request(PROMPT, 3, &[]);
+    assert_eq!(ids(&mut pre, &req), ids(&mut plain, &req));
+}
