@@ -731,8 +731,9 @@ fn lower_takes_the_named_schedules() {
     );
 }
 
-/// A long prompt on the CPU VM reports its progress on stderr, launch by launch; `-q` leaves
-/// stderr empty (no backend line, progress or summary) and the text the same.
+/// A long prompt on the CPU VM reports its progress on stderr, launch by launch (decode passes)
+/// or chunk by chunk (the prefill program); `-q` leaves stderr empty (no backend line,
+/// progress or summary) and the text the same, and so does the prefill program.
 #[test]
 fn cpu_prompt_progress_and_quiet() {
     let d = tiny_with_tokenizer("tiny-gqa", "progress");
@@ -749,12 +750,23 @@ fn cpu_prompt_progress_and_quiet() {
         ]);
         c.args(extra).output().unwrap()
     };
-    let o = run(&[]);
+    let steps = |o: &std::process::Output| -> Vec<String> {
+        (String::from_utf8_lossy(&o.stderr).lines())
+            .filter(|l| l.starts_with("[prompt: "))
+            .map(|l| l.split(',').next().unwrap_or("").to_string())
+            .collect()
+    };
+    let o = run(&["--prefill-rows", "0"]);
     assert!(o.status.success(), "{}", text(&o));
-    let err = String::from_utf8_lossy(&o.stderr);
-    let steps: Vec<&str> = err.lines().filter(|l| l.starts_with("[prompt: ")).collect();
-    assert!(steps.len() >= 3, "{err}");
-    assert!(steps[0].starts_with("[prompt: 16/"), "{err}");
+    let s = steps(&o);
+    assert!(s.len() >= 3, "{}", text(&o));
+    assert!(s[0].starts_with("[prompt: 16/"), "{}", text(&o));
+    let chunked = run(&["--prefill-rows", "16"]);
+    assert!(chunked.status.success(), "{}", text(&chunked));
+    let s = steps(&chunked);
+    assert_eq!(s.len(), 4, "{}", text(&chunked));
+    assert!(s[0].starts_with("[prompt: 16/") && s[3].starts_with("[prompt: 63/"), "{s:?}");
+    assert_eq!(chunked.stdout, o.stdout, "the prefill program's text");
     let q = run(&["-q"]);
     assert!(q.status.success(), "{}", text(&q));
     assert!(q.stderr.is_empty(), "{}", text(&q));
