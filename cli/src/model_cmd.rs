@@ -141,14 +141,19 @@ pub struct ModelArgs {
     /// max_position_embeddings when smaller; at most max_position_embeddings).
     #[arg(long, value_name = "N")]
     max_seq: Option<u64>,
-    /// Prompt tokens a prefill pass takes: a prompt's K/V rows go through the prefill program
-    /// in chunks of this many before decoding starts (0: one decode pass a prompt token).
-    /// Default: 512 on a GPU, 64 on the CPU VM.
-    #[arg(long, value_name = "N")]
-    prefill_rows: Option<u64>,
     /// Machine-readable output on stdout.
     #[arg(long)]
     json: bool,
+}
+
+/// How `generate` and `perplexity` feed a prompt or text.
+#[derive(clap::Args, Debug, Clone, Copy)]
+pub struct PrefillArg {
+    /// Prompt tokens a prefill pass takes: a prompt's K/V rows (a scored text's logits) go
+    /// through the prefill program in chunks of this many (0: one decode pass a token).
+    /// Default: 512 on a GPU, 64 on the CPU VM.
+    #[arg(long, value_name = "N")]
+    prefill_rows: Option<u64>,
 }
 
 /// Arguments of `amk lower`.
@@ -173,6 +178,8 @@ pub struct LowerArgs {
 pub struct GenerateArgs {
     #[command(flatten)]
     common: ModelArgs,
+    #[command(flatten)]
+    prefill: PrefillArg,
     /// Prompt text. Without it or --prompt-file the prompt is read from standard input (a
     /// pipe or a file, not a terminal).
     #[arg(long, conflicts_with = "prompt_file")]
@@ -217,6 +224,8 @@ pub struct GenerateArgs {
 pub struct PerplexityArgs {
     #[command(flatten)]
     common: ModelArgs,
+    #[command(flatten)]
+    prefill: PrefillArg,
     /// Text to score (teacher-forced). Without it or --text-file the text is read from
     /// standard input (a pipe or a file, not a terminal), as generate's prompt is.
     #[arg(long, conflicts_with = "text_file")]
@@ -405,7 +414,11 @@ pub fn target_named(name: &str) -> Result<GpuTarget, ModelCmdError> {
 /// Imports the model and settles the lowering options. `gpu_sms`: the SM count of the CUDA
 /// device that will run the program (its schedule is then the tuned one by default, laid
 /// out for that many SMs).
-fn import(a: &ModelArgs, gpu_sms: Option<usize>) -> Result<Imported, ModelCmdError> {
+fn import(
+    a: &ModelArgs,
+    gpu_sms: Option<usize>,
+    prefill: Option<PrefillArg>,
+) -> Result<Imported, ModelCmdError> {
     let (schedule, _) = schedule_config(a.config.as_deref(), gpu_sms.is_some())?;
     let mut target = target_named(&a.target)?;
     if let Some(sms) = gpu_sms {
@@ -440,12 +453,15 @@ fn import(a: &ModelArgs, gpu_sms: Option<usize>) -> Result<Imported, ModelCmdErr
             dtype,
             max_seq: a.max_seq,
             stop_slots: amk_model_llama::lower::DecodeLoop::default().stop_slots,
-            prefill_rows: Some(a.prefill_rows.unwrap_or(if gpu_sms.is_some() {
-                GPU_PREFILL_ROWS
-            } else {
-                CPU_PREFILL_ROWS
-            }))
-            .filter(|&r| r > 0),
+            prefill_rows: prefill
+                .map(|p| {
+                    p.prefill_rows.unwrap_or(if gpu_sms.is_some() {
+                        GPU_PREFILL_ROWS
+                    } else {
+                        CPU_PREFILL_ROWS
+                    })
+                })
+                .filter(|&r| r > 0),
         },
         import_s: t0.elapsed().as_secs_f64(),
     })
@@ -459,7 +475,7 @@ pub const CPU_PREFILL_ROWS: u64 = 64;
 
 /// Imports and lowers the model (`amk lower`).
 fn prepare(a: &ModelArgs, decode_loop: bool) -> Result<Prepared, ModelCmdError> {
-    let imported = import(a, None)?;
+    let imported = import(a, None, None)?;
     let o = &imported.options;
     let t1 = Instant::now();
     let opts = LowerOptions {
@@ -612,7 +628,7 @@ fn generate_inner(a: &GenerateArgs) -> Result<(), ModelCmdError> {
     let reg = registry()?;
     // The backend line after the import, which checks the arguments: an argument error comes
     // first.
-    let imported = import(&a.common, chosen.gpu_sms)?;
+    let imported = import(&a.common, chosen.gpu_sms, Some(a.prefill))?;
     status!("{}", chosen.line);
     let tok = tokenizer(&imported.model)?.clone();
     let rendered = if a.chat {
@@ -814,7 +830,7 @@ fn perplexity_inner(a: &PerplexityArgs) -> Result<(), ModelCmdError> {
     let Text { text, origin } = read_text(a.text.as_ref(), a.text_file.as_ref(), "text")?;
     let chosen = backend_choice::choose(a.backend, a.threads)?;
     let reg = registry()?;
-    let imported = import(&a.common, chosen.gpu_sms)?;
+    let imported = import(&a.common, chosen.gpu_sms, Some(a.prefill))?;
     status!("{}", chosen.line); // after the import's argument checks, as in generate
     let tok = tokenizer(&imported.model)?.clone();
     let mut ids = tok.encode(&text)?;

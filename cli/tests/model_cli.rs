@@ -765,7 +765,10 @@ fn cpu_prompt_progress_and_quiet() {
     assert!(chunked.status.success(), "{}", text(&chunked));
     let s = steps(&chunked);
     assert_eq!(s.len(), 4, "{}", text(&chunked));
-    assert!(s[0].starts_with("[prompt: 16/") && s[3].starts_with("[prompt: 63/"), "{s:?}");
+    assert!(
+        s[0].starts_with("[prompt: 16/") && s[3].starts_with("[prompt: 63/"),
+        "{s:?}"
+    );
     assert_eq!(chunked.stdout, o.stdout, "the prefill program's text");
     let q = run(&["-q"]);
     assert!(q.status.success(), "{}", text(&q));

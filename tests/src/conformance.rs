@@ -352,31 +352,6 @@ pub const CASES: &[Case] = &[
         run: op_gate_up_silu,
     },
     Case {
-        name: "op_linear_tile",
-        about: "LINEAR_TILE in f32: 2 x 2 tiles over 70 rows, plain, norm + residual, norm + SwiGLU",
-        run: op_linear_tile,
-    },
-    Case {
-        name: "op_linear_tile_bf16",
-        about: "LINEAR_TILE in bf16 (the tensor-core path): 70 x 96 x 136 and 9 x 40 x 20 (K tail)",
-        run: op_linear_tile_bf16,
-    },
-    Case {
-        name: "op_linear_tile_rope",
-        about: "LINEAR_TILE's RoPE epilogue: f32 and bf16 (tensor cores), with and without divisors",
-        run: op_linear_tile_rope,
-    },
-    Case {
-        name: "op_attention_causal",
-        about: "ATTENTION_CAUSAL in f32: 6 rows at consecutive positions, GQA, three tiles",
-        run: op_attention_causal,
-    },
-    Case {
-        name: "op_attention_causal_bf16",
-        about: "ATTENTION_CAUSAL in bf16 (the tensor-core path): 40 rows of head_dim 64 with 3 heads a KV head, 50 rows of head_dim 128 with 4 (two pair groups), keys in two blocks",
-        run: op_attention_causal_bf16,
-    },
-    Case {
         name: "op_qkv_rope_append",
         about: "QKV_ROPE_APPEND: GQA heads, RoPE, cache rows at three positions, two tiles",
         run: op_qkv_rope_append,
@@ -405,6 +380,31 @@ pub const CASES: &[Case] = &[
         name: "op_next_token",
         about: "NEXT_TOKEN: forcing, greedy, sampling with top-k / top-p / a vocab limit, halts",
         run: op_next_token,
+    },
+    Case {
+        name: "op_linear_tile",
+        about: "LINEAR_TILE in f32: 2 x 2 tiles over 70 rows, plain, norm + residual, norm + SwiGLU",
+        run: op_linear_tile,
+    },
+    Case {
+        name: "op_linear_tile_bf16",
+        about: "LINEAR_TILE in bf16 (the tensor-core path): 70 x 96 x 136 and 9 x 40 x 20 (K tail)",
+        run: op_linear_tile_bf16,
+    },
+    Case {
+        name: "op_linear_tile_rope",
+        about: "LINEAR_TILE's RoPE epilogue: f32 and bf16 (tensor cores), with and without divisors",
+        run: op_linear_tile_rope,
+    },
+    Case {
+        name: "op_attention_causal",
+        about: "ATTENTION_CAUSAL in f32: 6 rows at consecutive positions, GQA, three tiles",
+        run: op_attention_causal,
+    },
+    Case {
+        name: "op_attention_causal_bf16",
+        about: "ATTENTION_CAUSAL in bf16 (the tensor-core path): 40 rows of head_dim 64 with 3 heads a KV head, 50 rows of head_dim 128 with 4 (two pair groups), keys in two blocks",
+        run: op_attention_causal_bf16,
     },
     Case {
         name: "dag_chain",

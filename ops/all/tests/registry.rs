@@ -1,6 +1,7 @@
-//! The built-in registry holds exactly the 20 ABI opcodes and our 7 appended ones (the fused
-//! decode ops, codes 20–23, NEXT_TOKEN, 24, and the split-KV pair ATTENTION_SPLIT, 25, and
-//! COMBINE_GEMV, 26), under their canonical codes and names, with the
+//! The built-in registry holds exactly the 20 ABI opcodes and our 9 appended ones (the fused
+//! decode ops, codes 20–23, NEXT_TOKEN, 24, the split-KV pair ATTENTION_SPLIT, 25, and
+//! COMBINE_GEMV, 26, and the prefill pair LINEAR_TILE, 27, and ATTENTION_CAUSAL, 28), under
+//! their canonical codes and names, with the
 //! arities of the spec (notes §1.3, plus our GEMV/GEMM 2–4 inputs fix and the position inputs:
 //! KV_APPEND's third input, which makes its `pos` param optional, ATTENTION_GEMV's sixth).
 
@@ -10,12 +11,12 @@ use rstest::rstest;
 #[test]
 fn registry_holds_exactly_the_abi_and_extended_opcodes() {
     let reg = amk_ops::registry().unwrap();
-    assert_eq!(reg.len(), 27);
+    assert_eq!(reg.len(), 29);
     let codes: Vec<u16> = reg.iter().map(|(s, _)| s.code.0).collect();
-    assert_eq!(codes, (0..27).collect::<Vec<u16>>());
+    assert_eq!(codes, (0..29).collect::<Vec<u16>>());
     assert_eq!(
         Opcode::EXTENDED_OPS.iter().map(|o| o.0).collect::<Vec<_>>(),
-        [20, 21, 22, 23, 24, 25, 26]
+        [20, 21, 22, 23, 24, 25, 26, 27, 28]
     );
     for (spec, origin) in reg.iter() {
         assert_eq!(
@@ -61,6 +62,8 @@ fn registry_holds_exactly_the_abi_and_extended_opcodes() {
 #[case("NEXT_TOKEN", 24, 6, Some(6), Some(4), &[])]
 #[case("ATTENTION_SPLIT", 25, 4, Some(4), Some(1), &["head_dim", "n_heads", "n_kv_heads", "scale", "N_tile", "n_off", "n_splits", "chunk"])]
 #[case("COMBINE_GEMV", 26, 3, Some(4), Some(1), &["head_dim", "n_heads", "n_kv_heads", "K", "N_tile", "n_off", "n_splits", "chunk"])]
+#[case("LINEAR_TILE", 27, 2, Some(5), Some(1), &["K", "N_tile", "n_off", "M_tile", "m_off"])]
+#[case("ATTENTION_CAUSAL", 28, 4, Some(4), Some(1), &["head_dim", "n_heads", "n_kv_heads", "scale", "m_off", "M_tile", "n_off", "N_tile"])]
 fn spec_matches_the_table(
     #[case] name: &str,
     #[case] code: u16,
