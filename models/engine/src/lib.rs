@@ -13,6 +13,7 @@
 mod engine;
 mod error;
 mod interface;
+mod prefill;
 mod sampling;
 
 pub use engine::{Engine, Finish, Generation, PromptWatch, Request, Token, argmax, nll};

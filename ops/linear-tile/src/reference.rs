@@ -231,7 +231,7 @@ impl Rope {
                 why: format!("head_dim {hd} must be even and theta {theta} positive"),
             });
         }
-        if t.cols.start % hd != 0 || t.cols.len() % hd != 0 {
+        if !t.cols.start.is_multiple_of(hd) || !t.cols.len().is_multiple_of(hd) {
             return Err(shape(format!(
                 "columns {:?} must be whole heads of {hd} for the RoPE epilogue",
                 t.cols
