@@ -166,6 +166,46 @@ template <int N>
 __device__ __forceinline__ void amk_cp_async_wait_group() {
   asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory");
 }
+/* 16 bytes global -> shared at the shared-space address `dst`, zero-filled when !ok (a source
+ * size of 0 reads nothing: `src` need only be a valid address). */
+__device__ __forceinline__ void amk_cp_async16_zfill(uint32_t dst, const void* src, bool ok) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(dst), "l"(src),
+               "r"(ok ? 16 : 0)
+               : "memory");
+}
+
+/* ---- tensor-core fragments (sm_80+): the prefill ops' matrix tiles ---- */
+
+/* Four 8x8 16-bit matrices from shared memory (ldmatrix .x4): lanes 8i .. 8i + 7 give the row
+ * addresses of matrix i, register i receives it in the mma fragment layout. */
+__device__ __forceinline__ void amk_ldmatrix_x4(uint32_t addr, uint32_t* r) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(addr));
+}
+/* amk_ldmatrix_x4, each matrix transposed (a row-major [k][n] tile as an mma B operand). */
+__device__ __forceinline__ void amk_ldmatrix_x4_trans(uint32_t addr, uint32_t* r) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(addr));
+}
+/* c += a · b for one m16n8k16 tile: a (4 registers) and b (2) bf16 (BF) or f16, c f32. */
+template <bool BF>
+__device__ __forceinline__ void amk_mma_16816(float* c, const uint32_t* a, uint32_t b0,
+                                              uint32_t b1) {
+  if (BF)
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+        "{%8,%9}, {%0,%1,%2,%3};"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+  else
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+        "{%8,%9}, {%0,%1,%2,%3};"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
 
 /* Probe `k` (0 .. AMK_TRACE_PROBES - 1) of a traced task: the time an op reached a point of
  * its own (thread 0; the last stamp of a probe wins), trace word 8 + k. An op's probes say

@@ -160,40 +160,6 @@ __device__ __forceinline__ uint32_t ac_swz(int row, int ch, int hd) {
   return (uint32_t)(row * hd * 2 + ((ch ^ (row & 7)) << 4));
 }
 
-__device__ __forceinline__ void ac_cp16(uint32_t dst, const void* src, bool ok) {
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(dst), "l"(src),
-               "r"(ok ? 16 : 0)
-               : "memory");
-}
-
-__device__ __forceinline__ void ac_ldm4(uint32_t addr, uint32_t* r) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(addr));
-}
-
-__device__ __forceinline__ void ac_ldm4t(uint32_t addr, uint32_t* r) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(addr));
-}
-
-template <bool BF>
-__device__ __forceinline__ void ac_mma(float* c, const uint32_t* a, uint32_t b0, uint32_t b1) {
-  if (BF)
-    asm volatile(
-        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
-        "{%8,%9}, {%0,%1,%2,%3};"
-        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-  else
-    asm volatile(
-        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
-        "{%8,%9}, {%0,%1,%2,%3};"
-        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
-
 /* Two f32 as two 16-bit values of the path's type (element 0 low), rounded as amk_st. */
 template <bool BF>
 __device__ __forceinline__ uint32_t ac_pack2(float x, float y) {
@@ -214,8 +180,8 @@ __device__ __forceinline__ void ac_stage_kv(const ac_args& a, long long key0, lo
     const long long j = key0 + r;
     const bool ok = j <= top;
     const long long at = ok ? j * a.row + (long long)a.g * HD + ch * 8 : 0;
-    ac_cp16(ks + ac_swz(r, ch, HD), kp + at, ok);
-    ac_cp16(vs + ac_swz(r, ch, HD), vp + at, ok);
+    amk_cp_async16_zfill(ks + ac_swz(r, ch, HD), kp + at, ok);
+    amk_cp_async16_zfill(vs + ac_swz(r, ch, HD), vp + at, ok);
   }
   amk_cp_async_commit();
 }
@@ -239,7 +205,7 @@ __device__ __noinline__ void ac_group_mma(const ac_args& a, int pg0, int np, uns
       const int p = c / CH, ch = c % CH;
       const bool ok = p < np;
       const long long r = a.m_off + (pg0 + p) / a.nhg, h = a.h_first + (pg0 + p) % a.nhg;
-      ac_cp16(qs + ac_swz(p, ch, HD), qp + (ok ? r * a.width + h * HD + ch * 8 : 0), ok);
+      amk_cp_async16_zfill(qs + ac_swz(p, ch, HD), qp + (ok ? r * a.width + h * HD + ch * 8 : 0), ok);
     }
     amk_cp_async_commit();
   }
@@ -267,7 +233,7 @@ __device__ __noinline__ void ac_group_mma(const ac_args& a, int pg0, int np, uns
     const int st = b & 1;
     if (b + 1 < nb) {
       ac_stage_kv<HD>(a, (long long)(b + 1) * AC_MKB, top, ks[st ^ 1], vs[st ^ 1]);
-      asm volatile("cp.async.wait_group 1;" ::: "memory");
+      amk_cp_async_wait_group<1>();
     } else {
       amk_cp_async_wait_all();
     }
@@ -275,7 +241,7 @@ __device__ __noinline__ void ac_group_mma(const ac_args& a, int pg0, int np, uns
     if (b == 0 && active) {
 #pragma unroll
       for (int kk = 0; kk < HD / 16; ++kk)
-        ac_ldm4(qs + ac_swz(warp * 16 + (lane & 15), kk * 2 + (lane >> 4), HD), qf[kk]);
+        amk_ldmatrix_x4(qs + ac_swz(warp * 16 + (lane & 15), kk * 2 + (lane >> 4), HD), qf[kk]);
     }
     const long long key0 = (long long)b * AC_MKB;
     if (active && key0 <= wtop) {
@@ -287,9 +253,9 @@ __device__ __noinline__ void ac_group_mma(const ac_args& a, int pg0, int np, uns
 #pragma unroll
         for (int j = 0; j < AC_MKB / 8; j += 2) {
           uint32_t r[4];
-          ac_ldm4(ks[st] + ac_swz((j + (lane >> 4)) * 8 + (lane & 7), kk * 2 + ((lane >> 3) & 1), HD), r);
-          ac_mma<BF>(sc[j], qf[kk], r[0], r[1]);
-          ac_mma<BF>(sc[j + 1], qf[kk], r[2], r[3]);
+          amk_ldmatrix_x4(ks[st] + ac_swz((j + (lane >> 4)) * 8 + (lane & 7), kk * 2 + ((lane >> 3) & 1), HD), r);
+          amk_mma_16816<BF>(sc[j], qf[kk], r[0], r[1]);
+          amk_mma_16816<BF>(sc[j + 1], qf[kk], r[2], r[3]);
         }
       }
       float mx0 = NEG, mx1 = NEG;
@@ -343,9 +309,9 @@ __device__ __noinline__ void ac_group_mma(const ac_args& a, int pg0, int np, uns
 #pragma unroll
         for (int n = 0; n < HD / 8; n += 2) {
           uint32_t r[4];
-          ac_ldm4t(vs[st] + ac_swz(kk * 16 + (lane & 7) + ((lane >> 3) & 1) * 8, n + (lane >> 4), HD), r);
-          ac_mma<BF>(o[n], pa, r[0], r[1]);
-          ac_mma<BF>(o[n + 1], pa, r[2], r[3]);
+          amk_ldmatrix_x4_trans(vs[st] + ac_swz(kk * 16 + (lane & 7) + ((lane >> 3) & 1) * 8, n + (lane >> 4), HD), r);
+          amk_mma_16816<BF>(o[n], pa, r[0], r[1]);
+          amk_mma_16816<BF>(o[n + 1], pa, r[2], r[3]);
         }
       }
     }

@@ -185,35 +185,6 @@ __device__ __forceinline__ uint32_t lt_swz(int row, int ch) {
   return (uint32_t)(row * (LT_BK * 2) + ((ch ^ (row & 7)) << 4));
 }
 
-__device__ __forceinline__ void lt_ldm4(uint32_t addr, uint32_t* r) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(addr));
-}
-
-template <bool BF>
-__device__ __forceinline__ void lt_mma(float* c, const uint32_t* a, const uint32_t* b) {
-  if (BF)
-    asm volatile(
-        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
-        "{%8,%9}, {%0,%1,%2,%3};"
-        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
-  else
-    asm volatile(
-        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
-        "{%8,%9}, {%0,%1,%2,%3};"
-        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
-}
-
-/* 16 bytes global -> shared, zero-filled when !ok (src_size 0 reads nothing). */
-__device__ __forceinline__ void lt_cp16(uint32_t dst, const void* src, bool ok) {
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(dst), "l"(src),
-               "r"(ok ? 16 : 0)
-               : "memory");
-}
-
 /* Issues the cp.async copies of one K step (at k0) into stage `st`: this thread's chunks of A
  * and of B (weight rows; with SwiGLU the second half of the tile's rows are U's). Zero-filled
  * outside the rows, the columns and K. */
@@ -228,7 +199,7 @@ __device__ __forceinline__ void lt_load_stage(const lt_args& a, long long m0, lo
     const long long m = m0 + r, k = k0 + ch * 8;
     const bool ok = m < a.m_end && k < a.K;
     const uint16_t* p = (const uint16_t*)a.x->ptr + (ok ? m * a.K + k : 0);
-    lt_cp16(as + lt_swz(r, ch), p, ok);
+    amk_cp_async16_zfill(as + lt_swz(r, ch), p, ok);
   }
 #pragma unroll
   for (int q = 0; q < LT_BN * CPR / AMK_THREADS; ++q) {
@@ -239,7 +210,7 @@ __device__ __forceinline__ void lt_load_stage(const lt_args& a, long long m0, lo
     const bool ok = n < a.n_end && k < a.K;
     const amk_buffer_t* src = up ? a.ex : a.w;
     const uint16_t* p = (const uint16_t*)src->ptr + (ok ? n * a.K + k : 0);
-    lt_cp16(bs + lt_swz(row, ch), p, ok);
+    amk_cp_async16_zfill(bs + lt_swz(row, ch), p, ok);
   }
   amk_cp_async_commit();
 }
@@ -293,7 +264,7 @@ __device__ __noinline__ void lt_tile_mma(const lt_args& a, long long m0, long lo
   for (int kt = 0; kt < nk; ++kt) {
     const int st = kt % LT_STAGES;
     const uint32_t as = s0 + st * LT_STAGE, bs = as + LT_A_BYTES;
-    asm volatile("cp.async.wait_group %0;" ::"n"(LT_STAGES - 2) : "memory");
+    amk_cp_async_wait_group<LT_STAGES - 2>();
     __syncthreads(); /* stage kt landed for everyone; stage kt - 1 is consumed */
     if (a.nw) {
       lt_norm_chunk(a, m0, (long long)kt * LT_BK, smem + st * LT_STAGE, rinv, ws);
@@ -313,13 +284,13 @@ __device__ __noinline__ void lt_tile_mma(const lt_args& a, long long m0, long lo
 #pragma unroll
       for (int i = 0; i < 2; ++i) {
         const int row = wm * 32 + i * 16 + (lane & 15);
-        lt_ldm4(as + lt_swz(row, kk * 2 + (lane >> 4)), af[i]);
+        amk_ldmatrix_x4(as + lt_swz(row, kk * 2 + (lane >> 4)), af[i]);
       }
 #pragma unroll
       for (int j = 0; j < 4; j += 2) {
         const int row = wn * 32 + (j + (lane >> 4)) * 8 + (lane & 7);
         uint32_t r[4];
-        lt_ldm4(bs + lt_swz(row, kk * 2 + ((lane >> 3) & 1)), r);
+        amk_ldmatrix_x4(bs + lt_swz(row, kk * 2 + ((lane >> 3) & 1)), r);
         bf[j][0] = r[0];
         bf[j][1] = r[1];
         bf[j + 1][0] = r[2];
@@ -328,7 +299,7 @@ __device__ __noinline__ void lt_tile_mma(const lt_args& a, long long m0, long lo
 #pragma unroll
       for (int i = 0; i < 2; ++i)
 #pragma unroll
-        for (int j = 0; j < 4; ++j) lt_mma<BF>(acc[i][j], af[i], bf[j]);
+        for (int j = 0; j < 4; ++j) amk_mma_16816<BF>(acc[i][j], af[i], bf[j][0], bf[j][1]);
     }
   }
   amk_cp_async_wait_all();
