@@ -669,6 +669,23 @@ pub fn mutate(base: &Program, kind: ErrorKind, rng: &mut Rng) -> Option<Mutant> 
             p.step_loop = Some(amk_core::StepLoop { gate, halt });
             format!("step loop gated on the first task's counter #{gate}")
         }
+        ErrorKind::BadConfig => {
+            let c = p.config.get_or_insert_with(amk_core::ScheduleConfig::default);
+            match rng.below(3) {
+                0 => {
+                    c.threads_per_block = 1 + 32 * rng.below(8) as i64;
+                    format!("threads_per_block {}", c.threads_per_block)
+                }
+                1 => {
+                    c.smem_bytes_per_block = -1 - rng.below(1000) as i64;
+                    format!("smem_bytes_per_block {}", c.smem_bytes_per_block)
+                }
+                _ => {
+                    c.pipelining_depth = -1 - rng.below(5) as i64;
+                    format!("pipelining_depth {}", c.pipelining_depth)
+                }
+            }
+        }
         ErrorKind::PageTable => {
             let users = users_of(&p);
             match rng.below(4) {

@@ -88,6 +88,12 @@ const STATIC_ONLY: &[(ErrorKind, &str)] = &[
         ErrorKind::StepLoop,
         "docs/ir.md check 10: the step loop's gate is a barrier of the pass",
     ),
+    // The config's kernel knobs and the target's sizes concern the build, not any
+    // interleaving (docs/ir.md check 8, the reference's `_config_type_errors`).
+    (
+        ErrorKind::BadConfig,
+        "docs/ir.md check 8: kernel knobs and target in range",
+    ),
 ];
 
 fn static_only(k: ErrorKind) -> bool {

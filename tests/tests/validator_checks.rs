@@ -19,8 +19,8 @@
 use amk_core::json::{self, Map, Value};
 use amk_core::{
     BufferId, BufferKind, CounterId, DType, ErrorKind, GpuTarget, MemSpace, OpSpec, Opcode, Origin,
-    Page, PageAllocation, Program, Registry, TaskId, ValidationResult, WarningKind, validate,
-    validate_owned,
+    Page, PageAllocation, Program, Registry, ScheduleConfig, TaskId, ValidationResult, WarningKind,
+    validate, validate_owned,
 };
 use rstest::rstest;
 use std::borrow::Cow;
@@ -633,6 +633,15 @@ fn defect(kind: ErrorKind) -> Defect {
         K::StepLoop => Defect::new(looped(true), &["1 task(s)", "4:stray", "#3"])
             .task(4)
             .counter(3),
+        K::BadConfig => {
+            let mut p = chain2();
+            p.target = Some(h100());
+            p.config = Some(ScheduleConfig {
+                threads_per_block: 7,
+                ..ScheduleConfig::default()
+            });
+            Defect::new(p, &["threads_per_block = 7", "multiple of 32"])
+        }
         K::PageTable => {
             let mut p = chain2();
             p.pages = Some(PageAllocation {
@@ -716,6 +725,12 @@ fn fixed(kind: ErrorKind) -> Program {
         K::InplaceUninitRead => inplace(true),
         K::FusedRecipe => fused(2, RECIPE_OK),
         K::StepLoop => looped(false),
+        K::BadConfig => {
+            let mut p = chain2();
+            p.target = Some(h100());
+            p.config = Some(ScheduleConfig::default());
+            p
+        }
         K::PageTable => {
             let mut p = chain2();
             p.pages = Some(PageAllocation {
@@ -811,6 +826,7 @@ fn inplace(with_init: bool) -> Program {
 #[case::fused_recipe(ErrorKind::FusedRecipe)]
 #[case::page_table(ErrorKind::PageTable)]
 #[case::step_loop(ErrorKind::StepLoop)]
+#[case::bad_config(ErrorKind::BadConfig)]
 fn error_kind_negative_and_positive(#[case] kind: ErrorKind) {
     let d = defect(kind);
     let r = check(&d.prog);
@@ -852,11 +868,11 @@ fn vocabulary_is_the_contracts() {
         param_type, no_producer, threshold_exceeds, partial_shared_wait, cycle, never_produced, \
         raw_race, raw_race_kv, waw_race, onchip_cross_sm, sm_queue_order, sm_out_of_range, \
         page_clobber, output_unproduced, write_readonly, tile_out_of_bounds, shape_mismatch, \
-        counter_init, inplace_uninit_read, fused_recipe, page_table, step_loop";
+        counter_init, inplace_uninit_read, fused_recipe, page_table, step_loop, bad_config";
     let got: Vec<&str> = ErrorKind::ALL.iter().map(|k| k.as_str()).collect();
     let want: Vec<&str> = errors.split(", ").collect();
     assert_eq!(got, want);
-    assert_eq!(ErrorKind::ALL.len(), 34);
+    assert_eq!(ErrorKind::ALL.len(), 35);
     let warnings: Vec<&str> = WarningKind::ALL.iter().map(|k| k.as_str()).collect();
     assert_eq!(
         warnings,
@@ -3418,4 +3434,49 @@ fn races_with_thousands_of_writers_are_summarised() {
         &report[..400.min(report.len())]
     );
     assert!(t0.elapsed().as_secs() < 30, "{:?}", t0.elapsed());
+}
+
+/// Every kernel knob and target field out of range is refused, each with its own message, and
+/// the reference's limits themselves are accepted.
+#[test]
+fn bad_config_covers_every_knob_and_target_field() {
+    let with = |f: &dyn Fn(&mut ScheduleConfig, &mut GpuTarget)| {
+        let mut p = chain2();
+        let (mut c, mut t) = (ScheduleConfig::default(), h100());
+        f(&mut c, &mut t);
+        p.config = Some(c);
+        p.target = Some(t);
+        check(&p)
+    };
+    type Edit = fn(&mut ScheduleConfig, &mut GpuTarget);
+    let bad: [(Edit, &str); 8] = [
+        (
+            |c, _| c.threads_per_block = 2048,
+            "threads_per_block = 2048",
+        ),
+        (|c, _| c.threads_per_block = 0, "threads_per_block = 0"),
+        (
+            |c, _| c.smem_bytes_per_block = -1,
+            "smem_bytes_per_block = -1",
+        ),
+        (
+            |c, t| c.smem_bytes_per_block = t.smem_bytes_per_block_optin + 1,
+            "smem_bytes_per_block",
+        ),
+        (|c, _| c.pipelining_depth = -1, "pipelining_depth = -1"),
+        (|_, t| t.regs_per_sm = -7, "target.regs_per_sm = -7"),
+        (|_, t| t.clock_ghz = f64::NAN, "target.clock_ghz = NaN"),
+        (|_, t| t.hbm_bytes = 0, "target.hbm_bytes = 0"),
+    ];
+    for (edit, needle) in bad {
+        let r = with(&edit);
+        assert!(r.has(ErrorKind::BadConfig), "{needle}: accepted");
+        assert_mentions(&first(&r, ErrorKind::BadConfig).message, &[needle]);
+    }
+    let r = with(&|c, t| {
+        c.threads_per_block = 1024;
+        c.smem_bytes_per_block = t.smem_bytes_per_block_optin;
+        c.pipelining_depth = 0;
+    });
+    assert_ok(&r);
 }

@@ -99,6 +99,8 @@ kinds! {
         /// A step loop whose gate is not a barrier of the whole pass, or whose halt word is
         /// not an integer STATE buffer.
         StepLoop = "step_loop",
+        /// A schedule config or GPU target value outside its range.
+        BadConfig = "bad_config",
     }
 }
 

@@ -178,6 +178,7 @@ impl Validator<'_> {
                 );
             }
         }
+        self.check_config();
         if let (Some(t), Some(Value::Str(gpu))) = (&self.p.target, self.p.meta.get("gpu"))
             && !gpu.is_empty()
             && *gpu != t.name
@@ -189,6 +190,69 @@ impl Validator<'_> {
                         t.name
                     ),
                 ));
+        }
+    }
+
+    /// The config's kernel-build knobs as the reference checks them before lowering
+    /// (`threads_per_block` a multiple of 32 in [32, 1024], `smem_bytes_per_block` between 0
+    /// and the target's opt-in cap, `pipelining_depth` ≥ 0), and a target whose sizes and
+    /// rates are positive (finite, for the rates).
+    fn check_config(&mut self) {
+        let mut bad = Vec::new();
+        if let Some(c) = &self.p.config {
+            let tpb = c.threads_per_block;
+            if !(32..=1024).contains(&tpb) || tpb % 32 != 0 {
+                bad.push(format!(
+                    "config.threads_per_block = {tpb} must be a multiple of 32 between 32 and 1024"
+                ));
+            }
+            let cap = self
+                .p
+                .target
+                .as_ref()
+                .map_or(i64::MAX, |t| t.smem_bytes_per_block_optin);
+            if c.smem_bytes_per_block < 0 || c.smem_bytes_per_block > cap {
+                bad.push(format!(
+                    "config.smem_bytes_per_block = {} must be between 0 and the target's {cap}",
+                    c.smem_bytes_per_block
+                ));
+            }
+            if c.pipelining_depth < 0 {
+                bad.push(format!(
+                    "config.pipelining_depth = {} must not be negative",
+                    c.pipelining_depth
+                ));
+            }
+        }
+        if let Some(t) = &self.p.target {
+            let sizes = [
+                ("num_sms", t.num_sms),
+                ("smem_bytes_per_sm", t.smem_bytes_per_sm),
+                ("smem_bytes_per_block_optin", t.smem_bytes_per_block_optin),
+                ("regs_per_sm", t.regs_per_sm),
+                ("max_threads_per_sm", t.max_threads_per_sm),
+                ("max_regs_per_thread", t.max_regs_per_thread),
+                ("l2_bytes", t.l2_bytes),
+                ("hbm_bytes", t.hbm_bytes),
+            ];
+            for (k, v) in sizes {
+                if v <= 0 {
+                    bad.push(format!("target.{k} = {v} must be positive"));
+                }
+            }
+            let rates = [
+                ("hbm_bandwidth_gbs", t.hbm_bandwidth_gbs),
+                ("fp16_tflops", t.fp16_tflops),
+                ("clock_ghz", t.clock_ghz),
+            ];
+            for (k, v) in rates {
+                if !(v.is_finite() && v > 0.0) {
+                    bad.push(format!("target.{k} = {v} must be a positive number"));
+                }
+            }
+        }
+        for msg in bad {
+            self.err(ValidationError::new(ErrorKind::BadConfig, msg));
         }
     }
 }

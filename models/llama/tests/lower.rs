@@ -717,6 +717,27 @@ fn bad_options_are_typed_errors() {
             fusion_grouping: vec![vec!["add".into(), "rmsnorm".into()]],
             ..ScheduleConfig::default()
         },
+        // The kernel-build knobs, as the reference checks them before lowering.
+        ScheduleConfig {
+            threads_per_block: 7,
+            ..ScheduleConfig::default()
+        },
+        ScheduleConfig {
+            threads_per_block: 2048,
+            ..ScheduleConfig::default()
+        },
+        ScheduleConfig {
+            smem_bytes_per_block: -1,
+            ..ScheduleConfig::default()
+        },
+        ScheduleConfig {
+            smem_bytes_per_block: t.smem_bytes_per_block_optin + 1,
+            ..ScheduleConfig::default()
+        },
+        ScheduleConfig {
+            pipelining_depth: -3,
+            ..ScheduleConfig::default()
+        },
     ];
     for sc in bad {
         let e = lower(&model, &sc, &t, &LowerOptions::default()).unwrap_err();

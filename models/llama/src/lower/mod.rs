@@ -361,8 +361,8 @@ const TILING_KEYS: &[(&str, &[&str])] = &[
     ),
 ];
 
-fn check_config(cfg: &ScheduleConfig) -> Result<(), ModelError> {
-    let mut bad = Vec::new();
+fn check_config(cfg: &ScheduleConfig, target: &GpuTarget) -> Result<(), ModelError> {
+    let mut bad = kernel_knob_errors(cfg, target);
     for (group, kvs) in &cfg.tiling {
         match TILING_KEYS.iter().find(|(g, _)| g == group) {
             None => bad.push(format!(
@@ -407,6 +407,34 @@ fn check_config(cfg: &ScheduleConfig) -> Result<(), ModelError> {
     } else {
         Err(ModelError::Lower(bad.join("; ")))
     }
+}
+
+/// The kernel-build knobs a schedule records for the backend, checked as the reference checks
+/// them before it lowers (spec notes §6, `_config_type_errors` / `_launch_config_errors`):
+/// `threads_per_block` a multiple of 32 in [32, 1024], `smem_bytes_per_block` between 0 and the
+/// target's opt-in cap, `pipelining_depth` not negative.
+fn kernel_knob_errors(cfg: &ScheduleConfig, target: &GpuTarget) -> Vec<String> {
+    let mut bad = Vec::new();
+    let tpb = cfg.threads_per_block;
+    if !(32..=1024).contains(&tpb) || tpb % 32 != 0 {
+        bad.push(format!(
+            "threads_per_block = {tpb} must be a multiple of 32 between 32 and 1024"
+        ));
+    }
+    let cap = target.smem_bytes_per_block_optin;
+    if !(0..=cap.max(0)).contains(&cfg.smem_bytes_per_block) {
+        bad.push(format!(
+            "smem_bytes_per_block = {} must be between 0 and the target's {cap}",
+            cfg.smem_bytes_per_block
+        ));
+    }
+    if cfg.pipelining_depth < 0 {
+        bad.push(format!(
+            "pipelining_depth = {} must not be negative",
+            cfg.pipelining_depth
+        ));
+    }
+    bad
 }
 
 fn int(v: u64) -> Value {
@@ -948,7 +976,7 @@ pub fn lower(
     target: &GpuTarget,
     opts: &LowerOptions,
 ) -> Result<Lowered, ModelError> {
-    check_config(cfg)?;
+    check_config(cfg, target)?;
     let mc = &model.config;
     if !matches!(opts.dtype, DType::F32 | DType::F16 | DType::BF16) {
         return Err(ModelError::Lower(format!(
