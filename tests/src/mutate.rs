@@ -670,7 +670,9 @@ pub fn mutate(base: &Program, kind: ErrorKind, rng: &mut Rng) -> Option<Mutant> 
             format!("step loop gated on the first task's counter #{gate}")
         }
         ErrorKind::BadConfig => {
-            let c = p.config.get_or_insert_with(amk_core::ScheduleConfig::default);
+            let c = p
+                .config
+                .get_or_insert_with(amk_core::ScheduleConfig::default);
             match rng.below(3) {
                 0 => {
                     c.threads_per_block = 1 + 32 * rng.below(8) as i64;

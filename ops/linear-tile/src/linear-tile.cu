@@ -20,7 +20,10 @@
  * Any other dtype mix (f32 programs): each thread sums its outputs' products in f32 in K order
  * (no TF32), the same epilogue. Slow; it keeps f32 programs exact.
  *
- * Row scales of the norm: one warp a row, the sum of squares in amk_norm_t, as RMSNORM. */
+ * Row scales of the norm: one warp a row, the sum of squares in amk_norm_t, as RMSNORM.
+ *
+ * Probes (traced kernel; the last device tile's stamps win): 0 checked and staged, 4 a row
+ * block's scales, 1 the first K step landed, 2 the K loop done, 3 the epilogue stored. */
 
 #define LT_BM 64
 #define LT_BN 128
@@ -238,9 +241,9 @@ __device__ __forceinline__ void lt_norm_chunk(const lt_args& a, long long m0, lo
 }
 
 template <bool BF>
-__device__ __noinline__ void lt_tile_mma(const lt_args& a, long long m0, long long c0, int cols,
-                                         const amk_norm_t* rinv, const float* ws, const float* fq,
-                                         unsigned char* smem) {
+__device__ __noinline__ void lt_tile_mma(const amk_task_ctx& ctx, const lt_args& a, long long m0,
+                                         long long c0, int cols, const amk_norm_t* rinv,
+                                         const float* ws, const float* fq, unsigned char* smem) {
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int wm = warp >> 2, wn = warp & 3;
   const uint32_t s0 = (uint32_t)__cvta_generic_to_shared(smem);
@@ -266,6 +269,7 @@ __device__ __noinline__ void lt_tile_mma(const lt_args& a, long long m0, long lo
     const uint32_t as = s0 + st * LT_STAGE, bs = as + LT_A_BYTES;
     amk_cp_async_wait_group<LT_STAGES - 2>();
     __syncthreads(); /* stage kt landed for everyone; stage kt - 1 is consumed */
+    if (kt == 0) amk_probe(ctx, 1); /* the first K step landed */
     if (a.nw) {
       lt_norm_chunk(a, m0, (long long)kt * LT_BK, smem + st * LT_STAGE, rinv, ws);
       __syncthreads();
@@ -304,6 +308,7 @@ __device__ __noinline__ void lt_tile_mma(const lt_args& a, long long m0, long lo
   }
   amk_cp_async_wait_all();
   __syncthreads(); /* every warp is past its last read of the stages */
+  amk_probe(ctx, 2); /* the K loop done */
   /* The accumulators to shared memory, over the stages. */
   float* cs = (float*)smem;
 #pragma unroll
@@ -319,6 +324,7 @@ __device__ __noinline__ void lt_tile_mma(const lt_args& a, long long m0, long lo
   __syncthreads();
   lt_epilogue(a, m0, c0, cols, cs, fq);
   __syncthreads();
+  amk_probe(ctx, 3); /* the epilogue stored */
 }
 
 __device__ void amk_op_linear_tile(const amk_task_ctx& ctx) {
@@ -381,16 +387,18 @@ __device__ void amk_op_linear_tile(const amk_task_ctx& ctx) {
     __syncthreads();
     if (*ctx.failed) return;
   }
+  amk_probe(ctx, 0); /* checked, the norm weight and RoPE frequencies staged */
   for (long long m0 = p.m_off; m0 < a.m_end; m0 += LT_BM) {
     if (a.nw) {
       lt_row_scales(a, m0, rinv);
     }
     __syncthreads();
+    amk_probe(ctx, 4); /* the row block's scales */
     for (long long c0 = p.n_off; c0 < a.n_end; c0 += cols) {
       if (mma && AMK_BF_OF(dt)) {
-        lt_tile_mma<true>(a, m0, c0, cols, rinv, ws, fq, ctx.smem);
+        lt_tile_mma<true>(ctx, a, m0, c0, cols, rinv, ws, fq, ctx.smem);
       } else if (mma) {
-        lt_tile_mma<false>(a, m0, c0, cols, rinv, ws, fq, ctx.smem);
+        lt_tile_mma<false>(ctx, a, m0, c0, cols, rinv, ws, fq, ctx.smem);
       } else {
         lt_tile_generic(a, m0, c0, cols, rinv, (float*)ctx.smem);
         __syncthreads();
