@@ -172,7 +172,7 @@ fn llama_programs(
                 rows: 16,
                 logits,
             };
-            // Models the prefill program does not take (attention biases) have none.
+            // Models the prefill lowering refuses (heads wider than 128) have none.
             if let Ok(l) = lower_prefill(&model, &target, &opts) {
                 let dt = dtype.name().to_ascii_lowercase();
                 out.push((

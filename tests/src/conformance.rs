@@ -3432,13 +3432,13 @@ fn llama_wide(c: &Ctx<'_>) -> CaseResult {
 }
 
 /// The f64 formula of a LINEAR_TILE over every row: `x` (RMS-normalised with `norm` = (weight,
-/// eps)), times `w`, then the epilogue (`extra`: the residual or the up weight's values). The
+/// eps)), times `w` (plus the bias), then the epilogue (`extra`: the residual or the up weight's values). The
 /// values the op stores in `dt` at its stated rounding points (the normalised row, a product
 /// before the epilogue) are rounded to `dt` here too: in bf16 they move a SwiGLU product by more
 /// than the suite's tolerance.
 fn linear_tile_formula(
     x: &[f64],
-    w: &[f64],
+    (w, bias): (&[f64], Option<&[f64]>),
     k: usize,
     norm: Option<(&[f64], f64)>,
     (epi, dt): (op_linear_tile::Epilogue, DType),
@@ -3454,7 +3454,7 @@ fn linear_tile_formula(
         Some((nw, eps)) => round(rmsnorm(x, nw, eps)),
         None => x.to_vec(),
     };
-    let s = linear(&xn, w, k, None);
+    let s = linear(&xn, w, k, bias);
     if epi != Epilogue::None {
         let s = round(s);
         return match epi {
@@ -3472,12 +3472,13 @@ fn linear_tile_formula(
 struct LinearVariant {
     name: &'static str,
     norm: bool,
+    bias: bool,
     epi: op_linear_tile::Epilogue,
 }
 
 /// LINEAR_TILE over `m` rows, `k` inputs and `n` columns in `dt`, as two row tiles × two column
-/// tiles on one counter, for each variant: plain, RMS-normalised with the residual, and
-/// RMS-normalised with SwiGLU.
+/// tiles on one counter, for each variant: plain, RMS-normalised with the residual,
+/// RMS-normalised with SwiGLU, and RMS-normalised with a bias and the residual.
 fn linear_tile_case(c: &Ctx<'_>, dt: DType, m: u64, k: u64, n: u64, tol: Tol) -> CaseResult {
     use op_linear_tile::Epilogue;
     let mut t = Tiny::new(61 + k);
@@ -3486,21 +3487,31 @@ fn linear_tile_case(c: &Ctx<'_>, dt: DType, m: u64, k: u64, n: u64, tol: Tol) ->
     let (nw, nwv) = t.weight("norm", dt, &[k], 0.5, 1.5);
     let (w, wv) = t.weight("w", dt, &[n, k], -0.5, 0.5);
     let (u, uv) = t.weight("u", dt, &[n, k], -0.5, 0.5);
+    let (bias, bv) = t.weight("bias", dt, &[n], -0.5, 0.5);
     let variants = [
         LinearVariant {
             name: "y",
             norm: false,
+            bias: false,
             epi: Epilogue::None,
         },
         LinearVariant {
             name: "y_norm_resid",
             norm: true,
+            bias: false,
             epi: Epilogue::Residual,
         },
         LinearVariant {
             name: "y_norm_swiglu",
             norm: true,
+            bias: false,
             epi: Epilogue::SwiGlu,
+        },
+        LinearVariant {
+            name: "y_norm_bias_resid",
+            norm: true,
+            bias: true,
+            epi: Epilogue::Residual,
         },
     ];
     let (m_split, n_split) = (m as i64 / 2 + 3, n as i64 / 2 + 5);
@@ -3510,6 +3521,9 @@ fn linear_tile_case(c: &Ctx<'_>, dt: DType, m: u64, k: u64, n: u64, tol: Tol) ->
         let mut ins = vec![x, w];
         if v.norm {
             ins.push(nw);
+        }
+        if v.bias {
+            ins.push(bias);
         }
         match v.epi {
             // RoPE: `linear_tile_rope_case`.
@@ -3531,6 +3545,9 @@ fn linear_tile_case(c: &Ctx<'_>, dt: DType, m: u64, k: u64, n: u64, tol: Tol) ->
                     p.push(("norm", int(1)));
                     p.push(("eps", real(1e-5)));
                 }
+                if v.bias {
+                    p.push(("flags", int(op_linear_tile::FLAG_BIAS)));
+                }
                 t.task_on(ct, Opcode::LINEAR_TILE, &ins, &[y], &[], &p);
             }
         }
@@ -3543,9 +3560,10 @@ fn linear_tile_case(c: &Ctx<'_>, dt: DType, m: u64, k: u64, n: u64, tol: Tol) ->
             .map(|v| {
                 let norm = v.norm.then_some((&nwv[..], 1e-5));
                 let extra = if v.epi == Epilogue::SwiGlu { &uv } else { &rv };
+                let bias = v.bias.then_some(&bv[..]);
                 (
                     v.name,
-                    linear_tile_formula(&xv, &wv, k, norm, (v.epi, dt), extra),
+                    linear_tile_formula(&xv, (&wv, bias), k, norm, (v.epi, dt), extra),
                 )
             })
             .collect())

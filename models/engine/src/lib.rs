@@ -40,7 +40,7 @@ pub struct EngineOptions {
     /// Stop-token slots of the program.
     pub stop_slots: u64,
     /// Prompt tokens a prefill pass takes (`None`: prompts go through the decode program a
-    /// token a pass). A model the prefill program does not take (attention biases) decodes
+    /// token a pass). A model the prefill lowering refuses (heads wider than 128) decodes
     /// its prompts token by token either way.
     pub prefill_rows: Option<u64>,
 }

@@ -344,28 +344,26 @@ fn prefilled_prompts_give_the_decode_paths_tokens(
     assert_eq!(a, b, "sampling with a seed after a prefilled prompt");
 }
 
-/// A model the prefill program does not take (attention biases) decodes its prompts token by
-/// token and says why.
+/// A model with attention biases (Qwen2) prefills its prompt too, to the decode path's tokens.
 #[test]
-fn attention_biases_keep_the_decode_path() {
+fn attention_biases_are_prefilled() {
     let mut c = tiny().config;
     c.attention_bias = true;
-    let opts = EngineOptions {
+    let model = Model::random(c, 7).unwrap();
+    let opts = |prefill_rows| EngineOptions {
         schedule: tuned_schedule(),
         target: GpuTarget::by_name("h100").unwrap(),
         dtype: DType::F32,
         max_seq: Some(32),
         stop_slots: 4,
-        prefill_rows: Some(8),
+        prefill_rows,
     };
-    let model = Model::random(c, 7).unwrap();
-    let mut e = lower_and_load(&model, &opts, &CpuBackend::default(), &registry()).unwrap();
-    assert_eq!(e.prefill_rows(), None);
-    assert!(
-        e.prefill_refused()
-            .is_some_and(|w| w.contains("attention biases"))
-    );
-    assert_eq!(ids(&mut e, &request(PROMPT, 2, &[])).0.len(), 2);
+    let load =
+        |rows| lower_and_load(&model, &opts(rows), &CpuBackend::default(), &registry()).unwrap();
+    let mut pre = load(Some(4));
+    assert_eq!(pre.prefill_rows(), Some(4), "{:?}", pre.prefill_refused());
+    let want = ids(&mut load(None), &request(PROMPT, 3, &[]));
+    assert_eq!(ids(&mut pre, &request(PROMPT, 3, &[])), want);
 }
 
 /// Teacher-forced logits through the scoring prefill program (whole chunks, then the rest a

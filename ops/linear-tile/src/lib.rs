@@ -5,7 +5,9 @@
 //! phase over the whole chunk.
 //!
 //! Inputs, in order: `x` (`[rows, K]`), `W` (`[N, K]`), the norm weight (`K` elements) when
-//! param `norm` = 1 (then `eps` is required), then by param `epilogue`:
+//! param `norm` = 1 (then `eps` is required), a bias (`N` elements, added to `x·W^T` before the
+//! epilogue, as GEMV_TILE adds its bias) when param `flags` has bit 0, then by param
+//! `epilogue`:
 //! - `0` (default): nothing more; `y = x·W^T`;
 //! - `1` (residual): `r`, of the output's shape; `y = round(x·W^T) + r`;
 //! - `2` (SwiGLU): `U` (`[N, K]`, the up weight; `W` is the gate);
@@ -61,7 +63,7 @@ pub const SPEC: OpSpec = OpSpec {
     code: Opcode::LINEAR_TILE,
     name: Cow::Borrowed("LINEAR_TILE"),
     min_inputs: 2,
-    max_inputs: Some(5),
+    max_inputs: Some(6),
     n_outputs: Some(1),
     params: Cow::Borrowed(&[
         ParamDecl::required("K", ParamType::Int),
@@ -73,6 +75,7 @@ pub const SPEC: OpSpec = OpSpec {
         ParamDecl::optional("norm", ParamType::Int),
         ParamDecl::optional("epilogue", ParamType::Int),
         ParamDecl::optional("rope_factors", ParamType::Int),
+        ParamDecl::optional("flags", ParamType::Int),
         ParamDecl::optional("head_dim", ParamType::Int),
         ParamDecl::optional("theta", ParamType::Real),
     ]),
@@ -132,11 +135,30 @@ impl Epilogue {
     }
 }
 
-/// Where a task's optional inputs sit, from its `norm`, `epilogue` and `rope_factors` params.
+/// Which optional inputs a task has (its params `norm`, `flags` bit 0, `epilogue` and
+/// `rope_factors`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Options {
+    /// The rows are RMS-normalised first (the norm weight follows `W`).
+    pub norm: bool,
+    /// A bias (`N` elements) is added to `x·W^T` before the epilogue (Qwen2's q/k/v).
+    pub bias: bool,
+    /// What follows the product.
+    pub epilogue: Epilogue,
+    /// With [`Epilogue::Rope`]: per-pair frequency divisors follow the positions.
+    pub factors: bool,
+}
+
+/// Bit of param `flags`: the task has a bias input.
+pub const FLAG_BIAS: i64 = 1;
+
+/// Where a task's optional inputs sit: `[x, W, norm_w?, bias?, operand?, divisors?]`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Layout {
     /// The norm weight's input.
     pub norm: Option<usize>,
+    /// The bias's input.
+    pub bias: Option<usize>,
     /// The epilogue.
     pub epilogue: Epilogue,
     /// The epilogue's operand (the residual, the up weight or the positions).
@@ -148,26 +170,33 @@ pub struct Layout {
 }
 
 impl Layout {
-    /// The layout of a task with these params (`factors` only counts with [`Epilogue::Rope`]).
-    pub fn new(norm: bool, epilogue: Epilogue, factors: bool) -> Layout {
-        let norm_at = norm.then_some(2);
-        let next = 2 + usize::from(norm);
-        let extra = (epilogue != Epilogue::None).then_some(next);
-        let next = next + usize::from(extra.is_some());
-        let factors = (epilogue == Epilogue::Rope && factors).then_some(next);
+    /// The layout of a task with these options (`factors` only counts with [`Epilogue::Rope`]).
+    pub fn new(o: Options) -> Layout {
+        let mut next = 2;
+        let mut take = |present: bool| {
+            let at = present.then_some(next);
+            next += usize::from(present);
+            at
+        };
+        let norm = take(o.norm);
+        let bias = take(o.bias);
+        let extra = take(o.epilogue != Epilogue::None);
+        let factors = take(o.epilogue == Epilogue::Rope && o.factors);
         Layout {
-            norm: norm_at,
-            epilogue,
+            norm,
+            bias,
+            epilogue: o.epilogue,
             extra,
             factors,
-            n_inputs: next + usize::from(factors.is_some()),
+            n_inputs: next,
         }
     }
 
-    /// The layout the params `norm`, `epilogue` and `rope_factors` name (`None` for a value
-    /// outside 0/1, 0..=3 and 0/1).
+    /// The layout the params `norm`, `flags`, `epilogue` and `rope_factors` name (`None` for
+    /// a value outside 0/1, bits other than [`FLAG_BIAS`], 0..=3 and 0/1).
     pub fn from_params(
         norm: Option<i64>,
+        flags: Option<i64>,
         epilogue: Option<i64>,
         rope_factors: Option<i64>,
     ) -> Option<Layout> {
@@ -176,16 +205,23 @@ impl Layout {
             1 => Some(true),
             _ => None,
         };
-        Some(Layout::new(
-            flag(norm)?,
-            Epilogue::from_code(epilogue.unwrap_or(0))?,
-            flag(rope_factors)?,
-        ))
+        let flags = flags.unwrap_or(0);
+        if flags & !FLAG_BIAS != 0 {
+            return None;
+        }
+        Some(Layout::new(Options {
+            norm: flag(norm)?,
+            bias: flags & FLAG_BIAS != 0,
+            epilogue: Epilogue::from_code(epilogue.unwrap_or(0))?,
+            factors: flag(rope_factors)?,
+        }))
     }
+}
 
+impl Epilogue {
     /// Columns of the output the device tile covers at a time.
     pub fn device_cols(self) -> u64 {
-        match self.epilogue {
+        match self {
             Epilogue::SwiGlu => DEVICE_COLS / 2,
             _ => DEVICE_COLS,
         }
@@ -199,14 +235,21 @@ fn float(b: &Buffer) -> bool {
 /// Static shape and parameter rule, run by the validator.
 fn check(ctx: &TaskContext<'_>) -> Vec<Finding> {
     let mut c = Checker::new(ctx);
-    let Some(layout) = Layout::from_params(c.int("norm"), c.int("epilogue"), c.int("rope_factors"))
-    else {
-        c.oob("params norm (0 or 1), epilogue (0 to 3) and rope_factors (0 or 1) are out of range");
+    let Some(layout) = Layout::from_params(
+        c.int("norm"),
+        c.int("flags"),
+        c.int("epilogue"),
+        c.int("rope_factors"),
+    ) else {
+        c.oob(
+            "params norm (0 or 1), flags (bit 0: bias), epilogue (0 to 3) and rope_factors \
+             (0 or 1) are out of range",
+        );
         return c.finish();
     };
     if ctx.n_inputs() != layout.n_inputs {
         c.mismatch(format!(
-            "norm and epilogue {} need {} inputs, got {}",
+            "norm, bias and epilogue {} need {} inputs, got {}",
             layout.epilogue.code(),
             layout.n_inputs,
             ctx.n_inputs()
@@ -234,6 +277,15 @@ fn check(ctx: &TaskContext<'_>) -> Vec<Finding> {
                 desc(b)
             ));
             return c.finish();
+        }
+    }
+    if let Some(b) = layout.bias.and_then(|i| c.input(i)) {
+        let n = w.numel() / k.max(1);
+        if !float(b) || b.numel() != n {
+            c.mismatch(format!(
+                "the bias {} must be {n} floats, one per row of the weight",
+                desc(b)
+            ));
         }
     }
     if let Some(nw) = layout.norm.and_then(|i| c.input(i)) {

@@ -1,6 +1,7 @@
 /* LINEAR_TILE (code 27): rows [m_off, m_off + M_tile) x columns [n_off, n_off + N_tile) of
  * y = x . W^T over many rows of x, optionally RMS-normalised first (ext[0] norm = 1, input 2 the
- * weight, param eps), with epilogue ext[1]: 0 none, 1 residual (y = round(s) + r, r the last
+ * weight, param eps), plus a bias of W's rows (flags bit 0; the next input), with epilogue
+ * ext[1]: 0 none, 1 residual (y = round(s) + r, r the last
  * input, shaped like y), 2 SwiGLU (y = silu(round(s)) * round(x . U^T), U the last input).
  * Mirrors ops/linear-tile/src/reference.rs; `round` is the output dtype's rounding.
  *
@@ -41,6 +42,7 @@ struct lt_args {
   const amk_buffer_t* x;
   const amk_buffer_t* w;
   const amk_buffer_t* nw;  /* norm weight or null */
+  const amk_buffer_t* bias; /* bias of W's rows or null */
   const amk_buffer_t* ex;  /* residual, up weight or positions, or null */
   const amk_buffer_t* fac; /* RoPE frequency divisors or null */
   const amk_buffer_t* y;
@@ -138,6 +140,15 @@ __device__ __forceinline__ void lt_rope_out(const lt_args& a, long long m0, long
     amk_rope_pair(x1, x2, amk_rope_trig(ang, 0), amk_rope_trig(ang, 1), ya, yb);
     amk_stf(a.y, m * a.width + n + k, ya);
     amk_stf(a.y, m * a.width + n + k + half, yb);
+  }
+}
+
+/* The bias on W's columns of the tile in `cs` (GEMV_TILE's: after the sum, before any
+ * rounding); a barrier follows in the caller. */
+__device__ __forceinline__ void lt_add_bias(const lt_args& a, long long c0, int cols, float* cs) {
+  for (int i = threadIdx.x; i < LT_BM * cols; i += AMK_THREADS) {
+    const int r = i / cols, c = i % cols;
+    if (c0 + c < a.n_end) cs[r * LT_LD + c] += amk_ldf(a.bias, c0 + c);
   }
 }
 
@@ -322,6 +333,10 @@ __device__ __noinline__ void lt_tile_mma(const amk_task_ctx& ctx, const lt_args&
       cs[(row + 8) * LT_LD + col + 1] = acc[i][j][3];
     }
   __syncthreads();
+  if (a.bias) {
+    lt_add_bias(a, c0, cols, cs);
+    __syncthreads();
+  }
   lt_epilogue(a, m0, c0, cols, cs, fq);
   __syncthreads();
   amk_probe(ctx, 3); /* the epilogue stored */
@@ -334,7 +349,9 @@ __device__ void amk_op_linear_tile(const amk_task_ctx& ctx) {
   a.x = amk_in(ctx, 0);
   a.w = amk_in(ctx, 1);
   a.nw = norm ? amk_in(ctx, 2) : nullptr;
-  const int extra = 2 + (norm ? 1 : 0);
+  const int has_bias = p.flags & 1;
+  a.bias = has_bias ? amk_in(ctx, 2 + (norm ? 1 : 0)) : nullptr;
+  const int extra = 2 + (norm ? 1 : 0) + has_bias;
   a.ex = epi ? amk_in(ctx, extra) : nullptr;
   a.fac = (epi == 3 && p.ext[2]) ? amk_in(ctx, extra + 1) : nullptr;
   a.y = amk_out(ctx, 0);
@@ -347,7 +364,7 @@ __device__ void amk_op_linear_tile(const amk_task_ctx& ctx) {
   const long long rows = a.K > 0 ? a.x->numel / a.K : 0;
   a.width = rows > 0 ? a.y->numel / rows : 0; /* the output viewed as [rows, width] */
   if (a.K <= 0 || a.width <= 0 || a.x->numel % a.K != 0 || a.w->numel % a.K != 0 ||
-      a.y->numel % rows != 0 || a.m_end * a.K > a.x->numel || a.n_end * a.K > a.w->numel ||
+      a.y->numel % rows != 0 || (a.bias && a.bias->numel * a.K != a.w->numel) || a.m_end * a.K > a.x->numel || a.n_end * a.K > a.w->numel ||
       a.n_end > a.width || a.m_end * a.width > a.y->numel ||
       (epi == 3 && (a.hd <= 0 || a.hd > LT_BN || (a.hd & 1) || p.n_off % a.hd != 0 ||
                     p.N_tile % a.hd != 0 || a.ex->numel != rows))) {
@@ -402,6 +419,10 @@ __device__ void amk_op_linear_tile(const amk_task_ctx& ctx) {
       } else {
         lt_tile_generic(a, m0, c0, cols, rinv, (float*)ctx.smem);
         __syncthreads();
+        if (a.bias) {
+          lt_add_bias(a, c0, cols, (float*)ctx.smem);
+          __syncthreads();
+        }
         lt_epilogue(a, m0, c0, cols, (const float*)ctx.smem, fq);
         __syncthreads();
       }

@@ -3,7 +3,7 @@
 //!
 //! ```text
 //! xn      = x[m], or round_to(dtype(x), rmsnorm(x[m], norm_w, eps)) with norm = 1
-//! s       = Σ_k xn[k] · f32(W[n, k])                      (GEMV_TILE's sum and order)
+//! s       = Σ_k xn[k] · f32(W[n, k]) (+ f32(bias[n]))    (GEMV_TILE's sum and order)
 //! y[m, n] = s                                              epilogue 0
 //!         = round_to(dtype(y), s) + f32(r[m, n])           epilogue 1 (residual)
 //!         = silu(round_to(dtype(y), s)) · round_to(dtype(y), Σ_k xn[k] · f32(U[n, k]))
@@ -40,12 +40,14 @@ fn tile(call: &CpuCall<'_, '_>) -> Result<Tile, OpError> {
 fn layout(call: &CpuCall<'_, '_>) -> Result<Layout, OpError> {
     Layout::from_params(
         call.int_opt("norm")?,
+        call.int_opt("flags")?,
         call.int_opt("epilogue")?,
         call.int_opt("rope_factors")?,
     )
     .ok_or_else(|| OpError::BadParam {
-        key: "norm/epilogue/rope_factors".into(),
-        why: "norm must be 0 or 1, epilogue 0 to 3 and rope_factors 0 or 1".into(),
+        key: "norm/flags/epilogue/rope_factors".into(),
+        why: "norm must be 0 or 1, flags 0 or 1 (bias), epilogue 0 to 3 and rope_factors 0 or 1"
+            .into(),
     })
 }
 
@@ -127,13 +129,22 @@ pub fn run(call: &mut CpuCall<'_, '_>) -> Result<(), OpError> {
             )));
         }
     }
-    let sums = products(
-        x,
-        w,
-        extra.filter(|_| l.epilogue == Epilogue::SwiGlu),
-        norm,
-        &t,
-    )?;
+    let bias = match l.bias {
+        Some(i) => {
+            let b = call.input(i)?;
+            float(b, "bias")?;
+            if b.numel() != n {
+                return Err(shape(format!(
+                    "the bias {:?} must hold the weight's {n} rows",
+                    b.shape()
+                )));
+            }
+            Some(b)
+        }
+        None => None,
+    };
+    let up = extra.filter(|_| l.epilogue == Epilogue::SwiGlu);
+    let sums = products(x, (w, bias, up), norm, &t)?;
     let rope = match l.epilogue {
         Epilogue::Rope => Some(Rope::new(call, &l, &t, rows)?),
         _ => None,
@@ -189,11 +200,11 @@ pub fn run(call: &mut CpuCall<'_, '_>) -> Result<(), OpError> {
     Ok(())
 }
 
-/// The tile's sums `(x·W^T, x·U^T)` (the second 0 without `U`), row-major over the tile.
+/// The tile's sums `(x·W^T (+ bias), x·U^T)` (the second 0 without `U`), row-major over the
+/// tile.
 fn products(
     x: &Tensor,
-    w: &Tensor,
-    up: Option<&Tensor>,
+    (w, bias, up): (&Tensor, Option<&Tensor>, Option<&Tensor>),
     norm: Option<(&Tensor, f32)>,
     t: &Tile,
 ) -> Result<Vec<(f32, f32)>, OpError> {
@@ -202,7 +213,8 @@ fn products(
     for m in t.rows.clone() {
         let xn = input_row(x, norm, m, t.k);
         for col in t.cols.clone() {
-            let s = float_row_dot(&xn, w, col, &mut scratch)?;
+            let s =
+                float_row_dot(&xn, w, col, &mut scratch)? + bias.map_or(0.0, |b| b.get_f32(col));
             let u = match up {
                 Some(u) => float_row_dot(&xn, u, col, &mut scratch)?,
                 None => 0.0,

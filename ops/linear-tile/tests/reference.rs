@@ -272,3 +272,90 @@ fn the_rope_epilogue_equals_gemm_then_rope(#[case] dt: DType, #[case] factors: b
         }
     }
 }
+
+/// A bias equals GEMM_TILE's own (`[x, W, bias]`), with a norm and with RoPE after it.
+#[rstest]
+#[case::f32_norm(DType::F32, true, Epilogue::None)]
+#[case::bf16_rope(DType::BF16, false, Epilogue::Rope)]
+fn a_bias_is_gemm_tiles(#[case] dt: DType, #[case] norm: bool, #[case] epi: Epilogue) {
+    let (m, k, hd, heads) = (5usize, 16usize, 8usize, 2usize);
+    let n = hd * heads;
+    let mut r = rng(91);
+    let x = random_nonzero(dt, &[m as u64, k as u64], &mut r, -2.0, 2.0);
+    let nw = random_nonzero(dt, &[k as u64], &mut r, 0.5, 1.5);
+    let w = random_nonzero(dt, &[n as u64, k as u64], &mut r, -1.0, 1.0);
+    let bias = random_nonzero(dt, &[n as u64], &mut r, -1.0, 1.0);
+    let pos = Tensor::from_i64(DType::I32, &[m as u64], &[0, 1, 2, 3, 9]).unwrap();
+    let rope_p = [
+        ("head_dim", Value::Int(hd as i64)),
+        ("theta", Value::Float(10000.0)),
+    ];
+    let xs = if norm {
+        let t = task(
+            Opcode::RMSNORM,
+            2,
+            1,
+            &[
+                ("eps", Value::Float(1e-6)),
+                ("hidden", Value::Int(k as i64)),
+            ],
+        );
+        let mut o = [Tensor::poisoned(dt, &[m as u64, k as u64])];
+        call(op_rmsnorm::reference::run, &t, &[&x, &nw], &mut o).unwrap();
+        let [o] = o;
+        o
+    } else {
+        x.clone()
+    };
+    let gemm = task(
+        Opcode::GEMM_TILE,
+        3,
+        1,
+        &[
+            ("K", Value::Int(k as i64)),
+            ("N_tile", Value::Int(n as i64)),
+            ("n_off", Value::Int(0)),
+            ("M_tile", Value::Int(m as i64)),
+        ],
+    );
+    let mut flat = [Tensor::poisoned(dt, &[m as u64, n as u64])];
+    call(
+        op_gemm_tile::reference::run,
+        &gemm,
+        &[&xs, &w, &bias],
+        &mut flat,
+    )
+    .unwrap();
+    // The same values as [rows, heads, head_dim] (a 16-bit value is exact in f32).
+    let shape = [m as u64, heads as u64, hd as u64];
+    let mut want = Tensor::from_f32(dt, &shape, &flat[0].to_f32_vec()).unwrap();
+    if epi == Epilogue::Rope {
+        let mut o = [Tensor::poisoned(dt, &shape)];
+        let t = task(Opcode::ROPE, 2, 1, &rope_p);
+        call(op_rope::reference::run, &t, &[&want, &pos], &mut o).unwrap();
+        [want] = o;
+    }
+    let all = Tile {
+        k,
+        rows: (0, m),
+        cols: (0, n),
+    };
+    let mut p = params(all, norm, epi);
+    p.push(("flags", Value::Int(op_linear_tile::FLAG_BIAS)));
+    let mut ins = vec![&x, &w];
+    if norm {
+        ins.push(&nw);
+    }
+    ins.push(&bias);
+    if epi == Epilogue::Rope {
+        p.extend(rope_p.iter().cloned());
+        ins.push(&pos);
+    }
+    let mut got = [Tensor::poisoned(dt, &[m as u64, heads as u64, hd as u64])];
+    let t = task(Opcode::LINEAR_TILE, ins.len(), 1, &p);
+    call(op_linear_tile::reference::run, &t, &ins, &mut got).unwrap();
+    for i in 0..m * n {
+        let (a, b) = (got[0].get_f32(i), want.get_f32(i));
+        assert_eq!(a.to_bits(), b.to_bits(), "[{i}]: {a} vs {b}");
+    }
+}

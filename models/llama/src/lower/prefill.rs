@@ -6,7 +6,7 @@
 //! row.
 //!
 //! The graph: EMBED of the chunk's ids; per layer LINEAR_TILE q/k/v (each normalising its rows
-//! with the input norm), (Qwen3's per-head RMSNORMs,) ROPE q/k at the rows' positions,
+//! with the input norm, adding Qwen2's biases), (Qwen3's per-head RMSNORMs,) ROPE q/k at the rows' positions,
 //! KV_APPEND k/v at the chunk's first position, ATTENTION_CAUSAL, LINEAR_TILE o_proj + residual,
 //! LINEAR_TILE gate/up + SwiGLU (normalising with the post-attention norm), LINEAR_TILE
 //! down_proj + residual; then the final norm and the LM head as LINEAR_TILEs over the last row
@@ -27,7 +27,7 @@ use amk_core::{
     BufferId, BufferKind, CounterId, DType, GpuTarget, Opcode, Program, SmAssignment, WeightStore,
     decode,
 };
-use op_linear_tile::{Epilogue, Layout};
+use op_linear_tile::Epilogue;
 
 /// The chunk's token ids: `[rows]` I32, an IO input.
 pub const IDS: &str = "prefill.ids";
@@ -74,6 +74,8 @@ struct Linear<'a> {
     k: u64,
     n: u64,
     norm: Option<BufferId>,
+    /// A bias of `w`'s rows (Qwen2's q/k/v).
+    bias: Option<BufferId>,
     epilogue: (Epilogue, Option<Val>),
     /// Inputs after the epilogue's operand (the RoPE divisors) and the params that go with
     /// them.
@@ -119,7 +121,7 @@ impl Builder {
     /// Columns a tile takes: the device tile's (128, or 64 with SwiGLU). A narrower task would
     /// still run the whole device tile, its other columns zero.
     fn tile_cols(epilogue: Epilogue) -> u64 {
-        Layout::new(false, epilogue, false).device_cols()
+        epilogue.device_cols()
     }
 
     /// The LINEAR_TILE grid of `lin` over `rows` rows, on one counter.
@@ -133,6 +135,7 @@ impl Builder {
         let c = self.p.new_counter(format!("{} ready", lin.label));
         let mut ins = vec![lin.x.buf, lin.w];
         ins.extend(lin.norm);
+        ins.extend(lin.bias);
         let mut waits = vec![lin.x.wait];
         if let Some(e) = extra {
             ins.push(e.buf);
@@ -155,6 +158,9 @@ impl Builder {
                 if lin.norm.is_some() {
                     pr.insert("norm", int(1));
                     pr.insert("eps", self.eps.clone());
+                }
+                if lin.bias.is_some() {
+                    pr.insert("flags", Value::Int(op_linear_tile::FLAG_BIAS));
                 }
                 if epilogue != Epilogue::None {
                     pr.insert("epilogue", Value::Int(epilogue.code()));
@@ -190,13 +196,6 @@ fn check(model: &Model, opts: &PrefillOptions) -> Result<(), ModelError> {
             "dtype {} is not supported for lowering (F32, F16, BF16)",
             opts.dtype
         )));
-    }
-    if mc.attention_bias {
-        return Err(ModelError::Lower(
-            "the prefill program has no attention biases yet (Qwen2-style models decode their \
-             prompt token by token)"
-                .into(),
-        ));
     }
     if mc.head_dim as u64 > op_attention_causal::MAX_HEAD_DIM {
         return Err(ModelError::Lower(format!(
@@ -311,6 +310,16 @@ pub fn lower_prefill_sharing(
         let wq = weight(&mut b, &w("self_attn.q_proj.weight"))?;
         let wk = weight(&mut b, &w("self_attn.k_proj.weight"))?;
         let wv = weight(&mut b, &w("self_attn.v_proj.weight"))?;
+        // Qwen2's q/k/v biases, added by the projections' tiles.
+        let biases = if mc.attention_bias {
+            Some((
+                weight(&mut b, &w("self_attn.q_proj.bias"))?,
+                weight(&mut b, &w("self_attn.k_proj.bias"))?,
+                weight(&mut b, &w("self_attn.v_proj.bias"))?,
+            ))
+        } else {
+            None
+        };
         let qk_norms = if mc.qk_norm {
             Some((
                 weight(&mut b, &w("self_attn.q_norm.weight"))?,
@@ -347,7 +356,11 @@ pub fn lower_prefill_sharing(
             buf: pos,
             wait: resid.wait,
         };
-        let proj = |b: &mut Builder, wt: BufferId, heads: u64, tag: &str, rope: bool| {
+        let proj = |b: &mut Builder,
+                    (wt, bias): (BufferId, Option<BufferId>),
+                    heads: u64,
+                    tag: &str,
+                    rope: bool| {
             let out = b.act(format!("L{l}.{tag}"), &[rows, heads, hd]);
             let lin = Linear {
                 x: resid,
@@ -355,6 +368,7 @@ pub fn lower_prefill_sharing(
                 k: h,
                 n: heads * hd,
                 norm: Some(in_norm),
+                bias,
                 epilogue: if rope {
                     (Epilogue::Rope, Some(pos_val))
                 } else {
@@ -371,9 +385,9 @@ pub fn lower_prefill_sharing(
             b.linear(&lin, rows)
         };
         let fused_rope = qk_norms.is_none();
-        let q = proj(&mut b, wq, nh, "q", fused_rope);
-        let k = proj(&mut b, wk, nkv, "k", fused_rope);
-        let v = proj(&mut b, wv, nkv, "v", false);
+        let q = proj(&mut b, (wq, biases.map(|x| x.0)), nh, "q", fused_rope);
+        let k = proj(&mut b, (wk, biases.map(|x| x.1)), nkv, "k", fused_rope);
+        let v = proj(&mut b, (wv, biases.map(|x| x.2)), nkv, "v", false);
         let rope = |b: &mut Builder, x: Val, heads: u64, tag: &str, qkn: Option<BufferId>| {
             let Some(nw) = qkn else { return x };
             let normed = b.act(format!("L{l}.{tag}n"), &[rows, heads, hd]);
@@ -458,6 +472,7 @@ pub fn lower_prefill_sharing(
                 k: q_dim,
                 n: h,
                 norm: None,
+                bias: None,
                 epilogue: (Epilogue::Residual, Some(resid)),
                 tail: (&[], &no_params),
                 out: hm,
@@ -473,6 +488,7 @@ pub fn lower_prefill_sharing(
                 k: h,
                 n: inter,
                 norm: Some(post_norm),
+                bias: None,
                 epilogue: (
                     Epilogue::SwiGlu,
                     Some(Val {
@@ -494,6 +510,7 @@ pub fn lower_prefill_sharing(
                 k: inter,
                 n: h,
                 norm: None,
+                bias: None,
                 epilogue: (Epilogue::Residual, Some(hm)),
                 tail: (&[], &no_params),
                 out,
@@ -537,6 +554,7 @@ pub fn lower_prefill_sharing(
             k: h,
             n: vocab,
             norm: Some(fnorm),
+            bias: None,
             epilogue: (Epilogue::None, None),
             tail: (&[], &Map::new()),
             out: logits,
