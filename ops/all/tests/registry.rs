@@ -62,7 +62,7 @@ fn registry_holds_exactly_the_abi_and_extended_opcodes() {
 #[case("NEXT_TOKEN", 24, 6, Some(6), Some(4), &[])]
 #[case("ATTENTION_SPLIT", 25, 4, Some(4), Some(1), &["head_dim", "n_heads", "n_kv_heads", "scale", "N_tile", "n_off", "n_splits", "chunk"])]
 #[case("COMBINE_GEMV", 26, 3, Some(4), Some(1), &["head_dim", "n_heads", "n_kv_heads", "K", "N_tile", "n_off", "n_splits", "chunk"])]
-#[case("LINEAR_TILE", 27, 2, Some(5), Some(1), &["K", "N_tile", "n_off", "M_tile", "m_off"])]
+#[case("LINEAR_TILE", 27, 2, Some(6), Some(1), &["K", "N_tile", "n_off", "M_tile", "m_off"])]
 #[case("ATTENTION_CAUSAL", 28, 4, Some(4), Some(1), &["head_dim", "n_heads", "n_kv_heads", "scale", "m_off", "M_tile", "n_off", "N_tile"])]
 fn spec_matches_the_table(
     #[case] name: &str,
