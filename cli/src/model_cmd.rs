@@ -151,7 +151,7 @@ pub struct ModelArgs {
 pub struct PrefillArg {
     /// Prompt tokens a prefill pass takes: a prompt's K/V rows (a scored text's logits) go
     /// through the prefill program in chunks of this many (0: one decode pass a token).
-    /// Default: 512 on a GPU, 64 on the CPU VM.
+    /// Default: 512 on a GPU, 0 on the CPU VM.
     #[arg(long, value_name = "N")]
     prefill_rows: Option<u64>,
 }
@@ -470,8 +470,9 @@ fn import(
 /// Prompt tokens a prefill pass takes on a GPU by default (a chunk of 512 rows costs little
 /// more than one of 128 there: docs/perf-notes.md round 33).
 pub const GPU_PREFILL_ROWS: u64 = 512;
-/// ... and on the CPU VM, where a padded row costs what a real one does.
-pub const CPU_PREFILL_ROWS: u64 = 64;
+/// ... and on the CPU VM: none (0), since a padded row costs what a real one does there, and
+/// loading the two prefill programs costs a short prompt more than they save.
+pub const CPU_PREFILL_ROWS: u64 = 0;
 
 /// Imports and lowers the model (`amk lower`).
 fn prepare(a: &ModelArgs, decode_loop: bool) -> Result<Prepared, ModelCmdError> {
