@@ -395,3 +395,42 @@ fn scoring_through_prefill_equals_the_decode_path(#[case] max_seq: u64, #[case] 
     let req = request(PROMPT, 3, &[]);
     assert_eq!(ids(&mut pre, &req), ids(&mut plain, &req));
 }
+
+/// A program that is not a prefill program for this engine is refused with a reason: caches
+/// of another length, or no chunk inputs at all.
+#[test]
+fn attach_prefill_checks_the_interface() {
+    use amk_engine::EngineError;
+    use amk_model_llama::lower::prefill::{PrefillLogits, PrefillOptions, lower_prefill};
+    let mut e = engine(tuned_schedule(), 32);
+    let lowered = |max_seq| {
+        let opts = PrefillOptions {
+            dtype: DType::F32,
+            max_seq,
+            rows: 4,
+            logits: PrefillLogits::Last,
+        };
+        lower_prefill(&tiny(), &GpuTarget::by_name("h100").unwrap(), &opts).unwrap()
+    };
+    let other = lowered(16);
+    let err = e
+        .attach_prefill(other.program, &other.weights, &registry())
+        .unwrap_err();
+    assert!(
+        matches!(&err, EngineError::Interface(m) if m.contains("kcache")),
+        "{err}"
+    );
+    let decode = e.program().program().clone();
+    let err = e
+        .attach_prefill(decode, &other.weights, &registry())
+        .unwrap_err();
+    assert!(
+        matches!(&err, EngineError::Interface(m) if m.contains("prefill.ids")),
+        "{err}"
+    );
+    assert_eq!(e.prefill_rows(), None);
+    let good = lowered(32);
+    e.attach_prefill(good.program, &good.weights, &registry())
+        .unwrap();
+    assert_eq!(e.prefill_rows(), Some(4));
+}
