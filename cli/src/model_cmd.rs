@@ -151,7 +151,8 @@ pub struct ModelArgs {
 pub struct PrefillArg {
     /// Prompt tokens a prefill pass takes: a prompt's K/V rows (a scored text's logits) go
     /// through the prefill program in chunks of this many (0: one decode pass a token).
-    /// Default: 512 on a GPU, 0 on the CPU VM.
+    /// Default: 512 for bf16/f16 on a GPU, 0 otherwise (f32 prefill tiles and the CPU VM are
+    /// slower than decoding a prompt token by token).
     #[arg(long, value_name = "N")]
     prefill_rows: Option<u64>,
 }
@@ -455,11 +456,8 @@ fn import(
             stop_slots: amk_model_llama::lower::DecodeLoop::default().stop_slots,
             prefill_rows: prefill
                 .map(|p| {
-                    p.prefill_rows.unwrap_or(if gpu_sms.is_some() {
-                        GPU_PREFILL_ROWS
-                    } else {
-                        CPU_PREFILL_ROWS
-                    })
+                    p.prefill_rows
+                        .unwrap_or(default_prefill_rows(gpu_sms.is_some(), dtype))
                 })
                 .filter(|&r| r > 0),
         },
@@ -473,6 +471,17 @@ pub const GPU_PREFILL_ROWS: u64 = 512;
 /// ... and on the CPU VM: none (0), since a padded row costs what a real one does there, and
 /// loading the two prefill programs costs a short prompt more than they save.
 pub const CPU_PREFILL_ROWS: u64 = 0;
+
+/// The default `--prefill-rows`: [`GPU_PREFILL_ROWS`] for a 16-bit program on a GPU; none for
+/// f32 programs, whose prefill tiles run exact f32 arithmetic on the CUDA cores (slower than
+/// decoding a prompt token by token), nor on the CPU VM ([`CPU_PREFILL_ROWS`]).
+pub fn default_prefill_rows(gpu: bool, dtype: DType) -> u64 {
+    match (gpu, dtype) {
+        (true, DType::F16 | DType::BF16) => GPU_PREFILL_ROWS,
+        (true, _) => 0,
+        (false, _) => CPU_PREFILL_ROWS,
+    }
+}
 
 /// Imports and lowers the model (`amk lower`).
 fn prepare(a: &ModelArgs, decode_loop: bool) -> Result<Prepared, ModelCmdError> {

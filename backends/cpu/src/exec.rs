@@ -338,26 +338,23 @@ impl CpuSession {
         let b = self.find(name, BufferKind::KV_CACHE)?;
         self.check_fits(b, &value)?;
         match self.links.iter().find(|(l, _)| *l == b) {
-            Some((_, m)) => *lock(m)? = value,
+            Some((_, m)) => *lock(m) = value,
             None => self.store[b] = Slot::Owned(value),
         }
         Ok(())
     }
 
     /// Moves every linked KV cache into the store for a call.
-    fn check_out(&mut self) -> Result<(), BackendError> {
+    fn check_out(&mut self) {
         for (b, m) in &self.links {
-            self.store[*b] = Slot::Owned(std::mem::replace(&mut *lock(m)?, placeholder()));
+            self.store[*b] = Slot::Owned(std::mem::replace(&mut *lock(m), placeholder()));
         }
-        Ok(())
     }
 
     /// Moves every linked KV cache back to its mutex after a call.
     fn check_in(&mut self) {
         for (b, m) in &self.links {
-            if let Ok(mut g) = m.lock() {
-                *g = self.store[*b].take();
-            }
+            *lock(m) = self.store[*b].take();
         }
     }
 
@@ -366,7 +363,7 @@ impl CpuSession {
         &mut self,
         f: impl FnOnce(&mut Self) -> Result<T, BackendError>,
     ) -> Result<T, BackendError> {
-        self.check_out()?;
+        self.check_out();
         let r = f(self);
         self.check_in();
         r
@@ -906,10 +903,10 @@ impl CpuSession {
     }
 }
 
-/// A linked cache's mutex, locked (a poisoned one is a backend error: a step panicked).
-fn lock(m: &Mutex<Tensor>) -> Result<std::sync::MutexGuard<'_, Tensor>, BackendError> {
-    m.lock()
-        .map_err(|_| BackendError::Unsupported("a shared KV cache's lock is poisoned".into()))
+/// A linked cache's mutex, locked. The lock is only ever held to move the tensor in or out
+/// (never across a call), so a poisoned one still holds a whole tensor: it is taken as is.
+fn lock(m: &Mutex<Tensor>) -> std::sync::MutexGuard<'_, Tensor> {
+    m.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
 impl Session for CpuSession {

@@ -97,7 +97,8 @@ pub struct Generation {
     pub finish: Finish,
     /// Prompt tokens.
     pub prompt_tokens: usize,
-    /// Forward passes run (prompt and generated tokens but the last).
+    /// Positions the request ran (prompt and generated tokens but the last), those the prefill
+    /// program wrote included.
     pub passes: u64,
     /// Seconds from the request's start to each token's arrival on the host.
     pub token_s: Vec<f64>,
@@ -214,6 +215,12 @@ impl Engine {
             self.scorer = Some(p);
         }
         Ok(())
+    }
+
+    /// Drops the prefill programs (prompts and scored texts go through the decode program).
+    pub(crate) fn detach_prefill(&mut self) {
+        self.prefill = None;
+        self.scorer = None;
     }
 
     /// Prompt tokens a prefill pass takes (`None`: prompts go through the decode program).

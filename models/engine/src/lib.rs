@@ -79,12 +79,15 @@ pub fn lower_and_load(
             };
             // The decode program's weights: the prefill program names the same tensors, so
             // no cast is made twice (and on a GPU the uploads are shared).
-            match lower_prefill_sharing(model, &opts.target, &popts, weights.clone()) {
-                Ok(p) => engine.attach_prefill(p.program, &p.weights, registry)?,
-                Err(e) => {
-                    engine.prefill_refused = Some(e.to_string());
-                    break;
-                }
+            // A model the prefill lowering refuses, or a program that cannot be loaded beside
+            // the decode loop (too little device memory), leaves prompts to the decode loop.
+            let attached = lower_prefill_sharing(model, &opts.target, &popts, weights.clone())
+                .map_err(EngineError::from)
+                .and_then(|p| engine.attach_prefill(p.program, &p.weights, registry));
+            if let Err(e) = attached {
+                engine.detach_prefill();
+                engine.prefill_refused = Some(e.to_string());
+                break;
             }
         }
     }

@@ -16,7 +16,7 @@
 #define AC_PAIRS 32
 #define AC_HMAX 128
 #define AC_ND (AC_HMAX / 32)
-#define AC_PW (AC_PAIRS / AMK_WARPS)
+#define AC_PW ((AC_PAIRS + AMK_WARPS - 1) / AMK_WARPS)
 #define AC_NEG_INF (-__int_as_float(0x7f800000))
 
 struct ac_args {
@@ -363,6 +363,10 @@ __device__ void amk_op_attention_causal(const amk_task_ctx& ctx) {
     amk_fail(ctx, AMK_ERR_DTYPE, a.pos->dtype);
     return;
   }
+  if (a.pos->numel < (long long)p.m_off + p.M_tile) {
+    amk_fail(ctx, AMK_ERR_SHAPE, a.pos->numel);
+    return;
+  }
   const long long max_seq = a.kc->numel / a.row;
   for (long long r = p.m_off; r < p.m_off + p.M_tile; ++r) {
     const long long pr = amk_ldif(a.pos, r);
@@ -376,7 +380,8 @@ __device__ void amk_op_attention_causal(const amk_task_ctx& ctx) {
       (kdt == AMK_F32 || kdt == AMK_BF16 || kdt == AMK_F16) && kdt == a.vc->dtype;
   a.vec = half_or_f32 && a.hd % 8 == 0 && ((unsigned long long)a.kc->ptr & 15) == 0 &&
           ((unsigned long long)a.vc->ptr & 15) == 0;
-  a.mma = a.vec && (kdt == AMK_BF16 || kdt == AMK_F16) && a.q->dtype == kdt &&
+  /* The tensor-core path gives each warp 16 of its 64 pairs: it needs at least 4 warps. */
+  a.mma = AMK_WARPS >= 4 && a.vec && (kdt == AMK_BF16 || kdt == AMK_F16) && a.q->dtype == kdt &&
           (a.hd == 64 || a.hd == 128) && ((unsigned long long)a.q->ptr & 15) == 0;
   const int rep = nh / nkv, h0 = p.n_off / a.hd, h1 = (p.n_off + p.N_tile) / a.hd;
   for (int g = h0 / rep; g * rep < h1; ++g) {

@@ -14,7 +14,10 @@
 //!
 //! On the GPU a 16-bit task with heads of 64 or 128 runs flash-attention style on the tensor
 //! cores: up to 64 (row, head) pairs at once, a warp per 16, the KV head's cache rows in blocks
-//! of 64 through a two-stage pipeline, P rounded to the 16-bit type for the P·V product. Any
+//! of 64 through a two-stage pipeline, P rounded to the 16-bit type for the P·V product. Its
+//! key blocks run to the task's largest position, so a row multiplies the values of later rows
+//! by a zero weight: those cache rows must hold finite values (a prefill chunk writes them in
+//! the same pass), or a NaN there reaches the row. Any
 //! other task stages the rows as f32 a block of 32 at a time and runs an online softmax for up
 //! to 32 pairs at once on the CUDA cores (a lane per key for the scores, a lane per dim for the
 //! values); head_dim up to 128.

@@ -105,7 +105,7 @@ fn geometry(call: &CpuCall<'_, '_>) -> Result<Geometry, OpError> {
 
 /// Row `r`'s position, checked against the cache.
 fn position(pos: &Tensor, r: usize, max_seq: usize) -> Result<usize, OpError> {
-    let p = pos.get_f32(r) as i64;
+    let p = pos.get_i64(r);
     match usize::try_from(p) {
         Ok(p) if p < max_seq => Ok(p),
         _ => Err(OpError::IndexOutOfRange {

@@ -20,15 +20,17 @@
 //! The output is viewed as `[rows, width]` (`x`'s rows; any shape of that many elements, so a
 //! projection can write `[rows, heads, head_dim]` for the RoPE after it). `round` is the
 //! output dtype's rounding: every value equals what the unfused program (RMSNORM,
-//! GEMM_TILE into an activation of the output's dtype, ADD or SILU_MUL) stores. Params `K`,
-//! `N_tile`, `n_off`, `M_tile`, `m_off` (all required), `eps`, `norm`, `epilogue`. Float
-//! operands only (F32, F16, BF16). Why a tile of rows: a prompt chunk's `M` rows share each
-//! weight tile, so a task does `M_tile` times the arithmetic of a decode tile per byte of
-//! weight, which is what the tensor cores need.
+//! GEMM_TILE into an activation of the output's dtype, ADD, SILU_MUL or ROPE) stores. Params
+//! `K`, `N_tile`, `n_off`, `M_tile`, `m_off` (all required), `eps`, `norm`, `flags`,
+//! `epilogue`, `rope_factors`, `head_dim`, `theta`. Float operands only (F32, F16, BF16). Why
+//! a tile of rows: a prompt chunk's `M` rows share each weight tile, so a task does `M_tile`
+//! times the arithmetic of a decode tile per byte of weight, which is what the tensor cores
+//! need.
 //!
-//! On the GPU a 16-bit program (x, W, U and the output all BF16, or all F16) runs the tile on
-//! the tensor cores (`mma.sync`, f32 accumulation); any other dtype mix, f32 programs included,
-//! runs exact f32 fused multiply-adds (no TF32), so f32 programs keep the CPU VM's 1e-5.
+//! On the GPU, with `x`, `W` and `U` all BF16 or all F16 (the output may be any float), the
+//! tile runs on the tensor cores (`mma.sync`, f32 accumulation); any other dtype mix, f32
+//! programs included, runs f32 fused multiply-adds in K order (no TF32): not the reference's
+//! summation order, so the two agree to rounding (the CPU VM's 1e-5), not bit for bit.
 //!
 //! This crate owns the op's spec, its static shape rule, its CPU reference
 //! ([`reference`](mod@reference)) and its CUDA device function (`linear-tile.cu`).
@@ -82,7 +84,7 @@ pub const SPEC: OpSpec = OpSpec {
     write_region: amk_core::WriteRegion::ColumnsAndRows,
     check: Some(check),
     summary: Cow::Borrowed(
-        "Rows [m_off, m_off+M_tile) x columns [n_off, n_off+N_tile) of x·W^T over many rows, optionally RMS-normalised first, with a residual or SwiGLU epilogue.",
+        "Rows [m_off, m_off+M_tile) x columns [n_off, n_off+N_tile) of x·W^T (+ bias) over many rows, optionally RMS-normalised first, with a residual, SwiGLU or RoPE epilogue.",
     ),
 };
 

@@ -1,8 +1,9 @@
 /* LINEAR_TILE (code 27): rows [m_off, m_off + M_tile) x columns [n_off, n_off + N_tile) of
  * y = x . W^T over many rows of x, optionally RMS-normalised first (ext[0] norm = 1, input 2 the
  * weight, param eps), plus a bias of W's rows (flags bit 0; the next input), with epilogue
- * ext[1]: 0 none, 1 residual (y = round(s) + r, r the last
- * input, shaped like y), 2 SwiGLU (y = silu(round(s)) * round(x . U^T), U the last input).
+ * ext[1]: 0 none, 1 residual (y = round(s) + r, r the next input, shaped like y), 2 SwiGLU
+ * (y = silu(round(s)) * round(x . U^T), U the next input), 3 RoPE (y = rope(round(s)) at
+ * pos[row], the positions the next input, then with ext[2] rope_factors = 1 the divisors).
  * Mirrors ops/linear-tile/src/reference.rs; `round` is the output dtype's rounding.
  *
  * The task walks its tile in device tiles of LT_BM rows x LT_BN columns (LT_BN / 2 output
@@ -18,8 +19,9 @@
  * f32 accumulators. The accumulators go through shared memory (f32, LT_LD a row) to the
  * epilogue, which stores coalesced. The output is viewed as [rows of x, width].
  *
- * Any other dtype mix (f32 programs): each thread sums its outputs' products in f32 in K order
- * (no TF32), the same epilogue. Slow; it keeps f32 programs exact.
+ * Any other dtype mix (f32 programs), or a block of other than 8 warps: each thread sums its
+ * outputs' products in f32 in K order (no TF32), the same epilogue. Slow; it keeps f32 programs
+ * within rounding of the reference.
  *
  * Row scales of the norm: one warp a row, the sum of squares in amk_norm_t, as RMSNORM.
  *
@@ -363,7 +365,7 @@ __device__ void amk_op_linear_tile(const amk_task_ctx& ctx) {
   a.n_end = (long long)p.n_off + p.N_tile;
   const long long rows = a.K > 0 ? a.x->numel / a.K : 0;
   a.width = rows > 0 ? a.y->numel / rows : 0; /* the output viewed as [rows, width] */
-  if (a.K <= 0 || a.width <= 0 || a.x->numel % a.K != 0 || a.w->numel % a.K != 0 ||
+  if (epi < 0 || epi > 3 || a.K <= 0 || a.width <= 0 || a.x->numel % a.K != 0 || a.w->numel % a.K != 0 ||
       a.y->numel % rows != 0 || (a.bias && a.bias->numel * a.K != a.w->numel) || a.m_end * a.K > a.x->numel || a.n_end * a.K > a.w->numel ||
       a.n_end > a.width || a.m_end * a.width > a.y->numel ||
       (epi == 3 && (a.hd <= 0 || a.hd > LT_BN || (a.hd & 1) || p.n_off % a.hd != 0 ||
@@ -376,8 +378,9 @@ __device__ void amk_op_linear_tile(const amk_task_ctx& ctx) {
   const bool aligned = ((unsigned long long)a.x->ptr & 15) == 0 &&
                        ((unsigned long long)a.w->ptr & 15) == 0 &&
                        (epi != 2 || ((unsigned long long)a.ex->ptr & 15) == 0);
-  const bool mma = half16 && a.w->dtype == dt && (epi != 2 || a.ex->dtype == dt) &&
-                   a.K % 8 == 0 && aligned;
+  /* The tensor-core tile is laid out for 8 warps (2 x 4, and its loads' per-thread counts). */
+  const bool mma = AMK_THREADS == 256 && half16 && a.w->dtype == dt &&
+                   (epi != 2 || a.ex->dtype == dt) && a.K % 8 == 0 && aligned;
   const int ydt = a.y->dtype;
   const bool fdt = ydt == AMK_F32 || ydt == AMK_BF16 || ydt == AMK_F16;
   a.vec_out = fdt && a.width % 8 == 0 && ((unsigned long long)a.y->ptr & 15) == 0 &&

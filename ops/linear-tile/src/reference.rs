@@ -1,5 +1,5 @@
-//! CPU reference of LINEAR_TILE `[x, W (, norm_w) (, r | U)] -> y`, for every row `m` in
-//! `[m_off, m_off + M_tile)` and column `n` in `[n_off, n_off + N_tile)`:
+//! CPU reference of LINEAR_TILE `[x, W (, norm_w) (, bias) (, r | U | pos (, divisors))] -> y`,
+//! for every row `m` in `[m_off, m_off + M_tile)` and column `n` in `[n_off, n_off + N_tile)`:
 //!
 //! ```text
 //! xn      = x[m], or round_to(dtype(x), rmsnorm(x[m], norm_w, eps)) with norm = 1
@@ -8,10 +8,13 @@
 //!         = round_to(dtype(y), s) + f32(r[m, n])           epilogue 1 (residual)
 //!         = silu(round_to(dtype(y), s)) · round_to(dtype(y), Σ_k xn[k] · f32(U[n, k]))
 //!                                                          epilogue 2 (SwiGLU)
+//!         = rope(round_to(dtype(y), s))                    epilogue 3 (RoPE at pos[m],
+//!                                                          ROPE's arithmetic)
 //! ```
 //!
-//! in f32, cast on store (the output viewed as `[rows of x, width]`): exactly what RMSNORM, GEMM_TILE into activations of the output's
-//! dtype and ADD or SILU_MUL store. Nothing outside the tile is touched.
+//! in f32, cast on store (the output viewed as `[rows of x, width]`): exactly what RMSNORM,
+//! GEMM_TILE into activations of the output's dtype and ADD, SILU_MUL or ROPE store. Nothing
+//! outside the tile is touched.
 
 use crate::{Epilogue, Layout};
 use amk_core::{CpuCall, DType, OpError, Tensor, round_to};

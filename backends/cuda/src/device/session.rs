@@ -286,6 +286,10 @@ impl CudaSession {
                 }
                 // Tensors given as they are (a model's RoPE divisors): uploaded like a store's.
                 for (b, t) in synth.exact_bindings(program)? {
+                    if let Some(addr) = lent[b] {
+                        weight_ptr[b] = addr;
+                        continue;
+                    }
                     uploads.push(Arc::new(DeviceMem::from_slice(ctx, &t.to_le_bytes())?));
                     weight_ptr[b] = uploads[uploads.len() - 1].ptr();
                 }

@@ -6,8 +6,9 @@
 //! row.
 //!
 //! The graph: EMBED of the chunk's ids; per layer LINEAR_TILE q/k/v (each normalising its rows
-//! with the input norm, adding Qwen2's biases), (Qwen3's per-head RMSNORMs,) ROPE q/k at the rows' positions,
-//! KV_APPEND k/v at the chunk's first position, ATTENTION_CAUSAL, LINEAR_TILE o_proj + residual,
+//! with the input norm, adding Qwen2's biases, turning q and k at the rows' positions — or, with
+//! Qwen3's per-head norms, RMSNORM and ROPE tasks after them), KV_APPEND k/v at the chunk's
+//! first position, ATTENTION_CAUSAL, LINEAR_TILE o_proj + residual,
 //! LINEAR_TILE gate/up + SwiGLU (normalising with the post-attention norm), LINEAR_TILE
 //! down_proj + residual; then the final norm and the LM head as LINEAR_TILEs over the last row
 //! (gathered by an EMBED of the row index `last`) or every row.
@@ -195,6 +196,13 @@ fn check(model: &Model, opts: &PrefillOptions) -> Result<(), ModelError> {
         return Err(ModelError::Lower(format!(
             "dtype {} is not supported for lowering (F32, F16, BF16)",
             opts.dtype
+        )));
+    }
+    if mc.hidden as u64 > op_linear_tile::MAX_NORM_K {
+        return Err(ModelError::Lower(format!(
+            "the prefill projections normalise rows of at most {} elements, the model's are {}",
+            op_linear_tile::MAX_NORM_K,
+            mc.hidden
         )));
     }
     if mc.head_dim as u64 > op_attention_causal::MAX_HEAD_DIM {
