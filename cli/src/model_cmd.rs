@@ -518,6 +518,9 @@ fn load_engine(
         chosen.backend.as_ref(),
         reg,
     )?;
+    if let Some(why) = engine.prefill_refused() {
+        tracing::warn!("prompts go through the decode loop a token a pass: {why}");
+    }
     let p = engine.program().program();
     tracing::info!(
         "lowered, validated and loaded in {:.2} s: {} tasks, {} buffers, KV cache of {} rows",
