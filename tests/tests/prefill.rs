@@ -166,3 +166,37 @@ fn the_last_row_mode_gives_the_chosen_row() {
         assert_eq!(got, every[row], "row {row}");
     }
 }
+
+/// The CPU VM runs a prefill program's LINEAR_TILE tiles on worker threads, bit for bit as on
+/// one.
+#[test]
+fn threads_give_the_same_prefill_logits() {
+    use amk_backend_cpu::{CpuOptions, FiringMode};
+    let model = import_hf(&reference_dir().join("tiny-gqa")).unwrap();
+    let input = ints(&refdoc("tiny-gqa")["input_ids"]);
+    let opts = PrefillOptions {
+        dtype: DType::F32,
+        max_seq: MAX_SEQ,
+        rows: ROWS as u64,
+        logits: PrefillLogits::Every,
+    };
+    let lowered = lower_prefill(&model, &GpuTarget::by_name("h100").unwrap(), &opts).unwrap();
+    let reg = registry();
+    let program = validate_owned(lowered.program, &reg).unwrap();
+    let run = |threads| {
+        let backend = CpuBackend::new(CpuOptions {
+            mode: FiringMode::ListOrder,
+            threads,
+        });
+        let mut s = backend
+            .load_session(&program, &lowered.weights, &reg)
+            .unwrap();
+        let logits = chunked_logits(&mut s, &input);
+        (logits, s.parallel_batches())
+    };
+    let (one, none) = run(1);
+    let (two, batches) = run(2);
+    assert_eq!(none, 0);
+    assert!(batches > 0, "no tile batch ran on two threads");
+    assert_eq!(one, two);
+}

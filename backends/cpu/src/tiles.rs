@@ -1,5 +1,5 @@
-//! The region a GEMV_TILE/GEMM_TILE task writes, for running tiles ready together on several
-//! threads: each worker computes its tile into a scratch copy of the output, and the tile's
+//! The region a GEMV_TILE/GEMM_TILE/LINEAR_TILE task writes, for running tiles ready together
+//! on several threads: each worker computes its tile into a scratch copy of the output, and the tile's
 //! region is copied back (an exact copy, so the result is bit-identical to one thread).
 
 use amk_core::{BufferKind, DType, Opcode, Program, Storage, Tensor};
@@ -38,15 +38,15 @@ fn usize_param(p: &amk_core::Task, key: &str) -> Option<usize> {
         .and_then(|v| usize::try_from(v).ok())
 }
 
-/// The tile task `t` writes, when it may run on a worker thread: a GEMV_TILE/GEMM_TILE with one
-/// ACTIVATION or IO_OUTPUT float output it does not also read, and params that place the tile
-/// inside the output. Anything else (including every malformed task, whose reference error the
-/// sequential path reports) is `None`.
+/// The tile task `t` writes, when it may run on a worker thread: a GEMV_TILE, GEMM_TILE or
+/// LINEAR_TILE with one ACTIVATION or IO_OUTPUT float output it does not also read, and params
+/// that place the tile inside the output. Anything else (including every malformed task, whose
+/// reference error the sequential path reports) is `None`.
 pub(crate) fn tile_of(p: &Program, t: usize) -> Option<Tile> {
     let task = p.tasks.get(t)?;
     let gemm = match task.op {
         Opcode::GEMV_TILE => false,
-        Opcode::GEMM_TILE => true,
+        Opcode::GEMM_TILE | Opcode::LINEAR_TILE => true,
         _ => return None,
     };
     let [out] = task.outputs.as_slice() else {
@@ -64,7 +64,7 @@ pub(crate) fn tile_of(p: &Program, t: usize) -> Option<Tile> {
     {
         return None;
     }
-    let ldo = usize::try_from(buf.last_dim()).ok().filter(|&l| l > 0)?;
+    let ldo = row_length(p, task, buf)?;
     let n_rows = usize::try_from(buf.numel()).ok()? / ldo;
     let n_off = usize_param(task, "n_off")?;
     let n_tile = usize_param(task, "N_tile").filter(|&n| n > 0)?;
@@ -90,6 +90,20 @@ pub(crate) fn tile_of(p: &Program, t: usize) -> Option<Tile> {
         ldo,
         cost: k.saturating_mul(n_tile as u64).max(1),
     })
+}
+
+/// The output's row length: its last dim, or for LINEAR_TILE (whose output is viewed as
+/// `[rows of x, width]`) its elements over the rows of `x`.
+fn row_length(p: &Program, task: &amk_core::Task, out: &amk_core::Buffer) -> Option<usize> {
+    let len = if task.op == Opcode::LINEAR_TILE {
+        let x = p.buffers.get(*task.inputs.first()? as usize)?;
+        let k = usize_param(task, "K").filter(|&k| k > 0)? as u64;
+        let rows = x.numel() / k;
+        (rows > 0 && out.numel() % rows == 0).then(|| out.numel() / rows)?
+    } else {
+        out.last_dim()
+    };
+    usize::try_from(len).ok().filter(|&l| l > 0)
 }
 
 fn copy_rows<T: Copy>(src: &[T], dst: &mut [T], tile: &Tile) -> Option<()> {
