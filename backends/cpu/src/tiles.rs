@@ -99,7 +99,7 @@ fn row_length(p: &Program, task: &amk_core::Task, out: &amk_core::Buffer) -> Opt
         let x = p.buffers.get(*task.inputs.first()? as usize)?;
         let k = usize_param(task, "K").filter(|&k| k > 0)? as u64;
         let rows = x.numel() / k;
-        (rows > 0 && out.numel() % rows == 0).then(|| out.numel() / rows)?
+        (rows > 0 && out.numel().is_multiple_of(rows)).then(|| out.numel() / rows)?
     } else {
         out.last_dim()
     };
