@@ -151,10 +151,13 @@ pub struct ModelArgs {
 pub struct PrefillArg {
     /// Prompt tokens a prefill pass takes: a prompt's K/V rows (a scored text's logits) go
     /// through the prefill program in chunks of this many (0: one decode pass a token).
-    /// Default: 512 for bf16/f16 on a GPU, 0 otherwise (f32 prefill tiles and the CPU VM are
-    /// slower than decoding a prompt token by token).
+    /// Default: 512 for bf16/f16 on a GPU; 0 for f32 there; on the CPU VM 0 for a prompt and
+    /// 64 for a scored text.
     #[arg(long, value_name = "N")]
     prefill_rows: Option<u64>,
+    /// Whether the command scores a text (every row's logits) rather than feeding a prompt.
+    #[arg(skip)]
+    scoring: bool,
 }
 
 /// Arguments of `amk lower`.
@@ -456,8 +459,11 @@ fn import(
             stop_slots: amk_model_llama::lower::DecodeLoop::default().stop_slots,
             prefill_rows: prefill
                 .map(|p| {
-                    p.prefill_rows
-                        .unwrap_or(default_prefill_rows(gpu_sms.is_some(), dtype))
+                    p.prefill_rows.unwrap_or(default_prefill_rows(
+                        gpu_sms.is_some(),
+                        dtype,
+                        p.scoring,
+                    ))
                 })
                 .filter(|&r| r > 0),
         },
@@ -468,17 +474,22 @@ fn import(
 /// Prompt tokens a prefill pass takes on a GPU by default (a chunk of 512 rows costs little
 /// more than one of 128 there: docs/perf-notes.md round 33).
 pub const GPU_PREFILL_ROWS: u64 = 512;
-/// ... and on the CPU VM: none (0), since a padded row costs what a real one does there, and
-/// loading the two prefill programs costs a short prompt more than they save.
+/// ... and on the CPU VM for a prompt: none (0), since a padded row costs what a real one
+/// does there, and loading the two prefill programs costs a short prompt more than they save.
 pub const CPU_PREFILL_ROWS: u64 = 0;
+/// ... and on the CPU VM for a scored text, whose chunks are full: 64 rows (each weight row is
+/// then read once a chunk instead of once a token; docs/perf-notes.md round 33).
+pub const CPU_SCORE_ROWS: u64 = 64;
 
 /// The default `--prefill-rows`: [`GPU_PREFILL_ROWS`] for a 16-bit program on a GPU; none for
-/// f32 programs, whose prefill tiles run exact f32 arithmetic on the CUDA cores (slower than
-/// decoding a prompt token by token), nor on the CPU VM ([`CPU_PREFILL_ROWS`]).
-pub fn default_prefill_rows(gpu: bool, dtype: DType) -> u64 {
+/// f32 programs there, whose prefill tiles run exact f32 arithmetic on the CUDA cores (slower
+/// than decoding token by token); on the CPU VM [`CPU_SCORE_ROWS`] when `scoring` a text and
+/// [`CPU_PREFILL_ROWS`] for a prompt.
+pub fn default_prefill_rows(gpu: bool, dtype: DType, scoring: bool) -> u64 {
     match (gpu, dtype) {
         (true, DType::F16 | DType::BF16) => GPU_PREFILL_ROWS,
         (true, _) => 0,
+        (false, _) if scoring => CPU_SCORE_ROWS,
         (false, _) => CPU_PREFILL_ROWS,
     }
 }
@@ -843,7 +854,11 @@ fn perplexity_inner(a: &PerplexityArgs) -> Result<(), ModelCmdError> {
     let Text { text, origin } = read_text(a.text.as_ref(), a.text_file.as_ref(), "text")?;
     let chosen = backend_choice::choose(a.backend, a.threads)?;
     let reg = registry()?;
-    let imported = import(&a.common, chosen.gpu_sms, Some(a.prefill))?;
+    let scoring = PrefillArg {
+        scoring: true,
+        ..a.prefill
+    };
+    let imported = import(&a.common, chosen.gpu_sms, Some(scoring))?;
     status!("{}", chosen.line); // after the import's argument checks, as in generate
     let tok = tokenizer(&imported.model)?.clone();
     let mut ids = tok.encode(&text)?;
