@@ -4,7 +4,7 @@
 //! tokens as they stream out.
 
 use crate::interface::Interface;
-use crate::prefill::{Prefill, prefill_interface};
+use crate::prefill::{Prefill, PrefillShape, prefill_interface};
 use crate::{EngineError, Sampling};
 use amk_core::{
     Backend, DType, Program, Registry, RowWatch, Session, Tensor, ValidatedProgram, WeightStore,
@@ -200,7 +200,8 @@ impl Engine {
         weights: &WeightStore,
         registry: &Registry,
     ) -> Result<(), EngineError> {
-        let (rows, last) = prefill_interface(&program, self.program.program(), self.io.vocab)?;
+        let PrefillShape { rows, last } =
+            prefill_interface(&program, self.program.program(), self.io.vocab)?;
         let program =
             validate_owned(program, registry).map_err(|r| EngineError::Invalid(r.report()))?;
         let session = self.session.load_beside(&program, weights, registry)?;

@@ -61,11 +61,20 @@ impl Prefill {
 /// its ids and positions are I32 inputs of one length (the rows); with a `prefill.last` input
 /// (one I32) its `logits` are one row of `vocab`, without one they are a row of `vocab` for
 /// every row; each of its KV caches is one of `decode`'s (name, dtype and shape).
+/// What the engine needs to know of a prefill program.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct PrefillShape {
+    /// Tokens a pass takes.
+    pub(crate) rows: u64,
+    /// Its logits are one row chosen by `prefill.last` (generation), not every row's.
+    pub(crate) last: bool,
+}
+
 pub(crate) fn prefill_interface(
     p: &Program,
     decode: &Program,
     vocab: usize,
-) -> Result<(u64, bool), EngineError> {
+) -> Result<PrefillShape, EngineError> {
     let named = |name: &str| -> Vec<&amk_core::Buffer> {
         p.buffers.iter().filter(|b| b.name == name).collect()
     };
@@ -114,5 +123,8 @@ pub(crate) fn prefill_interface(
             )));
         }
     }
-    Ok((rows, last.is_some()))
+    Ok(PrefillShape {
+        rows,
+        last: last.is_some(),
+    })
 }

@@ -117,8 +117,16 @@ impl std::fmt::Debug for CudaSession {
 /// the device addresses of its KV caches and weights by buffer name (with kind, dtype and
 /// shape, which must match), and the memory that holds them, kept alive by the new session.
 pub(crate) struct Beside {
-    by_name: HashMap<String, (BufferKind, DType, Vec<u64>, u64)>,
+    by_name: HashMap<String, Lent>,
     keep: Vec<Arc<DeviceMem>>,
+}
+
+/// One buffer the other session lends: what it is, and where it lives on the device.
+struct Lent {
+    kind: BufferKind,
+    dtype: DType,
+    shape: Vec<u64>,
+    addr: u64,
 }
 
 impl Beside {
@@ -128,8 +136,8 @@ impl Beside {
         if !matches!(buf.kind, BufferKind::KV_CACHE | BufferKind::WEIGHT) {
             return None;
         }
-        let (kind, dtype, shape, addr) = self.by_name.get(&buf.name)?;
-        (*kind == buf.kind && *dtype == buf.dtype && *shape == buf.shape).then_some(*addr)
+        let l = self.by_name.get(&buf.name)?;
+        (l.kind == buf.kind && l.dtype == buf.dtype && l.shape == buf.shape).then_some(l.addr)
     }
 }
 
@@ -470,10 +478,13 @@ impl CudaSession {
         let mut by_name = HashMap::new();
         for (b, buf) in self.program.buffers.iter().enumerate() {
             if matches!(buf.kind, BufferKind::KV_CACHE | BufferKind::WEIGHT) && self.addrs[b] != 0 {
-                by_name.insert(
-                    buf.name.clone(),
-                    (buf.kind, buf.dtype, buf.shape.clone(), self.addrs[b]),
-                );
+                let lent = Lent {
+                    kind: buf.kind,
+                    dtype: buf.dtype,
+                    shape: buf.shape.clone(),
+                    addr: self.addrs[b],
+                };
+                by_name.insert(buf.name.clone(), lent);
             }
         }
         let mut keep = self._lent.clone();
