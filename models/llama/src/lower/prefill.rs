@@ -67,8 +67,16 @@ struct Val {
     wait: (CounterId, i64),
 }
 
-/// One LINEAR_TILE grid: `x` times `w` (`n` rows of `k`), optionally normalised with `norm`,
-/// with an epilogue operand `extra`, into `out`.
+/// The RoPE of the Q/K projections' epilogue: the divisors' input (Llama 3) and the params that
+/// go with it.
+struct RopeArgs {
+    head_dim: u64,
+    factors: Option<BufferId>,
+    params: Map,
+}
+
+/// One LINEAR_TILE grid: `x` times `w` (`n` rows of `k`), optionally normalised with `norm`
+/// and biased, then the epilogue (with its operand, and RoPE's args), into `out`.
 struct Linear<'a> {
     x: Val,
     w: BufferId,
@@ -77,12 +85,69 @@ struct Linear<'a> {
     norm: Option<BufferId>,
     /// A bias of `w`'s rows (Qwen2's q/k/v).
     bias: Option<BufferId>,
-    epilogue: (Epilogue, Option<Val>),
-    /// Inputs after the epilogue's operand (the RoPE divisors) and the params that go with
-    /// them.
-    tail: (&'a [BufferId], &'a Map),
+    epilogue: Epilogue,
+    /// The epilogue's operand: the residual, the up weight or the positions.
+    operand: Option<Val>,
+    /// With [`Epilogue::Rope`].
+    rope: Option<&'a RopeArgs>,
     out: BufferId,
     label: &'a str,
+}
+
+impl<'a> Linear<'a> {
+    /// `x · w^T` (`n` rows of `k`) into `out`, nothing else.
+    fn plain(x: Val, (w, k, n): (BufferId, u64, u64), out: BufferId, label: &'a str) -> Self {
+        Linear {
+            x,
+            w,
+            k,
+            n,
+            norm: None,
+            bias: None,
+            epilogue: Epilogue::None,
+            operand: None,
+            rope: None,
+            out,
+            label,
+        }
+    }
+
+    /// With the epilogue `e` over `operand`.
+    fn then(self, e: Epilogue, operand: Val) -> Self {
+        Linear {
+            epilogue: e,
+            operand: Some(operand),
+            ..self
+        }
+    }
+}
+
+/// The sizes the prefill graph is built from.
+#[derive(Clone, Copy)]
+struct Dims {
+    h: u64,
+    nh: u64,
+    nkv: u64,
+    hd: u64,
+    inter: u64,
+    vocab: u64,
+    rows: u64,
+    max_seq: u64,
+}
+
+impl Dims {
+    fn of(mc: &crate::config::ModelConfig, opts: &PrefillOptions) -> Dims {
+        Dims {
+            h: mc.hidden as u64,
+            nh: mc.n_heads as u64,
+            nkv: mc.n_kv_heads as u64,
+            hd: mc.head_dim as u64,
+            inter: mc.intermediate as u64,
+            vocab: mc.vocab as u64,
+            rows: opts.rows,
+            max_seq: opts.max_seq,
+        }
+    }
 }
 
 struct Builder {
@@ -119,66 +184,72 @@ impl Builder {
         }
     }
 
-    /// Columns a tile takes: the device tile's (128, or 64 with SwiGLU). A narrower task would
-    /// still run the whole device tile, its other columns zero.
-    fn tile_cols(epilogue: Epilogue) -> u64 {
-        epilogue.device_cols()
+    /// Columns a tile takes: the device tile's (128, or 64 with SwiGLU; whole heads with
+    /// RoPE). A narrower task would still run the whole device tile, its other columns zero.
+    fn tile_cols(lin: &Linear<'_>) -> u64 {
+        let cols = lin.epilogue.device_cols();
+        match lin.rope {
+            Some(r) => (cols / r.head_dim.max(1)).max(1) * r.head_dim.max(1),
+            None => cols,
+        }
+    }
+
+    /// A LINEAR_TILE task's params, but its tile.
+    fn linear_params(&self, lin: &Linear<'_>) -> Map {
+        let mut pr = params(&[("K", int(lin.k))]);
+        if lin.norm.is_some() {
+            pr.insert("norm", int(1));
+            pr.insert("eps", self.eps.clone());
+        }
+        if lin.bias.is_some() {
+            pr.insert("flags", Value::Int(op_linear_tile::FLAG_BIAS));
+        }
+        if lin.epilogue != Epilogue::None {
+            pr.insert("epilogue", Value::Int(lin.epilogue.code()));
+        }
+        for (key, v) in lin.rope.map(|r| r.params.iter()).into_iter().flatten() {
+            pr.insert(key, v.clone());
+        }
+        pr
     }
 
     /// The LINEAR_TILE grid of `lin` over `rows` rows, on one counter.
     fn linear(&mut self, lin: &Linear<'_>, rows: u64) -> Val {
-        let (epilogue, extra) = lin.epilogue;
-        let mut cols = Self::tile_cols(epilogue);
-        if let Some(Value::Int(hd)) = lin.tail.1.get("head_dim") {
-            let hd = (*hd).max(1) as u64;
-            cols = (cols / hd).max(1) * hd;
-        }
+        let cols = Self::tile_cols(lin);
         let c = self.p.new_counter(format!("{} ready", lin.label));
         let mut ins = vec![lin.x.buf, lin.w];
         ins.extend(lin.norm);
         ins.extend(lin.bias);
         let mut waits = vec![lin.x.wait];
-        if let Some(e) = extra {
+        if let Some(e) = lin.operand {
             ins.push(e.buf);
             if !waits.contains(&e.wait) {
                 waits.push(e.wait);
             }
         }
-        ins.extend(lin.tail.0);
+        ins.extend(lin.rope.and_then(|r| r.factors));
+        let base = self.linear_params(lin);
+        let weights = if lin.epilogue == Epilogue::SwiGlu {
+            2
+        } else {
+            1
+        };
         let mut tiles = 0;
         let dr = op_linear_tile::DEVICE_ROWS;
         for m0 in (0..rows).step_by(dr as usize) {
             for n0 in (0..lin.n).step_by(cols as usize) {
-                let mut pr = params(&[
-                    ("K", int(lin.k)),
-                    ("m_off", int(m0)),
-                    ("M_tile", int(dr.min(rows - m0))),
-                    ("n_off", int(n0)),
-                    ("N_tile", int(cols.min(lin.n - n0))),
-                ]);
-                if lin.norm.is_some() {
-                    pr.insert("norm", int(1));
-                    pr.insert("eps", self.eps.clone());
-                }
-                if lin.bias.is_some() {
-                    pr.insert("flags", Value::Int(op_linear_tile::FLAG_BIAS));
-                }
-                if epilogue != Epilogue::None {
-                    pr.insert("epilogue", Value::Int(epilogue.code()));
-                }
-                for (key, v) in lin.tail.1.iter() {
-                    pr.insert(key, v.clone());
+                let (mt, nt) = (dr.min(rows - m0), cols.min(lin.n - n0));
+                let mut pr = base.clone();
+                for (key, v) in [("m_off", m0), ("M_tile", mt), ("n_off", n0), ("N_tile", nt)] {
+                    pr.insert(key, int(v));
                 }
                 let label = format!("{}[{tiles}]", lin.label);
                 let t =
                     self.p
                         .push_task(Opcode::LINEAR_TILE, &ins, &[lin.out], c, &waits, pr, label);
                 if let Some(task) = self.p.tasks.get_mut(t as usize) {
-                    let weights = if epilogue == Epilogue::SwiGlu { 2 } else { 1 };
-                    task.est_bytes =
-                        weights * cols.min(lin.n - n0) as i64 * lin.k as i64 * self.dbytes;
-                    task.est_flops =
-                        2 * weights * (dr.min(rows - m0) * cols.min(lin.n - n0) * lin.k) as i64;
+                    task.est_bytes = weights * nt as i64 * lin.k as i64 * self.dbytes;
+                    task.est_flops = 2 * weights * (mt * nt * lin.k) as i64;
                 }
                 tiles += 1;
             }
@@ -187,6 +258,303 @@ impl Builder {
             buf: lin.out,
             wait: (c, tiles),
         }
+    }
+}
+
+/// Where the program's weight buffers come from: the model's tensors, cast to the program's
+/// dtype into `store` (a tensor already there is not cast again), or a synthetic model's
+/// shapes.
+struct Weights<'m> {
+    model: &'m Model,
+    dtype: DType,
+    synthetic: Option<std::collections::HashMap<String, Vec<u64>>>,
+    store: WeightStore,
+}
+
+impl<'m> Weights<'m> {
+    fn new(model: &'m Model, dtype: DType, store: WeightStore) -> Self {
+        let synthetic = (model.format == ModelFormat::Synthetic)
+            .then(|| model::tensor_names(&model.config).into_iter().collect());
+        Weights {
+            model,
+            dtype,
+            synthetic,
+            store,
+        }
+    }
+
+    /// The WEIGHT buffer of tensor `name`.
+    fn buffer(&mut self, b: &mut Builder, name: &str) -> Result<BufferId, ModelError> {
+        let missing = || ModelError::MissingTensor(name.to_string());
+        let shape = match &self.synthetic {
+            Some(shapes) => shapes.get(name).ok_or_else(missing)?.clone(),
+            None => {
+                let t = self.model.weights.get(name).ok_or_else(missing)?;
+                if self.store.get(name).is_none() {
+                    self.store.insert_shared(name, cast(name, t, self.dtype)?);
+                }
+                t.shape().to_vec()
+            }
+        };
+        Ok(b.p.new_weight(name, self.dtype, &shape, name))
+    }
+}
+
+/// Qwen2's q/k/v biases or Qwen3's q/k norms.
+#[derive(Clone, Copy)]
+struct Triple {
+    q: BufferId,
+    k: BufferId,
+    v: Option<BufferId>,
+}
+
+/// One layer's weight buffers.
+struct LayerWeights {
+    in_norm: BufferId,
+    q: BufferId,
+    k: BufferId,
+    v: BufferId,
+    biases: Option<Triple>,
+    qk_norms: Option<Triple>,
+    o: BufferId,
+    post_norm: BufferId,
+    gate: BufferId,
+    up: BufferId,
+    down: BufferId,
+}
+
+impl LayerWeights {
+    fn load(b: &mut Builder, w: &mut Weights<'_>, l: usize) -> Result<Self, ModelError> {
+        let mc = &w.model.config;
+        let (bias, qk_norm) = (mc.attention_bias, mc.qk_norm);
+        let mut get = |what: &str| w.buffer(b, &layer_tensor(l, what));
+        let in_norm = get("input_layernorm.weight")?;
+        let (q, k, v) = (
+            get("self_attn.q_proj.weight")?,
+            get("self_attn.k_proj.weight")?,
+            get("self_attn.v_proj.weight")?,
+        );
+        let biases = match bias {
+            true => Some(Triple {
+                q: get("self_attn.q_proj.bias")?,
+                k: get("self_attn.k_proj.bias")?,
+                v: Some(get("self_attn.v_proj.bias")?),
+            }),
+            false => None,
+        };
+        let qk_norms = match qk_norm {
+            true => Some(Triple {
+                q: get("self_attn.q_norm.weight")?,
+                k: get("self_attn.k_norm.weight")?,
+                v: None,
+            }),
+            false => None,
+        };
+        Ok(LayerWeights {
+            in_norm,
+            q,
+            k,
+            v,
+            biases,
+            qk_norms,
+            o: get("self_attn.o_proj.weight")?,
+            post_norm: get("post_attention_layernorm.weight")?,
+            gate: get("mlp.gate_proj.weight")?,
+            up: get("mlp.up_proj.weight")?,
+            down: get("mlp.down_proj.weight")?,
+        })
+    }
+}
+
+/// What every layer reads besides its weights.
+struct Layer<'a> {
+    l: usize,
+    d: Dims,
+    pos: BufferId,
+    rope: &'a RopeArgs,
+    theta: Value,
+    scale: Value,
+}
+
+impl Layer<'_> {
+    /// Q, K or V as `[rows, heads, head_dim]`, RoPE'd at each row's position when `rope`.
+    fn projection(
+        &self,
+        b: &mut Builder,
+        (x, norm): (Val, BufferId),
+        (w, bias): (BufferId, Option<BufferId>),
+        (heads, tag, rope): (u64, &str, bool),
+    ) -> Val {
+        let (d, l) = (self.d, self.l);
+        let out = b.act(format!("L{l}.{tag}"), &[d.rows, heads, d.hd]);
+        let label = format!("L{l}.{tag}");
+        let mut lin = Linear::plain(x, (w, d.h, heads * d.hd), out, &label);
+        lin.norm = Some(norm);
+        lin.bias = bias;
+        if rope {
+            // The positions are an IO input: nothing to wait for beyond x.
+            lin = lin.then(
+                Epilogue::Rope,
+                Val {
+                    buf: self.pos,
+                    wait: x.wait,
+                },
+            );
+            lin.rope = Some(self.rope);
+        }
+        b.linear(&lin, d.rows)
+    }
+
+    /// Qwen3's per-head RMSNORM of `x` with `nw`, then ROPE: tasks of their own (the norm comes
+    /// between the projection and the RoPE).
+    fn norm_rope(&self, b: &mut Builder, x: Val, nw: BufferId, (heads, tag): (u64, &str)) -> Val {
+        let (d, l) = (self.d, self.l);
+        let bytes = (d.rows * heads * d.hd) as i64 * b.dbytes;
+        let normed = b.act(format!("L{l}.{tag}n"), &[d.rows, heads, d.hd]);
+        let pr = params(&[("eps", b.eps.clone()), ("hidden", int(d.hd))]);
+        let x = b.single(
+            Opcode::RMSNORM,
+            (&[x.buf, nw], normed),
+            &[x.wait],
+            pr,
+            format!("L{l}.{tag}_norm"),
+            bytes,
+        );
+        let out = b.act(format!("L{l}.{tag}r"), &[d.rows, heads, d.hd]);
+        let mut ins = vec![x.buf, self.pos];
+        ins.extend(self.rope.factors);
+        let pr = params(&[("head_dim", int(d.hd)), ("theta", self.theta.clone())]);
+        b.single(
+            Opcode::ROPE,
+            (&ins, out),
+            &[x.wait],
+            pr,
+            format!("L{l}.rope_{tag}"),
+            bytes,
+        )
+    }
+
+    /// The chunk's K or V rows appended to `cache` at its first position.
+    fn append(&self, b: &mut Builder, new: Val, cache: BufferId, tag: &str) -> Val {
+        let d = self.d;
+        let bytes = (d.rows * d.nkv * d.hd) as i64 * b.dbytes;
+        let label = format!("L{}.kv_append_{tag}", self.l);
+        b.single(
+            Opcode::KV_APPEND,
+            (&[new.buf, cache, self.pos], cache),
+            &[new.wait],
+            Map::new(),
+            label,
+            bytes,
+        )
+    }
+
+    /// The attention: tasks of one KV head's query heads over a block of rows, sized so a
+    /// task's (row, head) pairs are one device group.
+    fn attention(
+        &self,
+        b: &mut Builder,
+        (q, kc, vc): (Val, BufferId, BufferId),
+        waits: &[(CounterId, i64)],
+    ) -> Val {
+        let (d, l) = (self.d, self.l);
+        let attn = b.act(format!("L{l}.attn"), &[d.rows, d.nh * d.hd]);
+        let rep = d.nh / d.nkv.max(1);
+        let block = (op_attention_causal::DEVICE_PAIRS / rep.max(1)).max(1);
+        let ca = b.p.new_counter(format!("L{l}.attention ready"));
+        let mut n_att = 0;
+        for g in 0..d.nkv {
+            for m0 in (0..d.rows).step_by(block as usize) {
+                let pr = params(&[
+                    ("head_dim", int(d.hd)),
+                    ("n_heads", int(d.nh)),
+                    ("n_kv_heads", int(d.nkv)),
+                    ("scale", self.scale.clone()),
+                    ("m_off", int(m0)),
+                    ("M_tile", int(block.min(d.rows - m0))),
+                    ("n_off", int(g * rep * d.hd)),
+                    ("N_tile", int(rep * d.hd)),
+                ]);
+                let label = format!("L{l}.attention[{n_att}]");
+                let ins = [q.buf, kc, vc, self.pos];
+                let t = b.p.push_task(
+                    Opcode::ATTENTION_CAUSAL,
+                    &ins,
+                    &[attn],
+                    ca,
+                    waits,
+                    pr,
+                    label,
+                );
+                if let Some(task) = b.p.tasks.get_mut(t as usize) {
+                    task.est_bytes = (d.max_seq * d.hd) as i64 * b.dbytes;
+                }
+                n_att += 1;
+            }
+        }
+        Val {
+            buf: attn,
+            wait: (ca, n_att),
+        }
+    }
+
+    /// The layer's attention half: the residual stream after it.
+    fn attention_block(&self, b: &mut Builder, w: &LayerWeights, resid: Val) -> Val {
+        let (d, l) = (self.d, self.l);
+        let cache = |b: &mut Builder, what: &str| {
+            let name = format!("L{l}.{what}");
+            b.p.new_buffer(
+                name,
+                BufferKind::KV_CACHE,
+                b.dtype,
+                &[d.max_seq, d.nkv, d.hd],
+            )
+        };
+        let (kc, vc) = (cache(b, "kcache"), cache(b, "vcache"));
+        // Q and K are turned by the projection's RoPE epilogue, or — with Qwen3's per-head
+        // norms, which come between the projection and the RoPE — by tasks after it.
+        let fused = w.qk_norms.is_none();
+        let x = (resid, w.in_norm);
+        let bias = |f: fn(&Triple) -> Option<BufferId>| w.biases.as_ref().and_then(f);
+        let q = self.projection(b, x, (w.q, bias(|t| Some(t.q))), (d.nh, "q", fused));
+        let k = self.projection(b, x, (w.k, bias(|t| Some(t.k))), (d.nkv, "k", fused));
+        let v = self.projection(b, x, (w.v, bias(|t| t.v)), (d.nkv, "v", false));
+        let (q, k) = match w.qk_norms {
+            Some(n) => (
+                self.norm_rope(b, q, n.q, (d.nh, "q")),
+                self.norm_rope(b, k, n.k, (d.nkv, "k")),
+            ),
+            None => (q, k),
+        };
+        let k_app = self.append(b, k, kc, "k");
+        let v_app = self.append(b, v, vc, "v");
+        let attn = self.attention(b, (q, kc, vc), &[q.wait, k_app.wait, v_app.wait]);
+        let hm = b.act(format!("L{l}.h_mid"), &[d.rows, d.h]);
+        let label = format!("L{l}.o_add");
+        let lin = Linear::plain(attn, (w.o, d.nh * d.hd, d.h), hm, &label)
+            .then(Epilogue::Residual, resid);
+        b.linear(&lin, d.rows)
+    }
+
+    /// The layer's MLP half: the residual stream after it.
+    fn mlp_block(&self, b: &mut Builder, w: &LayerWeights, hm: Val) -> Val {
+        let (d, l) = (self.d, self.l);
+        let act = b.act(format!("L{l}.act"), &[d.rows, d.inter]);
+        let label = format!("L{l}.gate_up");
+        // The up weight is a weight: nothing to wait for beyond hm.
+        let up = Val {
+            buf: w.up,
+            wait: hm.wait,
+        };
+        let mut lin =
+            Linear::plain(hm, (w.gate, d.h, d.inter), act, &label).then(Epilogue::SwiGlu, up);
+        lin.norm = Some(w.post_norm);
+        let act = b.linear(&lin, d.rows);
+        let out = b.act(format!("L{l}.h_out"), &[d.rows, d.h]);
+        let label = format!("L{l}.down_add");
+        let lin =
+            Linear::plain(act, (w.down, d.inter, d.h), out, &label).then(Epilogue::Residual, hm);
+        b.linear(&lin, d.rows)
     }
 }
 
@@ -230,346 +598,135 @@ pub fn lower_prefill(
     lower_prefill_sharing(model, target, opts, WeightStore::new())
 }
 
+/// The program's description in its meta.
+fn describe(p: &mut Program, model: &Model, target: &GpuTarget, opts: &PrefillOptions) {
+    let meta = &mut p.meta;
+    meta.insert("model", Value::from(model.source.clone()));
+    meta.insert("gpu", Value::from(target.name.clone()));
+    meta.insert("regime", Value::from("prefill"));
+    meta.insert("max_seq", int(opts.max_seq));
+    meta.insert("rows", int(opts.rows));
+    meta.insert("dtype", Value::from(opts.dtype.name().to_string()));
+    meta.insert("n_layers", int(model.config.n_layers as u64));
+    p.target = Some(target.clone());
+}
+
+/// The RoPE's divisors (a weight, when the model scales its frequencies) and params.
+fn rope_args(b: &mut Builder, w: &mut Weights<'_>, model: &Model) -> Result<RopeArgs, ModelError> {
+    let hd = model.config.head_dim as u64;
+    let mut params = params(&[
+        ("head_dim", int(hd)),
+        ("theta", Value::Float(model.config.rope_theta)),
+    ]);
+    let factors = match rope_factors(model)? {
+        Some(f) => {
+            let half = f.numel() as u64;
+            w.store.insert(ROPE_FREQS, f);
+            params.insert("rope_factors", int(1));
+            Some(b.p.new_weight(ROPE_FREQS, DType::F32, &[half], ROPE_FREQS))
+        }
+        None => None,
+    };
+    Ok(RopeArgs {
+        head_dim: hd,
+        factors,
+        params,
+    })
+}
+
+/// The final norm and the LM head over the last row (gathered by an EMBED of the row index
+/// `last`) or every row, into `logits`.
+fn lm_head(
+    b: &mut Builder,
+    (fnorm, head): (BufferId, BufferId),
+    resid: Val,
+    d: Dims,
+    logits: PrefillLogits,
+) {
+    let (x, logit_rows) = match logits {
+        PrefillLogits::Every => (resid, d.rows),
+        PrefillLogits::Last => {
+            let last = b.p.new_buffer(LAST, BufferKind::IO_INPUT, DType::I32, &[1]);
+            let row = b.act("h_last".into(), &[1, d.h]);
+            let pr = params(&[("hidden", int(d.h))]);
+            let bytes = d.h as i64 * b.dbytes;
+            let row = b.single(
+                Opcode::EMBED,
+                (&[last, resid.buf], row),
+                &[resid.wait],
+                pr,
+                "last_row".into(),
+                bytes,
+            );
+            (row, 1)
+        }
+    };
+    let out = b.p.new_buffer(
+        decode::LOGITS,
+        BufferKind::IO_OUTPUT,
+        b.dtype,
+        &[logit_rows, d.vocab],
+    );
+    let mut lin = Linear::plain(x, (head, d.h, d.vocab), out, "lm_head");
+    lin.norm = Some(fnorm);
+    b.linear(&lin, logit_rows);
+}
+
 /// [`lower_prefill`] starting from `weights` (a decode lowering's, of the same dtype): tensors
 /// already there are not cast again.
 pub fn lower_prefill_sharing(
     model: &Model,
     target: &GpuTarget,
     opts: &PrefillOptions,
-    mut weights: WeightStore,
+    weights: WeightStore,
 ) -> Result<Lowered, ModelError> {
     check(model, opts)?;
     let mc = &model.config;
-    let (h, nh, nkv, hd) = (
-        mc.hidden as u64,
-        mc.n_heads as u64,
-        mc.n_kv_heads as u64,
-        mc.head_dim as u64,
-    );
-    let (q_dim, kv_dim, inter, vocab) =
-        (nh * hd, nkv * hd, mc.intermediate as u64, mc.vocab as u64);
-    let (rows, max_seq) = (opts.rows, opts.max_seq);
+    let d = Dims::of(mc, opts);
     let mut b = Builder {
         p: Program::new(),
         dtype: opts.dtype,
         dbytes: (opts.dtype.bits() / 8) as i64,
         eps: Value::Float(mc.rms_eps),
     };
-    let rope_factors = match rope_factors(model)? {
-        Some(f) => {
-            let half = f.numel() as u64;
-            weights.insert(ROPE_FREQS, f);
-            Some(b.p.new_weight(ROPE_FREQS, DType::F32, &[half], ROPE_FREQS))
-        }
-        None => None,
+    let mut w = Weights::new(model, opts.dtype, weights);
+    let rope = rope_args(&mut b, &mut w, model)?;
+    describe(&mut b.p, model, target, opts);
+    let input = |b: &mut Builder, name: &str| {
+        b.p.new_buffer(name, BufferKind::IO_INPUT, DType::I32, &[d.rows])
     };
-    let synthetic: Option<std::collections::HashMap<String, Vec<u64>>> = (model.format
-        == ModelFormat::Synthetic)
-        .then(|| model::tensor_names(mc).into_iter().collect());
-    let mut weight = |b: &mut Builder, name: &str| -> Result<BufferId, ModelError> {
-        let shape = match &synthetic {
-            Some(shapes) => shapes
-                .get(name)
-                .ok_or_else(|| ModelError::MissingTensor(name.to_string()))?
-                .clone(),
-            None => {
-                let t = model
-                    .weights
-                    .get(name)
-                    .ok_or_else(|| ModelError::MissingTensor(name.to_string()))?;
-                if weights.get(name).is_none() {
-                    weights.insert_shared(name, cast(name, t, opts.dtype)?);
-                }
-                t.shape().to_vec()
-            }
-        };
-        Ok(b.p.new_weight(name, opts.dtype, &shape, name))
-    };
-    let meta = &mut b.p.meta;
-    meta.insert("model", Value::from(model.source.clone()));
-    meta.insert("gpu", Value::from(target.name.clone()));
-    meta.insert("regime", Value::from("prefill"));
-    meta.insert("max_seq", int(max_seq));
-    meta.insert("rows", int(rows));
-    meta.insert("dtype", Value::from(opts.dtype.name().to_string()));
-    meta.insert("n_layers", int(mc.n_layers as u64));
-    b.p.target = Some(target.clone());
-
-    let io = |b: &mut Builder, name: &str, len: u64| {
-        b.p.new_buffer(name, BufferKind::IO_INPUT, DType::I32, &[len])
-    };
-    let ids = io(&mut b, IDS, rows);
-    let pos = io(&mut b, POS, rows);
-    let table = weight(&mut b, EMBED)?;
-    let h0 = b.act("h0".into(), &[rows, h]);
+    let (ids, pos) = (input(&mut b, IDS), input(&mut b, POS));
+    let table = w.buffer(&mut b, EMBED)?;
+    let h0 = b.act("h0".into(), &[d.rows, d.h]);
+    let pr = params(&[("hidden", int(d.h))]);
+    let bytes = (d.rows * d.h) as i64 * b.dbytes;
     let mut resid = b.single(
         Opcode::EMBED,
         (&[ids, table], h0),
         &[],
-        params(&[("hidden", int(h))]),
+        pr,
         "embed".into(),
-        (rows * h) as i64 * b.dbytes,
+        bytes,
     );
-    let theta = Value::Float(mc.rope_theta);
-    let scale = Value::Float(1.0 / (hd as f64).sqrt());
+    let layer = |l| Layer {
+        l,
+        d,
+        pos,
+        rope: &rope,
+        theta: Value::Float(mc.rope_theta),
+        scale: Value::Float(1.0 / (d.hd as f64).sqrt()),
+    };
     for l in 0..mc.n_layers {
-        let w = |what: &str| layer_tensor(l, what);
-        let in_norm = weight(&mut b, &w("input_layernorm.weight"))?;
-        let wq = weight(&mut b, &w("self_attn.q_proj.weight"))?;
-        let wk = weight(&mut b, &w("self_attn.k_proj.weight"))?;
-        let wv = weight(&mut b, &w("self_attn.v_proj.weight"))?;
-        // Qwen2's q/k/v biases, added by the projections' tiles.
-        let biases = if mc.attention_bias {
-            Some((
-                weight(&mut b, &w("self_attn.q_proj.bias"))?,
-                weight(&mut b, &w("self_attn.k_proj.bias"))?,
-                weight(&mut b, &w("self_attn.v_proj.bias"))?,
-            ))
-        } else {
-            None
-        };
-        let qk_norms = if mc.qk_norm {
-            Some((
-                weight(&mut b, &w("self_attn.q_norm.weight"))?,
-                weight(&mut b, &w("self_attn.k_norm.weight"))?,
-            ))
-        } else {
-            None
-        };
-        let wo = weight(&mut b, &w("self_attn.o_proj.weight"))?;
-        let post_norm = weight(&mut b, &w("post_attention_layernorm.weight"))?;
-        let wg = weight(&mut b, &w("mlp.gate_proj.weight"))?;
-        let wu = weight(&mut b, &w("mlp.up_proj.weight"))?;
-        let wd = weight(&mut b, &w("mlp.down_proj.weight"))?;
-        let cache = |b: &mut Builder, what: &str| {
-            b.p.new_buffer(
-                format!("L{l}.{what}"),
-                BufferKind::KV_CACHE,
-                opts.dtype,
-                &[max_seq, nkv, hd],
-            )
-        };
-        let (kc, vc) = (cache(&mut b, "kcache"), cache(&mut b, "vcache"));
-
-        // Q, K, V as [rows, heads, head_dim]. Q and K are turned at each row's position by the
-        // projection's RoPE epilogue, or — with Qwen3's per-head norms, which come between the
-        // projection and the RoPE — by RMSNORM and ROPE tasks after it.
-        let no_params = Map::new();
-        let mut rope_params = params(&[("head_dim", int(hd)), ("theta", theta.clone())]);
-        if rope_factors.is_some() {
-            rope_params.insert("rope_factors", int(1));
-        }
-        let rope_tail: Vec<BufferId> = rope_factors.into_iter().collect();
-        let pos_val = Val {
-            buf: pos,
-            wait: resid.wait,
-        };
-        let proj = |b: &mut Builder,
-                    (wt, bias): (BufferId, Option<BufferId>),
-                    heads: u64,
-                    tag: &str,
-                    rope: bool| {
-            let out = b.act(format!("L{l}.{tag}"), &[rows, heads, hd]);
-            let lin = Linear {
-                x: resid,
-                w: wt,
-                k: h,
-                n: heads * hd,
-                norm: Some(in_norm),
-                bias,
-                epilogue: if rope {
-                    (Epilogue::Rope, Some(pos_val))
-                } else {
-                    (Epilogue::None, None)
-                },
-                tail: if rope {
-                    (&rope_tail, &rope_params)
-                } else {
-                    (&[], &no_params)
-                },
-                out,
-                label: &format!("L{l}.{tag}"),
-            };
-            b.linear(&lin, rows)
-        };
-        let fused_rope = qk_norms.is_none();
-        let q = proj(&mut b, (wq, biases.map(|x| x.0)), nh, "q", fused_rope);
-        let k = proj(&mut b, (wk, biases.map(|x| x.1)), nkv, "k", fused_rope);
-        let v = proj(&mut b, (wv, biases.map(|x| x.2)), nkv, "v", false);
-        let rope = |b: &mut Builder, x: Val, heads: u64, tag: &str, qkn: Option<BufferId>| {
-            let Some(nw) = qkn else { return x };
-            let normed = b.act(format!("L{l}.{tag}n"), &[rows, heads, hd]);
-            let x = b.single(
-                Opcode::RMSNORM,
-                (&[x.buf, nw], normed),
-                &[x.wait],
-                params(&[("eps", b.eps.clone()), ("hidden", int(hd))]),
-                format!("L{l}.{tag}_norm"),
-                (rows * heads * hd) as i64 * b.dbytes,
-            );
-            let out = b.act(format!("L{l}.{tag}r"), &[rows, heads, hd]);
-            let mut ins = vec![x.buf, pos];
-            ins.extend(rope_factors);
-            b.single(
-                Opcode::ROPE,
-                (&ins, out),
-                &[x.wait],
-                params(&[("head_dim", int(hd)), ("theta", theta.clone())]),
-                format!("L{l}.rope_{tag}"),
-                (rows * heads * hd) as i64 * b.dbytes,
-            )
-        };
-        let qr = rope(&mut b, q, nh, "q", qk_norms.map(|n| n.0));
-        let kr = rope(&mut b, k, nkv, "k", qk_norms.map(|n| n.1));
-        let append = |b: &mut Builder, new: Val, cache: BufferId, tag: &str| {
-            b.single(
-                Opcode::KV_APPEND,
-                (&[new.buf, cache, pos], cache),
-                &[new.wait],
-                Map::new(),
-                format!("L{l}.kv_append_{tag}"),
-                (rows * kv_dim) as i64 * b.dbytes,
-            )
-        };
-        let k_app = append(&mut b, kr, kc, "k");
-        let v_app = append(&mut b, v, vc, "v");
-
-        // The attention: tasks of one KV head's query heads over a block of rows, sized so a
-        // task's (row, head) pairs are one device group.
-        let attn = b.act(format!("L{l}.attn"), &[rows, q_dim]);
-        let rep = nh / nkv.max(1);
-        let block = (op_attention_causal::DEVICE_PAIRS / rep.max(1)).max(1);
-        let ca = b.p.new_counter(format!("L{l}.attention ready"));
-        let mut n_att = 0;
-        for g in 0..nkv {
-            for m0 in (0..rows).step_by(block as usize) {
-                let pr = params(&[
-                    ("head_dim", int(hd)),
-                    ("n_heads", int(nh)),
-                    ("n_kv_heads", int(nkv)),
-                    ("scale", scale.clone()),
-                    ("m_off", int(m0)),
-                    ("M_tile", int(block.min(rows - m0))),
-                    ("n_off", int(g * rep * hd)),
-                    ("N_tile", int(rep * hd)),
-                ]);
-                let t = b.p.push_task(
-                    Opcode::ATTENTION_CAUSAL,
-                    &[qr.buf, kc, vc, pos],
-                    &[attn],
-                    ca,
-                    &[qr.wait, k_app.wait, v_app.wait],
-                    pr,
-                    format!("L{l}.attention[{n_att}]"),
-                );
-                if let Some(task) = b.p.tasks.get_mut(t as usize) {
-                    task.est_bytes = (max_seq * hd) as i64 * b.dbytes;
-                }
-                n_att += 1;
-            }
-        }
-        let attn = Val {
-            buf: attn,
-            wait: (ca, n_att),
-        };
-        let hm = b.act(format!("L{l}.h_mid"), &[rows, h]);
-        let hm = b.linear(
-            &Linear {
-                x: attn,
-                w: wo,
-                k: q_dim,
-                n: h,
-                norm: None,
-                bias: None,
-                epilogue: (Epilogue::Residual, Some(resid)),
-                tail: (&[], &no_params),
-                out: hm,
-                label: &format!("L{l}.o_add"),
-            },
-            rows,
-        );
-        let act = b.act(format!("L{l}.act"), &[rows, inter]);
-        let act = b.linear(
-            &Linear {
-                x: hm,
-                w: wg,
-                k: h,
-                n: inter,
-                norm: Some(post_norm),
-                bias: None,
-                epilogue: (
-                    Epilogue::SwiGlu,
-                    Some(Val {
-                        buf: wu,
-                        wait: hm.wait,
-                    }),
-                ),
-                tail: (&[], &no_params),
-                out: act,
-                label: &format!("L{l}.gate_up"),
-            },
-            rows,
-        );
-        let out = b.act(format!("L{l}.h_out"), &[rows, h]);
-        resid = b.linear(
-            &Linear {
-                x: act,
-                w: wd,
-                k: inter,
-                n: h,
-                norm: None,
-                bias: None,
-                epilogue: (Epilogue::Residual, Some(hm)),
-                tail: (&[], &no_params),
-                out,
-                label: &format!("L{l}.down_add"),
-            },
-            rows,
-        );
+        let lw = LayerWeights::load(&mut b, &mut w, l)?;
+        let hm = layer(l).attention_block(&mut b, &lw, resid);
+        resid = layer(l).mlp_block(&mut b, &lw, hm);
     }
-    let fnorm = weight(&mut b, FINAL_NORM)?;
-    let head = if mc.tie_word_embeddings {
-        table
-    } else {
-        weight(&mut b, LM_HEAD)?
+    let fnorm = w.buffer(&mut b, FINAL_NORM)?;
+    let head = match mc.tie_word_embeddings {
+        true => table,
+        false => w.buffer(&mut b, LM_HEAD)?,
     };
-    let (x, logit_rows) = match opts.logits {
-        PrefillLogits::Every => (resid, rows),
-        PrefillLogits::Last => {
-            let last = io(&mut b, LAST, 1);
-            let row = b.act("h_last".into(), &[1, h]);
-            let row = b.single(
-                Opcode::EMBED,
-                (&[last, resid.buf], row),
-                &[resid.wait],
-                params(&[("hidden", int(h))]),
-                "last_row".into(),
-                h as i64 * b.dbytes,
-            );
-            (row, 1)
-        }
-    };
-    let logits = b.p.new_buffer(
-        decode::LOGITS,
-        BufferKind::IO_OUTPUT,
-        opts.dtype,
-        &[logit_rows, vocab],
-    );
-    b.linear(
-        &Linear {
-            x,
-            w: head,
-            k: h,
-            n: vocab,
-            norm: Some(fnorm),
-            bias: None,
-            epilogue: (Epilogue::None, None),
-            tail: (&[], &Map::new()),
-            out: logits,
-            label: "lm_head",
-        },
-        logit_rows,
-    );
+    lm_head(&mut b, (fnorm, head), resid, d, opts.logits);
     let Builder { mut p, .. } = b;
     sm::assign_sms(
         &mut p,
@@ -578,8 +735,8 @@ pub fn lower_prefill_sharing(
     )?;
     Ok(Lowered {
         program: p,
-        weights,
-        max_seq,
+        weights: w.store,
+        max_seq: d.max_seq,
         page_stats: None,
     })
 }
