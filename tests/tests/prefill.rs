@@ -200,3 +200,41 @@ fn threads_give_the_same_prefill_logits() {
     assert!(batches > 0, "no tile batch ran on two threads");
     assert_eq!(one, two);
 }
+
+/// The prefill program's tasks, counted from the tiling rules (LINEAR_TILE: 64-row blocks ×
+/// 128 columns, 64 with SwiGLU; ATTENTION_CAUSAL: KV heads × blocks of 64 / (heads a KV head)
+/// rows): SmolLM2-135M's 512-row chunk is the 13,016 tasks `amk bench --prefill 512` reported
+/// on an H200 (docs/perf-notes.md round 33).
+#[test]
+fn smollm2_prefill_has_the_tasks_of_its_tiling() {
+    let cfg = amk_model_llama::presets::preset("smollm2-135m").unwrap();
+    let model = Model::shape_only(cfg.clone(), "smollm2-135m");
+    let opts = PrefillOptions {
+        dtype: DType::BF16,
+        max_seq: 4096,
+        rows: 512,
+        logits: PrefillLogits::Last,
+    };
+    let p = lower_prefill(&model, &GpuTarget::by_name("h100").unwrap(), &opts)
+        .unwrap()
+        .program;
+    let tiles = |n: u64, cols: u64| 512u64.div_ceil(64) * n.div_ceil(cols);
+    let (h, hd, nh, nkv) = (
+        cfg.hidden as u64,
+        cfg.head_dim as u64,
+        cfg.n_heads as u64,
+        cfg.n_kv_heads as u64,
+    );
+    let rows_a_task = 64 / (nh / nkv);
+    let per_layer = tiles(nh * hd, 128)
+        + 2 * tiles(nkv * hd, 128)
+        + 2
+        + nkv * 512u64.div_ceil(rows_a_task)
+        + tiles(h, 128)
+        + tiles(cfg.intermediate as u64, 64)
+        + tiles(h, 128);
+    let head = (cfg.vocab as u64).div_ceil(128);
+    let want = per_layer * cfg.n_layers as u64 + 2 + head;
+    assert_eq!(p.tasks.len() as u64, want);
+    assert_eq!(want, 13_016);
+}
