@@ -954,12 +954,7 @@ impl Session for CpuSession {
             if buf.kind != BufferKind::KV_CACHE {
                 continue;
             }
-            let mine = self.program.buffers.iter().position(|m| {
-                m.kind == BufferKind::KV_CACHE
-                    && m.name == buf.name
-                    && m.dtype == buf.dtype
-                    && m.shape == buf.shape
-            });
+            let mine = self.program.buffers.iter().position(|m| m.same_slot(buf));
             if let Some(mine) = mine {
                 other.store[b] = Slot::Owned(placeholder());
                 other.links.push((b, self.link(mine)));

@@ -33,6 +33,14 @@ pub struct Buffer {
 }
 
 impl Buffer {
+    /// Whether `other` is the same slot in another program: the same name, kind, dtype and
+    /// shape (two programs loaded beside each other share such KV caches and weights).
+    pub fn same_slot(&self, other: &Buffer) -> bool {
+        self.name == other.name
+            && self.kind == other.kind
+            && self.dtype == other.dtype
+            && self.shape == other.shape
+    }
     /// Number of elements (1 for rank 0); saturates instead of overflowing.
     pub fn numel(&self) -> u64 {
         self.shape.iter().fold(1u64, |a, &d| a.saturating_mul(d))

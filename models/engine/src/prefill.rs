@@ -113,10 +113,7 @@ pub(crate) fn prefill_interface(
         .iter()
         .filter(|b| b.kind == amk_core::BufferKind::KV_CACHE)
     {
-        let same = decode.buffers.iter().any(|d| {
-            d.kind == b.kind && d.name == b.name && d.dtype == b.dtype && d.shape == b.shape
-        });
-        if !same {
+        if !decode.buffers.iter().any(|d| d.same_slot(b)) {
             return Err(EngineError::Interface(format!(
                 "the prefill program's KV cache '{}' is not one of the decode program's",
                 b.name

@@ -7,10 +7,10 @@
 //! o[r,h]  = Σ_j exp(s_j − max s) · v[j,g] / Σ_j exp(s_j − max s)
 //! ```
 //!
-//! in f32, cast on store (ATTENTION_TILE's arithmetic, per row). A position outside the cache
-//! is an index error, found when the task runs (positions are data).
+//! in f32, cast on store: ATTENTION_TILE's arithmetic (its `attend`), row by row. A position
+//! outside the cache is an index error, found when the task runs (positions are data).
 
-use amk_core::{CpuCall, OpError, Tensor};
+use amk_core::{CpuCall, DType, OpError, Tensor};
 
 /// The checked params and operand geometry of one call.
 #[derive(Debug, Clone)]
@@ -116,28 +116,37 @@ fn position(pos: &Tensor, r: usize, max_seq: usize) -> Result<usize, OpError> {
     }
 }
 
-/// One (row, head): the attention over cache rows `0..=p` of KV head `g`, in f32.
-fn attend_row(g: &Geometry, qh: &[f32], kc: &Tensor, vc: &Tensor, kv: usize, p: usize) -> Vec<f32> {
-    let hd = g.hd;
-    let at = |j: usize| j * g.row + kv * hd;
-    let scores: Vec<f32> = (0..=p)
-        .map(|j| {
-            let dot: f32 = (0..hd).map(|d| qh[d] * kc.get_f32(at(j) + d)).sum();
-            dot * g.scale
-        })
-        .collect();
-    let m = scores.iter().fold(f32::NEG_INFINITY, |m, &s| m.max(s));
-    let mut acc = vec![0f32; hd];
-    let mut l = 0f32;
-    for (j, &s) in scores.iter().enumerate() {
-        let e = (s - m).exp();
-        l += e;
-        for (d, a) in acc.iter_mut().enumerate() {
-            *a += e * vc.get_f32(at(j) + d);
+/// Row `r`'s heads `g.heads` attending over cache rows `0..=p`: ATTENTION_TILE's arithmetic
+/// (its `attend`, on the row as a one-row query), each element as `(index in q, value)`.
+fn attend_row(
+    g: &Geometry,
+    (q, kc, vc): (&Tensor, &Tensor, &Tensor),
+    r: usize,
+    p: usize,
+) -> Result<Vec<(usize, f32)>, OpError> {
+    let width = g.nh * g.hd;
+    let row: Vec<f32> = (r * width..(r + 1) * width).map(|i| q.get_f32(i)).collect();
+    let qr = Tensor::from_f32(DType::F32, &[1, width as u64], &row)
+        .map_err(|e| shape(format!("row {r} of the query: {e}")))?;
+    let tile = op_attention_tile::reference::Geometry {
+        hd: g.hd,
+        nh: g.nh,
+        rep: g.rep,
+        batch: 1,
+        per_batch: g.max_seq * g.row,
+        row: g.row,
+        kv_start: 0,
+        kv_len: p + 1,
+        scale: g.scale,
+        partial: false,
+    };
+    let mut out = Vec::with_capacity(g.heads.len() * g.hd);
+    op_attention_tile::reference::attend(&tile, &qr, kc, vc, |i, v| {
+        if g.heads.contains(&(i / g.hd)) {
+            out.push((r * width + i, v));
         }
-    }
-    acc.iter_mut().for_each(|a| *a /= l);
-    acc
+    });
+    Ok(out)
 }
 
 /// Runs one ATTENTION_CAUSAL task.
@@ -150,17 +159,11 @@ pub fn run(call: &mut CpuCall<'_, '_>) -> Result<(), OpError> {
         call.input(2)?,
         call.input(3)?,
     );
-    let width = g.nh * g.hd;
     let q_numel = q.numel();
-    let mut values = Vec::with_capacity(g.rows.len() * g.heads.len());
+    let mut values = Vec::with_capacity(g.rows.len() * g.heads.len() * g.hd);
     for r in g.rows.clone() {
         let p = position(pos, r, g.max_seq)?;
-        for h in g.heads.clone() {
-            let qh: Vec<f32> = (0..g.hd)
-                .map(|d| q.get_f32(r * width + h * g.hd + d))
-                .collect();
-            values.push((r, h, attend_row(&g, &qh, kc, vc, h / g.rep, p)));
-        }
+        values.extend(attend_row(&g, (q, kc, vc), r, p)?);
     }
     let out = call.output(0)?;
     if out.numel() != q_numel {
@@ -169,10 +172,8 @@ pub fn run(call: &mut CpuCall<'_, '_>) -> Result<(), OpError> {
             out.shape()
         )));
     }
-    for (r, h, o) in values {
-        for (d, v) in o.into_iter().enumerate() {
-            out.set_f32(r * width + h * g.hd + d, v);
-        }
+    for (i, v) in values {
+        out.set_f32(i, v);
     }
     Ok(())
 }

@@ -19,7 +19,7 @@
 use crate::{Epilogue, Layout};
 use amk_core::{CpuCall, DType, OpError, Tensor, round_to};
 use op_gemv_tile::reference::{float_row_dot, non_negative, positive};
-use op_rmsnorm::reference::rms_row;
+use op_rmsnorm::reference::normed_row_at;
 
 /// The tile a task computes, from its params.
 #[derive(Debug, Clone)]
@@ -72,15 +72,10 @@ fn shape(msg: String) -> OpError {
 /// Row `m` of `x` as the product reads it: as stored, or RMS-normalised and rounded to `x`'s
 /// dtype (what an RMSNORM task stores).
 fn input_row(x: &Tensor, norm: Option<(&Tensor, f32)>, m: usize, k: usize) -> Vec<f32> {
-    let row: Vec<f32> = (m * k..(m + 1) * k).map(|i| x.get_f32(i)).collect();
-    let Some((w, eps)) = norm else { return row };
-    let xs: Vec<f64> = row.iter().map(|&v| f64::from(v)).collect();
-    let ws: Vec<f64> = (0..k).map(|j| f64::from(w.get_f32(j))).collect();
-    let mut y = vec![0f32; k];
-    rms_row(&xs, &ws, f64::from(eps), &mut y);
-    let dt = x.dtype();
-    y.iter_mut().for_each(|v| *v = round_to(dt, *v));
-    y
+    match norm {
+        Some((w, eps)) => normed_row_at(x, m, w, eps),
+        None => (m * k..(m + 1) * k).map(|i| x.get_f32(i)).collect(),
+    }
 }
 
 /// Runs one LINEAR_TILE task.

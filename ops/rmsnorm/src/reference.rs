@@ -73,8 +73,14 @@ pub fn rms_row(x: &[f64], w: &[f64], eps: f64, y: &mut [f32]) {
 /// rounded to `x`'s dtype — exactly what an RMSNORM task would store into an activation of
 /// that dtype for the projection to read.
 pub fn normed_row(x: &Tensor, w: &Tensor, eps: f32) -> Vec<f32> {
-    let h = x.numel();
-    let row: Vec<f64> = (0..h).map(|j| x.get_f32(j) as f64).collect();
+    normed_row_at(x, 0, w, eps)
+}
+
+/// [`normed_row`] of row `m` of `x` viewed as rows of `w.numel()` elements (a prompt chunk's
+/// rows, LINEAR_TILE's prologue). The caller checks that the row lies within `x`.
+pub fn normed_row_at(x: &Tensor, m: usize, w: &Tensor, eps: f32) -> Vec<f32> {
+    let h = w.numel();
+    let row: Vec<f64> = (m * h..(m + 1) * h).map(|j| x.get_f32(j) as f64).collect();
     let wv: Vec<f64> = (0..h).map(|j| w.get_f32(j) as f64).collect();
     let mut y = vec![0.0f32; h];
     rms_row(&row, &wv, eps as f64, &mut y);

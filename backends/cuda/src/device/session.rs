@@ -7,8 +7,8 @@ use crate::TaskTrace;
 use crate::abi::{AmkDeviceProgram, AmkInstruction, AmkStatus, COUNTER_STRIDE, status};
 use crate::tables::{self, Placement, Tables, pack_params, task_label};
 use amk_core::{
-    BackendError, BufferKind, DType, LoopRun, OnRow, Outputs, ParamPatch, Program, Registry,
-    RowWatch, Session, Tensor, WeightStore,
+    BackendError, BufferKind, LoopRun, OnRow, Outputs, ParamPatch, Program, Registry, RowWatch,
+    Session, Tensor, WeightStore,
 };
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -123,9 +123,7 @@ pub(crate) struct Beside {
 
 /// One buffer the other session lends: what it is, and where it lives on the device.
 struct Lent {
-    kind: BufferKind,
-    dtype: DType,
-    shape: Vec<u64>,
+    buf: amk_core::Buffer,
     addr: u64,
 }
 
@@ -137,7 +135,7 @@ impl Beside {
             return None;
         }
         let l = self.by_name.get(&buf.name)?;
-        (l.kind == buf.kind && l.dtype == buf.dtype && l.shape == buf.shape).then_some(l.addr)
+        l.buf.same_slot(buf).then_some(l.addr)
     }
 }
 
@@ -479,9 +477,7 @@ impl CudaSession {
         for (b, buf) in self.program.buffers.iter().enumerate() {
             if matches!(buf.kind, BufferKind::KV_CACHE | BufferKind::WEIGHT) && self.addrs[b] != 0 {
                 let lent = Lent {
-                    kind: buf.kind,
-                    dtype: buf.dtype,
-                    shape: buf.shape.clone(),
+                    buf: buf.clone(),
                     addr: self.addrs[b],
                 };
                 by_name.insert(buf.name.clone(), lent);
