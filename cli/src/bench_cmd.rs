@@ -372,21 +372,9 @@ fn bench(a: &BenchArgs) -> Result<(), ModelCmdError> {
                 a.warmup
             );
             let inputs = inputs(&v, pos, prefix);
-            for _ in 0..a.warmup {
-                s.run(&inputs)?;
-            }
-            let mut ms = Vec::with_capacity(a.iters);
-            let mut last = None;
-            for _ in 0..a.iters {
-                last = Some(s.run(&inputs)?);
-                ms.push(s.last_kernel_ms().map_or(f64::NAN, f64::from));
-            }
-            let after = logits(last)?;
-            let again = Gate::check(&after, &want, a.tolerance);
-            if again.passed() {
-                times = Some(summarize(&ms));
-            } else {
-                gate = again;
+            match time_gated(&mut s, &inputs, &want, a)? {
+                Ok(t) => times = Some(t),
+                Err(again) => gate = again,
             }
             if a.trace {
                 s.enable_trace(&reg)?;
@@ -420,6 +408,37 @@ fn bench(a: &BenchArgs) -> Result<(), ModelCmdError> {
         ))),
         None => Ok(()),
     }
+}
+
+/// A report's table cell: the number with `digits` decimals, or "—" for none (a failed gate).
+pub(crate) fn cell(v: &serde_json::Value, digits: usize) -> String {
+    v.as_f64()
+        .map_or("—".to_string(), |x| format!("{x:.digits$}"))
+}
+
+/// `--warmup` then `--iters` timed launches of `s` on `inputs` (kernel time, from device
+/// events): their (median, p10, p90) ms when the last launch's logits still pass the gate
+/// against `want`, otherwise that gate.
+pub(crate) fn time_gated(
+    s: &mut CudaSession,
+    inputs: &[(&'static str, Tensor)],
+    want: &[f32],
+    a: &BenchArgs,
+) -> Result<Result<(f64, f64, f64), Gate>, ModelCmdError> {
+    for _ in 0..a.warmup {
+        s.run(inputs)?;
+    }
+    let mut ms = Vec::with_capacity(a.iters);
+    let mut last = None;
+    for _ in 0..a.iters {
+        last = Some(s.run(inputs)?);
+        ms.push(s.last_kernel_ms().map_or(f64::NAN, f64::from));
+    }
+    let again = Gate::check(&logits(last)?, want, a.tolerance);
+    Ok(match again.passed() {
+        true => Ok(summarize(&ms)),
+        false => Err(again),
+    })
 }
 
 /// Feeds `prefix[..pos]` (a real text) one step each, so that the KV cache holds what the
@@ -635,13 +654,11 @@ fn report(
     );
     outln!("|---|---|---|---|---|---|---|---|---|---|---|---|---|");
     for (p, r) in points.iter().zip(&rows) {
-        let f = |k: &str| r[k].as_f64().map_or("—".to_string(), |x| format!("{x:.3}"));
+        let f = |k: &str| cell(&r[k], 3);
         let pct = r["pct_of_floor"]
             .as_f64()
             .map_or("—".to_string(), |x| format!("{x:.1} %"));
-        let gbs = r["gbs"]
-            .as_f64()
-            .map_or("—".to_string(), |x| format!("{x:.0}"));
+        let gbs = cell(&r["gbs"], 0);
         outln!(
             "| {} | {} | {} | {} | {} | {} | {:.1} | {} | {:.3} | {} | {} | {} | {} ({:.1e}, {}) |",
             subject.name,

@@ -10,7 +10,7 @@
 //! only when its logits pass the gate (as `amk bench`'s decode points). Prompt tokens per
 //! second are `ROWS` over the kernel's median time.
 
-use crate::bench_cmd::{BenchArgs, Gate, open, open_gpu, summarize};
+use crate::bench_cmd::{BenchArgs, Gate, open, open_gpu};
 use crate::model_cmd::{ModelCmdError, parse_dtype, registry};
 use crate::output::{errln, outln};
 use amk_backend_cuda::CudaSession;
@@ -133,20 +133,9 @@ pub fn bench_prefill(a: &BenchArgs, chunks: &[u64]) -> Result<(), ModelCmdError>
             let mut gate = Gate::check(&got, &want, a.tolerance);
             let mut times = None;
             if gate.passed() {
-                for _ in 0..a.warmup {
-                    s.run(&ins)?;
-                }
-                let mut ms = Vec::with_capacity(a.iters);
-                let mut last = None;
-                for _ in 0..a.iters {
-                    last = Some(s.run(&ins)?);
-                    ms.push(s.last_kernel_ms().map_or(f64::NAN, f64::from));
-                }
-                let again = Gate::check(&crate::bench_cmd::logits(last)?, &want, a.tolerance);
-                if again.passed() {
-                    times = Some(summarize(&ms));
-                } else {
-                    gate = again;
+                match crate::bench_cmd::time_gated(&mut s, &ins, &want, a)? {
+                    Ok(t) => times = Some(t),
+                    Err(again) => gate = again,
                 }
                 if a.trace {
                     s.enable_trace(&reg)?;
@@ -221,10 +210,8 @@ fn report(a: &BenchArgs, name: &str, device: &str, dtype: DType, points: &[Point
     );
     outln!("|---|---|---|---|---|---|---|---|---|---|");
     for (p, r) in points.iter().zip(&rows) {
-        let f = |k: &str| r[k].as_f64().map_or("—".to_string(), |x| format!("{x:.3}"));
-        let tps = r["prompt_tokens_per_s"]
-            .as_f64()
-            .map_or("—".to_string(), |x| format!("{x:.0}"));
+        let f = |k: &str| crate::bench_cmd::cell(&r[k], 3);
+        let tps = crate::bench_cmd::cell(&r["prompt_tokens_per_s"], 0);
         outln!(
             "| {name} | {} | {} | {} | {} | {} | {} | {tps} | {} | {} ({:.1e}) |",
             dtype.name(),

@@ -35,6 +35,46 @@ fn params(t: Tile, norm: bool, epi: Epilogue) -> Vec<(&'static str, Value)> {
     p
 }
 
+/// RMSNORM's output for every row of `x` with weight `nw` (eps 1e-6), or `x` itself.
+fn normed(x: &Tensor, nw: &Tensor, norm: bool) -> Tensor {
+    if !norm {
+        return x.clone();
+    }
+    let (m, k) = (x.shape()[0], x.shape()[1]);
+    let p = [
+        ("eps", Value::Float(1e-6)),
+        ("hidden", Value::Int(k as i64)),
+    ];
+    let mut o = [Tensor::poisoned(x.dtype(), &[m, k])];
+    call(
+        op_rmsnorm::reference::run,
+        &task(Opcode::RMSNORM, 2, 1, &p),
+        &[x, nw],
+        &mut o,
+    )
+    .unwrap();
+    let [o] = o;
+    o
+}
+
+/// GEMM_TILE over every row and column of `xs · w^T` (with `bias`), into `[rows, N]` of `dt`.
+fn gemm(xs: &Tensor, w: &Tensor, bias: Option<&Tensor>, dt: DType) -> Tensor {
+    let (m, k, n) = (xs.shape()[0], xs.shape()[1], w.shape()[0]);
+    let p = [
+        ("K", Value::Int(k as i64)),
+        ("N_tile", Value::Int(n as i64)),
+        ("n_off", Value::Int(0)),
+        ("M_tile", Value::Int(m as i64)),
+    ];
+    let mut ins = vec![xs, w];
+    ins.extend(bias);
+    let mut o = [Tensor::poisoned(dt, &[m, n])];
+    let t = task(Opcode::GEMM_TILE, ins.len(), 1, &p);
+    call(op_gemm_tile::reference::run, &t, &ins, &mut o).unwrap();
+    let [o] = o;
+    o
+}
+
 /// The unfused program over every row: RMSNORM (when `norm`), GEMM_TILE over all columns,
 /// then ADD with `extra` or SILU_MUL with the up product.
 fn unfused(
@@ -46,42 +86,9 @@ fn unfused(
     epi: Epilogue,
     dt: DType,
 ) -> Tensor {
-    let (m, k) = (x.shape()[0], x.shape()[1]);
-    let n = w.shape()[0];
-    let xs = if norm {
-        let t = task(
-            Opcode::RMSNORM,
-            2,
-            1,
-            &[
-                ("eps", Value::Float(1e-6)),
-                ("hidden", Value::Int(k as i64)),
-            ],
-        );
-        let mut o = [Tensor::poisoned(x.dtype(), &[m, k])];
-        call(op_rmsnorm::reference::run, &t, &[x, nw], &mut o).unwrap();
-        let [o] = o;
-        o
-    } else {
-        x.clone()
-    };
-    let gemm = task(
-        Opcode::GEMM_TILE,
-        2,
-        1,
-        &[
-            ("K", Value::Int(k as i64)),
-            ("N_tile", Value::Int(n as i64)),
-            ("n_off", Value::Int(0)),
-            ("M_tile", Value::Int(m as i64)),
-        ],
-    );
-    let product = |w: &Tensor| {
-        let mut o = [Tensor::poisoned(dt, &[m, n])];
-        call(op_gemm_tile::reference::run, &gemm, &[&xs, w], &mut o).unwrap();
-        let [o] = o;
-        o
-    };
+    let (m, n) = (x.shape()[0], w.shape()[0]);
+    let xs = normed(x, nw, norm);
+    let product = |w: &Tensor| gemm(&xs, w, None, dt);
     let s = product(w);
     let (op, second, run): (_, Tensor, amk_core::ReferenceFn) = match epi {
         // RoPE has its own test below.
@@ -290,42 +297,7 @@ fn a_bias_is_gemm_tiles(#[case] dt: DType, #[case] norm: bool, #[case] epi: Epil
         ("head_dim", Value::Int(hd as i64)),
         ("theta", Value::Float(10000.0)),
     ];
-    let xs = if norm {
-        let t = task(
-            Opcode::RMSNORM,
-            2,
-            1,
-            &[
-                ("eps", Value::Float(1e-6)),
-                ("hidden", Value::Int(k as i64)),
-            ],
-        );
-        let mut o = [Tensor::poisoned(dt, &[m as u64, k as u64])];
-        call(op_rmsnorm::reference::run, &t, &[&x, &nw], &mut o).unwrap();
-        let [o] = o;
-        o
-    } else {
-        x.clone()
-    };
-    let gemm = task(
-        Opcode::GEMM_TILE,
-        3,
-        1,
-        &[
-            ("K", Value::Int(k as i64)),
-            ("N_tile", Value::Int(n as i64)),
-            ("n_off", Value::Int(0)),
-            ("M_tile", Value::Int(m as i64)),
-        ],
-    );
-    let mut flat = [Tensor::poisoned(dt, &[m as u64, n as u64])];
-    call(
-        op_gemm_tile::reference::run,
-        &gemm,
-        &[&xs, &w, &bias],
-        &mut flat,
-    )
-    .unwrap();
+    let flat = [gemm(&normed(&x, &nw, norm), &w, Some(&bias), dt)];
     // The same values as [rows, heads, head_dim] (a 16-bit value is exact in f32).
     let shape = [m as u64, heads as u64, hd as u64];
     let mut want = Tensor::from_f32(dt, &shape, &flat[0].to_f32_vec()).unwrap();
