@@ -72,6 +72,20 @@ pub fn input_default(name: &str) -> Option<i64> {
     (name == RESHAPE_ID).then_some(0)
 }
 
+/// Index of the largest logit (lowest index on ties; NaN never wins) — the rule of
+/// SAMPLE_ARGMAX, NEXT_TOKEN's greedy choice and `torch.argmax` on finite logits.
+pub fn argmax(logits: &[f32]) -> u32 {
+    let mut best = 0usize;
+    let mut bv = f32::NEG_INFINITY;
+    for (i, &x) in logits.iter().enumerate() {
+        if x > bv {
+            bv = x;
+            best = i;
+        }
+    }
+    best as u32
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

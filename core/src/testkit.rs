@@ -148,3 +148,43 @@ pub fn max_rel_err(got: &[f32], want: &[f64]) -> f64 {
         .map(|(g, w)| (*g as f64 - w).abs() / scale)
         .fold(0.0, f64::max)
 }
+
+/// Every row of `got` against the reference rows `want` (transformers' logits): the same
+/// width, within `bound` by [`max_rel_err`] and, with `greedy`, the same argmax
+/// ([`crate::decode::argmax`]). The worst error, or what failed first (its row).
+pub fn check_rows(
+    got: &[Vec<f32>],
+    want: &[Vec<f64>],
+    greedy: Option<&[u32]>,
+    bound: f64,
+) -> Result<f64, String> {
+    if got.len() != want.len() {
+        return Err(format!(
+            "{} rows against {} reference rows",
+            got.len(),
+            want.len()
+        ));
+    }
+    let mut worst = 0f64;
+    for (i, (g, w)) in got.iter().zip(want).enumerate() {
+        if g.len() != w.len() {
+            return Err(format!("row {i}: {} logits against {}", g.len(), w.len()));
+        }
+        let err = max_rel_err(g, w);
+        worst = worst.max(err);
+        if err > bound {
+            return Err(format!(
+                "row {i}: max |got − want| / max |want| = {err:e} > {bound:e}"
+            ));
+        }
+        if let Some(&t) = greedy.and_then(|t| t.get(i))
+            && crate::decode::argmax(g) != t
+        {
+            return Err(format!(
+                "row {i}: greedy token {} against {t}",
+                crate::decode::argmax(g)
+            ));
+        }
+    }
+    Ok(worst)
+}

@@ -184,28 +184,18 @@ fn tiny_with(name: &str, format: Format, cfg: &ScheduleConfig) {
     let input = ids(&refdoc["input_ids"]);
     let greedy = ids(&refdoc["greedy_next"]);
     let mut e = engine_with(&model, 32, cfg);
-    let mut worst = 0f64;
     let logits = all_logits(&mut e, &input);
-    for (i, (got, row)) in logits
-        .iter()
-        .zip(refdoc["logits"].as_array().unwrap())
-        .enumerate()
-    {
-        let want: Vec<f64> = row
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|x| x.as_f64().unwrap())
-            .collect();
-        assert_eq!(got.len(), want.len());
-        let err = amk_core::testkit::max_rel_err(got, &want);
-        worst = worst.max(err);
-        assert!(
-            err <= 1e-5,
-            "{name} position {i}: max |amk − HF| / max |HF| = {err:e}"
-        );
-        assert_eq!(argmax(got), greedy[i], "{name} position {i}: greedy token");
-    }
+    let want: Vec<Vec<f64>> = (refdoc["logits"].as_array().unwrap().iter())
+        .map(|r| {
+            r.as_array()
+                .unwrap()
+                .iter()
+                .map(|x| x.as_f64().unwrap())
+                .collect()
+        })
+        .collect();
+    let worst = amk_core::testkit::check_rows(&logits, &want, Some(&greedy), 1e-5)
+        .unwrap_or_else(|e| panic!("{name}: {e}"));
     println!(
         "{name}: {} positions, worst relative logit error {worst:.2e}",
         input.len()

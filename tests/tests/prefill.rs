@@ -81,37 +81,30 @@ fn chunked_logits(s: &mut dyn Session, ids: &[i64]) -> Vec<Vec<f32>> {
     out
 }
 
+/// The reference's rows of logits.
+fn rows(doc: &Value) -> Vec<Vec<f64>> {
+    let row = |r: &Value| {
+        r.as_array()
+            .unwrap()
+            .iter()
+            .map(|x| x.as_f64().unwrap())
+            .collect()
+    };
+    doc["logits"].as_array().unwrap().iter().map(row).collect()
+}
+
 fn check(name: &str, label: &str, model: &Model) {
     let doc = refdoc(name);
     let name = label;
     let input = ints(&doc["input_ids"]);
-    let greedy = ints(&doc["greedy_next"]);
+    let greedy: Vec<u32> = ints(&doc["greedy_next"])
+        .iter()
+        .map(|&t| t as u32)
+        .collect();
     let mut s = session(model, PrefillLogits::Every);
     let got = chunked_logits(&mut *s, &input);
-    let mut worst = 0f64;
-    for (i, (g, row)) in got
-        .iter()
-        .zip(doc["logits"].as_array().unwrap())
-        .enumerate()
-    {
-        let want: Vec<f64> = row
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|x| x.as_f64().unwrap())
-            .collect();
-        let err = amk_core::testkit::max_rel_err(g, &want);
-        worst = worst.max(err);
-        assert!(
-            err <= 1e-5,
-            "{name} position {i}: max |prefill − HF| / max |HF| = {err:e}"
-        );
-        assert_eq!(
-            i64::from(amk_engine::argmax(g)),
-            greedy[i],
-            "{name} position {i}"
-        );
-    }
+    let worst = amk_core::testkit::check_rows(&got, &rows(&doc), Some(&greedy), 1e-5)
+        .unwrap_or_else(|e| panic!("{name} through prefill: {e}"));
     println!(
         "{name}: {} positions through prefill, worst {worst:.2e}",
         got.len()

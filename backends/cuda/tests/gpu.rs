@@ -1391,8 +1391,9 @@ mod perf {
 /// (`tests/reference/tiny_gguf.py`). Embedded, as the test may run where the source tree is not.
 mod tiny_checkpoints {
     use super::*;
+    use amk_core::testkit::check_rows;
     use amk_core::{GpuTarget, ScheduleConfig};
-    use amk_engine::{EngineOptions, argmax, lower_and_load};
+    use amk_engine::{EngineOptions, lower_and_load};
     use amk_model_llama::gguf_import::import_gguf_file;
 
     macro_rules! tiny {
@@ -1434,6 +1435,18 @@ mod tiny_checkpoints {
         tiny!("tiny-qwen3"),
         tiny!("tiny-llama3"),
     ];
+
+    /// transformers' rows of logits, as `hf_logits.json` holds them.
+    fn hf_rows(rows: &[serde_json::Value]) -> Vec<Vec<f64>> {
+        let row = |r: &serde_json::Value| -> Vec<f64> {
+            r.as_array()
+                .unwrap()
+                .iter()
+                .map(|x| x.as_f64().unwrap())
+                .collect()
+        };
+        rows.iter().map(row).collect()
+    }
 
     /// The HF checkpoint written to a scratch directory and imported.
     fn import(name: &str, config: &str, weights: &[u8]) -> amk_model_llama::Model {
@@ -1490,20 +1503,8 @@ mod tiny_checkpoints {
                 let mut got: Vec<Vec<f32>> = Vec::new();
                 e.forced_logits(&fed, &mut |_, l| got.push(l.to_vec()))
                     .unwrap();
-                assert_eq!(got.len(), want.len(), "{name} {sched}");
-                let mut worst = 0f64;
-                for (i, (g, w)) in got.iter().zip(want).enumerate() {
-                    let w: Vec<f64> = w
-                        .as_array()
-                        .unwrap()
-                        .iter()
-                        .map(|x| x.as_f64().unwrap())
-                        .collect();
-                    let err = amk_core::testkit::max_rel_err(g, &w);
-                    worst = worst.max(err);
-                    assert!(err <= 1e-5, "{name} {sched} position {i}: {err:e}");
-                    assert_eq!(argmax(g), greedy[i], "{name} {sched} position {i}: argmax");
-                }
+                let worst = check_rows(&got, &hf_rows(want), Some(&greedy), 1e-5)
+                    .unwrap_or_else(|e| panic!("{name} {sched}: {e}"));
                 report.push(format!("{name} {sched}: worst {worst:.2e}"));
             }
         }
@@ -1578,21 +1579,17 @@ mod tiny_checkpoints {
                         cpu_bf16.extend(l.chunks(vocab).take(chunk.len()).map(<[f32]>::to_vec));
                     }
                 }
-                let mut worst = 0f64;
-                for (i, (g, w)) in got.iter().zip(want).enumerate() {
-                    let w: Vec<f64> = match dtype {
-                        DType::BF16 => cpu_bf16[i].iter().map(|&x| f64::from(x)).collect(),
-                        _ => (w.as_array().unwrap().iter())
-                            .map(|x| x.as_f64().unwrap())
-                            .collect(),
-                    };
-                    let err = amk_core::testkit::max_rel_err(g, &w);
-                    worst = worst.max(err);
-                    assert!(err <= bound, "{name} {dtype} prefill position {i}: {err:e}");
-                    if dtype == DType::F32 {
-                        assert_eq!(argmax(g), greedy[i], "{name} prefill position {i}");
+                let (reference, tokens) = match dtype {
+                    DType::BF16 => {
+                        let cpu = cpu_bf16
+                            .iter()
+                            .map(|r| r.iter().map(|&x| f64::from(x)).collect());
+                        (cpu.collect(), None)
                     }
-                }
+                    _ => (hf_rows(want), Some(&greedy[..])),
+                };
+                let worst = check_rows(&got, &reference, tokens, bound)
+                    .unwrap_or_else(|e| panic!("{name} {dtype} prefill: {e}"));
                 report.push(format!("{name} {dtype} prefill: worst {worst:.2e}"));
             }
             let engine = |prefill: Option<u64>| {

@@ -560,16 +560,4 @@ pub fn nll(logits: &[f32], target: usize) -> f64 {
     lse - logits.get(target).map_or(f64::NAN, |&x| x as f64)
 }
 
-/// Index of the largest logit (lowest index on ties; NaN never wins) — the rule of
-/// SAMPLE_ARGMAX, NEXT_TOKEN's greedy choice and `torch.argmax` on finite logits.
-pub fn argmax(logits: &[f32]) -> u32 {
-    let mut best = 0usize;
-    let mut bv = f32::NEG_INFINITY;
-    for (i, &x) in logits.iter().enumerate() {
-        if x > bv {
-            bv = x;
-            best = i;
-        }
-    }
-    best as u32
-}
+pub use amk_core::decode::argmax;
