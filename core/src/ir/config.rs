@@ -94,6 +94,34 @@ impl ScheduleConfig {
             .find(|(g, _)| g == group)
             .and_then(|(_, kv)| kv.iter().find(|(k, _)| k == key).map(|(_, v)| *v))
     }
+
+    /// The kernel-build knobs out of their range, as the reference checks them before it
+    /// lowers (spec notes §6): `threads_per_block` a multiple of 32 in [32, 1024],
+    /// `smem_bytes_per_block` between 0 and the target's opt-in cap, `pipelining_depth` not
+    /// negative. One message each; none when they are in range.
+    pub fn kernel_knob_errors(&self, target: Option<&GpuTarget>) -> Vec<String> {
+        let mut bad = Vec::new();
+        let tpb = self.threads_per_block;
+        if !(32..=1024).contains(&tpb) || tpb % 32 != 0 {
+            bad.push(format!(
+                "threads_per_block = {tpb} must be a multiple of 32 between 32 and 1024"
+            ));
+        }
+        let cap = target.map_or(i64::MAX, |t| t.smem_bytes_per_block_optin);
+        if self.smem_bytes_per_block < 0 || self.smem_bytes_per_block > cap {
+            bad.push(format!(
+                "smem_bytes_per_block = {} must be between 0 and the target's {cap}",
+                self.smem_bytes_per_block
+            ));
+        }
+        if self.pipelining_depth < 0 {
+            bad.push(format!(
+                "pipelining_depth = {} must not be negative",
+                self.pipelining_depth
+            ));
+        }
+        bad
+    }
 }
 
 /// A GPU described as data.

@@ -198,32 +198,12 @@ impl Validator<'_> {
     /// and the target's opt-in cap, `pipelining_depth` ≥ 0), and a target whose sizes and
     /// rates are positive (finite, for the rates).
     fn check_config(&mut self) {
-        let mut bad = Vec::new();
-        if let Some(c) = &self.p.config {
-            let tpb = c.threads_per_block;
-            if !(32..=1024).contains(&tpb) || tpb % 32 != 0 {
-                bad.push(format!(
-                    "config.threads_per_block = {tpb} must be a multiple of 32 between 32 and 1024"
-                ));
-            }
-            let cap = self
-                .p
-                .target
-                .as_ref()
-                .map_or(i64::MAX, |t| t.smem_bytes_per_block_optin);
-            if c.smem_bytes_per_block < 0 || c.smem_bytes_per_block > cap {
-                bad.push(format!(
-                    "config.smem_bytes_per_block = {} must be between 0 and the target's {cap}",
-                    c.smem_bytes_per_block
-                ));
-            }
-            if c.pipelining_depth < 0 {
-                bad.push(format!(
-                    "config.pipelining_depth = {} must not be negative",
-                    c.pipelining_depth
-                ));
-            }
-        }
+        let mut bad: Vec<String> = match &self.p.config {
+            Some(c) => (c.kernel_knob_errors(self.p.target.as_ref()).into_iter())
+                .map(|m| format!("config.{m}"))
+                .collect(),
+            None => Vec::new(),
+        };
         if let Some(t) = &self.p.target {
             let sizes = [
                 ("num_sms", t.num_sms),

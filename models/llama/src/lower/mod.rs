@@ -362,7 +362,7 @@ const TILING_KEYS: &[(&str, &[&str])] = &[
 ];
 
 fn check_config(cfg: &ScheduleConfig, target: &GpuTarget) -> Result<(), ModelError> {
-    let mut bad = kernel_knob_errors(cfg, target);
+    let mut bad = cfg.kernel_knob_errors(Some(target));
     for (group, kvs) in &cfg.tiling {
         match TILING_KEYS.iter().find(|(g, _)| g == group) {
             None => bad.push(format!(
@@ -407,34 +407,6 @@ fn check_config(cfg: &ScheduleConfig, target: &GpuTarget) -> Result<(), ModelErr
     } else {
         Err(ModelError::Lower(bad.join("; ")))
     }
-}
-
-/// The kernel-build knobs a schedule records for the backend, checked as the reference checks
-/// them before it lowers (spec notes §6, `_config_type_errors` / `_launch_config_errors`):
-/// `threads_per_block` a multiple of 32 in [32, 1024], `smem_bytes_per_block` between 0 and the
-/// target's opt-in cap, `pipelining_depth` not negative.
-fn kernel_knob_errors(cfg: &ScheduleConfig, target: &GpuTarget) -> Vec<String> {
-    let mut bad = Vec::new();
-    let tpb = cfg.threads_per_block;
-    if !(32..=1024).contains(&tpb) || tpb % 32 != 0 {
-        bad.push(format!(
-            "threads_per_block = {tpb} must be a multiple of 32 between 32 and 1024"
-        ));
-    }
-    let cap = target.smem_bytes_per_block_optin;
-    if !(0..=cap.max(0)).contains(&cfg.smem_bytes_per_block) {
-        bad.push(format!(
-            "smem_bytes_per_block = {} must be between 0 and the target's {cap}",
-            cfg.smem_bytes_per_block
-        ));
-    }
-    if cfg.pipelining_depth < 0 {
-        bad.push(format!(
-            "pipelining_depth = {} must not be negative",
-            cfg.pipelining_depth
-        ));
-    }
-    bad
 }
 
 fn int(v: u64) -> Value {
