@@ -10,6 +10,7 @@ mod output;
 mod prefill_bench;
 mod registry;
 mod run_cmd;
+mod serve_cmd;
 mod status;
 mod validate_cmd;
 
@@ -85,6 +86,10 @@ enum Command {
     /// Teacher-forced perplexity of a model on a text file.
     #[command(after_help = model_cmd::AFTER_HELP, allow_negative_numbers = true)]
     Perplexity(model_cmd::PerplexityArgs),
+    /// Serve the model over HTTP with OpenAI's API (chat and text completions, streaming,
+    /// /v1/models, /health, /metrics).
+    #[command(after_help = serve_cmd::AFTER_HELP)]
+    Serve(serve_cmd::ServeArgs),
     /// Time one decode step on the GPU (median/p10/p90 over many launches) against the
     /// bandwidth floor, after a correctness gate against an f32 reference.
     #[command(after_help = bench_cmd::AFTER_HELP, allow_negative_numbers = true)]
@@ -156,6 +161,7 @@ fn run() -> ExitCode {
         Command::Lower(args) => model_cmd::run_lower(&args),
         Command::Generate(args) => model_cmd::run_generate(&args),
         Command::Perplexity(args) => model_cmd::run_perplexity(&args),
+        Command::Serve(args) => serve_cmd::run(&args),
         Command::Bench(args) => bench_cmd::run(&args),
         Command::Completions { shell } => {
             use clap::CommandFactory;

@@ -69,6 +69,9 @@ pub enum ModelCmdError {
     /// The engine could not load the model or serve the request.
     #[error("{0}")]
     Engine(#[from] EngineError),
+    /// The server could not listen or serve (`amk serve`).
+    #[error("{0}")]
+    Serve(amk_server::ServerError),
 }
 
 impl ModelCmdError {
@@ -102,6 +105,7 @@ impl ModelCmdError {
             ModelCmdError::Model(_) | ModelCmdError::ModelFile { .. } => "model",
             ModelCmdError::Registry(_) => "registry",
             ModelCmdError::Io(_) => "io",
+            ModelCmdError::Serve(_) => "serve",
             ModelCmdError::Device(_) => "backend",
             ModelCmdError::Gate(_) => "gate",
             ModelCmdError::Engine(e) => match e {
@@ -143,7 +147,7 @@ pub struct ModelArgs {
     max_seq: Option<u64>,
     /// Machine-readable output on stdout.
     #[arg(long)]
-    json: bool,
+    pub(crate) json: bool,
 }
 
 /// How `generate` and `perplexity` feed a prompt or text.
@@ -264,7 +268,7 @@ pub struct PerplexityArgs {
 }
 
 /// `--threads N`: a positive count (0 was silently taken as 1).
-fn parse_threads(s: &str) -> Result<usize, String> {
+pub(crate) fn parse_threads(s: &str) -> Result<usize, String> {
     match s.parse::<usize>() {
         Ok(0) => Err("must be at least 1".into()),
         Ok(n) => Ok(n),
@@ -374,8 +378,8 @@ struct Prepared {
 }
 
 /// An imported model and how the engine is to lower it.
-struct Imported {
-    model: Model,
+pub(crate) struct Imported {
+    pub(crate) model: Model,
     options: EngineOptions,
     import_s: f64,
 }
@@ -418,7 +422,7 @@ pub fn target_named(name: &str) -> Result<GpuTarget, ModelCmdError> {
 /// Imports the model and settles the lowering options. `gpu_sms`: the SM count of the CUDA
 /// device that will run the program (its schedule is then the tuned one by default, laid
 /// out for that many SMs).
-fn import(
+pub(crate) fn import(
     a: &ModelArgs,
     gpu_sms: Option<usize>,
     prefill: Option<PrefillArg>,
@@ -517,7 +521,7 @@ fn prepare(a: &ModelArgs, decode_loop: bool) -> Result<Prepared, ModelCmdError> 
 }
 
 /// Lowers, validates and loads the model as a decode loop on the chosen backend.
-fn load_engine(
+pub(crate) fn load_engine(
     imported: &Imported,
     chosen: &backend_choice::Chosen,
     reg: &Registry,
@@ -543,7 +547,7 @@ fn load_engine(
     Ok((engine, t.elapsed().as_secs_f64()))
 }
 
-fn tokenizer(model: &Model) -> Result<&Tokenizer, ModelCmdError> {
+pub(crate) fn tokenizer(model: &Model) -> Result<&Tokenizer, ModelCmdError> {
     model.tokenizer.as_ref().ok_or_else(|| {
         ModelCmdError::Usage(format!(
             "{}: the model carries no tokenizer (an HF directory needs tokenizer.json)",
@@ -703,6 +707,7 @@ fn generate_inner(a: &GenerateArgs) -> Result<(), ModelCmdError> {
         stop: &stop,
         vocab_limit: Some(tok.vocab_size()),
         passes_per_launch: None,
+        top_logprobs: 0,
     };
     // A long prompt on the CPU VM takes seconds to minutes: say how far it is, launch by
     // launch (on a GPU it is one launch of well under a second).

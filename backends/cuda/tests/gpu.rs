@@ -976,6 +976,7 @@ mod smollm2 {
                 let (_, prompt, want, _) = prompts().into_iter().next().unwrap();
                 let req = Request {
                     passes_per_launch: Some(1),
+                    top_logprobs: 0,
                     ..request(&prompt, want.len(), &[])
                 };
                 assert_eq!(ids(&mut e, &req).0, want, "one pass per launch");

@@ -29,6 +29,22 @@ pub struct Request<'a> {
     /// At most this many passes per launch (`None`: the whole request in one). The loop's
     /// state stays on the device between launches, so the tokens are the same either way.
     pub passes_per_launch: Option<u64>,
+    /// The most likely tokens to report at each generated position, with their
+    /// log-probabilities ([`Engine::generate_with`]; at most [`MAX_TOP_LOGPROBS`]). Reading
+    /// them costs a launch a generated token and a copy of the logits; 0 reads none.
+    pub top_logprobs: usize,
+}
+
+/// The most alternatives a request may ask for at each position (OpenAI's bound).
+pub const MAX_TOP_LOGPROBS: usize = 20;
+
+/// One of the most likely tokens at a generated position.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Alternative {
+    /// Its id.
+    pub id: u32,
+    /// Its log-probability (temperature 1, over the allowed ids), as [`Token::logprob`].
+    pub logprob: f32,
 }
 
 /// Who hears of the prompt's progress ([`Engine::generate_observed`]).
@@ -50,6 +66,7 @@ impl<'a> Request<'a> {
             stop,
             vocab_limit: None,
             passes_per_launch: None,
+            top_logprobs: 0,
         }
     }
 }
@@ -353,9 +370,28 @@ impl Engine {
         &mut self,
         req: &Request<'_>,
         on_token: &mut dyn FnMut(&Token) -> bool,
+        prompt: Option<PromptWatch<'_>>,
+    ) -> Result<Generation, EngineError> {
+        self.generate_with(req, &mut |t, _| on_token(t), prompt)
+    }
+
+    /// [`Engine::generate_observed`], handing `on_token` each token with the
+    /// `req.top_logprobs` most likely tokens at its position, most likely first (empty when
+    /// none are asked for). Those come from the logits the token was drawn from, read after
+    /// a launch of one pass, so asking for them costs a launch a token.
+    pub fn generate_with(
+        &mut self,
+        req: &Request<'_>,
+        on_token: &mut dyn FnMut(&Token, &[Alternative]) -> bool,
         mut prompt: Option<PromptWatch<'_>>,
     ) -> Result<Generation, EngineError> {
         req.sampling.check()?;
+        if req.top_logprobs > MAX_TOP_LOGPROBS {
+            return Err(EngineError::Request(format!(
+                "{} top log-probabilities asked for; at most {MAX_TOP_LOGPROBS}",
+                req.top_logprobs
+            )));
+        }
         let n = req.prompt.len();
         if n == 0 {
             return Err(EngineError::Request("the prompt has no tokens".into()));
@@ -418,17 +454,9 @@ impl Engine {
             buffer: decode::EMITTED.to_string(),
             first_row: n as u64,
         };
+        let top = req.top_logprobs;
         let chunk = req.passes_per_launch.unwrap_or(u64::MAX).max(1);
-        let (tokens, token_s) = (&mut out.tokens, &mut out.token_s);
-        let mut on_row = |_: u64, row: &[i32]| {
-            let token = Token {
-                id: row.first().copied().unwrap_or(0) as u32,
-                logprob: f32::from_bits(row.get(1).copied().unwrap_or(0) as u32),
-            };
-            token_s.push(t0.elapsed().as_secs_f64());
-            tokens.push(token);
-            on_token(&token)
-        };
+        let mut pending: Option<Token> = None;
         let mut run = amk_core::LoopRun::default();
         let mut kernel_ms: Option<f64> = None;
         let fed = n as u64 - 1; // positions whose pass feeds a prompt token and emits nothing
@@ -439,12 +467,42 @@ impl Engine {
             if let Some(w) = prompt.as_ref().filter(|_| at(&run) < fed) {
                 budget = budget.min(w.every.max(1)).min(fed - at(&run));
             }
+            // With alternatives asked for: the prompt's passes in one launch, then one pass a
+            // launch, so that the logits read after it are those its token was drawn from.
+            if top > 0 {
+                budget = if at(&run) < fed {
+                    budget.min(fed - at(&run))
+                } else {
+                    1
+                };
+            }
             // Every row before the next pass's was reported by an earlier launch.
             let watch = RowWatch {
                 first_row: (at(&run) + 1).max(watch.first_row),
                 ..watch.clone()
             };
-            let part = self.session.run_loop(budget, Some(&watch), &mut on_row)?;
+            let (tokens, token_s) = (&mut out.tokens, &mut out.token_s);
+            let mut on_row = |_: u64, row: &[i32]| {
+                let token = Token {
+                    id: row.first().copied().unwrap_or(0) as u32,
+                    logprob: f32::from_bits(row.get(1).copied().unwrap_or(0) as u32),
+                };
+                token_s.push(t0.elapsed().as_secs_f64());
+                tokens.push(token);
+                if top > 0 {
+                    pending = Some(token);
+                    return true;
+                }
+                on_token(&token, &[])
+            };
+            let mut part = self.session.run_loop(budget, Some(&watch), &mut on_row)?;
+            if let Some(token) = pending.take() {
+                let logits = self.session.read(decode::LOGITS)?.to_f32_vec();
+                let alternatives = top_alternatives(&logits, vocab_limit, top);
+                if !on_token(&token, &alternatives) {
+                    part.cancelled = true;
+                }
+            }
             run.passes += part.passes;
             run.halted = part.halted;
             run.cancelled = part.cancelled;
@@ -545,6 +603,34 @@ impl Engine {
         let n = ids.len() - 1;
         Ok((n, total / n as f64))
     }
+}
+
+/// The `k` most likely of the ids below `limit` in `logits`, most likely first (the lower id
+/// first among equals), with their log-probabilities over those ids (log-softmax in f64).
+pub fn top_alternatives(logits: &[f32], limit: usize, k: usize) -> Vec<Alternative> {
+    let allowed = &logits[..limit.min(logits.len())];
+    let m = allowed
+        .iter()
+        .fold(f64::NEG_INFINITY, |m, &x| m.max(x as f64));
+    let lse = m + allowed
+        .iter()
+        .map(|&x| (x as f64 - m).exp())
+        .sum::<f64>()
+        .ln();
+    let mut ids: Vec<usize> = (0..allowed.len()).collect();
+    let order = |a: &usize, b: &usize| allowed[*b].total_cmp(&allowed[*a]).then(a.cmp(b));
+    let k = k.min(ids.len());
+    if k > 0 && k < ids.len() {
+        ids.select_nth_unstable_by(k - 1, order);
+    }
+    ids.truncate(k);
+    ids.sort_by(order);
+    ids.into_iter()
+        .map(|i| Alternative {
+            id: i as u32,
+            logprob: (allowed[i] as f64 - lse) as f32,
+        })
+        .collect()
 }
 
 /// `-log softmax(logits)[target]`, in f64.

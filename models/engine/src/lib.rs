@@ -16,7 +16,10 @@ mod interface;
 mod prefill;
 mod sampling;
 
-pub use engine::{Engine, Finish, Generation, PromptWatch, Request, Token, argmax, nll};
+pub use engine::{
+    Alternative, Engine, Finish, Generation, MAX_TOP_LOGPROBS, PromptWatch, Request, Token, argmax,
+    nll, top_alternatives,
+};
 pub use error::EngineError;
 pub use interface::Interface;
 pub use sampling::Sampling;

@@ -87,6 +87,7 @@ fn one_launch_gives_the_tokens_of_one_pass_per_launch(#[case] schedule: Schedule
     for chunk in [1, 2, 5] {
         let req = Request {
             passes_per_launch: Some(chunk),
+            top_logprobs: 0,
             ..request(PROMPT, 12, &[])
         };
         assert_eq!(ids(&mut e, &req).0, want, "{chunk} passes per launch");
@@ -433,4 +434,87 @@ fn attach_prefill_checks_the_interface() {
     e.attach_prefill(good.program, &good.weights, &registry())
         .unwrap();
     assert_eq!(e.prefill_rows(), Some(4));
+}
+
+/// Alternatives come from the logits each token was drawn from: greedy tokens lead their own
+/// alternatives, which equal the top of the teacher-forced logits at that position; asking
+/// for them changes no token; sampled tokens keep their seeded ids.
+#[rstest]
+#[case::reference(ScheduleConfig::default())]
+#[case::tuned(tuned_schedule())]
+fn alternatives_are_the_top_of_each_tokens_logits(#[case] schedule: ScheduleConfig) {
+    let mut e = engine(schedule, 32);
+    let plain = ids(&mut e, &request(PROMPT, 8, &[])).0;
+    let mut seen: Vec<(u32, f32, Vec<amk_engine::Alternative>)> = Vec::new();
+    let req = Request {
+        top_logprobs: 3,
+        ..request(PROMPT, 8, &[])
+    };
+    let g = e
+        .generate_with(
+            &req,
+            &mut |t, alts| {
+                seen.push((t.id, t.logprob, alts.to_vec()));
+                true
+            },
+            None,
+        )
+        .unwrap();
+    assert_eq!(g.ids(), plain);
+    assert_eq!(seen.len(), 8);
+    let mut seq = PROMPT.to_vec();
+    seq.extend(&plain);
+    let mut forced = Vec::new();
+    e.forced_logits(&seq, &mut |pos, l| {
+        if pos + 1 >= PROMPT.len() {
+            forced.push(l.to_vec());
+        }
+    })
+    .unwrap();
+    for (i, (id, logprob, alts)) in seen.iter().enumerate() {
+        assert_eq!(alts.len(), 3);
+        assert_eq!(alts[0].id, *id, "greedy: the token is the most likely");
+        assert!(
+            (alts[0].logprob - logprob).abs() < 1e-5,
+            "{alts:?} vs {logprob}"
+        );
+        assert!(alts.windows(2).all(|w| w[0].logprob >= w[1].logprob));
+        assert_eq!(alts, &amk_engine::top_alternatives(&forced[i], 40, 3));
+    }
+    // Sampled: the same seed gives the same tokens with and without alternatives.
+    let sampled = Request {
+        sampling: Sampling {
+            temperature: 0.8,
+            top_p: 0.9,
+            top_k: 0,
+            seed: 3,
+        },
+        ..request(PROMPT, 8, &[])
+    };
+    let want = ids(&mut e, &sampled).0;
+    let with = Request {
+        top_logprobs: 2,
+        ..sampled
+    };
+    assert_eq!(ids(&mut e, &with).0, want);
+    let too_many = Request {
+        top_logprobs: amk_engine::MAX_TOP_LOGPROBS + 1,
+        ..request(PROMPT, 2, &[])
+    };
+    assert!(matches!(
+        e.generate(&too_many, &mut |_| true),
+        Err(EngineError::Request(_))
+    ));
+}
+
+#[test]
+fn top_alternatives_order_ties_by_id_and_respect_the_limit() {
+    let logits = [1.0f32, 3.0, 3.0, -1.0, 9.0];
+    let top = amk_engine::top_alternatives(&logits, 4, 3);
+    let ids: Vec<u32> = top.iter().map(|a| a.id).collect();
+    assert_eq!(ids, vec![1, 2, 0], "id 4 is past the limit; ties by id");
+    let lse = (1f64.exp() + 2.0 * 3f64.exp() + (-1f64).exp()).ln();
+    assert!((top[0].logprob as f64 - (3.0 - lse)).abs() < 1e-6);
+    assert_eq!(amk_engine::top_alternatives(&logits, 5, 0), vec![]);
+    assert_eq!(amk_engine::top_alternatives(&logits, 2, 9).len(), 2);
 }
