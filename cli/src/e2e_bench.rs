@@ -116,8 +116,7 @@ pub fn bench_e2e(a: &BenchArgs, prompt_tokens: usize) -> Result<(), ModelCmdErro
         dtype,
         max_seq: Some(a.max_seq.unwrap_or(longest as u64 + 1)),
         stop_slots: amk_model_llama::lower::DecodeLoop::default().stop_slots,
-        prefill_rows: Some(crate::model_cmd::default_prefill_rows(true, dtype, false))
-            .filter(|&r| r > 0),
+        prefill_rows: Some(amk_engine::default_prefill_rows(true, dtype, false)).filter(|&r| r > 0),
     };
     let gate_ids = text_ids(&tok, prompt_tokens.min(GATE_TOKENS))?;
     crate::status::status!(

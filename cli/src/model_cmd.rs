@@ -11,10 +11,8 @@
 use crate::backend_choice::{self, BackendKind, BackendUnavailable};
 use crate::output::{errln, out, outln};
 use crate::status::status;
-use amk_core::{DType, GpuTarget, Importer, Registry, ScheduleConfig};
+use amk_core::{DType, GpuTarget, Registry, ScheduleConfig};
 use amk_engine::{Engine, EngineError, EngineOptions, Finish, Request, Sampling};
-use amk_model_llama::gguf_import::GgufImporter;
-use amk_model_llama::hf::HfImporter;
 use amk_model_llama::lower::{LowerOptions, Lowered, lower, tuned_schedule};
 use amk_model_llama::{Model, ModelError, Tokenizer};
 use std::path::{Path, PathBuf};
@@ -342,11 +340,8 @@ pub fn import_model(path: &Path) -> Result<Model, ModelCmdError> {
         source,
         cached: default_model_file(path),
     };
-    if HfImporter.probe(path) {
-        return HfImporter.import(path).map_err(named);
-    }
-    if GgufImporter.probe(path) {
-        return GgufImporter.import(path).map_err(named);
+    if let Some(importer) = amk_model_llama::importer_for(path) {
+        return importer.import(path).map_err(named);
     }
     Err(ModelCmdError::Usage(format!(
         "{}: not a model: expected a GGUF file or a HuggingFace directory with config.json and model.safetensors (or model.safetensors.index.json)",
@@ -463,7 +458,7 @@ pub(crate) fn import(
             stop_slots: amk_model_llama::lower::DecodeLoop::default().stop_slots,
             prefill_rows: prefill
                 .map(|p| {
-                    p.prefill_rows.unwrap_or(default_prefill_rows(
+                    p.prefill_rows.unwrap_or(amk_engine::default_prefill_rows(
                         gpu_sms.is_some(),
                         dtype,
                         p.scoring,
@@ -473,29 +468,6 @@ pub(crate) fn import(
         },
         import_s: t0.elapsed().as_secs_f64(),
     })
-}
-
-/// Prompt tokens a prefill pass takes on a GPU by default (a chunk of 512 rows costs little
-/// more than one of 128 there: docs/perf-notes.md round 33).
-pub const GPU_PREFILL_ROWS: u64 = 512;
-/// ... and on the CPU VM for a prompt: none (0), since a padded row costs what a real one
-/// does there, and loading the two prefill programs costs a short prompt more than they save.
-pub const CPU_PREFILL_ROWS: u64 = 0;
-/// ... and on the CPU VM for a scored text, whose chunks are full: 64 rows (each weight row is
-/// then read once a chunk instead of once a token; docs/perf-notes.md round 33).
-pub const CPU_SCORE_ROWS: u64 = 64;
-
-/// The default `--prefill-rows`: [`GPU_PREFILL_ROWS`] for a 16-bit program on a GPU; none for
-/// f32 programs there, whose prefill tiles run exact f32 arithmetic on the CUDA cores (slower
-/// than decoding token by token); on the CPU VM [`CPU_SCORE_ROWS`] when `scoring` a text and
-/// [`CPU_PREFILL_ROWS`] for a prompt.
-pub fn default_prefill_rows(gpu: bool, dtype: DType, scoring: bool) -> u64 {
-    match (gpu, dtype) {
-        (true, DType::F16 | DType::BF16) => GPU_PREFILL_ROWS,
-        (true, _) => 0,
-        (false, _) if scoring => CPU_SCORE_ROWS,
-        (false, _) => CPU_PREFILL_ROWS,
-    }
 }
 
 /// Imports and lowers the model (`amk lower`).

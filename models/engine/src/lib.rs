@@ -48,6 +48,29 @@ pub struct EngineOptions {
     pub prefill_rows: Option<u64>,
 }
 
+/// Prompt tokens a prefill pass takes on a GPU by default (a chunk of 512 rows costs little
+/// more than one of 128 there: docs/perf-notes.md round 33).
+pub const GPU_PREFILL_ROWS: u64 = 512;
+/// ... and on the CPU VM for a prompt: none (0), since a padded row costs what a real one
+/// does there, and loading the two prefill programs costs a short prompt more than they save.
+pub const CPU_PREFILL_ROWS: u64 = 0;
+/// ... and on the CPU VM for a scored text, whose chunks are full: 64 rows (each weight row is
+/// then read once a chunk instead of once a token; docs/perf-notes.md round 33).
+pub const CPU_SCORE_ROWS: u64 = 64;
+
+/// The default prompt chunk (`amk generate --prefill-rows`): [`GPU_PREFILL_ROWS`] for a 16-bit program on a GPU; none for
+/// f32 programs there, whose prefill tiles run exact f32 arithmetic on the CUDA cores (slower
+/// than decoding token by token); on the CPU VM [`CPU_SCORE_ROWS`] when `scoring` a text and
+/// [`CPU_PREFILL_ROWS`] for a prompt.
+pub fn default_prefill_rows(gpu: bool, dtype: DType, scoring: bool) -> u64 {
+    match (gpu, dtype) {
+        (true, DType::F16 | DType::BF16) => GPU_PREFILL_ROWS,
+        (true, _) => 0,
+        (false, _) if scoring => CPU_SCORE_ROWS,
+        (false, _) => CPU_PREFILL_ROWS,
+    }
+}
+
 /// Lowers `model` as a decode loop under `opts` and loads it on `backend`.
 pub fn lower_and_load(
     model: &Model,

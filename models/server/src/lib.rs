@@ -11,14 +11,15 @@
 //!   route but `/health`.
 //!
 //! The engine is built by the caller's loader on the engine's own thread ([`serve`]), so the
-//! server knows nothing of backends or model formats.
+//! server knows nothing of backends or model formats. That thread and its queue ([`worker`])
+//! serve other front ends too (the Python bindings stream through it).
 
 mod api;
 mod error;
 mod metrics;
 mod routes;
 mod stop;
-mod worker;
+pub mod worker;
 
 pub use api::{MAX_STOP_BYTES, MAX_STOPS};
 pub use error::{ApiError, ServerError};

@@ -1,0 +1,141 @@
+//! Loading a model as `amk generate` does: the path or the default model, its importer, a
+//! backend, the engine's options.
+
+use amk_backend_cpu::CpuBackend;
+use amk_backend_cuda::{CudaBackend, CudaOptions};
+use amk_core::{Backend, DType, GpuTarget, ScheduleConfig};
+use amk_engine::{EngineOptions, default_prefill_rows, lower_and_load};
+use amk_model_llama::lower::{DecodeLoop, tuned_schedule};
+use amk_server::worker::{LoadError, Loaded};
+use std::path::PathBuf;
+
+/// Where the model runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BackendKind {
+    /// The CPU VM.
+    Cpu,
+    /// The CUDA megakernel (a build with the `cuda` feature and a GPU).
+    Cuda,
+    /// CUDA when it opens, else the CPU VM.
+    Auto,
+}
+
+impl BackendKind {
+    /// "cpu", "cuda" or "auto".
+    pub fn parse(s: &str) -> Result<BackendKind, String> {
+        match s {
+            "cpu" => Ok(BackendKind::Cpu),
+            "cuda" => Ok(BackendKind::Cuda),
+            "auto" => Ok(BackendKind::Auto),
+            other => Err(format!(
+                "backend {other:?} is not one of \"cpu\", \"cuda\", \"auto\""
+            )),
+        }
+    }
+}
+
+/// "f32", "f16" or "bf16".
+pub fn parse_dtype(s: &str) -> Result<DType, String> {
+    match s {
+        "f32" => Ok(DType::F32),
+        "f16" => Ok(DType::F16),
+        "bf16" => Ok(DType::BF16),
+        other => Err(format!(
+            "dtype {other:?} is not one of \"f32\", \"f16\", \"bf16\""
+        )),
+    }
+}
+
+/// What `amk.Model(...)` was given.
+#[derive(Debug, Clone)]
+pub struct Config {
+    pub path: Option<PathBuf>,
+    pub backend: BackendKind,
+    pub dtype: DType,
+    pub max_seq: Option<u64>,
+    pub threads: usize,
+    pub prefill_rows: Option<u64>,
+}
+
+/// The backend, and the GPU's SM count when it is one.
+fn open(kind: BackendKind, threads: usize) -> Result<(Box<dyn Backend>, Option<usize>), LoadError> {
+    let cpu = || {
+        let mut b = CpuBackend::default();
+        b.options.threads = threads;
+        Box::new(b) as Box<dyn Backend>
+    };
+    match kind {
+        BackendKind::Cpu => Ok((cpu(), None)),
+        BackendKind::Cuda => {
+            let b = CudaBackend::new(CudaOptions::default())?;
+            let sms = b.info().sms;
+            Ok((Box::new(b), Some(sms)))
+        }
+        BackendKind::Auto => Ok(match CudaBackend::new(CudaOptions::default()) {
+            Ok(b) => {
+                let sms = b.info().sms;
+                (Box::new(b), Some(sms))
+            }
+            Err(_) => (cpu(), None),
+        }),
+    }
+}
+
+/// Imports the model and loads it on the backend (on the engine's thread).
+pub fn load(c: Config) -> Result<Loaded, LoadError> {
+    let path = match c.path {
+        Some(p) => p,
+        None => amk_model_fetch::default_model_path(&amk_model_fetch::FetchOptions::smollm2())?,
+    };
+    if !path.exists() {
+        return Err(format!("{}: no such file or directory", path.display()).into());
+    }
+    let importer = amk_model_llama::importer_for(&path).ok_or_else(|| {
+        format!(
+            "{}: not a model: expected a GGUF file or a HuggingFace directory",
+            path.display()
+        )
+    })?;
+    let model = importer
+        .import(&path)
+        .map_err(|e| format!("{}: {e}", path.display()))?;
+    let tokenizer = model.tokenizer.clone().ok_or_else(|| {
+        format!(
+            "{}: the model carries no tokenizer (an HF directory needs tokenizer.json)",
+            path.display()
+        )
+    })?;
+    let (backend, sms) = open(c.backend, c.threads)?;
+    let mut target = GpuTarget::by_name("h100").ok_or("the built-in h100 target is missing")?;
+    if let Some(s) = sms {
+        target.num_sms = s as i64;
+    }
+    let gpu = sms.is_some();
+    let options = EngineOptions {
+        schedule: if gpu {
+            tuned_schedule()
+        } else {
+            ScheduleConfig::default()
+        },
+        target,
+        dtype: c.dtype,
+        max_seq: c.max_seq,
+        stop_slots: DecodeLoop::default().stop_slots,
+        prefill_rows: Some(
+            c.prefill_rows
+                .unwrap_or_else(|| default_prefill_rows(gpu, c.dtype, false)),
+        )
+        .filter(|&r| r > 0),
+    };
+    let registry = amk_ops::registry()?;
+    let engine = lower_and_load(&model, &options, backend.as_ref(), &registry)?;
+    let model_id = path
+        .file_name()
+        .map(|f| f.to_string_lossy().trim_end_matches(".gguf").to_string())
+        .unwrap_or_else(|| path.display().to_string());
+    Ok(Loaded {
+        engine,
+        tokenizer,
+        model_id,
+    })
+}
