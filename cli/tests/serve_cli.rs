@@ -147,9 +147,15 @@ fn request(addr: &str, method: &str, path: &str, headers: &[(&str, &str)], body:
     let mut s = TcpStream::connect(addr).unwrap();
     s.set_read_timeout(Some(Duration::from_secs(300))).unwrap();
     let mut head = format!(
-        "{method} {path} HTTP/1.0\r\nHost: {addr}\r\nContent-Type: application/json\r\nContent-Length: {}\r\n",
+        "{method} {path} HTTP/1.0\r\nHost: {addr}\r\nContent-Length: {}\r\n",
         body.len()
     );
+    if !headers
+        .iter()
+        .any(|(k, _)| k.eq_ignore_ascii_case("content-type"))
+    {
+        head.push_str("Content-Type: application/json\r\n");
+    }
     for (k, v) in headers {
         head.push_str(&format!("{k}: {v}\r\n"));
     }
@@ -350,6 +356,31 @@ fn completions_match_huggingface_with_stops_logprobs_and_echo() {
     // echo: the prompt, then the completion.
     let v = complete(json!({"echo": true})).json();
     assert_eq!(v["choices"][0]["text"], format!("{prompt}{text}"));
+
+    // Streamed with log-probabilities and a stop string: the chunks' tokens are the whole
+    // answer's, and their offsets count the tokens' text, also while text is held back.
+    let r = complete(json!({"logprobs": 1, "stream": true, "stop": stop.clone()}));
+    let events = r.events();
+    let chunks: Vec<Value> = (events[..events.len() - 1].iter())
+        .map(|e| serde_json::from_str(e).unwrap())
+        .collect();
+    let mut seen = String::new();
+    for c in &chunks {
+        let lp = &c["choices"][0]["logprobs"];
+        if lp.is_null() {
+            continue;
+        }
+        for (t, at) in lp["tokens"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .zip(lp["text_offset"].as_array().unwrap())
+        {
+            assert_eq!(at.as_u64().unwrap() as usize, seen.chars().count(), "{c}");
+            seen.push_str(t.as_str().unwrap());
+        }
+    }
+    assert!(seen.starts_with(kept) && seen.contains(&stop), "{seen:?}");
 }
 
 #[test]
@@ -424,6 +455,16 @@ fn bad_requests_get_openai_errors_and_the_server_keeps_serving() {
     complete(r#"{"prompt": ""}"#).assert_error(400, "empty");
     complete(r#"{"prompt": "x", "logprobs": 50}"#).assert_error(400, "logprobs");
     complete(r#"{"prompt": "x", "stop": ["a","b","c","d","e"]}"#).assert_error(400, "stop");
+    // Not declared JSON (what a web page's cross-origin "simple" request must send).
+    let plain = request(
+        &server.addr,
+        "POST",
+        "/v1/completions",
+        &[("Content-Type", "text/plain")],
+        br#"{"prompt": "hi"}"#,
+    );
+    let v = plain.assert_error(415, "application/json");
+    assert_eq!(v["error"]["code"], "unsupported_media_type");
     server.get("/v2/nothing").assert_error(404, "no route");
     request(&server.addr, "DELETE", "/v1/models", &[], b"").assert_error(405, "DELETE");
     server
@@ -689,7 +730,7 @@ fn openai_python_client() {
     );
     // Every test ran: none skipped, none missing.
     assert!(
-        out.contains("7 passed") && !out.contains("skipped"),
+        out.contains("8 passed") && !out.contains("skipped"),
         "{out}"
     );
 }

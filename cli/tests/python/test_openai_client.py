@@ -83,6 +83,27 @@ def test_logprobs_and_alternatives(client):
         )
 
 
+def test_sampled_tokens_carry_their_own_log_probabilities(client):
+    r = ask(
+        client,
+        "Tell me a fact.",
+        max_tokens=8,
+        temperature=0.7,
+        seed=11,
+        logprobs=True,
+        top_logprobs=20,
+    )
+    content = r.choices[0].logprobs.content
+    assert len(content) == r.usage.completion_tokens or len(content) == r.usage.completion_tokens - 1
+    found = 0
+    for t in content:
+        same = [a for a in t.top_logprobs if a.bytes == t.bytes]
+        if same:
+            found += 1
+            assert abs(same[0].logprob - t.logprob) < 1e-5
+    assert found > 0
+
+
 def test_text_completion_with_a_stop_string(client):
     whole = client.completions.create(
         model="amk", prompt="1, 2, 3, 4,", max_tokens=12, temperature=0

@@ -496,7 +496,34 @@ fn alternatives_are_the_top_of_each_tokens_logits(#[case] schedule: ScheduleConf
         top_logprobs: 2,
         ..sampled
     };
-    assert_eq!(ids(&mut e, &with).0, want);
+    let mut sampled_alts = Vec::new();
+    let g = e
+        .generate_with(
+            &with,
+            &mut |_, a| {
+                sampled_alts.push(a.to_vec());
+                true
+            },
+            None,
+        )
+        .unwrap();
+    assert_eq!(g.ids(), want);
+    // Sampled tokens need not lead their alternatives, but these are their logits' top two.
+    let mut seq = PROMPT.to_vec();
+    seq.extend(&want);
+    let mut at = 0;
+    e.forced_logits(&seq, &mut |pos, l| {
+        if pos + 1 >= PROMPT.len() {
+            assert_eq!(
+                sampled_alts[at],
+                amk_engine::top_alternatives(l, 40, 2),
+                "token {at}"
+            );
+            at += 1;
+        }
+    })
+    .unwrap();
+    assert_eq!(at, want.len());
     let too_many = Request {
         top_logprobs: amk_engine::MAX_TOP_LOGPROBS + 1,
         ..request(PROMPT, 2, &[])
@@ -517,4 +544,63 @@ fn top_alternatives_order_ties_by_id_and_respect_the_limit() {
     assert!((top[0].logprob as f64 - (3.0 - lse)).abs() < 1e-6);
     assert_eq!(amk_engine::top_alternatives(&logits, 5, 0), vec![]);
     assert_eq!(amk_engine::top_alternatives(&logits, 2, 9).len(), 2);
+}
+
+/// With the prompt written by the prefill program (the decode loop starts at its last token),
+/// the alternatives are still those of each token's own logits; a callback that returns
+/// false still cancels.
+#[test]
+fn alternatives_after_a_prefilled_prompt_and_a_cancel() {
+    let mut plain = engine(ScheduleConfig::default(), 32);
+    let want = ids(&mut plain, &request(PROMPT, 8, &[])).0;
+    let mut e = engine_with_prefill(32, 4);
+    assert_eq!(e.prefill_rows(), Some(4));
+    let req = Request {
+        top_logprobs: 4,
+        ..request(PROMPT, 8, &[])
+    };
+    let mut seen: Vec<(u32, Vec<amk_engine::Alternative>)> = Vec::new();
+    let g = e
+        .generate_with(
+            &req,
+            &mut |t, a| {
+                seen.push((t.id, a.to_vec()));
+                true
+            },
+            None,
+        )
+        .unwrap();
+    assert_eq!(g.ids(), want);
+    let mut seq = PROMPT.to_vec();
+    seq.extend(&want);
+    let mut forced = Vec::new();
+    plain
+        .forced_logits(&seq, &mut |pos, l| {
+            if pos + 1 >= PROMPT.len() {
+                forced.push(l.to_vec());
+            }
+        })
+        .unwrap();
+    for (i, (id, alts)) in seen.iter().enumerate() {
+        assert_eq!(alts[0].id, *id);
+        assert_eq!(
+            alts,
+            &amk_engine::top_alternatives(&forced[i], 40, 4),
+            "token {i}"
+        );
+    }
+    let mut n = 0;
+    let g = e
+        .generate_with(
+            &req,
+            &mut |_, a| {
+                assert_eq!(a.len(), 4);
+                n += 1;
+                n < 3
+            },
+            None,
+        )
+        .unwrap();
+    assert_eq!(g.finish, Finish::Cancelled);
+    assert_eq!(g.ids(), want[..3]);
 }

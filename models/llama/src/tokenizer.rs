@@ -94,6 +94,20 @@ pub struct Tokenizer {
     chat_template: Option<String>,
 }
 
+/// The inverse of [`byte_level_alphabet`]: the byte a character of a byte-level vocabulary
+/// stands for.
+fn byte_level_inverse() -> impl Fn(char) -> Option<u8> {
+    static INVERSE: std::sync::OnceLock<std::collections::HashMap<char, u8>> =
+        std::sync::OnceLock::new();
+    let map = INVERSE.get_or_init(|| {
+        (byte_level_alphabet().iter())
+            .enumerate()
+            .map(|(b, &c)| (c, b as u8))
+            .collect()
+    });
+    move |c| map.get(&c).copied()
+}
+
 /// GPT-2's byte → printable-character map (the alphabet byte-level BPE vocabularies are
 /// written in). Index: byte value. Public so tools and tests can write byte-level
 /// vocabularies in the same alphabet.
@@ -597,6 +611,32 @@ impl Tokenizer {
     /// The token text (as the vocabulary writes it) of an id, if present.
     pub fn id_to_token(&self, id: u32) -> Option<String> {
         self.inner.id_to_token(id)
+    }
+
+    /// The bytes a token stands for, which its decoded text alone may not show (a byte-level
+    /// token inside a multi-byte character decodes to U+FFFD): a byte-level vocabulary's
+    /// characters mapped back to their bytes, a SentencePiece byte token (`<0x0A>`) as its
+    /// byte, `▁` as a space; special and added tokens as their text. `None` outside the
+    /// vocabulary.
+    pub fn token_bytes(&self, id: u32) -> Option<Vec<u8>> {
+        let token = self.inner.id_to_token(id)?;
+        let byte_level = matches!(
+            self.inner.get_decoder(),
+            Some(tokenizers::DecoderWrapper::ByteLevel(_))
+        );
+        if byte_level {
+            let inverse = byte_level_inverse();
+            let bytes: Option<Vec<u8>> = token.chars().map(inverse).collect();
+            return Some(bytes.unwrap_or_else(|| token.into_bytes()));
+        }
+        let hex = (token.strip_prefix("<0x"))
+            .and_then(|r| r.strip_suffix('>'))
+            .filter(|h| h.len() == 2)
+            .and_then(|h| u8::from_str_radix(h, 16).ok());
+        Some(match hex {
+            Some(b) => vec![b],
+            None => token.replace('\u{2581}', " ").into_bytes(),
+        })
     }
 
     /// The model's chat template (Jinja source), if it has one.

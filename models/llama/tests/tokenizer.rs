@@ -712,3 +712,26 @@ fn from_file_bos_from_post_processor_unless_config_says() {
     assert_eq!(tok.adds_bos(), Some(false));
     assert_eq!(tok.encode("hello").unwrap(), vec![hello]);
 }
+
+/// A token's bytes are what its text stands for, even where the token alone is part of a
+/// character: the tokens' bytes of an encoding concatenate to the text's UTF-8.
+#[test]
+fn token_bytes_concatenate_to_the_texts_bytes() {
+    let (_, tok) = tiny_tokenizer();
+    for text in ["hello world", "café 東京 ✓", "a\nb\tc"] {
+        let ids = tok.encode(text).unwrap();
+        let bytes: Vec<u8> = ids
+            .iter()
+            .flat_map(|&id| tok.token_bytes(id).unwrap())
+            .collect();
+        assert_eq!(bytes, text.as_bytes(), "{text:?} as {ids:?}");
+    }
+    // A byte of a three-byte character decodes alone to U+FFFD; its bytes are its own.
+    let ids = tok.encode("東").unwrap();
+    assert_eq!(ids.len(), 3);
+    assert_eq!(tok.decode(&ids[..1]).unwrap(), "\u{FFFD}");
+    assert_eq!(tok.token_bytes(ids[0]).unwrap(), "東".as_bytes()[..1]);
+    // Special tokens are their text; ids past the vocabulary have none.
+    assert_eq!(tok.token_bytes(2).unwrap(), b"<|im_end|>");
+    assert_eq!(tok.token_bytes(1_000_000), None);
+}

@@ -183,7 +183,7 @@ impl Model {
             },
             stop: stop.unwrap_or_default(),
         };
-        let stream = Stream::new(self.submit(self.encode(prompt, chat)?, ask)?);
+        let stream = Stream::new(self.submit(self.encode(prompt, chat)?, ask)?)?;
         stream.collect(py)
     }
 
@@ -213,7 +213,7 @@ impl Model {
             },
             stop: stop.unwrap_or_default(),
         };
-        Ok(Stream::new(self.submit(self.encode(prompt, chat)?, ask)?))
+        Stream::new(self.submit(self.encode(prompt, chat)?, ask)?)
     }
 
     /// The assistant's reply to `messages` (`[{"role": "system"|"user"|"assistant",
@@ -257,7 +257,7 @@ impl Model {
             },
             stop: stop.unwrap_or_default(),
         };
-        let s = Stream::new(self.submit(ids, ask)?);
+        let s = Stream::new(self.submit(ids, ask)?)?;
         if stream {
             Ok(Py::new(py, s)?.into_any())
         } else {

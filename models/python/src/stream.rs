@@ -3,7 +3,9 @@
 use crate::err;
 use amk_server::worker::Event;
 use pyo3::prelude::*;
-use std::sync::Mutex;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Mutex, MutexGuard, TryLockError};
+use std::time::Duration;
 use tokio::sync::mpsc;
 
 /// How a generation ended.
@@ -21,32 +23,72 @@ pub struct Stream {
     /// running).
     events: Mutex<Option<mpsc::UnboundedReceiver<Event>>>,
     end: Mutex<End>,
+    /// Set by `close()`: whichever thread reads next drops the events (a reader may hold
+    /// `events` while it waits, so `close()` does not wait for it).
+    closing: AtomicBool,
+    /// Waits for the next event with a timeout (so that Ctrl-C is seen while a generation
+    /// waits its turn or a long prompt runs), without polling.
+    clock: tokio::runtime::Runtime,
 }
 
+/// How often a waiting call looks for a pending signal (Ctrl-C).
+const SIGNAL_CHECK: Duration = Duration::from_millis(100);
+
+/// Locks `m` without holding the interpreter's lock while it waits: another thread may hold
+/// `m` while it waits for a token with the interpreter's lock released, and needs that lock
+/// back to finish.
+fn lock<'a, T>(py: Python<'_>, m: &'a Mutex<T>) -> PyResult<MutexGuard<'a, T>> {
+    loop {
+        match m.try_lock() {
+            Ok(g) => return Ok(g),
+            Err(TryLockError::WouldBlock) => py.detach(|| std::thread::sleep(LOCK_RETRY)),
+            Err(TryLockError::Poisoned(_)) => {
+                return Err(err("the stream was poisoned by an earlier panic"));
+            }
+        }
+    }
+}
+
+/// How long a thread waiting for another's use of a stream sleeps between tries.
+const LOCK_RETRY: Duration = Duration::from_millis(1);
+
 impl Stream {
-    pub(crate) fn new(events: mpsc::UnboundedReceiver<Event>) -> Stream {
-        Stream {
+    pub(crate) fn new(events: mpsc::UnboundedReceiver<Event>) -> PyResult<Stream> {
+        let clock = tokio::runtime::Builder::new_current_thread()
+            .enable_time()
+            .build()
+            .map_err(err)?;
+        Ok(Stream {
             events: Mutex::new(Some(events)),
             end: Mutex::new(End::default()),
-        }
+            closing: AtomicBool::new(false),
+            clock,
+        })
     }
 
     /// The next piece of text, `None` at the end. The interpreter's lock is released while it
     /// waits; a pending signal (Ctrl-C) ends the stream with its exception.
     fn next_piece(&self, py: Python<'_>) -> PyResult<Option<String>> {
-        let mut guard = self
-            .events
-            .lock()
-            .map_err(|_| err("the stream was poisoned by an earlier panic"))?;
+        let mut guard = lock(py, &self.events)?;
         loop {
+            if self.closing.load(Ordering::Acquire) {
+                *guard = None;
+            }
             let Some(rx) = guard.as_mut() else {
                 return Ok(None);
             };
-            let event = py.detach(|| rx.blocking_recv());
+            let clock = &self.clock;
+            // The timer is made inside the runtime (it needs the runtime's clock).
+            let waited = py.detach(|| {
+                clock.block_on(async { tokio::time::timeout(SIGNAL_CHECK, rx.recv()).await })
+            });
             if let Err(e) = py.check_signals() {
                 *guard = None; // cancels the generation at its next token
                 return Err(e);
             }
+            let Ok(event) = waited else {
+                continue; // no event yet: look for signals again
+            };
             match event {
                 Some(Event::Delta { text, .. }) if text.is_empty() => continue,
                 Some(Event::Delta { text, .. }) => return Ok(Some(text)),
@@ -83,6 +125,7 @@ impl Stream {
     }
 
     fn end(&self) -> End {
+        // Held only to copy it, never across a wait.
         self.end.lock().map(|e| *e).unwrap_or_default()
     }
 }
@@ -99,7 +142,9 @@ impl Stream {
 
     /// Stops the generation (at its next token); the stream then ends.
     fn close(&self) {
-        if let Ok(mut g) = self.events.lock() {
+        self.closing.store(true, Ordering::Release);
+        // Nobody reading: the events go now, and the generation stops at its next token.
+        if let Ok(mut g) = self.events.try_lock() {
             *g = None;
         }
     }

@@ -202,7 +202,8 @@ impl Common {
             ));
         }
         let top_p = self.top_p.unwrap_or(1.0);
-        if !(top_p > 0.0 && top_p <= 1.0) {
+        // Checked as the sampler will see it (an f32: 1e-46 would become 0).
+        if !(top_p as f32 > 0.0 && top_p <= 1.0) {
             return Err(ApiError::invalid(
                 Some("top_p"),
                 format!("top_p {top_p} must be in (0, 1]"),
@@ -267,7 +268,9 @@ fn alternatives(param: &str, k: u64) -> Result<usize, ApiError> {
 impl ChatRequest {
     /// The checked plan of a chat request.
     pub fn plan(&self, seed: u64) -> Result<Plan, ApiError> {
-        if self.tools.as_ref().is_some_and(|t| !t.is_null()) {
+        let no_tools =
+            |t: &serde_json::Value| t.is_null() || t.as_array().is_some_and(Vec::is_empty);
+        if self.tools.as_ref().is_some_and(|t| !no_tools(t)) {
             return Err(ApiError::invalid(Some("tools"), "tools are not supported"));
         }
         let top = self.top_logprobs.map(|k| alternatives("top_logprobs", k));
@@ -467,6 +470,7 @@ mod tests {
     #[case::top_without_logprobs(r#"{"messages":[],"top_logprobs":2}"#, "needs logprobs")]
     #[case::penalty(r#"{"messages":[],"presence_penalty":0.5}"#, "not supported")]
     #[case::tools(r#"{"messages":[],"tools":[{"type":"function"}]}"#, "tools")]
+    #[case::tiny_top_p(r#"{"messages":[],"top_p":1e-46}"#, "top_p")]
     fn bad_chat_requests_are_400s(#[case] body: &str, #[case] needle: &str) {
         let e = chat(body).unwrap_err();
         assert_eq!(e.status, axum::http::StatusCode::BAD_REQUEST);

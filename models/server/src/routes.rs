@@ -9,7 +9,7 @@ use axum::Router;
 use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
 use axum::extract::{DefaultBodyLimit, MatchedPath, Path, Request, State};
-use axum::http::{StatusCode, header};
+use axum::http::{HeaderMap, StatusCode, header};
 use axum::middleware::{self, Next};
 use axum::response::sse::{Event as SseEvent, Sse};
 use axum::response::{IntoResponse, Response};
@@ -165,6 +165,31 @@ fn body_error(r: BytesRejection) -> ApiError {
     }
 }
 
+/// Refuses a body not declared JSON (415). A web page may send a "simple" cross-origin POST
+/// to a server on the user's machine, but only as text/plain or a form: requiring JSON keeps
+/// such pages from starting generations on a server without an API key.
+fn json_body(headers: &HeaderMap) -> Result<(), ApiError> {
+    let declared = headers
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.split(';').next())
+        .map(|v| v.trim().to_ascii_lowercase());
+    match declared.as_deref() {
+        Some("application/json") => Ok(()),
+        other => Err(ApiError {
+            status: StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            code: Some("unsupported_media_type"),
+            ..ApiError::invalid(
+                None,
+                format!(
+                    "send the body as JSON with 'Content-Type: application/json' (got {})",
+                    other.map_or("none".to_string(), |t| format!("'{t}'"))
+                ),
+            )
+        }),
+    }
+}
+
 /// Which endpoint a generation answers.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Endpoint {
@@ -215,6 +240,17 @@ impl Shared {
     }
 }
 
+/// Decodes token ids off the async threads (a long prompt takes a while).
+async fn decode(s: &AppState, ids: Vec<u32>) -> Result<String, ApiError> {
+    let tok = s.info.tokenizer.clone();
+    tokio::task::spawn_blocking(move || tok.decode(&ids))
+        .await
+        .map_err(|e| ApiError::server(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()))?
+        .map_err(|e| {
+            ApiError::invalid(Some("prompt"), format!("the prompt cannot be decoded: {e}"))
+        })
+}
+
 /// Encodes text off the async threads (a long prompt takes a while).
 async fn encode(s: &AppState, text: String) -> Result<Vec<u32>, ApiError> {
     let tok = s.info.tokenizer.clone();
@@ -224,12 +260,18 @@ async fn encode(s: &AppState, text: String) -> Result<Vec<u32>, ApiError> {
         .map_err(|e| ApiError::invalid(None, format!("the prompt cannot be encoded: {e}")))
 }
 
-async fn chat(State(s): State<AppState>, body: Result<Bytes, BytesRejection>) -> Response {
+async fn chat(
+    State(s): State<AppState>,
+    headers: HeaderMap,
+    body: Result<Bytes, BytesRejection>,
+) -> Response {
     let arrived = Instant::now();
     let prepared = async {
+        json_body(&headers)?;
         let req: ChatRequest = api::parse(&body.map_err(body_error)?)?;
         let plan = req.plan(s.fresh_seed())?;
         let turns = req.turns()?;
+        s.queue.check_room()?;
         let tok = s.info.tokenizer.clone();
         let rendered = tokio::task::spawn_blocking(move || {
             let pairs: Vec<(&str, &str)> = (turns.iter())
@@ -254,13 +296,23 @@ async fn chat(State(s): State<AppState>, body: Result<Bytes, BytesRejection>) ->
     }
 }
 
-async fn completions(State(s): State<AppState>, body: Result<Bytes, BytesRejection>) -> Response {
+async fn completions(
+    State(s): State<AppState>,
+    headers: HeaderMap,
+    body: Result<Bytes, BytesRejection>,
+) -> Response {
     let arrived = Instant::now();
     let prepared = async {
+        json_body(&headers)?;
         let req: CompletionRequest = api::parse(&body.map_err(body_error)?)?;
         let plan = req.plan(s.fresh_seed())?;
-        let (prompt, text) = match req.input()? {
-            PromptInput::Text(t) => (encode(&s, t.clone()).await?, t),
+        s.queue.check_room()?;
+        let wants_echo = req.echo.unwrap_or(false);
+        let (prompt, echo) = match req.input()? {
+            PromptInput::Text(t) => {
+                let ids = encode(&s, t.clone()).await?;
+                (ids, wants_echo.then_some(t))
+            }
             PromptInput::Ids(ids) => {
                 if let Some(bad) = ids.iter().find(|&&t| t as usize >= s.info.vocab) {
                     return Err(ApiError::invalid(
@@ -271,8 +323,13 @@ async fn completions(State(s): State<AppState>, body: Result<Bytes, BytesRejecti
                         ),
                     ));
                 }
-                let text = s.info.tokenizer.decode(&ids).unwrap_or_default();
-                (ids, text)
+                // The context first: a prompt too long is refused before it is decoded.
+                s.max_new(ids.len(), &plan)?;
+                let echo = match wants_echo {
+                    true => Some(decode(&s, ids.clone()).await?),
+                    false => None,
+                };
+                (ids, echo)
             }
         };
         if prompt.is_empty() {
@@ -284,7 +341,7 @@ async fn completions(State(s): State<AppState>, body: Result<Bytes, BytesRejecti
         Ok::<_, ApiError>(Prepared {
             prompt,
             plan,
-            echo: req.echo.unwrap_or(false).then_some(text),
+            echo,
             endpoint: Endpoint::Text,
         })
     };
@@ -368,7 +425,10 @@ impl Head {
         offset: usize,
         finish: Option<&str>,
     ) -> Value {
-        let logprobs = self.logprobs_value(tokens, offset);
+        let logprobs = match (chunk, tokens.is_empty()) {
+            (true, true) => Value::Null,
+            _ => self.logprobs_value(tokens, offset),
+        };
         match self.endpoint {
             Endpoint::Chat => {
                 let key = if chunk { "delta" } else { "message" };
@@ -391,12 +451,13 @@ impl Head {
         };
         match self.endpoint {
             Endpoint::Chat => {
-                let entry = |text: &str, logprob: f32| json!({"token": text, "logprob": logprob, "bytes": text.as_bytes()});
+                let entry = |text: &str, bytes: &[u8], logprob: f32| json!({"token": text, "logprob": logprob, "bytes": bytes});
                 let content: Vec<Value> = (tokens.iter())
                     .map(|t| {
-                        let mut e = entry(&t.text, t.logprob);
-                        e["top_logprobs"] =
-                            (t.top.iter()).map(|a| entry(&a.text, a.logprob)).collect();
+                        let mut e = entry(&t.text, &t.bytes, t.logprob);
+                        e["top_logprobs"] = (t.top.iter())
+                            .map(|a| entry(&a.text, &a.bytes, a.logprob))
+                            .collect();
                         e
                     })
                     .collect();
@@ -520,7 +581,8 @@ struct Streaming {
     head: Head,
     rx: mpsc::UnboundedReceiver<Event>,
     pending: VecDeque<SseEvent>,
-    /// Characters sent so far (text completions' `text_offset`).
+    /// Characters of the tokens reported so far, the echoed prompt's included (text
+    /// completions' `text_offset`).
     offset: usize,
     include_usage: bool,
     done: bool,
@@ -543,7 +605,9 @@ impl Streaming {
                     return;
                 }
                 let choice = self.head.choice(true, &text, &tokens, self.offset, None);
-                self.offset += text.chars().count();
+                // Offsets count the tokens' text, which runs ahead of the text released
+                // while a stop string may be forming.
+                self.offset += tokens.iter().map(|t| t.text.chars().count()).sum::<usize>();
                 let chunk = self.head.wrap(true, json!([choice]), None);
                 self.pending.push_back(data(&chunk));
             }

@@ -62,8 +62,10 @@ pub struct Job {
 /// One token's log-probability report.
 #[derive(Debug, Clone, PartialEq)]
 pub struct TokenReport {
-    /// The token's text.
+    /// The token's text (decoded alone).
     pub text: String,
+    /// The bytes it stands for (its text may be U+FFFD where it is part of a character).
+    pub bytes: Vec<u8>,
     /// Its log-probability.
     pub logprob: f32,
     /// The most likely tokens at its position (text, log-probability), most likely first.
@@ -73,8 +75,10 @@ pub struct TokenReport {
 /// One alternative at a position.
 #[derive(Debug, Clone, PartialEq)]
 pub struct TopEntry {
-    /// Its text.
+    /// Its text (decoded alone).
     pub text: String,
+    /// The bytes it stands for.
+    pub bytes: Vec<u8>,
     /// Its log-probability.
     pub logprob: f32,
 }
@@ -116,6 +120,15 @@ pub struct Queue {
 }
 
 impl Queue {
+    /// Refuses at once (429) when no generation can wait now, before a request's prompt is
+    /// templated and encoded; [`Queue::submit`] still decides.
+    pub fn check_room(&self) -> Result<(), ApiError> {
+        if self.jobs.capacity() == 0 {
+            return Err(ApiError::busy(self.capacity));
+        }
+        Ok(())
+    }
+
     /// Queues `job`, or refuses it: 429 when `capacity` generations wait already, 503 when
     /// the engine is gone.
     pub fn submit(&self, job: Job) -> Result<(), ApiError> {
@@ -235,10 +248,14 @@ struct Runner<'a> {
     metrics: &'a Metrics,
 }
 
-/// A token's own text (its bytes decoded alone: a token inside a multi-byte character shows
-/// as the replacement character).
-fn token_text(tok: &Tokenizer, id: u32) -> String {
-    tok.decode(&[id]).unwrap_or_default()
+/// A token's own text (decoded alone: a token inside a multi-byte character shows as the
+/// replacement character) and the bytes it stands for.
+fn token_text(tok: &Tokenizer, id: u32) -> (String, Vec<u8>) {
+    let text = tok.decode(&[id]).unwrap_or_default();
+    let bytes = tok
+        .token_bytes(id)
+        .unwrap_or_else(|| text.as_bytes().to_vec());
+    (text, bytes)
 }
 
 /// The request's error for an engine error: a bad request is the client's (400), the rest
@@ -302,16 +319,25 @@ impl Runner<'_> {
             let released = text.push(&piece);
             let tokens = match job.logprobs {
                 None => Vec::new(),
-                Some(_) => vec![TokenReport {
-                    text: token_text(tok, t.id),
-                    logprob: t.logprob,
-                    top: (alternatives.iter())
-                        .map(|a| TopEntry {
-                            text: token_text(tok, a.id),
-                            logprob: a.logprob,
+                Some(_) => {
+                    let (text, bytes) = token_text(tok, t.id);
+                    let top = (alternatives.iter())
+                        .map(|a| {
+                            let (text, bytes) = token_text(tok, a.id);
+                            TopEntry {
+                                text,
+                                bytes,
+                                logprob: a.logprob,
+                            }
                         })
-                        .collect(),
-                }],
+                        .collect();
+                    vec![TokenReport {
+                        text,
+                        bytes,
+                        logprob: t.logprob,
+                        top,
+                    }]
+                }
             };
             let sent = job.events.send(Event::Delta {
                 text: released.text,
