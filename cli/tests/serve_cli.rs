@@ -409,6 +409,16 @@ fn sampling_is_seeded_and_end_tokens_stop() {
     assert!(content.contains("Paris"), "{v}");
     assert!(!content.contains("<|im_end|>"), "{v}");
     assert_eq!(v["choices"][0]["finish_reason"], "stop");
+    // ignore_eos: past the end token, to max_tokens.
+    let r = server.post(
+        "/v1/chat/completions",
+        &json!({"messages": [{"role": "user", "content": "What is the capital of France? Answer in one sentence."}],
+                "max_tokens": 40, "temperature": 0, "ignore_eos": true}),
+    );
+    let v = r.json();
+    assert_eq!(v["choices"][0]["finish_reason"], "length", "{v}");
+    assert_eq!(v["usage"]["completion_tokens"], 40);
+    assert!(chat_content(&v).starts_with(&content), "{v}");
 }
 
 #[test]

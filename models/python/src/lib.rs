@@ -75,6 +75,7 @@ impl Model {
             sampling: ask.sampling,
             stop: ask.stop,
             logprobs: None,
+            ignore_eos: false,
             arrived: Instant::now(),
             events: tx,
         };

@@ -84,6 +84,9 @@ pub struct Common {
     pub frequency_penalty: Option<f64>,
     /// Unsupported unless empty.
     pub logit_bias: Option<serde_json::Map<String, serde_json::Value>>,
+    /// Generate past the model's end tokens (an extension, as other local servers have: a
+    /// benchmark's fixed number of tokens).
+    pub ignore_eos: Option<bool>,
 }
 
 /// `POST /v1/chat/completions`.
@@ -152,6 +155,8 @@ pub struct Plan {
     pub stream: bool,
     /// Send the token counts in a last chunk of a stream.
     pub include_usage: bool,
+    /// Generate past end tokens.
+    pub ignore_eos: bool,
 }
 
 /// Stop strings a request may give at most (OpenAI's bound).
@@ -248,6 +253,7 @@ impl Common {
                 .stream_options
                 .as_ref()
                 .is_some_and(|o| o.include_usage),
+            ignore_eos: self.ignore_eos.unwrap_or(false),
         })
     }
 }

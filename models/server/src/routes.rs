@@ -364,6 +364,7 @@ async fn respond(s: AppState, g: Prepared, arrived: Instant) -> Response {
         sampling: g.plan.sampling,
         stop: g.plan.stop.clone(),
         logprobs: g.plan.logprobs,
+        ignore_eos: g.plan.ignore_eos,
         arrived,
         events: tx,
     };

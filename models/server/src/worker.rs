@@ -53,6 +53,8 @@ pub struct Job {
     pub stop: Vec<String>,
     /// `Some(k)`: report each token's log-probability and `k` alternatives.
     pub logprobs: Option<usize>,
+    /// Generate past the model's end tokens (benchmarks: a fixed number of tokens).
+    pub ignore_eos: bool,
     /// When the request arrived (time to first token counts from here).
     pub arrived: Instant,
     /// Where the generation's events go.
@@ -279,6 +281,7 @@ impl Runner<'_> {
             stop_ids,
             metrics,
         } = self;
+        let stop_ids: &[u32] = if job.ignore_eos { &[] } else { stop_ids };
         let mut decoder = tok.decode_stream();
         let mut text = StopText::new(&job.stop);
         let mut last: Option<Instant> = None;
