@@ -163,6 +163,11 @@ pub fn from_json_str(text: &str, reg: &Registry) -> R<Program> {
 
 /// Parses a program from raw bytes (UTF-8 JSON; a byte-order mark is refused).
 pub fn from_json_bytes(bytes: &[u8], reg: &Registry) -> R<Program> {
+    from_json_str(utf8_text(bytes)?, reg)
+}
+
+/// The program's text: UTF-8, without a byte-order mark.
+fn utf8_text(bytes: &[u8]) -> R<&str> {
     let text = std::str::from_utf8(bytes).map_err(|e| IrError::Encoding {
         offset: e.valid_up_to(),
     })?;
@@ -172,13 +177,15 @@ pub fn from_json_bytes(bytes: &[u8], reg: &Registry) -> R<Program> {
             message: "file starts with a byte-order mark; write plain UTF-8".into(),
         });
     }
-    from_json_str(text, reg)
+    Ok(text)
 }
 
-/// The largest program [`load`] reads, as a file and once decompressed (1 GiB, some hundred
-/// times a 70B model's decode program): an input past it is refused before it is read, so a
-/// file of spaces or a gzip bomb cannot exhaust memory.
-pub const MAX_PROGRAM_BYTES: u64 = 1 << 30;
+/// The largest program [`load`] reads, as a file and once decompressed (256 MiB, some
+/// twenty times a 70B model's decode program), and the most memory its parsed JSON values may
+/// take: an input past either is refused before the memory is taken, so a file of spaces, a
+/// gzip bomb or a file of `0,` cannot exhaust memory (the CLI's `--max-program-mib` raises
+/// both).
+pub const MAX_PROGRAM_BYTES: u64 = 256 << 20;
 
 /// Loads a program file; `*.gz` files (or any file starting with the gzip magic) are
 /// decompressed transparently. Only a regular file is read (a FIFO would block, a device
@@ -187,7 +194,8 @@ pub fn load(path: &Path, reg: &Registry) -> R<Program> {
     load_limited(path, reg, MAX_PROGRAM_BYTES)
 }
 
-/// [`load`] with another size limit.
+/// [`load`] with another size limit (for the file, the decompressed text and the parsed
+/// values alike).
 pub fn load_limited(path: &Path, reg: &Registry, limit: u64) -> R<Program> {
     let io = |source| IrError::Io {
         path: path.to_path_buf(),
@@ -224,6 +232,7 @@ pub fn load_limited(path: &Path, reg: &Registry, limit: u64) -> R<Program> {
         if out.len() as u64 > limit {
             return Err(too_large("the decompressed program"));
         }
+        drop(raw); // the compressed bytes are not needed beside the text
         out
     } else if path.extension().is_some_and(|e| e == "gz") {
         return Err(IrError::Gzip {
@@ -233,7 +242,8 @@ pub fn load_limited(path: &Path, reg: &Registry, limit: u64) -> R<Program> {
     } else {
         raw
     };
-    from_json_bytes(&bytes, reg)
+    let text = utf8_text(&bytes)?;
+    from_value(&json::parse_limited(text, limit)?, reg)
 }
 
 /// Writes a program (pretty JSON, no trailing newline; gzip when the name ends in `.gz`).

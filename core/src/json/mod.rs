@@ -6,7 +6,7 @@ pub mod path;
 pub mod value;
 pub mod write;
 
-pub use parse::{ParseError, parse};
+pub use parse::{MAX_VALUE_BYTES, ParseError, parse, parse_limited};
 pub use path::{JsonPath, Seg};
 pub use value::{Map, Value};
 pub use write::to_pretty;

@@ -10,6 +10,17 @@ use super::value::{Map, Value};
 /// Deepest nesting accepted; deeper input is refused instead of recursing further.
 pub const MAX_DEPTH: usize = 128;
 
+/// The most memory [`parse`] lets a document's values take (256 MiB; [`parse_limited`] sets
+/// another bound). Two bytes of input (`0,`) make a 32-byte value, so without a bound a
+/// 260 KB gzipped file of `0,` took gigabytes before anything could refuse it.
+pub const MAX_VALUE_BYTES: u64 = 256 << 20;
+
+/// What one value costs in memory as the parser counts it: its slot in the parent's vector,
+/// twice over (a growing vector may hold up to twice its length).
+const VALUE_COST: u64 = 2 * std::mem::size_of::<Value>() as u64;
+/// ... and one object entry (its key's bytes are counted on top).
+const ENTRY_COST: u64 = 2 * std::mem::size_of::<(String, Value)>() as u64;
+
 /// Why a document could not be parsed.
 #[derive(Debug, Clone, PartialEq)]
 pub enum ParseError {
@@ -66,10 +77,22 @@ impl Err {
     }
 }
 
-/// Parses one complete JSON document (surrounding whitespace allowed, nothing else).
+/// Parses one complete JSON document (surrounding whitespace allowed, nothing else), its
+/// values in at most [`MAX_VALUE_BYTES`] of memory.
 pub fn parse(text: &str) -> Result<Value, ParseError> {
+    parse_limited(text, MAX_VALUE_BYTES)
+}
+
+/// [`parse`], its values in at most `max_value_bytes` of memory (a document that needs more is
+/// refused as soon as it does, before the memory is taken).
+pub fn parse_limited(text: &str, max_value_bytes: u64) -> Result<Value, ParseError> {
     let bytes = text.as_bytes();
-    let mut p = Parser { b: bytes, i: 0 };
+    let mut p = Parser {
+        b: bytes,
+        i: 0,
+        left: max_value_bytes,
+        limit: max_value_bytes,
+    };
     let res = (|| {
         p.ws();
         let v = p.value(0)?;
@@ -120,9 +143,30 @@ fn line_col(b: &[u8], off: usize) -> (usize, usize) {
 struct Parser<'a> {
     b: &'a [u8],
     i: usize,
+    /// Bytes of value memory still allowed.
+    left: u64,
+    /// The bound it started from (for the message).
+    limit: u64,
 }
 
 impl Parser<'_> {
+    /// Counts `bytes` of value memory, or refuses the document when they are past the bound.
+    fn spend(&mut self, bytes: u64) -> Result<(), Err> {
+        match self.left.checked_sub(bytes) {
+            Some(left) => {
+                self.left = left;
+                Ok(())
+            }
+            None => Err(Err::Refused(
+                vec![],
+                format!(
+                    "the document's values would take more than {} MiB of memory",
+                    self.limit >> 20
+                ),
+            )),
+        }
+    }
+
     fn peek(&self) -> Option<u8> {
         self.b.get(self.i).copied()
     }
@@ -210,6 +254,7 @@ impl Parser<'_> {
                 ));
             }
             let key = self.string()?;
+            self.spend(ENTRY_COST)?;
             // Duplicate detection: linear for small objects, hashed once they grow.
             let dup = match &mut index {
                 Some(set) => !set.insert(key.clone()),
@@ -273,6 +318,8 @@ impl Parser<'_> {
         loop {
             self.ws();
             let idx = items.len();
+            self.spend(VALUE_COST)
+                .map_err(|e| e.under(Seg::Index(idx)))?;
             let v = self
                 .value(depth + 1)
                 .map_err(|e| e.under(Seg::Index(idx)))?;
@@ -340,6 +387,7 @@ impl Parser<'_> {
                 }
                 Some(b'"') => {
                     self.i += 1;
+                    self.spend(out.len() as u64)?;
                     return Ok(out);
                 }
                 Some(b'\\') => {
@@ -480,5 +528,33 @@ impl Parser<'_> {
                 format!("number {text} is not a finite 64-bit float"),
             )),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn values_past_the_budget_are_refused_at_their_path() {
+        let text = format!("{{\"a\": [{}0]}}", "0,".repeat(1000));
+        assert!(parse_limited(&text, 1 << 20).is_ok());
+        match parse_limited(&text, 4096) {
+            Err(ParseError::Refused { path, message }) => {
+                assert!(path.to_string().starts_with("$.a["), "{path}");
+                assert!(message.contains("MiB of memory"), "{message}");
+            }
+            other => panic!("{other:?}"),
+        }
+        // Object entries and strings count too.
+        let keys: Vec<String> = (0..200)
+            .map(|i| format!("\"k{i}\": \"{}\"", "x".repeat(40)))
+            .collect();
+        let text = format!("{{{}}}", keys.join(","));
+        assert!(parse_limited(&text, 1 << 20).is_ok());
+        assert!(matches!(
+            parse_limited(&text, 8192),
+            Err(ParseError::Refused { .. })
+        ));
     }
 }
