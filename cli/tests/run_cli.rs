@@ -692,3 +692,75 @@ fn quiet_keeps_stderr_to_errors() {
     let both = run(&f, &["-q", "-v", "--set", &x, "--set", &tok]);
     assert_eq!(both.status.code(), Some(2), "{}", stderr(&both));
 }
+
+/// A program the validator accepts whose buffers cannot fit (two of 4 TiB) is a typed error
+/// naming them, in bounded memory (under a 1 GiB address-space limit, `prlimit --as`), not an
+/// abort; and a weights file whose tensors alias one byte range is refused as it is read.
+#[test]
+fn buffers_that_cannot_fit_and_aliased_weights_are_typed_errors() {
+    let f = fixture("huge");
+    let mut p = program(false);
+    for name in ["huge_a", "huge_b"] {
+        p.new_buffer(name, BufferKind::ACTIVATION, DType::F32, &[1 << 40]);
+    }
+    let huge = save_program(&f.dir, "huge.json", &p);
+    let limited = |args: &[&std::ffi::OsStr]| {
+        let mut c = if std::path::Path::new("/usr/bin/prlimit").exists() {
+            let mut c = std::process::Command::new("/usr/bin/prlimit");
+            c.arg("--as=1073741824")
+                .arg("--")
+                .arg(env!("CARGO_BIN_EXE_amk"));
+            c
+        } else {
+            amk()
+        };
+        c.args(args)
+            .args(["--set", &x_arg(), "--set", &tok_arg()])
+            .output()
+            .unwrap()
+    };
+    let o = limited(&[
+        "run".as_ref(),
+        huge.as_os_str(),
+        "--weights".as_ref(),
+        f.weights.as_os_str(),
+    ]);
+    let err = stderr(&o);
+    // The backend's refusal (exit 3), never an abort by a signal.
+    assert_eq!(o.status.code(), Some(3), "{:?}: {err}", o.status);
+    assert!(
+        err.contains("'huge_a'") && err.contains("GiB available"),
+        "{err}"
+    );
+
+    // Two tensors over the same 4 MiB: each would be copied on its own (3,000 of them took
+    // 12 GB); the reader refuses the overlap.
+    let n: usize = 1 << 20;
+    let entry = |i: usize| {
+        format!(
+            "\"t{i}\": {{\"dtype\": \"F32\", \"shape\": [{n}], \"data_offsets\": [0, {}]}}",
+            4 * n
+        )
+    };
+    let mut header = format!(
+        "{{{}}}",
+        (0..3000).map(entry).collect::<Vec<_>>().join(", ")
+    );
+    while header.len() % 8 != 0 {
+        header.push(' ');
+    }
+    let mut bytes = (header.len() as u64).to_le_bytes().to_vec();
+    bytes.extend_from_slice(header.as_bytes());
+    bytes.resize(bytes.len() + 4 * n, 0);
+    let aliased = f.dir.join("aliased.safetensors");
+    std::fs::write(&aliased, bytes).unwrap();
+    let o = limited(&[
+        "run".as_ref(),
+        f.program.as_os_str(),
+        "--weights".as_ref(),
+        aliased.as_os_str(),
+    ]);
+    let err = stderr(&o);
+    assert_eq!(o.status.code(), Some(2), "{:?}: {err}", o.status);
+    assert!(err.contains("overlap"), "{err}");
+}
