@@ -520,10 +520,9 @@ fn the_api_key_guards_every_route_but_health() {
 }
 
 /// Opens a streaming completion and returns the connection once its first text chunk came.
-fn open_stream(addr: &str, max_tokens: u32) -> TcpStream {
-    let body = json!({"prompt": "Once upon a time", "max_tokens": max_tokens, "temperature": 0,
-                      "stream": true})
-    .to_string();
+/// Sends a text completion request and returns the connection, its answer unread.
+fn send_completion(addr: &str, body: &Value) -> TcpStream {
+    let body = body.to_string();
     let mut s = TcpStream::connect(addr).unwrap();
     s.set_read_timeout(Some(Duration::from_secs(120))).unwrap();
     write!(
@@ -532,6 +531,15 @@ fn open_stream(addr: &str, max_tokens: u32) -> TcpStream {
         body.len()
     )
     .unwrap();
+    s
+}
+
+fn open_stream(addr: &str, max_tokens: u32) -> TcpStream {
+    let mut s = send_completion(
+        addr,
+        &json!({"prompt": "Once upon a time", "max_tokens": max_tokens, "temperature": 0,
+                "stream": true}),
+    );
     let mut seen = Vec::new();
     let mut buf = [0u8; 4096];
     while !String::from_utf8_lossy(&seen).contains("data: {") {
@@ -591,15 +599,10 @@ fn a_full_queue_answers_429_and_a_disconnect_cancels() {
 #[test]
 fn a_whole_request_whose_client_leaves_is_cancelled() {
     let server = Server::default_model(&[], &[]);
-    let body =
-        json!({"prompt": "Once upon a time", "max_tokens": 200, "temperature": 0}).to_string();
-    let mut s = TcpStream::connect(&server.addr).unwrap();
-    write!(
-        s,
-        "POST /v1/completions HTTP/1.0\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
-        body.len()
-    )
-    .unwrap();
+    let s = send_completion(
+        &server.addr,
+        &json!({"prompt": "Once upon a time", "max_tokens": 200, "temperature": 0}),
+    );
     let t0 = Instant::now();
     while server.metric("amk_generated_tokens_total") < 2.0 {
         assert!(t0.elapsed() < Duration::from_secs(60), "no token came");
@@ -625,18 +628,11 @@ fn percentile(v: &mut [f64], p: f64) -> f64 {
 
 /// One streamed completion: (time to its first text chunk, total time, its text).
 fn timed_completion(addr: &str) -> (f64, f64, String) {
-    let body = json!({"prompt": "hello hello", "max_tokens": 8, "temperature": 0,
-                      "stream": true})
-    .to_string();
     let t0 = Instant::now();
-    let mut s = TcpStream::connect(addr).unwrap();
-    s.set_read_timeout(Some(Duration::from_secs(120))).unwrap();
-    write!(
-        s,
-        "POST /v1/completions HTTP/1.0\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
-        body.len()
-    )
-    .unwrap();
+    let mut s = send_completion(
+        addr,
+        &json!({"prompt": "hello hello", "max_tokens": 8, "temperature": 0, "stream": true}),
+    );
     let mut raw = Vec::new();
     let mut buf = [0u8; 4096];
     let mut first = None;

@@ -8,7 +8,8 @@
 use amk_backend_cpu::CpuBackend;
 use amk_core::{DType, GpuTarget, Registry, ScheduleConfig};
 use amk_engine::{
-    Engine, EngineError, EngineOptions, Finish, Request, Sampling, argmax, lower_and_load,
+    Alternative, Engine, EngineError, EngineOptions, Finish, Request, Sampling, argmax,
+    lower_and_load, top_alternatives,
 };
 use amk_model_llama::Model;
 use amk_model_llama::config::{ModelConfig, RopeScaling};
@@ -436,52 +437,75 @@ fn attach_prefill_checks_the_interface() {
     assert_eq!(e.prefill_rows(), Some(4));
 }
 
+/// The tokens `req` generates, each with its alternatives.
+fn with_alternatives(e: &mut Engine, req: &Request<'_>) -> (Vec<u32>, Vec<Vec<Alternative>>) {
+    let mut alts = Vec::new();
+    let g = e
+        .generate_with(
+            req,
+            &mut |_, a| {
+                alts.push(a.to_vec());
+                true
+            },
+            None,
+        )
+        .unwrap();
+    (g.ids(), alts)
+}
+
+/// The teacher-forced logits that predict each of `generated` after `prompt`.
+fn forced_after(e: &mut Engine, prompt: &[u32], generated: &[u32]) -> Vec<Vec<f32>> {
+    let mut seq = prompt.to_vec();
+    seq.extend(generated);
+    let mut forced = Vec::new();
+    e.forced_logits(&seq, &mut |pos, l| {
+        if pos + 1 >= prompt.len() {
+            forced.push(l.to_vec());
+        }
+    })
+    .unwrap();
+    assert_eq!(forced.len(), generated.len());
+    forced
+}
+
 /// Alternatives come from the logits each token was drawn from: greedy tokens lead their own
 /// alternatives, which equal the top of the teacher-forced logits at that position; asking
-/// for them changes no token; sampled tokens keep their seeded ids.
+/// for them changes no token; sampled tokens keep their seeded ids and get their own logits'
+/// top.
 #[rstest]
 #[case::reference(ScheduleConfig::default())]
 #[case::tuned(tuned_schedule())]
 fn alternatives_are_the_top_of_each_tokens_logits(#[case] schedule: ScheduleConfig) {
     let mut e = engine(schedule, 32);
     let plain = ids(&mut e, &request(PROMPT, 8, &[])).0;
-    let mut seen: Vec<(u32, f32, Vec<amk_engine::Alternative>)> = Vec::new();
+    let mut seen: Vec<(u32, f32)> = Vec::new();
     let req = Request {
         top_logprobs: 3,
         ..request(PROMPT, 8, &[])
     };
+    let mut alts = Vec::new();
     let g = e
         .generate_with(
             &req,
-            &mut |t, alts| {
-                seen.push((t.id, t.logprob, alts.to_vec()));
+            &mut |t, a| {
+                seen.push((t.id, t.logprob));
+                alts.push(a.to_vec());
                 true
             },
             None,
         )
         .unwrap();
     assert_eq!(g.ids(), plain);
-    assert_eq!(seen.len(), 8);
-    let mut seq = PROMPT.to_vec();
-    seq.extend(&plain);
-    let mut forced = Vec::new();
-    e.forced_logits(&seq, &mut |pos, l| {
-        if pos + 1 >= PROMPT.len() {
-            forced.push(l.to_vec());
-        }
-    })
-    .unwrap();
-    for (i, (id, logprob, alts)) in seen.iter().enumerate() {
-        assert_eq!(alts.len(), 3);
-        assert_eq!(alts[0].id, *id, "greedy: the token is the most likely");
-        assert!(
-            (alts[0].logprob - logprob).abs() < 1e-5,
-            "{alts:?} vs {logprob}"
-        );
-        assert!(alts.windows(2).all(|w| w[0].logprob >= w[1].logprob));
-        assert_eq!(alts, &amk_engine::top_alternatives(&forced[i], 40, 3));
+    let forced = forced_after(&mut e, PROMPT, &plain);
+    for (i, ((id, logprob), a)) in seen.iter().zip(&alts).enumerate() {
+        assert_eq!(a.len(), 3);
+        assert_eq!(a[0].id, *id, "greedy: the token is the most likely");
+        assert!((a[0].logprob - logprob).abs() < 1e-5, "{a:?} vs {logprob}");
+        assert!(a.windows(2).all(|w| w[0].logprob >= w[1].logprob));
+        assert_eq!(a, &top_alternatives(&forced[i], 40, 3));
     }
-    // Sampled: the same seed gives the same tokens with and without alternatives.
+    // Sampled: the same seed gives the same tokens with and without alternatives, and these
+    // are the top two of the logits each token was drawn from (which it need not lead).
     let sampled = Request {
         sampling: Sampling {
             temperature: 0.8,
@@ -492,38 +516,17 @@ fn alternatives_are_the_top_of_each_tokens_logits(#[case] schedule: ScheduleConf
         ..request(PROMPT, 8, &[])
     };
     let want = ids(&mut e, &sampled).0;
-    let with = Request {
-        top_logprobs: 2,
-        ..sampled
-    };
-    let mut sampled_alts = Vec::new();
-    let g = e
-        .generate_with(
-            &with,
-            &mut |_, a| {
-                sampled_alts.push(a.to_vec());
-                true
-            },
-            None,
-        )
-        .unwrap();
-    assert_eq!(g.ids(), want);
-    // Sampled tokens need not lead their alternatives, but these are their logits' top two.
-    let mut seq = PROMPT.to_vec();
-    seq.extend(&want);
-    let mut at = 0;
-    e.forced_logits(&seq, &mut |pos, l| {
-        if pos + 1 >= PROMPT.len() {
-            assert_eq!(
-                sampled_alts[at],
-                amk_engine::top_alternatives(l, 40, 2),
-                "token {at}"
-            );
-            at += 1;
-        }
-    })
-    .unwrap();
-    assert_eq!(at, want.len());
+    let (got, alts) = with_alternatives(
+        &mut e,
+        &Request {
+            top_logprobs: 2,
+            ..sampled
+        },
+    );
+    assert_eq!(got, want);
+    for (i, l) in forced_after(&mut e, PROMPT, &want).iter().enumerate() {
+        assert_eq!(alts[i], top_alternatives(l, 40, 2), "token {i}");
+    }
     let too_many = Request {
         top_logprobs: amk_engine::MAX_TOP_LOGPROBS + 1,
         ..request(PROMPT, 2, &[])
@@ -537,13 +540,13 @@ fn alternatives_are_the_top_of_each_tokens_logits(#[case] schedule: ScheduleConf
 #[test]
 fn top_alternatives_order_ties_by_id_and_respect_the_limit() {
     let logits = [1.0f32, 3.0, 3.0, -1.0, 9.0];
-    let top = amk_engine::top_alternatives(&logits, 4, 3);
+    let top = top_alternatives(&logits, 4, 3);
     let ids: Vec<u32> = top.iter().map(|a| a.id).collect();
     assert_eq!(ids, vec![1, 2, 0], "id 4 is past the limit; ties by id");
     let lse = (1f64.exp() + 2.0 * 3f64.exp() + (-1f64).exp()).ln();
     assert!((top[0].logprob as f64 - (3.0 - lse)).abs() < 1e-6);
-    assert_eq!(amk_engine::top_alternatives(&logits, 5, 0), vec![]);
-    assert_eq!(amk_engine::top_alternatives(&logits, 2, 9).len(), 2);
+    assert_eq!(top_alternatives(&logits, 5, 0), vec![]);
+    assert_eq!(top_alternatives(&logits, 2, 9).len(), 2);
 }
 
 /// With the prompt written by the prefill program (the decode loop starts at its last token),
@@ -554,40 +557,15 @@ fn alternatives_after_a_prefilled_prompt_and_a_cancel() {
     let mut plain = engine(ScheduleConfig::default(), 32);
     let want = ids(&mut plain, &request(PROMPT, 8, &[])).0;
     let mut e = engine_with_prefill(32, 4);
-    assert_eq!(e.prefill_rows(), Some(4));
     let req = Request {
         top_logprobs: 4,
         ..request(PROMPT, 8, &[])
     };
-    let mut seen: Vec<(u32, Vec<amk_engine::Alternative>)> = Vec::new();
-    let g = e
-        .generate_with(
-            &req,
-            &mut |t, a| {
-                seen.push((t.id, a.to_vec()));
-                true
-            },
-            None,
-        )
-        .unwrap();
-    assert_eq!(g.ids(), want);
-    let mut seq = PROMPT.to_vec();
-    seq.extend(&want);
-    let mut forced = Vec::new();
-    plain
-        .forced_logits(&seq, &mut |pos, l| {
-            if pos + 1 >= PROMPT.len() {
-                forced.push(l.to_vec());
-            }
-        })
-        .unwrap();
-    for (i, (id, alts)) in seen.iter().enumerate() {
-        assert_eq!(alts[0].id, *id);
-        assert_eq!(
-            alts,
-            &amk_engine::top_alternatives(&forced[i], 40, 4),
-            "token {i}"
-        );
+    let (got, alts) = with_alternatives(&mut e, &req);
+    assert_eq!(got, want);
+    for (i, l) in forced_after(&mut plain, PROMPT, &want).iter().enumerate() {
+        assert_eq!(alts[i][0].id, want[i]);
+        assert_eq!(alts[i], top_alternatives(l, 40, 4), "token {i}");
     }
     let mut n = 0;
     let g = e

@@ -53,6 +53,16 @@ struct Ask {
     stop: Vec<String>,
 }
 
+impl Ask {
+    fn new(max_tokens: usize, sampling: Sampling, stop: Option<Vec<String>>) -> Ask {
+        Ask {
+            max_tokens,
+            sampling,
+            stop: stop.unwrap_or_default(),
+        }
+    }
+}
+
 impl Model {
     /// Queues a generation of `prompt` (token ids) and returns its events.
     fn submit(&self, prompt: Vec<u32>, ask: Ask) -> PyResult<mpsc::UnboundedReceiver<Event>> {
@@ -174,18 +184,17 @@ impl Model {
         stop: Option<Vec<String>>,
         chat: bool,
     ) -> PyResult<String> {
-        let ask = Ask {
+        self.stream(
+            prompt,
             max_tokens,
-            sampling: Sampling {
-                temperature,
-                top_p,
-                top_k,
-                seed,
-            },
-            stop: stop.unwrap_or_default(),
-        };
-        let stream = Stream::new(self.submit(self.encode(prompt, chat)?, ask)?)?;
-        stream.collect(py)
+            temperature,
+            top_p,
+            top_k,
+            seed,
+            stop,
+            chat,
+        )?
+        .collect(py)
     }
 
     /// [`Model::generate`], as an iterator of text pieces as they are produced. The stream's
@@ -204,16 +213,16 @@ impl Model {
         stop: Option<Vec<String>>,
         chat: bool,
     ) -> PyResult<Stream> {
-        let ask = Ask {
+        let ask = Ask::new(
             max_tokens,
-            sampling: Sampling {
+            Sampling {
                 temperature,
                 top_p,
                 top_k,
                 seed,
             },
-            stop: stop.unwrap_or_default(),
-        };
+            stop,
+        );
         Stream::new(self.submit(self.encode(prompt, chat)?, ask)?)
     }
 
@@ -248,16 +257,16 @@ impl Model {
         let tok = &self.info.tokenizer;
         let rendered = tok.apply_chat_template(&turns, true).map_err(err)?;
         let ids = tok.encode(&rendered).map_err(err)?;
-        let ask = Ask {
+        let ask = Ask::new(
             max_tokens,
-            sampling: Sampling {
+            Sampling {
                 temperature,
                 top_p,
                 top_k,
                 seed,
             },
-            stop: stop.unwrap_or_default(),
-        };
+            stop,
+        );
         let s = Stream::new(self.submit(ids, ask)?)?;
         if stream {
             Ok(Py::new(py, s)?.into_any())

@@ -266,34 +266,37 @@ async fn chat(
     body: Result<Bytes, BytesRejection>,
 ) -> Response {
     let arrived = Instant::now();
-    let prepared = async {
-        json_body(&headers)?;
-        let req: ChatRequest = api::parse(&body.map_err(body_error)?)?;
-        let plan = req.plan(s.fresh_seed())?;
-        let turns = req.turns()?;
-        s.queue.check_room()?;
-        let tok = s.info.tokenizer.clone();
-        let rendered = tokio::task::spawn_blocking(move || {
-            let pairs: Vec<(&str, &str)> = (turns.iter())
-                .map(|(r, t)| (r.as_str(), t.as_str()))
-                .collect();
-            tok.apply_chat_template(&pairs, true)
-        })
-        .await
-        .map_err(|e| ApiError::server(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()))?
-        .map_err(|e| ApiError::invalid(Some("messages"), e.to_string()))?;
-        let prompt = encode(&s, rendered).await?;
-        Ok::<_, ApiError>(Prepared {
-            prompt,
-            plan,
-            echo: None,
-            endpoint: Endpoint::Chat,
-        })
-    };
-    match prepared.await {
-        Ok(g) => respond(s, g, arrived).await,
-        Err(e) => e.into_response(),
-    }
+    let prepared = prepare_chat(&s, &headers, body).await;
+    answer(s, prepared, arrived).await
+}
+
+/// Checks a chat completion request and encodes its prompt.
+async fn prepare_chat(
+    s: &AppState,
+    headers: &HeaderMap,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<Prepared, ApiError> {
+    let req: ChatRequest = parse_json(headers, body)?;
+    let plan = req.plan(s.fresh_seed())?;
+    let turns = req.turns()?;
+    s.queue.check_room()?;
+    let tok = s.info.tokenizer.clone();
+    let rendered = tokio::task::spawn_blocking(move || {
+        let pairs: Vec<(&str, &str)> = (turns.iter())
+            .map(|(r, t)| (r.as_str(), t.as_str()))
+            .collect();
+        tok.apply_chat_template(&pairs, true)
+    })
+    .await
+    .map_err(|e| ApiError::server(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()))?
+    .map_err(|e| ApiError::invalid(Some("messages"), e.to_string()))?;
+    let prompt = encode(s, rendered).await?;
+    Ok(Prepared {
+        prompt,
+        plan,
+        echo: None,
+        endpoint: Endpoint::Chat,
+    })
 }
 
 async fn completions(
@@ -302,50 +305,70 @@ async fn completions(
     body: Result<Bytes, BytesRejection>,
 ) -> Response {
     let arrived = Instant::now();
-    let prepared = async {
-        json_body(&headers)?;
-        let req: CompletionRequest = api::parse(&body.map_err(body_error)?)?;
-        let plan = req.plan(s.fresh_seed())?;
-        s.queue.check_room()?;
-        let wants_echo = req.echo.unwrap_or(false);
-        let (prompt, echo) = match req.input()? {
-            PromptInput::Text(t) => {
-                let ids = encode(&s, t.clone()).await?;
-                (ids, wants_echo.then_some(t))
-            }
-            PromptInput::Ids(ids) => {
-                if let Some(bad) = ids.iter().find(|&&t| t as usize >= s.info.vocab) {
-                    return Err(ApiError::invalid(
-                        Some("prompt"),
-                        format!(
-                            "token id {bad} is outside the vocabulary of {}",
-                            s.info.vocab
-                        ),
-                    ));
-                }
-                // The context first: a prompt too long is refused before it is decoded.
-                s.max_new(ids.len(), &plan)?;
-                let echo = match wants_echo {
-                    true => Some(decode(&s, ids.clone()).await?),
-                    false => None,
-                };
-                (ids, echo)
-            }
-        };
-        if prompt.is_empty() {
-            return Err(ApiError::invalid(
-                Some("prompt"),
-                "the prompt encodes to no tokens",
-            ));
+    let prepared = prepare_completion(&s, &headers, body).await;
+    answer(s, prepared, arrived).await
+}
+
+/// Checks a text completion request and encodes its prompt.
+async fn prepare_completion(
+    s: &AppState,
+    headers: &HeaderMap,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<Prepared, ApiError> {
+    let req: CompletionRequest = parse_json(headers, body)?;
+    let plan = req.plan(s.fresh_seed())?;
+    s.queue.check_room()?;
+    let wants_echo = req.echo.unwrap_or(false);
+    let (prompt, echo) = match req.input()? {
+        PromptInput::Text(t) => {
+            let ids = encode(s, t.clone()).await?;
+            (ids, wants_echo.then_some(t))
         }
-        Ok::<_, ApiError>(Prepared {
-            prompt,
-            plan,
-            echo,
-            endpoint: Endpoint::Text,
-        })
+        PromptInput::Ids(ids) => {
+            if let Some(bad) = ids.iter().find(|&&t| t as usize >= s.info.vocab) {
+                return Err(ApiError::invalid(
+                    Some("prompt"),
+                    format!(
+                        "token id {bad} is outside the vocabulary of {}",
+                        s.info.vocab
+                    ),
+                ));
+            }
+            // The context first: a prompt too long is refused before it is decoded.
+            s.max_new(ids.len(), &plan)?;
+            let echo = match wants_echo {
+                true => Some(decode(s, ids.clone()).await?),
+                false => None,
+            };
+            (ids, echo)
+        }
     };
-    match prepared.await {
+    if prompt.is_empty() {
+        return Err(ApiError::invalid(
+            Some("prompt"),
+            "the prompt encodes to no tokens",
+        ));
+    }
+    Ok(Prepared {
+        prompt,
+        plan,
+        echo,
+        endpoint: Endpoint::Text,
+    })
+}
+
+/// The body as a request: declared JSON, readable, well-formed.
+fn parse_json<T: serde::de::DeserializeOwned>(
+    headers: &HeaderMap,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<T, ApiError> {
+    json_body(headers)?;
+    api::parse(&body.map_err(body_error)?)
+}
+
+/// The answer to a checked request (or its error).
+async fn answer(s: AppState, prepared: Result<Prepared, ApiError>, arrived: Instant) -> Response {
+    match prepared {
         Ok(g) => respond(s, g, arrived).await,
         Err(e) => e.into_response(),
     }
