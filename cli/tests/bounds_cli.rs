@@ -96,10 +96,10 @@ fn gguf_str(out: &mut Vec<u8>, s: &str) {
 #[test]
 fn a_gguf_metadata_bomb_is_refused_within_bounds() {
     let d = tiny::scratch("bounds-gguf");
-    // A GGUF (v3, no tensors) whose one metadata value is an array of 48 M bytes: 1.5 GB as
-    // parsed values, refused before they are allocated. Written by hand so that the test
-    // itself does not hold the values.
-    let n: u64 = 48 << 20;
+    // A GGUF (v3, no tensors) whose one metadata value is an array of 17 M empty strings:
+    // 136 MB of file, 544 MB as parsed values, refused before they are allocated. Written by
+    // hand so that the test itself does not hold the values.
+    let n: u64 = 17 << 20;
     let mut head = Vec::new();
     head.extend_from_slice(b"GGUF");
     head.extend_from_slice(&3u32.to_le_bytes());
@@ -107,12 +107,12 @@ fn a_gguf_metadata_bomb_is_refused_within_bounds() {
     head.extend_from_slice(&1u64.to_le_bytes()); // metadata entries
     gguf_str(&mut head, "bomb");
     head.extend_from_slice(&9u32.to_le_bytes()); // array
-    head.extend_from_slice(&0u32.to_le_bytes()); // of u8
+    head.extend_from_slice(&8u32.to_le_bytes()); // of strings
     head.extend_from_slice(&n.to_le_bytes());
     let path = d.join("bomb.gguf");
     let mut f = std::fs::File::create(&path).unwrap();
     f.write_all(&head).unwrap();
-    f.write_all(&vec![7u8; n as usize]).unwrap();
+    f.write_all(&vec![0u8; 8 * n as usize]).unwrap(); // each a length of 0
     drop(f);
     assert_refused(
         &[

@@ -556,7 +556,7 @@ impl ModelConfig {
         let vocab = match opt_us("vocab_size")? {
             Some(v) => v,
             None if g.contains_key("tokenizer.ggml.tokens") => {
-                g.get_array("tokenizer.ggml.tokens")?.1.len()
+                g.get_array_len("tokenizer.ggml.tokens")?.1
             }
             None => return Err(ModelError::MissingKey(key("vocab_size"))),
         };

@@ -32,9 +32,9 @@ pub const MAX_DIMS: u32 = 4;
 pub const MAX_ARRAY_DEPTH: usize = 16;
 
 /// The most memory the parsed metadata may take (its values, their strings), whatever the
-/// file: a metadata array costs a `GgufValue` (32 bytes) an element in memory against 1 byte
-/// in the file, so a 96 MB array of u8 would otherwise take 3 GB. Real files stay far below
-/// (a 150,000-token vocabulary with its merges: ≈ 20 MB).
+/// file. Arrays of scalars cost their bytes ([`ScalarArray`]); an array of strings or arrays
+/// costs a `GgufValue` (32 bytes) an element against at least 8 bytes of file. Real files stay
+/// far below (a 150,000-token vocabulary with its merges: ≈ 20 MB).
 pub const MAX_METADATA_MEMORY: u64 = 512 << 20;
 
 /// A metadata value type code.
@@ -109,6 +109,15 @@ impl ValueType {
     }
 
     /// The fewest bytes one value of this type occupies in a file.
+    /// The size of one element of this type when it is a fixed-size scalar (every type but
+    /// string and array).
+    pub fn scalar_size(self) -> Option<usize> {
+        match self {
+            ValueType::String | ValueType::Array => None,
+            t => Some(t.min_size() as usize),
+        }
+    }
+
     fn min_size(self) -> u64 {
         match self {
             ValueType::U8 | ValueType::I8 | ValueType::Bool => 1,
@@ -140,7 +149,7 @@ impl ValueType {
 }
 
 /// A metadata value.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone)]
 pub enum GgufValue {
     /// `u8`.
     U8(u8),
@@ -160,8 +169,14 @@ pub enum GgufValue {
     Bool(bool),
     /// String.
     String(String),
-    /// Array: element type and elements (all of that type; arrays may nest).
+    /// Array: element type and elements (all of that type; arrays may nest). The reader
+    /// makes these for strings and nested arrays; arrays of scalars it reads as
+    /// [`GgufValue::Scalars`].
     Array(ValueType, Vec<GgufValue>),
+    /// An array of fixed-size scalars as the file stores them: one byte of memory a byte of
+    /// file (as `Array` values, a `u8` array took 32). Equal to the `Array` of the same
+    /// elements.
+    Scalars(ScalarArray),
     /// `u64`.
     U64(u64),
     /// `i64`.
@@ -183,7 +198,7 @@ impl GgufValue {
             GgufValue::F32(_) => ValueType::F32,
             GgufValue::Bool(_) => ValueType::Bool,
             GgufValue::String(_) => ValueType::String,
-            GgufValue::Array(..) => ValueType::Array,
+            GgufValue::Array(..) | GgufValue::Scalars(_) => ValueType::Array,
             GgufValue::U64(_) => ValueType::U64,
             GgufValue::I64(_) => ValueType::I64,
             GgufValue::F64(_) => ValueType::F64,
@@ -194,6 +209,7 @@ impl GgufValue {
     pub fn type_description(&self) -> String {
         match self {
             GgufValue::Array(t, _) => format!("array of {}", t.name()),
+            GgufValue::Scalars(a) => format!("array of {}", a.elem().name()),
             v => v.value_type().name().to_string(),
         }
     }
@@ -228,6 +244,114 @@ impl GgufValue {
             GgufValue::String(s) => Some(s),
             _ => None,
         }
+    }
+}
+
+impl PartialEq for GgufValue {
+    /// Values of the same type and contents; an [`GgufValue::Array`] of scalars equals the
+    /// [`GgufValue::Scalars`] of the same elements.
+    fn eq(&self, other: &Self) -> bool {
+        use GgufValue as V;
+        match (self, other) {
+            (V::U8(a), V::U8(b)) => a == b,
+            (V::I8(a), V::I8(b)) => a == b,
+            (V::U16(a), V::U16(b)) => a == b,
+            (V::I16(a), V::I16(b)) => a == b,
+            (V::U32(a), V::U32(b)) => a == b,
+            (V::I32(a), V::I32(b)) => a == b,
+            (V::F32(a), V::F32(b)) => a == b,
+            (V::Bool(a), V::Bool(b)) => a == b,
+            (V::String(a), V::String(b)) => a == b,
+            (V::U64(a), V::U64(b)) => a == b,
+            (V::I64(a), V::I64(b)) => a == b,
+            (V::F64(a), V::F64(b)) => a == b,
+            (V::Array(t, a), V::Array(u, b)) => t == u && a == b,
+            (V::Scalars(a), V::Scalars(b)) => a == b,
+            (V::Array(t, items), V::Scalars(a)) | (V::Scalars(a), V::Array(t, items)) => {
+                *t == a.elem()
+                    && items.len() == a.len()
+                    && items.iter().zip(a.iter()).all(|(x, y)| *x == y)
+            }
+            _ => false,
+        }
+    }
+}
+
+/// An array of fixed-size scalars, kept as their little-endian bytes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ScalarArray {
+    elem: ValueType,
+    data: Vec<u8>,
+}
+
+impl ScalarArray {
+    /// The array of `elem` elements whose bytes are `data` (little-endian, back to back), or
+    /// why it is not one: a type that is not a fixed-size scalar, a length that is not a
+    /// whole number of elements, a bool byte other than 0 or 1.
+    pub fn new(elem: ValueType, data: Vec<u8>) -> Result<ScalarArray, String> {
+        let size = elem
+            .scalar_size()
+            .ok_or_else(|| format!("{} is not a fixed-size scalar type", elem.name()))?;
+        if !data.len().is_multiple_of(size) {
+            return Err(format!(
+                "{} bytes are not a whole number of {} elements",
+                data.len(),
+                elem.name()
+            ));
+        }
+        if elem == ValueType::Bool
+            && let Some(b) = data.iter().find(|&&b| b > 1)
+        {
+            return Err(format!("bool byte {b} is neither 0 nor 1"));
+        }
+        Ok(ScalarArray { elem, data })
+    }
+
+    /// The element type.
+    pub fn elem(&self) -> ValueType {
+        self.elem
+    }
+
+    /// The elements' bytes.
+    pub fn bytes(&self) -> &[u8] {
+        &self.data
+    }
+
+    /// The number of elements.
+    pub fn len(&self) -> usize {
+        self.data.len() / self.elem.scalar_size().unwrap_or(1)
+    }
+
+    /// Whether there are none.
+    pub fn is_empty(&self) -> bool {
+        self.data.is_empty()
+    }
+
+    /// Element `i` as a value.
+    pub fn get(&self, i: usize) -> Option<GgufValue> {
+        let size = self.elem.scalar_size()?;
+        let b = self.data.get(i * size..(i + 1) * size)?;
+        let mut w = [0u8; 8];
+        w[..size].copy_from_slice(b);
+        Some(match self.elem {
+            ValueType::U8 => GgufValue::U8(w[0]),
+            ValueType::I8 => GgufValue::I8(w[0] as i8),
+            ValueType::Bool => GgufValue::Bool(w[0] == 1),
+            ValueType::U16 => GgufValue::U16(u16::from_le_bytes([w[0], w[1]])),
+            ValueType::I16 => GgufValue::I16(i16::from_le_bytes([w[0], w[1]])),
+            ValueType::U32 => GgufValue::U32(u32::from_le_bytes([w[0], w[1], w[2], w[3]])),
+            ValueType::I32 => GgufValue::I32(i32::from_le_bytes([w[0], w[1], w[2], w[3]])),
+            ValueType::F32 => GgufValue::F32(f32::from_le_bytes([w[0], w[1], w[2], w[3]])),
+            ValueType::U64 => GgufValue::U64(u64::from_le_bytes(w)),
+            ValueType::I64 => GgufValue::I64(i64::from_le_bytes(w)),
+            ValueType::F64 => GgufValue::F64(f64::from_le_bytes(w)),
+            ValueType::String | ValueType::Array => return None,
+        })
+    }
+
+    /// The elements as values.
+    pub fn iter(&self) -> impl Iterator<Item = GgufValue> + '_ {
+        (0..self.len()).filter_map(|i| self.get(i))
     }
 }
 
@@ -548,6 +672,17 @@ impl<'a> Cursor<'a> {
                 })?;
                 let count = self.u64(&|| format!("array length of '{key}'"))?;
                 let n = self.check_count(count, elem.min_size(), &format!("array '{key}'"))?;
+                if let Some(size) = elem.scalar_size() {
+                    // Scalars stay as the file's bytes: memory in proportion to the file.
+                    let bytes = (n as u64).saturating_mul(size as u64);
+                    self.spend(bytes, &|| format!("array '{key}'"))?;
+                    let at = self.pos;
+                    let data = self.take(bytes, &|| format!("array '{key}'"))?.to_vec();
+                    let array = ScalarArray::new(elem, data).map_err(|e| {
+                        ModelError::Corrupt(format!("array '{key}' at byte {at}: {e}"))
+                    })?;
+                    return Ok(GgufValue::Scalars(array));
+                }
                 let item = std::mem::size_of::<GgufValue>() as u64;
                 self.spend((n as u64).saturating_mul(item), &|| {
                     format!("array '{key}'")
@@ -840,10 +975,11 @@ impl GgufFile {
         let v = self.require(key)?;
         v.as_str().ok_or_else(|| Self::key_type(key, "string", v))
     }
-    /// An array value: element type and elements.
-    pub fn get_array(&self, key: &str) -> Result<(ValueType, &[GgufValue]), ModelError> {
+    /// An array value's element type and length.
+    pub fn get_array_len(&self, key: &str) -> Result<(ValueType, usize), ModelError> {
         match self.require(key)? {
-            GgufValue::Array(t, items) => Ok((*t, items)),
+            GgufValue::Array(t, items) => Ok((*t, items.len())),
+            GgufValue::Scalars(a) => Ok((a.elem(), a.len())),
             v => Err(Self::key_type(key, "array", v)),
         }
     }
@@ -873,6 +1009,11 @@ impl GgufFile {
                         .ok_or_else(|| Self::key_type(key, "array of f32", v))
                 })
                 .collect(),
+            GgufValue::Scalars(a) if matches!(a.elem(), ValueType::F32 | ValueType::F64) => Ok(a
+                .iter()
+                .filter_map(|x| x.as_f64())
+                .map(|f| f as f32)
+                .collect()),
             _ => Err(Self::key_type(key, "array of f32", v)),
         }
     }
@@ -881,6 +1022,14 @@ impl GgufFile {
         let v = self.require(key)?;
         match v {
             GgufValue::Array(_, items) => items
+                .iter()
+                .map(|x| {
+                    x.as_i128()
+                        .and_then(|i| i64::try_from(i).ok())
+                        .ok_or_else(|| Self::key_type(key, "array of integers", v))
+                })
+                .collect(),
+            GgufValue::Scalars(a) => a
                 .iter()
                 .map(|x| {
                     x.as_i128()

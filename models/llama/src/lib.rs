@@ -20,7 +20,7 @@ pub mod safetensors;
 pub mod tokenizer;
 
 pub use error::ModelError;
-pub use gguf::{GgmlType, GgufFile, GgufValue, TensorInfo, ValueType};
+pub use gguf::{GgmlType, GgufFile, GgufValue, ScalarArray, TensorInfo, ValueType};
 pub use import::importer_for;
 pub use model::{Model, ModelFormat};
 pub use permute::{permute_qk, unpermute_qk};

@@ -35,6 +35,11 @@ fn put_value(out: &mut Vec<u8>, v: &GgufValue) {
                 put_value(out, i);
             }
         }
+        GgufValue::Scalars(a) => {
+            out.extend_from_slice(&a.elem().code().to_le_bytes());
+            out.extend_from_slice(&(a.len() as u64).to_le_bytes());
+            out.extend_from_slice(a.bytes());
+        }
         GgufValue::U64(x) => out.extend_from_slice(&x.to_le_bytes()),
         GgufValue::I64(x) => out.extend_from_slice(&x.to_le_bytes()),
         GgufValue::F64(x) => out.extend_from_slice(&x.to_le_bytes()),
