@@ -109,6 +109,13 @@ fn stdout_failed() -> bool {
     FAILURES.lock().is_ok_and(|f| f.stdout.is_some())
 }
 
+/// Whether stdout or stderr has failed a write.
+pub fn any_failed() -> bool {
+    FAILURES
+        .lock()
+        .is_ok_and(|f| f.stdout.is_some() || f.stderr.is_some())
+}
+
 /// Whether stdout can no longer be written (its reader is gone, or its device is full):
 /// producing more of it is pointless.
 pub fn stdout_closed() -> bool {

@@ -107,6 +107,9 @@ fn serve(a: &ServeArgs) -> Result<(), ModelCmdError> {
                 info.max_seq
             );
         }
+        // Nobody can be told the address (stdout or stderr cannot be written): stop, and let
+        // the output policy give the exit status.
+        !crate::output::any_failed()
     };
     match amk_server::serve(&opts, loader, ready) {
         Ok(()) => Ok(()),

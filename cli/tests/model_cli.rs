@@ -917,6 +917,8 @@ fn every_command_survives_a_full_device_and_a_closed_pipe() {
         [generate.as_slice(), &["--json"]].concat(),
         ppl.clone(),
         [ppl.as_slice(), &["--json"]].concat(),
+        // A server that cannot say where it listens stops instead of serving unseen.
+        vec!["serve", "--json", "--port", "0", "--model", &model_s],
     ]
     .iter()
     .map(|c| c.iter().map(|s| s.to_string()).collect())

@@ -68,11 +68,12 @@ pub const DEFAULT_MAX_BODY_BYTES: usize = 4 << 20;
 
 /// Loads the model with `loader` (on the engine's thread), listens, calls `on_ready` with the
 /// address bound and the model, and serves until SIGINT or SIGTERM; requests in flight then
-/// finish.
+/// finish. `on_ready` returning false (it could not tell anyone where the server is) stops
+/// the server before it serves.
 pub fn serve<L, R>(opts: &ServeOptions, loader: L, on_ready: R) -> Result<(), ServerError>
 where
     L: FnOnce() -> Result<Loaded, LoadError> + Send + 'static,
-    R: FnOnce(SocketAddr, &ModelInfo),
+    R: FnOnce(SocketAddr, &ModelInfo) -> bool,
 {
     let metrics = Arc::new(Metrics::new());
     let started = worker::start(loader, opts.queue, metrics.clone())?;
@@ -102,7 +103,9 @@ where
         let addr = listener
             .local_addr()
             .map_err(io(format!("reading the address bound for {bind}")))?;
-        on_ready(addr, &info);
+        if !on_ready(addr, &info) {
+            return Ok(());
+        }
         axum::serve(listener, app)
             .with_graceful_shutdown(shutdown())
             .await
