@@ -85,6 +85,7 @@ fn program_bombs_are_refused_within_bounds() {
     assert_refused(&["validate", zeros.to_str().unwrap()], "MiB of memory");
     // A device that never ends.
     assert_refused(&["validate", "/dev/zero"], "not a regular file");
+    let _ = std::fs::remove_dir_all(&d);
 }
 
 /// GGUF's little-endian string: its length, then its bytes.
@@ -124,4 +125,5 @@ fn a_gguf_metadata_bomb_is_refused_within_bounds() {
         ],
         "MiB of memory",
     );
+    let _ = std::fs::remove_dir_all(&d); // 136 MB
 }

@@ -763,4 +763,5 @@ fn buffers_that_cannot_fit_and_aliased_weights_are_typed_errors() {
     let err = stderr(&o);
     assert_eq!(o.status.code(), Some(2), "{:?}: {err}", o.status);
     assert!(err.contains("overlap"), "{err}");
+    let _ = std::fs::remove_dir_all(&f.dir);
 }
