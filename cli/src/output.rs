@@ -109,11 +109,9 @@ fn stdout_failed() -> bool {
     FAILURES.lock().is_ok_and(|f| f.stdout.is_some())
 }
 
-/// Whether stdout or stderr has failed a write.
-pub fn any_failed() -> bool {
-    FAILURES
-        .lock()
-        .is_ok_and(|f| f.stdout.is_some() || f.stderr.is_some())
+/// Whether stderr has failed a write.
+pub fn stderr_failed() -> bool {
+    FAILURES.lock().is_ok_and(|f| f.stderr.is_some())
 }
 
 /// Whether stdout can no longer be written (its reader is gone, or its device is full):

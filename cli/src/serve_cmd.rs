@@ -107,9 +107,13 @@ fn serve(a: &ServeArgs) -> Result<(), ModelCmdError> {
                 info.max_seq
             );
         }
-        // Nobody can be told the address (stdout or stderr cannot be written): stop, and let
-        // the output policy give the exit status.
-        !crate::output::any_failed()
+        // Nobody can be told the address (the stream it went to cannot be written): stop, and
+        // let the output policy give the exit status.
+        if json {
+            !crate::output::stdout_closed()
+        } else {
+            !crate::output::stderr_failed()
+        }
     };
     match amk_server::serve(&opts, loader, ready) {
         Ok(()) => Ok(()),

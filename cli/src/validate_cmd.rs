@@ -36,8 +36,9 @@ pub struct Args {
 /// `--max-program-mib`, for every command that reads a program file (`validate`, `run`).
 #[derive(clap::Args)]
 pub struct ProgramLimit {
-    /// Largest program accepted, in MiB, as a file, decompressed, and as the memory its
-    /// parsed JSON values take (a bound on what a hostile file can make the loader allocate).
+    /// Largest program accepted, in MiB, as a file and decompressed; its parsed JSON values
+    /// may take four times as much memory (bounds on what a hostile file can make the loader
+    /// allocate).
     #[arg(long, value_name = "MIB", default_value_t = amk_core::codec::MAX_PROGRAM_BYTES >> 20,
           value_parser = clap::value_parser!(u64).range(1..=1 << 20))]
     max_program_mib: u64,

@@ -64,11 +64,11 @@ fn gzip(path: &Path, parts: &[(&[u8], usize)]) {
 #[test]
 fn program_bombs_are_refused_within_bounds() {
     let d = tiny::scratch("bounds-programs");
-    // 320 MiB of spaces (past the 256 MiB that a program may inflate to).
+    // 320 MiB of spaces (past the 128 MiB that a program may inflate to).
     let spaces = d.join("spaces.json.gz");
     gzip(&spaces, &[(&[b' '; 1 << 20], 320)]);
     assert_refused(&["validate", spaces.to_str().unwrap()], "limit");
-    // 200 MB of `0,`: within the text limit, but 100 million values.
+    // 100 MB of `0,`: within the text limit, but 50 million values (3.2 GB as parsed).
     let zeros = d.join("zeros.json.gz");
     let pair = b"0,".repeat(1 << 19);
     gzip(
@@ -78,7 +78,7 @@ fn program_bombs_are_refused_within_bounds() {
                 br#"{"ir_version": "0.2.0", "abi_version": "0.2", "tasks": ["#,
                 1,
             ),
-            (&pair, 200),
+            (&pair, 100),
             (b"0]}", 1),
         ],
     );

@@ -211,3 +211,25 @@ fn a_program_of_40000_racing_writers_is_reported_briefly() {
     assert!(took.as_secs() < 10, "{took:?}");
     let _ = std::fs::remove_dir_all(&d);
 }
+
+/// `--max-program-mib` bounds the parsed values too (four times the text): 400 KB of `0,` fit
+/// 1 MiB of text but not 4 MiB of values, and are parsed with 16 MiB (then refused as a
+/// program).
+#[test]
+fn the_program_limit_bounds_the_parsed_values() {
+    let d = scratch("value-budget");
+    let path = d.join("zeros.json");
+    std::fs::write(&path, format!("[{}0]", "0,".repeat(200_000))).unwrap();
+    let run = |mib: &str| {
+        let o = amk()
+            .args(["validate", "--max-program-mib", mib])
+            .arg(&path)
+            .output()
+            .unwrap();
+        assert_eq!(o.status.code(), Some(2), "{o:?}");
+        String::from_utf8_lossy(&o.stdout).into_owned() + &String::from_utf8_lossy(&o.stderr)
+    };
+    assert!(run("1").contains("MiB of memory"));
+    assert!(!run("16").contains("MiB of memory"));
+    let _ = std::fs::remove_dir_all(&d);
+}

@@ -180,12 +180,15 @@ fn utf8_text(bytes: &[u8]) -> R<&str> {
     Ok(text)
 }
 
-/// The largest program [`load`] reads, as a file and once decompressed (256 MiB, some
-/// twenty times a 70B model's decode program), and the most memory its parsed JSON values may
-/// take: an input past either is refused before the memory is taken, so a file of spaces, a
-/// gzip bomb or a file of `0,` cannot exhaust memory (the CLI's `--max-program-mib` raises
-/// both).
-pub const MAX_PROGRAM_BYTES: u64 = 256 << 20;
+/// The largest program [`load`] reads, as a file and once decompressed (128 MiB, some ten
+/// times a 70B model's decode program); its parsed JSON values may take [`VALUE_BUDGET`] times
+/// as much memory (a program's values take about five times its text). An input past either
+/// is refused before the memory is taken, so a file of spaces, a gzip bomb or a file of `0,`
+/// cannot exhaust memory (the CLI's `--max-program-mib` raises both).
+pub const MAX_PROGRAM_BYTES: u64 = 128 << 20;
+
+/// The parsed values' memory a program may take, as a multiple of its size limit.
+pub const VALUE_BUDGET: u64 = 4;
 
 /// Loads a program file; `*.gz` files (or any file starting with the gzip magic) are
 /// decompressed transparently. Only a regular file is read (a FIFO would block, a device
@@ -194,8 +197,8 @@ pub fn load(path: &Path, reg: &Registry) -> R<Program> {
     load_limited(path, reg, MAX_PROGRAM_BYTES)
 }
 
-/// [`load`] with another size limit (for the file, the decompressed text and the parsed
-/// values alike).
+/// [`load`] with another size limit: for the file and the decompressed text, and
+/// [`VALUE_BUDGET`] times it for the parsed values.
 pub fn load_limited(path: &Path, reg: &Registry, limit: u64) -> R<Program> {
     let io = |source| IrError::Io {
         path: path.to_path_buf(),
@@ -243,7 +246,10 @@ pub fn load_limited(path: &Path, reg: &Registry, limit: u64) -> R<Program> {
         raw
     };
     let text = utf8_text(&bytes)?;
-    from_value(&json::parse_limited(text, limit)?, reg)
+    from_value(
+        &json::parse_limited(text, limit.saturating_mul(VALUE_BUDGET))?,
+        reg,
+    )
 }
 
 /// Writes a program (pretty JSON, no trailing newline; gzip when the name ends in `.gz`).

@@ -33,7 +33,8 @@ pub const MAX_ARRAY_DEPTH: usize = 16;
 
 /// The most memory the parsed metadata may take (its values, their strings), whatever the
 /// file. Arrays of scalars cost their bytes ([`ScalarArray`]); an array of strings or arrays
-/// costs a `GgufValue` (32 bytes) an element against at least 8 bytes of file. Real files stay
+/// costs a `GgufValue` (32 bytes) an element against at least 8 bytes of file. A vector built
+/// from an array ([`GgufFile::get_i64_array`], ...) is held to the same bound. Real files stay
 /// far below (a 150,000-token vocabulary with its merges: ≈ 20 MB).
 pub const MAX_METADATA_MEMORY: u64 = 512 << 20;
 
@@ -108,7 +109,6 @@ impl ValueType {
         }
     }
 
-    /// The fewest bytes one value of this type occupies in a file.
     /// The size of one element of this type when it is a fixed-size scalar (every type but
     /// string and array).
     pub fn scalar_size(self) -> Option<usize> {
@@ -118,6 +118,7 @@ impl ValueType {
         }
     }
 
+    /// The fewest bytes one value of this type occupies in a file.
     fn min_size(self) -> u64 {
         match self {
             ValueType::U8 | ValueType::I8 | ValueType::Bool => 1,
@@ -176,7 +177,7 @@ pub enum GgufValue {
     /// An array of fixed-size scalars as the file stores them: one byte of memory a byte of
     /// file (as `Array` values, a `u8` array took 32). Equal to the `Array` of the same
     /// elements.
-    Scalars(ScalarArray),
+    Scalars(Box<ScalarArray>),
     /// `u64`.
     U64(u64),
     /// `i64`.
@@ -278,10 +279,20 @@ impl PartialEq for GgufValue {
 }
 
 /// An array of fixed-size scalars, kept as their little-endian bytes.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone)]
 pub struct ScalarArray {
     elem: ValueType,
     data: Vec<u8>,
+}
+
+impl PartialEq for ScalarArray {
+    /// Element by element, as the values compare (floats as numbers: `NaN` unequal, `-0 == 0`),
+    /// so that it agrees with an [`GgufValue::Array`] of the same elements.
+    fn eq(&self, other: &Self) -> bool {
+        self.elem == other.elem
+            && self.len() == other.len()
+            && self.iter().zip(other.iter()).all(|(a, b)| a == b)
+    }
 }
 
 impl ScalarArray {
@@ -330,7 +341,8 @@ impl ScalarArray {
     /// Element `i` as a value.
     pub fn get(&self, i: usize) -> Option<GgufValue> {
         let size = self.elem.scalar_size()?;
-        let b = self.data.get(i * size..(i + 1) * size)?;
+        let start = i.checked_mul(size)?;
+        let b = self.data.get(start..start.checked_add(size)?)?;
         let mut w = [0u8; 8];
         w[..size].copy_from_slice(b);
         Some(match self.elem {
@@ -681,7 +693,7 @@ impl<'a> Cursor<'a> {
                     let array = ScalarArray::new(elem, data).map_err(|e| {
                         ModelError::Corrupt(format!("array '{key}' at byte {at}: {e}"))
                     })?;
-                    return Ok(GgufValue::Scalars(array));
+                    return Ok(GgufValue::Scalars(Box::new(array)));
                 }
                 let item = std::mem::size_of::<GgufValue>() as u64;
                 self.spend((n as u64).saturating_mul(item), &|| {
@@ -997,8 +1009,22 @@ impl GgufFile {
             _ => Err(Self::key_type(key, "array of string", v)),
         }
     }
+    /// Refuses to turn an array of `len` elements into a vector of `elem_bytes` each past the
+    /// metadata budget: a file's compact array of bytes must not become gigabytes of `i64`.
+    fn check_materialised(key: &str, len: usize, elem_bytes: usize) -> Result<(), ModelError> {
+        if (len as u64).saturating_mul(elem_bytes as u64) > MAX_METADATA_MEMORY {
+            return Err(ModelError::Corrupt(format!(
+                "'{key}': {len} elements would take more than {} MiB of memory",
+                MAX_METADATA_MEMORY >> 20
+            )));
+        }
+        Ok(())
+    }
+
     /// An array of floats (`f32` or `f64` elements), e.g. token scores.
     pub fn get_f32_array(&self, key: &str) -> Result<Vec<f32>, ModelError> {
+        let (_, len) = self.get_array_len(key)?;
+        Self::check_materialised(key, len, 4)?;
         let v = self.require(key)?;
         match v {
             GgufValue::Array(ValueType::F32 | ValueType::F64, items) => items
@@ -1019,6 +1045,8 @@ impl GgufFile {
     }
     /// An array of integers (any integer element type) that fit in `i64`, e.g. token types.
     pub fn get_i64_array(&self, key: &str) -> Result<Vec<i64>, ModelError> {
+        let (_, len) = self.get_array_len(key)?;
+        Self::check_materialised(key, len, 8)?;
         let v = self.require(key)?;
         match v {
             GgufValue::Array(_, items) => items

@@ -411,15 +411,15 @@ impl Tokenizer {
         let model = gguf.get_str("tokenizer.ggml.model")?;
         let tokens = gguf.get_str_array("tokenizer.ggml.tokens")?;
         let token_types = if gguf.contains_key("tokenizer.ggml.token_type") {
-            let t = gguf.get_i64_array("tokenizer.ggml.token_type")?;
-            if t.len() != tokens.len() {
+            // The length first: the array is read only when it matches the vocabulary.
+            let (_, n) = gguf.get_array_len("tokenizer.ggml.token_type")?;
+            if n != tokens.len() {
                 return Err(ModelError::Tokenizer(format!(
-                    "tokenizer.ggml.token_type has {} entries but tokenizer.ggml.tokens has {}",
-                    t.len(),
+                    "tokenizer.ggml.token_type has {n} entries but tokenizer.ggml.tokens has {}",
                     tokens.len()
                 )));
             }
-            t
+            gguf.get_i64_array("tokenizer.ggml.token_type")?
         } else {
             Vec::new()
         };

@@ -728,7 +728,75 @@ fn scalar_arrays_equal_their_values_and_round_trip() {
         read,
         &GgufValue::Array(ValueType::I16, vec![GgufValue::I16(-2)])
     );
+    // Every scalar type decodes as written; floats compare as numbers, as Array values do.
+    let every = [
+        GgufValue::Array(ValueType::U8, vec![GgufValue::U8(0), GgufValue::U8(255)]),
+        GgufValue::Array(ValueType::I8, vec![GgufValue::I8(-128), GgufValue::I8(7)]),
+        GgufValue::Array(
+            ValueType::U64,
+            vec![GgufValue::U64(u64::MAX), GgufValue::U64(1)],
+        ),
+        GgufValue::Array(
+            ValueType::I64,
+            vec![GgufValue::I64(i64::MIN), GgufValue::I64(-1)],
+        ),
+        GgufValue::Array(
+            ValueType::F64,
+            vec![GgufValue::F64(-0.5), GgufValue::F64(1e300)],
+        ),
+        GgufValue::Array(
+            ValueType::Bool,
+            vec![GgufValue::Bool(true), GgufValue::Bool(false)],
+        ),
+        GgufValue::Array(
+            ValueType::F32,
+            vec![GgufValue::F32(-0.0), GgufValue::F32(f32::NAN)],
+        ),
+    ];
+    let mut w = GgufWriter::new(3);
+    for (i, v) in every.iter().enumerate() {
+        w.kv(format!("k{i}"), v.clone());
+    }
+    let g = GgufFile::parse(w.to_bytes()).unwrap();
+    for (i, v) in every.iter().enumerate() {
+        let read = g.get(&format!("k{i}")).unwrap();
+        let GgufValue::Scalars(a) = read else {
+            panic!("{read:?}")
+        };
+        let GgufValue::Array(_, items) = v else {
+            unreachable!()
+        };
+        for (j, item) in items.iter().enumerate() {
+            let got = a.get(j).unwrap();
+            let same = got == *item
+                || (got.as_f64().is_some_and(f64::is_nan)
+                    && item.as_f64().is_some_and(f64::is_nan));
+            assert!(same, "k{i}[{j}]: {got:?} vs {item:?}");
+        }
+        assert_eq!(a.get(items.len()), None);
+        assert_eq!(a.get(usize::MAX), None);
+    }
+    // NaN is unequal to itself, in either form; -0 equals 0.
+    assert_ne!(g.get("k6").unwrap(), g.get("k6").unwrap());
+    let zero = GgufValue::Array(ValueType::F32, vec![GgufValue::F32(0.0)]);
+    let mut w = GgufWriter::new(3);
+    w.kv(
+        "z",
+        GgufValue::Array(ValueType::F32, vec![GgufValue::F32(-0.0)]),
+    );
+    assert_eq!(
+        GgufFile::parse(w.to_bytes()).unwrap().get("z").unwrap(),
+        &zero
+    );
     assert!(amk_model_llama::ScalarArray::new(ValueType::Bool, vec![0, 2]).is_err());
     assert!(amk_model_llama::ScalarArray::new(ValueType::U32, vec![0, 0, 0]).is_err());
     assert!(amk_model_llama::ScalarArray::new(ValueType::String, vec![]).is_err());
+}
+
+/// A metadata value stays 32 bytes (the budget's per-element cost of strings and nested
+/// arrays): the packed scalars live behind a box.
+#[cfg(target_pointer_width = "64")]
+#[test]
+fn a_metadata_value_is_32_bytes() {
+    assert_eq!(std::mem::size_of::<GgufValue>(), 32);
 }

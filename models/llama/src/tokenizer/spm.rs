@@ -101,14 +101,15 @@ pub(super) fn sentencepiece_model(
     let merges = match file_merges(gguf)? {
         Some(m) => m,
         None => {
-            let scores = gguf.get_f32_array("tokenizer.ggml.scores")?;
-            if scores.len() != tokens.len() {
+            // The length first: the array is read only when it matches the vocabulary.
+            let (_, n) = gguf.get_array_len("tokenizer.ggml.scores")?;
+            if n != tokens.len() {
                 return Err(ModelError::Tokenizer(format!(
-                    "tokenizer.ggml.scores has {} entries but tokenizer.ggml.tokens has {}",
-                    scores.len(),
+                    "tokenizer.ggml.scores has {n} entries but tokenizer.ggml.tokens has {}",
                     tokens.len()
                 )));
             }
+            let scores = gguf.get_f32_array("tokenizer.ggml.scores")?;
             merges_from_scores(tokens, &scores)
         }
     };
