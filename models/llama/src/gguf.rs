@@ -1048,23 +1048,14 @@ impl GgufFile {
         let (_, len) = self.get_array_len(key)?;
         Self::check_materialised(key, len, 8)?;
         let v = self.require(key)?;
+        let int = |x: GgufValue| {
+            x.as_i128()
+                .and_then(|i| i64::try_from(i).ok())
+                .ok_or_else(|| Self::key_type(key, "array of integers", v))
+        };
         match v {
-            GgufValue::Array(_, items) => items
-                .iter()
-                .map(|x| {
-                    x.as_i128()
-                        .and_then(|i| i64::try_from(i).ok())
-                        .ok_or_else(|| Self::key_type(key, "array of integers", v))
-                })
-                .collect(),
-            GgufValue::Scalars(a) => a
-                .iter()
-                .map(|x| {
-                    x.as_i128()
-                        .and_then(|i| i64::try_from(i).ok())
-                        .ok_or_else(|| Self::key_type(key, "array of integers", v))
-                })
-                .collect(),
+            GgufValue::Array(_, items) => items.iter().cloned().map(int).collect(),
+            GgufValue::Scalars(a) => a.iter().map(int).collect(),
             _ => Err(Self::key_type(key, "array of integers", v)),
         }
     }
