@@ -138,35 +138,11 @@ fn load(
     let imported = import(common, chosen.gpu_sms, Some(prefill))?;
     status!("{}", chosen.line);
     let tok = tokenizer(&imported.model)?.clone();
-    let model_id = name.unwrap_or_else(|| model_name(&imported.model.source));
+    let model_id = name.unwrap_or_else(|| imported.model.name());
     let (engine, _) = load_engine(&imported, &chosen, &reg)?;
     Ok(Loaded {
         engine,
         tokenizer: tok,
         model_id,
     })
-}
-
-/// A model's default name: its file's name without `.gguf`, or its folder's name.
-fn model_name(source: &str) -> String {
-    let path = std::path::Path::new(source);
-    let file = path
-        .file_name()
-        .map_or_else(|| source.to_string(), |f| f.to_string_lossy().into_owned());
-    file.strip_suffix(".gguf")
-        .map_or(file.clone(), str::to_string)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn model_names_drop_the_folder_and_the_extension() {
-        assert_eq!(
-            model_name("/c/SmolLM2-135M-Instruct.Q4_1.gguf"),
-            "SmolLM2-135M-Instruct.Q4_1"
-        );
-        assert_eq!(model_name("/models/tiny-mqa"), "tiny-mqa");
-    }
 }

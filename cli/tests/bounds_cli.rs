@@ -3,33 +3,21 @@
 //! instead of exiting 2) and must finish within 10 s.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // test file
 
+mod limited;
 mod tiny;
 
 use std::io::Write as _;
 use std::path::Path;
-use std::process::{Command, Output};
+use std::process::Output;
 use std::time::{Duration, Instant};
 
-/// The address-space limit the commands run under.
-const LIMIT_BYTES: u64 = 1 << 30;
 /// The time each may take.
 const LIMIT_TIME: Duration = Duration::from_secs(10);
 
-/// `amk ARGS` under [`LIMIT_BYTES`] of address space, timed.
+/// `amk ARGS` under the address-space limit, timed.
 fn bounded(args: &[&str]) -> (Output, Duration) {
-    let prlimit = Path::new("/usr/bin/prlimit");
-    let mut c = if prlimit.exists() {
-        let mut c = Command::new(prlimit);
-        c.arg(format!("--as={LIMIT_BYTES}"))
-            .arg("--")
-            .arg(env!("CARGO_BIN_EXE_amk"));
-        c
-    } else {
-        eprintln!("note: /usr/bin/prlimit is missing: running without the address-space limit");
-        Command::new(env!("CARGO_BIN_EXE_amk"))
-    };
     let t0 = Instant::now();
-    let o = c.args(args).output().unwrap();
+    let o = limited::amk_limited().args(args).output().unwrap();
     (o, t0.elapsed())
 }
 

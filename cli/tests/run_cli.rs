@@ -4,6 +4,7 @@
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // test file
 
 mod common;
+mod limited;
 use amk_core::json::{Map, Value};
 use amk_core::sim::SplitMix;
 use amk_core::testkit::random_nonzero;
@@ -705,16 +706,8 @@ fn buffers_that_cannot_fit_and_aliased_weights_are_typed_errors() {
     }
     let huge = save_program(&f.dir, "huge.json", &p);
     let limited = |args: &[&std::ffi::OsStr]| {
-        let mut c = if std::path::Path::new("/usr/bin/prlimit").exists() {
-            let mut c = std::process::Command::new("/usr/bin/prlimit");
-            c.arg("--as=1073741824")
-                .arg("--")
-                .arg(env!("CARGO_BIN_EXE_amk"));
-            c
-        } else {
-            amk()
-        };
-        c.args(args)
+        limited::amk_limited()
+            .args(args)
             .args(["--set", &x_arg(), "--set", &tok_arg()])
             .output()
             .unwrap()

@@ -1,6 +1,8 @@
 //! `amk validate` end to end: exit codes, human and JSON output, gzip input, bad files.
 #![allow(clippy::unwrap_used)] // test helpers: a failed setup step should abort the test
 
+mod limited;
+
 use amk_core::json::Map;
 use amk_core::{BufferKind, DType, Opcode, Program};
 use std::path::{Path, PathBuf};
@@ -188,17 +190,12 @@ fn a_program_of_40000_racing_writers_is_reported_briefly() {
         );
     }
     let path = write(&d, "races.json.gz", &p);
-    let mut cmd = if Path::new("/usr/bin/prlimit").exists() {
-        let mut c = Command::new("/usr/bin/prlimit");
-        c.arg("--as=1073741824")
-            .arg("--")
-            .arg(env!("CARGO_BIN_EXE_amk"));
-        c
-    } else {
-        amk()
-    };
     let t0 = std::time::Instant::now();
-    let o = cmd.arg("validate").arg(&path).output().unwrap();
+    let o = limited::amk_limited()
+        .arg("validate")
+        .arg(&path)
+        .output()
+        .unwrap();
     let took = t0.elapsed();
     let out = String::from_utf8_lossy(&o.stdout);
     assert_eq!(o.status.code(), Some(1), "{:?}: {out}", o.status);

@@ -122,6 +122,17 @@ fn non_finite_weights(
 }
 
 impl Model {
+    /// A short name for the model: its file's name without `.gguf`, or its folder's name (what
+    /// a server lists it as by default).
+    pub fn name(&self) -> String {
+        let path = std::path::Path::new(&self.source);
+        let file = path
+            .file_name()
+            .map_or_else(|| self.source.clone(), |f| f.to_string_lossy().into_owned());
+        file.strip_suffix(".gguf")
+            .map_or(file.clone(), str::to_string)
+    }
+
     /// Checks `weights` against `cfg` and builds the model. Every problem is reported at once:
     /// missing tensors, wrong shapes or dtypes, and tensors nothing explains (an `o_proj.bias`,
     /// an MLP bias, expert weights, … — a feature this crate would silently drop).

@@ -1569,3 +1569,13 @@ fn qwen3_qk_norms_fuse_into_whole_head_tiles(#[case] shape: &str) {
     // Per layer: the input and post-attention norms, and one per Q and one per K head set.
     assert!(count(&reference, Opcode::RMSNORM) >= 4 * layers);
 }
+
+/// A model's short name: its file's name without `.gguf`, or its folder's.
+#[test]
+fn model_names_drop_the_folder_and_the_extension() {
+    let mut m = Model::random(cfg(1, 32, 4, 2, 8, 48, 40), 3).unwrap();
+    m.source = "/c/SmolLM2-135M-Instruct.Q4_1.gguf".into();
+    assert_eq!(m.name(), "SmolLM2-135M-Instruct.Q4_1");
+    m.source = "/models/tiny-mqa".into();
+    assert_eq!(m.name(), "tiny-mqa");
+}

@@ -129,10 +129,7 @@ pub fn load(c: Config) -> Result<Loaded, LoadError> {
     };
     let registry = amk_ops::registry()?;
     let engine = lower_and_load(&model, &options, backend.as_ref(), &registry)?;
-    let model_id = path
-        .file_name()
-        .map(|f| f.to_string_lossy().trim_end_matches(".gguf").to_string())
-        .unwrap_or_else(|| path.display().to_string());
+    let model_id = model.name();
     Ok(Loaded {
         engine,
         tokenizer,
