@@ -201,55 +201,111 @@ __device__ __forceinline__ uint32_t lt_swz(int row, int ch) {
   return (uint32_t)(row * (LT_BK * 2) + ((ch ^ (row & 7)) << 4));
 }
 
-/* Issues the cp.async copies of one K step (at k0) into stage `st`: this thread's chunks of A
- * and of B (weight rows; with SwiGLU the second half of the tile's rows are U's). Zero-filled
- * outside the rows, the columns and K. */
-__device__ __forceinline__ void lt_load_stage(const lt_args& a, long long m0, long long c0,
-                                              int half_cols, long long k0, uint32_t as,
-                                              uint32_t bs) {
-  constexpr int CPR = LT_BK / 8; /* 16-byte chunks a row */
+/* What one thread copies and normalises in every K step of a tensor-core tile, worked out once
+ * a tile so that the K loop runs on registers alone (no reloads of the op's arguments or of the
+ * operands' descriptors after each copy's memory clobber). A thread owns LT_ACH chunks of A
+ * (rows of x) and LT_BCH chunks of B (weight rows, U's in SwiGLU's second half), all at the
+ * same 16-byte chunk `ch` of the K step. */
+#define LT_CPR (LT_BK / 8) /* 16-byte chunks a stage row */
+#define LT_ACH (LT_BM * LT_CPR / AMK_THREADS)
+#define LT_BCH (LT_BN * LT_CPR / AMK_THREADS)
+struct lt_plan {
+  const uint16_t* a[LT_ACH]; /* the chunk's source at k = ch * 8, or null outside the rows */
+  const uint16_t* b[LT_BCH];
+  const uint16_t* any;       /* a valid address for the zero-filled copies (they read nothing) */
+  long long K;
+  int ch;
+  int row0;                  /* the first owned row of a stage; row q is row0 + q * rstep */
+};
+#define LT_RSTEP (AMK_THREADS / LT_CPR)
+
+__device__ __forceinline__ lt_plan lt_make_plan(const lt_args& a, long long m0, long long c0,
+                                                int half_cols) {
+  lt_plan p;
+  p.K = a.K;
+  p.ch = threadIdx.x % LT_CPR;
+  p.row0 = threadIdx.x / LT_CPR;
+  const uint16_t* x = (const uint16_t*)a.x->ptr;
+  p.any = x;
 #pragma unroll
-  for (int q = 0; q < LT_BM * CPR / AMK_THREADS; ++q) {
-    const int c = threadIdx.x + q * AMK_THREADS;
-    const int r = c / CPR, ch = c % CPR;
-    const long long m = m0 + r, k = k0 + ch * 8;
-    const bool ok = m < a.m_end && k < a.K;
-    const uint16_t* p = (const uint16_t*)a.x->ptr + (ok ? m * a.K + k : 0);
-    amk_cp_async16_zfill(as + lt_swz(r, ch), p, ok);
+  for (int q = 0; q < LT_ACH; ++q) {
+    const int r = p.row0 + q * LT_RSTEP;
+    const long long m = m0 + r;
+    p.a[q] = m < a.m_end ? x + m * a.K + p.ch * 8 : nullptr;
   }
 #pragma unroll
-  for (int q = 0; q < LT_BN * CPR / AMK_THREADS; ++q) {
-    const int c = threadIdx.x + q * AMK_THREADS;
-    const int row = c / CPR, ch = c % CPR;
+  for (int q = 0; q < LT_BCH; ++q) {
+    const int row = p.row0 + q * LT_RSTEP;
     const bool up = a.epi == 2 && row >= half_cols;
-    const long long n = c0 + (up ? row - half_cols : row), k = k0 + ch * 8;
-    const bool ok = n < a.n_end && k < a.K;
-    const amk_buffer_t* src = up ? a.ex : a.w;
-    const uint16_t* p = (const uint16_t*)src->ptr + (ok ? n * a.K + k : 0);
-    amk_cp_async16_zfill(bs + lt_swz(row, ch), p, ok);
+    const long long n = c0 + (up ? row - half_cols : row);
+    const uint16_t* src = (const uint16_t*)(up ? a.ex : a.w)->ptr;
+    p.b[q] = n < a.n_end ? src + n * a.K + p.ch * 8 : nullptr;
+  }
+  return p;
+}
+
+/* Issues this thread's cp.async copies of the K step at k0 into the stage at `as` (A) and `bs`
+ * (B), zero-filled outside the rows, the columns and K. */
+__device__ __forceinline__ void lt_load_stage(const lt_plan& p, long long k0, uint32_t as,
+                                              uint32_t bs) {
+  const bool kok = k0 + p.ch * 8 < p.K;
+#pragma unroll
+  for (int q = 0; q < LT_ACH; ++q) {
+    const bool ok = kok && p.a[q];
+    amk_cp_async16_zfill(as + lt_swz(p.row0 + q * LT_RSTEP, p.ch), ok ? p.a[q] + k0 : p.any,
+                         ok);
+  }
+#pragma unroll
+  for (int q = 0; q < LT_BCH; ++q) {
+    const bool ok = kok && p.b[q];
+    amk_cp_async16_zfill(bs + lt_swz(p.row0 + q * LT_RSTEP, p.ch), ok ? p.b[q] + k0 : p.any,
+                         ok);
   }
   amk_cp_async_commit();
 }
 
 /* The norm on this thread's landed A chunks of the K step at k0 (in place): x * inv * w,
  * rounded to x's dtype — what an RMSNORM task would store. `ws` holds the norm weight (f32). */
-__device__ __forceinline__ void lt_norm_chunk(const lt_args& a, long long m0, long long k0,
-                                              unsigned char* stage, const amk_norm_t* rinv,
-                                              const float* ws) {
-  constexpr int CPR = LT_BK / 8;
+template <bool BF>
+__device__ __forceinline__ void lt_norm_chunk(const lt_plan& p, long long k0, unsigned char* stage,
+                                              const amk_norm_t* rinv, const float* ws) {
+  const long long k = k0 + p.ch * 8;
+  if (k >= p.K) return;
+  const int dt = BF ? AMK_BF16 : AMK_F16;
 #pragma unroll
-  for (int q = 0; q < LT_BM * CPR / AMK_THREADS; ++q) {
-    const int c = threadIdx.x + q * AMK_THREADS;
-    const int r = c / CPR, ch = c % CPR;
-    const long long k = k0 + ch * 8;
-    if (m0 + r >= a.m_end || k >= a.K) continue;
-    uint4* p = (uint4*)(stage + lt_swz(r, ch));
+  for (int q = 0; q < LT_ACH; ++q) {
+    if (!p.a[q]) continue;
+    const int r = p.row0 + q * LT_RSTEP;
+    uint4* c = (uint4*)(stage + lt_swz(r, p.ch));
     float f[8];
-    const uint4 v = *p;
-    amk_cvt8<false>(a.x->dtype, v, v, f);
+    const uint4 v = *c;
+    amk_cvt8<false>(dt, v, v, f);
+    const amk_norm_t inv = rinv[r];
 #pragma unroll
-    for (int e = 0; e < 8; ++e) f[e] = amk_rms_apply(f[e], rinv[r], ws[k + e]);
-    *p = amk_pack8(a.x->dtype, f);
+    for (int e = 0; e < 8; ++e) f[e] = amk_rms_apply(f[e], inv, ws[k + e]);
+    *c = amk_pack8(dt, f);
+  }
+}
+
+/* The mma fragments of 16 of K (kk) for this warp's 32 x 32: A rows wm * 32 .., B rows (the
+ * tile's columns) wn * 32 ... */
+__device__ __forceinline__ void lt_frags(uint32_t as, uint32_t bs, int wm, int wn, int kk,
+                                         uint32_t (&af)[2][4], uint32_t (&bf)[4][2]) {
+  const int lane = threadIdx.x & 31;
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
+    const int row = wm * 32 + i * 16 + (lane & 15);
+    amk_ldmatrix_x4(as + lt_swz(row, kk * 2 + (lane >> 4)), af[i]);
+  }
+#pragma unroll
+  for (int j = 0; j < 4; j += 2) {
+    const int row = wn * 32 + (j + (lane >> 4)) * 8 + (lane & 7);
+    uint32_t r[4];
+    amk_ldmatrix_x4(bs + lt_swz(row, kk * 2 + ((lane >> 3) & 1)), r);
+    bf[j][0] = r[0];
+    bf[j][1] = r[1];
+    bf[j + 1][0] = r[2];
+    bf[j + 1][1] = r[3];
   }
 }
 
@@ -260,6 +316,8 @@ __device__ __noinline__ void lt_tile_mma(const amk_task_ctx& ctx, const lt_args&
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int wm = warp >> 2, wn = warp & 3;
   const uint32_t s0 = (uint32_t)__cvta_generic_to_shared(smem);
+  const lt_plan p = lt_make_plan(a, m0, c0, cols);
+  const bool norm = a.nw != nullptr;
   float acc[2][4][4];
 #pragma unroll
   for (int i = 0; i < 2; ++i)
@@ -268,12 +326,11 @@ __device__ __noinline__ void lt_tile_mma(const amk_task_ctx& ctx, const lt_args&
 #pragma unroll
       for (int e = 0; e < 4; ++e) acc[i][j][e] = 0.f;
 
-  const int nk = (int)((a.K + LT_BK - 1) / LT_BK);
+  const int nk = (int)((p.K + LT_BK - 1) / LT_BK);
 #pragma unroll
   for (int st = 0; st < LT_STAGES - 1; ++st) {
     if (st < nk)
-      lt_load_stage(a, m0, c0, cols, (long long)st * LT_BK, s0 + st * LT_STAGE,
-                    s0 + st * LT_STAGE + LT_A_BYTES);
+      lt_load_stage(p, (long long)st * LT_BK, s0 + st * LT_STAGE, s0 + st * LT_STAGE + LT_A_BYTES);
     else
       amk_cp_async_commit();
   }
@@ -283,40 +340,29 @@ __device__ __noinline__ void lt_tile_mma(const amk_task_ctx& ctx, const lt_args&
     amk_cp_async_wait_group<LT_STAGES - 2>();
     __syncthreads(); /* stage kt landed for everyone; stage kt - 1 is consumed */
     if (kt == 0) amk_probe(ctx, 1); /* the first K step landed */
-    if (a.nw) {
-      lt_norm_chunk(a, m0, (long long)kt * LT_BK, smem + st * LT_STAGE, rinv, ws);
+    if (norm) {
+      lt_norm_chunk<BF>(p, (long long)kt * LT_BK, smem + st * LT_STAGE, rinv, ws);
       __syncthreads();
     }
     {
       const int nx = kt + LT_STAGES - 1, sn = nx % LT_STAGES;
       if (nx < nk)
-        lt_load_stage(a, m0, c0, cols, (long long)nx * LT_BK, s0 + sn * LT_STAGE,
+        lt_load_stage(p, (long long)nx * LT_BK, s0 + sn * LT_STAGE,
                       s0 + sn * LT_STAGE + LT_A_BYTES);
       else
         amk_cp_async_commit();
     }
+    /* Fragments double-buffered: 16 of K's ldmatrix issue before the previous 16's mma. */
+    uint32_t af[2][2][4], bf[2][4][2];
+    lt_frags(as, bs, wm, wn, 0, af[0], bf[0]);
 #pragma unroll
     for (int kk = 0; kk < LT_BK / 16; ++kk) {
-      uint32_t af[2][4], bf[4][2];
-#pragma unroll
-      for (int i = 0; i < 2; ++i) {
-        const int row = wm * 32 + i * 16 + (lane & 15);
-        amk_ldmatrix_x4(as + lt_swz(row, kk * 2 + (lane >> 4)), af[i]);
-      }
-#pragma unroll
-      for (int j = 0; j < 4; j += 2) {
-        const int row = wn * 32 + (j + (lane >> 4)) * 8 + (lane & 7);
-        uint32_t r[4];
-        amk_ldmatrix_x4(bs + lt_swz(row, kk * 2 + ((lane >> 3) & 1)), r);
-        bf[j][0] = r[0];
-        bf[j][1] = r[1];
-        bf[j + 1][0] = r[2];
-        bf[j + 1][1] = r[3];
-      }
+      if (kk + 1 < LT_BK / 16) lt_frags(as, bs, wm, wn, kk + 1, af[(kk + 1) & 1], bf[(kk + 1) & 1]);
 #pragma unroll
       for (int i = 0; i < 2; ++i)
 #pragma unroll
-        for (int j = 0; j < 4; ++j) amk_mma_16816<BF>(acc[i][j], af[i], bf[j][0], bf[j][1]);
+        for (int j = 0; j < 4; ++j)
+          amk_mma_16816<BF>(acc[i][j], af[kk & 1][i], bf[kk & 1][j][0], bf[kk & 1][j][1]);
     }
   }
   amk_cp_async_wait_all();
@@ -329,10 +375,8 @@ __device__ __noinline__ void lt_tile_mma(const amk_task_ctx& ctx, const lt_args&
 #pragma unroll
     for (int j = 0; j < 4; ++j) {
       const int row = wm * 32 + i * 16 + (lane >> 2), col = wn * 32 + j * 8 + (lane & 3) * 2;
-      cs[row * LT_LD + col] = acc[i][j][0];
-      cs[row * LT_LD + col + 1] = acc[i][j][1];
-      cs[(row + 8) * LT_LD + col] = acc[i][j][2];
-      cs[(row + 8) * LT_LD + col + 1] = acc[i][j][3];
+      *(float2*)&cs[row * LT_LD + col] = make_float2(acc[i][j][0], acc[i][j][1]);
+      *(float2*)&cs[(row + 8) * LT_LD + col] = make_float2(acc[i][j][2], acc[i][j][3]);
     }
   __syncthreads();
   if (a.bias) {

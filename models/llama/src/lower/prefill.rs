@@ -236,8 +236,11 @@ impl Builder {
         };
         let mut tiles = 0;
         let dr = op_linear_tile::DEVICE_ROWS;
-        for m0 in (0..rows).step_by(dr as usize) {
-            for n0 in (0..lin.n).step_by(cols as usize) {
+        // Columns outer, rows inner: the blocks that run together share their weight rows, so
+        // a wave reads each weight tile from memory once and the others find it in L2 (rows
+        // outer made every wave of a wide projection re-read weights that had left L2).
+        for n0 in (0..lin.n).step_by(cols as usize) {
+            for m0 in (0..rows).step_by(dr as usize) {
                 let (mt, nt) = (dr.min(rows - m0), cols.min(lin.n - n0));
                 let mut pr = base.clone();
                 for (key, v) in [("m_off", m0), ("M_tile", mt), ("n_off", n0), ("N_tile", nt)] {
