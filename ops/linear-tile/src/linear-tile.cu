@@ -32,7 +32,11 @@
 #define LT_BN 128
 #define LT_BK 64
 #define LT_LD (LT_BN + 4)
+/* Pipeline depth; a build may raise it (AMK_CUDA_DEFINES=LT_STAGES=N) when the program's block
+ * reserves the shared memory it takes (AMK_CUDA_SMEM_KB). */
+#ifndef LT_STAGES
 #define LT_STAGES 4
+#endif
 #define LT_A_BYTES (LT_BM * LT_BK * 2)
 #define LT_STAGE (LT_A_BYTES + LT_BN * LT_BK * 2)
 /* Shared memory: the stages (or, after the K loop, the f32 tile), then the row scales, the
