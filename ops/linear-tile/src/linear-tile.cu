@@ -37,9 +37,6 @@
 #ifndef LT_STAGES
 #define LT_STAGES 4
 #endif
-#if LT_STAGES < 3
-#error "LINEAR_TILE's pipeline needs at least 3 stages (the norm reads one step ahead)"
-#endif
 #define LT_A_BYTES (LT_BM * LT_BK * 2)
 #define LT_STAGE (LT_A_BYTES + LT_BN * LT_BK * 2)
 /* Shared memory: the stages (or, after the K loop, the f32 tile), then the row scales, the
@@ -344,16 +341,13 @@ __device__ __noinline__ void lt_tile_mma(const amk_task_ctx& ctx, const lt_args&
   for (int kt = 0; kt < nk; ++kt) {
     const int st = kt % LT_STAGES;
     const uint32_t as = s0 + st * LT_STAGE, bs = as + LT_A_BYTES;
-    /* With the norm, a thread's chunks of stage kt + 1 must have landed too: it normalises
-     * them after this step's products, so that the norm's arithmetic runs while the tensor
-     * cores work instead of between two barriers. */
-    if (norm)
-      amk_cp_async_wait_group<LT_STAGES - 3>();
-    else
-      amk_cp_async_wait_group<LT_STAGES - 2>();
-    if (norm && kt == 0) lt_norm_chunk<BF>(p, 0, smem, rinv, ws);
-    __syncthreads(); /* stage kt landed (normalised) for everyone; stage kt - 1 is consumed */
+    amk_cp_async_wait_group<LT_STAGES - 2>();
+    __syncthreads(); /* stage kt landed for everyone; stage kt - 1 is consumed */
     if (kt == 0) amk_probe(ctx, 1); /* the first K step landed */
+    if (norm) {
+      lt_norm_chunk<BF>(p, (long long)kt * LT_BK, smem + st * LT_STAGE, rinv, ws);
+      __syncthreads();
+    }
     {
       const int nx = kt + LT_STAGES - 1, sn = nx % LT_STAGES;
       if (nx < nk)
@@ -374,11 +368,6 @@ __device__ __noinline__ void lt_tile_mma(const amk_task_ctx& ctx, const lt_args&
         for (int j = 0; j < 4; ++j)
           amk_mma_16816<BF>(acc[i][j], af[kk & 1][i], bf[kk & 1][j][0], bf[kk & 1][j][1]);
     }
-    /* The next step's A, this thread's own chunks (landed: the wait above); the barrier at the
-     * top of the next step publishes them. Its stage is not the one being loaded. */
-    if (norm && kt + 1 < nk)
-      lt_norm_chunk<BF>(p, (long long)(kt + 1) * LT_BK, smem + ((kt + 1) % LT_STAGES) * LT_STAGE,
-                        rinv, ws);
   }
   amk_cp_async_wait_all();
   __syncthreads(); /* every warp is past its last read of the stages */
