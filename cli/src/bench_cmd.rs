@@ -533,8 +533,9 @@ pub(crate) fn open_gpu() -> Result<CudaBackend, ModelCmdError> {
 }
 
 /// Appends one traced step to `path` as CSV (a header first when the file is new): the
-/// scheduler's points, then the op's probes (`amk_probe`), empty where not stamped.
-fn write_trace(
+/// scheduler's points, then the op's probes (`amk_probe`), empty where not stamped. A
+/// prefill point's `pos` is its chunk's first position.
+pub(crate) fn write_trace(
     path: &std::path::Path,
     model: &str,
     pos: u64,

@@ -145,6 +145,9 @@ pub fn bench_prefill(a: &BenchArgs, chunks: &[u64]) -> Result<(), ModelCmdError>
                         subject.name,
                         s.trace_summary()?
                     );
+                    if let Some(path) = &a.trace_out {
+                        crate::bench_cmd::write_trace(path, &subject.name, p0, &s)?;
+                    }
                 }
             }
             if times.is_none() {
