@@ -23,10 +23,13 @@
  * outputs' products in f32 in K order (no TF32), the same epilogue. Slow; it keeps f32 programs
  * within rounding of the reference.
  *
- * Row scales of the norm: one warp a row, the sum of squares in amk_norm_t, as RMSNORM.
+ * Row scales of the norm: one warp a row (two rows at a time on the tensor-core path), the sum
+ * of squares in amk_norm_t, as RMSNORM.
  *
  * Probes (traced kernel; the last device tile's stamps win): 0 checked and staged, 4 a row
- * block's scales, 1 the first K step landed, 2 the K loop done, 3 the epilogue stored. */
+ * block begins (its scales done on the generic path; the tensor-core tiles work them out after
+ * issuing their first copies, so probe 1 includes them), 1 the first K step landed, 2 the K
+ * loop done, 3 the epilogue stored. */
 
 #define LT_BM 64
 #define LT_BN 128
@@ -84,6 +87,56 @@ __device__ __forceinline__ void lt_row_scales(const lt_args& a, long long m0, am
     }
     s = amk_warp_reduce<amk_norm_t, false>(s);
     if (lane == 0) rinv[r] = amk_rms_inv(s, a.K, a.eps);
+  }
+}
+
+/* lt_row_scales for the tensor-core path (x BF16 or F16, 16-byte aligned, K % 8 == 0): each
+ * warp takes two rows at a time (r and r + AMK_WARPS) and issues all its loads of 256 columns
+ * of both (16 vectors a lane) before it sums any, so a task's 64 rows cost about four L2 round
+ * trips for K up to 2048 instead of sixteen. Each row's sum keeps lt_row_scales' order
+ * (lane-strided vectors in order, then the warp's reduction): the same scales, to the bit. */
+template <bool BF>
+__device__ __forceinline__ void lt_row_scales16(const lt_args& a, long long m0, amk_norm_t* rinv) {
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int dt = BF ? AMK_BF16 : AMK_F16;
+  const long long kv = a.K >> 3;
+  const uint4* x = (const uint4*)a.x->ptr;
+  for (int r = warp; r < LT_BM; r += 2 * AMK_WARPS) {
+    const int r2 = r + AMK_WARPS;
+    const long long m = m0 + r, m2 = m0 + r2;
+    if (m >= a.m_end) break;
+    const bool two = r2 < LT_BM && m2 < a.m_end;
+    const uint4* x1 = x + m * kv;
+    const uint4* x2 = x + (two ? m2 : m) * kv;
+    amk_norm_t s = (amk_norm_t)0, s2 = (amk_norm_t)0;
+    for (long long c = 0; c < kv; c += 8 * 32) {
+      uint4 v1[8], v2[8];
+#pragma unroll
+      for (int q = 0; q < 8; ++q) {
+        const long long u = c + lane + q * 32;
+        const bool ok = u < kv;
+        v1[q] = ok ? x1[u] : make_uint4(0u, 0u, 0u, 0u);
+        v2[q] = ok ? x2[u] : make_uint4(0u, 0u, 0u, 0u);
+      }
+#pragma unroll
+      for (int q = 0; q < 8; ++q) {
+        if (c + lane + q * 32 >= kv) break;
+        float f[8], g[8];
+        amk_cvt8<false>(dt, v1[q], v1[q], f);
+        amk_cvt8<false>(dt, v2[q], v2[q], g);
+#pragma unroll
+        for (int e = 0; e < 8; ++e) {
+          s = amk_rms_sq(s, f[e]);
+          s2 = amk_rms_sq(s2, g[e]);
+        }
+      }
+    }
+    s = amk_warp_reduce<amk_norm_t, false>(s);
+    s2 = amk_warp_reduce<amk_norm_t, false>(s2);
+    if (lane == 0) {
+      rinv[r] = amk_rms_inv(s, a.K, a.eps);
+      if (two) rinv[r2] = amk_rms_inv(s2, a.K, a.eps);
+    }
   }
 }
 
@@ -313,10 +366,14 @@ __device__ __forceinline__ void lt_frags(uint32_t as, uint32_t bs, int wm, int w
   }
 }
 
+/* One device tile on the tensor cores. `scales`: this tile is its row block's first, so it
+ * works out the block's row scales into `rinv` (with the norm), after issuing its first
+ * stages' copies so that their latency and the scales' overlap. */
 template <bool BF>
 __device__ __noinline__ void lt_tile_mma(const amk_task_ctx& ctx, const lt_args& a, long long m0,
-                                         long long c0, int cols, const amk_norm_t* rinv,
-                                         const float* ws, const float* fq, unsigned char* smem) {
+                                         long long c0, int cols, amk_norm_t* rinv,
+                                         const float* ws, const float* fq, unsigned char* smem,
+                                         bool scales) {
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int wm = warp >> 2, wn = warp & 3;
   const uint32_t s0 = (uint32_t)__cvta_generic_to_shared(smem);
@@ -338,6 +395,7 @@ __device__ __noinline__ void lt_tile_mma(const amk_task_ctx& ctx, const lt_args&
     else
       amk_cp_async_commit();
   }
+  if (norm && scales) lt_row_scales16<BF>(a, m0, rinv); /* published by the loop's first barrier */
   for (int kt = 0; kt < nk; ++kt) {
     const int st = kt % LT_STAGES;
     const uint32_t as = s0 + st * LT_STAGE, bs = as + LT_A_BYTES;
@@ -442,7 +500,17 @@ __device__ void amk_op_linear_tile(const amk_task_ctx& ctx) {
   float* ws = fq + LT_BN / 2;
   if (a.nw && mma) {
     if (a.K > LT_KMAX) { amk_fail(ctx, AMK_ERR_SHAPE, a.K); return; }
-    for (long long k = threadIdx.x; k < a.K; k += AMK_THREADS) ws[k] = amk_ldf(a.nw, k);
+    /* 8 elements a 16-byte load (K % 8 == 0 on this path): one round trip for K up to 2048. */
+    if (amk_is_vec(a.nw->dtype) && amk_al16(a.nw->ptr)) {
+      for (long long u = threadIdx.x; u < (a.K >> 3); u += AMK_THREADS) {
+        float f[8];
+        amk_ld8(a.nw->ptr, a.nw->dtype, u, f);
+#pragma unroll
+        for (int e = 0; e < 8; ++e) ws[u * 8 + e] = f[e];
+      }
+    } else {
+      for (long long k = threadIdx.x; k < a.K; k += AMK_THREADS) ws[k] = amk_ldf(a.nw, k);
+    }
   }
   if (epi == 3)
     for (int k = threadIdx.x; k < a.hd / 2; k += AMK_THREADS)
@@ -457,16 +525,16 @@ __device__ void amk_op_linear_tile(const amk_task_ctx& ctx) {
   }
   amk_probe(ctx, 0); /* checked, the norm weight and RoPE frequencies staged */
   for (long long m0 = p.m_off; m0 < a.m_end; m0 += LT_BM) {
-    if (a.nw) {
-      lt_row_scales(a, m0, rinv);
-    }
+    /* The tensor-core tiles work out the row scales themselves, behind their first copies. */
+    if (a.nw && !mma) lt_row_scales(a, m0, rinv);
     __syncthreads();
-    amk_probe(ctx, 4); /* the row block's scales */
+    amk_probe(ctx, 4); /* the row block's scales (the generic path's) */
     for (long long c0 = p.n_off; c0 < a.n_end; c0 += cols) {
+      const bool first = c0 == p.n_off;
       if (mma && AMK_BF_OF(dt)) {
-        lt_tile_mma<true>(ctx, a, m0, c0, cols, rinv, ws, fq, ctx.smem);
+        lt_tile_mma<true>(ctx, a, m0, c0, cols, rinv, ws, fq, ctx.smem, first);
       } else if (mma) {
-        lt_tile_mma<false>(ctx, a, m0, c0, cols, rinv, ws, fq, ctx.smem);
+        lt_tile_mma<false>(ctx, a, m0, c0, cols, rinv, ws, fq, ctx.smem, first);
       } else {
         lt_tile_generic(a, m0, c0, cols, rinv, (float*)ctx.smem);
         __syncthreads();
