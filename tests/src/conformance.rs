@@ -248,7 +248,7 @@ pub const CASES: &[Case] = &[
     },
     Case {
         name: "op_rmsnorm",
-        about: "RMSNORM over rows",
+        about: "RMSNORM over rows, and row tiles of one output",
         run: op_rmsnorm,
     },
     Case {
@@ -1311,8 +1311,33 @@ fn op_rmsnorm(c: &Ctx<'_>) -> CaseResult {
         &[],
         &[("eps", real(1e-5)), ("hidden", int(8))],
     );
+    // Row tiles: tasks writing disjoint rows of one output (short rows; rows of 1,536, whose
+    // two-row tile takes the GPU's wide warp rows and whose one-row tile the block's row).
+    let mut tiled = Vec::new();
+    for (name, rows, h, cuts) in [("y_rows", 5, 8, [0, 3, 5]), ("y_wide", 3, 1536, [0, 2, 3])] {
+        let xr = t.input(&format!("x{name}"), DType::F32, &[rows, h]);
+        let (wr, wrv) = t.weight(&format!("w{name}"), DType::F32, &[h], 0.5, 1.5);
+        let yr = t.output(name, DType::F32, &[rows, h]);
+        let c = t.counter();
+        for m in cuts.windows(2) {
+            let pr = [
+                ("eps", real(1e-5)),
+                ("hidden", int(h as i64)),
+                ("m_off", int(m[0])),
+                ("M_tile", int(m[1] - m[0])),
+                ("n_off", int(0)),
+                ("N_tile", int(h as i64)),
+            ];
+            t.task_on(c, Opcode::RMSNORM, &[xr, wr], &[yr], &[], &pr);
+        }
+        tiled.push((name, format!("x{name}"), wrv));
+    }
     check_formula(c, t, 2, F32_TOL, no_change, |ins| {
-        Ok(vec![("y", rmsnorm(&in_vals(ins, "x")?, &wv, 1e-5))])
+        let mut want = vec![("y", rmsnorm(&in_vals(ins, "x")?, &wv, 1e-5))];
+        for (name, x, wrv) in &tiled {
+            want.push((*name, rmsnorm(&in_vals(ins, x)?, wrv, 1e-5)));
+        }
+        Ok(want)
     })
 }
 

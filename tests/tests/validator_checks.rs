@@ -2260,6 +2260,69 @@ fn elementwise_ops_compare_element_counts(#[case] op: Opcode, #[case] n_in: usiz
     assert_only(&check(&build(&[1, 65])), ErrorKind::ShapeMismatch);
 }
 
+/// Two RMSNORM tasks writing row tiles of one `[4, 64]` output, `a` and `b` as
+/// `(m_off, M_tile)`, neither waiting for the other.
+fn rmsnorm_row_tiles(a: (i64, i64), b: (i64, i64)) -> Program {
+    let mut p = Program::new();
+    let x = p.new_buffer("x", IO_INPUT, F32, &[4, 64]);
+    let w = p.new_weight("norm", F32, &[64], "norm.weight");
+    let z = p.new_buffer("z", IO_OUTPUT, F32, &[4, 64]);
+    let c = p.new_counter("z ready");
+    for (i, (m_off, m_tile)) in [a, b].into_iter().enumerate() {
+        let pr = m(&[
+            ("eps", 1e-6.into()),
+            ("hidden", 64.into()),
+            ("m_off", m_off.into()),
+            ("M_tile", m_tile.into()),
+            ("n_off", 0.into()),
+            ("N_tile", 64.into()),
+        ]);
+        p.push_task(
+            Opcode::RMSNORM,
+            &[x, w],
+            &[z],
+            c,
+            &[],
+            pr,
+            format!("norm{i}"),
+        );
+    }
+    p
+}
+
+#[test]
+fn rmsnorm_row_tiles_write_disjoint_rows() {
+    let r = check(&rmsnorm_row_tiles((0, 2), (2, 2)));
+    assert!(r.ok(), "{}", r.report());
+}
+
+#[test]
+fn rmsnorm_row_tiles_that_overlap_race() {
+    assert_only(
+        &check(&rmsnorm_row_tiles((0, 3), (2, 2))),
+        ErrorKind::WawRace,
+    );
+}
+
+#[rstest]
+#[case::past_the_rows((3, 2), ErrorKind::TileOutOfBounds)]
+#[case::empty_tile((0, 0), ErrorKind::TileOutOfBounds)]
+fn rmsnorm_row_tiles_must_fit(#[case] b: (i64, i64), #[case] kind: ErrorKind) {
+    assert!(
+        check(&rmsnorm_row_tiles((0, 2), b))
+            .error_kinds()
+            .contains(&kind)
+    );
+}
+
+#[test]
+fn rmsnorm_row_tile_params_come_together() {
+    let mut pr = rms_params();
+    pr.insert("m_off", 0.into());
+    pr.insert("M_tile", 1.into());
+    assert_only(&check(&rmsnorm(pr)), ErrorKind::TileOutOfBounds);
+}
+
 #[test]
 fn rmsnorm_hidden_must_match() {
     let r = check(&rmsnorm(m(&[("eps", 1e-6.into()), ("hidden", 32.into())])));

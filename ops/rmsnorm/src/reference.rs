@@ -6,7 +6,8 @@
 //! (and at least as accurate as an `f32` evaluation). `eps` is rounded to `f32` first, as the
 //! device param block carries it. Params `eps` (real) and `hidden` (positive integer equal to
 //! `x`'s last dim) are required; `w` and `y` are viewed (element counts `hidden` and
-//! `x.numel` respectively).
+//! `x.numel` respectively). With the row tile params ([`crate::RowTile`]) only rows
+//! `[m_off, m_off + M_tile)` are written.
 
 use amk_core::{CpuCall, OpError, Tensor, round_to};
 
@@ -21,6 +22,14 @@ pub fn run(call: &mut CpuCall<'_, '_>) -> Result<(), OpError> {
             why: format!("must be positive, got {hidden}"),
         });
     }
+    let mut keys = [None; 4];
+    for (slot, key) in keys.iter_mut().zip(crate::ROW_TILE_KEYS) {
+        *slot = call.int_opt(key)?;
+    }
+    let tile = crate::RowTile::from_params(keys, hidden).map_err(|why| OpError::BadParam {
+        key: "M_tile".into(),
+        why,
+    })?;
     let h = hidden as usize;
     let (x, w) = (call.input(0)?, call.input(1)?);
     if x.last_dim() != h {
@@ -43,10 +52,20 @@ pub fn run(call: &mut CpuCall<'_, '_>) -> Result<(), OpError> {
             out.numel()
         )));
     }
+    let (first, end) = match tile {
+        Some(t) => (t.m_off as usize, t.end() as usize),
+        None => (0, n / h),
+    };
+    if end.checked_mul(h).is_none_or(|e| e > n) {
+        return Err(OpError::Shape(format!(
+            "RMSNORM rows [{first}, {end}) exceed the {} rows of x",
+            n / h
+        )));
+    }
     let wv: Vec<f64> = (0..h).map(|j| w.get_f32(j) as f64).collect();
     let mut row = vec![0.0f64; h];
     let mut y = vec![0.0f32; h];
-    for base in (0..n).step_by(h) {
+    for base in (first * h..end * h).step_by(h) {
         for (j, v) in row.iter_mut().enumerate() {
             *v = x.get_f32(base + j) as f64;
         }

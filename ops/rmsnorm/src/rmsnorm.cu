@@ -17,12 +17,19 @@
  * output (no reload), waits for w only at the output, and the block reduce takes one barrier.
  * Decode latency: about one round trip for x and w together, one barrier, the stores.
  *
+ * Row tiles (params m_off, M_tile, n_off = 0, N_tile = hidden; M_tile > 0): only rows
+ * [m_off, m_off + M_tile), so a prompt chunk's rows are normalised by tasks on many SMs. Such a
+ * tile of rows up to 8 * 32 * AMK_RMS_VT elements (2048) takes a warp a row on the vector path.
+ *
  * Scalar path (anything else: hidden not a multiple of 8, other dtypes, unaligned bases, wider
  * rows, an I4 output): the element loops. An I4 output (two elements per byte) is written by one
  * thread per row in block mode, so no two threads read-modify-write one byte. */
 
 /* The vector path (amk_rms_rows, AMK_RMS_VB, AMK_RMS_VW) lives in amk_device.cuh: the fused decode
  * tiles normalise their row with it too. */
+
+/* Vectors of 8 elements a lane for a row tile's warp rows. */
+#define AMK_RMS_VT 8
 
 __device__ void amk_op_rmsnorm(const amk_task_ctx& ctx) {
   const amk_params_t& p = ctx.inst->params;
@@ -39,20 +46,36 @@ __device__ void amk_op_rmsnorm(const amk_task_ctx& ctx) {
     amk_fail(ctx, AMK_ERR_SHAPE, amk_last_dim(x));
     return;
   }
-  const long long rows = x->numel / h;
+  /* Rows [r0, r1): all of them, or the task's row tile (M_tile > 0). */
+  const long long all_rows = x->numel / h;
+  const bool tiled = p.M_tile > 0;
+  const long long r0 = tiled ? p.m_off : 0, r1 = tiled ? p.m_off + p.M_tile : all_rows;
+  if (r0 < 0 || r1 > all_rows) {
+    amk_fail(ctx, AMK_ERR_SHAPE, r1);
+    return;
+  }
+  const long long rows = r1 - r0;
   const bool i4 = out->dtype == AMK_I4;
-  const bool warp_rows = !i4 && rows > 1 && h <= 1024 && (rows >= AMK_WARPS / 2 || h <= 256);
   const bool vec = (h & 7) == 0 && amk_is_vec(x->dtype) && amk_is_vec(w->dtype) &&
                    amk_is_vec(out->dtype) && amk_al16(x->ptr) && amk_al16(w->ptr) &&
                    amk_al16(out->ptr);
+  /* A row tile of rows up to 2048 elements: a warp a row, all of a row's loads in flight. */
+  const bool tile_warps = tiled && !i4 && vec && rows > 1 && (h >> 3) <= 32 * AMK_RMS_VT;
+  const bool warp_rows = tile_warps ||
+                         (!i4 && rows > 1 && h <= 1024 && (rows >= AMK_WARPS / 2 || h <= 256));
   if (warp_rows) {
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     if (vec && (h >> 3) <= 32 * AMK_RMS_VW) {
-      amk_rms_rows<32, AMK_RMS_VW>(x->ptr, x->dtype, w->ptr, w->dtype, out->ptr, out->dtype, h, eps, rows,
-                           warp, AMK_WARPS, lane);
+      amk_rms_rows<32, AMK_RMS_VW>(x->ptr, x->dtype, w->ptr, w->dtype, out->ptr, out->dtype, h, eps, r1,
+                           r0 + warp, AMK_WARPS, lane);
       return;
     }
-    for (long long r = warp; r < rows; r += AMK_WARPS) {
+    if (tile_warps) {
+      amk_rms_rows<32, AMK_RMS_VT>(x->ptr, x->dtype, w->ptr, w->dtype, out->ptr, out->dtype, h, eps, r1,
+                           r0 + warp, AMK_WARPS, lane);
+      return;
+    }
+    for (long long r = r0 + warp; r < r1; r += AMK_WARPS) {
       const long long base = r * h;
       amk_norm_t s = 0;
       for (long long j = lane; j < h; j += 32) s = amk_rms_sq(s, amk_ldf(x, base + j));
@@ -65,10 +88,10 @@ __device__ void amk_op_rmsnorm(const amk_task_ctx& ctx) {
   }
   if (vec && (h >> 3) <= (long long)AMK_THREADS * AMK_RMS_VB) {
     amk_rms_rows<AMK_THREADS, AMK_RMS_VB>(x->ptr, x->dtype, w->ptr, w->dtype, out->ptr, out->dtype, h,
-                                  eps, rows, 0, 1, threadIdx.x);
+                                  eps, r1, r0, 1, threadIdx.x);
     return;
   }
-  for (long long r = 0; r < rows; ++r) {
+  for (long long r = r0; r < r1; ++r) {
     const long long base = r * h;
     amk_norm_t s = 0;
     for (long long j = threadIdx.x; j < h; j += AMK_THREADS) s = amk_rms_sq(s, amk_ldf(x, base + j));

@@ -5,13 +5,19 @@
 //! program reads (same names, dtype and shape), and logits for the last prompt row or every
 //! row.
 //!
-//! The graph: EMBED of the chunk's ids; per layer LINEAR_TILE q/k/v (each normalising its rows
-//! with the input norm, adding Qwen2's biases, turning q and k at the rows' positions — or, with
-//! Qwen3's per-head norms, RMSNORM and ROPE tasks after them), KV_APPEND k/v at the chunk's
-//! first position, ATTENTION_CAUSAL, LINEAR_TILE o_proj + residual,
-//! LINEAR_TILE gate/up + SwiGLU (normalising with the post-attention norm), LINEAR_TILE
-//! down_proj + residual; then the final norm and the LM head as LINEAR_TILEs over the last row
-//! (gathered by an EMBED of the row index `last`) or every row.
+//! The graph: EMBED of the chunk's ids; per layer RMSNORM of the rows with the input norm (row
+//! tiles of [`NORM_ROWS`]), LINEAR_TILE q/k/v of the normalised rows (adding Qwen2's biases,
+//! turning q and k at the rows' positions — or, with Qwen3's per-head norms, RMSNORM and ROPE
+//! tasks after them), KV_APPEND k/v at the chunk's first position, ATTENTION_CAUSAL,
+//! LINEAR_TILE o_proj + residual, RMSNORM with the post-attention norm, LINEAR_TILE gate/up +
+//! SwiGLU, LINEAR_TILE down_proj + residual; then the final norm and the LM head as
+//! LINEAR_TILEs over the last row (gathered by an EMBED of the row index `last`, the norm in
+//! the tile) or every row.
+//!
+//! The norms are tasks of their own rather than LINEAR_TILE's fused norm: the fused norm
+//! redoes a row block's normalisation (f64 products, RMSNORM's arithmetic) in every column
+//! tile, which on a 1B model cost a K step of a normalising tile 1.67 µs against 0.70 µs without
+//! (docs/perf-notes.md, round 34).
 //!
 //! Interface ([`IDS`], [`POS`], [`LAST`], `logits`): the host sets the chunk's token ids and
 //! positions (a chunk shorter than `rows` is padded: any valid id, the positions continuing
@@ -37,6 +43,9 @@ pub const IDS: &str = "prefill.ids";
 pub const POS: &str = "prefill.pos";
 /// With [`PrefillLogits::Last`], the row whose logits the program computes: `[1]` I32.
 pub const LAST: &str = "prefill.last";
+
+/// Rows an RMSNORM task of a prefill program normalises: one a warp of an 8-warp block.
+pub const NORM_ROWS: u64 = 8;
 
 /// Which rows get logits.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -213,6 +222,37 @@ impl Builder {
         pr
     }
 
+    /// RMSNORM of `x`'s rows (`rows` × `h`) with weight `w` into a buffer of their own: row
+    /// tiles of [`NORM_ROWS`] (a warp a row on the GPU), on one counter.
+    fn norm_rows(&mut self, x: Val, w: BufferId, (rows, h): (u64, u64), label: &str) -> Val {
+        let out = self.act(label.to_string(), &[rows, h]);
+        let c = self.p.new_counter(format!("{label} ready"));
+        let mut tiles = 0;
+        for m0 in (0..rows).step_by(NORM_ROWS as usize) {
+            let mt = NORM_ROWS.min(rows - m0);
+            let pr = params(&[
+                ("eps", self.eps.clone()),
+                ("hidden", int(h)),
+                ("m_off", int(m0)),
+                ("M_tile", int(mt)),
+                ("n_off", int(0)),
+                ("N_tile", int(h)),
+            ]);
+            let name = format!("{label}[{tiles}]");
+            let t = self
+                .p
+                .push_task(Opcode::RMSNORM, &[x.buf, w], &[out], c, &[x.wait], pr, name);
+            if let Some(task) = self.p.tasks.get_mut(t as usize) {
+                task.est_bytes = 2 * (mt * h) as i64 * self.dbytes;
+            }
+            tiles += 1;
+        }
+        Val {
+            buf: out,
+            wait: (c, tiles),
+        }
+    }
+
     /// The LINEAR_TILE grid of `lin` over `rows` rows, on one counter.
     fn linear(&mut self, lin: &Linear<'_>, rows: u64) -> Val {
         let cols = Self::tile_cols(lin);
@@ -380,11 +420,12 @@ struct Layer<'a> {
 }
 
 impl Layer<'_> {
-    /// Q, K or V as `[rows, heads, head_dim]`, RoPE'd at each row's position when `rope`.
+    /// Q, K or V of the normalised rows `x` as `[rows, heads, head_dim]`, RoPE'd at each row's
+    /// position when `rope`.
     fn projection(
         &self,
         b: &mut Builder,
-        (x, norm): (Val, BufferId),
+        x: Val,
         (w, bias): (BufferId, Option<BufferId>),
         (heads, tag, rope): (u64, &str, bool),
     ) -> Val {
@@ -392,7 +433,6 @@ impl Layer<'_> {
         let out = b.act(format!("L{l}.{tag}"), &[d.rows, heads, d.hd]);
         let label = format!("L{l}.{tag}");
         let mut lin = Linear::plain(x, (w, d.h, heads * d.hd), out, &label);
-        lin.norm = Some(norm);
         lin.bias = bias;
         if rope {
             // The positions are an IO input: nothing to wait for beyond x.
@@ -517,7 +557,7 @@ impl Layer<'_> {
         // Q and K are turned by the projection's RoPE epilogue, or — with Qwen3's per-head
         // norms, which come between the projection and the RoPE — by tasks after it.
         let fused = w.qk_norms.is_none();
-        let x = (resid, w.in_norm);
+        let x = b.norm_rows(resid, w.in_norm, (d.rows, d.h), &format!("L{l}.in_norm"));
         let bias = |f: fn(&Triple) -> Option<BufferId>| w.biases.as_ref().and_then(f);
         let q = self.projection(b, x, (w.q, bias(|t| Some(t.q))), (d.nh, "q", fused));
         let k = self.projection(b, x, (w.k, bias(|t| Some(t.k))), (d.nkv, "k", fused));
@@ -544,14 +584,13 @@ impl Layer<'_> {
         let (d, l) = (self.d, self.l);
         let act = b.act(format!("L{l}.act"), &[d.rows, d.inter]);
         let label = format!("L{l}.gate_up");
-        // The up weight is a weight: nothing to wait for beyond hm.
+        let hn = b.norm_rows(hm, w.post_norm, (d.rows, d.h), &format!("L{l}.post_norm"));
+        // The up weight is a weight: nothing to wait for beyond the normalised rows.
         let up = Val {
             buf: w.up,
-            wait: hm.wait,
+            wait: hn.wait,
         };
-        let mut lin =
-            Linear::plain(hm, (w.gate, d.h, d.inter), act, &label).then(Epilogue::SwiGlu, up);
-        lin.norm = Some(w.post_norm);
+        let lin = Linear::plain(hn, (w.gate, d.h, d.inter), act, &label).then(Epilogue::SwiGlu, up);
         let act = b.linear(&lin, d.rows);
         let out = b.act(format!("L{l}.h_out"), &[d.rows, d.h]);
         let label = format!("L{l}.down_add");
