@@ -4,7 +4,7 @@
 //! tokens as they stream out.
 
 use crate::interface::Interface;
-use crate::prefill::{Prefill, PrefillShape, prefill_interface};
+use crate::prefill::{Prefill, PrefillShape, feed_prompt, prefill_interface};
 use crate::{EngineError, Sampling};
 use amk_core::{
     Backend, DType, Program, Registry, RowWatch, Session, Tensor, ValidatedProgram, WeightStore,
@@ -146,14 +146,16 @@ impl Generation {
     }
 }
 
-/// A loaded decode-loop program, and optionally a prefill program beside it
+/// A loaded decode-loop program, and optionally prefill programs beside it
 /// ([`Engine::attach_prefill`]).
 pub struct Engine {
     session: Box<dyn Session>,
     program: ValidatedProgram,
     io: Interface,
     backend: &'static str,
-    prefill: Option<Prefill>,
+    /// The prefill programs for prompts (the last row's logits), by ascending rows: a chunk
+    /// takes the smallest that holds the rest of the prompt.
+    prefill: Vec<Prefill>,
     /// The prefill program with every row's logits, for teacher-forced scoring.
     scorer: Option<Prefill>,
     /// Why a prefill program was not attached when one was asked for.
@@ -198,7 +200,7 @@ impl Engine {
             program,
             io,
             backend: backend.name(),
-            prefill: None,
+            prefill: Vec::new(),
             scorer: None,
             prefill_refused: None,
         })
@@ -208,9 +210,10 @@ impl Engine {
     /// `prefill.ids` and `prefill.pos` of its rows, KV caches named, typed and shaped as the
     /// decode program's), and loads it beside the decode program. One whose logits are the row
     /// `prefill.last` names writes a request's prompt into the caches a chunk of rows a pass,
-    /// and the decode loop starts at the prompt's last token; one with every row's logits
-    /// scores teacher-forced text ([`Engine::forced_logits`], [`Engine::perplexity`]) a chunk
-    /// a pass.
+    /// and the decode loop starts at the prompt's last token (several of these, of different
+    /// rows, share a prompt: each chunk the smallest that holds the rest; one of the same rows
+    /// replaces its like); one with every row's logits scores teacher-forced text
+    /// ([`Engine::forced_logits`], [`Engine::perplexity`]) a chunk a pass.
     pub fn attach_prefill(
         &mut self,
         program: Program,
@@ -228,7 +231,9 @@ impl Engine {
             last,
         };
         if last {
-            self.prefill = Some(p);
+            self.prefill.retain(|q| q.rows != rows);
+            let at = self.prefill.partition_point(|q| q.rows < rows);
+            self.prefill.insert(at, p);
         } else {
             self.scorer = Some(p);
         }
@@ -237,13 +242,19 @@ impl Engine {
 
     /// Drops the prefill programs (prompts and scored texts go through the decode program).
     pub(crate) fn detach_prefill(&mut self) {
-        self.prefill = None;
+        self.prefill.clear();
         self.scorer = None;
     }
 
-    /// Prompt tokens a prefill pass takes (`None`: prompts go through the decode program).
+    /// Prompt tokens the largest prefill pass takes (`None`: prompts go through the decode
+    /// program).
     pub fn prefill_rows(&self) -> Option<u64> {
-        self.prefill.as_ref().map(|p| p.rows)
+        self.prefill.last().map(|p| p.rows)
+    }
+
+    /// The rows of every prefill program for prompts, ascending.
+    pub fn prefill_chunk_sizes(&self) -> Vec<u64> {
+        self.prefill.iter().map(|p| p.rows).collect()
     }
 
     /// Why no prefill program runs, when one was asked for and the model's could not be
@@ -252,19 +263,16 @@ impl Engine {
         self.prefill_refused.as_deref()
     }
 
-    /// Writes the K/V rows of `prompt[..n - 1]` through the prefill program, as far as whole
-    /// chunks fit the cache ([`Prefill::feed`]); returns the number of tokens written (0
-    /// without a prefill program). `on` hears of each chunk with the tokens written so far.
+    /// Writes the K/V rows of `prompt[..n - 1]` through the prefill programs, as far as their
+    /// chunks fit the cache ([`feed_prompt`]); returns the number of tokens written (0 without
+    /// a prefill program). `on` hears of each chunk with the tokens written so far.
     fn prefill_prompt(
         &mut self,
         prompt: &[u32],
         on: &mut dyn FnMut(u64),
     ) -> Result<u64, EngineError> {
         let max_seq = self.io.max_seq;
-        match self.prefill.as_mut() {
-            Some(p) => p.feed(prompt, max_seq, &mut |first, len, _| on(first + len)),
-            None => Ok(0),
-        }
+        feed_prompt(&mut self.prefill, prompt, max_seq, on)
     }
 
     /// KV-cache length (the most tokens one sequence may hold).

@@ -20,8 +20,33 @@ pub(crate) struct Prefill {
 }
 
 impl Prefill {
-    /// Runs `ids[..n - 1]` through the program a chunk of rows a pass (the last chunk padded
-    /// with id 0 at the positions after it, which decoding overwrites before it reads them),
+    /// Runs one chunk: prompt rows `ids[first..first + len]` at positions from `first`, padded
+    /// to the program's rows with id 0 at the positions after them (which decoding overwrites
+    /// before it reads them).
+    fn run_chunk(
+        &mut self,
+        ids: &[u32],
+        first: u64,
+        len: u64,
+    ) -> Result<amk_core::Outputs, EngineError> {
+        let rows = self.rows;
+        let mut chunk: Vec<i64> = ids[first as usize..(first + len) as usize]
+            .iter()
+            .map(|&t| i64::from(t))
+            .collect();
+        chunk.resize(rows as usize, 0);
+        let pos: Vec<i64> = (first as i64..(first + rows) as i64).collect();
+        let mut inputs = vec![
+            (PREFILL_IDS, ints(&[rows], &chunk)?),
+            (PREFILL_POS, ints(&[rows], &pos)?),
+        ];
+        if self.last {
+            inputs.push((PREFILL_LAST, ints(&[1], &[len as i64 - 1])?));
+        }
+        Ok(self.session.step(&inputs)?)
+    }
+
+    /// Runs `ids[..n - 1]` through the program a chunk of rows a pass (the last chunk padded),
     /// as far as whole chunks fit a cache of `max_seq` rows; returns the tokens run. After each
     /// chunk `on` gets its first position, its real rows and the pass's outputs.
     pub(crate) fn feed(
@@ -30,29 +55,119 @@ impl Prefill {
         max_seq: u64,
         on: &mut dyn FnMut(u64, u64, &amk_core::Outputs),
     ) -> Result<u64, EngineError> {
-        let rows = self.rows;
         let todo = ids.len().saturating_sub(1) as u64;
         let mut done = 0u64;
-        while done < todo && done + rows <= max_seq {
-            let len = (todo - done).min(rows);
-            let mut chunk: Vec<i64> = ids[done as usize..(done + len) as usize]
-                .iter()
-                .map(|&t| i64::from(t))
-                .collect();
-            chunk.resize(rows as usize, 0);
-            let pos: Vec<i64> = (done as i64..(done + rows) as i64).collect();
-            let mut inputs = vec![
-                (PREFILL_IDS, ints(&[rows], &chunk)?),
-                (PREFILL_POS, ints(&[rows], &pos)?),
-            ];
-            if self.last {
-                inputs.push((PREFILL_LAST, ints(&[1], &[len as i64 - 1])?));
-            }
-            let out = self.session.step(&inputs)?;
-            on(done, len, &out);
-            done += len;
+        for c in plan_chunks(&[self.rows], todo, max_seq) {
+            let out = self.run_chunk(ids, c.first, c.len)?;
+            on(c.first, c.len, &out);
+            done = c.first + c.len;
         }
         Ok(done)
+    }
+}
+
+/// One chunk of a prompt: which program (by its rows) takes prompt rows `[first, first +
+/// len)`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Chunk {
+    /// The program's rows.
+    pub(crate) rows: u64,
+    /// The chunk's first position.
+    pub(crate) first: u64,
+    /// Its real rows (the rest of the program's rows are padding).
+    pub(crate) len: u64,
+}
+
+/// The chunks that `todo` prompt rows go through with programs of `sizes` rows: each chunk
+/// the smallest program that takes all the rest, else the largest — among those whose rows
+/// fit a cache of `max_seq` rows from the chunk's first position. Rows no program fits are
+/// left (the decode loop writes them). A short prompt then runs a chunk its size instead of a
+/// mostly padded one.
+pub(crate) fn plan_chunks(sizes: &[u64], todo: u64, max_seq: u64) -> Vec<Chunk> {
+    let mut out = Vec::new();
+    let mut done = 0u64;
+    while done < todo {
+        let rest = todo - done;
+        let fits = sizes
+            .iter()
+            .copied()
+            .filter(|&r| r > 0 && done.saturating_add(r) <= max_seq);
+        let smallest_whole = fits.clone().filter(|&r| r >= rest).min();
+        let Some(rows) = smallest_whole.or_else(|| fits.max()) else {
+            break;
+        };
+        let len = rest.min(rows);
+        out.push(Chunk {
+            rows,
+            first: done,
+            len,
+        });
+        done += len;
+    }
+    out
+}
+
+/// Runs `ids[..n - 1]` through the generation programs `progs` (chunks by [`plan_chunks`]);
+/// returns the tokens run. `on` hears of each chunk with the tokens written so far.
+pub(crate) fn feed_prompt(
+    progs: &mut [Prefill],
+    ids: &[u32],
+    max_seq: u64,
+    on: &mut dyn FnMut(u64),
+) -> Result<u64, EngineError> {
+    let sizes: Vec<u64> = progs.iter().map(|p| p.rows).collect();
+    let todo = ids.len().saturating_sub(1) as u64;
+    let mut done = 0u64;
+    for c in plan_chunks(&sizes, todo, max_seq) {
+        let Some(p) = progs.iter_mut().find(|p| p.rows == c.rows) else {
+            break;
+        };
+        p.run_chunk(ids, c.first, c.len)?;
+        done = c.first + c.len;
+        on(done);
+    }
+    Ok(done)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{Chunk, plan_chunks};
+
+    fn plan(sizes: &[u64], todo: u64, max_seq: u64) -> Vec<(u64, u64, u64)> {
+        plan_chunks(sizes, todo, max_seq)
+            .into_iter()
+            .map(|Chunk { rows, first, len }| (rows, first, len))
+            .collect()
+    }
+
+    #[test]
+    fn a_short_prompt_takes_the_small_program() {
+        assert_eq!(plan(&[128, 512], 100, 4096), [(128, 0, 100)]);
+        assert_eq!(plan(&[128, 512], 128, 4096), [(128, 0, 128)]);
+        assert_eq!(plan(&[128, 512], 129, 4096), [(512, 0, 129)]);
+    }
+
+    #[test]
+    fn a_long_prompt_takes_large_chunks_then_the_small_one() {
+        assert_eq!(
+            plan(&[128, 512], 1100, 4096),
+            [(512, 0, 512), (512, 512, 512), (128, 1024, 76)]
+        );
+    }
+
+    #[test]
+    fn chunks_stop_where_no_program_fits_the_cache() {
+        // 512 rows from 0 fit a cache of 600; from 512 only the 64-row program fits.
+        assert_eq!(plan(&[64, 512], 700, 600), [(512, 0, 512), (64, 512, 64)]);
+        assert_eq!(plan(&[512], 700, 600), [(512, 0, 512)]);
+        assert!(plan(&[512], 10, 100).is_empty());
+    }
+
+    #[test]
+    fn one_program_pads_its_last_chunk() {
+        assert_eq!(plan(&[8], 20, 32), [(8, 0, 8), (8, 8, 8), (8, 16, 4)]);
+        assert!(plan(&[8], 0, 32).is_empty());
+        assert!(plan(&[], 5, 32).is_empty());
     }
 }
 

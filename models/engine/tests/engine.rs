@@ -398,6 +398,41 @@ fn scoring_through_prefill_equals_the_decode_path(#[case] max_seq: u64, #[case] 
     assert_eq!(ids(&mut pre, &req), ids(&mut plain, &req));
 }
 
+/// With a short prompt program beside the chunk's (2 and 8 rows), each chunk takes the
+/// smallest that holds the rest of the prompt; the tokens are the decode path's, and a
+/// program of rows already there replaces it.
+#[rstest]
+#[case::short(&[7, 3])]
+#[case::one_short_chunk(&[7, 3, 9])]
+#[case::chunks_then_short(&[3, 17, 5, 29, 11, 2, 8, 13, 21, 34, 1, 9])]
+fn prompts_take_the_smallest_program_that_holds_them(#[case] prompt: &[u32]) {
+    use amk_model_llama::lower::prefill::{PrefillLogits, PrefillOptions, lower_prefill};
+    let want = ids(&mut engine(tuned_schedule(), 32), &request(prompt, 3, &[]));
+    let mut e = engine_with_prefill(32, 8);
+    for _ in 0..2 {
+        let opts = PrefillOptions {
+            dtype: DType::F32,
+            max_seq: 32,
+            rows: 2,
+            logits: PrefillLogits::Last,
+        };
+        let short = lower_prefill(&tiny(), &GpuTarget::by_name("h100").unwrap(), &opts).unwrap();
+        e.attach_prefill(short.program, &short.weights, &registry())
+            .unwrap();
+    }
+    assert_eq!(e.prefill_chunk_sizes(), [2, 8]);
+    assert_eq!(e.prefill_rows(), Some(8));
+    assert_eq!(ids(&mut e, &request(prompt, 3, &[])), want);
+}
+
+#[test]
+fn a_chunk_of_256_rows_or_more_brings_a_quarter_size_one() {
+    assert_eq!(amk_engine::prefill_chunk_sizes(512), [128, 512]);
+    assert_eq!(amk_engine::prefill_chunk_sizes(256), [64, 256]);
+    assert_eq!(amk_engine::prefill_chunk_sizes(255), [255]);
+    assert_eq!(amk_engine::prefill_chunk_sizes(64), [64]);
+}
+
 /// A program that is not a prefill program for this engine is refused with a reason: caches
 /// of another length, or no chunk inputs at all.
 #[test]
