@@ -152,7 +152,8 @@ pub struct ModelArgs {
 #[derive(clap::Args, Debug, Clone, Copy)]
 pub struct PrefillArg {
     /// Prompt tokens a prefill pass takes: a prompt's K/V rows (a scored text's logits) go
-    /// through the prefill program in chunks of this many (0: one decode pass a token).
+    /// through the prefill program in chunks of this many (0: one decode pass a token); with
+    /// 256 or more, a prompt's last chunk may run a program of a quarter of them.
     /// Default: 512 for bf16/f16 on a GPU; 0 for f32 there; on the CPU VM 0 for a prompt and
     /// 64 for a scored text.
     #[arg(long, value_name = "N")]
