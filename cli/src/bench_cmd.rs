@@ -523,8 +523,9 @@ fn step(
 /// The GPU `amk bench` runs on, announced on stderr (`backend: cuda (DEVICE)`); without one,
 /// the command's `backend` error.
 pub(crate) fn open_gpu() -> Result<CudaBackend, ModelCmdError> {
-    let gpu =
-        CudaBackend::new(CudaOptions::default()).map_err(|source| ModelCmdError::NeedsCuda {
+    let gpu = CudaOptions::from_env()
+        .and_then(CudaBackend::new)
+        .map_err(|source| ModelCmdError::NeedsCuda {
             command: "amk bench",
             source,
         })?;

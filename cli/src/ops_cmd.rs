@@ -273,7 +273,14 @@ fn compile(
         }
     }
     // One kernel per distinct source: programs with the same ops and dtypes share one.
-    let opts = amk_backend_cuda::CudaOptions::default();
+    // The environment's knobs (AMK_CUDA_DEFINES above all: variants of the device code).
+    let opts = match amk_backend_cuda::CudaOptions::from_env() {
+        Ok(o) => o,
+        Err(e) => {
+            errln!("error: {e}");
+            return ExitCode::from(2);
+        }
+    };
     let mut seen: Vec<String> = Vec::new();
     programs.retain(|(_, p)| {
         let src = megakernel_source(reg, opts.knobs(p.as_ref(), reg))

@@ -339,3 +339,24 @@ fn every_seed_defaults_to_zero() {
         assert!(entry.contains("[default: 0]"), "{cmd}: {entry}");
     }
 }
+
+/// A tuning variable with a value it does not take stops `amk ops compile` with its name,
+/// instead of compiling a kernel without the knob the user meant.
+#[test]
+fn ops_compile_refuses_a_knob_value_by_name() {
+    let dir = std::env::temp_dir().join(format!("amk-ops-env-{}", std::process::id()));
+    let out = Command::new(env!("CARGO_BIN_EXE_amk"))
+        .args(["ops", "compile", "--arch", "sm_90a", "--dtype", "bf16"])
+        .args(["--shape", "smollm2-135m", "--list", "--cache-dir"])
+        .arg(&dir)
+        .env("AMK_CUDA_SMEM_KB", "lots")
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("AMK_CUDA_SMEM_KB") && err.contains("lots"),
+        "{err}"
+    );
+    assert!(!dir.exists(), "nothing is written");
+}

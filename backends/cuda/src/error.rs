@@ -8,6 +8,17 @@ use std::time::Duration;
 /// What can go wrong finding the device, compiling the megakernel, loading or running it.
 #[derive(Debug, thiserror::Error)]
 pub enum CudaError {
+    /// A tuning variable of the environment holds a value it does not take
+    /// (`CudaOptions::from_env`).
+    #[error("{name}={value:?} is not a value it takes: {want}")]
+    BadEnv {
+        /// The variable.
+        name: &'static str,
+        /// Its value.
+        value: String,
+        /// What it takes.
+        want: &'static str,
+    },
     /// This build has no GPU backend.
     #[error("this amk was built without the `cuda` feature (rebuild with `--features cuda`)")]
     NotCompiled,

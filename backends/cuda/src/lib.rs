@@ -10,6 +10,7 @@
 
 pub mod abi;
 pub mod assemble;
+mod env;
 mod error;
 pub mod loops;
 pub mod queues;
@@ -27,6 +28,7 @@ pub use stub::{CudaBackend, CudaSession, precompile};
 #[cfg(feature = "testing")]
 pub mod testing;
 
+pub use env::{ENV_KNOBS, EnvKnob};
 pub use error::CudaError;
 pub use loops::FusedLoops;
 
@@ -196,42 +198,24 @@ pub fn parse_defines(text: &str) -> Vec<(String, String)> {
         .collect()
 }
 
+/// The defaults; no environment variable is read ([`CudaOptions::from_env`] applies them).
 impl Default for CudaOptions {
     fn default() -> Self {
         CudaOptions {
             device: 0,
-            watchdog: std::env::var("AMK_CUDA_WATCHDOG_MS")
-                .ok()
-                .and_then(|v| v.parse::<u64>().ok())
-                .map_or(DEFAULT_WATCHDOG, Duration::from_millis),
+            watchdog: DEFAULT_WATCHDOG,
             cache_dir: None,
             threads: assemble::DEFAULT_THREADS,
-            ring_bytes: std::env::var("AMK_CUDA_RING_KB")
-                .ok()
-                .and_then(|v| v.parse::<usize>().ok())
-                .map_or(DEFAULT_RING_BYTES, |kb| kb << 10),
-            prestart: std::env::var("AMK_CUDA_PRESTART").map_or(true, |v| v != "0"),
-            min_smem_bytes: std::env::var("AMK_CUDA_SMEM_KB")
-                .ok()
-                .and_then(|v| v.parse::<usize>().ok())
-                .map_or(0, |kb| kb << 10),
-            l2_evict_first: std::env::var("AMK_CUDA_L2_EVICT_FIRST").map_or(true, |v| v != "0"),
-            l2_prefetch_bytes: std::env::var("AMK_CUDA_L2_PREFETCH_KB")
-                .ok()
-                .and_then(|v| v.parse::<u64>().ok())
-                .map_or(DEFAULT_L2_PREFETCH_BYTES, |kb| kb << 10),
-            l2_prefetch_early: std::env::var("AMK_CUDA_L2_PREFETCH_EARLY").is_ok_and(|v| v == "1"),
-            l2_prefetch_tasks: match std::env::var("AMK_CUDA_L2_PREFETCH_AFTER").as_deref() {
-                Ok("attention") => L2PrefetchTasks::AfterAttention,
-                Ok("not-attention") => L2PrefetchTasks::NotAfterAttention,
-                _ => L2PrefetchTasks::All,
-            },
-            l2_prefetch_ops: std::env::var("AMK_CUDA_L2_PREFETCH_OPS")
-                .map(|v| v.split_whitespace().map(str::to_string).collect())
-                .unwrap_or_default(),
-            defines: std::env::var("AMK_CUDA_DEFINES")
-                .map_or_else(|_| Vec::new(), |v| parse_defines(&v)),
-            program_ops: std::env::var("AMK_CUDA_PROGRAM_OPS").map_or(true, |v| v != "0"),
+            ring_bytes: DEFAULT_RING_BYTES,
+            prestart: true,
+            min_smem_bytes: 0,
+            l2_evict_first: true,
+            l2_prefetch_bytes: DEFAULT_L2_PREFETCH_BYTES,
+            l2_prefetch_early: false,
+            l2_prefetch_tasks: L2PrefetchTasks::All,
+            l2_prefetch_ops: Vec::new(),
+            defines: Vec::new(),
+            program_ops: true,
         }
     }
 }
@@ -293,10 +277,11 @@ pub mod test_support {
         eprintln!("SKIPPED {test}: {why}");
     }
 
-    /// The default device, or `None` after [`skip`] when there is none (or no driver, or
-    /// no `cuda` feature).
+    /// The default device with the environment's knobs ([`CudaOptions::from_env`]), or
+    /// `None` after [`skip`] when there is none (or no driver, or no `cuda` feature, or a
+    /// knob's value is refused).
     pub fn gpu_or_skip(test: &str) -> Option<CudaBackend> {
-        match CudaBackend::new(CudaOptions::default()) {
+        match CudaOptions::from_env().and_then(CudaBackend::new) {
             Ok(b) => Some(b),
             Err(e) => {
                 skip(test, &e);
@@ -318,10 +303,8 @@ pub mod test_support {
 
     /// Like [`gpu_or_skip`] with a given watchdog.
     pub fn gpu_with_watchdog(test: &str, watchdog: std::time::Duration) -> Option<CudaBackend> {
-        match CudaBackend::new(CudaOptions {
-            watchdog,
-            ..CudaOptions::default()
-        }) {
+        let options = CudaOptions::from_env().map(|o| CudaOptions { watchdog, ..o });
+        match options.and_then(CudaBackend::new) {
             Ok(b) => Some(b),
             Err(e) => {
                 skip(test, &e);
@@ -333,9 +316,11 @@ pub mod test_support {
     /// The configurations the GPU tests run the conformance suite under, by test module
     /// name: the defaults, the shared-memory weight ring (off by default), the L2 prefetch of
     /// every tile's weights (off by default), and every fused tile streaming two units a warp
-    /// (or four for short rows) at once. Each is its own set of kernels.
+    /// (or four for short rows) at once. Each is its own set of kernels, over the
+    /// environment's knobs ([`CudaOptions::from_env`]; a refused value fails the test).
+    #[allow(clippy::panic)] // a test helper: failing the test is its job
     pub fn conformance_configs() -> [(&'static str, CudaOptions); 4] {
-        let base = CudaOptions::default();
+        let base = CudaOptions::from_env().unwrap_or_else(|e| panic!("{e}"));
         [
             ("conformance", base.clone()),
             (

@@ -4,7 +4,8 @@ use std::process::Output;
 
 /// The device `--backend auto` would pick, or why there is none (as the CLI reports it).
 pub fn gpu() -> Result<String, String> {
-    amk_backend_cuda::CudaBackend::new(amk_backend_cuda::CudaOptions::default())
+    amk_backend_cuda::CudaOptions::from_env()
+        .and_then(amk_backend_cuda::CudaBackend::new)
         .map(|b| b.info().to_string())
         .map_err(|e| e.to_string())
 }

@@ -130,7 +130,7 @@ impl Model {
     ) -> PyResult<Model> {
         let config = load::Config {
             path,
-            backend: load::BackendKind::parse(backend).map_err(err)?,
+            backend: backend.parse::<load::BackendKind>().map_err(err)?,
             dtype: load::parse_dtype(dtype).map_err(err)?,
             max_seq,
             threads: threads.max(1),

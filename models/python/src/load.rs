@@ -1,38 +1,13 @@
 //! Loading a model as `amk generate` does: the path or the default model, its importer, a
 //! backend, the engine's options.
 
-use amk_backend_cpu::CpuBackend;
-use amk_backend_cuda::{CudaBackend, CudaOptions};
 use amk_core::{Backend, DType, GpuTarget, ScheduleConfig};
 use amk_engine::{EngineOptions, default_prefill_rows, lower_and_load};
 use amk_model_llama::lower::{DecodeLoop, tuned_schedule};
 use amk_server::worker::{LoadError, Loaded};
 use std::path::PathBuf;
 
-/// Where the model runs.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum BackendKind {
-    /// The CPU VM.
-    Cpu,
-    /// The CUDA megakernel (a build with the `cuda` feature and a GPU).
-    Cuda,
-    /// CUDA when it opens, else the CPU VM.
-    Auto,
-}
-
-impl BackendKind {
-    /// "cpu", "cuda" or "auto".
-    pub fn parse(s: &str) -> Result<BackendKind, String> {
-        match s {
-            "cpu" => Ok(BackendKind::Cpu),
-            "cuda" => Ok(BackendKind::Cuda),
-            "auto" => Ok(BackendKind::Auto),
-            other => Err(format!(
-                "backend {other:?} is not one of \"cpu\", \"cuda\", \"auto\""
-            )),
-        }
-    }
-}
+pub use amk_backend_choice::BackendKind;
 
 /// "f32", "f16" or "bf16".
 pub fn parse_dtype(s: &str) -> Result<DType, String> {
@@ -57,28 +32,10 @@ pub struct Config {
     pub prefill_rows: Option<u64>,
 }
 
-/// The backend, and the GPU's SM count when it is one.
+/// The backend, and the GPU's SM count when it is one (the CLI's choice: `amk_backend_choice`).
 fn open(kind: BackendKind, threads: usize) -> Result<(Box<dyn Backend>, Option<usize>), LoadError> {
-    let cpu = || {
-        let mut b = CpuBackend::default();
-        b.options.threads = threads;
-        Box::new(b) as Box<dyn Backend>
-    };
-    match kind {
-        BackendKind::Cpu => Ok((cpu(), None)),
-        BackendKind::Cuda => {
-            let b = CudaBackend::new(CudaOptions::default())?;
-            let sms = b.info().sms;
-            Ok((Box::new(b), Some(sms)))
-        }
-        BackendKind::Auto => Ok(match CudaBackend::new(CudaOptions::default()) {
-            Ok(b) => {
-                let sms = b.info().sms;
-                (Box::new(b), Some(sms))
-            }
-            Err(_) => (cpu(), None),
-        }),
-    }
+    let chosen = amk_backend_choice::choose(kind, threads)?;
+    Ok((chosen.backend, chosen.gpu_sms))
 }
 
 /// Imports the model and loads it on the backend (on the engine's thread).
