@@ -4,7 +4,8 @@
 //!
 //! Also here: the weight store and its safetensors reader/writer (our own: the format is an
 //! 8-byte header length, a JSON header, then raw little-endian data), and the binding of
-//! WEIGHT/CONST buffers to tensors by `Buffer.source` (spec README §7).
+//! WEIGHT/CONST buffers to tensors by `Buffer.source` (docs/ir.md, "Binding weights to
+//! buffers").
 
 use crate::cpu::OpError;
 use crate::ir::{BufferKind, DType, Program, TaskId};

@@ -10,8 +10,9 @@
 //! ranges are happens-before separated) and random mixtures of all of these.
 //!
 //! [`llama_like`] / [`llama_like_with`] build a decode program shaped like the reference
-//! lowering (notes §4.3), optionally with round-robin SM assignment and graph-colour page
-//! sharing; [`preset_3k`] and [`preset_20k`] are the benchmark sizes.
+//! lowering (docs/models.md, "The reference lowering"), optionally with round-robin SM
+//! assignment and graph-colour page sharing; [`preset_3k`] and [`preset_20k`] are the
+//! benchmark sizes.
 //!
 //! Every generator emits tasks in a topological order (a consumer is pushed after all its
 //! producers); SM assignment relies on it.
@@ -1339,8 +1340,8 @@ pub fn generate(family: Family, seed: u64) -> Program {
 /// Most tiles per projection (the reference's `_MAX_TILES`).
 pub const MAX_TILES: u64 = 64;
 
-/// GEMV tile width for an `n`-wide projection (notes §4.3): `min(n_tile, n)`, widened to
-/// `ceil(n / 64)` when that would need more than 64 tiles.
+/// GEMV tile width for an `n`-wide projection (docs/models.md, "The reference lowering"):
+/// `min(n_tile, n)`, widened to `ceil(n / 64)` when that would need more than 64 tiles.
 pub fn gemv_tile_width(n_tile: u64, n: u64) -> u64 {
     let w = n_tile.min(n).max(1);
     if n.div_ceil(w) > MAX_TILES {
@@ -1438,7 +1439,8 @@ impl LlamaConfig {
     }
 }
 
-/// A decode program shaped like the reference lowering (notes §4.3), plain (no SMs, no pages).
+/// A decode program shaped like the reference lowering (docs/models.md, "The reference
+/// lowering"), plain (no SMs, no pages).
 #[allow(clippy::too_many_arguments)] // reason: the signature the benchmark uses
 pub fn llama_like(
     layers: usize,
@@ -1566,10 +1568,11 @@ impl Lower {
     }
 }
 
-/// A decode program shaped like the reference lowering (notes §4.3): EMBED; per layer RMSNORM,
-/// q/k/v GEMV tiles, EMBED reshape bridges, ROPE q/k, KV_APPEND k/v (in place), ATTENTION_TILE
-/// (or split-KV shards + ATTENTION_COMBINE), o tiles, ADD, RMSNORM, gate/up tiles, SILU_MUL,
-/// down tiles, ADD; then the final RMSNORM and lm_head tiles into the IO_OUTPUT logits.
+/// A decode program shaped like the reference lowering (docs/models.md, "The reference
+/// lowering"): EMBED; per layer RMSNORM, q/k/v GEMV tiles, EMBED reshape bridges, ROPE q/k,
+/// KV_APPEND k/v (in place), ATTENTION_TILE (or split-KV shards + ATTENTION_COMBINE), o tiles,
+/// ADD, RMSNORM, gate/up tiles, SILU_MUL, down tiles, ADD; then the final RMSNORM and lm_head
+/// tiles into the IO_OUTPUT logits.
 /// Each task waits on the counters of the transient inputs it reads (tiles: the whole
 /// projection). Tasks are emitted in a topological order.
 pub fn llama_like_with(cfg: &LlamaConfig) -> Program {

@@ -25,11 +25,12 @@ pub struct Mutant {
     pub note: String,
 }
 
-/// Most inputs / waits a task may carry on the device (notes §1.1).
+/// Most inputs / waits a task may carry on the device (docs/ir.md, "Device capacities").
 const MAX_INPUTS: usize = 8;
 const MAX_WAITS: usize = 8;
 
-/// The largest input count of each op with a fixed upper bound ≤ 4 (notes §1.3, README §2).
+/// The largest input count of each op with a fixed upper bound ≤ 4 (docs/ir.md, "Opcodes and
+/// params").
 fn max_inputs(op: Opcode) -> Option<usize> {
     Some(match op {
         Opcode::COPY | Opcode::GELU | Opcode::SOFTMAX | Opcode::SAMPLE_ARGMAX => 1,

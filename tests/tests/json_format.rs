@@ -1,4 +1,4 @@
-//! On-disk JSON format conformance (README §1, notes §1.9, docs/ir.md "On-disk JSON").
+//! On-disk JSON format conformance (docs/ir.md, "On-disk JSON").
 //!
 //! Round trips (our output re-reads and re-writes byte-identically), a fixture in the exact
 //! layout Python's `json.dumps(indent=2)` writes (`tests/fixtures/reference_layout.json`,
@@ -213,7 +213,7 @@ fn output_layout_is_python_json_dumps_indent_2() {
     ));
     // Shapes one element per line, like json.dumps with indent.
     assert!(text.contains("\"shape\": [\n        1,\n        64\n      ],"));
-    // Top-level keys, in the order of notes §1.9.
+    // Top-level keys, in the order of docs/ir.md, "On-disk JSON".
     let top: Vec<&str> = text
         .lines()
         .filter(|l| l.starts_with("  \"") && !l.starts_with("   "))
@@ -429,7 +429,8 @@ fn labels_of_any_text_round_trip(#[case] label: &str) {
 fn programs_with_repeated_map_keys_never_write_unreadable_files(#[case] pages: bool) {
     // `buffer_to_page` and an explicit `sm_assignment` are JSON objects keyed by id, but held
     // in memory as lists of pairs, so a key can repeat. Writing the repeat yields a document
-    // with a duplicate key, which our own reader refuses. README §1: our own output re-reads.
+    // with a duplicate key, which our own reader refuses. docs/ir.md, "On-disk JSON": our own
+    // output re-reads.
     // Acceptable outcomes: `to_json` refuses (IrError::Serialize), or what it writes loads.
     let mut p = full_program();
     if pages {
@@ -532,7 +533,8 @@ fn integral_floats_written_as_integers_read_back_as_the_same_values() {
 
 #[test]
 fn optional_fields_may_be_absent() {
-    // Only the required keys (notes §1.9); everything else takes its default.
+    // Only the required keys (docs/ir.md, "What the loader refuses"); everything else takes
+    // its default.
     let text = r#"{
       "buffers": [
         {"id": 0, "name": "x", "kind": "IO_INPUT", "dtype": "F32", "shape": [1, 64], "space": "HBM"},

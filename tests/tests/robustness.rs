@@ -1,5 +1,6 @@
-//! Robustness: the loader and the validator are total (README §2: "never panics, never aborts,
-//! on any input"), and every proof runs at every size.
+//! Robustness: the loader and the validator are total (docs/ir.md, "Where we are stricter than
+//! the reference tooling": "never panics and never aborts, on any input"), and every proof runs
+//! at every size.
 //!
 //! Property-style tests with fixed seeds (`amk_core::sim::SplitMix`, no extra dependencies):
 //! random bytes and JSON-ish token soups never panic the loader; randomly mutated valid
@@ -953,8 +954,9 @@ fn typed_mutants_of_valid_programs_never_panic() {
 
 #[test]
 fn validate_is_total_on_in_memory_programs_the_loader_would_refuse() {
-    // README §2: total "on any input". A `Program` is plain data with public fields, so a
-    // caller can build one with non-canonical ids or zero dims without going through JSON.
+    // docs/ir.md, "Where we are stricter": total "on any input". A `Program` is plain data
+    // with public fields, so a caller can build one with non-canonical ids or zero dims
+    // without going through JSON.
     let reg = reg();
     let seeds = seeds(&reg);
     let mut fails = Failures::default();
@@ -1103,7 +1105,8 @@ fn hostile_loadable_programs_do_not_panic(#[case] p: Program) {
 }
 
 /// Programs only constructible in memory (the loader refuses them: non-canonical ids, zero
-/// dims). README §2 still asks for a total validator "on any input".
+/// dims). docs/ir.md ("Where we are stricter") still asks for a total validator "on any
+/// input".
 #[rstest]
 #[case::task_id_beyond_the_list({ let mut p = chain(2); p.tasks[1].id = 5; p })]
 #[case::task_ids_swapped({ let mut p = chain(2); p.tasks.swap(0, 1); p })]

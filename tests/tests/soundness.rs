@@ -8,7 +8,7 @@
 //! (b) zero false accepts: nothing the oracle finds unsafe is accepted;
 //! (c) every mutant is rejected with its intended kind among the errors;
 //! (d) every rejection the oracle cannot explain carries only "static-only" kinds
-//!     ([`STATIC_ONLY`], each justified by a spec section).
+//!     ([`STATIC_ONLY`], each justified by a rule of docs/ir.md).
 //!
 //! The suite also checks the Llama-like generator against the reference's counting formulas,
 //! the benchmark presets' sizes, and keeps minimal reproducers of the validator bugs it found
@@ -29,58 +29,75 @@ use std::time::Instant;
 /// than any interleaving of its tasks. A rejection the oracle calls safe must only carry these.
 const STATIC_ONLY: &[(ErrorKind, &str)] = &[
     // Reference-integrity: a dangling buffer id names no memory the simulator could track
-    // (notes §1.8 check 1; README §3).
-    (ErrorKind::MissingBuffer, "§1.8 check 1: ids must exist"),
-    // Device-instruction capacities (ABI_MAX_INPUTS/OUTPUTS/WAITS/RANK, notes §1.1, §1.8 check 1.4–1.5):
-    // a program over them cannot be encoded at all, whatever its schedule.
-    (ErrorKind::CapInputs, "§1.1/§1.8: ABI_MAX_INPUTS = 8"),
-    (ErrorKind::CapOutputs, "§1.1/§1.8: ABI_MAX_OUTPUTS = 4"),
-    (ErrorKind::CapWaits, "§1.1/§1.8: ABI_MAX_WAITS = 8"),
-    (ErrorKind::CapRank, "§1.1/§1.8: ABI_MAX_RANK = 4"),
-    // Thresholds must be static positive ints (§1.8 check 1.6): a threshold ≤ 0 is malformed
-    // even when the wait it weakens happens to be redundant.
-    (ErrorKind::BadThreshold, "§1.8 check 1.6: thresholds ≥ 1"),
-    // Waiting on one's own counter (§1.8 check 1.8) is refused even when other producers of a
-    // shared counter could satisfy a partial threshold.
+    // (docs/ir.md, "Validator rules", check 1, `missing_buffer`).
+    (
+        ErrorKind::MissingBuffer,
+        "docs/ir.md check 1: ids must exist",
+    ),
+    // Device-instruction capacities (docs/ir.md, "Device capacities"; check 1, `cap_*`): a
+    // program over them cannot be encoded at all, whatever its schedule.
+    (ErrorKind::CapInputs, "docs/ir.md check 1: at most 8 inputs"),
+    (
+        ErrorKind::CapOutputs,
+        "docs/ir.md check 1: at most 4 outputs",
+    ),
+    (ErrorKind::CapWaits, "docs/ir.md check 1: at most 8 waits"),
+    (ErrorKind::CapRank, "docs/ir.md check 1: rank at most 4"),
+    // Thresholds must be static positive ints (docs/ir.md check 1, `bad_threshold`): a
+    // threshold ≤ 0 is malformed even when the wait it weakens happens to be redundant.
+    (
+        ErrorKind::BadThreshold,
+        "docs/ir.md check 1: thresholds ≥ 1",
+    ),
+    // Waiting on one's own counter (docs/ir.md check 1, `self_wait`) is refused even when other
+    // producers of a shared counter could satisfy a partial threshold.
     (
         ErrorKind::SelfWait,
-        "§1.8 check 1.8: no wait on own out_counter",
+        "docs/ir.md check 1: no wait on own out_counter",
     ),
-    // Registry rules (§1.3, §1.4, §1.8 check 9–10): opcode known, arity, params present and
-    // typed. The simulator has no notion of what an op computes.
-    (ErrorKind::UnregisteredOp, "§1.8 check 9: opcode registered"),
-    (ErrorKind::ArityInputs, "§1.3: input arity"),
-    (ErrorKind::ArityOutputs, "§1.3: output arity"),
-    (ErrorKind::MissingParam, "§1.3: required params"),
+    // Registry rules (docs/ir.md, "Opcodes and params"; check 1): opcode known, arity, params
+    // present and typed. The simulator has no notion of what an op computes.
+    (
+        ErrorKind::UnregisteredOp,
+        "docs/ir.md check 1: opcode registered",
+    ),
+    (ErrorKind::ArityInputs, "docs/ir.md check 1: input arity"),
+    (ErrorKind::ArityOutputs, "docs/ir.md check 1: output arity"),
+    (
+        ErrorKind::MissingParam,
+        "docs/ir.md check 1: required params",
+    ),
     (
         ErrorKind::ParamType,
-        "§1.4/§1.8 check 10: int32 / real params",
+        "docs/ir.md check 1: int32 / real params",
     ),
-    // A partial wait on a shared counter (§1.8 checks 2/3) is ambiguous about *which* producers
-    // finished; it is refused even when the consumer reads nothing those producers write.
+    // A partial wait on a shared counter (docs/ir.md check 3) is ambiguous about *which*
+    // producers finished; it is refused even when the consumer reads nothing those producers
+    // write.
     (
         ErrorKind::PartialSharedWait,
-        "§1.8 checks 2/3: shared counters are all-joins",
+        "docs/ir.md check 3: shared counters are all-joins",
     ),
-    // README §2 (our stricter rules): tile/shape params must fit the buffers they index, the
-    // counters' init must be 0 (the device zeroes them every launch), FUSED recipes must be
-    // well formed, page tables must name existing pages/buffers of fitting kind and size.
+    // Our stricter rules (docs/ir.md, "Where we are stricter than the reference tooling"):
+    // tile/shape params must fit the buffers they index, the counters' init must be 0 (the
+    // device zeroes them every launch), FUSED recipes must be well formed, page tables must
+    // name existing pages/buffers of fitting kind and size.
     (
         ErrorKind::TileOutOfBounds,
-        "README §2: tile params fit their buffers",
+        "docs/ir.md check 1: tile params fit their buffers",
     ),
     (
         ErrorKind::ShapeMismatch,
-        "README §2: operand shapes fit the op",
+        "docs/ir.md check 1: operand shapes fit the op",
     ),
-    (ErrorKind::CounterInit, "README §2: Counter.init must be 0"),
+    (ErrorKind::CounterInit, "docs/ir.md: Counter.init must be 0"),
     (
         ErrorKind::FusedRecipe,
-        "README §2: FUSED recipes well formed",
+        "docs/ir.md check 1: FUSED recipes well formed",
     ),
     (
         ErrorKind::PageTable,
-        "README §2: page tables reference real pages/buffers",
+        "docs/ir.md check 7: page tables reference real pages/buffers",
     ),
     // A step loop's gate must end the pass (docs/ir.md check 10): the hazard is between two
     // passes of one launch, which a one-pass simulation never runs.
@@ -580,8 +597,9 @@ fn llama_presets_have_the_documented_sizes_and_validate() {
 
 #[test]
 fn llama_like_matches_the_reference_counting_formulas() {
-    // Notes §4.3: toy 2L (H64, 4/2×16, I128, V256) has 66 tasks at auto tiling (32),
-    // 48 at N_tile 64, 42 at N_tile 128; 65 buffers (9 + 28 L), 41 counters (3 + 19 L).
+    // docs/models.md, "The reference lowering": toy 2L (H64, 4/2×16, I128, V256) has 66 tasks
+    // at auto tiling (32), 48 at N_tile 64, 42 at N_tile 128; 65 buffers (9 + 28 L), 41
+    // counters (3 + 19 L).
     for (nt, want) in [(32u64, 66usize), (64, 48), (128, 42)] {
         let p = g::llama_like(2, 64, 4, 2, 16, 128, 256, nt);
         assert_eq!(p.tasks.len(), want, "N_tile {nt}");
@@ -780,8 +798,9 @@ fn validate_catching(p: &Program, reg: &Registry) -> Option<String> {
     }
 }
 
-/// README §2: the validator is total — it never panics, whatever the (loadable) program. Shape
-/// dims up to 2^63 − 1 load from JSON; the op shape rules must not overflow on them.
+/// docs/ir.md, "Where we are stricter": the validator is total — it never panics, whatever the
+/// (loadable) program. Shape dims up to 2^63 − 1 load from JSON; the op shape rules must not
+/// overflow on them.
 #[test]
 fn validator_is_total_on_huge_shapes() {
     let reg = amk_ops::registry().unwrap();

@@ -9,8 +9,8 @@
 //! witnesses, each op's shape rule, FUSED recipes) have their own tests, and so do the result
 //! API (`report`, `stats`, `validate_owned`) and the dynamic cross-checks.
 //!
-//! Expected values come from `shared/spec/README.md` and the reference notes §1.8, not from
-//! the implementation.
+//! Expected values come from the rules of docs/ir.md ("Validator rules, in check order"), not
+//! from the implementation.
 
 // Helpers outside `#[test]` functions (which clippy.toml already exempts) fail loudly on
 // broken test setup by design.
@@ -862,7 +862,7 @@ fn error_kind_negative_and_positive(#[case] kind: ErrorKind) {
 
 #[test]
 fn vocabulary_is_the_contracts() {
-    // README §3, in order, then ours (docs/ir.md).
+    // docs/ir.md, "Error vocabulary": the reference tooling's classes in order, then ours.
     let errors = "missing_buffer, missing_counter, cap_inputs, cap_outputs, cap_waits, cap_rank, \
         bad_threshold, self_wait, unregistered_op, arity_inputs, arity_outputs, missing_param, \
         param_type, no_producer, threshold_exceeds, partial_shared_wait, cycle, never_produced, \
@@ -1245,8 +1245,9 @@ fn reading_a_kv_cache_before_the_append_is_raw_race_kv() {
 
 #[test]
 fn a_second_append_into_a_cache_the_first_reads_is_rejected_like_the_reference() {
-    // Notes §8.2: the KV exemption only holds when the reader is the sole writer. Two
-    // ordered appends: the first "reads" the cache, and the second writer does not precede it.
+    // docs/ir.md, "Validator rules", check 5 (`raw_race`): the KV exemption only holds when
+    // the reader is the sole writer. Two ordered appends: the first "reads" the cache, and the
+    // second writer does not precede it.
     let mut p = Program::new();
     let k0 = p.new_buffer("k0", IO_INPUT, F32, &[1, 32]);
     let k1 = p.new_buffer("k1", IO_INPUT, F32, &[1, 32]);
@@ -1515,7 +1516,8 @@ fn many_tiles(n: u64, overlap_with: i64) -> Program {
 #[case::few_writers(100)]
 #[case::many_writers(600)]
 fn waw_race_names_the_overlapping_pair_among_many_writers(#[case] n: u64) {
-    // Notes §1.8 check 5a: the culprit is the first pair that is neither disjoint nor ordered.
+    // docs/ir.md, "Validator rules", check 5a (`waw_race`): the culprit is the first pair that
+    // is neither disjoint nor ordered.
     let r = check(&many_tiles(n, 5));
     assert_only(&r, ErrorKind::WawRace);
     let e = first(&r, ErrorKind::WawRace);
@@ -1644,7 +1646,8 @@ fn sm_range_is_checked_against_the_target(#[case] sm: i32, #[case] ok: bool) {
 
 #[test]
 fn without_a_target_a_large_sm_cannot_be_out_of_range() {
-    // Notes §1.8 check 6: with no target the upper bound is unknown.
+    // docs/ir.md, "Validator rules", check 6 (`sm_out_of_range`): with no target the upper
+    // bound is unknown.
     let mut p = chain2();
     p.tasks[0].sm = Some(100_000);
     p.tasks[1].sm = Some(5);
@@ -1882,7 +1885,8 @@ fn gemv_shape_rule(
     assert_outcome(&r, want, &["task 0"]);
 }
 
-/// GEMV with 3 or 4 inputs: bias, or quantised weights (README §2: 2–4 inputs).
+/// GEMV with 3 or 4 inputs: bias, or quantised weights (docs/ir.md, "Opcodes and params":
+/// 2–4 inputs).
 #[rstest]
 #[case::bias("bias", F32, None, None)]
 #[case::int8_symmetric("q8", I8, Some(6), None)]
@@ -2658,9 +2662,10 @@ fn simulate_adversarial_is_clean_on_valid_programs() {
 }
 
 // ---------------------------------------------------------------------------------------------
-// Reference lowerings (notes §4.3) must stay valid
+// Reference lowerings (docs/models.md, "The reference lowering") must stay valid
 
-/// Shape of a toy decoder, lowered as the reference lowering does (notes §4.3).
+/// Shape of a toy decoder, lowered as the reference lowering does (docs/models.md, "The
+/// reference lowering").
 #[derive(Clone, Copy)]
 struct Toy {
     hidden: u64,
@@ -2752,7 +2757,8 @@ impl Lowering<'_> {
     }
 }
 
-/// The reference's B = 1 decode lowering of `cfg` (notes §4.3), F32, untied lm_head.
+/// The reference's B = 1 decode lowering of `cfg` (docs/models.md, "The reference
+/// lowering"), F32, untied lm_head.
 fn lower(cfg: &Toy) -> Program {
     let (h, nh, nkv, hd) = (cfg.hidden, cfg.n_heads, cfg.n_kv, cfg.head_dim);
     let (qd, kvd) = (nh * hd, nkv * hd);
@@ -3078,8 +3084,8 @@ fn toy_lowering_matches_the_reference_counts_and_validates(
     #[case] buffers: usize,
     #[case] counters: usize,
 ) {
-    // Notes §4.3: toy 2L has 66 tasks (auto), 48 (N_tile 64), 42 (N_tile 128), 65 buffers,
-    // 41 counters.
+    // docs/models.md, "The reference lowering": toy 2L has 66 tasks (auto), 48 (N_tile 64),
+    // 42 (N_tile 128), 65 buffers, 41 counters.
     let p = lower(&Toy {
         n_tile,
         ..Toy::toy2()
@@ -3097,7 +3103,8 @@ fn toy_lowering_matches_the_reference_counts_and_validates(
 
 #[test]
 fn llama_shaped_lowering_validates() {
-    // Llama h512 L2 (8/2 x 64, I2048, V32000): 182 tasks at N_tile 128 (notes §4.3).
+    // Llama h512 L2 (8/2 x 64, I2048, V32000): 182 tasks at N_tile 128 (docs/models.md, "The
+    // reference lowering").
     let cfg = Toy {
         hidden: 512,
         n_heads: 8,

@@ -6,10 +6,10 @@
 //! [`Tensor`](amk_core::Tensor) of its dtype and shape, and refuses any op without a CPU
 //! reference in the registry. Each [`Session::step`] sets IO inputs by buffer name (they
 //! persist to later steps), zeroes the counters and runs one forward pass by counter-driven
-//! firing (spec §2): a task fires once every `(counter, threshold)` wait holds, runs its op's
-//! reference over its buffers, then increments its `out_counter` by one. KV caches persist
-//! across steps and are written in place (never copied); [`CpuSession::set_kv_cache`] carries
-//! them over to a program lowered for the next position.
+//! firing (docs/ir.md, opening paragraph): a task fires once every `(counter, threshold)` wait
+//! holds, runs its op's reference over its buffers, then increments its `out_counter` by one.
+//! KV caches persist across steps and are written in place (never copied);
+//! [`CpuSession::set_kv_cache`] carries them over to a program lowered for the next position.
 //!
 //! Firing modes ([`FiringMode`]):
 //! - [`FiringMode::ListOrder`]: repeated sweeps over the task list, firing every ready task in

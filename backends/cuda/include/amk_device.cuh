@@ -897,8 +897,8 @@ __device__ __forceinline__ float amk_round_dt(int dt, float x) {
 
 /* RMSNORM's arithmetic type (amk_norm_t). f64 by default (AMK_NORM_F32 = 0), as the CPU
  * reference (ops/rmsnorm/src/reference.rs): the result is then independent of the reduction's
- * order in practice. AMK_NORM_F32 = 1: f32, what the IR spec's reference and HF compute (f32 sum
- * of squares, rsqrt, x * inv * w), within the spec's tolerances of the f64 reference but not
+ * order in practice. AMK_NORM_F32 = 1: f32, what the reference tooling and HF compute (f32 sum
+ * of squares, rsqrt, x * inv * w), within docs/ir.md's tolerances of the f64 reference but not
  * bit-equal to it. Measured (docs/perf-notes.md round 23) 0.005-0.015 ms a token faster on
  * SmolLM2, 0.012 on the 1B and 0.04 on the 8B, but the SmolLM2 bf16 greedy tokens then left
  * the f32 ones within 32 tokens on 3 of 5 reference prompts instead of 1

@@ -96,9 +96,9 @@ impl ScheduleConfig {
     }
 
     /// The kernel-build knobs out of their range, as the reference checks them before it
-    /// lowers (spec notes §6): `threads_per_block` a multiple of 32 in [32, 1024],
-    /// `smem_bytes_per_block` between 0 and the target's opt-in cap, `pipelining_depth` not
-    /// negative. One message each; none when they are in range.
+    /// lowers (docs/ir.md, "Validator rules", `bad_config`): `threads_per_block` a multiple of
+    /// 32 in [32, 1024], `smem_bytes_per_block` between 0 and the target's opt-in cap,
+    /// `pipelining_depth` not negative. One message each; none when they are in range.
     pub fn kernel_knob_errors(&self, target: Option<&GpuTarget>) -> Vec<String> {
         let mut bad = Vec::new();
         let tpb = self.threads_per_block;

@@ -312,7 +312,7 @@ fn context_overflow_is_an_error_not_a_panic() {
 
 /// Half-precision programs: weights, activations and caches in F16 / BF16 (fp32
 /// accumulation inside the ops) stay close to the f64 forward pass and agree on the greedy
-/// token (spec §5: bf16 is judged by greedy agreement and logit error ≤ 2e-2).
+/// token (docs/ir.md, "Numerics": bf16 is judged by greedy agreement and logit error ≤ 2e-2).
 #[rstest]
 #[case::f16(DType::F16, 5e-3)]
 #[case::bf16(DType::BF16, 2e-2)]

@@ -421,9 +421,10 @@ fn argmax_output_equals_host_argmax() {
     assert_eq!(params, after, "stepping changed a param");
 }
 
-/// Counts of the reference lowering (notes §4.3): toy 2L untied (66 / 48 / 42 tasks at auto /
-/// N_tile 64 / 128; 65 buffers; 41 counters), Llama h512 L2 (458 / 274 / 182), and the
-/// SmolLM2-135M shape at N_tile 128 (1716 tasks, 848 buffers, 573 counters).
+/// Counts of the reference lowering (docs/models.md, "The reference lowering"): toy 2L untied
+/// (66 / 48 / 42 tasks at auto / N_tile 64 / 128; 65 buffers; 41 counters), Llama h512 L2
+/// (458 / 274 / 182), and the SmolLM2-135M shape at N_tile 128 (1716 tasks, 848 buffers, 573
+/// counters).
 #[rstest]
 #[case::toy_auto(cfg(2, 64, 4, 2, 16, 128, 256), false, None, 66, 65, 41)]
 #[case::toy_64(cfg(2, 64, 4, 2, 16, 128, 256), false, Some(64), 48, 65, 41)]

@@ -197,8 +197,8 @@ impl Builder {
     }
 }
 
-/// A single-token decode program shaped like the reference lowering (notes §4.3), tasks in a
-/// topological order.
+/// A single-token decode program shaped like the reference lowering (docs/models.md, "The
+/// reference lowering"), tasks in a topological order.
 fn decode(s: &Shape) -> Program {
     let dbytes = (s.dtype.bits() / 8).max(1) as i64;
     let mut b = Builder {

@@ -2,8 +2,9 @@
 //! decode ops, codes 20–23, NEXT_TOKEN, 24, the split-KV pair ATTENTION_SPLIT, 25, and
 //! COMBINE_GEMV, 26, and the prefill pair LINEAR_TILE, 27, and ATTENTION_CAUSAL, 28), under
 //! their canonical codes and names, with the
-//! arities of the spec (notes §1.3, plus our GEMV/GEMM 2–4 inputs fix and the position inputs:
-//! KV_APPEND's third input, which makes its `pos` param optional, ATTENTION_GEMV's sixth).
+//! arities of docs/ir.md, "Opcodes and params" (with our GEMV/GEMM 2–4 inputs fix and the
+//! position inputs: KV_APPEND's third input, which makes its `pos` param optional,
+//! ATTENTION_GEMV's sixth).
 
 use amk_core::{Opcode, Origin, ParamType};
 use rstest::rstest;

@@ -1,8 +1,8 @@
 //! CPU reference of GEMV_TILE, shared with GEMM_TILE through [`linear`].
 //!
-//! Semantics (notes §2, with our deliberate fixes from the spec README §2): the weight has the
-//! torch `Linear` layout `[N, K]`; for every row `m` of `x` (viewed as `[M, K]`) and every column
-//! `n` of the tile `[n_off, n_off + N_tile)`:
+//! Semantics (docs/ir.md, "Numerics", with our deliberate fixes listed in "Opcodes and
+//! params"): the weight has the torch `Linear` layout `[N, K]`; for every row `m` of `x`
+//! (viewed as `[M, K]`) and every column `n` of the tile `[n_off, n_off + N_tile)`:
 //!
 //! ```text
 //! out[m, n] = Σ_k f32(x[m, k]) · f32(W[n, k])   (+ f32(bias[n]) with a third float input)

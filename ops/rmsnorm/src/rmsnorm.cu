@@ -3,8 +3,8 @@
  * becomes y = x * rsqrt(mean(x^2) + eps) * w, with the values read as f32, the reduction and the
  * per-element products carried in f64, rounded once to f32 and cast on store. eps is the f32
  * param widened to f64 (as the CPU does after rounding it to f32). A kernel built with
- * AMK_NORM_F32=1 carries them in f32 instead (amk_norm_t, amk_device.cuh): within the spec's
- * tolerances of the reference, not bit-equal to it.
+ * AMK_NORM_F32=1 carries them in f32 instead (amk_norm_t, amk_device.cuh): within the
+ * tolerances of docs/ir.md ("Numerics") of the reference, not bit-equal to it.
  *
  * Parallelisation: many short rows (rows > 1, hidden <= 1024, and rows >= AMK_WARPS / 2 or
  * hidden <= 256): one warp per row, lanes strided over the row, shuffle reduce. Otherwise the

@@ -1,5 +1,5 @@
-//! Lowering: a [`Model`] → the single-token decode [`Program`] (notes §4.3), with every
-//! [`ScheduleConfig`] knob taking effect (spec README §6).
+//! Lowering: a [`Model`] → the single-token decode [`Program`] (docs/models.md, "The reference
+//! lowering"), with every [`ScheduleConfig`] knob taking effect (docs/models.md, "Lowering").
 //!
 //! The graph per token: EMBED; per layer RMSNORM, q/k/v GEMV tiles (with q/k/v biases when the
 //! model has them), reshape bridges, ROPE q/k (positions from the `pos` input), KV_APPEND k/v

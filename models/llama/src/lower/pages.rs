@@ -1,5 +1,5 @@
 //! Scratch-page allocation: binds the transient activations of a lowered program to pages,
-//! per [`PageStrategy`] (spec §6: `graph_color` must really share pages).
+//! per [`PageStrategy`] (docs/models.md, "Lowering": `graph_color` must really share pages).
 //!
 //! Only ACTIVATION buffers outside on-chip memory are paged. The validator refuses any other
 //! kind on a page (a weight, a KV cache or an output must keep its contents), and an SMEM or

@@ -1,5 +1,5 @@
 //! SM assignment: writes `Task.sm` for every task of a lowered program, per
-//! [`SmAssignment`] (spec §6: the knob must take effect).
+//! [`SmAssignment`] (docs/models.md, "Lowering": every knob takes effect).
 //!
 //! A persistent kernel gives each SM a queue that it runs serially, in task-list order. The
 //! validator (check 6) accepts an assignment only if dependency edges plus "next in the same
