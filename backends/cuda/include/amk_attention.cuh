@@ -866,17 +866,8 @@ __device__ __forceinline__ bool amk_att_tiny_ok(const amk_att_geom& g) {
   return g.kv_len <= ATT_TINY_KV && (((g.hd >> 3) & ((g.hd >> 3) - 1)) == 0);
 }
 
-/* AMK_ATT_TINY_PRE (default 1): an ATTENTION_TILE on the tiny path whose heads the block covers
- * in one pass works out each lane's head and addresses before its wait (amk_att_tiny_pre), so
- * that after the wait its lanes only load and compute (docs/perf-notes.md round 23). */
-#ifndef AMK_ATT_TINY_PRE
-#define AMK_ATT_TINY_PRE 1
-#endif
-/* The longest range that takes the plan (at most ATT_TINY_KV; 0: none, with the plan's code
- * compiled in all the same, which measures what the code's presence alone does). */
-#ifndef AMK_ATT_TINY_PRE_KV
-#define AMK_ATT_TINY_PRE_KV ATT_TINY_KV
-#endif
+/* AMK_ATT_TINY_PRE: device knob, defined with its default in amk_knobs.cuh. */
+/* AMK_ATT_TINY_PRE_KV: device knob, defined with its default in amk_knobs.cuh. */
 
 /* The tiny path's lane plan, from descriptors and the geometry (before the wait). */
 struct amk_att_tiny_plan {

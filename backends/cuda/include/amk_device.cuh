@@ -21,39 +21,16 @@
 #ifndef AMK_DEVICE_CUH
 #define AMK_DEVICE_CUH
 
-/* Code a launch does not run is not compiled (docs/perf-notes.md round 17: code the megakernel
- * carries costs time even where it never runs). The backend defines these from the launch:
- * AMK_TRACE_OFF without a trace buffer (a traced session loads a kernel of its own),
- * AMK_L2_OFF without L2 prefetch ranges. */
-#ifndef AMK_TRACE_OFF
-#define AMK_TRACE_OFF 0
-#endif
-#ifndef AMK_L2_OFF
-#define AMK_L2_OFF 0
-#endif
+/* AMK_TRACE_OFF, AMK_L2_OFF: device knobs, defined with their defaults in amk_knobs.cuh. */
 
-/* The float dtypes the kernel's program holds: the backend defines AMK_NO_F32 / AMK_NO_F16 /
- * AMK_NO_BF16 for those none of its buffers has, and the branches that only a buffer of such
- * a dtype could take fold away (AMK_IS_*: dt is that dtype; AMK_BF_OF: a dt known to be BF16 or
- * F16 is BF16). Every such branch has a fallback that is right for any dtype (the out-of-line
- * accessors, the generic loops), so a wrong define costs speed, never results. */
-#ifndef AMK_NO_F32
-#define AMK_NO_F32 0
-#endif
-#ifndef AMK_NO_F16
-#define AMK_NO_F16 0
-#endif
-#ifndef AMK_NO_BF16
-#define AMK_NO_BF16 0
-#endif
+/* AMK_NO_F32, AMK_NO_F16, AMK_NO_BF16: device knobs, defined with their defaults in
+ * amk_knobs.cuh. */
 #define AMK_IS_F32(dt) (!AMK_NO_F32 && (dt) == AMK_F32)
 #define AMK_IS_F16(dt) (!AMK_NO_F16 && (dt) == AMK_F16)
 #define AMK_IS_BF16(dt) (!AMK_NO_BF16 && (dt) == AMK_BF16)
 #define AMK_BF_OF(dt) (AMK_NO_F16 || (!AMK_NO_BF16 && (dt) == AMK_BF16))
 
-#ifndef AMK_THREADS
-#define AMK_THREADS 256
-#endif
+/* AMK_THREADS: device knob, defined with its default in amk_knobs.cuh. */
 #define AMK_WARPS (AMK_THREADS / 32)
 
 /* An L2 prefetch of the 128-byte line holding `p` (a hint: never faults, holds no register). */
@@ -220,15 +197,7 @@ __device__ __forceinline__ void amk_probe(const amk_task_ctx& ctx, int k) {
 #endif
 }
 
-/* AMK_PROBE (diagnostic builds, off by default; the traced kernel only): points inside the
- * shared tile and attention code write the clock into the running task's probe words 6 and 7
- * (amk_probe's), thread 0 only, when `cond` holds (a condition on a computed value orders the
- * point after that value). `amk bench --trace` writes them as they come (probe6_us,
- * probe7_us), `scripts/trace_phases.py --probe` summarises them; docs/gpu-testing.md lists the
- * levels. */
-#ifndef AMK_PROBE
-#define AMK_PROBE 0
-#endif
+/* AMK_PROBE: device knob, defined with its default in amk_knobs.cuh. */
 #if AMK_PROBE && !AMK_TRACE_OFF
 __shared__ uint64_t* amk_probe_tr;
 #define AMK_PROBE_AT(slot, cond)                                                          \
@@ -650,14 +619,7 @@ __device__ __forceinline__ void amk_each_out(const amk_buffer_t* out, long long 
   for (long long i = lo + threadIdx.x; i < n; i += AMK_THREADS) g(i);
 }
 
-/* Vectors of 8 elements each thread has in flight per round in amk_ew_apply: W32 (some input is
- * F32, two 16-byte loads a vector) and 16-bit inputs (one). */
-#ifndef AMK_EW_UNROLL32
-#define AMK_EW_UNROLL32 4
-#endif
-#ifndef AMK_EW_UNROLL16
-#define AMK_EW_UNROLL16 8
-#endif
+/* AMK_EW_UNROLL32, AMK_EW_UNROLL16: device knobs, defined with their defaults in amk_knobs.cuh. */
 
 /* The vector body of amk_ew_apply over vectors [0, nv) (input k: base ip[k], dtype idt[k]; out:
  * op, odt; all F32/BF16/F16 with 16-byte aligned bases; W32 = false: every input is BF16/F16).
@@ -895,18 +857,7 @@ __device__ __forceinline__ float amk_round_dt(int dt, float x) {
 #define AMK_RMS_VW 4
 
 
-/* RMSNORM's arithmetic type (amk_norm_t). f64 by default (AMK_NORM_F32 = 0), as the CPU
- * reference (ops/rmsnorm/src/reference.rs): the result is then independent of the reduction's
- * order in practice. AMK_NORM_F32 = 1: f32, what the reference tooling and HF compute (f32 sum
- * of squares, rsqrt, x * inv * w), within docs/ir.md's tolerances of the f64 reference but not
- * bit-equal to it. Measured (docs/perf-notes.md round 23) 0.005-0.015 ms a token faster on
- * SmolLM2, 0.012 on the 1B and 0.04 on the 8B, but the SmolLM2 bf16 greedy tokens then left
- * the f32 ones within 32 tokens on 3 of 5 reference prompts instead of 1
- * (`smollm2_bf16_greedy_matches_f32_on_most_prompts`), so it is a knob, off by default. Every
- * RMSNORM path of one kernel computes in the same type. */
-#ifndef AMK_NORM_F32
-#define AMK_NORM_F32 0
-#endif
+/* AMK_NORM_F32: device knob, defined with its default in amk_knobs.cuh. */
 #if AMK_NORM_F32
 typedef float amk_norm_t;
 #else

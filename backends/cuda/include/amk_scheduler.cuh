@@ -8,24 +8,8 @@
 #ifndef AMK_SCHEDULER_CUH
 #define AMK_SCHEDULER_CUH
 
-#ifndef AMK_SPIN_TIGHT
-#define AMK_SPIN_TIGHT 64      /* spins before the first sleep */
-#endif
-#ifndef AMK_SPIN_SLEEP_NS
-#define AMK_SPIN_SLEEP_NS 32   /* short sleeps: a late wait costs at most this much extra */
-#endif
-#ifndef AMK_SPIN_BACKOFF1
-#define AMK_SPIN_BACKOFF1 256  /* spins before sleeping 16x longer */
-#endif
-#ifndef AMK_SPIN_BACKOFF2
-#define AMK_SPIN_BACKOFF2 1024 /* spins before sleeping 64x longer (2 us) */
-#endif
-#ifndef AMK_ABORT_POLL_NS
-#define AMK_ABORT_POLL_NS 100000 /* ns between reads of the host-mapped abort flag (a PCIe
-                                    round trip: polled by time, not by spins, so that many
-                                    idle blocks do not flood the bus) */
-#endif
-
+/* AMK_SPIN_TIGHT, AMK_SPIN_SLEEP_NS, AMK_SPIN_BACKOFF1, AMK_SPIN_BACKOFF2, AMK_ABORT_POLL_NS:
+ * device knobs, defined with their defaults in amk_knobs.cuh. */
 
 __device__ __forceinline__ uint32_t amk_ld_acquire(const amk_counter_t* p) {
   uint32_t v;

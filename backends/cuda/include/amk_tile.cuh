@@ -313,9 +313,7 @@ __device__ __forceinline__ void amk_tile_fast_x(const amk_tile_args& a, int xt) 
 #define AMK_RING 0
 #endif
 #define AMK_RING_MAX_STAGES 16
-#ifndef AMK_RING_CHUNK
-#define AMK_RING_CHUNK (32 * 1024) /* target bytes per chunk (whole rows) */
-#endif
+/* AMK_RING_CHUNK: device knob, defined with its default in amk_knobs.cuh. */
 #define AMK_RING_MAX_ROWS 64       /* rows per chunk at most (amk_ring_part's size) */
 
 #if AMK_RING
@@ -440,13 +438,11 @@ __device__ __forceinline__ void amk_ring_init() {
   amk_ring_issued = 0;
 }
 
+/* AMK_RING_UNROLL: device knob, defined with its default in amk_knobs.cuh. */
 /* The tile's rows through the ring (float weights, one row of x). `started`: the scheduler
  * already issued the first p.stages chunks. x is staged in shared memory first (after the
  * wait; every chunk reads it), then each lane loads AMK_RING_UNROLL weight vectors before
  * using any. */
-#ifndef AMK_RING_UNROLL
-#define AMK_RING_UNROLL 4
-#endif
 template <int WK, int XT>
 __device__ __noinline__ void amk_tile_ring(const amk_tile_args& args, unsigned char* smem,
                                            const amk_ring_plan& plan, bool started) {
@@ -560,16 +556,8 @@ __device__ __forceinline__ void amk_ring_prestart(const amk_task_ctx& c) {
  * sum is GEMV_TILE's, in its order (4 partials per lane over the 16-byte vectors v = lane,
  * lane + 32, ..., then the warp sum), so a fused program rounds exactly as the unfused one. */
 
-/* 16-byte weight vectors in flight per lane (over the NR rows of a unit). */
-#ifndef AMK_FUSED_VECS
-#define AMK_FUSED_VECS 8
-#endif
-/* 1: every vector-path row of the program is a whole number of full passes (its vectors a
- * multiple of every pass amk_fused_fast can make of it), and the loop drops its bounds tests.
- * The backend defines it from the program (`loops::fused_exact`). */
-#ifndef AMK_FUSED_EXACT
-#define AMK_FUSED_EXACT 0
-#endif
+/* AMK_FUSED_VECS: device knob, defined with its default in amk_knobs.cuh. */
+/* AMK_FUSED_EXACT: device knob, defined with its default in amk_knobs.cuh. */
 
 /* The row the tile multiplies. */
 struct amk_frow {
@@ -595,13 +583,7 @@ __device__ __forceinline__ float amk_frow_at(const amk_frow& r, long long k) {
   return amk_round_dt(r.dt, amk_rms_apply(v, r.inv, amk_ldf(r.nw, k)));
 }
 
-/* AMK_NORM_WPRE (default 1): a fused tile with a norm loads its thread's vector of the norm
- * weight before its wait (no task writes it), so that the norm after the wait waits for x
- * alone, not for w's round trip too (docs/perf-notes.md round 23). For the block norm of one
- * vector a thread (rows of at most 8 * AMK_THREADS elements). */
-#ifndef AMK_NORM_WPRE
-#define AMK_NORM_WPRE 1
-#endif
+/* AMK_NORM_WPRE: device knob, defined with its default in amk_knobs.cuh. */
 
 /* The norm weight's vector of this thread, loaded before the wait when `ok` (never for a task
  * run for its checks alone, which reads nothing). */
@@ -747,18 +729,7 @@ __device__ __forceinline__ void amk_fdot(const void* x, const unsigned char* con
   for (int r = 0; r < NR; ++r) s[r] = amk_warp_sum((acc[r][0] + acc[r][1]) + (acc[r][2] + acc[r][3]));
 }
 
-/* Units a warp streams at once on the vector path (the template parameter P, which
- * amk_fused_run picks: 1, 2, or 4 for short rows): with 2, a warp loads the rows of its units j
- * and j + AMK_WARPS together, twice the bytes in flight a lane (a 1B projection row is one
- * batch of loads, so one DRAM round trip per unit otherwise).
- * AMK_FUSED_PAIR says which tiles may pair their units, a bit each: 1 the one-row projection
- * (GEMV_TILE's one-row path, RMSNORM_GEMV, ATTENTION_GEMV), 2 GATE_UP_SILU, 4 QKV_ROPE_APPEND;
- * amk_fused_run says when they do (docs/perf-notes.md round 14). Default 1: with 7 the 8B's
- * gate/up tiles gain, but the 1B and SmolLM2 lose ~0.7 us a layer to the paired loops compiled
- * into the Q/K/V and gate/up ops even where no tile runs them. */
-#ifndef AMK_FUSED_PAIR
-#define AMK_FUSED_PAIR 1
-#endif
+/* AMK_FUSED_PAIR: device knob, defined with its default in amk_knobs.cuh. */
 #define AMK_FUSED_PAIR_OF(bit) ((AMK_FUSED_PAIR & (bit)) ? 2 : 1)
 
 /* Vector path: units j = warp, warp + AMK_WARPS, .. < n_units; rows(j, wb, row) names the unit's
@@ -823,15 +794,7 @@ __device__ __noinline__ void amk_fused_generic(const amk_frow r, long long K, in
   }
 }
 
-/* The vector loops compiled in, a bit per (weight, row) dtype pair: bit 2 * wk + x16, where wk
- * is the weights' AMK_TILE_W_F32/F16/BF16 and x16 is 1 for a 16-bit row (f16 and bf16 rows share
- * a loop), 0 for an f32 row. The backend defines it from the program's tasks (the pairs its
- * row-loop ops name; every pair when it cannot tell): the loops a program never runs are not in
- * its kernel, and that measured 0.011-0.023 ms a token faster on every shape
- * (docs/perf-notes.md round 16 §7, round 17). A pair left out takes the generic loop. */
-#ifndef AMK_FUSED_LOOPS
-#define AMK_FUSED_LOOPS 63
-#endif
+/* AMK_FUSED_LOOPS: device knob, defined with its default in amk_knobs.cuh. */
 #define AMK_FUSED_HAS(wk, x16) ((AMK_FUSED_LOOPS >> (2 * (wk) + (x16))) & 1)
 
 /* Runs a fused tile: the vector path when the row is in place, every weight buffer has dtype
@@ -862,26 +825,10 @@ __device__ __forceinline__ void amk_fused_pick(const amk_frow& r, long long K, i
   amk_fused_generic<NR>(r, K, n_units, rows, epi);
 }
 
-/* A tile pairs its units (P = 2) when a warp has at least AMK_FUSED_PAIR_MIN units, or at least
- * AMK_FUSED_PAIR_MIN_LONG units of weight rows of 8 KB or more. Measured on the H100 (round 14):
- * the LM heads gain (1B 194 -> 173 us), so do the 8B's o_proj and down tiles (4 units a warp of
- * 8-28 KB rows), while short tiles (the 1B's o_proj and down, every SmolLM2 layer tile) lose:
- * the larger loop is more code on every SM for a round trip or two. */
-#ifndef AMK_FUSED_PAIR_MIN
-#define AMK_FUSED_PAIR_MIN 16
-#endif
-#ifndef AMK_FUSED_PAIR_MIN_LONG
-#define AMK_FUSED_PAIR_MIN_LONG 4
-#endif
+/* AMK_FUSED_PAIR_MIN, AMK_FUSED_PAIR_MIN_LONG: device knobs, defined with their defaults in
+ * amk_knobs.cuh. */
 
-/* A one-row projection that pairs its units and whose weight rows are at most this many bytes
- * streams four units a warp at once instead of two, each with half the vectors a pass (a pass
- * of two 1,152-byte SmolLM2 LM-head rows fills 72 of a lane's 8 x 32 slots: 2.3 KB a warp in
- * flight, and that LM head streamed 1.6 TB/s against the 1B's 3.0; docs/perf-notes.md round
- * 16). 0: never. */
-#ifndef AMK_FUSED_QUAD_BYTES
-#define AMK_FUSED_QUAD_BYTES 2048
-#endif
+/* AMK_FUSED_QUAD_BYTES: device knob, defined with its default in amk_knobs.cuh. */
 
 /* amk_fused_pick<NR, P> for a tile that pairs its units (above), else amk_fused_pick<NR, 1>;
  * <NR, 2P> for a paired one-row projection of short rows (AMK_FUSED_QUAD_BYTES). */
@@ -1004,27 +951,14 @@ __device__ __forceinline__ void amk_row_tile_run(const amk_frow& r, long long K,
                                          amk_row_tile_epi(y, bias, n_off));
 }
 
-/* AMK_ROW_PRE: a fused tile whose rows are one pass of the vector loop loads every unit of its
- * warps into registers before its wait (the weights: no task writes them, so nothing orders
- * their loads after a counter), then waits, prepares its row and sums as amk_fdot does, in the
- * same order (a lane's vectors lane, lane + 32, ... whatever the pass size), so the results are
- * the same bits. The backend defines it from the program (docs/perf-notes.md rounds 19, 21). */
-#ifndef AMK_ROW_PRE
-#define AMK_ROW_PRE 0
-#endif
+/* AMK_ROW_PRE: device knob, defined with its default in amk_knobs.cuh. */
 
 #if AMK_ROW_PRE
 /* Vectors of each of a unit's NR rows a lane holds: the whole row in one pass. */
 template <int NR>
 struct amk_pre_u { static constexpr int v = AMK_FUSED_VECS / NR > 0 ? AMK_FUSED_VECS / NR : 1; };
 
-/* Units a warp may have for a tile to take the pre path, all in registers across the wait (3:
- * the gate/up tiles of a layout whose phases alternate between halves of the SMs, round 21);
- * more (an LM head's) keep the paired and quad loops of amk_fused_run, which stream several
- * units a warp at once. */
-#ifndef AMK_ROW_PRE_UNITS
-#define AMK_ROW_PRE_UNITS 3
-#endif
+/* AMK_ROW_PRE_UNITS: device knob, defined with its default in amk_knobs.cuh. */
 
 /* Whether a tile whose row is `rdt` (16-byte aligned: `r_al16`) can take the pre path with
  * units of NR rows, U vectors of each a lane and PU units a warp (block-uniform, from
@@ -1178,12 +1112,7 @@ __device__ __forceinline__ void amk_pre_ld(const void* p, long long hv, uint4 (&
   }
 }
 
-/* AMK_PRE_XREG (default 1): a pre-path tile without a norm loads its row straight into its
- * lanes' registers after the wait, instead of the block copying it into shared memory behind a
- * barrier (docs/perf-notes.md round 23). */
-#ifndef AMK_PRE_XREG
-#define AMK_PRE_XREG 1
-#endif
+/* AMK_PRE_XREG: device knob, defined with its default in amk_knobs.cuh. */
 
 /* The row of a pre-path tile (after its wait) in the lanes' registers: x itself without a norm
  * (AMK_PRE_XREG; the same values as a copy), else prepared by the block in shared memory
@@ -1239,9 +1168,7 @@ __device__ __forceinline__ void amk_fused_tile(const amk_task_ctx& ctx, bool wai
   amk_fused_run<NR, P>(r, K, wdt, w_al16, n_units, rows, epi);
 }
 
-#ifndef AMK_ROW_PAIRS
-#define AMK_ROW_PAIRS 1
-#endif
+/* AMK_ROW_PAIRS: device knob, defined with its default in amk_knobs.cuh. */
 
 /* A one-row projection tile that prepares its row from x (GEMV_TILE's one-row path,
  * RMSNORM_GEMV), from its wait on. */

@@ -8,6 +8,8 @@ use amk_core::{Opcode, Registry};
 
 /// The C ABI header (mirrored by [`crate::abi`]).
 pub const ABI_HEADER: &str = include_str!("../include/amk_abi.h");
+/// Every compile-time knob of the device code with its default (the source's first part).
+pub const KNOBS: &str = include_str!("../include/amk_knobs.cuh");
 /// Device helpers every op may use.
 pub const DEVICE_HELPERS: &str = include_str!("../include/amk_device.cuh");
 /// The GEMV/GEMM weight-streaming tile (amk_tile_run), after DEVICE_HELPERS in every megakernel.
@@ -263,6 +265,7 @@ pub fn megakernel_source(registry: &Registry, knobs: Knobs) -> Result<Megakernel
     // `#line` names each part's own file, so that line info (profilers, compiler messages)
     // points into the repository's files rather than into the generated source.
     for (file, part) in [
+        ("amk_knobs.cuh", KNOBS),
         ("amk_abi.h", ABI_HEADER),
         ("amk_device.cuh", DEVICE_HELPERS),
         ("amk_tile.cuh", TILE_HELPERS),

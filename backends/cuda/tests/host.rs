@@ -3,7 +3,9 @@
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // test file
 
 use amk_backend_cuda::abi::{self, AmkInstruction};
-use amk_backend_cuda::assemble::{ABI_HEADER, Knobs, SCHEDULER, TILE_HELPERS, megakernel_source};
+use amk_backend_cuda::assemble::{
+    ABI_HEADER, KNOBS, Knobs, SCHEDULER, TILE_HELPERS, megakernel_source,
+};
 use amk_backend_cuda::queues::build_queues;
 use amk_backend_cuda::tables::{self, Placement, pack_params};
 use amk_core::json::{Map, Value};
@@ -862,7 +864,7 @@ fn fused_loops_follow_the_tasks_operands() {
 #[test]
 fn fused_loop_bits_match_the_device_code() {
     assert!(TILE_HELPERS.contains("AMK_TILE_W_F32 = 0, AMK_TILE_W_F16 = 1, AMK_TILE_W_BF16 = 2,"));
-    assert!(TILE_HELPERS.contains("#define AMK_FUSED_LOOPS 63\n"));
+    assert!(KNOBS.contains("#define AMK_FUSED_LOOPS 63\n"));
     assert!(TILE_HELPERS.contains("((AMK_FUSED_LOOPS >> (2 * (wk) + (x16))) & 1)"));
     assert_eq!(amk_backend_cuda::FusedLoops::ALL.bits(), 63);
 }
@@ -965,7 +967,6 @@ fn ring_and_quantised_loops_follow_the_options_and_the_program() {
 #[test]
 fn trace_points_and_l2_prefetch_follow_the_session_and_the_options() {
     use amk_backend_cuda::CudaOptions;
-    use amk_backend_cuda::assemble::DEVICE_HELPERS;
     let reg = registry();
     let head = |k: Knobs| kernel_head(&reg, k);
     let p = smollm2_program(DType::BF16, &amk_model_llama::lower::tuned_schedule());
@@ -997,8 +998,8 @@ fn trace_points_and_l2_prefetch_follow_the_session_and_the_options() {
     t.trace = true;
     assert_ne!(untraced, megakernel_source(&reg, t).unwrap().source);
     // Every trace point and every L2 prefetch of the device code sits under its define.
-    assert!(DEVICE_HELPERS.contains("#ifndef AMK_TRACE_OFF\n#define AMK_TRACE_OFF 0"));
-    assert!(DEVICE_HELPERS.contains("#ifndef AMK_L2_OFF\n#define AMK_L2_OFF 0"));
+    assert!(KNOBS.contains("#ifndef AMK_TRACE_OFF\n#define AMK_TRACE_OFF 0"));
+    assert!(KNOBS.contains("#ifndef AMK_L2_OFF\n#define AMK_L2_OFF 0"));
     for (name, src) in [("scheduler", SCHEDULER), ("tile", TILE_HELPERS)] {
         let lines: Vec<&str> = src.lines().collect();
         for (i, l) in lines.iter().enumerate() {
@@ -1078,7 +1079,7 @@ fn the_fused_pass_is_sized_to_the_programs_rows() {
     let h = head(user.knobs(Some(&s), &reg));
     assert_eq!(h.matches("AMK_FUSED_VECS").count(), 1, "{h}");
     assert!(h.contains("#define AMK_FUSED_VECS 8\n"), "{h}");
-    assert!(TILE_HELPERS.contains("#ifndef AMK_FUSED_VECS\n#define AMK_FUSED_VECS 8\n"));
+    assert!(KNOBS.contains("#ifndef AMK_FUSED_VECS\n#define AMK_FUSED_VECS 8\n"));
     // Whole passes: the 1B's and 8B's rows (256 to 1,792 vectors) at 8 vectors a lane, not
     // SmolLM2's (72) and not the 1B's at 6 (a pass of 192, or of 96 for a two-row unit).
     use amk_backend_cuda::loops::fused_exact;
@@ -1119,7 +1120,7 @@ fn the_fused_pass_is_sized_to_the_programs_rows() {
     let h = head(off.knobs(Some(&s), &reg));
     assert_eq!(h.matches("#define AMK_ROW_PRE").count(), 1, "{h}");
     assert!(h.contains("#define AMK_ROW_PRE 0\n"), "{h}");
-    assert!(TILE_HELPERS.contains("#ifndef AMK_ROW_PRE\n#define AMK_ROW_PRE 0\n"));
+    assert!(KNOBS.contains("#ifndef AMK_ROW_PRE\n#define AMK_ROW_PRE 0\n"));
 }
 
 /// A program's kernel handles inline only the float dtypes its buffers hold: a bf16 program
