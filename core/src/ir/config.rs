@@ -169,14 +169,6 @@ impl GpuTarget {
     pub fn bandwidth_bound_us(&self, weight_bytes: u64) -> f64 {
         bound_us(weight_bytes, self.hbm_bandwidth_gbs)
     }
-    /// The same floor at the measured bandwidth when known, else the spec one.
-    pub fn measured_bandwidth_bound_us(&self, weight_bytes: u64) -> f64 {
-        if self.measured_bw_gbs > 0.0 {
-            bound_us(weight_bytes, self.measured_bw_gbs)
-        } else {
-            self.bandwidth_bound_us(weight_bytes)
-        }
-    }
 
     /// The built-in targets, in the reference's order.
     pub fn builtin() -> Vec<GpuTarget> {

@@ -238,19 +238,6 @@ impl Program {
         CounterIndex::new(self)
     }
 
-    /// `writers[b]`: tasks listing `b` as an output (a task listing it twice appears twice).
-    pub fn writers_by_buffer(&self) -> Vec<Vec<TaskId>> {
-        let mut w = vec![Vec::new(); self.buffers.len()];
-        for t in &self.tasks {
-            for &b in &t.outputs {
-                if let Some(v) = w.get_mut(b as usize) {
-                    v.push(t.id);
-                }
-            }
-        }
-        w
-    }
-
     /// Distinct producer→consumer edges `(p, t)`: `t` waits on the counter `p` increments.
     /// Self edges are kept. Sorted.
     pub fn dependency_edges(&self) -> Vec<(TaskId, TaskId)> {

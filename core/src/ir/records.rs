@@ -178,10 +178,3 @@ pub struct PageAllocation {
     /// The pages.
     pub pages: Vec<Page>,
 }
-
-impl PageAllocation {
-    /// Sum of page sizes.
-    pub fn total_scratch_bytes(&self) -> u64 {
-        self.pages.iter().map(|p| p.nbytes).sum()
-    }
-}

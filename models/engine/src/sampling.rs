@@ -58,9 +58,4 @@ impl Sampling {
         }
         Ok(())
     }
-
-    /// Whether this is greedy decoding.
-    pub fn is_greedy(&self) -> bool {
-        self.temperature == 0.0
-    }
 }

@@ -607,11 +607,6 @@ impl CudaSession {
         Ok(())
     }
 
-    /// Sets the watchdog limit for later steps.
-    pub fn set_watchdog(&mut self, limit: Duration) {
-        self.watchdog = limit;
-    }
-
     fn arena_range(&self, b: usize) -> Result<(usize, usize), CudaError> {
         match self.io_mem(b)? {
             IoMem {
