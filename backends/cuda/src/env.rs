@@ -3,10 +3,7 @@
 //! a library user gets the same backend whatever the process's environment holds; the CLI
 //! and the Python package call `from_env`, so a user can measure a knob without rebuilding.
 
-use crate::{
-    CudaError, CudaOptions, DEFAULT_L2_PREFETCH_BYTES, DEFAULT_RING_BYTES, DEFAULT_WATCHDOG,
-    L2PrefetchTasks, parse_defines,
-};
+use crate::{CudaError, CudaOptions, L2PrefetchTasks, parse_defines};
 use std::time::Duration;
 
 /// One environment variable [`CudaOptions::from_env`] reads.
@@ -133,14 +130,14 @@ impl CudaOptions {
         Ok(CudaOptions {
             watchdog: v
                 .num::<u64>("AMK_CUDA_WATCHDOG_MS")?
-                .map_or(DEFAULT_WATCHDOG, Duration::from_millis),
-            ring_bytes: usize_kib("AMK_CUDA_RING_KB")?.unwrap_or(DEFAULT_RING_BYTES),
+                .map_or(d.watchdog, Duration::from_millis),
+            ring_bytes: usize_kib("AMK_CUDA_RING_KB")?.unwrap_or(d.ring_bytes),
             prestart: v.flag("AMK_CUDA_PRESTART", d.prestart)?,
             min_smem_bytes: usize_kib("AMK_CUDA_SMEM_KB")?.unwrap_or(d.min_smem_bytes),
             l2_evict_first: v.flag("AMK_CUDA_L2_EVICT_FIRST", d.l2_evict_first)?,
             l2_prefetch_bytes: v
                 .kib("AMK_CUDA_L2_PREFETCH_KB")?
-                .unwrap_or(DEFAULT_L2_PREFETCH_BYTES),
+                .unwrap_or(d.l2_prefetch_bytes),
             l2_prefetch_early: v.flag("AMK_CUDA_L2_PREFETCH_EARLY", d.l2_prefetch_early)?,
             l2_prefetch_tasks: match (v.get)("AMK_CUDA_L2_PREFETCH_AFTER").as_deref() {
                 None | Some("all") => L2PrefetchTasks::All,

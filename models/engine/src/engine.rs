@@ -4,7 +4,7 @@
 //! tokens as they stream out.
 
 use crate::interface::Interface;
-use crate::prefill::{Prefill, PrefillShape, feed_prompt, prefill_interface};
+use crate::prefill::{Prefill, PrefillShape, feed_chunks, prefill_interface};
 use crate::{EngineError, Sampling};
 use amk_core::{
     Backend, DType, Program, Registry, RowWatch, Session, Tensor, ValidatedProgram, WeightStore,
@@ -264,7 +264,7 @@ impl Engine {
     }
 
     /// Writes the K/V rows of `prompt[..n - 1]` through the prefill programs, as far as their
-    /// chunks fit the cache ([`feed_prompt`]); returns the number of tokens written (0 without
+    /// chunks fit the cache ([`feed_chunks`]); returns the number of tokens written (0 without
     /// a prefill program). `on` hears of each chunk with the tokens written so far.
     fn prefill_prompt(
         &mut self,
@@ -272,7 +272,9 @@ impl Engine {
         on: &mut dyn FnMut(u64),
     ) -> Result<u64, EngineError> {
         let max_seq = self.io.max_seq;
-        feed_prompt(&mut self.prefill, prompt, max_seq, on)
+        feed_chunks(&mut self.prefill, prompt, max_seq, &mut |first, len, _| {
+            on(first + len)
+        })
     }
 
     /// KV-cache length (the most tokens one sequence may hold).

@@ -47,22 +47,15 @@ impl Prefill {
     }
 
     /// Runs `ids[..n - 1]` through the program a chunk of rows a pass (the last chunk padded),
-    /// as far as whole chunks fit a cache of `max_seq` rows; returns the tokens run. After each
-    /// chunk `on` gets its first position, its real rows and the pass's outputs.
+    /// as far as whole chunks fit a cache of `max_seq` rows ([`feed_chunks`] with this one
+    /// program).
     pub(crate) fn feed(
         &mut self,
         ids: &[u32],
         max_seq: u64,
         on: &mut dyn FnMut(u64, u64, &amk_core::Outputs),
     ) -> Result<u64, EngineError> {
-        let todo = ids.len().saturating_sub(1) as u64;
-        let mut done = 0u64;
-        for c in plan_chunks(&[self.rows], todo, max_seq) {
-            let out = self.run_chunk(ids, c.first, c.len)?;
-            on(c.first, c.len, &out);
-            done = c.first + c.len;
-        }
-        Ok(done)
+        feed_chunks(std::slice::from_mut(self), ids, max_seq, on)
     }
 }
 
@@ -107,13 +100,14 @@ pub(crate) fn plan_chunks(sizes: &[u64], todo: u64, max_seq: u64) -> Vec<Chunk> 
     out
 }
 
-/// Runs `ids[..n - 1]` through the generation programs `progs` (chunks by [`plan_chunks`]);
-/// returns the tokens run. `on` hears of each chunk with the tokens written so far.
-pub(crate) fn feed_prompt(
+/// Runs `ids[..n - 1]` through the programs `progs`, chunks by [`plan_chunks`]; returns the
+/// tokens run. After each chunk `on` gets its first position, its real rows and the pass's
+/// outputs.
+pub(crate) fn feed_chunks(
     progs: &mut [Prefill],
     ids: &[u32],
     max_seq: u64,
-    on: &mut dyn FnMut(u64),
+    on: &mut dyn FnMut(u64, u64, &amk_core::Outputs),
 ) -> Result<u64, EngineError> {
     let sizes: Vec<u64> = progs.iter().map(|p| p.rows).collect();
     let todo = ids.len().saturating_sub(1) as u64;
@@ -122,9 +116,9 @@ pub(crate) fn feed_prompt(
         let Some(p) = progs.iter_mut().find(|p| p.rows == c.rows) else {
             break;
         };
-        p.run_chunk(ids, c.first, c.len)?;
+        let out = p.run_chunk(ids, c.first, c.len)?;
+        on(c.first, c.len, &out);
         done = c.first + c.len;
-        on(done);
     }
     Ok(done)
 }
