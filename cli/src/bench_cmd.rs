@@ -102,6 +102,10 @@ pub struct BenchArgs {
     /// End-to-end mode: runs per figure (the median is reported).
     #[arg(long, default_value_t = 3)]
     pub repeat: usize,
+    /// End-to-end mode: positions below N run the short-context decode program (0: none;
+    /// default as `amk generate --short-context`).
+    #[arg(long, value_name = "N", requires = "prompt_tokens")]
+    pub short_context: Option<u64>,
     /// Prefill mode: time the prefill program over one chunk of this many prompt tokens
     /// (comma-separated sizes), its first position each `--pos`, gated like the decode points;
     /// reports prompt tokens per second of kernel time.

@@ -117,6 +117,14 @@ pub fn bench_e2e(a: &BenchArgs, prompt_tokens: usize) -> Result<(), ModelCmdErro
         max_seq: Some(a.max_seq.unwrap_or(longest as u64 + 1)),
         stop_slots: amk_model_llama::lower::DecodeLoop::default().stop_slots,
         prefill_rows: Some(amk_engine::default_prefill_rows(true, dtype, false)).filter(|&r| r > 0),
+        short_context: a.short_context.or_else(|| {
+            amk_engine::default_short_context(
+                true,
+                model.config.n_kv_heads as u64,
+                model.config.head_dim as u64,
+                dtype,
+            )
+        }),
     };
     let gate_ids = text_ids(&tok, prompt_tokens.min(GATE_TOKENS))?;
     crate::status::status!(
@@ -166,8 +174,20 @@ pub fn bench_e2e(a: &BenchArgs, prompt_tokens: usize) -> Result<(), ModelCmdErro
             kernel_ms: (!kernel.is_empty()).then(|| summarize(&kernel).0),
         });
     }
-    report(a, path, &gpu, dtype, prompt_tokens, ttft_s, &gate, &points);
+    let programs = Programs {
+        prefill_rows: engine.prefill_chunk_sizes(),
+        short_context: engine.short_context(),
+    };
+    report(a, path, &gpu, dtype, prompt_tokens, ttft_s, &gate, &points, &programs);
     Ok(())
+}
+
+/// Which programs the engine runs beside its decode loop, for the report.
+struct Programs {
+    /// The prompt programs' rows.
+    prefill_rows: Vec<u64>,
+    /// The positions the short-context decode program runs.
+    short_context: Option<u64>,
 }
 
 /// Tokens of text the gate teacher-forces (at most the prompt's length).
@@ -183,6 +203,7 @@ fn report(
     ttft_s: f64,
     gate: &Gate,
     points: &[DepthPoint],
+    programs: &Programs,
 ) {
     let depths: Vec<serde_json::Value> = points
         .iter()
@@ -209,6 +230,8 @@ fn report(
             "ttft_ms": ttft_s * 1e3,
             "prompt_tok_s": prompt_tokens as f64 / ttft_s,
             "gate": gate.json(),
+            "prefill_rows": programs.prefill_rows,
+            "short_context": programs.short_context,
             "depths": depths,
         });
         outln!("{v}");
@@ -222,9 +245,13 @@ fn report(
         a.repeat.max(1)
     );
     outln!(
-        "prompt: {prompt_tokens} tokens, time to first token {:.2} ms ({:.0} tok/s)",
+        "prompt: {prompt_tokens} tokens, time to first token {:.2} ms ({:.0} tok/s); prompt programs of {:?} rows; short-context decode program: {}",
         ttft_s * 1e3,
-        prompt_tokens as f64 / ttft_s
+        prompt_tokens as f64 / ttft_s,
+        programs.prefill_rows,
+        programs
+            .short_context
+            .map_or("none".to_string(), |b| format!("positions below {b}"))
     );
     outln!("| depth | decode tok/s | wall ms/token | kernel ms/token | loop overhead |");
     outln!("|---|---|---|---|---|");

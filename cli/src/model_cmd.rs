@@ -143,6 +143,13 @@ pub struct ModelArgs {
     /// max_position_embeddings when smaller; at most max_position_embeddings).
     #[arg(long, value_name = "N")]
     max_seq: Option<u64>,
+    /// Positions below N run a second decode program with each layer's attention on one SM
+    /// of its own, faster than the attention split over every SM while the cache is short
+    /// (0: every position runs the split program). Default on a GPU: the positions whose
+    /// layer cache holds less than 512 KiB (448 rows for SmolLM2-135M in bf16, 256 for
+    /// Llama-3.2-1B); none on the CPU VM.
+    #[arg(long, value_name = "N")]
+    short_context: Option<u64>,
     /// Machine-readable output on stdout.
     #[arg(long)]
     pub(crate) json: bool,
@@ -449,6 +456,12 @@ pub(crate) fn import(
         target.num_sms,
         a.max_seq
     );
+    let default_short = amk_engine::default_short_context(
+        gpu_sms.is_some(),
+        c.n_kv_heads as u64,
+        c.head_dim as u64,
+        dtype,
+    );
     Ok(Imported {
         model,
         options: EngineOptions {
@@ -466,6 +479,7 @@ pub(crate) fn import(
                     ))
                 })
                 .filter(|&r| r > 0),
+            short_context: a.short_context.or(default_short).filter(|&r| r > 0),
         },
         import_s: t0.elapsed().as_secs_f64(),
     })
@@ -508,6 +522,9 @@ pub(crate) fn load_engine(
     )?;
     if let Some(why) = engine.prefill_refused() {
         tracing::warn!("prompts go through the decode loop a token a pass: {why}");
+    }
+    if let Some(why) = engine.short_refused() {
+        tracing::warn!("every position runs the split-attention program: {why}");
     }
     let p = engine.program().program();
     tracing::info!(

@@ -199,7 +199,7 @@ macro_rules! conformance_tests {
             op_attention_pos_bf16 op_next_token
             op_linear_tile op_linear_tile_bf16 op_linear_tile_rope op_attention_causal op_attention_causal_bf16
             dag_chain dag_fan_in dag_tiled_groups dag_split_kv dag_kv_append_steps
-            dag_position_decode dag_split_kv_decode
+            dag_position_decode dag_split_kv_decode dag_split_kv_normalized
             family_chain family_fan_in family_tiled family_kv_attention family_split_kv
             family_sm_assigned family_paged family_mixture
             llama_pos0 llama_pos3 llama_split_kv llama_sm_pages llama_bf16 llama_wide);
@@ -490,6 +490,11 @@ pub const CASES: &[Case] = &[
         name: "llama_pos3",
         about: "toy Llama (GQA) at position 3 vs f64 and the oracle",
         run: llama_pos3,
+    },
+    Case {
+        name: "dag_split_kv_normalized",
+        about: "three decode steps of one split a KV head writing normalised rows (ATTENTION_SPLIT flags bit 0) into the attention row, then GEMV tiles over it",
+        run: dag_split_kv_normalized,
     },
     Case {
         name: "llama_split_kv",
@@ -3271,6 +3276,81 @@ fn dag_split_kv_decode(c: &Ctx<'_>) -> CaseResult {
         Ok(vec![
             ("proj", linear(&full, &wv, k, None)),
             ("proj_bias", linear(&full, &wv, k, Some(&bv))),
+        ])
+    })
+}
+
+/// One split a KV head, normalised: each KV head's task writes its query heads' rows of the
+/// attention (the position read as an input one head, as a buffer a task writes the other),
+/// and GEMV tiles project the row.
+fn dag_split_kv_normalized(c: &Ctx<'_>) -> CaseResult {
+    const MAX_SEQ: usize = DECODE_ROWS;
+    let a = Attn {
+        nh: 4,
+        nkv: 2,
+        hd: 8,
+        scale: 0.35,
+    };
+    let (row, k) = (a.nkv * a.hd, a.nh * a.hd);
+    let tile = (a.nh / a.nkv) * a.hd;
+    let mut t = Tiny::new(29);
+    let DecodeStep {
+        q,
+        pos,
+        pos_dev,
+        kc,
+        vc,
+        w,
+        wv,
+        appended: waits,
+        ..
+    } = decode_step(&mut t);
+    let attn = t.output("attn", DType::F32, &[1, k as u64]);
+    let cs = t.counter();
+    for kv_head in 0..a.nkv {
+        let pr = [
+            ("head_dim", int(a.hd as i64)),
+            ("n_heads", int(a.nh as i64)),
+            ("n_kv_heads", int(a.nkv as i64)),
+            ("n_splits", int(1)),
+            ("chunk", int(2)),
+            ("scale", Value::Float(a.scale)),
+            ("N_tile", int(tile as i64)),
+            ("n_off", int((kv_head * tile) as i64)),
+            ("flags", int(1)), // op_attention_split::FLAG_NORMALIZED
+        ];
+        let src = if kv_head == 0 { pos } else { pos_dev };
+        t.task_on(
+            cs,
+            Opcode::ATTENTION_SPLIT,
+            &[q, kc, vc, src],
+            &[attn],
+            &waits,
+            &pr,
+        );
+    }
+    let proj = t.output("proj", DType::F32, &[1, 6]);
+    let cg = t.counter();
+    for (off, nt) in [(0, 4), (4, 2)] {
+        t.task_on(
+            cg,
+            Opcode::GEMV_TILE,
+            &[attn, w],
+            &[proj],
+            &[(cs, a.nkv as i64)],
+            &[("K", int(k as i64)), ("N_tile", int(nt)), ("n_off", int(off))],
+        );
+    }
+    let kcs = std::cell::RefCell::new(vec![0.0; MAX_SEQ * row]);
+    let vcs = std::cell::RefCell::new(vec![0.0; MAX_SEQ * row]);
+    let positions = [0usize, 4, 7];
+    check_formula(c, t, 3, F32_TOL, position_steps(&positions), |ins| {
+        let (mut kcv, mut vcv) = (kcs.borrow_mut(), vcs.borrow_mut());
+        let p = mirror_append(ins, &mut kcv, &mut vcv, row)?;
+        let full = attention(a, &in_vals(ins, "q")?, &kcv, &vcv, 0, p + 1);
+        Ok(vec![
+            ("proj", linear(&full, &wv, k, None)),
+            ("attn", full),
         ])
     })
 }

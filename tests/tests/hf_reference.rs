@@ -57,6 +57,7 @@ fn engine_with(model: &Model, max_seq: u64, cfg: &ScheduleConfig) -> Engine {
         max_seq: Some(max_seq),
         stop_slots: 1,
         prefill_rows: None,
+        short_context: None,
     };
     lower_and_load(model, &opts, &CpuBackend::default(), &registry()).unwrap()
 }
@@ -278,6 +279,7 @@ fn smollm2_bf16_rounding_error_by_position() {
             max_seq: Some(64),
             stop_slots: 1,
             prefill_rows: None,
+            short_context: None,
         };
         lower_and_load(&model, &opts, &CpuBackend::default(), &registry()).unwrap()
     };

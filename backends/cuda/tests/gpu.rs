@@ -871,6 +871,7 @@ mod smollm2 {
             max_seq: Some(max_seq),
             stop_slots: 4,
             prefill_rows: None,
+            short_context: None,
         };
         lower_and_load(m, &opts, backend, &registry()).unwrap()
     }
@@ -1465,9 +1466,13 @@ mod tiny_checkpoints {
         let Some(gpu) = gpu_or_skip("tiny_checkpoints_match_transformers_on_the_device") else {
             return;
         };
+        // The tuned schedule also with the short-context program for positions 0..3 (the
+        // attention on one SM), the split program from there.
+        let tuned = amk_model_llama::lower::tuned_schedule;
         let schedules = [
-            ("reference", ScheduleConfig::default()),
-            ("tuned", amk_model_llama::lower::tuned_schedule()),
+            ("reference", ScheduleConfig::default(), None),
+            ("tuned", tuned(), None),
+            ("tuned + short context", tuned(), Some(3)),
         ];
         let mut report = Vec::new();
         for (name, config, weights, logits, gguf) in TINY {
@@ -1485,7 +1490,7 @@ mod tiny_checkpoints {
             let ids = ids_at("input_ids");
             let want = doc["logits"].as_array().unwrap();
             let greedy = ids_at("greedy_next");
-            for ((format, model), (sched, cfg)) in models
+            for ((format, model), (sched, cfg, short)) in models
                 .iter()
                 .flat_map(|m| schedules.iter().map(move |s| (m, s)))
             {
@@ -1497,8 +1502,10 @@ mod tiny_checkpoints {
                     max_seq: Some(32),
                     stop_slots: 1,
                     prefill_rows: None,
+                    short_context: *short,
                 };
                 let mut e = lower_and_load(model, &opts, &gpu, &registry()).unwrap();
+                assert_eq!(e.short_context(), *short, "{:?}", e.short_refused());
                 let mut fed = ids.clone();
                 fed.push(0); // forced_logits feeds every id but the last
                 let mut got: Vec<Vec<f32>> = Vec::new();
@@ -1593,7 +1600,7 @@ mod tiny_checkpoints {
                     .unwrap_or_else(|e| panic!("{name} {dtype} prefill: {e}"));
                 report.push(format!("{name} {dtype} prefill: worst {worst:.2e}"));
             }
-            let engine = |prefill: Option<u64>| {
+            let engine_with = |prefill: Option<u64>, short_context: Option<u64>| {
                 let opts = EngineOptions {
                     schedule: amk_model_llama::lower::tuned_schedule(),
                     target: GpuTarget::by_name("h100").unwrap(),
@@ -1601,9 +1608,11 @@ mod tiny_checkpoints {
                     max_seq: Some(32),
                     stop_slots: 1,
                     prefill_rows: prefill,
+                    short_context,
                 };
                 lower_and_load(&model, &opts, &gpu, &registry()).unwrap()
             };
+            let engine = |prefill: Option<u64>| engine_with(prefill, None);
             let prompt: Vec<u32> = ids.iter().map(|&x| x as u32).collect();
             let req = amk_engine::Request::greedy(&prompt, 6, &[]);
             let want = engine(None).generate(&req, &mut |_| true).unwrap().ids();
@@ -1616,6 +1625,19 @@ mod tiny_checkpoints {
             );
             let got = e.generate(&req, &mut |_| true).unwrap().ids();
             assert_eq!(got, want, "{name}: tokens after a prefilled prompt");
+            // The short-context program below position 6 (inside the 12-token prompt) or 14
+            // (two generated tokens), the split program from there: the same tokens, in one
+            // launch or a pass a launch.
+            for (below, per_launch) in [(6, None), (14, None), (14, Some(1))] {
+                let mut e = engine_with(None, Some(below));
+                let req = amk_engine::Request {
+                    passes_per_launch: per_launch,
+                    ..req
+                };
+                let g = e.generate(&req, &mut |_| true).unwrap();
+                assert_eq!(g.ids(), want, "{name}: tokens with the short program below {below}");
+                assert_eq!(g.short_passes, below, "{name}: passes of the short program");
+            }
         }
         println!("{}", report.join("\n"));
     }

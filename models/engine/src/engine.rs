@@ -5,6 +5,7 @@
 
 use crate::interface::Interface;
 use crate::prefill::{Prefill, PrefillShape, feed_chunks, prefill_interface};
+use crate::short::{Bucket, ShortDecode, check_short, hand_over};
 use crate::{EngineError, Sampling};
 use amk_core::{
     Backend, DType, Program, Registry, RowWatch, Session, Tensor, ValidatedProgram, WeightStore,
@@ -123,6 +124,8 @@ pub struct Generation {
     pub total_s: f64,
     /// Device time of the launch(es), where the backend measures it.
     pub kernel_ms: Option<f64>,
+    /// Of `passes`, those the short-context program ran ([`Engine::attach_short`]).
+    pub short_passes: u64,
 }
 
 impl Generation {
@@ -160,6 +163,10 @@ pub struct Engine {
     scorer: Option<Prefill>,
     /// Why a prefill program was not attached when one was asked for.
     pub(crate) prefill_refused: Option<String>,
+    /// The decode program for short positions, beside this one.
+    short: Option<ShortDecode>,
+    /// Why the short-context program was not attached when one was asked for.
+    pub(crate) short_refused: Option<String>,
 }
 
 impl std::fmt::Debug for Engine {
@@ -203,7 +210,65 @@ impl Engine {
             prefill: Vec::new(),
             scorer: None,
             prefill_refused: None,
+            short: None,
+            short_refused: None,
         })
+    }
+
+    /// Validates `program`, a decode-loop program of the same model with the same interface
+    /// and KV caches as the engine's (another schedule of it), and loads it beside the
+    /// engine's to run the passes at positions below `below` (it replaces one attached
+    /// before): for a layout that is faster while the cache is short ([`crate::short`]). The
+    /// tokens are those of either program alone, up to the rounding of its arithmetic.
+    pub fn attach_short(
+        &mut self,
+        program: Program,
+        weights: &WeightStore,
+        registry: &Registry,
+        below: u64,
+    ) -> Result<(), EngineError> {
+        check_short(&program, self.program.program(), &self.io)?;
+        let program =
+            validate_owned(program, registry).map_err(|r| EngineError::Invalid(r.report()))?;
+        let session = self.session.load_beside(&program, weights, registry)?;
+        self.short = Some(ShortDecode { session, below });
+        Ok(())
+    }
+
+    /// The positions the short-context program runs (`0..` this), if one is attached.
+    pub fn short_context(&self) -> Option<u64> {
+        self.short.as_ref().map(|s| s.below)
+    }
+
+    /// Why no short-context program runs, when one was asked for and could not be lowered
+    /// or loaded.
+    pub fn short_refused(&self) -> Option<&str> {
+        self.short_refused.as_deref()
+    }
+
+    /// Makes `bucket` the program for the pass at `pos`, moving the loop's state to it from
+    /// the other one when that changes it; returns the passes it may run from `pos`.
+    fn enter_bucket(&mut self, bucket: &mut Bucket, pos: u64) -> Result<u64, EngineError> {
+        let (next, room) = ShortDecode::bucket_at(self.short.as_ref(), pos);
+        if next != *bucket
+            && let Some(short) = self.short.as_mut()
+        {
+            let (main, short) = (self.session.as_mut(), short.session.as_mut());
+            match next {
+                Bucket::Short => hand_over(main, short)?,
+                Bucket::Main => hand_over(short, main)?,
+            }
+        }
+        *bucket = next;
+        Ok(room)
+    }
+
+    /// The session of `bucket`'s program.
+    fn decode_session(&mut self, bucket: Bucket) -> &mut dyn Session {
+        match (bucket, self.short.as_mut()) {
+            (Bucket::Short, Some(s)) => s.session.as_mut(),
+            _ => self.session.as_mut(),
+        }
     }
 
     /// Validates `program`, a prefill program (`amk_model_llama::lower::prefill`: inputs
@@ -357,6 +422,9 @@ impl Engine {
             values.push((decode::RESHAPE_ID, ints(&[1], &[0])?));
         }
         self.session.write(&values)?;
+        if let Some(s) = self.short.as_mut() {
+            s.session.write(&values)?;
+        }
         Ok(())
     }
 
@@ -438,6 +506,7 @@ impl Engine {
             token_s: Vec::new(),
             total_s: 0.0,
             kernel_ms: None,
+            short_passes: 0,
         };
         if req.max_new == 0 {
             return Ok(out);
@@ -472,8 +541,12 @@ impl Engine {
         let fed = n as u64 - 1; // positions whose pass feeds a prompt token and emits nothing
         // `at`: the positions done (the pass at position `at` writes row `at + 1`).
         let at = |run: &amk_core::LoopRun| base + run.passes;
+        // The program running the passes: the short-context one below its bound, the
+        // engine's own from there (each start wrote both; the state moves at a change).
+        let mut bucket = ShortDecode::bucket_at(self.short.as_ref(), base).0;
         while at(&run) < end - 1 && !run.halted && !run.cancelled {
-            let mut budget = (end - 1 - at(&run)).min(chunk);
+            let room = self.enter_bucket(&mut bucket, at(&run))?;
+            let mut budget = (end - 1 - at(&run)).min(chunk).min(room);
             if let Some(w) = prompt.as_ref().filter(|_| at(&run) < fed) {
                 budget = budget.min(w.every.max(1)).min(fed - at(&run));
             }
@@ -505,15 +578,19 @@ impl Engine {
                 }
                 on_token(&token, &[])
             };
-            let mut part = self.session.run_loop(budget, Some(&watch), &mut on_row)?;
+            let session = self.decode_session(bucket);
+            let mut part = session.run_loop(budget, Some(&watch), &mut on_row)?;
             if let Some(token) = pending.take() {
-                let logits = self.session.read(decode::LOGITS)?.to_f32_vec();
+                let logits = session.read(decode::LOGITS)?.to_f32_vec();
                 let alternatives = top_alternatives(&logits, vocab_limit, top);
                 if !on_token(&token, &alternatives) {
                     part.cancelled = true;
                 }
             }
             run.passes += part.passes;
+            if bucket == Bucket::Short {
+                out.short_passes += part.passes;
+            }
             run.halted = part.halted;
             run.cancelled = part.cancelled;
             if let Some(k) = part.kernel_ms {
@@ -546,7 +623,7 @@ impl Engine {
     /// Feeds `ids` from position 0 and hands the logits (f32) that predict `ids[pos + 1]` to
     /// `visit` with `pos`, for every position but the last: whole chunks of rows through the
     /// scoring prefill program where the engine has one, the rest (and everything without
-    /// one) a decode pass a position.
+    /// one) a decode pass a position, in the program [`Engine::generate`] runs it in.
     pub fn forced_logits(
         &mut self,
         ids: &[u32],
@@ -590,10 +667,14 @@ impl Engine {
             return Ok(());
         }
         self.start(ids, (base, n), &Sampling::greedy(), &[], self.io.vocab)?;
-        for pos in base as usize..ids.len() - 1 {
-            self.session.run_loop(1, None, &mut |_, _| true)?;
-            let logits = self.session.read(decode::LOGITS)?.to_f32_vec();
-            visit(pos, &logits);
+        // The passes run in the program `generate` would run them in.
+        let mut bucket = ShortDecode::bucket_at(self.short.as_ref(), base).0;
+        for pos in base..n - 1 {
+            self.enter_bucket(&mut bucket, pos)?;
+            let session = self.decode_session(bucket);
+            session.run_loop(1, None, &mut |_, _| true)?;
+            let logits = session.read(decode::LOGITS)?.to_f32_vec();
+            visit(pos as usize, &logits);
         }
         Ok(())
     }

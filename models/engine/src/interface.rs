@@ -108,3 +108,18 @@ impl Interface {
         })
     }
 }
+
+/// Checks that every KV cache of `p` (a program loaded beside `main`, named `what` in the
+/// error) is one of `main`'s, by name, dtype and shape: the two then share those caches.
+pub(crate) fn caches_shared(p: &Program, main: &Program, what: &str) -> Result<(), EngineError> {
+    let caches = p.buffers.iter().filter(|b| b.kind == BufferKind::KV_CACHE);
+    for b in caches {
+        if !main.buffers.iter().any(|d| d.same_slot(b)) {
+            return Err(EngineError::Interface(format!(
+                "the {what}'s KV cache '{}' is not one of the decode program's",
+                b.name
+            )));
+        }
+    }
+    Ok(())
+}

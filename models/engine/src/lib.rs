@@ -15,6 +15,7 @@ mod error;
 mod interface;
 mod prefill;
 mod sampling;
+mod short;
 
 pub use engine::{
     Alternative, Engine, Finish, Generation, MAX_TOP_LOGPROBS, PromptWatch, Request, Token, argmax,
@@ -27,7 +28,9 @@ pub use sampling::Sampling;
 use amk_core::{Backend, DType, GpuTarget, Registry, ScheduleConfig};
 use amk_model_llama::Model;
 use amk_model_llama::lower::prefill::{PrefillLogits, PrefillOptions, lower_prefill_sharing};
-use amk_model_llama::lower::{DecodeLoop, LowerOptions, lower};
+use amk_model_llama::lower::{
+    DecodeLoop, LowerOptions, lower, lower_sharing, short_context_schedule,
+};
 
 /// How to lower a model for an engine.
 #[derive(Debug, Clone, PartialEq)]
@@ -46,6 +49,10 @@ pub struct EngineOptions {
     /// token a pass). A model the prefill lowering refuses (heads wider than 128) decodes
     /// its prompts token by token either way.
     pub prefill_rows: Option<u64>,
+    /// Positions below this run a second decode program, the schedule's own with one split a
+    /// KV head ([`short_context_schedule`]; `None` or 0: none, and none for a schedule that
+    /// does not split the attention into several a KV head).
+    pub short_context: Option<u64>,
 }
 
 /// Prompt tokens a prefill pass takes on a GPU by default (a chunk of 512 rows costs little
@@ -73,6 +80,21 @@ pub fn prefill_chunk_sizes(rows: u64) -> Vec<u64> {
     }
 }
 
+/// A layer's cached K/V bytes up to which a pass with one split a KV head beats the attention
+/// split over every SM (docs/perf-notes.md round 36): the short-context program runs the
+/// positions whose cache holds less.
+pub const SHORT_CONTEXT_KV_BYTES: u64 = 256 * 1024;
+
+/// The default bound of the short-context program ([`EngineOptions::short_context`]): on a
+/// GPU, the positions whose layer caches hold less than [`SHORT_CONTEXT_KV_BYTES`] (a
+/// multiple of 64 rows), for a model of `n_kv_heads` K/V heads of `head_dim` in `dtype`;
+/// none on the CPU VM, where the two layouts cost the same.
+pub fn default_short_context(gpu: bool, n_kv_heads: u64, head_dim: u64, dtype: DType) -> Option<u64> {
+    let row = 2 * n_kv_heads * head_dim * u64::from(dtype.bits() / 8);
+    let rows = (SHORT_CONTEXT_KV_BYTES / row.max(1)) / 64 * 64;
+    (gpu && rows > 0).then_some(rows)
+}
+
 /// The default prompt chunk (`amk generate --prefill-rows`): [`GPU_PREFILL_ROWS`] for a 16-bit program on a GPU; none for
 /// f32 programs there, whose prefill tiles run exact f32 arithmetic on the CUDA cores (slower
 /// than decoding token by token); on the CPU VM [`CPU_SCORE_ROWS`] when `scoring` a text and
@@ -86,6 +108,18 @@ pub fn default_prefill_rows(gpu: bool, dtype: DType, scoring: bool) -> u64 {
     }
 }
 
+/// The lowering options of `opts`'s decode-loop programs.
+fn decode_options(opts: &EngineOptions) -> LowerOptions {
+    LowerOptions {
+        dtype: opts.dtype,
+        max_seq: opts.max_seq,
+        argmax: false,
+        decode_loop: Some(DecodeLoop {
+            stop_slots: opts.stop_slots,
+        }),
+    }
+}
+
 /// Lowers `model` as a decode loop under `opts` and loads it on `backend`.
 pub fn lower_and_load(
     model: &Model,
@@ -93,22 +127,28 @@ pub fn lower_and_load(
     backend: &dyn Backend,
     registry: &Registry,
 ) -> Result<Engine, EngineError> {
-    let lowered = lower(
-        model,
-        &opts.schedule,
-        &opts.target,
-        &LowerOptions {
-            dtype: opts.dtype,
-            max_seq: opts.max_seq,
-            argmax: false,
-            decode_loop: Some(DecodeLoop {
-                stop_slots: opts.stop_slots,
-            }),
-        },
-    )?;
+    let lowered = lower(model, &opts.schedule, &opts.target, &decode_options(opts))?;
     let max_seq = lowered.max_seq;
     let weights = lowered.weights;
     let mut engine = Engine::new(lowered.program, &weights, backend, registry)?;
+    let short = opts.short_context.filter(|&b| b > 0).map(|b| b.min(max_seq));
+    if let (Some(below), Some(schedule)) = (short, short_context_schedule(&opts.schedule)) {
+        // A short-context program that cannot be lowered or loaded (too little device
+        // memory) leaves every position to the decode program.
+        let lowered = lower_sharing(
+            model,
+            &schedule,
+            &opts.target,
+            &decode_options(opts),
+            weights.clone(),
+        );
+        let attached = lowered
+            .map_err(EngineError::from)
+            .and_then(|l| engine.attach_short(l.program, &l.weights, registry, below));
+        if let Err(e) = attached {
+            engine.short_refused = Some(e.to_string());
+        }
+    }
     if let Some(rows) = opts.prefill_rows.filter(|&r| r > 0 && r <= max_seq) {
         // Programs for prompts (the last row's logits; a short one beside the chunk) and one
         // for scoring (every row's).

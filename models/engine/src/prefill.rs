@@ -165,11 +165,6 @@ mod tests {
     }
 }
 
-/// The rows of a prefill program (`amk_model_llama::lower::prefill`), checked against the
-/// decode program `decode` whose caches it writes, and whether its logits are one chosen row:
-/// its ids and positions are I32 inputs of one length (the rows); with a `prefill.last` input
-/// (one I32) its `logits` are one row of `vocab`, without one they are a row of `vocab` for
-/// every row; each of its KV caches is one of `decode`'s (name, dtype and shape).
 /// What the engine needs to know of a prefill program.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct PrefillShape {
@@ -179,6 +174,11 @@ pub(crate) struct PrefillShape {
     pub(crate) last: bool,
 }
 
+/// The rows of a prefill program (`amk_model_llama::lower::prefill`), checked against the
+/// decode program `decode` whose caches it writes, and whether its logits are one chosen row:
+/// its ids and positions are I32 inputs of one length (the rows); with a `prefill.last` input
+/// (one I32) its `logits` are one row of `vocab`, without one they are a row of `vocab` for
+/// every row; each of its KV caches is one of `decode`'s (name, dtype and shape).
 pub(crate) fn prefill_interface(
     p: &Program,
     decode: &Program,
@@ -217,18 +217,7 @@ pub(crate) fn prefill_interface(
             decode::LOGITS
         )));
     }
-    for b in p
-        .buffers
-        .iter()
-        .filter(|b| b.kind == amk_core::BufferKind::KV_CACHE)
-    {
-        if !decode.buffers.iter().any(|d| d.same_slot(b)) {
-            return Err(EngineError::Interface(format!(
-                "the prefill program's KV cache '{}' is not one of the decode program's",
-                b.name
-            )));
-        }
-    }
+    crate::interface::caches_shared(p, decode, "prefill program")?;
     Ok(PrefillShape {
         rows,
         last: last.is_some(),

@@ -48,6 +48,7 @@ fn engine(schedule: ScheduleConfig, max_seq: u64) -> Engine {
         max_seq: Some(max_seq),
         stop_slots: 4,
         prefill_rows: None,
+        short_context: None,
     };
     lower_and_load(&tiny(), &opts, &CpuBackend::default(), &registry()).unwrap()
 }
@@ -302,6 +303,7 @@ fn engine_with_prefill(max_seq: u64, rows: u64) -> Engine {
         max_seq: Some(max_seq),
         stop_slots: 4,
         prefill_rows: Some(rows),
+        short_context: None,
     };
     let e = lower_and_load(&tiny(), &opts, &CpuBackend::default(), &registry()).unwrap();
     assert_eq!(e.prefill_rows(), Some(rows), "{:?}", e.prefill_refused());

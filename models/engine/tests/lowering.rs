@@ -134,6 +134,7 @@ fn engine(model: &Model, sc: &ScheduleConfig, dtype: DType, max_seq: u64) -> Eng
         max_seq: Some(max_seq),
         stop_slots: 2,
         prefill_rows: None,
+        short_context: None,
     };
     lower_and_load(model, &opts, &CpuBackend::default(), &registry()).unwrap()
 }

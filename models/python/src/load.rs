@@ -2,7 +2,7 @@
 //! backend, the engine's options.
 
 use amk_core::{Backend, DType, GpuTarget, ScheduleConfig};
-use amk_engine::{EngineOptions, default_prefill_rows, lower_and_load};
+use amk_engine::{EngineOptions, default_prefill_rows, default_short_context, lower_and_load};
 use amk_model_llama::lower::{DecodeLoop, tuned_schedule};
 use amk_server::worker::{LoadError, Loaded};
 use std::path::PathBuf;
@@ -83,6 +83,12 @@ pub fn load(c: Config) -> Result<Loaded, LoadError> {
                 .unwrap_or_else(|| default_prefill_rows(gpu, c.dtype, false)),
         )
         .filter(|&r| r > 0),
+        short_context: default_short_context(
+            gpu,
+            model.config.n_kv_heads as u64,
+            model.config.head_dim as u64,
+            c.dtype,
+        ),
     };
     let registry = amk_ops::registry()?;
     let engine = lower_and_load(&model, &options, backend.as_ref(), &registry)?;

@@ -1,7 +1,9 @@
 /* ATTENTION_SPLIT (code 25): split `s` of KV head `g` of the decode attention (the task's
  * n_off / N_tile = g * n_splits + s), over the rows the position gives it
  * (op_attention_split::split_rows), written as un-normalised [acc | m | l] partials of the
- * group's query heads at n_off. Semantics: ops/attention-split/src/reference.rs.
+ * group's query heads at n_off; with flags bit 0 (one split a KV head) the heads' rows
+ * normalised, acc / l, at n_off of the attention row in its dtype. Semantics:
+ * ops/attention-split/src/reference.rs.
  *
  * Staged path (as_attend; K and V of one vector dtype, head_dim a multiple of 8 up to 256,
  * 16-byte aligned caches, rep <= AMK_WARPS, the chunk of rows fitting the task's shared
@@ -70,6 +72,7 @@ __device__ __forceinline__ amk_buffer_t as_view(const amk_buffer_t* b, long long
 /* The task's static shape: its group, its split and the cache's rows. */
 struct as_args {
   int hd, nh, nkv, rep, n_splits, chunk, kv_head, split;
+  bool norm; /* flags bit 0: normalised rows, not partials */
   long long rows; /* cache rows */
   float scale;
 };
@@ -89,6 +92,8 @@ __device__ __forceinline__ bool as_setup(const amk_task_ctx& ctx, as_args& a) {
   a.n_splits = p.ext[0];
   a.chunk = p.ext[1];
   a.scale = p.scale;
+  a.norm = (p.flags & 1) != 0;
+  AMK_CHECK((p.flags & ~1) == 0 && (!a.norm || a.n_splits == 1), AMK_ERR_PARAM, p.flags);
   AMK_CHECK(ctx.inst->n_inputs == 4 && ctx.inst->n_outputs >= 1, AMK_ERR_SHAPE, ctx.inst->n_inputs);
   AMK_CHECK(a.hd > 0, AMK_ERR_PARAM, a.hd);
   AMK_CHECK(a.nh > 0, AMK_ERR_PARAM, a.nh);
@@ -97,7 +102,7 @@ __device__ __forceinline__ bool as_setup(const amk_task_ctx& ctx, as_args& a) {
   AMK_CHECK(a.chunk > 0, AMK_ERR_PARAM, a.chunk);
   AMK_CHECK(isfinite(a.scale), AMK_ERR_PARAM, (long long)__float_as_int(a.scale));
   a.rep = a.nh / a.nkv;
-  const long long tile = (long long)a.rep * (a.hd + 2);
+  const long long tile = (long long)a.rep * (a.norm ? a.hd : a.hd + 2);
   const long long row = (long long)a.nkv * a.hd;
   AMK_CHECK(p.N_tile == tile, AMK_ERR_PARAM, p.N_tile);
   AMK_CHECK(p.n_off >= 0 && p.n_off % tile == 0 && p.n_off / tile < (long long)a.nkv * a.n_splits,
@@ -106,7 +111,7 @@ __device__ __forceinline__ bool as_setup(const amk_task_ctx& ctx, as_args& a) {
             AMK_ERR_DTYPE, q->dtype);
   AMK_CHECK(q->numel == (long long)a.nh * a.hd, AMK_ERR_SHAPE, q->numel);
   AMK_CHECK(kc->numel == vc->numel && kc->numel % row == 0, AMK_ERR_SHAPE, kc->numel);
-  AMK_CHECK(out->dtype == AMK_F32, AMK_ERR_DTYPE, out->dtype);
+  AMK_CHECK(a.norm ? amk_is_float(out->dtype) : out->dtype == AMK_F32, AMK_ERR_DTYPE, out->dtype);
   AMK_CHECK(out->numel == (long long)a.nkv * a.n_splits * tile, AMK_ERR_SHAPE, out->numel);
   AMK_CHECK(amk_att_pos_ok(amk_in(ctx, 3)), AMK_ERR_DTYPE, amk_in(ctx, 3)->dtype);
   const int task = (int)p.n_off / (int)tile;
@@ -404,6 +409,23 @@ __device__ __forceinline__ void as_store(const amk_task_ctx& ctx, const as_plan&
         acc[0][1] += s.red[(g - 1) * s.pairs * 2 + at + 1];
       }
   }
+  if (a.norm) { /* acc / l into the row's dtype; s.alpha holds each head's l */
+    const amk_buffer_t* ob = amk_out(ctx, 0);
+    const long long o0 = ctx.inst->params.n_off;
+    if (s.grp == 0) {
+#pragma unroll
+      for (int k = 0; k < AS_MAXPP; ++k) {
+        const int r = s.vr[k];
+        if (r < 0) continue;
+        const bool nan = s.m[r] == NEG_INF;
+        const float l = s.alpha[r];
+        const long long at = o0 + (long long)r * hd + 2 * s.vd[k];
+        amk_stf(ob, at, nan ? qnan : __fdiv_rn(acc[k][0], l));
+        amk_stf(ob, at + 1, nan ? qnan : __fdiv_rn(acc[k][1], l));
+      }
+    }
+    return;
+  }
   float* out = (float*)amk_out(ctx, 0)->ptr + ctx.inst->params.n_off;
   const int per = hd + 2;
   if (s.grp == 0) {
@@ -470,7 +492,10 @@ __device__ void as_attend(const amk_task_ctx& ctx, const as_args& a, const as_pl
     AS_PROBE(j0 == 0, 6);
     if (nx > 0) as_stage(s, s.v, s.vstride, vb, gstride, j0 + n, nx);
   }
-  if ((int)(threadIdx.x >> 5) < a.rep && (threadIdx.x & 31) == 0) s.m[threadIdx.x >> 5] = m;
+  if ((int)(threadIdx.x >> 5) < a.rep && (threadIdx.x & 31) == 0) {
+    s.m[threadIdx.x >> 5] = m;
+    s.alpha[threadIdx.x >> 5] = l; /* the rescale factors are read: the normalised store's l */
+  }
   __syncthreads();
   as_store(ctx, s, a, acc, m, l);
 }
@@ -487,7 +512,7 @@ __device__ __noinline__ void as_general(const amk_task_ctx& ctx, const as_args& 
   const amk_buffer_t qv = as_view(q, (long long)a.kv_head * a.rep * a.hd, (long long)a.rep * a.hd);
   const amk_buffer_t kv = as_view(kc, (long long)a.kv_head * a.hd, kc->numel - (long long)a.kv_head * a.hd);
   const amk_buffer_t vv = as_view(vc, (long long)a.kv_head * a.hd, vc->numel - (long long)a.kv_head * a.hd);
-  const long long tile = (long long)a.rep * (a.hd + 2);
+  const long long tile = (long long)a.rep * (a.norm ? a.hd : a.hd + 2);
   const amk_buffer_t ov = as_view(amk_out(ctx, 0), ctx.inst->params.n_off, tile);
   amk_att_geom g;
   g.hd = a.hd;
@@ -500,7 +525,7 @@ __device__ __noinline__ void as_general(const amk_task_ctx& ctx, const as_args& 
   g.kv_start = start;
   g.kv_len = len;
   g.scale = a.scale;
-  g.partial = true;
+  g.partial = !a.norm;
   amk_att_run(&qv, &kv, &vv, &ov, g);
 }
 

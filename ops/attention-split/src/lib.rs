@@ -25,6 +25,15 @@
 //! which names the task: `n_off / N_tile = kv_head · n_splits + split` (GEMV_TILE's column
 //! region, so the validator sees the tasks' writes as disjoint tiles of one buffer).
 //!
+//! **One split a KV head, normalised** (`flags` bit 0, [`FLAG_NORMALIZED`], with `n_splits`
+//! = 1): the task is the whole attention of its KV head's query heads and writes their rows
+//! normalised, `acc / l` as ATTENTION_TILE writes them, into the attention row `[n_heads ·
+//! head_dim]` (any float dtype; rounded to it): `N_tile = rep · head_dim` at `n_off =
+//! kv_head · N_tile`. Why: with one split there is nothing to merge, and the output projection
+//! is then a plain GEMV over that row instead of COMBINE_GEMV tiles that each merge every
+//! head's partials (7 µs of a 1B layer's 70 at position 0 on an H200, docs/perf-notes.md
+//! round 36). A program for short contexts (`amk_engine`'s short-context program) takes it.
+//!
 //! **Inactive splits** read nothing and write nothing (their region keeps what it held; the
 //! combine reads only the active splits' regions, which it derives from the same position),
 //! and so need not wait for q or the caches: on the device such a task is done as soon as it
@@ -51,6 +60,10 @@ pub const SHARED_BYTES: u32 = op_gemv_tile::SHARED_BYTES;
 /// Most splits per KV head: the combine gives one lane of a warp to each split.
 pub const MAX_SPLITS: i64 = 32;
 
+/// `flags` bit 0: with one split a KV head, write the normalised attention rows of the KV
+/// head's query heads instead of partials (crate docs).
+pub const FLAG_NORMALIZED: i64 = 1;
+
 /// The op's spec, as the registry and the validator see it.
 pub const SPEC: OpSpec = OpSpec {
     code: Opcode::ATTENTION_SPLIT,
@@ -67,11 +80,12 @@ pub const SPEC: OpSpec = OpSpec {
         ParamDecl::required("n_off", ParamType::Int),
         ParamDecl::required("n_splits", ParamType::Int),
         ParamDecl::required("chunk", ParamType::Int),
+        ParamDecl::optional("flags", ParamType::Int),
     ]),
     write_region: amk_core::WriteRegion::Columns,
     check: Some(check),
     summary: Cow::Borrowed(
-        "One (KV head x split) piece of the decode attention over rows <= pos[0], the split's rows chosen by the position; writes un-normalised [acc|m|l] partials.",
+        "One (KV head x split) piece of the decode attention over rows <= pos[0], the split's rows chosen by the position; writes un-normalised [acc|m|l] partials (flags bit 0, one split: the normalised rows of its heads).",
     ),
 };
 
@@ -148,6 +162,11 @@ impl SplitGeometry {
     /// Elements of one task's partials: `rep · (head_dim + 2)`.
     pub fn tile(&self) -> u64 {
         self.rep().saturating_mul(self.hd + 2)
+    }
+
+    /// Elements of one normalised task's rows: `rep · head_dim`.
+    pub fn normalized_tile(&self) -> u64 {
+        self.rep().saturating_mul(self.hd)
     }
 
     /// Elements of the layer's partials buffer: `n_kv_heads · n_splits` tiles.
@@ -238,15 +257,37 @@ fn check(ctx: &TaskContext<'_>) -> Vec<Finding> {
             desc(kc)
         ));
     }
-    check_partials(&mut c, out, &g);
+    let flags = c.int("flags").unwrap_or(0);
+    if flags & !FLAG_NORMALIZED != 0 {
+        c.mismatch(format!("flags = {flags}: only bit 0 (normalised rows) is defined"));
+    }
+    let normalized = flags & FLAG_NORMALIZED != 0;
+    let tile = if normalized {
+        if g.n_splits != 1 {
+            c.mismatch(format!(
+                "normalised rows (flags bit 0) need one split a KV head, got n_splits = {}",
+                g.n_splits
+            ));
+        }
+        c.float(out, "attention row");
+        c.numel_is(out, g.nh.saturating_mul(g.hd), "attention row (n_heads x head_dim)");
+        g.normalized_tile()
+    } else {
+        check_partials(&mut c, out, &g);
+        g.tile()
+    };
     let (Some(n_tile), Some(n_off)) = (c.positive("N_tile"), c.non_negative("n_off")) else {
         return c.finish();
     };
     let (n_tile, n_off) = (n_tile as u64, n_off as u64);
-    if n_tile != g.tile() {
+    if n_tile != tile {
         c.mismatch(format!(
-            "N_tile = {n_tile} must be one KV head's partials, rep x (head_dim + 2) = {}",
-            g.tile()
+            "N_tile = {n_tile} must be one KV head's {}, {tile} elements",
+            if normalized {
+                "rows, rep x head_dim"
+            } else {
+                "partials, rep x (head_dim + 2)"
+            }
         ));
     } else if n_off % n_tile != 0 || n_off / n_tile >= g.nkv.saturating_mul(g.n_splits) {
         c.oob(format!(

@@ -7,6 +7,10 @@
 //! `acc = Σ e_j · v_j`, in fp32, rows in order. It writes `[acc | m | l]` of head `r` at
 //! `n_off + r · (head_dim + 2)`. An inactive split (no rows) writes nothing. A position
 //! outside the cache is [`OpError::IndexOutOfRange`].
+//!
+//! Normalised ([`crate::FLAG_NORMALIZED`], one split a KV head): it writes `acc / l` of head
+//! `r` at `n_off + r · head_dim` of the attention row instead (ATTENTION_TILE's output),
+//! rounded to the row's dtype.
 
 use crate::{SplitGeometry, split_rows};
 use amk_core::{CpuCall, OpError, Tensor};
@@ -82,15 +86,33 @@ pub fn run(call: &mut CpuCall<'_, '_>) -> Result<(), OpError> {
             why: format!("{scale} is not finite"),
         });
     }
+    let flags = call.int_opt("flags")?.unwrap_or(0);
+    if flags & !crate::FLAG_NORMALIZED != 0 {
+        return Err(OpError::BadParam {
+            key: "flags".into(),
+            why: format!("{flags}: only bit 0 (normalised rows) is defined"),
+        });
+    }
+    let normalized = flags & crate::FLAG_NORMALIZED != 0;
+    if normalized && g.n_splits != 1 {
+        return Err(OpError::BadParam {
+            key: "n_splits".into(),
+            why: format!("normalised rows need one split a KV head, got {}", g.n_splits),
+        });
+    }
+    let tile = if normalized {
+        g.normalized_tile()
+    } else {
+        g.tile()
+    };
     let n_tile = positive(call, "N_tile")? as u64;
     let n_off = non_negative(call, "n_off")? as u64;
-    if n_tile != g.tile() || !n_off.is_multiple_of(n_tile) || n_off / n_tile >= g.nkv * g.n_splits {
+    if n_tile != tile || !n_off.is_multiple_of(n_tile) || n_off / n_tile >= g.nkv * g.n_splits {
         return Err(OpError::BadParam {
             key: "n_off".into(),
             why: format!(
-                "N_tile = {n_tile}, n_off = {n_off}: a task is one KV head's split, N_tile = {} at \
-                 n_off = (kv_head x {} + split) x N_tile",
-                g.tile(),
+                "N_tile = {n_tile}, n_off = {n_off}: a task is one KV head's split, N_tile = \
+                 {tile} at n_off = (kv_head x {} + split) x N_tile",
                 g.n_splits
             ),
         });
@@ -120,7 +142,11 @@ pub fn run(call: &mut CpuCall<'_, '_>) -> Result<(), OpError> {
     let task = n_off / n_tile;
     let (kv_head, split) = (task / g.n_splits, task % g.n_splits);
     let span = split_rows(p, split, g.n_splits, g.chunk);
-    check_partials(call.output(0)?, &g)?;
+    if normalized {
+        check_row(call.output(0)?, &g)?;
+    } else {
+        check_partials(call.output(0)?, &g)?;
+    }
     if span.len == 0 {
         return Ok(());
     }
@@ -138,8 +164,36 @@ pub fn run(call: &mut CpuCall<'_, '_>) -> Result<(), OpError> {
         &mut parts,
     );
     let out = call.output(0)?;
+    if normalized {
+        let hd = g.hd as usize;
+        for (r, head) in parts.chunks_exact(hd + 2).enumerate() {
+            let l = head[hd + 1];
+            for (d, &acc) in head[..hd].iter().enumerate() {
+                out.set_f32(n_off as usize + r * hd + d, acc / l);
+            }
+        }
+        return Ok(());
+    }
     for (i, &v) in parts.iter().enumerate() {
         out.set_f32(n_off as usize + i, v);
+    }
+    Ok(())
+}
+
+/// The normalised output of `g`: a float row of `n_heads · head_dim` elements.
+fn check_row(t: &Tensor, g: &SplitGeometry) -> Result<(), OpError> {
+    if t.dtype().is_integer() {
+        return Err(OpError::DType(format!(
+            "the attention row must be floating point, got {}",
+            t.dtype()
+        )));
+    }
+    if t.numel() as u64 != g.nh * g.hd {
+        return Err(OpError::Shape(format!(
+            "the attention row {:?} must hold n_heads x head_dim = {} elements",
+            t.shape(),
+            g.nh * g.hd
+        )));
     }
     Ok(())
 }

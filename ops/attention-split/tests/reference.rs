@@ -184,3 +184,88 @@ fn an_inactive_split_writes_nothing_and_bad_calls_are_typed_errors() {
     too_many[6].1 = Value::Int(33);
     assert!(run(3, &too_many).is_err());
 }
+
+/// The tasks of one split a KV head with normalised rows (flags bit 0), into one row of
+/// `dtype` (poisoned first).
+fn normalized_rows(g: &SplitGeometry, ops: &[Tensor], p: i64, dtype: DType) -> Tensor {
+    let mut out = [Tensor::poisoned(dtype, &[g.nh * g.hd])];
+    let pb = pos(p);
+    let tile = g.normalized_tile() as i64;
+    for kv_head in 0..g.nkv as i64 {
+        let mut pr = params(g, 0);
+        pr[4].1 = Value::Int(tile);
+        pr[5].1 = Value::Int(kv_head * tile);
+        pr.push(("flags", Value::Int(op_attention_split::FLAG_NORMALIZED)));
+        let t = task(Opcode::ATTENTION_SPLIT, 4, 1, &pr);
+        let ins = [&ops[0], &ops[1], &ops[2], &pb];
+        call(op_attention_split::reference::run, &t, &ins, &mut out).unwrap();
+    }
+    let [out] = out;
+    out
+}
+
+/// One split a KV head, normalised: the row ATTENTION_TILE writes over rows `0..=p` (rounded
+/// to the row's dtype), and the one partials merged give.
+#[rstest]
+#[case::gqa_f32(4, 2, 8, DType::F32)]
+#[case::mqa_bf16(6, 1, 16, DType::BF16)]
+#[case::mha_f16(3, 3, 8, DType::F16)]
+fn normalized_rows_are_the_whole_attention(
+    #[case] nh: u64,
+    #[case] nkv: u64,
+    #[case] hd: u64,
+    #[case] dtype: DType,
+) {
+    let g = SplitGeometry {
+        hd,
+        nh,
+        nkv,
+        n_splits: 1,
+        chunk: 4,
+    };
+    let max_seq = 40;
+    let ops = operands(&g, max_seq, DType::F32, nh * 7 + hd);
+    for p in [0u64, 1, 9, 39] {
+        let got = normalized_rows(&g, &ops, p as i64, dtype).to_f32_vec();
+        let merged = combine(&all_splits(&g, &ops, p as i64), &g, p);
+        let want = whole(&g, &ops, max_seq, p).to_f32_vec();
+        let bound = if dtype == DType::F32 { 2e-6 } else { 1e-2 };
+        for (i, ((a, m), w)) in got.iter().zip(&merged).zip(&want).enumerate() {
+            assert!((a - w).abs() <= bound * w.abs().max(1.0), "p {p} [{i}]: {a} vs whole {w}");
+            // The merge of one split divides the same sums by the same l.
+            let rounded = Tensor::from_f32(dtype, &[1], &[*m]).unwrap().get_f32(0);
+            assert_eq!(a.to_bits(), rounded.to_bits(), "p {p} [{i}]: {a} vs merged {m}");
+        }
+    }
+}
+
+#[test]
+fn normalized_rows_need_one_split_and_a_row() {
+    let g = SplitGeometry {
+        hd: 8,
+        nh: 4,
+        nkv: 2,
+        n_splits: 2,
+        chunk: 2,
+    };
+    let ops = operands(&g, 10, DType::F32, 5);
+    let run = |pr: &[(&str, Value)], numel: u64| {
+        let pb = pos(3);
+        let ins = [&ops[0], &ops[1], &ops[2], &pb];
+        let mut out = [Tensor::zeros(DType::F32, &[numel])];
+        let t = task(Opcode::ATTENTION_SPLIT, 4, 1, pr);
+        call(op_attention_split::reference::run, &t, &ins, &mut out)
+    };
+    let mut pr = params(&g, 0);
+    pr[4].1 = Value::Int(g.normalized_tile() as i64);
+    pr.push(("flags", Value::Int(1)));
+    // Two splits a KV head cannot be normalised alone.
+    assert!(matches!(run(&pr, g.nh * g.hd), Err(OpError::BadParam { .. })));
+    pr[6].1 = Value::Int(1);
+    assert!(run(&pr, g.nh * g.hd).is_ok());
+    // The row, not the partials.
+    assert!(matches!(run(&pr, g.nh * (g.hd + 2)), Err(OpError::Shape(_))));
+    // Undefined flag bits.
+    pr[8].1 = Value::Int(3);
+    assert!(matches!(run(&pr, g.nh * g.hd), Err(OpError::BadParam { .. })));
+}

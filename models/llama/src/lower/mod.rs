@@ -302,6 +302,29 @@ pub fn tuned_schedule() -> ScheduleConfig {
     }
 }
 
+/// The schedule of the short-context decode program that goes with `cfg`: `cfg` with one
+/// split a KV head (`attention.split_kv` 1: each KV head's attention one task, which writes
+/// its heads' normalised rows, and the output projection plain GEMV tiles); `None` when `cfg`
+/// does not split the attention over several splits a KV head. Why: the split layout's merge
+/// in every output projection tile costs a layer ~7 µs at every position, more than one task
+/// a KV head takes to walk a short cache (docs/perf-notes.md round 36).
+pub fn short_context_schedule(cfg: &ScheduleConfig) -> Option<ScheduleConfig> {
+    if cfg.tile("attention", "split_kv")? <= 1 {
+        return None;
+    }
+    let mut short = cfg.clone();
+    for (group, keys) in &mut short.tiling {
+        if group == "attention" {
+            for (key, value) in keys.iter_mut() {
+                if key == "split_kv" {
+                    *value = 1;
+                }
+            }
+        }
+    }
+    Some(short)
+}
+
 /// The tuned schedule's `attention.split_kv`: up to 16 splits a KV head, so that a Llama with
 /// 8 KV heads spreads its attention over 128 SMs at long context (docs/perf-notes.md round 26).
 pub const TUNED_SPLIT_KV: i64 = 16;
@@ -641,7 +664,10 @@ impl Builder<'_> {
     /// and signalling one counter; then the output projection as COMBINE_GEMV tiles, which
     /// merge the partials themselves. Fused with the residual (`["gemv", "add"]`) the tiles
     /// take `resid` as their bias (labels `L{l}.combine_o_add[i]`); otherwise they write
-    /// `L{l}.o` and an ADD follows. Returns the residual stream after the attention.
+    /// `L{l}.o` and an ADD follows. With one split a KV head the tasks write the normalised
+    /// attention row `L{l}.attn` instead ([`op_attention_split::FLAG_NORMALIZED`]: nothing to
+    /// merge) and the output projection is GEMV tiles over it. Returns the residual stream
+    /// after the attention.
     fn split_attention(
         &mut self,
         fuse_resid: bool,
@@ -652,12 +678,19 @@ impl Builder<'_> {
         l: usize,
     ) -> Val {
         let g = plan.geometry;
-        let partials = self.p.new_buffer(
-            format!("L{l}.partials"),
-            BufferKind::ACTIVATION,
-            DType::F32,
-            &[g.nkv, g.n_splits, g.rep(), g.hd + 2],
-        );
+        let normalized = g.n_splits == 1;
+        let (out, tile) = if normalized {
+            let row = self.act(format!("L{l}.attn"), &[1, g.nh * g.hd]);
+            (row, g.normalized_tile())
+        } else {
+            let partials = self.p.new_buffer(
+                format!("L{l}.partials"),
+                BufferKind::ACTIVATION,
+                DType::F32,
+                &[g.nkv, g.n_splits, g.rep(), g.hd + 2],
+            );
+            (partials, g.tile())
+        };
         let shape = params(&[
             ("head_dim", int(g.hd)),
             ("n_heads", int(g.nh)),
@@ -675,13 +708,16 @@ impl Builder<'_> {
         for task in 0..g.nkv * g.n_splits {
             let mut pr = shape.clone();
             pr.insert("scale", scale.clone());
-            pr.insert("N_tile", int(g.tile()));
-            pr.insert("n_off", int(task * g.tile()));
+            pr.insert("N_tile", int(tile));
+            pr.insert("n_off", int(task * tile));
+            if normalized {
+                pr.insert("flags", int(op_attention_split::FLAG_NORMALIZED as u64));
+            }
             let (kv_head, split) = (task / g.n_splits, task % g.n_splits);
             self.task(
                 Opcode::ATTENTION_SPLIT,
                 &[q, kc, vc, pos],
-                partials,
+                out,
                 ctr,
                 waits,
                 pr,
@@ -689,6 +725,21 @@ impl Builder<'_> {
                 cost,
             );
         }
+        if normalized {
+            let attn = Val {
+                buf: out,
+                wait: (ctr, g.nkv as i64),
+            };
+            return self.proj_residual(
+                fuse_resid,
+                (attn, wo, g.nh * g.hd),
+                (resid, h),
+                &format!("L{l}.o"),
+                &format!("L{l}.h_mid"),
+                &format!("L{l}.add_attn"),
+            );
+        }
+        let partials = out;
         // Every tile waits for every split.
         let head = OutHead {
             op: Opcode::COMBINE_GEMV,
@@ -948,6 +999,19 @@ pub fn lower(
     target: &GpuTarget,
     opts: &LowerOptions,
 ) -> Result<Lowered, ModelError> {
+    lower_sharing(model, cfg, target, opts, WeightStore::new())
+}
+
+/// [`lower`] starting from `weights` (another lowering's of the same model and dtype): tensors
+/// already there are not cast again, so a second decode program of the same model (another
+/// schedule) costs no second copy of its weights.
+pub fn lower_sharing(
+    model: &Model,
+    cfg: &ScheduleConfig,
+    target: &GpuTarget,
+    opts: &LowerOptions,
+    mut weights: WeightStore,
+) -> Result<Lowered, ModelError> {
     check_config(cfg, target)?;
     let mc = &model.config;
     if !matches!(opts.dtype, DType::F32 | DType::F16 | DType::BF16) {
@@ -1048,7 +1112,6 @@ pub fn lower(
         dbytes,
         eps: Value::Float(mc.rms_eps),
     };
-    let mut weights = WeightStore::new();
     // Llama 3's RoPE frequency scaling: per-pair divisors, an f32 weight that ROPE takes as its
     // third input and the Q/K/V tiles as their last (`rope_factors` = 1).
     let rope_factors = match rope_factors(model)? {
