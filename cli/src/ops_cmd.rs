@@ -160,11 +160,16 @@ fn llama_programs(
                 out.push((format!("{dt} {sname}{what}, {shape}"), p));
             }
         }
-        // The prefill programs (`amk bench --prefill`, the engine's prompts): one kernel for
-        // every chunk size; logits of the last row and of every row.
-        for logits in [PrefillLogits::Last, PrefillLogits::Every]
-            .into_iter()
-            .filter(|_| wants("prefill"))
+        // The prefill programs (`amk bench --prefill`, the engine's prompts and scoring): one
+        // kernel for every chunk size; no logits, the last row's and every row's (programs of
+        // one source share a kernel, listed once).
+        for logits in [
+            PrefillLogits::None,
+            PrefillLogits::Last,
+            PrefillLogits::Every,
+        ]
+        .into_iter()
+        .filter(|_| wants("prefill"))
         {
             let opts = PrefillOptions {
                 dtype,

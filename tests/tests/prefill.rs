@@ -234,3 +234,48 @@ fn smollm2_prefill_has_the_tasks_of_its_tiling() {
     assert_eq!(p.tasks.len() as u64, want);
     assert_eq!(want, 13_016 + 30 * 2 * 64);
 }
+
+/// A prompt program without logits (the engine's): no `prefill.last` input, no logits, no
+/// final norm or LM head, and its last layer only the K/V rows' tasks (its norm, K and V
+/// projections and appends) — every other task of that layer fed only the logits.
+#[test]
+fn a_prompt_program_without_logits_keeps_only_what_writes_the_caches() {
+    use amk_model_llama::lower::prefill::{LAST, NORM_ROWS};
+    let cfg = amk_model_llama::presets::preset("smollm2-135m").unwrap();
+    let model = Model::shape_only(cfg.clone(), "smollm2-135m");
+    let lowered = |logits| {
+        let opts = PrefillOptions {
+            dtype: DType::BF16,
+            max_seq: 4096,
+            rows: 512,
+            logits,
+        };
+        lower_prefill(&model, &GpuTarget::by_name("h100").unwrap(), &opts)
+            .unwrap()
+            .program
+    };
+    let (none, last) = (lowered(PrefillLogits::None), lowered(PrefillLogits::Last));
+    let named = |p: &amk_core::Program, n: &str| p.buffers.iter().any(|b| b.name == n);
+    assert!(named(&last, LAST) && named(&last, amk_core::decode::LOGITS));
+    assert!(!named(&none, LAST) && !named(&none, amk_core::decode::LOGITS));
+    let top = format!("L{}.", cfg.n_layers - 1);
+    let kinds: std::collections::BTreeSet<String> = none
+        .tasks
+        .iter()
+        .filter(|t| t.label.starts_with(&top))
+        .map(|t| t.label.split('[').next().unwrap().to_string())
+        .collect();
+    let want = ["in_norm", "k", "kv_append_k", "kv_append_v", "v"].map(|k| format!("{top}{k}"));
+    assert_eq!(kinds, want.into_iter().collect());
+    // The tasks the last layer keeps: its norm tiles, the K and V tiles, two appends.
+    let kv_tiles =
+        2 * 512u64.div_ceil(64) * (cfg.n_kv_heads as u64 * cfg.head_dim as u64).div_ceil(128);
+    let kept = 512u64.div_ceil(NORM_ROWS) + kv_tiles + 2;
+    let per_layer =
+        (last.tasks.len() as u64 - 2 - (cfg.vocab as u64).div_ceil(128)) / cfg.n_layers as u64;
+    assert_eq!(
+        none.tasks.len() as u64,
+        1 + per_layer * (cfg.n_layers as u64 - 1) + kept
+    );
+    assert!(!none.tasks.iter().any(|t| t.label.starts_with("lm_head")));
+}

@@ -4,7 +4,7 @@
 //! tokens as they stream out.
 
 use crate::interface::Interface;
-use crate::prefill::{Prefill, PrefillShape, feed_chunks, prefill_interface};
+use crate::prefill::{Logits, Prefill, PrefillShape, feed_chunks, prefill_interface};
 use crate::short::{Bucket, ShortDecode, check_short, hand_over};
 use crate::{EngineError, Sampling};
 use amk_core::{
@@ -273,8 +273,9 @@ impl Engine {
 
     /// Validates `program`, a prefill program (`amk_model_llama::lower::prefill`: inputs
     /// `prefill.ids` and `prefill.pos` of its rows, KV caches named, typed and shaped as the
-    /// decode program's), and loads it beside the decode program. One whose logits are the row
-    /// `prefill.last` names writes a request's prompt into the caches a chunk of rows a pass,
+    /// decode program's), and loads it beside the decode program. One without logits, or whose
+    /// logits are the row `prefill.last` names (the engine does not read them), writes a
+    /// request's prompt into the caches a chunk of rows a pass,
     /// and the decode loop starts at the prompt's last token (several of these, of different
     /// rows, share a prompt: each chunk the smallest that holds the rest; one of the same rows
     /// replaces its like); one with every row's logits scores teacher-forced text
@@ -285,7 +286,7 @@ impl Engine {
         weights: &WeightStore,
         registry: &Registry,
     ) -> Result<(), EngineError> {
-        let PrefillShape { rows, last } =
+        let PrefillShape { rows, logits } =
             prefill_interface(&program, self.program.program(), self.io.vocab)?;
         let program =
             validate_owned(program, registry).map_err(|r| EngineError::Invalid(r.report()))?;
@@ -293,9 +294,9 @@ impl Engine {
         let p = Prefill {
             session,
             rows,
-            last,
+            logits,
         };
-        if last {
+        if logits != Logits::Every {
             self.prefill.retain(|q| q.rows != rows);
             let at = self.prefill.partition_point(|q| q.rows < rows);
             self.prefill.insert(at, p);

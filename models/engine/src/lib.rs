@@ -150,11 +150,11 @@ pub fn lower_and_load(
         }
     }
     if let Some(rows) = opts.prefill_rows.filter(|&r| r > 0 && r <= max_seq) {
-        // Programs for prompts (the last row's logits; a short one beside the chunk) and one
-        // for scoring (every row's).
+        // Programs for prompts (no logits: the decode loop computes the first token's; a
+        // short one beside the chunk) and one for scoring (every row's logits).
         let mut programs: Vec<(u64, PrefillLogits)> = prefill_chunk_sizes(rows)
             .into_iter()
-            .map(|r| (r, PrefillLogits::Last))
+            .map(|r| (r, PrefillLogits::None))
             .collect();
         programs.push((rows, PrefillLogits::Every));
         for (rows, logits) in programs {

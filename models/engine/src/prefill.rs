@@ -14,9 +14,8 @@ use amk_model_llama::lower::prefill::{
 pub(crate) struct Prefill {
     pub(crate) session: Box<dyn Session>,
     pub(crate) rows: u64,
-    /// Its logits are one row, chosen by the `prefill.last` input (generation); otherwise
-    /// every row's (scoring).
-    pub(crate) last: bool,
+    /// What the program computes beside the K/V rows.
+    pub(crate) logits: Logits,
 }
 
 impl Prefill {
@@ -40,7 +39,7 @@ impl Prefill {
             (PREFILL_IDS, ints(&[rows], &chunk)?),
             (PREFILL_POS, ints(&[rows], &pos)?),
         ];
-        if self.last {
+        if self.logits == Logits::Last {
             inputs.push((PREFILL_LAST, ints(&[1], &[len as i64 - 1])?));
         }
         Ok(self.session.step(&inputs)?)
@@ -165,13 +164,24 @@ mod tests {
     }
 }
 
+/// What a prefill program computes beside the chunk's K/V rows.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Logits {
+    /// Nothing (a prompt program: the decode loop computes the first token's logits).
+    None,
+    /// One row, chosen by `prefill.last` (a prompt program; the engine does not read it).
+    Last,
+    /// Every row's (scoring).
+    Every,
+}
+
 /// What the engine needs to know of a prefill program.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct PrefillShape {
     /// Tokens a pass takes.
     pub(crate) rows: u64,
-    /// Its logits are one row chosen by `prefill.last` (generation), not every row's.
-    pub(crate) last: bool,
+    /// Its logits.
+    pub(crate) logits: Logits,
 }
 
 /// The rows of a prefill program (`amk_model_llama::lower::prefill`), checked against the
@@ -204,22 +214,20 @@ pub(crate) fn prefill_interface(
         [b] if b.kind == amk_core::BufferKind::IO_OUTPUT => b.numel(),
         _ => 0,
     };
-    let want_logits = if last.is_some() { 1 } else { rows } * vocab as u64;
-    if rows == 0
-        || input(PREFILL_POS)? != Some(rows)
-        || last.is_some_and(|n| n != 1)
-        || logits != want_logits
-    {
+    let kind = match (last, logits) {
+        (Some(1), n) if n == vocab as u64 => Some(Logits::Last),
+        (None, 0) => Some(Logits::None),
+        (None, n) if n == rows * vocab as u64 => Some(Logits::Every),
+        _ => None,
+    };
+    let (Some(kind), true) = (kind, rows > 0 && input(PREFILL_POS)? == Some(rows)) else {
         return Err(EngineError::Interface(format!(
             "the prefill program's '{PREFILL_IDS}' and '{PREFILL_POS}' must hold its rows, \
              '{PREFILL_LAST}' (if any) one element, and '{}' one row of {vocab} logits (with \
-             '{PREFILL_LAST}') or one a row",
+             '{PREFILL_LAST}'), one a row, or none",
             decode::LOGITS
         )));
-    }
+    };
     crate::interface::caches_shared(p, decode, "prefill program")?;
-    Ok(PrefillShape {
-        rows,
-        last: last.is_some(),
-    })
+    Ok(PrefillShape { rows, logits: kind })
 }

@@ -361,6 +361,7 @@ fn attention_biases_are_prefilled() {
         max_seq: Some(32),
         stop_slots: 4,
         prefill_rows,
+        short_context: None,
     };
     let load =
         |rows| lower_and_load(&model, &opts(rows), &CpuBackend::default(), &registry()).unwrap();

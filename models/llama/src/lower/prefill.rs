@@ -50,6 +50,11 @@ pub const NORM_ROWS: u64 = 8;
 /// Which rows get logits.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum PrefillLogits {
+    /// None: the program writes the chunk's K/V rows and nothing else — no final norm, no LM
+    /// head, and its last layer only its K and V projections (the rest of that layer feeds
+    /// nothing but the logits). The engine's prompt programs: the decode loop computes the
+    /// first new token's logits itself.
+    None,
     /// One row, chosen by the [`LAST`] input: `logits` is `[1, vocab]` (generation).
     Last,
     /// Every row: `logits` is `[rows, vocab]` (teacher-forced scoring, perplexity).
@@ -541,10 +546,10 @@ impl Layer<'_> {
         }
     }
 
-    /// The layer's attention half: the residual stream after it.
-    fn attention_block(&self, b: &mut Builder, w: &LayerWeights, resid: Val) -> Val {
+    /// The layer's K and V caches (the decode program's names, dtype and shape).
+    fn caches(&self, b: &mut Builder) -> (BufferId, BufferId) {
         let (d, l) = (self.d, self.l);
-        let cache = |b: &mut Builder, what: &str| {
+        let mut cache = |what: &str| {
             let name = format!("L{l}.{what}");
             b.p.new_buffer(
                 name,
@@ -553,7 +558,35 @@ impl Layer<'_> {
                 &[d.max_seq, d.nkv, d.hd],
             )
         };
-        let (kc, vc) = (cache(b, "kcache"), cache(b, "vcache"));
+        (cache("kcache"), cache("vcache"))
+    }
+
+    /// The layer's K and V rows appended to its caches, and nothing else: the last layer of a
+    /// program without logits, where nothing reads the rest of the layer.
+    fn kv_only(&self, b: &mut Builder, w: &LayerWeights, resid: Val) {
+        let (d, l) = (self.d, self.l);
+        let (kc, vc) = self.caches(b);
+        let x = b.norm_rows(resid, w.in_norm, (d.rows, d.h), &format!("L{l}.in_norm"));
+        let bias = |f: fn(&Triple) -> Option<BufferId>| w.biases.as_ref().and_then(f);
+        let k = self.projection(
+            b,
+            x,
+            (w.k, bias(|t| Some(t.k))),
+            (d.nkv, "k", w.qk_norms.is_none()),
+        );
+        let v = self.projection(b, x, (w.v, bias(|t| t.v)), (d.nkv, "v", false));
+        let k = match w.qk_norms {
+            Some(n) => self.norm_rope(b, k, n.k, (d.nkv, "k")),
+            None => k,
+        };
+        self.append(b, k, kc, "k");
+        self.append(b, v, vc, "v");
+    }
+
+    /// The layer's attention half: the residual stream after it.
+    fn attention_block(&self, b: &mut Builder, w: &LayerWeights, resid: Val) -> Val {
+        let (d, l) = (self.d, self.l);
+        let (kc, vc) = self.caches(b);
         // Q and K are turned by the projection's RoPE epilogue, or — with Qwen3's per-head
         // norms, which come between the projection and the RoPE — by tasks after it.
         let fused = w.qk_norms.is_none();
@@ -686,6 +719,7 @@ fn lm_head(
     logits: PrefillLogits,
 ) {
     let (x, logit_rows) = match logits {
+        PrefillLogits::None => return,
         PrefillLogits::Every => (resid, d.rows),
         PrefillLogits::Last => {
             let last = b.p.new_buffer(LAST, BufferKind::IO_INPUT, DType::I32, &[1]);
@@ -760,15 +794,21 @@ pub fn lower_prefill_sharing(
     };
     for l in 0..mc.n_layers {
         let lw = LayerWeights::load(&mut b, &mut w, l)?;
+        if opts.logits == PrefillLogits::None && l + 1 == mc.n_layers {
+            layer(l).kv_only(&mut b, &lw, resid);
+            break;
+        }
         let hm = layer(l).attention_block(&mut b, &lw, resid);
         resid = layer(l).mlp_block(&mut b, &lw, hm);
     }
-    let fnorm = w.buffer(&mut b, FINAL_NORM)?;
-    let head = match mc.tie_word_embeddings {
-        true => table,
-        false => w.buffer(&mut b, LM_HEAD)?,
-    };
-    lm_head(&mut b, (fnorm, head), resid, d, opts.logits);
+    if opts.logits != PrefillLogits::None {
+        let fnorm = w.buffer(&mut b, FINAL_NORM)?;
+        let head = match mc.tie_word_embeddings {
+            true => table,
+            false => w.buffer(&mut b, LM_HEAD)?,
+        };
+        lm_head(&mut b, (fnorm, head), resid, d, opts.logits);
+    }
     let Builder { mut p, .. } = b;
     sm::assign_sms(
         &mut p,
