@@ -117,14 +117,10 @@ pub fn bench_e2e(a: &BenchArgs, prompt_tokens: usize) -> Result<(), ModelCmdErro
         max_seq: Some(a.max_seq.unwrap_or(longest as u64 + 1)),
         stop_slots: amk_model_llama::lower::DecodeLoop::default().stop_slots,
         prefill_rows: Some(amk_engine::default_prefill_rows(true, dtype, false)).filter(|&r| r > 0),
-        short_context: a.short_context.or_else(|| {
-            amk_engine::default_short_context(
-                true,
-                model.config.n_kv_heads as u64,
-                model.config.head_dim as u64,
-                dtype,
-            )
-        }),
+        short_context: a
+            .short_context
+            .or(amk_engine::default_short_context(true))
+            .filter(|&r| r > 0),
     };
     let gate_ids = text_ids(&tok, prompt_tokens.min(GATE_TOKENS))?;
     crate::status::status!(
@@ -178,7 +174,17 @@ pub fn bench_e2e(a: &BenchArgs, prompt_tokens: usize) -> Result<(), ModelCmdErro
         prefill_rows: engine.prefill_chunk_sizes(),
         short_context: engine.short_context(),
     };
-    report(a, path, &gpu, dtype, prompt_tokens, ttft_s, &gate, &points, &programs);
+    report(
+        a,
+        path,
+        &gpu,
+        dtype,
+        prompt_tokens,
+        ttft_s,
+        &gate,
+        &points,
+        &programs,
+    );
     Ok(())
 }
 

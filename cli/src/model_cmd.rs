@@ -143,11 +143,10 @@ pub struct ModelArgs {
     /// max_position_embeddings when smaller; at most max_position_embeddings).
     #[arg(long, value_name = "N")]
     max_seq: Option<u64>,
-    /// Positions below N run a second decode program with each layer's attention on one SM
-    /// of its own, faster than the attention split over every SM while the cache is short
-    /// (0: every position runs the split program). Default on a GPU: the positions whose
-    /// layer cache holds less than 512 KiB (448 rows for SmolLM2-135M in bf16, 256 for
-    /// Llama-3.2-1B); none on the CPU VM.
+    /// Positions below N run a second decode program, with each layer's attention one task a
+    /// KV head, faster than the attention split over every SM while the cache is short (0:
+    /// every position runs the split program). Default: 384 on a GPU (below the measured
+    /// crossover of SmolLM2-135M, Llama-3.2-1B and Llama-3.1-8B); none on the CPU VM.
     #[arg(long, value_name = "N")]
     short_context: Option<u64>,
     /// Machine-readable output on stdout.
@@ -456,12 +455,7 @@ pub(crate) fn import(
         target.num_sms,
         a.max_seq
     );
-    let default_short = amk_engine::default_short_context(
-        gpu_sms.is_some(),
-        c.n_kv_heads as u64,
-        c.head_dim as u64,
-        dtype,
-    );
+    let default_short = amk_engine::default_short_context(gpu_sms.is_some());
     Ok(Imported {
         model,
         options: EngineOptions {

@@ -118,13 +118,17 @@ fn llama_programs(
 ) -> Result<Vec<(String, Program)>, String> {
     let wants = |r: &str| regimes.is_empty() || regimes.iter().any(|x| x == r);
     use amk_model_llama::lower::prefill::{PrefillLogits, PrefillOptions, lower_prefill};
-    use amk_model_llama::lower::{LowerOptions, lower, tuned_schedule};
+    use amk_model_llama::lower::{LowerOptions, lower, short_context_schedule, tuned_schedule};
     use amk_model_llama::{Model, presets};
     let target = amk_core::GpuTarget::by_name("h100").ok_or("no h100 target")?;
     let builtin;
     let schedules = if schedules.is_empty() {
+        // The tuned schedule, the short-context one the engine runs beside it, the reference.
+        let tuned = tuned_schedule();
+        let short = short_context_schedule(&tuned).ok_or("the tuned schedule has no short one")?;
         builtin = [
-            ("tuned".to_string(), tuned_schedule()),
+            ("tuned".to_string(), tuned),
+            ("tuned short-context".to_string(), short),
             ("default".to_string(), amk_core::ScheduleConfig::default()),
         ];
         &builtin[..]

@@ -117,6 +117,7 @@ fn ops_compile_lists_the_default_kernels() {
         "f16 default, llama-3.2-1b",
         "bf16 tuned, llama-3.2-1b",
         "bf16 tuned, smollm2-135m",
+        "bf16 tuned short-context, decode loop, llama-3.2-1b",
     ] {
         assert!(
             listed.lines().any(|l| l == format!("sm_90a ({what})")),

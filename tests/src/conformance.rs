@@ -3338,7 +3338,11 @@ fn dag_split_kv_normalized(c: &Ctx<'_>) -> CaseResult {
             &[attn, w],
             &[proj],
             &[(cs, a.nkv as i64)],
-            &[("K", int(k as i64)), ("N_tile", int(nt)), ("n_off", int(off))],
+            &[
+                ("K", int(k as i64)),
+                ("N_tile", int(nt)),
+                ("n_off", int(off)),
+            ],
         );
     }
     let kcs = std::cell::RefCell::new(vec![0.0; MAX_SEQ * row]);
@@ -3348,10 +3352,7 @@ fn dag_split_kv_normalized(c: &Ctx<'_>) -> CaseResult {
         let (mut kcv, mut vcv) = (kcs.borrow_mut(), vcs.borrow_mut());
         let p = mirror_append(ins, &mut kcv, &mut vcv, row)?;
         let full = attention(a, &in_vals(ins, "q")?, &kcv, &vcv, 0, p + 1);
-        Ok(vec![
-            ("proj", linear(&full, &wv, k, None)),
-            ("attn", full),
-        ])
+        Ok(vec![("proj", linear(&full, &wv, k, None)), ("attn", full)])
     })
 }
 

@@ -1635,7 +1635,11 @@ mod tiny_checkpoints {
                     ..req
                 };
                 let g = e.generate(&req, &mut |_| true).unwrap();
-                assert_eq!(g.ids(), want, "{name}: tokens with the short program below {below}");
+                assert_eq!(
+                    g.ids(),
+                    want,
+                    "{name}: tokens with the short program below {below}"
+                );
                 assert_eq!(g.short_passes, below, "{name}: passes of the short program");
             }
         }

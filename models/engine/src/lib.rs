@@ -80,19 +80,17 @@ pub fn prefill_chunk_sizes(rows: u64) -> Vec<u64> {
     }
 }
 
-/// A layer's cached K/V bytes up to which a pass with one split a KV head beats the attention
-/// split over every SM (docs/perf-notes.md round 36): the short-context program runs the
-/// positions whose cache holds less.
-pub const SHORT_CONTEXT_KV_BYTES: u64 = 256 * 1024;
+/// The positions a GPU engine runs through its short-context program by default: on an
+/// H200 in bf16 the program with one split a KV head is faster than the split one below ≈ 395
+/// cached rows on SmolLM2-135M, ≈ 511 on Llama-3.1-8B and ≈ 550 on Llama-3.2-1B
+/// (docs/perf-notes.md round 36); 384 stays below every one of them.
+pub const SHORT_CONTEXT_ROWS: u64 = 384;
 
-/// The default bound of the short-context program ([`EngineOptions::short_context`]): on a
-/// GPU, the positions whose layer caches hold less than [`SHORT_CONTEXT_KV_BYTES`] (a
-/// multiple of 64 rows), for a model of `n_kv_heads` K/V heads of `head_dim` in `dtype`;
-/// none on the CPU VM, where the two layouts cost the same.
-pub fn default_short_context(gpu: bool, n_kv_heads: u64, head_dim: u64, dtype: DType) -> Option<u64> {
-    let row = 2 * n_kv_heads * head_dim * u64::from(dtype.bits() / 8);
-    let rows = (SHORT_CONTEXT_KV_BYTES / row.max(1)) / 64 * 64;
-    (gpu && rows > 0).then_some(rows)
+/// The default bound of the short-context program ([`EngineOptions::short_context`]):
+/// [`SHORT_CONTEXT_ROWS`] on a GPU; none on the CPU VM, where the two layouts cost the same
+/// work and the second program only costs its loading.
+pub fn default_short_context(gpu: bool) -> Option<u64> {
+    gpu.then_some(SHORT_CONTEXT_ROWS)
 }
 
 /// The default prompt chunk (`amk generate --prefill-rows`): [`GPU_PREFILL_ROWS`] for a 16-bit program on a GPU; none for
@@ -131,7 +129,10 @@ pub fn lower_and_load(
     let max_seq = lowered.max_seq;
     let weights = lowered.weights;
     let mut engine = Engine::new(lowered.program, &weights, backend, registry)?;
-    let short = opts.short_context.filter(|&b| b > 0).map(|b| b.min(max_seq));
+    let short = opts
+        .short_context
+        .filter(|&b| b > 0)
+        .map(|b| b.min(max_seq));
     if let (Some(below), Some(schedule)) = (short, short_context_schedule(&opts.schedule)) {
         // A short-context program that cannot be lowered or loaded (too little device
         // memory) leaves every position to the decode program.

@@ -83,12 +83,7 @@ pub fn load(c: Config) -> Result<Loaded, LoadError> {
                 .unwrap_or_else(|| default_prefill_rows(gpu, c.dtype, false)),
         )
         .filter(|&r| r > 0),
-        short_context: default_short_context(
-            gpu,
-            model.config.n_kv_heads as u64,
-            model.config.head_dim as u64,
-            c.dtype,
-        ),
+        short_context: default_short_context(gpu),
     };
     let registry = amk_ops::registry()?;
     let engine = lower_and_load(&model, &options, backend.as_ref(), &registry)?;

@@ -259,7 +259,9 @@ fn check(ctx: &TaskContext<'_>) -> Vec<Finding> {
     }
     let flags = c.int("flags").unwrap_or(0);
     if flags & !FLAG_NORMALIZED != 0 {
-        c.mismatch(format!("flags = {flags}: only bit 0 (normalised rows) is defined"));
+        c.mismatch(format!(
+            "flags = {flags}: only bit 0 (normalised rows) is defined"
+        ));
     }
     let normalized = flags & FLAG_NORMALIZED != 0;
     let tile = if normalized {
@@ -270,7 +272,11 @@ fn check(ctx: &TaskContext<'_>) -> Vec<Finding> {
             ));
         }
         c.float(out, "attention row");
-        c.numel_is(out, g.nh.saturating_mul(g.hd), "attention row (n_heads x head_dim)");
+        c.numel_is(
+            out,
+            g.nh.saturating_mul(g.hd),
+            "attention row (n_heads x head_dim)",
+        );
         g.normalized_tile()
     } else {
         check_partials(&mut c, out, &g);

@@ -97,7 +97,10 @@ pub fn run(call: &mut CpuCall<'_, '_>) -> Result<(), OpError> {
     if normalized && g.n_splits != 1 {
         return Err(OpError::BadParam {
             key: "n_splits".into(),
-            why: format!("normalised rows need one split a KV head, got {}", g.n_splits),
+            why: format!(
+                "normalised rows need one split a KV head, got {}",
+                g.n_splits
+            ),
         });
     }
     let tile = if normalized {

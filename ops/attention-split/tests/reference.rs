@@ -231,10 +231,17 @@ fn normalized_rows_are_the_whole_attention(
         let want = whole(&g, &ops, max_seq, p).to_f32_vec();
         let bound = if dtype == DType::F32 { 2e-6 } else { 1e-2 };
         for (i, ((a, m), w)) in got.iter().zip(&merged).zip(&want).enumerate() {
-            assert!((a - w).abs() <= bound * w.abs().max(1.0), "p {p} [{i}]: {a} vs whole {w}");
+            assert!(
+                (a - w).abs() <= bound * w.abs().max(1.0),
+                "p {p} [{i}]: {a} vs whole {w}"
+            );
             // The merge of one split divides the same sums by the same l.
             let rounded = Tensor::from_f32(dtype, &[1], &[*m]).unwrap().get_f32(0);
-            assert_eq!(a.to_bits(), rounded.to_bits(), "p {p} [{i}]: {a} vs merged {m}");
+            assert_eq!(
+                a.to_bits(),
+                rounded.to_bits(),
+                "p {p} [{i}]: {a} vs merged {m}"
+            );
         }
     }
 }
@@ -260,12 +267,21 @@ fn normalized_rows_need_one_split_and_a_row() {
     pr[4].1 = Value::Int(g.normalized_tile() as i64);
     pr.push(("flags", Value::Int(1)));
     // Two splits a KV head cannot be normalised alone.
-    assert!(matches!(run(&pr, g.nh * g.hd), Err(OpError::BadParam { .. })));
+    assert!(matches!(
+        run(&pr, g.nh * g.hd),
+        Err(OpError::BadParam { .. })
+    ));
     pr[6].1 = Value::Int(1);
     assert!(run(&pr, g.nh * g.hd).is_ok());
     // The row, not the partials.
-    assert!(matches!(run(&pr, g.nh * (g.hd + 2)), Err(OpError::Shape(_))));
+    assert!(matches!(
+        run(&pr, g.nh * (g.hd + 2)),
+        Err(OpError::Shape(_))
+    ));
     // Undefined flag bits.
     pr[8].1 = Value::Int(3);
-    assert!(matches!(run(&pr, g.nh * g.hd), Err(OpError::BadParam { .. })));
+    assert!(matches!(
+        run(&pr, g.nh * g.hd),
+        Err(OpError::BadParam { .. })
+    ));
 }
