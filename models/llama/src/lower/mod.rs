@@ -23,15 +23,18 @@
 //! runs many passes in one launch ([`amk_core::StepLoop`]; the interface is
 //! [`amk_core::decode`]).
 
+mod layer;
 pub mod pages;
 pub mod prefill;
 pub mod sm;
+mod weights;
+
+use layer::{LayerCtx, Layout, StepDims, StepIo};
+use weights::{LayerWeights, Weights};
 
 use crate::config::RopeScaling;
 use crate::error::ModelError;
-use crate::model::{
-    self, EMBED, FINAL_NORM, LM_HEAD, Model, ModelFormat, ROPE_FREQS, layer_tensor,
-};
+use crate::model::{EMBED, FINAL_NORM, LM_HEAD, Model, ROPE_FREQS};
 use amk_core::json::{Map, Value};
 use amk_core::{
     BufferId, BufferKind, CounterId, DType, GpuTarget, Opcode, Program, ScheduleConfig, TaskId,
@@ -1010,565 +1013,185 @@ pub fn lower_sharing(
     cfg: &ScheduleConfig,
     target: &GpuTarget,
     opts: &LowerOptions,
-    mut weights: WeightStore,
+    weights: WeightStore,
 ) -> Result<Lowered, ModelError> {
     check_config(cfg, target)?;
     let mc = &model.config;
-    if !matches!(opts.dtype, DType::F32 | DType::F16 | DType::BF16) {
-        return Err(ModelError::Lower(format!(
-            "dtype {} is not supported for lowering (F32, F16, BF16)",
-            opts.dtype
-        )));
-    }
-    let max_seq = opts
-        .max_seq
-        .unwrap_or(DEFAULT_MAX_SEQ.min(mc.max_position_embeddings as u64));
-    if max_seq == 0 || max_seq > mc.max_position_embeddings as u64 {
-        return Err(ModelError::Lower(format!(
-            "KV length {max_seq} must be between 1 and the model's max_position_embeddings ({})",
-            mc.max_position_embeddings
-        )));
-    }
-    let (h, nh, nkv, hd) = (
-        mc.hidden as u64,
-        mc.n_heads as u64,
-        mc.n_kv_heads as u64,
-        mc.head_dim as u64,
-    );
-    let (q_dim, kv_dim, inter, vocab) =
-        (nh * hd, nkv * hd, mc.intermediate as u64, mc.vocab as u64);
-    let dbytes = (opts.dtype.bits() / 8) as i64;
-    let kv_bytes = 2 * mc.n_layers as u64 * max_seq * kv_dim * dbytes as u64;
-    if kv_bytes > MAX_KV_BYTES {
-        return Err(ModelError::Lower(format!(
-            "a KV cache of {max_seq} positions needs {:.1} GiB (limit {} GiB); lower --max-seq",
-            kv_bytes as f64 / (1u64 << 30) as f64,
-            MAX_KV_BYTES >> 30
-        )));
-    }
-    let parts = cfg
-        .tile("attention", "n_partitions")
-        .map_or(1, |p| p.max(1) as u64)
-        .min(MAX_PARTITIONS)
-        .min(target.num_sms.max(1) as u64);
-    let fuse_rope = fuses(cfg, &["embed", "rope"]);
-    let fuse_resid = fuses(cfg, &["gemv", "add"]);
-    let fuse_norm = fuses(cfg, &["rmsnorm", "gemv"]);
-    let fuse_mlp = fuses(cfg, &["gemv", "silu_mul"]);
-    // QKV_ROPE_APPEND has no bias inputs: models with attention biases keep separate tiles.
-    // Its instruction carries 8 inputs: the input norm, Qwen3's q/k norms and Llama 3's RoPE
-    // factors together would be 9 (no published model has both).
-    let fuse_qkv = fuses(cfg, &["gemv", "rope", "kv_append"])
-        && !mc.attention_bias
-        && !(mc.qk_norm && fuse_norm && !matches!(mc.rope_scaling, RopeScaling::None))
-        && qkv_tile_max_units(mc).is_some();
-    let fuse_attn = fuses(cfg, &["attention", "gemv"]);
-    if fuse_attn && parts > 1 {
-        return Err(ModelError::Lower(format!(
-            "fusion group [\"attention\", \"gemv\"] computes the whole attention in every output \
-             projection tile: it needs tiling attention.n_partitions = 1, got {parts}"
-        )));
-    }
-
-    let split = split_plan(cfg, target, mc, max_seq)?;
-    if split.is_some() && (fuse_attn || parts > 1) {
-        return Err(ModelError::Lower(
-            "tiling attention.split_kv spreads the attention over every SM: it excludes \
-             attention.n_partitions > 1 and the fusion group [\"attention\", \"gemv\"]"
-                .into(),
-        ));
-    }
-
-    // `attention.own_sms = k`: the attention tasks run on the grid's last k SMs and nothing
-    // else does, so every projection is tiled over the others (at least one SM stays for them).
-    let grid = target.num_sms.max(1) as u64;
-    // Fused into the output projection (`["attention", "gemv"]`), the attention has no task
-    // of its own: the reserved SMs then idle.
-    let own_sms = cfg
-        .tile("attention", "own_sms")
-        .map_or(0, |k| k.max(0) as u64)
-        .min(grid - 1);
-    if split.is_some() && own_sms > 0 {
-        return Err(ModelError::Lower(
-            "tiling attention.split_kv spreads the attention over every SM: it excludes \
-             attention.own_sms"
-                .into(),
-        ));
-    }
-    // `gemv.alternate_max_kb`: a model whose every layer projection is small enough is tiled for
-    // half the SMs, and the SM assignment puts consecutive phases on disjoint SMs
-    // ([`alternates`]). The LM head keeps every SM.
-    let alternate = alternates(cfg, mc, dbytes as u64);
-    let layer_sms = if alternate {
-        ((grid - own_sms) / 2).max(1)
-    } else {
-        grid - own_sms
-    };
+    let d = StepDims::check(mc, opts.dtype, opts.max_seq)?;
+    let layout = Layout::of(cfg, target, mc, &d)?;
     let mut b = Builder {
         p: Program::new(),
         cfg,
-        num_sms: layer_sms,
+        num_sms: layout.layer_sms,
         dtype: opts.dtype,
-        dbytes,
+        dbytes: d.dbytes,
         eps: Value::Float(mc.rms_eps),
     };
+    let mut w = Weights::new(model, opts.dtype, weights);
     // Llama 3's RoPE frequency scaling: per-pair divisors, an f32 weight that ROPE takes as its
     // third input and the Q/K/V tiles as their last (`rope_factors` = 1).
     let rope_factors = match rope_factors(model)? {
         Some(f) => {
             let half = f.numel() as u64;
-            weights.insert(ROPE_FREQS, f);
+            w.store.insert(ROPE_FREQS, f);
             Some(b.p.new_weight(ROPE_FREQS, DType::F32, &[half], ROPE_FREQS))
         }
         None => None,
     };
-    // A shape-only model has no data: shapes come from the config and the backend generates
-    // the values, so `weights` stays empty.
-    let synthetic_shapes: Option<std::collections::HashMap<String, Vec<u64>>> = (model.format
-        == ModelFormat::Synthetic)
-        .then(|| model::tensor_names(mc).into_iter().collect());
-    let mut weight = |b: &mut Builder<'_>, name: &str| -> Result<BufferId, ModelError> {
-        let shape = match &synthetic_shapes {
-            Some(shapes) => shapes
-                .get(name)
-                .ok_or_else(|| ModelError::MissingTensor(name.to_string()))?
-                .clone(),
-            None => {
-                let t = model
-                    .weights
-                    .get(name)
-                    .ok_or_else(|| ModelError::MissingTensor(name.to_string()))?;
-                if weights.get(name).is_none() {
-                    weights.insert_shared(name, cast(name, t, opts.dtype)?);
-                }
-                t.shape().to_vec()
-            }
-        };
-        Ok(b.p.new_weight(name, opts.dtype, &shape, name))
-    };
-    let meta = &mut b.p.meta;
-    meta.insert("model", Value::from(model.source.clone()));
-    meta.insert("gpu", Value::from(target.name.clone()));
-    meta.insert("regime", Value::from("decode"));
-    meta.insert("max_seq", int(max_seq));
-    meta.insert("dtype", Value::from(opts.dtype.name().to_string()));
-    meta.insert("n_layers", int(mc.n_layers as u64));
-    b.p.target = Some(target.clone());
-    b.p.config = Some(cfg.clone());
-
-    // In a decode loop the program carries its position and token from pass to pass.
-    let carried = if opts.decode_loop.is_some() {
-        BufferKind::STATE
-    } else {
-        BufferKind::IO_INPUT
-    };
-    let token = b.p.new_buffer(decode::TOKEN, carried, DType::I32, &[1]);
-    let posb = b.p.new_buffer(decode::POS, carried, DType::I32, &[1]);
-    let rid =
-        b.p.new_buffer(decode::RESHAPE_ID, BufferKind::IO_INPUT, DType::I32, &[1]);
-    let table = weight(&mut b, EMBED)?;
-    let h0 = b.act("h0".into(), &[1, h]);
+    describe_decode(&mut b.p, model, (cfg, target), opts, d.max_seq);
+    let (token, io) = step_buffers(&mut b.p, opts);
+    let table = w.buffer(&mut b.p, EMBED)?;
+    let h0 = b.act("h0".into(), &[1, d.h]);
     let (mut resid, _) = b.single(
         Opcode::EMBED,
         &[token, table],
         h0,
         &[],
-        params(&[("hidden", int(h))]),
+        params(&[("hidden", int(d.h))]),
         "embed".into(),
-        (h as i64 * dbytes, 0),
+        (d.h as i64 * d.dbytes, 0),
     );
-    let theta = Value::Float(mc.rope_theta);
-    let scale = Value::Float(1.0 / (hd as f64).sqrt());
+    let ctx = LayerCtx {
+        d: &d,
+        layout: &layout,
+        io,
+        rope_factors,
+        qk_norm_units: qkv_tile_max_units(mc),
+        theta: Value::Float(mc.rope_theta),
+        scale: Value::Float(1.0 / (d.hd as f64).sqrt()),
+    };
     for l in 0..mc.n_layers {
-        let w = |what: &str| layer_tensor(l, what);
-        let in_norm = weight(&mut b, &w("input_layernorm.weight"))?;
-        let wq = weight(&mut b, &w("self_attn.q_proj.weight"))?;
-        let wk = weight(&mut b, &w("self_attn.k_proj.weight"))?;
-        let wv = weight(&mut b, &w("self_attn.v_proj.weight"))?;
-        // Biases as the tiles' third input (weights: nothing to wait for).
-        let (bq, bk, bv) = if mc.attention_bias {
-            (
-                Some((weight(&mut b, &w("self_attn.q_proj.bias"))?, None)),
-                Some((weight(&mut b, &w("self_attn.k_proj.bias"))?, None)),
-                Some((weight(&mut b, &w("self_attn.v_proj.bias"))?, None)),
-            )
-        } else {
-            (None, None, None)
-        };
-        // Qwen3's per-head q/k RMS norm weights (`head_dim` each).
-        let (q_norm, k_norm) = if mc.qk_norm {
-            (
-                Some(weight(&mut b, &w("self_attn.q_norm.weight"))?),
-                Some(weight(&mut b, &w("self_attn.k_norm.weight"))?),
-            )
-        } else {
-            (None, None)
-        };
-        let wo = weight(&mut b, &w("self_attn.o_proj.weight"))?;
-        let post_norm = weight(&mut b, &w("post_attention_layernorm.weight"))?;
-        let wg = weight(&mut b, &w("mlp.gate_proj.weight"))?;
-        let wu = weight(&mut b, &w("mlp.up_proj.weight"))?;
-        let wd = weight(&mut b, &w("mlp.down_proj.weight"))?;
-
-        let an = b.norm_row(
-            fuse_norm,
-            resid,
-            in_norm,
-            h,
-            &format!("L{l}"),
-            "an",
-            "input_norm",
-        );
-        let kc = b.p.new_buffer(
-            format!("L{l}.kcache"),
-            BufferKind::KV_CACHE,
-            opts.dtype,
-            &[max_seq, nkv, hd],
-        );
-        let vc = b.p.new_buffer(
-            format!("L{l}.vcache"),
-            BufferKind::KV_CACHE,
-            opts.dtype,
-            &[max_seq, nkv, hd],
-        );
-        let qr_shape = [nh, hd];
-        let (qr, att_waits) = if fuse_qkv {
-            // One set of QKV_ROPE_APPEND tiles: projections, RoPE and the cache rows at once.
-            let qr = b.act(format!("L{l}.qr"), &qr_shape);
-            let units = (nh + 2 * nkv) * hd;
-            let mut width = 2 * gemv_tile_width(b.cfg, units / 2, b.num_sms);
-            let mut base = params(&[
-                ("head_dim", int(hd)),
-                ("n_heads", int(nh)),
-                ("n_kv_heads", int(nkv)),
-                ("theta", theta.clone()),
-            ]);
-            if rope_factors.is_some() {
-                base.insert("rope_factors", int(1));
-            }
-            // Qwen3's per-head norms: tiles of whole heads (as many as the shared memory holds).
-            let mut tail: Vec<BufferId> = Vec::new();
-            if let (Some(qn), Some(kn), Some(max)) = (q_norm, k_norm, qkv_tile_max_units(mc)) {
-                width = width.div_ceil(hd).max(1).saturating_mul(hd).min(max);
-                base.insert("qk_norm", int(1));
-                base.insert("eps", b.eps.clone());
-                tail.extend([qn, kn]);
-            }
-            tail.extend(rope_factors);
-            // The position is the `pos` input (one element per step, no param patches).
-            let val = b.fused_tiles_then(
-                Opcode::QKV_ROPE_APPEND,
-                an,
-                &[wq, wk, wv, posb],
-                &tail,
-                &[qr, kc, vc],
-                (h, units, width, 1),
-                &base,
-                &format!("L{l}.qkv"),
-            );
-            (val, vec![val.wait])
-        } else {
-            let q = b.act(format!("L{l}.q"), &[1, q_dim]);
-            let k = b.act(format!("L{l}.k"), &[1, kv_dim]);
-            let v = b.act(format!("L{l}.v"), &[1, kv_dim]);
-            let s = sm_shares(b.num_sms, &[q_dim, kv_dim, kv_dim]);
-            let q = b.proj(an, wq, bq, q, h, q_dim, &format!("L{l}.q"), s[0]);
-            let k = b.proj(an, wk, bk, k, h, kv_dim, &format!("L{l}.k"), s[1]);
-            let v = b.proj(an, wv, bv, v, h, kv_dim, &format!("L{l}.v"), s[2]);
-            // Reshape bridge [1, n·hd] → [n, hd] (EMBED of row 0) then ROPE — or both in one
-            // FUSED task; with a per-head norm weight `qkn`, an RMSNORM of every head between
-            // them (never fused).
-            let rope = |b: &mut Builder<'_>,
-                        x: Val,
-                        shape: &[u64],
-                        dim: u64,
-                        tag: &str,
-                        qkn: Option<BufferId>| {
-                let out = b.act(format!("L{l}.{tag}r"), shape);
-                let rope_params = params(&[("head_dim", int(hd)), ("theta", theta.clone())]);
-                if fuse_rope && qkn.is_none() {
-                    let recipe = fused_reshape_rope(
-                        shape,
-                        dim,
-                        &rope_params,
-                        opts.dtype,
-                        rope_factors.is_some(),
-                    );
-                    let mut ins = vec![rid, x.buf, posb];
-                    ins.extend(rope_factors);
-                    b.single(
-                        Opcode::FUSED,
-                        &ins,
-                        out,
-                        &[x.wait],
-                        recipe,
-                        format!("L{l}.reshape_rope_{tag}"),
-                        (2 * dim as i64 * dbytes, 6 * dim as i64),
-                    )
-                    .0
-                } else {
-                    let mid = b.act(format!("L{l}.{tag}h"), shape);
-                    let (mid, _) = b.single(
-                        Opcode::EMBED,
-                        &[rid, x.buf],
-                        mid,
-                        &[x.wait],
-                        params(&[("hidden", int(dim))]),
-                        format!("L{l}.reshape_{tag}"),
-                        (dim as i64 * dbytes, 0),
-                    );
-                    let mid = match qkn {
-                        Some(nw) => {
-                            let normed = b.act(format!("L{l}.{tag}n"), shape);
-                            b.single(
-                                Opcode::RMSNORM,
-                                &[mid.buf, nw],
-                                normed,
-                                &[mid.wait],
-                                params(&[("eps", b.eps.clone()), ("hidden", int(hd))]),
-                                format!("L{l}.{tag}_norm"),
-                                (dim as i64 * dbytes, 3 * dim as i64),
-                            )
-                            .0
-                        }
-                        None => mid,
-                    };
-                    let mut ins = vec![mid.buf, posb];
-                    ins.extend(rope_factors);
-                    b.single(
-                        Opcode::ROPE,
-                        &ins,
-                        out,
-                        &[mid.wait],
-                        rope_params,
-                        format!("L{l}.rope_{tag}"),
-                        (dim as i64 * dbytes, 6 * dim as i64),
-                    )
-                    .0
-                }
-            };
-            let qr = rope(&mut b, q, &qr_shape, q_dim, "q", q_norm);
-            let kr = rope(&mut b, k, &[1, nkv, hd], kv_dim, "k", k_norm);
-            // In place: each cache is both input and output (KV_APPEND's declared in-place pair);
-            // the row is the position input's.
-            let append = |b: &mut Builder<'_>, new: Val, cache: BufferId, tag: &str| {
-                b.single(
-                    Opcode::KV_APPEND,
-                    &[new.buf, cache, posb],
-                    cache,
-                    &[new.wait],
-                    Map::new(),
-                    format!("L{l}.kv_append_{tag}"),
-                    (kv_dim as i64 * dbytes, 0),
-                )
-                .0
-            };
-            let k_app = append(&mut b, kr, kc, "k");
-            let v_app = append(&mut b, v, vc, "v");
-            (qr, vec![qr.wait, k_app.wait, v_app.wait])
-        };
-
-        let att_cost = |rows: u64| {
-            (
-                2 * rows as i64 * kv_dim as i64 * dbytes,
-                4 * (nh * hd * rows) as i64,
-            )
-        };
-        let attn_params = |start: u64, len: u64, flags: Option<i64>| {
-            let mut m = params(&[
-                ("head_dim", int(hd)),
-                ("kv_start", int(start)),
-                ("kv_len", int(len)),
-                ("scale", scale.clone()),
-                ("n_heads", int(nh)),
-                ("n_kv_heads", int(nkv)),
-            ]);
-            if let Some(f) = flags {
-                m.insert("flags", Value::Int(f));
-            }
-            m
-        };
-        // The attention's params are a static window of the cache (all of it, or a split-KV
-        // shard's fixed slice); the position input clips it to the rows written so far.
-        let hm = if let Some(plan) = split {
-            b.split_attention(
-                fuse_resid,
-                (qr.buf, kc, vc, posb, &att_waits),
-                (plan, scale.clone()),
-                wo,
-                (resid, h),
-                l,
-            )
-        } else if fuse_attn {
-            b.attention_proj(
-                fuse_resid,
-                (qr.buf, kc, vc, posb, &att_waits),
-                attn_params(0, max_seq, None),
-                wo,
-                (resid, h),
-                l,
-            )
-        } else {
-            let attn = b.act(format!("L{l}.attn"), &[1, q_dim]);
-            let attn = if parts <= 1 {
-                b.single(
-                    Opcode::ATTENTION_TILE,
-                    &[qr.buf, kc, vc, posb],
-                    attn,
-                    &att_waits,
-                    attn_params(0, max_seq, None),
-                    format!("L{l}.attention"),
-                    att_cost(1),
-                )
-                .0
-            } else {
-                let mut partials = Vec::new();
-                let mut waits = Vec::new();
-                for i in 0..parts {
-                    let (start, len) = shard_range(max_seq, i, parts);
-                    let part = b.act(format!("L{l}.partial{i}"), &[nh, hd + 2]);
-                    let (val, _) = b.single(
-                        Opcode::ATTENTION_TILE,
-                        &[qr.buf, kc, vc, posb],
-                        part,
-                        &att_waits,
-                        attn_params(start, len, Some(2)),
-                        format!("L{l}.attn_shard{i}"),
-                        att_cost(1),
-                    );
-                    partials.push(val.buf);
-                    waits.push(val.wait);
-                }
-                b.single(
-                    Opcode::ATTENTION_COMBINE,
-                    &partials,
-                    attn,
-                    &waits,
-                    params(&[
-                        ("head_dim", int(hd)),
-                        ("n_heads", int(nh)),
-                        ("n_kv_heads", int(nkv)),
-                    ]),
-                    format!("L{l}.combine"),
-                    (parts as i64 * (nh * (hd + 2)) as i64 * 4, 0),
-                )
-                .0
-            };
-            b.proj_residual(
-                fuse_resid,
-                (attn, wo, q_dim),
-                (resid, h),
-                &format!("L{l}.o"),
-                &format!("L{l}.h_mid"),
-                &format!("L{l}.add_attn"),
-            )
-        };
-        let mn = b.norm_row(
-            fuse_norm,
-            hm,
-            post_norm,
-            h,
-            &format!("L{l}"),
-            "mn",
-            "post_norm",
-        );
-        let act = b.act(format!("L{l}.act"), &[1, inter]);
-        let act = if fuse_mlp {
-            // One set of GATE_UP_SILU tiles: both projections and the SiLU product.
-            let width = gemv_tile_width(b.cfg, inter, b.num_sms);
-            b.fused_tiles(
-                Opcode::GATE_UP_SILU,
-                mn,
-                &[wg, wu],
-                &[act],
-                (h, inter, width, 2),
-                &Map::new(),
-                &format!("L{l}.gate_up"),
-            )
-        } else {
-            let gate = b.act(format!("L{l}.gate"), &[1, inter]);
-            let up = b.act(format!("L{l}.up"), &[1, inter]);
-            let s = sm_shares(b.num_sms, &[inter, inter]);
-            let gate = b.proj(mn, wg, None, gate, h, inter, &format!("L{l}.gate"), s[0]);
-            let up = b.proj(mn, wu, None, up, h, inter, &format!("L{l}.up"), s[1]);
-            b.single(
-                Opcode::SILU_MUL,
-                &[gate.buf, up.buf],
-                act,
-                &[gate.wait, up.wait],
-                Map::new(),
-                format!("L{l}.swiglu"),
-                (2 * inter as i64 * dbytes, 4 * inter as i64),
-            )
-            .0
-        };
-        resid = b.proj_residual(
-            fuse_resid,
-            (act, wd, inter),
-            (hm, h),
-            &format!("L{l}.down"),
-            &format!("L{l}.h_out"),
-            &format!("L{l}.add_mlp"),
-        );
+        let lw = LayerWeights::load(&mut b.p, &mut w, l)?;
+        resid = b.layer(&ctx, &lw, l, resid);
     }
-    let fnorm = weight(&mut b, FINAL_NORM)?;
-    let hf = b.norm_row(fuse_norm, resid, fnorm, h, "", "hf", "final_norm");
+    let fnorm = w.buffer(&mut b.p, FINAL_NORM)?;
+    let hf = b.norm_row(layout.fuse_norm, resid, fnorm, d.h, "", "hf", "final_norm");
     let head = if mc.tie_word_embeddings {
         table
     } else {
-        weight(&mut b, LM_HEAD)?
+        w.buffer(&mut b.p, LM_HEAD)?
     };
-    let logits = b.p.new_buffer(
-        decode::LOGITS,
-        BufferKind::IO_OUTPUT,
-        opts.dtype,
-        &[1, vocab],
-    );
-    // The LM head spans every SM but the attention's, alternating or not.
-    let logits = b.proj(hf, head, None, logits, h, vocab, "lm_head", grid - own_sms);
-    if let Some(dl) = opts.decode_loop {
-        let loop_tail = LoopTail {
-            logits,
-            pos: posb,
-            token,
-            max_seq,
-            vocab,
-        };
-        b.p.step_loop = Some(b.next_token(&loop_tail, dl));
-    } else if opts.argmax {
-        let next =
-            b.p.new_buffer("next_token", BufferKind::IO_OUTPUT, DType::I32, &[1]);
-        b.single(
-            Opcode::SAMPLE_ARGMAX,
-            &[logits.buf],
-            next,
-            &[logits.wait],
-            Map::new(),
-            "argmax".into(),
-            (vocab as i64 * dbytes, vocab as i64),
-        );
-    }
+    let tail = Tail {
+        head,
+        token,
+        pos: io.pos,
+    };
+    b.logits_and_tail(&d, &layout, hf, &tail, opts);
     let Builder { mut p, .. } = b;
+    let page_stats = place(&mut p, cfg, target, &layout)?;
+    Ok(Lowered {
+        program: p,
+        weights: w.store,
+        max_seq: d.max_seq,
+        page_stats,
+    })
+}
+
+/// The program's description (`meta`), target and schedule.
+fn describe_decode(
+    p: &mut Program,
+    model: &Model,
+    (cfg, target): (&ScheduleConfig, &GpuTarget),
+    opts: &LowerOptions,
+    max_seq: u64,
+) {
+    let meta = &mut p.meta;
+    meta.insert("model", Value::from(model.source.clone()));
+    meta.insert("gpu", Value::from(target.name.clone()));
+    meta.insert("regime", Value::from("decode"));
+    meta.insert("max_seq", int(max_seq));
+    meta.insert("dtype", Value::from(opts.dtype.name().to_string()));
+    meta.insert("n_layers", int(model.config.n_layers as u64));
+    p.target = Some(target.clone());
+    p.config = Some(cfg.clone());
+}
+
+/// The step's token, position and reshape-id buffers: in a decode loop the program carries
+/// its position and token from pass to pass (STATE), otherwise they are inputs.
+fn step_buffers(p: &mut Program, opts: &LowerOptions) -> (BufferId, StepIo) {
+    let carried = if opts.decode_loop.is_some() {
+        BufferKind::STATE
+    } else {
+        BufferKind::IO_INPUT
+    };
+    let token = p.new_buffer(decode::TOKEN, carried, DType::I32, &[1]);
+    let pos = p.new_buffer(decode::POS, carried, DType::I32, &[1]);
+    let rid = p.new_buffer(decode::RESHAPE_ID, BufferKind::IO_INPUT, DType::I32, &[1]);
+    (token, StepIo { pos, rid })
+}
+
+/// What the program's tail reads: the LM head's weight, the step's token and position.
+struct Tail {
+    head: BufferId,
+    token: BufferId,
+    pos: BufferId,
+}
+
+impl Builder<'_> {
+    /// The logits of the normalised row `hf` (the LM head over every SM but the attention's,
+    /// alternating or not), then the decode loop's tail or an argmax when asked for.
+    fn logits_and_tail(
+        &mut self,
+        d: &StepDims,
+        layout: &Layout,
+        hf: Row,
+        t: &Tail,
+        opts: &LowerOptions,
+    ) {
+        let logits = self.p.new_buffer(
+            decode::LOGITS,
+            BufferKind::IO_OUTPUT,
+            opts.dtype,
+            &[1, d.vocab],
+        );
+        let sms = layout.grid - layout.own_sms;
+        let logits = self.proj(hf, t.head, None, logits, d.h, d.vocab, "lm_head", sms);
+        if let Some(dl) = opts.decode_loop {
+            let loop_tail = LoopTail {
+                logits,
+                pos: t.pos,
+                token: t.token,
+                max_seq: d.max_seq,
+                vocab: d.vocab,
+            };
+            self.p.step_loop = Some(self.next_token(&loop_tail, dl));
+        } else if opts.argmax {
+            let next = (self.p).new_buffer("next_token", BufferKind::IO_OUTPUT, DType::I32, &[1]);
+            self.single(
+                Opcode::SAMPLE_ARGMAX,
+                &[logits.buf],
+                next,
+                &[logits.wait],
+                Map::new(),
+                "argmax".into(),
+                (d.vocab as i64 * d.dbytes, d.vocab as i64),
+            );
+        }
+    }
+}
+
+/// Places the program: its tasks on SMs (the attention's own SMs kept for it) and its
+/// activations on pages, as `cfg` asks.
+fn place(
+    p: &mut Program,
+    cfg: &ScheduleConfig,
+    target: &GpuTarget,
+    layout: &Layout,
+) -> Result<Option<pages::PageStats>, ModelError> {
     let reserve = sm::Reserve {
         ops: vec![Opcode::ATTENTION_TILE, Opcode::ATTENTION_COMBINE],
-        sms: own_sms as u32,
-        alternate,
+        sms: layout.own_sms as u32,
+        alternate: layout.alternate,
     };
     sm::assign_sms_reserving(
-        &mut p,
+        p,
         &cfg.sm_assignment,
         target.num_sms.max(0) as u32,
         &reserve,
     )?;
-    let page_stats = match cfg.page_allocation {
+    Ok(match cfg.page_allocation {
         amk_core::PageStrategy::None => None,
-        s => Some(pages::allocate_pages(&mut p, s)?),
-    };
-    Ok(Lowered {
-        program: p,
-        weights,
-        max_seq,
-        page_stats,
+        s => Some(pages::allocate_pages(p, s)?),
     })
 }
 

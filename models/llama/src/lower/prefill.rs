@@ -24,11 +24,10 @@
 //! past the prompt — their K/V rows land past the prompt, where decoding overwrites each row
 //! before it reads it — so `first position + rows` must fit the cache).
 
-use super::{Lowered, cast, int, params, rope_factors, sm};
+use super::weights::{LayerWeights, Triple, Weights};
+use super::{Lowered, int, params, rope_factors, sm};
 use crate::error::ModelError;
-use crate::model::{
-    self, EMBED, FINAL_NORM, LM_HEAD, Model, ModelFormat, ROPE_FREQS, layer_tensor,
-};
+use crate::model::{EMBED, FINAL_NORM, LM_HEAD, Model, ROPE_FREQS};
 use amk_core::json::{Map, Value};
 use amk_core::{
     BufferId, BufferKind, CounterId, DType, GpuTarget, Opcode, Program, SmAssignment, WeightStore,
@@ -306,111 +305,6 @@ impl Builder {
             buf: lin.out,
             wait: (c, tiles),
         }
-    }
-}
-
-/// Where the program's weight buffers come from: the model's tensors, cast to the program's
-/// dtype into `store` (a tensor already there is not cast again), or a synthetic model's
-/// shapes.
-struct Weights<'m> {
-    model: &'m Model,
-    dtype: DType,
-    synthetic: Option<std::collections::HashMap<String, Vec<u64>>>,
-    store: WeightStore,
-}
-
-impl<'m> Weights<'m> {
-    fn new(model: &'m Model, dtype: DType, store: WeightStore) -> Self {
-        let synthetic = (model.format == ModelFormat::Synthetic)
-            .then(|| model::tensor_names(&model.config).into_iter().collect());
-        Weights {
-            model,
-            dtype,
-            synthetic,
-            store,
-        }
-    }
-
-    /// The WEIGHT buffer of tensor `name`.
-    fn buffer(&mut self, b: &mut Builder, name: &str) -> Result<BufferId, ModelError> {
-        let missing = || ModelError::MissingTensor(name.to_string());
-        let shape = match &self.synthetic {
-            Some(shapes) => shapes.get(name).ok_or_else(missing)?.clone(),
-            None => {
-                let t = self.model.weights.get(name).ok_or_else(missing)?;
-                if self.store.get(name).is_none() {
-                    self.store.insert_shared(name, cast(name, t, self.dtype)?);
-                }
-                t.shape().to_vec()
-            }
-        };
-        Ok(b.p.new_weight(name, self.dtype, &shape, name))
-    }
-}
-
-/// Qwen2's q/k/v biases or Qwen3's q/k norms.
-#[derive(Clone, Copy)]
-struct Triple {
-    q: BufferId,
-    k: BufferId,
-    v: Option<BufferId>,
-}
-
-/// One layer's weight buffers.
-struct LayerWeights {
-    in_norm: BufferId,
-    q: BufferId,
-    k: BufferId,
-    v: BufferId,
-    biases: Option<Triple>,
-    qk_norms: Option<Triple>,
-    o: BufferId,
-    post_norm: BufferId,
-    gate: BufferId,
-    up: BufferId,
-    down: BufferId,
-}
-
-impl LayerWeights {
-    fn load(b: &mut Builder, w: &mut Weights<'_>, l: usize) -> Result<Self, ModelError> {
-        let mc = &w.model.config;
-        let (bias, qk_norm) = (mc.attention_bias, mc.qk_norm);
-        let mut get = |what: &str| w.buffer(b, &layer_tensor(l, what));
-        let in_norm = get("input_layernorm.weight")?;
-        let (q, k, v) = (
-            get("self_attn.q_proj.weight")?,
-            get("self_attn.k_proj.weight")?,
-            get("self_attn.v_proj.weight")?,
-        );
-        let biases = match bias {
-            true => Some(Triple {
-                q: get("self_attn.q_proj.bias")?,
-                k: get("self_attn.k_proj.bias")?,
-                v: Some(get("self_attn.v_proj.bias")?),
-            }),
-            false => None,
-        };
-        let qk_norms = match qk_norm {
-            true => Some(Triple {
-                q: get("self_attn.q_norm.weight")?,
-                k: get("self_attn.k_norm.weight")?,
-                v: None,
-            }),
-            false => None,
-        };
-        Ok(LayerWeights {
-            in_norm,
-            q,
-            k,
-            v,
-            biases,
-            qk_norms,
-            o: get("self_attn.o_proj.weight")?,
-            post_norm: get("post_attention_layernorm.weight")?,
-            gate: get("mlp.gate_proj.weight")?,
-            up: get("mlp.up_proj.weight")?,
-            down: get("mlp.down_proj.weight")?,
-        })
     }
 }
 
@@ -772,7 +666,7 @@ pub fn lower_prefill_sharing(
         b.p.new_buffer(name, BufferKind::IO_INPUT, DType::I32, &[d.rows])
     };
     let (ids, pos) = (input(&mut b, IDS), input(&mut b, POS));
-    let table = w.buffer(&mut b, EMBED)?;
+    let table = w.buffer(&mut b.p, EMBED)?;
     let h0 = b.act("h0".into(), &[d.rows, d.h]);
     let pr = params(&[("hidden", int(d.h))]);
     let bytes = (d.rows * d.h) as i64 * b.dbytes;
@@ -793,7 +687,7 @@ pub fn lower_prefill_sharing(
         scale: Value::Float(1.0 / (d.hd as f64).sqrt()),
     };
     for l in 0..mc.n_layers {
-        let lw = LayerWeights::load(&mut b, &mut w, l)?;
+        let lw = LayerWeights::load(&mut b.p, &mut w, l)?;
         if opts.logits == PrefillLogits::None && l + 1 == mc.n_layers {
             layer(l).kv_only(&mut b, &lw, resid);
             break;
@@ -802,10 +696,10 @@ pub fn lower_prefill_sharing(
         resid = layer(l).mlp_block(&mut b, &lw, hm);
     }
     if opts.logits != PrefillLogits::None {
-        let fnorm = w.buffer(&mut b, FINAL_NORM)?;
+        let fnorm = w.buffer(&mut b.p, FINAL_NORM)?;
         let head = match mc.tie_word_embeddings {
             true => table,
-            false => w.buffer(&mut b, LM_HEAD)?,
+            false => w.buffer(&mut b.p, LM_HEAD)?,
         };
         lm_head(&mut b, (fnorm, head), resid, d, opts.logits);
     }
