@@ -143,20 +143,15 @@ pub struct ModelArgs {
     /// max_position_embeddings when smaller; at most max_position_embeddings).
     #[arg(long, value_name = "N")]
     max_seq: Option<u64>,
-    /// Positions below N run a second decode program, with each layer's attention one task a
-    /// KV head, faster than the attention split over every SM while the cache is short (0:
-    /// every position runs the split program). Default: 384 on a GPU (below the measured
-    /// crossover of SmolLM2-135M, Llama-3.2-1B and Llama-3.1-8B); none on the CPU VM.
-    #[arg(long, value_name = "N")]
-    short_context: Option<u64>,
     /// Machine-readable output on stdout.
     #[arg(long)]
     pub(crate) json: bool,
 }
 
-/// How `generate` and `perplexity` feed a prompt or text.
+/// How the engine runs what `generate`, `perplexity` and `serve` give it: the prompt's (or
+/// text's) chunks, and the program for short positions.
 #[derive(clap::Args, Debug, Clone, Copy)]
-pub struct PrefillArg {
+pub struct EngineArgs {
     /// Prompt tokens a prefill pass takes: a prompt's K/V rows (a scored text's logits) go
     /// through the prefill program in chunks of this many (0: one decode pass a token); with
     /// 256 or more, a prompt's last chunk may run a program of a quarter of them.
@@ -164,6 +159,12 @@ pub struct PrefillArg {
     /// 64 for a scored text.
     #[arg(long, value_name = "N")]
     prefill_rows: Option<u64>,
+    /// Positions below N run a second decode program, with each layer's attention one task a
+    /// KV head, faster than the attention split over every SM while the cache is short (0:
+    /// every position runs the split program). Default: 384 on a GPU (below the measured
+    /// crossover of SmolLM2-135M, Llama-3.2-1B and Llama-3.1-8B); none on the CPU VM.
+    #[arg(long, value_name = "N")]
+    short_context: Option<u64>,
     /// Whether the command scores a text (every row's logits) rather than feeding a prompt.
     #[arg(skip)]
     scoring: bool,
@@ -192,7 +193,7 @@ pub struct GenerateArgs {
     #[command(flatten)]
     common: ModelArgs,
     #[command(flatten)]
-    prefill: PrefillArg,
+    prefill: EngineArgs,
     /// Prompt text. Without it or --prompt-file the prompt is read from standard input (a
     /// pipe or a file, not a terminal).
     #[arg(long, conflicts_with = "prompt_file")]
@@ -238,7 +239,7 @@ pub struct PerplexityArgs {
     #[command(flatten)]
     common: ModelArgs,
     #[command(flatten)]
-    prefill: PrefillArg,
+    prefill: EngineArgs,
     /// Text to score (teacher-forced). Without it or --text-file the text is read from
     /// standard input (a pipe or a file, not a terminal), as generate's prompt is.
     #[arg(long, conflicts_with = "text_file")]
@@ -427,7 +428,7 @@ pub fn target_named(name: &str) -> Result<GpuTarget, ModelCmdError> {
 pub(crate) fn import(
     a: &ModelArgs,
     gpu_sms: Option<usize>,
-    prefill: Option<PrefillArg>,
+    prefill: Option<EngineArgs>,
 ) -> Result<Imported, ModelCmdError> {
     let (schedule, _) = schedule_config(a.config.as_deref(), gpu_sms.is_some())?;
     let mut target = target_named(&a.target)?;
@@ -456,6 +457,7 @@ pub(crate) fn import(
         a.max_seq
     );
     let default_short = amk_engine::default_short_context(gpu_sms.is_some());
+    let short_context = prefill.and_then(|p| p.short_context.or(default_short));
     Ok(Imported {
         model,
         options: EngineOptions {
@@ -473,7 +475,7 @@ pub(crate) fn import(
                     ))
                 })
                 .filter(|&r| r > 0),
-            short_context: a.short_context.or(default_short).filter(|&r| r > 0),
+            short_context: short_context.filter(|&r| r > 0),
         },
         import_s: t0.elapsed().as_secs_f64(),
     })
@@ -843,7 +845,7 @@ fn perplexity_inner(a: &PerplexityArgs) -> Result<(), ModelCmdError> {
     let Text { text, origin } = read_text(a.text.as_ref(), a.text_file.as_ref(), "text")?;
     let chosen = backend_choice::choose(a.backend, a.threads)?;
     let reg = registry()?;
-    let scoring = PrefillArg {
+    let scoring = EngineArgs {
         scoring: true,
         ..a.prefill
     };

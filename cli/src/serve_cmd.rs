@@ -3,7 +3,7 @@
 
 use crate::backend_choice::{self, BackendKind};
 use crate::model_cmd::{
-    ModelArgs, ModelCmdError, PrefillArg, finish, import, load_engine, registry, tokenizer,
+    EngineArgs, ModelArgs, ModelCmdError, finish, import, load_engine, registry, tokenizer,
 };
 use crate::output::outln;
 use crate::status::status;
@@ -17,7 +17,7 @@ pub struct ServeArgs {
     #[command(flatten)]
     common: ModelArgs,
     #[command(flatten)]
-    prefill: PrefillArg,
+    prefill: EngineArgs,
     /// Address to listen on (0.0.0.0: every interface).
     #[arg(long, default_value = "127.0.0.1")]
     host: String,
@@ -128,7 +128,7 @@ fn serve(a: &ServeArgs) -> Result<(), ModelCmdError> {
 /// Loads the model as `amk generate` does, on the engine's thread.
 fn load(
     common: &ModelArgs,
-    prefill: PrefillArg,
+    prefill: EngineArgs,
     backend: BackendKind,
     threads: usize,
     name: Option<String>,
