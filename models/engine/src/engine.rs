@@ -429,6 +429,46 @@ impl Engine {
         Ok(())
     }
 
+    /// Checks `req` against the program (sampling settings, alternatives, the prompt's ids and
+    /// length, the stop tokens, the vocabulary limit); returns the vocabulary limit.
+    fn check_request(&self, req: &Request<'_>) -> Result<usize, EngineError> {
+        req.sampling.check()?;
+        if req.top_logprobs > MAX_TOP_LOGPROBS {
+            return Err(EngineError::Request(format!(
+                "{} top log-probabilities asked for; at most {MAX_TOP_LOGPROBS}",
+                req.top_logprobs
+            )));
+        }
+        let n = req.prompt.len();
+        if n == 0 {
+            return Err(EngineError::Request("the prompt has no tokens".into()));
+        }
+        self.check_ids(req.prompt, "prompt")?;
+        if n as u64 > self.io.max_seq {
+            return Err(EngineError::ContextFull {
+                prompt: n,
+                max_seq: self.io.max_seq,
+            });
+        }
+        if req.stop.len() > self.io.stop_slots {
+            return Err(EngineError::Request(format!(
+                "{} stop tokens; the program holds at most {}",
+                req.stop.len(),
+                self.io.stop_slots
+            )));
+        }
+        if let Some(&bad) = req.stop.iter().find(|&&t| i32::try_from(t).is_err()) {
+            return Err(EngineError::Request(format!(
+                "stop token id {bad} is too large"
+            )));
+        }
+        let vocab_limit = req.vocab_limit.unwrap_or(self.io.vocab).min(self.io.vocab);
+        if vocab_limit == 0 {
+            return Err(EngineError::Request("the vocabulary limit is 0".into()));
+        }
+        Ok(vocab_limit)
+    }
+
     /// Generates from `req.prompt` (from position 0: the sequence starts anew), in one loop
     /// of passes on the device; `on_token` sees each token as it arrives and may return
     /// `false` to stop (the pass running then finishes).
@@ -464,40 +504,8 @@ impl Engine {
         on_token: &mut dyn FnMut(&Token, &[Alternative]) -> bool,
         mut prompt: Option<PromptWatch<'_>>,
     ) -> Result<Generation, EngineError> {
-        req.sampling.check()?;
-        if req.top_logprobs > MAX_TOP_LOGPROBS {
-            return Err(EngineError::Request(format!(
-                "{} top log-probabilities asked for; at most {MAX_TOP_LOGPROBS}",
-                req.top_logprobs
-            )));
-        }
+        let vocab_limit = self.check_request(req)?;
         let n = req.prompt.len();
-        if n == 0 {
-            return Err(EngineError::Request("the prompt has no tokens".into()));
-        }
-        self.check_ids(req.prompt, "prompt")?;
-        if n as u64 > self.io.max_seq {
-            return Err(EngineError::ContextFull {
-                prompt: n,
-                max_seq: self.io.max_seq,
-            });
-        }
-        if req.stop.len() > self.io.stop_slots {
-            return Err(EngineError::Request(format!(
-                "{} stop tokens; the program holds at most {}",
-                req.stop.len(),
-                self.io.stop_slots
-            )));
-        }
-        if let Some(&bad) = req.stop.iter().find(|&&t| i32::try_from(t).is_err()) {
-            return Err(EngineError::Request(format!(
-                "stop token id {bad} is too large"
-            )));
-        }
-        let vocab_limit = req.vocab_limit.unwrap_or(self.io.vocab).min(self.io.vocab);
-        if vocab_limit == 0 {
-            return Err(EngineError::Request("the vocabulary limit is 0".into()));
-        }
         let t0 = Instant::now();
         let mut out = Generation {
             tokens: Vec::new(),

@@ -2,6 +2,7 @@
 #![allow(unsafe_code)]
 
 mod driver;
+mod load;
 pub mod nvrtc;
 mod report;
 mod session;

@@ -2,10 +2,11 @@
 
 use super::CudaBackend;
 use super::driver::{DeviceMem, Event, MappedMem, Module, describe};
+use super::load;
 use crate::CudaError;
 use crate::TaskTrace;
-use crate::abi::{AmkDeviceProgram, AmkInstruction, AmkStatus, COUNTER_STRIDE, status};
-use crate::tables::{self, Placement, Tables, pack_params, task_label};
+use crate::abi::{AmkDeviceProgram, AmkInstruction, AmkStatus, status};
+use crate::tables::{Placement, Tables, pack_params, task_label};
 use amk_core::{
     BackendError, BufferKind, LoopRun, OnRow, Outputs, ParamPatch, Program, Registry, RowWatch,
     Session, Tensor, WeightStore,
@@ -130,7 +131,7 @@ struct Lent {
 impl Beside {
     /// The address `buf` takes from the other session, if that session has a KV cache or
     /// weight of its name, kind, dtype and shape.
-    fn lends(&self, buf: &amk_core::Buffer) -> Option<u64> {
+    pub(super) fn lends(&self, buf: &amk_core::Buffer) -> Option<u64> {
         if !matches!(buf.kind, BufferKind::KV_CACHE | BufferKind::WEIGHT) {
             return None;
         }
@@ -142,7 +143,11 @@ impl Beside {
 /// Blocks of `threads` threads and `smem` bytes of dynamic shared memory that fit on one SM
 /// with `module`'s kernel, after the opt-in a launch needs past 48 KB in all (static
 /// included).
-fn blocks_per_sm(module: &Module, threads: u32, smem: usize) -> Result<usize, CudaError> {
+pub(super) fn blocks_per_sm(
+    module: &Module,
+    threads: u32,
+    smem: usize,
+) -> Result<usize, CudaError> {
     if smem + module.static_smem() > 48 << 10 {
         module.set_max_dynamic_smem(smem)?;
     }
@@ -162,272 +167,50 @@ impl CudaSession {
         beside: Option<&Beside>,
     ) -> Result<Self, CudaError> {
         let inner = &backend.inner;
-        let lent: Vec<Option<u64>> = (program.buffers.iter())
-            .map(|b| beside.and_then(|x| x.lends(b)))
-            .collect();
         let ctx = &inner.ctx;
+        let lent = load::lent_addresses(program, beside);
         let (module, mk) = backend.module_for(registry, program, false)?;
-        for t in &program.tasks {
-            if !mk.has(t.op) {
-                return Err(CudaError::UnsupportedOp {
-                    task: t.id,
-                    label: t.display_label(),
-                    op: registry
-                        .name_of(t.op)
-                        .map_or_else(|| t.op.0.to_string(), |n| n.into_owned()),
-                });
-            }
-        }
-        let threads = inner.options.threads;
-        // The GEMV weight ring (sm_90+) takes the dynamic shared memory that the device
-        // allows beside the kernel's static shared memory, up to `ring_bytes`.
-        let ring = if inner.info.compute_capability.0 >= 9 {
-            inner
-                .options
-                .ring_bytes
-                .min(inner.smem_optin.saturating_sub(module.static_smem()))
-                & !1023
-        } else {
-            0
-        };
-        let smem = (mk.shared_bytes_for(program) as usize)
-            .max(ring)
-            .max(inner.options.min_smem_bytes);
-        if smem > inner.smem_optin {
-            return Err(CudaError::DeviceUnsuitable {
-                device: inner.info.name.clone(),
-                why: format!(
-                    "ops need {smem} B of shared memory per block, the device allows {}",
-                    inner.smem_optin
-                ),
-            });
-        }
-        let per_sm = blocks_per_sm(&module, threads, smem)?;
-        let resident = per_sm * inner.info.sms;
-        if resident == 0 {
-            return Err(CudaError::Occupancy {
-                needed: 1,
-                resident,
-                per_sm,
-                sms: inner.info.sms,
-                threads,
-                smem,
-            });
-        }
-        let tables = tables::build(program, registry, resident).map_err(CudaError::Layout)?;
-        for s in &tables.fused_steps {
-            if !mk.has(amk_core::Opcode(s.op as u16)) {
-                return Err(CudaError::Layout(format!(
-                    "a FUSED step uses op {}, which has no CUDA device function",
-                    s.op
-                )));
-            }
-        }
-        let grid = tables.queues.len();
-        if grid > resident {
-            return Err(CudaError::Occupancy {
-                needed: grid,
-                resident,
-                per_sm,
-                sms: inner.info.sms,
-                threads,
-                smem,
-            });
-        }
-
+        load::check_ops(program, registry, &mk)?;
+        let shape = load::LaunchShape::of(inner, &module, &mk, program)?;
+        let tables = load::build_tables(inner, program, registry, &mk, &shape)?;
         // Memory: weights once (deduplicated by tensor), one zeroed arena for the rest.
-        let mut uploads: Vec<Arc<DeviceMem>> = Vec::new();
-        let mut weight_ptr = vec![0u64; program.buffers.len()];
-        match weights {
-            WeightSource::Store(store) => {
-                let bound = store.bind(program)?;
-                let mut by_tensor: HashMap<*const Tensor, usize> = HashMap::new();
-                for (b, t) in bound.by_buffer.iter().enumerate() {
-                    if let Some(addr) = lent[b] {
-                        weight_ptr[b] = addr;
-                        continue;
-                    }
-                    let Some(t) = t else { continue };
-                    let key = Arc::as_ptr(t);
-                    let slot = match by_tensor.get(&key) {
-                        Some(&i) => i,
-                        None => {
-                            uploads.push(Arc::new(DeviceMem::from_slice(ctx, &t.to_le_bytes())?));
-                            by_tensor.insert(key, uploads.len() - 1);
-                            uploads.len() - 1
-                        }
-                    };
-                    weight_ptr[b] = uploads[slot].ptr();
-                }
-            }
-            WeightSource::Synthetic(synth) => {
-                let mut by_name: HashMap<&str, (usize, &amk_core::Buffer)> = HashMap::new();
-                for w in synth.plan(program)? {
-                    let (b, src) = (w.buffer, w.name);
-                    if let Some(addr) = lent[b] {
-                        weight_ptr[b] = addr;
-                        continue;
-                    }
-                    let buf = &program.buffers[b];
-                    let slot = match by_name.get(src) {
-                        Some(&(i, first)) => {
-                            if first.dtype != buf.dtype || first.shape != buf.shape {
-                                return Err(CudaError::Layout(format!(
-                                    "buffers '{}' and '{}' name tensor '{src}' with different dtypes or shapes",
-                                    first.name, buf.name
-                                )));
-                            }
-                            i
-                        }
-                        None => {
-                            let mem = DeviceMem::zeroed(ctx, buf.nbytes() as usize)?;
-                            let ts = amk_core::synth::tensor_seed(synth.seed, w.seed_name);
-                            backend.synth_fill(mem.ptr(), buf.numel(), buf.dtype, ts, w.init)?;
-                            uploads.push(Arc::new(mem));
-                            by_name.insert(src, (uploads.len() - 1, buf));
-                            uploads.len() - 1
-                        }
-                    };
-                    weight_ptr[b] = uploads[slot].ptr();
-                }
-                // Tensors given as they are (a model's RoPE divisors): uploaded like a store's.
-                for (b, t) in synth.exact_bindings(program)? {
-                    if let Some(addr) = lent[b] {
-                        weight_ptr[b] = addr;
-                        continue;
-                    }
-                    uploads.push(Arc::new(DeviceMem::from_slice(ctx, &t.to_le_bytes())?));
-                    weight_ptr[b] = uploads[uploads.len() - 1].ptr();
-                }
-            }
-        }
-        let arena = Arc::new(DeviceMem::zeroed(ctx, tables.arena_bytes as usize)?);
-        let host = MappedMem::new(ctx, tables.host_bytes as usize)?;
-        let mut descs = tables.buffers.clone();
-        for (d, p) in descs.iter_mut().zip(&tables.placement) {
-            d.ptr = match *p {
-                Placement::Weight(b) => weight_ptr[b],
-                Placement::Arena { offset, .. } => arena.ptr() + offset,
-                Placement::Host { offset, .. } => host.dev_ptr() + offset,
-            };
-            if d.ptr == 0 {
-                return Err(CudaError::Layout(
-                    "a weight buffer has no bound tensor".into(),
-                ));
-            }
-        }
-        // The other session's KV caches (its weights are already in weight_ptr).
-        for (d, addr) in descs.iter_mut().zip(&lent) {
-            if let Some(a) = addr {
-                d.ptr = *a;
-            }
-        }
+        let uploads = load::upload_weights(backend, program, weights, &lent)?;
+        let mem = load::BufferMem {
+            arena: Arc::new(DeviceMem::zeroed(ctx, tables.arena_bytes as usize)?),
+            host: MappedMem::new(ctx, tables.host_bytes as usize)?,
+        };
+        let descs = load::descriptors(&tables, &uploads.ptr, &mem, &lent)?;
+        let source = load::TableSource {
+            program,
+            registry,
+            tables: &tables,
+            descs: &descs,
+            carried,
+        };
+        let dev = load::device_tables(inner, &source)?;
+        let prog = load::device_program(inner, &source, &dev, &shape);
+        let launch = (shape.threads, inner.info.sms);
+        verify_tasks(&module, &prog, (program, registry), &dev.status, launch)?;
+        let load::DeviceTables {
+            descs: descs_mem,
+            instructions,
+            verified,
+            fused,
+            queues,
+            counters,
+            status: status_mem,
+            patch_ids,
+            patch_recs,
+            abort,
+            loop_stop,
+            loop_words,
+        } = dev;
+        let load::BufferMem { arena, host } = mem;
+        let grid = tables.queues.len();
+        let threads = shape.threads;
+        let smem = shape.smem;
         let addrs: Vec<u64> = descs.iter().map(|d| d.ptr).collect();
-        let descs_mem = DeviceMem::from_slice(ctx, &descs)?;
-        let prefetch = DeviceMem::from_slice(
-            ctx,
-            &tables::prefetch_ranges(&tables.instructions, &descs, &tables.placement),
-        )?;
-        let l2_cap = inner.options.l2_prefetch_bytes;
-        let mut l2_list =
-            tables::l2_ranges(&tables.instructions, &descs, &tables.placement, l2_cap);
-        let ops = (inner.options.l2_prefetch_ops.iter())
-            .map(|name| {
-                registry.resolve_name(name).ok_or_else(|| {
-                    CudaError::Layout(format!(
-                        "AMK_CUDA_L2_PREFETCH_OPS names '{name}', which is no registered op"
-                    ))
-                })
-            })
-            .collect::<Result<Vec<_>, _>>()?;
-        let keep =
-            tables::prefetch_keep(&tables.instructions, inner.options.l2_prefetch_tasks, &ops);
-        tables::keep_ranges(&mut l2_list, &keep);
-        let l2 = DeviceMem::from_slice(ctx, &l2_list)?;
-        let mut per_task = tables::task_buffers(&tables.instructions, &descs);
-        tables::mark_carried_reads(&mut per_task, &tables.instructions, carried);
-        let task_bufs = DeviceMem::from_slice(ctx, &per_task)?;
-        let instructions = DeviceMem::from_slice(ctx, &tables.instructions)?;
-        let verified = DeviceMem::zeroed(ctx, tables.instructions.len().max(1) * 4)?;
-        let fused_steps = DeviceMem::from_slice(ctx, &tables.fused_steps)?;
-        let fused_off = DeviceMem::from_slice(ctx, &tables.fused_off)?;
-        let queue_tasks = DeviceMem::from_slice(ctx, &tables.queues.tasks)?;
-        let queue_off = DeviceMem::from_slice(ctx, &tables.queues.off)?;
-        let counters = DeviceMem::zeroed(ctx, program.counters.len().max(1) * COUNTER_STRIDE * 4)?;
-        let status_mem = DeviceMem::zeroed(ctx, std::mem::size_of::<AmkStatus>())?;
-        let n = tables.instructions.len().max(1);
-        let patch_ids = DeviceMem::zeroed(ctx, n * 4)?;
-        let patch_recs = DeviceMem::zeroed(ctx, n * std::mem::size_of::<AmkInstruction>())?;
-        let abort = MappedMem::new(ctx, 64)?;
-        let loop_stop = DeviceMem::zeroed(ctx, 64)?;
-        let loop_words = MappedMem::new(ctx, crate::abi::LOOP_WORDS * 4)?;
-        let (loop_gate, loop_gate_count, loop_halt) = match program.step_loop {
-            Some(l) => (
-                l.gate as i32,
-                program
-                    .tasks
-                    .iter()
-                    .filter(|t| t.out_counter == l.gate)
-                    .count() as u32,
-                descs.get(l.halt as usize).map_or(0, |d| d.ptr),
-            ),
-            None => (-1, 0, 0),
-        };
-        let prog = AmkDeviceProgram {
-            buffers: descs_mem.ptr(),
-            instructions: instructions.ptr(),
-            fused_steps: fused_steps.ptr(),
-            fused_off: fused_off.ptr(),
-            queue_tasks: queue_tasks.ptr(),
-            queue_off: queue_off.ptr(),
-            counters: counters.ptr(),
-            abort_flag: abort.dev_ptr(),
-            status: status_mem.ptr(),
-            n_buffers: descs.len() as i32,
-            n_counters: program.counters.len() as i32,
-            n_instructions: tables.instructions.len() as i32,
-            n_queues: grid as i32,
-            smem_bytes: smem as i32,
-            epoch: 1,
-            trace: 0,
-            prefetch: if inner.options.prestart && ring > 0 {
-                prefetch.ptr()
-            } else {
-                0
-            },
-            ring_bytes: ring as i32,
-            flags: if inner.options.l2_evict_first {
-                crate::abi::PROG_L2_EVICT_FIRST
-            } else {
-                0
-            } | if inner.options.l2_prefetch_early {
-                crate::abi::PROG_L2_PREFETCH_EARLY
-            } else {
-                0
-            },
-            l2_ranges: if l2_cap > 0 { l2.ptr() } else { 0 },
-            task_bufs: task_bufs.ptr(),
-            task_verified: verified.ptr(),
-            loop_passes: 0,
-            loop_gate,
-            loop_gate_count,
-            loop_pad: 0,
-            loop_halt,
-            loop_stop: loop_stop.ptr(),
-            loop_words: 0,
-        };
-        // Every task's ids and pre-wait op checks, once, on the device: the megakernel skips
-        // them for the tasks that pass (docs/perf-notes.md round 11). A failure is the error
-        // its step would have raised. The status read waits for the launch (same stream).
-        if !tables.instructions.is_empty() {
-            let vgrid = (tables.instructions.len() as u32).min(inner.info.sms.max(1) as u32);
-            module.launch_verify(&prog, vgrid, threads)?;
-            let mut st = [0u8; std::mem::size_of::<AmkStatus>()];
-            status_mem.read(0, &mut st)?;
-            if let Some(e) = status_error(program, registry, bytemuck::pod_read_unaligned(&st)) {
-                return Err(e);
-            }
-        }
+        let uploads = uploads.mem;
         Ok(CudaSession {
             backend: backend.clone(),
             current: tables.instructions.clone(),
@@ -441,11 +224,11 @@ impl CudaSession {
             addrs,
             borrowed: lent.iter().map(Option::is_some).collect(),
             _lent: beside.map(|b| b.keep.clone()).unwrap_or_default(),
-            _descs: (descs_mem, prefetch, l2, task_bufs),
+            _descs: descs_mem,
             instructions,
             verified,
-            _fused: (fused_steps, fused_off),
-            _queues: (queue_tasks, queue_off),
+            _fused: fused,
+            _queues: queues,
             counters,
             status: status_mem,
             patch_ids,
@@ -1066,6 +849,29 @@ impl Session for CudaSession {
         on_row: &mut OnRow<'_>,
     ) -> Result<LoopRun, BackendError> {
         Ok(CudaSession::run_loop(self, max_passes, watch, on_row)?)
+    }
+}
+
+/// Every task's ids and pre-wait op checks, once, on the device: the megakernel skips them for
+/// the tasks that pass (docs/perf-notes.md round 11). A failure is the error its step would
+/// have raised. The status read waits for the launch (same stream).
+fn verify_tasks(
+    module: &Module,
+    prog: &AmkDeviceProgram,
+    (program, registry): (&Program, &Registry),
+    status_mem: &DeviceMem,
+    (threads, sms): (u32, usize),
+) -> Result<(), CudaError> {
+    let n = prog.n_instructions.max(0) as u32;
+    if n == 0 {
+        return Ok(());
+    }
+    module.launch_verify(prog, n.min(sms.max(1) as u32), threads)?;
+    let mut st = [0u8; std::mem::size_of::<AmkStatus>()];
+    status_mem.read(0, &mut st)?;
+    match status_error(program, registry, bytemuck::pod_read_unaligned(&st)) {
+        Some(e) => Err(e),
+        None => Ok(()),
     }
 }
 
