@@ -442,6 +442,11 @@ pub const CASES: &[Case] = &[
         run: dag_split_kv_decode,
     },
     Case {
+        name: "dag_split_kv_normalized",
+        about: "three decode steps of one split a KV head writing normalised rows (ATTENTION_SPLIT flags bit 0) into the attention row, then GEMV tiles over it",
+        run: dag_split_kv_normalized,
+    },
+    Case {
         name: "family_chain",
         about: "generated chains vs the oracle",
         run: family_chain,
@@ -490,11 +495,6 @@ pub const CASES: &[Case] = &[
         name: "llama_pos3",
         about: "toy Llama (GQA) at position 3 vs f64 and the oracle",
         run: llama_pos3,
-    },
-    Case {
-        name: "dag_split_kv_normalized",
-        about: "three decode steps of one split a KV head writing normalised rows (ATTENTION_SPLIT flags bit 0) into the attention row, then GEMV tiles over it",
-        run: dag_split_kv_normalized,
     },
     Case {
         name: "llama_split_kv",

@@ -5,40 +5,18 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
+mod support;
+
 use amk_backend_cpu::CpuBackend;
-use amk_core::{DType, GpuTarget, Registry, ScheduleConfig};
+use amk_core::{DType, GpuTarget, ScheduleConfig};
 use amk_engine::{
     Alternative, Engine, EngineError, EngineOptions, Finish, Request, Sampling, argmax,
     lower_and_load, top_alternatives,
 };
 use amk_model_llama::Model;
-use amk_model_llama::config::{ModelConfig, RopeScaling};
 use amk_model_llama::lower::tuned_schedule;
 use rstest::rstest;
-
-fn registry() -> Registry {
-    amk_ops::registry().unwrap()
-}
-
-fn tiny() -> Model {
-    let c = ModelConfig {
-        hidden: 32,
-        n_heads: 4,
-        n_kv_heads: 2,
-        head_dim: 8,
-        intermediate: 48,
-        vocab: 40,
-        n_layers: 2,
-        rms_eps: 1e-5,
-        rope_theta: 10000.0,
-        max_position_embeddings: 64,
-        tie_word_embeddings: true,
-        attention_bias: false,
-        rope_scaling: RopeScaling::None,
-        qk_norm: false,
-    };
-    Model::random(c, 7).unwrap()
-}
+use support::{registry, tiny};
 
 fn engine(schedule: ScheduleConfig, max_seq: u64) -> Engine {
     let opts = EngineOptions {
