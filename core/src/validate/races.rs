@@ -11,19 +11,61 @@ struct StateRead {
     pairs: Vec<(TaskId, Ans, Ans)>,
 }
 
+/// Who writes and who reads each buffer.
+struct Uses {
+    writers: Incidence,
+    readers: Incidence,
+}
+
+/// Check 5's questions: per read of a writable buffer (reader, buffer, every other writer
+/// before it?), and the STATE buffers' reads apart.
+struct Reads {
+    plain: Vec<(TaskId, BufferId, Ans)>,
+    state: Vec<StateRead>,
+}
+
+/// Check 5a's question for one buffer: is each writer, in topological order, before the next?
+struct MultiWriter {
+    buffer: BufferId,
+    /// Every writer signals one counter (their tiles overlap, or they would have passed).
+    same_counter: bool,
+    links: Vec<Ans>,
+}
+
+/// Check 7's questions: each page's chain of buffers and, per consecutive pair, whether every
+/// use of the first happens before every write of the second.
+struct PageChains {
+    chains: Vec<Vec<BufferId>>,
+    links: Vec<Vec<Ans>>,
+}
+
 impl Validator<'_> {
     // ---- Checks 5, 5a, 7: provenance, write-after-write, pages ------------------------------
 
     pub(super) fn check_races(&mut self, order: &[TaskId]) {
         let p = self.p;
-        let writers = Incidence::writers(p);
-        let readers = Incidence::readers(p);
+        let uses = Uses {
+            writers: Incidence::writers(p),
+            readers: Incidence::readers(p),
+        };
         let mut reach = Reach::new(p, self.idx, order);
+        // Phase 1: ask every question the three checks need, then answer them in one pass.
+        let reads = self.ask_reads(order, &uses, &mut reach);
+        let multi = self.ask_multi_writers(&uses, &mut reach);
+        let pages = self.ask_page_chains(&uses, &mut reach);
+        reach.resolve();
+        // Phase 2: decide, and only for failures ask the finer questions messages need.
+        self.report_reads(order, &uses, &reads.plain, &reach);
+        self.check_state_reads(&reads.state, &reach);
+        self.report_multi_writers(order, &uses, &multi, &reach);
+        self.report_page_chains(&uses, &pages, &reach);
+    }
 
-        // Phase 1: ask every question the three checks need.
-        // Check 5: (reader, buffer, every other writer happens-before the reader?).
+    /// Check 5's questions: for every read of a writable buffer, whether every other writer
+    /// happens before the reader (a STATE buffer's: per other writer, both ways).
+    fn ask_reads(&self, order: &[TaskId], uses: &Uses, reach: &mut Reach<'_>) -> Reads {
+        let (p, writers) = (self.p, &uses.writers);
         let mut reads: Vec<(TaskId, BufferId, Ans)> = Vec::new();
-        // STATE reads: per other writer, (writer before the reader?, reader before the writer?).
         let mut state_reads: Vec<StateRead> = Vec::new();
         let mut others: Vec<TaskId> = Vec::new();
         for &t in order {
@@ -54,15 +96,18 @@ impl Validator<'_> {
                 reads.push((t, b, a));
             }
         }
-        // Check 5a: writers sorted by topological position must form a chain.
-        let tiled = |t: &Task| {
-            self.reg
-                .get(t.op)
-                .map_or(WriteRegion::Whole, |s| s.write_region)
-        };
-        // Buffers whose writers share one counter and write pairwise-disjoint tiles pass at
-        // once; the others need their writers totally ordered.
-        let mut multi: Vec<(BufferId, bool, Vec<Ans>)> = Vec::new();
+        Reads {
+            plain: reads,
+            state: state_reads,
+        }
+    }
+
+    /// Check 5a's questions: the writers of a buffer written by several tasks, sorted by
+    /// topological position, must form a chain. Buffers whose writers share one counter and
+    /// write pairwise-disjoint tiles pass at once.
+    fn ask_multi_writers(&self, uses: &Uses, reach: &mut Reach<'_>) -> Vec<MultiWriter> {
+        let (p, writers) = (self.p, &uses.writers);
+        let mut multi: Vec<MultiWriter> = Vec::new();
         let mut chain: Vec<TaskId> = Vec::new();
         let mut regions: Vec<Region> = Vec::new();
         for b in 0..writers.len() {
@@ -74,10 +119,12 @@ impl Validator<'_> {
             let same_counter = ws.iter().all(|&w| p.tasks[w as usize].out_counter == c0);
             if same_counter {
                 regions.clear();
-                regions.extend(
-                    ws.iter()
-                        .map(|&w| region(&p.tasks[w as usize], tiled(&p.tasks[w as usize]))),
-                );
+                regions.extend(ws.iter().map(|&w| {
+                    region(
+                        &p.tasks[w as usize],
+                        self.write_region(&p.tasks[w as usize]),
+                    )
+                }));
                 if all_disjoint(&regions) {
                     continue;
                 }
@@ -86,11 +133,20 @@ impl Validator<'_> {
             chain.extend_from_slice(ws);
             chain.sort_by_key(|&w| (reach.position(w), w));
             let links = chain.windows(2).map(|pr| reach.ask(pr[0], pr[1])).collect();
-            multi.push((b as BufferId, same_counter, links));
+            multi.push(MultiWriter {
+                buffer: b as BufferId,
+                same_counter,
+                links,
+            });
         }
-        // Check 7: per page, writer-bearing buffers sorted by their first writer must form a
-        // chain of "every use of one happens-before every write of the next".
-        let page_chains = self.page_chains(&writers, &reach);
+        multi
+    }
+
+    /// Check 7's questions: per page, the writer-bearing buffers sorted by their first writer
+    /// must form a chain of "every use of one happens-before every write of the next".
+    fn ask_page_chains(&self, uses: &Uses, reach: &mut Reach<'_>) -> PageChains {
+        let (writers, readers) = (&uses.writers, &uses.readers);
+        let page_chains = self.page_chains(writers, reach);
         let mut page_links: Vec<Vec<Ans>> = Vec::new();
         let mut uses: Vec<TaskId> = Vec::new();
         for chain in &page_chains {
@@ -103,9 +159,23 @@ impl Validator<'_> {
             }
             page_links.push(links);
         }
-        reach.resolve();
+        PageChains {
+            chains: page_chains,
+            links: page_links,
+        }
+    }
 
-        // Phase 2: decide, and only for failures ask the finer questions messages need.
+    /// Check 5's verdicts: a read of a buffer no task writes, a read not ordered after every
+    /// other writer (its missing writers found by a second, finer pass), an in-place read of
+    /// the task's own uninitialised output.
+    fn report_reads(
+        &mut self,
+        order: &[TaskId],
+        uses: &Uses,
+        reads: &[(TaskId, BufferId, Ans)],
+        reach: &Reach<'_>,
+    ) {
+        let (p, writers) = (self.p, &uses.writers);
         let failed_reads: Vec<(TaskId, BufferId)> = reads
             .iter()
             .filter(|(_, _, a)| !reach.answer(*a))
@@ -128,7 +198,7 @@ impl Validator<'_> {
             .collect();
         detail.resolve();
         let mut failed = failed_reads.iter().zip(per_writer.iter());
-        for &(t, b, a) in &reads {
+        for &(t, b, a) in reads {
             let task = &p.tasks[t as usize];
             let buf = &p.buffers[b as usize];
             let ws = &writers[b as usize];
@@ -201,25 +271,41 @@ impl Validator<'_> {
                 );
             }
         }
+    }
 
-        self.check_state_reads(&state_reads, &reach);
-
-        // Check 5a: multi-writer buffers.
-        for (b, same_counter, links) in &multi {
-            if links.iter().all(|&a| reach.answer(a)) {
+    /// Check 5a's verdicts: a multi-writer buffer whose writers are not totally ordered.
+    fn report_multi_writers(
+        &mut self,
+        order: &[TaskId],
+        uses: &Uses,
+        multi: &[MultiWriter],
+        reach: &Reach<'_>,
+    ) {
+        let p = self.p;
+        for m in multi {
+            if m.links.iter().all(|&a| reach.answer(a)) {
                 continue;
             }
-            let ws = &writers[*b as usize];
+            let ws = &uses.writers[m.buffer as usize];
             let regions: Vec<Region> = ws
                 .iter()
-                .map(|&w| region(&p.tasks[w as usize], tiled(&p.tasks[w as usize])))
+                .map(|&w| {
+                    region(
+                        &p.tasks[w as usize],
+                        self.write_region(&p.tasks[w as usize]),
+                    )
+                })
                 .collect();
-            self.report_waw(*b, ws, &regions, *same_counter, order);
+            self.report_waw(m.buffer, ws, &regions, m.same_counter, order);
         }
+    }
 
-        // Check 7: page aliasing.
+    /// Check 7's verdicts: the page table itself, and pages shared by buffers whose live
+    /// ranges are not ordered.
+    fn report_page_chains(&mut self, uses: &Uses, pages: &PageChains, reach: &Reach<'_>) {
+        let writers = &uses.writers;
         self.check_page_table();
-        for (chain, links) in page_chains.iter().zip(&page_links) {
+        for (chain, links) in pages.chains.iter().zip(&pages.links) {
             for (pair, &a) in chain.windows(2).zip(links) {
                 if reach.answer(a) {
                     continue;
@@ -240,6 +326,13 @@ impl Validator<'_> {
                 );
             }
         }
+    }
+
+    /// Where task `t`'s op writes its output (the whole buffer for an unregistered op).
+    fn write_region(&self, t: &Task) -> WriteRegion {
+        self.reg
+            .get(t.op)
+            .map_or(WriteRegion::Whole, |s| s.write_region)
     }
 
     /// Check 5 for STATE buffers: a read must be ordered with every other writer, either way

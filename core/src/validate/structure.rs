@@ -7,6 +7,38 @@ impl<'a> Validator<'a> {
     // ---- Check 1: per-task structure ------------------------------------------------------
 
     pub(super) fn check_task(&mut self, t: &'a Task) {
+        let refs_ok = self.check_refs(t);
+        self.check_caps(t);
+        self.check_ranks(t);
+        self.check_task_waits(t);
+        self.check_read_only_writes(t);
+        let Some(spec) = self.reg.get(t.op) else {
+            self.err(
+                ValidationError::new(
+                    ErrorKind::UnregisteredOp,
+                    format!(
+                        "{} uses opcode {} (code {}), which no registered op provides",
+                        tag(t),
+                        t.op,
+                        t.op.0
+                    ),
+                )
+                .task(t.id),
+            );
+            return;
+        };
+        // Each check runs (and reports) whatever the others found; the op's own rule only
+        // on a task whose references, arity, params and dims it can rely on.
+        let arity_ok = self.check_arity(t, spec);
+        let params_ok = self.check_params(t, spec);
+        let dims_ok = self.check_dims(t);
+        if refs_ok && arity_ok && params_ok && dims_ok {
+            self.check_op_rule(t, spec);
+        }
+    }
+
+    /// Every buffer and the signalled counter exist; false when a buffer does not.
+    fn check_refs(&mut self, t: &'a Task) -> bool {
         let nb = self.p.buffers.len();
         let nc = self.p.counters.len();
         let mut refs_ok = true;
@@ -50,6 +82,11 @@ impl<'a> Validator<'a> {
                 .counter(t.out_counter),
             );
         }
+        refs_ok
+    }
+
+    /// The device instruction's caps on inputs, outputs and waits.
+    fn check_caps(&mut self, t: &'a Task) {
         let caps = [
             (
                 t.inputs.len(),
@@ -79,6 +116,10 @@ impl<'a> Validator<'a> {
                 );
             }
         }
+    }
+
+    /// Every buffer's rank within the device's.
+    fn check_ranks(&mut self, t: &'a Task) {
         let all = || t.inputs.iter().chain(&t.outputs);
         for (i, &b) in all().enumerate() {
             if let Some(buf) = self.buf(b) {
@@ -101,6 +142,12 @@ impl<'a> Validator<'a> {
                 }
             }
         }
+    }
+
+    /// Every wait's counter exists and its threshold is at least 1; no task waits on the
+    /// counter only it advances.
+    fn check_task_waits(&mut self, t: &'a Task) {
+        let nc = self.p.counters.len();
         for w in &t.waits {
             if w.counter as usize >= nc {
                 self.err(
@@ -149,6 +196,10 @@ impl<'a> Validator<'a> {
                 break;
             }
         }
+    }
+
+    /// No output is a read-only buffer.
+    fn check_read_only_writes(&mut self, t: &'a Task) {
         for &b in &t.outputs {
             if let Some(buf) = self.buf(b)
                 && buf.kind.is_read_only()
@@ -168,22 +219,11 @@ impl<'a> Validator<'a> {
                 );
             }
         }
-        let Some(spec) = self.reg.get(t.op) else {
-            self.err(
-                ValidationError::new(
-                    ErrorKind::UnregisteredOp,
-                    format!(
-                        "{} uses opcode {} (code {}), which no registered op provides",
-                        tag(t),
-                        t.op,
-                        t.op.0
-                    ),
-                )
-                .task(t.id),
-            );
-            return;
-        };
-        let mut op_ok = refs_ok;
+    }
+
+    /// The op's input and output counts; false when either is off.
+    fn check_arity(&mut self, t: &'a Task, spec: &crate::OpSpec) -> bool {
+        let mut op_ok = true;
         let ni = t.inputs.len();
         if ni < spec.min_inputs as usize || spec.max_inputs.is_some_and(|m| ni > m as usize) {
             op_ok = false;
@@ -217,6 +257,13 @@ impl<'a> Validator<'a> {
                 .task(t.id),
             );
         }
+        op_ok
+    }
+
+    /// The op's required params are there and every param has its declared type (an unknown
+    /// one is a warning); false when one is missing or mistyped.
+    fn check_params(&mut self, t: &'a Task, spec: &crate::OpSpec) -> bool {
+        let mut op_ok = true;
         for decl in spec.required_params() {
             if !t.params.contains_key(&decl.name) {
                 op_ok = false;
@@ -277,6 +324,12 @@ impl<'a> Validator<'a> {
                 }
             }
         }
+        op_ok
+    }
+
+    /// No buffer has a zero-sized dim; false when one has.
+    fn check_dims(&mut self, t: &'a Task) -> bool {
+        let mut op_ok = true;
         // Zero-sized dims never load from JSON, but a program built in memory may have them;
         // op rules divide by dims, so refuse them here.
         for &b in t.inputs.iter().chain(&t.outputs) {
@@ -299,7 +352,12 @@ impl<'a> Validator<'a> {
                 );
             }
         }
-        if op_ok && let Some(check) = spec.check {
+        op_ok
+    }
+
+    /// The op's own shape and parameter rule.
+    fn check_op_rule(&mut self, t: &'a Task, spec: &crate::OpSpec) {
+        if let Some(check) = spec.check {
             let ctx = TaskContext {
                 task: t,
                 buffers: &self.p.buffers,
