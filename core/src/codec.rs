@@ -696,6 +696,42 @@ fn opt_str(s: &Option<String>) -> Value {
 /// The JSON document of a program (key order as the reference writes it). Refuses programs
 /// whose maps would repeat a key (a file our own reader would then refuse).
 pub fn to_value(p: &Program, reg: &Registry) -> R<Value> {
+    check_writable(p)?;
+    let buffers = p.buffers.iter().map(buffer_to).collect();
+    let counters = p.counters.iter().map(counter_to).collect();
+    let tasks = (p.tasks.iter())
+        .map(|t| task_to(t, reg))
+        .collect::<R<Vec<_>>>()?;
+    let pages = p.pages.as_ref().map_or(Value::Null, pages_to);
+    let config = p.config.as_ref().map_or(Value::Null, config_to);
+    let target = p.target.as_ref().map_or(Value::Null, target_to);
+    let mut fields = vec![
+        ("ir_version", Value::Str(p.ir_version.clone())),
+        ("abi_version", Value::Str(p.abi_version.clone())),
+        ("meta", Value::Object(p.meta.clone())),
+        ("target", target),
+        ("buffers", Value::Array(buffers)),
+        ("counters", Value::Array(counters)),
+        ("tasks", Value::Array(tasks)),
+        ("pages", pages),
+        ("config", config),
+    ];
+    // Written only when present, so a program without a loop keeps the reference's format.
+    if let Some(l) = &p.step_loop {
+        fields.push((
+            "step_loop",
+            obj(vec![
+                ("gate", Value::Int(l.gate as i64)),
+                ("halt", Value::Int(l.halt as i64)),
+            ]),
+        ));
+    }
+    Ok(obj(fields))
+}
+
+/// What the JSON format cannot hold: a buffer bound to two pages, a task listed twice in an
+/// explicit SM assignment, a tiling group or key twice, map keys that collide.
+fn check_writable(p: &Program) -> R<()> {
     if let Some(pa) = &p.pages
         && let Some(b) = first_repeat(pa.buffer_to_page.iter().map(|&(b, _)| b))
     {
@@ -733,126 +769,86 @@ pub fn to_value(p: &Program, reg: &Registry) -> R<Value> {
     for t in &p.tasks {
         check_map_keys(&t.params, &format!("task {} params", t.id))?;
     }
-    let buffers = p
-        .buffers
-        .iter()
-        .map(|b| {
+    Ok(())
+}
+
+fn buffer_to(b: &crate::Buffer) -> Value {
+    obj(vec![
+        ("id", Value::Int(b.id as i64)),
+        ("name", Value::Str(b.name.clone())),
+        ("kind", Value::from(b.kind.name())),
+        ("dtype", Value::from(b.dtype.name())),
+        (
+            "shape",
+            Value::Array(b.shape.iter().map(|&d| Value::Int(d as i64)).collect()),
+        ),
+        ("space", Value::from(b.space.name())),
+        ("source", opt_str(&b.source)),
+    ])
+}
+
+fn counter_to(c: &crate::Counter) -> Value {
+    obj(vec![
+        ("id", Value::Int(c.id as i64)),
+        ("init", Value::Int(c.init)),
+        ("note", Value::Str(c.note.clone())),
+    ])
+}
+
+/// A task, its op by the registry's name.
+fn task_to(t: &crate::Task, reg: &Registry) -> R<Value> {
+    let op = reg.name_of(t.op).ok_or_else(|| {
+        IrError::Serialize(format!(
+            "task {}: opcode code {} has no name in the registry",
+            t.id, t.op.0
+        ))
+    })?;
+    let waits = (t.waits.iter())
+        .map(|w| {
             obj(vec![
-                ("id", Value::Int(b.id as i64)),
-                ("name", Value::Str(b.name.clone())),
-                ("kind", Value::from(b.kind.name())),
-                ("dtype", Value::from(b.dtype.name())),
-                (
-                    "shape",
-                    Value::Array(b.shape.iter().map(|&d| Value::Int(d as i64)).collect()),
-                ),
-                ("space", Value::from(b.space.name())),
-                ("source", opt_str(&b.source)),
+                ("counter", Value::Int(w.counter as i64)),
+                ("threshold", Value::Int(w.threshold)),
             ])
         })
         .collect();
-    let counters = p
-        .counters
-        .iter()
-        .map(|c| {
+    Ok(obj(vec![
+        ("id", Value::Int(t.id as i64)),
+        ("op", Value::Str(op.into_owned())),
+        ("inputs", ints(t.inputs.iter().copied())),
+        ("outputs", ints(t.outputs.iter().copied())),
+        ("out_counter", Value::Int(t.out_counter as i64)),
+        ("waits", Value::Array(waits)),
+        ("params", Value::Object(t.params.clone())),
+        ("sm", t.sm.map_or(Value::Null, |s| Value::Int(s as i64))),
+        ("est_bytes", Value::Int(t.est_bytes)),
+        ("est_flops", Value::Int(t.est_flops)),
+        ("label", Value::Str(t.label.clone())),
+    ]))
+}
+
+fn pages_to(pa: &crate::PageAllocation) -> Value {
+    let pages = (pa.pages.iter())
+        .map(|pg| {
             obj(vec![
-                ("id", Value::Int(c.id as i64)),
-                ("init", Value::Int(c.init)),
-                ("note", Value::Str(c.note.clone())),
+                ("id", Value::Int(pg.id as i64)),
+                ("space", Value::from(pg.space.name())),
+                ("nbytes", Value::Int(pg.nbytes as i64)),
+                ("live_start", Value::Int(pg.live_start)),
+                ("live_end", Value::Int(pg.live_end)),
             ])
         })
         .collect();
-    let tasks = p
-        .tasks
-        .iter()
-        .map(|t| {
-            let op = reg.name_of(t.op).ok_or_else(|| {
-                IrError::Serialize(format!(
-                    "task {}: opcode code {} has no name in the registry",
-                    t.id, t.op.0
-                ))
-            })?;
-            Ok(obj(vec![
-                ("id", Value::Int(t.id as i64)),
-                ("op", Value::Str(op.into_owned())),
-                ("inputs", ints(t.inputs.iter().copied())),
-                ("outputs", ints(t.outputs.iter().copied())),
-                ("out_counter", Value::Int(t.out_counter as i64)),
-                (
-                    "waits",
-                    Value::Array(
-                        t.waits
-                            .iter()
-                            .map(|w| {
-                                obj(vec![
-                                    ("counter", Value::Int(w.counter as i64)),
-                                    ("threshold", Value::Int(w.threshold)),
-                                ])
-                            })
-                            .collect(),
-                    ),
-                ),
-                ("params", Value::Object(t.params.clone())),
-                ("sm", t.sm.map_or(Value::Null, |s| Value::Int(s as i64))),
-                ("est_bytes", Value::Int(t.est_bytes)),
-                ("est_flops", Value::Int(t.est_flops)),
-                ("label", Value::Str(t.label.clone())),
-            ]))
-        })
-        .collect::<R<Vec<_>>>()?;
-    let pages = p.pages.as_ref().map_or(Value::Null, |pa| {
-        obj(vec![
-            (
-                "buffer_to_page",
-                Value::Object(Map(pa
-                    .buffer_to_page
-                    .iter()
-                    .map(|&(b, pg)| (b.to_string(), Value::Int(pg as i64)))
-                    .collect())),
-            ),
-            (
-                "pages",
-                Value::Array(
-                    pa.pages
-                        .iter()
-                        .map(|pg| {
-                            obj(vec![
-                                ("id", Value::Int(pg.id as i64)),
-                                ("space", Value::from(pg.space.name())),
-                                ("nbytes", Value::Int(pg.nbytes as i64)),
-                                ("live_start", Value::Int(pg.live_start)),
-                                ("live_end", Value::Int(pg.live_end)),
-                            ])
-                        })
-                        .collect(),
-                ),
-            ),
-        ])
-    });
-    let config = p.config.as_ref().map_or(Value::Null, config_to);
-    let target = p.target.as_ref().map_or(Value::Null, target_to);
-    let mut fields = vec![
-        ("ir_version", Value::Str(p.ir_version.clone())),
-        ("abi_version", Value::Str(p.abi_version.clone())),
-        ("meta", Value::Object(p.meta.clone())),
-        ("target", target),
-        ("buffers", Value::Array(buffers)),
-        ("counters", Value::Array(counters)),
-        ("tasks", Value::Array(tasks)),
-        ("pages", pages),
-        ("config", config),
-    ];
-    // Written only when present, so a program without a loop keeps the reference's format.
-    if let Some(l) = &p.step_loop {
-        fields.push((
-            "step_loop",
-            obj(vec![
-                ("gate", Value::Int(l.gate as i64)),
-                ("halt", Value::Int(l.halt as i64)),
-            ]),
-        ));
-    }
-    Ok(obj(fields))
+    obj(vec![
+        (
+            "buffer_to_page",
+            Value::Object(Map(pa
+                .buffer_to_page
+                .iter()
+                .map(|&(b, pg)| (b.to_string(), Value::Int(pg as i64)))
+                .collect())),
+        ),
+        ("pages", Value::Array(pages)),
+    ])
 }
 
 fn first_repeat_str<'s>(keys: &[&'s str]) -> Option<&'s str> {
