@@ -718,6 +718,202 @@ fn align_up(x: u64, a: u64) -> Option<u64> {
     }
 }
 
+/// What a GGUF file's header says: its version and how many metadata pairs and tensor infos
+/// follow (each count checked against the bytes left).
+struct Counts {
+    version: u32,
+    n_kv: usize,
+    n_tensors: usize,
+}
+
+/// The parsed header, metadata and tensor infos, and where the data section starts.
+struct Layout {
+    version: u32,
+    alignment: u64,
+    metadata: Vec<(String, GgufValue)>,
+    tensors: Vec<TensorInfo>,
+    data_start: usize,
+}
+
+/// The magic, the version (2 or 3) and the two counts.
+fn read_header(c: &mut Cursor<'_>, bytes: &[u8]) -> Result<Counts, ModelError> {
+    let magic = bytes.get(..4).unwrap_or(bytes);
+    if magic != MAGIC {
+        return Err(ModelError::BadMagic {
+            found: magic.to_vec(),
+        });
+    }
+    c.pos = 4;
+    let version = c.u32(&|| "version".into())?;
+    if version != 2 && version != 3 {
+        return Err(ModelError::UnsupportedVersion(version));
+    }
+    let n_tensors = c.u64(&|| "tensor count".into())?;
+    let n_kv = c.u64(&|| "metadata count".into())?;
+    // A key/value pair takes at least 8 (key length) + 4 (type) + 1 bytes; a tensor
+    // info at least 8 (name length) + 4 (n_dims) + 4 (type) + 8 (offset) bytes.
+    let n_kv = c.check_count(n_kv, 13, "metadata count")?;
+    let n_tensors = c.check_count(n_tensors, 24, "tensor count")?;
+    Ok(Counts {
+        version,
+        n_kv,
+        n_tensors,
+    })
+}
+
+/// Metadata pairs in file order.
+type Metadata = Vec<(String, GgufValue)>;
+
+/// The `n_kv` metadata pairs, in file order, and each key's index (a key twice is corrupt).
+fn read_metadata(
+    c: &mut Cursor<'_>,
+    n_kv: usize,
+) -> Result<(Metadata, BTreeMap<String, usize>), ModelError> {
+    let mut metadata = Vec::with_capacity(n_kv);
+    let mut seen = BTreeMap::new();
+    for i in 0..n_kv {
+        let at = c.pos;
+        let key = c.string(&|| format!("key of metadata pair {i}"))?;
+        let code = c.u32(&|| format!("value type of '{key}'"))?;
+        let ty = ValueType::from_code(code).ok_or_else(|| {
+            ModelError::Corrupt(format!(
+                "metadata '{key}' at byte {at}: unknown value type {code}"
+            ))
+        })?;
+        let v = c.value(ty, &key, 0)?;
+        if seen.insert(key.clone(), metadata.len()).is_some() {
+            return Err(ModelError::Corrupt(format!(
+                "duplicate metadata key '{key}'"
+            )));
+        }
+        metadata.push((key, v));
+    }
+
+    Ok((metadata, seen))
+}
+
+/// `general.alignment` (a power-of-two u32), or the default.
+fn alignment_of(
+    metadata: &[(String, GgufValue)],
+    seen: &BTreeMap<String, usize>,
+) -> Result<u64, ModelError> {
+    Ok(
+        match seen.get("general.alignment").and_then(|&i| metadata.get(i)) {
+            None => DEFAULT_ALIGNMENT,
+            Some((_, v)) => {
+                let a = match v {
+                    GgufValue::U32(a) => u64::from(*a),
+                    other => {
+                        return Err(ModelError::Corrupt(format!(
+                            "general.alignment is {}, expected u32",
+                            other.type_description()
+                        )));
+                    }
+                };
+                if a == 0 || !a.is_power_of_two() {
+                    return Err(ModelError::Corrupt(format!(
+                        "general.alignment {a} is not a power of two"
+                    )));
+                }
+                a
+            }
+        },
+    )
+}
+
+/// Tensor info `i`: its name, dims (GGUF's order reversed into row-major), type, offset (a
+/// multiple of `alignment`) and byte size (for the block types amk reads).
+fn read_tensor_info(
+    c: &mut Cursor<'_>,
+    i: usize,
+    alignment: u64,
+) -> Result<TensorInfo, ModelError> {
+    let name = c.string(&|| format!("name of tensor {i}"))?;
+    let n_dims = c.u32(&|| format!("n_dims of tensor '{name}'"))?;
+    if n_dims > MAX_DIMS {
+        return Err(ModelError::Corrupt(format!(
+            "tensor '{name}': {n_dims} dims (at most {MAX_DIMS})"
+        )));
+    }
+    let mut ne = Vec::with_capacity(n_dims as usize);
+    for d in 0..n_dims {
+        ne.push(c.u64(&|| format!("dim {d} of tensor '{name}'"))?);
+    }
+    let ggml_type = GgmlType(c.u32(&|| format!("type of tensor '{name}'"))?);
+    let offset = c.u64(&|| format!("offset of tensor '{name}'"))?;
+    let numel = ne
+        .iter()
+        .try_fold(1u64, |a, &d| a.checked_mul(d))
+        .ok_or_else(|| {
+            ModelError::Corrupt(format!(
+                "tensor '{name}': element count of dims {ne:?} overflows"
+            ))
+        })?;
+    let n_bytes = match ggml_type.block_layout() {
+        None => None,
+        Some((block, size)) => {
+            let row = ne.first().copied().unwrap_or(1);
+            if row % block != 0 {
+                return Err(ModelError::Corrupt(format!(
+                    "tensor '{name}': row length {row} is not a multiple of the \
+                     {} block size {block}",
+                    ggml_type.name()
+                )));
+            }
+            Some((numel / block).checked_mul(size).ok_or_else(|| {
+                ModelError::Corrupt(format!("tensor '{name}': byte size overflows"))
+            })?)
+        }
+    };
+    if offset % alignment != 0 {
+        return Err(ModelError::Corrupt(format!(
+            "tensor '{name}': offset {offset} is not a multiple of the alignment \
+             {alignment}"
+        )));
+    }
+    let shape: Vec<u64> = ne.iter().rev().copied().collect();
+    Ok(TensorInfo {
+        name,
+        shape,
+        ggml_type,
+        offset,
+        n_bytes,
+    })
+}
+
+/// Each tensor's index by name (a name twice is corrupt), every tensor's data within the
+/// file's `file_len` bytes from `data_start`.
+fn index_tensors(
+    tensors: &[TensorInfo],
+    data_start: usize,
+    file_len: u64,
+) -> Result<BTreeMap<String, usize>, ModelError> {
+    let data_len = file_len.saturating_sub(data_start as u64);
+    let mut tensor_index = BTreeMap::new();
+    for (i, t) in tensors.iter().enumerate() {
+        if tensor_index.insert(t.name.clone(), i).is_some() {
+            return Err(ModelError::Corrupt(format!(
+                "duplicate tensor name '{}'",
+                t.name
+            )));
+        }
+        let n = t.n_bytes.unwrap_or(0);
+        let end = t.offset.checked_add(n);
+        match end {
+            Some(end) if end <= data_len => {}
+            _ => {
+                return Err(ModelError::Truncated {
+                    what: format!("data of tensor '{}' ({} bytes)", t.name, n),
+                    offset: (data_start as u64).saturating_add(t.offset),
+                    need: n,
+                    len: file_len,
+                });
+            }
+        }
+    }
+    Ok(tensor_index)
+}
+
 impl GgufFile {
     /// Reads and parses a GGUF file.
     pub fn read(path: impl AsRef<Path>) -> Result<GgufFile, ModelError> {
@@ -738,169 +934,42 @@ impl GgufFile {
     }
 
     fn parse_backing(bytes: Backing) -> Result<GgufFile, ModelError> {
-        let (version, alignment, metadata, tensors, data_start) = {
+        let layout = {
             let mut c = Cursor {
                 buf: &bytes,
                 pos: 0,
                 spent: 0,
             };
-            let magic = bytes.get(..4).unwrap_or(&bytes);
-            if magic != MAGIC {
-                return Err(ModelError::BadMagic {
-                    found: magic.to_vec(),
-                });
-            }
-            c.pos = 4;
-            let version = c.u32(&|| "version".into())?;
-            if version != 2 && version != 3 {
-                return Err(ModelError::UnsupportedVersion(version));
-            }
-            let n_tensors = c.u64(&|| "tensor count".into())?;
-            let n_kv = c.u64(&|| "metadata count".into())?;
-            // A key/value pair takes at least 8 (key length) + 4 (type) + 1 bytes; a tensor
-            // info at least 8 (name length) + 4 (n_dims) + 4 (type) + 8 (offset) bytes.
-            let n_kv = c.check_count(n_kv, 13, "metadata count")?;
-            let n_tensors_us = c.check_count(n_tensors, 24, "tensor count")?;
-
-            let mut metadata = Vec::with_capacity(n_kv);
-            let mut seen = BTreeMap::new();
-            for i in 0..n_kv {
-                let at = c.pos;
-                let key = c.string(&|| format!("key of metadata pair {i}"))?;
-                let code = c.u32(&|| format!("value type of '{key}'"))?;
-                let ty = ValueType::from_code(code).ok_or_else(|| {
-                    ModelError::Corrupt(format!(
-                        "metadata '{key}' at byte {at}: unknown value type {code}"
-                    ))
-                })?;
-                let v = c.value(ty, &key, 0)?;
-                if seen.insert(key.clone(), metadata.len()).is_some() {
-                    return Err(ModelError::Corrupt(format!(
-                        "duplicate metadata key '{key}'"
-                    )));
-                }
-                metadata.push((key, v));
-            }
-
-            let alignment = match seen.get("general.alignment").and_then(|&i| metadata.get(i)) {
-                None => DEFAULT_ALIGNMENT,
-                Some((_, v)) => {
-                    let a = match v {
-                        GgufValue::U32(a) => u64::from(*a),
-                        other => {
-                            return Err(ModelError::Corrupt(format!(
-                                "general.alignment is {}, expected u32",
-                                other.type_description()
-                            )));
-                        }
-                    };
-                    if a == 0 || !a.is_power_of_two() {
-                        return Err(ModelError::Corrupt(format!(
-                            "general.alignment {a} is not a power of two"
-                        )));
-                    }
-                    a
-                }
-            };
-
-            let mut tensors = Vec::with_capacity(n_tensors_us);
-            for i in 0..n_tensors_us {
-                let name = c.string(&|| format!("name of tensor {i}"))?;
-                let n_dims = c.u32(&|| format!("n_dims of tensor '{name}'"))?;
-                if n_dims > MAX_DIMS {
-                    return Err(ModelError::Corrupt(format!(
-                        "tensor '{name}': {n_dims} dims (at most {MAX_DIMS})"
-                    )));
-                }
-                let mut ne = Vec::with_capacity(n_dims as usize);
-                for d in 0..n_dims {
-                    ne.push(c.u64(&|| format!("dim {d} of tensor '{name}'"))?);
-                }
-                let ggml_type = GgmlType(c.u32(&|| format!("type of tensor '{name}'"))?);
-                let offset = c.u64(&|| format!("offset of tensor '{name}'"))?;
-                let numel = ne
-                    .iter()
-                    .try_fold(1u64, |a, &d| a.checked_mul(d))
-                    .ok_or_else(|| {
-                        ModelError::Corrupt(format!(
-                            "tensor '{name}': element count of dims {ne:?} overflows"
-                        ))
-                    })?;
-                let n_bytes = match ggml_type.block_layout() {
-                    None => None,
-                    Some((block, size)) => {
-                        let row = ne.first().copied().unwrap_or(1);
-                        if row % block != 0 {
-                            return Err(ModelError::Corrupt(format!(
-                                "tensor '{name}': row length {row} is not a multiple of the \
-                                 {} block size {block}",
-                                ggml_type.name()
-                            )));
-                        }
-                        Some((numel / block).checked_mul(size).ok_or_else(|| {
-                            ModelError::Corrupt(format!("tensor '{name}': byte size overflows"))
-                        })?)
-                    }
-                };
-                if offset % alignment != 0 {
-                    return Err(ModelError::Corrupt(format!(
-                        "tensor '{name}': offset {offset} is not a multiple of the alignment \
-                         {alignment}"
-                    )));
-                }
-                let shape: Vec<u64> = ne.iter().rev().copied().collect();
-                tensors.push(TensorInfo {
-                    name,
-                    shape,
-                    ggml_type,
-                    offset,
-                    n_bytes,
-                });
-            }
-
+            let counts = read_header(&mut c, &bytes)?;
+            let (metadata, seen) = read_metadata(&mut c, counts.n_kv)?;
+            let alignment = alignment_of(&metadata, &seen)?;
+            let tensors = (0..counts.n_tensors)
+                .map(|i| read_tensor_info(&mut c, i, alignment))
+                .collect::<Result<Vec<_>, _>>()?;
             let data_start = align_up(c.pos as u64, alignment)
                 .and_then(|d| usize::try_from(d).ok())
                 .ok_or_else(|| ModelError::Corrupt("data section start overflows".into()))?;
-            (version, alignment, metadata, tensors, data_start)
+            Layout {
+                version: counts.version,
+                alignment,
+                metadata,
+                tensors,
+                data_start,
+            }
         };
-
-        let file_len = bytes.len() as u64;
-        let data_len = file_len.saturating_sub(data_start as u64);
-        let mut tensor_index = BTreeMap::new();
-        for (i, t) in tensors.iter().enumerate() {
-            if tensor_index.insert(t.name.clone(), i).is_some() {
-                return Err(ModelError::Corrupt(format!(
-                    "duplicate tensor name '{}'",
-                    t.name
-                )));
-            }
-            let n = t.n_bytes.unwrap_or(0);
-            let end = t.offset.checked_add(n);
-            match end {
-                Some(end) if end <= data_len => {}
-                _ => {
-                    return Err(ModelError::Truncated {
-                        what: format!("data of tensor '{}' ({} bytes)", t.name, n),
-                        offset: (data_start as u64).saturating_add(t.offset),
-                        need: n,
-                        len: file_len,
-                    });
-                }
-            }
-        }
-        let meta_index = metadata
-            .iter()
+        let tensor_index = index_tensors(&layout.tensors, layout.data_start, bytes.len() as u64)?;
+        let meta_index = (layout.metadata.iter())
             .enumerate()
             .map(|(i, (k, _))| (k.clone(), i))
             .collect();
         Ok(GgufFile {
-            version,
-            alignment,
-            metadata,
+            version: layout.version,
+            alignment: layout.alignment,
+            metadata: layout.metadata,
             meta_index,
-            tensors,
+            tensors: layout.tensors,
             tensor_index,
-            data_start,
+            data_start: layout.data_start,
             bytes,
         })
     }
