@@ -92,121 +92,26 @@ enum Weights<'a> {
 pub fn linear(call: &mut CpuCall<'_, '_>, op: Linear) -> Result<(), OpError> {
     let name = op.name();
     call.expect_arity(2, 4, 1)?;
-    let k = positive(call, "K")?;
-    let n_tile = positive(call, "N_tile")?;
-    let n_off = non_negative(call, "n_off")?;
-    let qdtype = call.int_opt("qdtype")?;
-    let m_tile = match op {
-        Linear::Gemm => Some(positive(call, "M_tile")?),
-        Linear::Gemv => None,
-    };
-    let m_off = match op {
-        Linear::Gemm => match call.int_opt("m_off")? {
-            None => None,
-            Some(_) => Some(non_negative(call, "m_off")?),
-        },
-        Linear::Gemv => None,
-    };
-
+    let pr = LinearParams::read(call, op)?;
+    let k = pr.k;
     let x = call.input(0)?;
     let w = call.input(1)?;
     check_storage(x, "input")?;
     check_storage(w, "weight")?;
-    if w.last_dim() != k {
-        return Err(OpError::Shape(format!(
-            "{name}: param K = {k} must equal the last dim of the weight {:?}",
-            w.shape()
-        )));
-    }
-    if x.last_dim() != k {
-        return Err(OpError::Shape(format!(
-            "{name}: param K = {k} must equal the last dim of the input {:?}",
-            x.shape()
-        )));
+    for (t, role) in [(w, "weight"), (x, "input")] {
+        if t.last_dim() != k {
+            return Err(OpError::Shape(format!(
+                "{name}: param K = {k} must equal the last dim of the {role} {:?}",
+                t.shape()
+            )));
+        }
     }
     require_float(x, name, "input")?;
     let n = w.numel() / k;
     let m = x.numel() / k;
-
-    let n_in = call.n_inputs();
-    let weights = match qdtype {
-        None => {
-            if n_in == 4 {
-                return Err(OpError::Arity {
-                    what: "inputs",
-                    expected: "2..3 (4 only with a quantised weight, params.qdtype 6 or 7)".into(),
-                    got: n_in,
-                });
-            }
-            require_float(w, name, "weight")?;
-            let bias = if n_in == 3 {
-                let b = call.input(2)?;
-                check_storage(b, "bias")?;
-                require_float(b, name, "bias")?;
-                if b.numel() != n {
-                    return Err(OpError::Shape(format!(
-                        "{name}: bias {:?} must have {n} elements (the weight's rows)",
-                        b.shape()
-                    )));
-                }
-                Some(b)
-            } else {
-                None
-            };
-            Weights::Float { w, bias }
-        }
-        Some(qd @ (QDTYPE_I8 | QDTYPE_I4)) => {
-            if n_in < 3 {
-                return Err(OpError::Arity {
-                    what: "inputs",
-                    expected: "3..4 ([x, qW, scales(, zeros)] with params.qdtype)".into(),
-                    got: n_in,
-                });
-            }
-            let asym = n_in == 4;
-            let want = match (qd, asym) {
-                (QDTYPE_I4, _) => DType::I4,
-                (_, false) => DType::I8,
-                (_, true) => DType::U8,
-            };
-            if w.dtype() != want {
-                return Err(OpError::DType(format!(
-                    "{name}: qdtype {qd} with {} needs a {want} weight, got {}",
-                    if asym { "zeros" } else { "no zeros" },
-                    w.dtype()
-                )));
-            }
-            let group = match call.int_opt("group")? {
-                None => k,
-                Some(_) => positive(call, "group")?,
-            };
-            let n_groups = k.div_ceil(group);
-            let want_numel = n.checked_mul(n_groups).ok_or_else(|| {
-                OpError::Shape(format!("{name}: {n} x {n_groups} scales overflow"))
-            })?;
-            let scales = call.input(2)?;
-            let zeros = if asym { Some(call.input(3)?) } else { None };
-            for (t, role) in [(Some(scales), "scales"), (zeros, "zeros")] {
-                let Some(t) = t else { continue };
-                check_storage(t, role)?;
-                require_float(t, name, role)?;
-                if t.numel() != want_numel {
-                    return Err(OpError::Shape(format!(
-                        "{name}: {role} {:?} must have {want_numel} elements \
-                         ({n} rows x ceil(K {k} / group {group}))",
-                        t.shape()
-                    )));
-                }
-            }
-            Weights::Quant {
-                q: w,
-                scales,
-                zeros,
-                offset: if qd == QDTYPE_I4 { 8.0 } else { 0.0 },
-                group,
-                n_groups,
-            }
-        }
+    let weights = match pr.qdtype {
+        None => float_weights(call, name, n)?,
+        Some(qd @ (QDTYPE_I8 | QDTYPE_I4)) => quant_weights(call, name, (qd, n, k))?,
         Some(qd) => {
             return Err(OpError::BadParam {
                 key: "qdtype".into(),
@@ -214,7 +119,7 @@ pub fn linear(call: &mut CpuCall<'_, '_>, op: Linear) -> Result<(), OpError> {
             });
         }
     };
-
+    let (n_off, n_tile) = (pr.n_off, pr.n_tile);
     let end = n_off
         .checked_add(n_tile)
         .filter(|&e| e <= n)
@@ -224,21 +129,163 @@ pub fn linear(call: &mut CpuCall<'_, '_>, op: Linear) -> Result<(), OpError> {
                 w.shape()
             ))
         })?;
-    let rows = match (m_tile, m_off) {
-        (None, _) => 0..m,
-        (Some(mt), mo) => {
-            let start = mo.unwrap_or(0);
-            let stop = start.checked_add(mt).filter(|&e| e <= m).ok_or_else(|| {
-                OpError::Shape(format!(
-                    "{name}: rows [{start}, {start} + {mt}) exceed the {m} row(s) of the input {:?}",
-                    x.shape()
-                ))
-            })?;
-            if mo.is_some() { start..stop } else { 0..m }
-        }
-    };
-
+    let rows = pr.rows(name, m, x)?;
     let out = call.output(0)?;
+    let ldo = check_output(out, name, (n_off, end), (m, x))?;
+    let tile = compute(x, &weights, k, n_off..end, rows.clone())?;
+    store(out, &tile, ldo, n_off..end, rows)
+}
+
+/// A linear task's params: the reduction length, its column tile, the weight-only quantised
+/// mode, and (GEMM) its row tile.
+struct LinearParams {
+    k: usize,
+    n_tile: usize,
+    n_off: usize,
+    qdtype: Option<i64>,
+    m_tile: Option<usize>,
+    m_off: Option<usize>,
+}
+
+impl LinearParams {
+    fn read(call: &CpuCall<'_, '_>, op: Linear) -> Result<Self, OpError> {
+        let gemm = matches!(op, Linear::Gemm);
+        Ok(LinearParams {
+            k: positive(call, "K")?,
+            n_tile: positive(call, "N_tile")?,
+            n_off: non_negative(call, "n_off")?,
+            qdtype: call.int_opt("qdtype")?,
+            m_tile: if gemm {
+                Some(positive(call, "M_tile")?)
+            } else {
+                None
+            },
+            // GEMV never reads `m_off`.
+            m_off: match gemm {
+                true if call.int_opt("m_off")?.is_some() => Some(non_negative(call, "m_off")?),
+                _ => None,
+            },
+        })
+    }
+
+    /// The input rows the task computes: every row (GEMV, or GEMM without `m_off`), or its
+    /// row tile, which must lie within the input's `m` rows.
+    fn rows(&self, name: &str, m: usize, x: &Tensor) -> Result<std::ops::Range<usize>, OpError> {
+        let Some(mt) = self.m_tile else {
+            return Ok(0..m);
+        };
+        let start = self.m_off.unwrap_or(0);
+        let stop = start.checked_add(mt).filter(|&e| e <= m).ok_or_else(|| {
+            OpError::Shape(format!(
+                "{name}: rows [{start}, {start} + {mt}) exceed the {m} row(s) of the input {:?}",
+                x.shape()
+            ))
+        })?;
+        Ok(if self.m_off.is_some() {
+            start..stop
+        } else {
+            0..m
+        })
+    }
+}
+
+/// A float weight and its optional bias of `n` elements (3 inputs at most).
+fn float_weights<'a>(call: &CpuCall<'a, '_>, name: &str, n: usize) -> Result<Weights<'a>, OpError> {
+    let n_in = call.n_inputs();
+    let w = call.input(1)?;
+    if n_in == 4 {
+        return Err(OpError::Arity {
+            what: "inputs",
+            expected: "2..3 (4 only with a quantised weight, params.qdtype 6 or 7)".into(),
+            got: n_in,
+        });
+    }
+    require_float(w, name, "weight")?;
+    let bias = if n_in == 3 {
+        let b = call.input(2)?;
+        check_storage(b, "bias")?;
+        require_float(b, name, "bias")?;
+        if b.numel() != n {
+            return Err(OpError::Shape(format!(
+                "{name}: bias {:?} must have {n} elements (the weight's rows)",
+                b.shape()
+            )));
+        }
+        Some(b)
+    } else {
+        None
+    };
+    Ok(Weights::Float { w, bias })
+}
+
+/// An int8/int4 weight (`qd`) of `n` rows of `k`, its grouped scales and optional zeros.
+fn quant_weights<'a>(
+    call: &CpuCall<'a, '_>,
+    name: &str,
+    (qd, n, k): (i64, usize, usize),
+) -> Result<Weights<'a>, OpError> {
+    let n_in = call.n_inputs();
+    let w = call.input(1)?;
+    if n_in < 3 {
+        return Err(OpError::Arity {
+            what: "inputs",
+            expected: "3..4 ([x, qW, scales(, zeros)] with params.qdtype)".into(),
+            got: n_in,
+        });
+    }
+    let asym = n_in == 4;
+    let want = match (qd, asym) {
+        (QDTYPE_I4, _) => DType::I4,
+        (_, false) => DType::I8,
+        (_, true) => DType::U8,
+    };
+    if w.dtype() != want {
+        return Err(OpError::DType(format!(
+            "{name}: qdtype {qd} with {} needs a {want} weight, got {}",
+            if asym { "zeros" } else { "no zeros" },
+            w.dtype()
+        )));
+    }
+    let group = match call.int_opt("group")? {
+        None => k,
+        Some(_) => positive(call, "group")?,
+    };
+    let n_groups = k.div_ceil(group);
+    let want_numel = n
+        .checked_mul(n_groups)
+        .ok_or_else(|| OpError::Shape(format!("{name}: {n} x {n_groups} scales overflow")))?;
+    let scales = call.input(2)?;
+    let zeros = if asym { Some(call.input(3)?) } else { None };
+    for (t, role) in [(Some(scales), "scales"), (zeros, "zeros")] {
+        let Some(t) = t else { continue };
+        check_storage(t, role)?;
+        require_float(t, name, role)?;
+        if t.numel() != want_numel {
+            return Err(OpError::Shape(format!(
+                "{name}: {role} {:?} must have {want_numel} elements \
+                 ({n} rows x ceil(K {k} / group {group}))",
+                t.shape()
+            )));
+        }
+    }
+    Ok(Weights::Quant {
+        q: w,
+        scales,
+        zeros,
+        offset: if qd == QDTYPE_I4 { 8.0 } else { 0.0 },
+        group,
+        n_groups,
+    })
+}
+
+/// The output: float storage whose rows hold columns `[n_off, end)` and whose row count is
+/// the input's `m`; returns its row length.
+fn check_output(
+    out: &Tensor,
+    name: &str,
+    (n_off, end): (usize, usize),
+    (m, x): (usize, &Tensor),
+) -> Result<usize, OpError> {
     check_storage(out, "output")?;
     require_float(out, name, "output")?;
     let ldo = out.last_dim();
@@ -255,9 +302,7 @@ pub fn linear(call: &mut CpuCall<'_, '_>, op: Linear) -> Result<(), OpError> {
             x.shape()
         )));
     }
-
-    let tile = compute(x, &weights, k, n_off..end, rows.clone())?;
-    store(out, &tile, ldo, n_off..end, rows)
+    Ok(ldo)
 }
 
 /// The `[rows × cols]` tile of results, row-major.
