@@ -134,3 +134,34 @@ fn duplicates_are_refused() {
     sorted.sort_unstable();
     assert_eq!(codes, sorted, "registry stays sorted by code");
 }
+
+/// docs/adding-an-op.md walks through adding an op under the next free built-in code: every
+/// `Opcode(N)` its text declares is that code (one past the registry's last built-in), so the
+/// walk-through cannot take a code an op already has.
+#[test]
+fn the_adding_an_op_guide_takes_the_next_free_code() {
+    let reg = amk_ops::registry().unwrap();
+    let next = reg.iter().map(|(s, _)| s.code.0).max().unwrap() + 1;
+    let guide = std::fs::read_to_string(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../../docs/adding-an-op.md"
+    ))
+    .unwrap();
+    let declared: Vec<u16> = guide
+        .split("Opcode(")
+        .skip(1)
+        .filter_map(|rest| rest.split(')').next()?.parse().ok())
+        .collect();
+    assert!(!declared.is_empty(), "the guide declares no Opcode(N)");
+    for code in declared {
+        assert_eq!(
+            code, next,
+            "the guide declares Opcode({code}); the next free code is {next}"
+        );
+    }
+    assert!(
+        guide.contains(&format!("opcode #{next}"))
+            && guide.contains(&format!("the next is {next}")),
+        "the guide's text names another code than {next}"
+    );
+}
