@@ -14,6 +14,8 @@ pub mod graph;
 pub mod import;
 pub mod ir;
 pub mod json;
+pub mod kinds;
+pub mod op_error;
 pub mod opcheck;
 pub mod registry;
 pub mod safetensors;

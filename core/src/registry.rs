@@ -5,7 +5,7 @@ use crate::cpu::{CpuReference, Reference};
 use crate::error::IrError;
 use crate::ir::{Buffer, Opcode, Task};
 use crate::json::value::key_eq;
-use crate::validate::ErrorKind;
+use crate::kinds::ErrorKind;
 use std::borrow::Cow;
 use std::collections::HashMap;
 use std::path::PathBuf;

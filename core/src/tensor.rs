@@ -7,8 +7,8 @@
 //! `2b` in the low nibble of byte `b`, `2b+1` in the high nibble. Loads of `I4` return the raw
 //! nibble `0..=15`; what it means (offset 8, or a zero point) is the consuming op's business.
 
-use crate::cpu::OpError;
 use crate::ir::DType;
+use crate::op_error::OpError;
 use crate::sim::SplitMix;
 use half::{bf16, f16};
 
