@@ -241,12 +241,47 @@ fn compile(
     sel: &Selection<'_>,
     json: bool,
 ) -> ExitCode {
+    let programs = match selected_programs(kinds, sel) {
+        Ok(p) => p,
+        Err(code) => return code,
+    };
+    // The environment's knobs (AMK_CUDA_DEFINES above all: variants of the device code).
+    let opts = match amk_backend_cuda::CudaOptions::from_env() {
+        Ok(o) => o,
+        Err(e) => {
+            errln!("error: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    let programs = distinct_kernels(reg, &opts, programs);
+    let jobs = compile_jobs(archs, &programs, sel.traced);
+    if sel.list {
+        return list_jobs(&jobs, json);
+    }
+    if let Err(code) = can_compile() {
+        return code;
+    }
+    if !json {
+        crate::status::status!(
+            "compiling {} megakernel(s) (NVRTC; up to minutes each for a cold cache) ...",
+            jobs.len()
+        );
+    }
+    let results = run_jobs(reg, &opts, dir, &jobs);
+    report_jobs(&jobs, results, json)
+}
+
+/// The programs whose kernels `sel` and `kinds` name (`any`: every op's kernel, no program);
+/// a bad `--config` is exit code 2, a lowering that fails 1.
+fn selected_programs(
+    kinds: &[Kind],
+    sel: &Selection<'_>,
+) -> Result<Vec<(String, Option<Program>)>, ExitCode> {
     let Selection {
         shapes,
         configs,
-        traced,
         regimes,
-        list,
+        ..
     } = *sel;
     let mut schedules = Vec::new();
     for c in configs {
@@ -254,7 +289,7 @@ fn compile(
             Ok((cfg, name)) => schedules.push((name, cfg)),
             Err(e) => {
                 errln!("error: --config {e}");
-                return ExitCode::from(2);
+                return Err(ExitCode::from(2));
             }
         }
     }
@@ -276,20 +311,20 @@ fn compile(
                 Ok(ps) => programs.extend(ps.into_iter().map(|(n, p)| (n, Some(p)))),
                 Err(e) => {
                     errln!("error: lowering the {} programs: {e}", dt.name());
-                    return ExitCode::from(1);
+                    return Err(ExitCode::from(1));
                 }
             },
         }
     }
-    // One kernel per distinct source: programs with the same ops and dtypes share one.
-    // The environment's knobs (AMK_CUDA_DEFINES above all: variants of the device code).
-    let opts = match amk_backend_cuda::CudaOptions::from_env() {
-        Ok(o) => o,
-        Err(e) => {
-            errln!("error: {e}");
-            return ExitCode::from(2);
-        }
-    };
+    Ok(programs)
+}
+
+/// One program per distinct kernel source: programs with the same ops and dtypes share one.
+fn distinct_kernels(
+    reg: &Registry,
+    opts: &amk_backend_cuda::CudaOptions,
+    mut programs: Vec<(String, Option<Program>)>,
+) -> Vec<(String, Option<Program>)> {
     let mut seen: Vec<String> = Vec::new();
     programs.retain(|(_, p)| {
         let src = megakernel_source(reg, opts.knobs(p.as_ref(), reg))
@@ -299,8 +334,17 @@ fn compile(
         seen.push(src);
         new
     });
+    programs
+}
+
+/// Every (architecture, program, traced or not) to compile.
+fn compile_jobs<'a>(
+    archs: &'a [String],
+    programs: &[(String, Option<Program>)],
+    traced: bool,
+) -> Vec<Job<'a>> {
     let traces: &[bool] = if traced { &[false, true] } else { &[false] };
-    let jobs: Vec<Job<'_>> = archs
+    archs
         .iter()
         .flat_map(|a| programs.iter().map(move |(n, p)| (a, n, p)))
         .flat_map(|(a, n, p)| {
@@ -309,29 +353,43 @@ fn compile(
                 (a, name, p.clone(), t)
             })
         })
-        .collect();
-    if list {
-        return list_jobs(&jobs, json);
-    }
+        .collect()
+}
+
+/// Whether this build and machine can compile at all (the cuda feature, NVRTC); exit code 2
+/// with the reason when not.
+fn can_compile() -> Result<(), ExitCode> {
     if !cfg!(feature = "cuda") {
         errln!(
             "error: ops compile needs the CUDA backend, and this amk was built without the cuda \
              feature: rebuild with `cargo build --release -p amk --features cuda` (--list shows \
              the kernels it would compile)"
         );
-        return ExitCode::from(2);
+        return Err(ExitCode::from(2));
     }
     if let Some(missing) = nvrtc_missing() {
         // One message for the machine, not one per kernel: nothing can compile here.
         errln!("error: ops compile: {missing}");
-        return ExitCode::from(2);
+        return Err(ExitCode::from(2));
     }
-    if !json {
-        crate::status::status!(
-            "compiling {} megakernel(s) (NVRTC; up to minutes each for a cold cache) ...",
-            jobs.len()
-        );
-    }
+    Ok(())
+}
+
+/// One compile result: the job's index, the cubin (path, bytes, already cached) or the error,
+/// and the seconds it took.
+type JobResult = (
+    usize,
+    Result<(std::path::PathBuf, usize, bool), amk_backend_cuda::CudaError>,
+    f64,
+);
+
+/// Compiles every job, as many at once as the machine has threads; the results in job order.
+fn run_jobs(
+    reg: &Registry,
+    opts: &amk_backend_cuda::CudaOptions,
+    dir: Option<&std::path::Path>,
+    jobs: &[Job<'_>],
+) -> Vec<JobResult> {
     let width = std::thread::available_parallelism().map_or(1, |n| n.get());
     let next = AtomicUsize::new(0);
     let results = Mutex::new(Vec::new());
@@ -344,7 +402,7 @@ fn compile(
                         break;
                     };
                     let t0 = std::time::Instant::now();
-                    let r = amk_backend_cuda::precompile(&opts, reg, arch, dir, p.as_ref(), *trace);
+                    let r = amk_backend_cuda::precompile(opts, reg, arch, dir, p.as_ref(), *trace);
                     let secs = t0.elapsed().as_secs_f64();
                     if let Ok(mut v) = results.lock() {
                         v.push((i, r, secs));
@@ -355,6 +413,11 @@ fn compile(
     });
     let mut results = results.into_inner().unwrap_or_default();
     results.sort_by_key(|r| r.0);
+    results
+}
+
+/// Each job's outcome (a line each, or one JSON array); exit code 1 when one failed.
+fn report_jobs(jobs: &[Job<'_>], results: Vec<JobResult>, json: bool) -> ExitCode {
     let mut out = Vec::new();
     let mut status = ExitCode::SUCCESS;
     for (i, r, secs) in results {
