@@ -42,11 +42,7 @@ impl StepDims {
         dtype: DType,
         max_seq: Option<u64>,
     ) -> Result<StepDims, ModelError> {
-        if !matches!(dtype, DType::F32 | DType::F16 | DType::BF16) {
-            return Err(ModelError::Lower(format!(
-                "dtype {dtype} is not supported for lowering (F32, F16, BF16)"
-            )));
-        }
+        super::check_dtype(dtype)?;
         let context = mc.max_position_embeddings as u64;
         let max_seq = max_seq.unwrap_or(DEFAULT_MAX_SEQ.min(context));
         if max_seq == 0 || max_seq > context {

@@ -995,6 +995,16 @@ fn cast(name: &str, t: &Arc<Tensor>, dtype: DType) -> Result<Arc<Tensor>, ModelE
         .map_err(|e| ModelError::Lower(format!("casting weight '{name}' to {dtype}: {e}")))
 }
 
+/// The dtypes a program may be lowered in (weights, activations and caches): the float ones.
+fn check_dtype(dtype: DType) -> Result<(), ModelError> {
+    match dtype {
+        DType::F32 | DType::F16 | DType::BF16 => Ok(()),
+        _ => Err(ModelError::Lower(format!(
+            "dtype {dtype} is not supported for lowering (F32, F16, BF16)"
+        ))),
+    }
+}
+
 /// Lowers `model` to its single-token decode program for `target` under `cfg`.
 pub fn lower(
     model: &Model,

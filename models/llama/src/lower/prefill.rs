@@ -529,12 +529,7 @@ impl Layer<'_> {
 
 fn check(model: &Model, opts: &PrefillOptions) -> Result<(), ModelError> {
     let mc = &model.config;
-    if !matches!(opts.dtype, DType::F32 | DType::F16 | DType::BF16) {
-        return Err(ModelError::Lower(format!(
-            "dtype {} is not supported for lowering (F32, F16, BF16)",
-            opts.dtype
-        )));
-    }
+    super::check_dtype(opts.dtype)?;
     if mc.hidden as u64 > op_linear_tile::MAX_NORM_K {
         return Err(ModelError::Lower(format!(
             "the prefill projections normalise rows of at most {} elements, the model's are {}",
