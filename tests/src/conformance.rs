@@ -3195,14 +3195,13 @@ fn dag_position_decode(c: &Ctx<'_>) -> CaseResult {
 /// task of the launch writes (read after their wait); COMBINE_GEMV tiles with and without a
 /// bias, reading either. Checked against the f64 attention over rows `0..=p` times W.
 fn dag_split_kv_decode(c: &Ctx<'_>) -> CaseResult {
-    const MAX_SEQ: usize = DECODE_ROWS;
     let a = Attn {
         nh: 4,
         nkv: 2,
         hd: 8,
         scale: 0.35,
     };
-    let (row, k, n_splits) = (a.nkv * a.hd, a.nh * a.hd, 3usize);
+    let (k, n_splits) = (a.nh * a.hd, 3usize);
     let tile = (a.nh / a.nkv) * (a.hd + 2);
     let mut t = Tiny::new(27);
     let DecodeStep {
@@ -3266,17 +3265,39 @@ fn dag_split_kv_decode(c: &Ctx<'_>) -> CaseResult {
         &[all, (cp, 1)],
         &gemv(0, 6),
     );
-    let kcs = std::cell::RefCell::new(vec![0.0; MAX_SEQ * row]);
-    let vcs = std::cell::RefCell::new(vec![0.0; MAX_SEQ * row]);
-    let positions = [1usize, 4, 7];
-    check_formula(c, t, 3, F32_TOL, position_steps(&positions), |ins| {
-        let (mut kcv, mut vcv) = (kcs.borrow_mut(), vcs.borrow_mut());
-        let p = mirror_append(ins, &mut kcv, &mut vcv, row)?;
-        let full = attention(a, &in_vals(ins, "q")?, &kcv, &vcv, 0, p + 1);
-        Ok(vec![
+    check_full_attention(c, t, a, &[1, 4, 7], |full| {
+        vec![
             ("proj", linear(&full, &wv, k, None)),
             ("proj_bias", linear(&full, &wv, k, Some(&bv))),
-        ])
+        ]
+    })
+}
+
+/// `check_formula` over decode steps at `positions`, with caches of [`DECODE_ROWS`] rows
+/// mirrored from each step's appended K/V rows: `outputs` makes the expected values from the
+/// whole attention over rows `0..=p`.
+fn check_full_attention(
+    c: &Ctx<'_>,
+    t: Tiny,
+    a: Attn,
+    positions: &[usize],
+    outputs: impl Fn(Vec<f64>) -> Vec<(&'static str, Vec<f64>)>,
+) -> CaseResult {
+    let row = a.nkv * a.hd;
+    let kcs = std::cell::RefCell::new(vec![0.0; DECODE_ROWS * row]);
+    let vcs = std::cell::RefCell::new(vec![0.0; DECODE_ROWS * row]);
+    let steps = positions.len();
+    check_formula(c, t, steps, F32_TOL, position_steps(positions), |ins| {
+        let (mut kcv, mut vcv) = (kcs.borrow_mut(), vcs.borrow_mut());
+        let p = mirror_append(ins, &mut kcv, &mut vcv, row)?;
+        Ok(outputs(attention(
+            a,
+            &in_vals(ins, "q")?,
+            &kcv,
+            &vcv,
+            0,
+            p + 1,
+        )))
     })
 }
 
@@ -3284,14 +3305,13 @@ fn dag_split_kv_decode(c: &Ctx<'_>) -> CaseResult {
 /// attention (the position read as an input one head, as a buffer a task writes the other),
 /// and GEMV tiles project the row.
 fn dag_split_kv_normalized(c: &Ctx<'_>) -> CaseResult {
-    const MAX_SEQ: usize = DECODE_ROWS;
     let a = Attn {
         nh: 4,
         nkv: 2,
         hd: 8,
         scale: 0.35,
     };
-    let (row, k) = (a.nkv * a.hd, a.nh * a.hd);
+    let k = a.nh * a.hd;
     let tile = (a.nh / a.nkv) * a.hd;
     let mut t = Tiny::new(29);
     let DecodeStep {
@@ -3345,14 +3365,8 @@ fn dag_split_kv_normalized(c: &Ctx<'_>) -> CaseResult {
             ],
         );
     }
-    let kcs = std::cell::RefCell::new(vec![0.0; MAX_SEQ * row]);
-    let vcs = std::cell::RefCell::new(vec![0.0; MAX_SEQ * row]);
-    let positions = [0usize, 4, 7];
-    check_formula(c, t, 3, F32_TOL, position_steps(&positions), |ins| {
-        let (mut kcv, mut vcv) = (kcs.borrow_mut(), vcs.borrow_mut());
-        let p = mirror_append(ins, &mut kcv, &mut vcv, row)?;
-        let full = attention(a, &in_vals(ins, "q")?, &kcv, &vcv, 0, p + 1);
-        Ok(vec![("proj", linear(&full, &wv, k, None)), ("attn", full)])
+    check_full_attention(c, t, a, &[0, 4, 7], |full| {
+        vec![("proj", linear(&full, &wv, k, None)), ("attn", full)]
     })
 }
 
