@@ -110,17 +110,16 @@ pub fn bench_e2e(a: &BenchArgs, prompt_tokens: usize) -> Result<(), ModelCmdErro
     })?;
     let mut target = target_named(&a.target)?;
     target.num_sms = gpu.info().sms as i64;
-    let options = |dtype: DType| EngineOptions {
-        schedule: tuned_schedule(),
-        target: target.clone(),
-        dtype,
-        max_seq: Some(a.max_seq.unwrap_or(longest as u64 + 1)),
-        stop_slots: amk_model_llama::lower::DecodeLoop::default().stop_slots,
-        prefill_rows: Some(amk_engine::default_prefill_rows(true, dtype, false)).filter(|&r| r > 0),
-        short_context: a
-            .short_context
-            .or(amk_engine::default_short_context(true))
-            .filter(|&r| r > 0),
+    let options = |dtype: DType| {
+        let at = amk_engine::Placement {
+            gpu: true,
+            scoring: false,
+        };
+        EngineOptions {
+            max_seq: Some(a.max_seq.unwrap_or(longest as u64 + 1)),
+            ..EngineOptions::defaults(tuned_schedule(), target.clone(), dtype, at)
+                .with_asked(None, a.short_context)
+        }
     };
     let gate_ids = text_ids(&tok, prompt_tokens.min(GATE_TOKENS))?;
     crate::status::status!(
@@ -145,12 +144,16 @@ pub fn bench_e2e(a: &BenchArgs, prompt_tokens: usize) -> Result<(), ModelCmdErro
     generate(&mut engine, &text_ids(&tok, 8)?, 8)?;
     let repeat = a.repeat.max(1);
     let prompt = text_ids(&tok, prompt_tokens)?;
-    let mut ttft = Vec::new();
+    let (mut ttft, mut prefill) = (Vec::new(), Vec::new());
     for _ in 0..repeat {
         let g = generate(&mut engine, &prompt, 1)?;
         ttft.push(g.first_token_s().unwrap_or(g.total_s));
+        prefill.push(g.prefill_s);
     }
-    let (ttft_s, _, _) = summarize(&ttft);
+    let first = FirstToken {
+        ttft_s: summarize(&ttft).0,
+        prefill_s: summarize(&prefill).0,
+    };
     let mut points = Vec::new();
     for &depth in &depths {
         crate::status::status!("depth {depth}: {} tokens, {repeat} times...", a.gen_tokens);
@@ -180,12 +183,18 @@ pub fn bench_e2e(a: &BenchArgs, prompt_tokens: usize) -> Result<(), ModelCmdErro
         &gpu,
         dtype,
         prompt_tokens,
-        ttft_s,
+        &first,
         &gate,
         &points,
         &programs,
     );
     Ok(())
+}
+
+/// The time to the first token, and the part of it the prompt programs took (medians).
+struct FirstToken {
+    ttft_s: f64,
+    prefill_s: f64,
 }
 
 /// Which programs the engine runs beside its decode loop, for the report.
@@ -206,7 +215,7 @@ fn report(
     gpu: &CudaBackend,
     dtype: DType,
     prompt_tokens: usize,
-    ttft_s: f64,
+    first: &FirstToken,
     gate: &Gate,
     points: &[DepthPoint],
     programs: &Programs,
@@ -233,8 +242,9 @@ fn report(
             "prompt_tokens": prompt_tokens,
             "gen_tokens": a.gen_tokens,
             "repeat": a.repeat.max(1),
-            "ttft_ms": ttft_s * 1e3,
-            "prompt_tok_s": prompt_tokens as f64 / ttft_s,
+            "ttft_ms": first.ttft_s * 1e3,
+            "prefill_ms": first.prefill_s * 1e3,
+            "prompt_tok_s": prompt_tokens as f64 / first.ttft_s,
             "gate": gate.json(),
             "prefill_rows": programs.prefill_rows,
             "short_context": programs.short_context,
@@ -251,9 +261,10 @@ fn report(
         a.repeat.max(1)
     );
     outln!(
-        "prompt: {prompt_tokens} tokens, time to first token {:.2} ms ({:.0} tok/s); prompt programs of {:?} rows; short-context decode program: {}",
-        ttft_s * 1e3,
-        prompt_tokens as f64 / ttft_s,
+        "prompt: {prompt_tokens} tokens, time to first token {:.2} ms ({:.0} tok/s; prompt programs {:.2} ms of it); prompt programs of {:?} rows; short-context decode program: {}",
+        first.ttft_s * 1e3,
+        prompt_tokens as f64 / first.ttft_s,
+        first.prefill_s * 1e3,
         programs.prefill_rows,
         programs
             .short_context

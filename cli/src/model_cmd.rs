@@ -456,27 +456,20 @@ pub(crate) fn import(
         target.num_sms,
         a.max_seq
     );
-    let default_short = amk_engine::default_short_context(gpu_sms.is_some());
-    let short_context = prefill.and_then(|p| p.short_context.or(default_short));
+    let at = amk_engine::Placement {
+        gpu: gpu_sms.is_some(),
+        scoring: prefill.as_ref().is_some_and(|p| p.scoring),
+    };
+    let defaults = EngineOptions::defaults(schedule, target, dtype, at);
+    // A command without engine args (`amk lower`) lowers the decode program alone.
+    let mut options = match prefill {
+        Some(p) => defaults.with_asked(p.prefill_rows, p.short_context),
+        None => defaults.with_asked(Some(0), Some(0)),
+    };
+    options.max_seq = a.max_seq;
     Ok(Imported {
         model,
-        options: EngineOptions {
-            schedule,
-            target,
-            dtype,
-            max_seq: a.max_seq,
-            stop_slots: amk_model_llama::lower::DecodeLoop::default().stop_slots,
-            prefill_rows: prefill
-                .map(|p| {
-                    p.prefill_rows.unwrap_or(amk_engine::default_prefill_rows(
-                        gpu_sms.is_some(),
-                        dtype,
-                        p.scoring,
-                    ))
-                })
-                .filter(|&r| r > 0),
-            short_context: short_context.filter(|&r| r > 0),
-        },
+        options,
         import_s: t0.elapsed().as_secs_f64(),
     })
 }

@@ -126,6 +126,10 @@ pub struct Generation {
     pub kernel_ms: Option<f64>,
     /// Of `passes`, those the short-context program ran ([`Engine::attach_short`]).
     pub short_passes: u64,
+    /// Seconds the prompt's chunks took through the prefill programs, wall clock (0 without
+    /// them): what of the time to the first token the prompt programs take, the rest being
+    /// the decode loop's start and its first pass.
+    pub prefill_s: f64,
 }
 
 impl Generation {
@@ -516,6 +520,7 @@ impl Engine {
             total_s: 0.0,
             kernel_ms: None,
             short_passes: 0,
+            prefill_s: 0.0,
         };
         if req.max_new == 0 {
             return Ok(out);
@@ -531,6 +536,7 @@ impl Engine {
             }
         };
         let base = self.prefill_prompt(req.prompt, &mut on_chunk)?;
+        out.prefill_s = t0.elapsed().as_secs_f64();
         self.start(
             req.prompt,
             (base, end),

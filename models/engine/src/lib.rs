@@ -55,6 +55,50 @@ pub struct EngineOptions {
     pub short_context: Option<u64>,
 }
 
+/// Where an engine runs and what for: what its default options depend on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Placement {
+    /// On a GPU (else the CPU VM).
+    pub gpu: bool,
+    /// Scoring texts (perplexity: full chunks, every row's logits) rather than generating.
+    pub scoring: bool,
+}
+
+impl EngineOptions {
+    /// The options an engine of `dtype` gets by default where `at` says: the prompt chunk of
+    /// [`default_prefill_rows`], the short-context bound of [`default_short_context`], the
+    /// decode loop's stop slots and the lowering's cache length. Every front end starts here,
+    /// so that `generate`, `bench`, `serve` and the Python bindings run the same programs.
+    pub fn defaults(
+        schedule: ScheduleConfig,
+        target: GpuTarget,
+        dtype: DType,
+        at: Placement,
+    ) -> Self {
+        EngineOptions {
+            schedule,
+            target,
+            dtype,
+            max_seq: None,
+            stop_slots: DecodeLoop::default().stop_slots,
+            prefill_rows: Some(default_prefill_rows(at.gpu, dtype, at.scoring)).filter(|&r| r > 0),
+            short_context: default_short_context(at.gpu),
+        }
+    }
+
+    /// These options with what a user asked for: a prompt chunk and a short-context bound
+    /// (`None`: the default stays; 0: none).
+    pub fn with_asked(mut self, prefill_rows: Option<u64>, short_context: Option<u64>) -> Self {
+        if let Some(r) = prefill_rows {
+            self.prefill_rows = Some(r).filter(|&r| r > 0);
+        }
+        if let Some(s) = short_context {
+            self.short_context = Some(s).filter(|&s| s > 0);
+        }
+        self
+    }
+}
+
 /// Prompt tokens a prefill pass takes on a GPU by default (a chunk of 512 rows costs little
 /// more than one of 128 there: docs/perf-notes.md round 33).
 pub const GPU_PREFILL_ROWS: u64 = 512;

@@ -395,3 +395,40 @@ fn a_host_stepped_program_gives_the_engines_logits(
         }
     }
 }
+
+/// The defaults every front end starts from, and a user's asks over them (0: none).
+#[test]
+fn engine_options_defaults_follow_the_placement_and_the_asks() {
+    use amk_engine::{
+        CPU_SCORE_ROWS, EngineOptions, GPU_PREFILL_ROWS, Placement, SHORT_CONTEXT_ROWS,
+    };
+    let target = amk_core::GpuTarget::by_name("h100").unwrap();
+    let at = |gpu, scoring| Placement { gpu, scoring };
+    let of = |dtype, p| {
+        EngineOptions::defaults(
+            amk_core::ScheduleConfig::default(),
+            target.clone(),
+            dtype,
+            p,
+        )
+    };
+    let gpu = of(DType::BF16, at(true, false));
+    assert_eq!(gpu.prefill_rows, Some(GPU_PREFILL_ROWS));
+    assert_eq!(gpu.short_context, Some(SHORT_CONTEXT_ROWS));
+    assert_eq!(gpu.max_seq, None);
+    // f32 on a GPU: prompts token by token; the CPU VM: no short program, chunks only to score.
+    assert_eq!(of(DType::F32, at(true, false)).prefill_rows, None);
+    let cpu = of(DType::F32, at(false, false));
+    assert_eq!((cpu.prefill_rows, cpu.short_context), (None, None));
+    assert_eq!(
+        of(DType::F32, at(false, true)).prefill_rows,
+        Some(CPU_SCORE_ROWS)
+    );
+    let asked = gpu.clone().with_asked(Some(128), None);
+    assert_eq!(
+        (asked.prefill_rows, asked.short_context),
+        (Some(128), Some(SHORT_CONTEXT_ROWS))
+    );
+    let none = gpu.with_asked(Some(0), Some(0));
+    assert_eq!((none.prefill_rows, none.short_context), (None, None));
+}

@@ -2,8 +2,8 @@
 //! backend, the engine's options.
 
 use amk_core::{Backend, DType, GpuTarget, ScheduleConfig};
-use amk_engine::{EngineOptions, default_prefill_rows, default_short_context, lower_and_load};
-use amk_model_llama::lower::{DecodeLoop, tuned_schedule};
+use amk_engine::{EngineOptions, Placement, lower_and_load};
+use amk_model_llama::lower::tuned_schedule;
 use amk_server::worker::{LoadError, Loaded};
 use std::path::PathBuf;
 
@@ -68,22 +68,18 @@ pub fn load(c: Config) -> Result<Loaded, LoadError> {
         target.num_sms = s as i64;
     }
     let gpu = sms.is_some();
+    let schedule = if gpu {
+        tuned_schedule()
+    } else {
+        ScheduleConfig::default()
+    };
+    let at = Placement {
+        gpu,
+        scoring: false,
+    };
     let options = EngineOptions {
-        schedule: if gpu {
-            tuned_schedule()
-        } else {
-            ScheduleConfig::default()
-        },
-        target,
-        dtype: c.dtype,
         max_seq: c.max_seq,
-        stop_slots: DecodeLoop::default().stop_slots,
-        prefill_rows: Some(
-            c.prefill_rows
-                .unwrap_or_else(|| default_prefill_rows(gpu, c.dtype, false)),
-        )
-        .filter(|&r| r > 0),
-        short_context: default_short_context(gpu),
+        ..EngineOptions::defaults(schedule, target, c.dtype, at).with_asked(c.prefill_rows, None)
     };
     let registry = amk_ops::registry()?;
     let engine = lower_and_load(&model, &options, backend.as_ref(), &registry)?;
