@@ -3696,7 +3696,9 @@ fn op_linear_tile(c: &Ctx<'_>) -> CaseResult {
 
 fn op_linear_tile_bf16(c: &Ctx<'_>) -> CaseResult {
     linear_tile_case(c, DType::BF16, 70, 96, 136, BF16_TOL)?;
-    linear_tile_case(c, DType::BF16, 9, 40, 20, BF16_TOL)
+    linear_tile_case(c, DType::BF16, 9, 40, 20, BF16_TOL)?;
+    // Tasks of 153 and 147 rows: a wide (128-row) device tile, then a narrow one of the rest.
+    linear_tile_case(c, DType::BF16, 300, 96, 136, BF16_TOL)
 }
 
 /// ATTENTION_CAUSAL over `rows` query rows at consecutive positions from a random start, in
@@ -3851,5 +3853,7 @@ fn linear_tile_rope_case(c: &Ctx<'_>, dt: DType, m: u64, k: u64, hd: u64, tol: T
 
 fn op_linear_tile_rope(c: &Ctx<'_>) -> CaseResult {
     linear_tile_rope_case(c, DType::F32, 9, 24, 16, F32_TOL)?;
-    linear_tile_rope_case(c, DType::BF16, 70, 96, 64, BF16_TOL)
+    linear_tile_rope_case(c, DType::BF16, 70, 96, 64, BF16_TOL)?;
+    // Tasks of 151 and 149 rows: a wide device tile, then a narrow one.
+    linear_tile_rope_case(c, DType::BF16, 300, 96, 64, BF16_TOL)
 }

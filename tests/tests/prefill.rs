@@ -195,11 +195,12 @@ fn threads_give_the_same_prefill_logits() {
 }
 
 /// The prefill program's tasks, counted from the tiling rules (LINEAR_TILE: 64-row blocks ×
-/// 128 columns, 64 with SwiGLU; ATTENTION_CAUSAL: KV heads × blocks of 64 / (heads a KV head)
-/// rows; RMSNORM: two norms a layer in tiles of `NORM_ROWS` rows): SmolLM2-135M's 512-row
-/// chunk was the 13,016 tasks `amk bench --prefill 512` reported on an H200 with the norms in
-/// the projections (docs/perf-notes.md round 33), and is 13,016 + 30 × 2 × 64 with them as
-/// tasks of their own.
+/// 128 columns, 64 with SwiGLU, and 128-row blocks in a phase of more 64-row tiles than the
+/// target's 132 SMs; ATTENTION_CAUSAL: KV heads × blocks of 64 / (heads a KV head) rows;
+/// RMSNORM: two norms a layer in tiles of `NORM_ROWS` rows): SmolLM2-135M's 512-row chunk was
+/// the 13,016 tasks `amk bench --prefill 512` reported on an H200 with the norms in the
+/// projections (docs/perf-notes.md round 33), 13,016 + 30 × 2 × 64 with them as tasks of their
+/// own, and its gate/up phase (8 × 24 = 192 narrow tiles) now takes 96 wide ones.
 #[test]
 fn smollm2_prefill_has_the_tasks_of_its_tiling() {
     let cfg = amk_model_llama::presets::preset("smollm2-135m").unwrap();
@@ -214,6 +215,7 @@ fn smollm2_prefill_has_the_tasks_of_its_tiling() {
         .unwrap()
         .program;
     let tiles = |n: u64, cols: u64| 512u64.div_ceil(64) * n.div_ceil(cols);
+    let wide = |n: u64, cols: u64| 512u64.div_ceil(128) * n.div_ceil(cols);
     let (h, hd, nh, nkv) = (
         cfg.hidden as u64,
         cfg.head_dim as u64,
@@ -226,13 +228,63 @@ fn smollm2_prefill_has_the_tasks_of_its_tiling() {
         + 2
         + nkv * 512u64.div_ceil(rows_a_task)
         + tiles(h, 128)
-        + tiles(cfg.intermediate as u64, 64)
+        + wide(cfg.intermediate as u64, 64)
         + tiles(h, 128)
         + 2 * 512u64.div_ceil(amk_model_llama::lower::prefill::NORM_ROWS);
     let head = (cfg.vocab as u64).div_ceil(128);
     let want = per_layer * cfg.n_layers as u64 + 2 + head;
     assert_eq!(p.tasks.len() as u64, want);
-    assert_eq!(want, 13_016 + 30 * 2 * 64);
+    assert_eq!(want, 13_016 + 30 * 2 * 64 - 30 * 96);
+}
+
+/// Which phases take wide (128-row) LINEAR_TILE tasks: those of more 64-row device tiles than
+/// the target's SMs, in 16-bit programs; f32 programs (the device's generic path, 64 rows at a
+/// time) always narrow. On the 1B at 512 rows with 132 SMs: Q/K/V together 8 × (16 + 4 + 4) =
+/// 192 tiles and gate/up 8 × 128 — wide; the output and down projections 8 × 16 = 128 — narrow.
+#[test]
+fn phases_of_more_tiles_than_sms_take_wide_tasks() {
+    let cfg = amk_model_llama::presets::preset("llama-3.2-1b").unwrap();
+    let model = Model::shape_only(cfg.clone(), "llama-3.2-1b");
+    let rows_of = |dtype, sms: i64| {
+        let opts = PrefillOptions {
+            dtype,
+            max_seq: 1024,
+            rows: 512,
+            logits: PrefillLogits::None,
+        };
+        let mut target = GpuTarget::by_name("h100").unwrap();
+        target.num_sms = sms;
+        let p = lower_prefill(&model, &target, &opts).unwrap().program;
+        let mut by_kind =
+            std::collections::BTreeMap::<String, std::collections::BTreeSet<i64>>::new();
+        for t in p.tasks.iter().filter(|t| t.label.starts_with("L0.")) {
+            if let Some(mt) = t.params.get("M_tile").and_then(|v| v.as_i64())
+                && t.op == amk_core::Opcode::LINEAR_TILE
+            {
+                let kind = t.label.trim_start_matches("L0.").split('[').next().unwrap();
+                by_kind.entry(kind.to_string()).or_default().insert(mt);
+            }
+        }
+        by_kind
+    };
+    let one = |v: i64| std::collections::BTreeSet::from([v]);
+    let bf16 = rows_of(DType::BF16, 132);
+    for (kind, rows) in [
+        ("q", 128),
+        ("k", 128),
+        ("v", 128),
+        ("gate_up", 128),
+        ("o_add", 64),
+        ("down_add", 64),
+    ] {
+        assert_eq!(bf16[kind], one(rows), "{kind}");
+    }
+    // With 256 SMs the Q/K/V phase fits one wave of narrow tiles; gate/up still does not.
+    let big = rows_of(DType::BF16, 256);
+    assert_eq!(big["q"], one(64));
+    assert_eq!(big["gate_up"], one(128));
+    let f32 = rows_of(DType::F32, 132);
+    assert!(f32.values().all(|r| *r == one(64)), "{f32:?}");
 }
 
 /// A prompt program without logits (the engine's): no `prefill.last` input, no logits, no

@@ -45,17 +45,20 @@ use std::borrow::Cow;
 pub mod reference;
 
 /// Dynamic shared memory a task uses on the GPU: four pipeline stages of A (64 × 64) and B
-/// (128 × 64) 16-bit tiles, which the f32 output tile overlays after the K loop, then 64 row
-/// scales (f64), 64 RoPE pair frequencies (f32) and the norm weight as f32 (up to
-/// [`MAX_NORM_K`] elements).
+/// (128 × 64) 16-bit tiles (or three of a [`WIDE_ROWS`]-row A), which the f32 output tile
+/// overlays after the K loop, then [`WIDE_ROWS`] row scales (f64), 64 RoPE pair frequencies
+/// (f32) and the norm weight as f32 (up to [`MAX_NORM_K`] elements).
 pub const SHARED_BYTES: u32 =
-    4 * (64 * 64 + 128 * 64) * 2 + 64 * 8 + 64 * 4 + MAX_NORM_K as u32 * 4;
+    4 * (64 * 64 + 128 * 64) * 2 + WIDE_ROWS as u32 * 8 + 64 * 4 + MAX_NORM_K as u32 * 4;
 
 /// The longest row the device normalises (it stages the norm weight in shared memory).
 pub const MAX_NORM_K: u64 = 8192;
 
 /// Rows of `x` one device tile computes at a time (a task with more loops over them).
 pub const DEVICE_ROWS: u64 = 64;
+/// Rows a device tile takes at once on the tensor-core path (16-bit programs) when more than
+/// [`DEVICE_ROWS`] of the task's rows are left: each weight tile then feeds twice the rows.
+pub const WIDE_ROWS: u64 = 128;
 /// Output columns one device tile computes at a time (64 with the SwiGLU epilogue, whose tile
 /// holds the gate's and the up projection's columns side by side).
 pub const DEVICE_COLS: u64 = 128;

@@ -8,14 +8,18 @@
  *
  * The task walks its tile in device tiles of LT_BM rows x LT_BN columns (LT_BN / 2 output
  * columns with SwiGLU, whose tile holds the gate's columns in its first half and the up
- * projection's in its second).
+ * projection's in its second). On the tensor-core path a row block with more than LT_BM rows
+ * left takes LT_BM2 rows at once: each K step's weight tile then feeds twice the rows, which
+ * halves the weight bytes a FLOP reads from L2 (the K loop of 64-row tiles streams about as
+ * many bytes as L2 delivers when every SM runs one; docs/perf-notes.md round 37). Every output
+ * element's sum is the same sequence of mma steps in either size: the same values, to the bit.
  *
  * Tensor-core path (x, W and U all BF16 or all F16, K % 8 == 0, 16-byte aligned): K in steps
  * of LT_BK through an LT_STAGES-deep cp.async pipeline of A (rows of x) and B (weight rows),
  * both XOR-swizzled by 16-byte chunk so ldmatrix reads conflict-free. With a norm, each
  * thread normalises its own landed A chunk in shared memory (x * inv * w, rounded to x's
  * dtype: the value an RMSNORM task would store), the norm weight staged once as f32. 8 warps
- * as 2 (rows) x 4 (columns), each 32 x 32 of the tile: 2 x 4 mma.sync.m16n8k16 per 16 of K,
+ * as 2 (rows) x 4 (columns), each BM / 2 x 32 of the tile: BM / 32 x 4 mma.sync.m16n8k16 per 16 of K,
  * f32 accumulators. The accumulators go through shared memory (f32, LT_LD a row) to the
  * epilogue, which stores coalesced. The output is viewed as [rows of x, width].
  *
@@ -32,6 +36,7 @@
  * loop done, 3 the epilogue stored. */
 
 #define LT_BM 64
+#define LT_BM2 128 /* the tensor-core path's wide row block */
 #define LT_BN 128
 #define LT_BK 64
 #define LT_LD (LT_BN + 4)
@@ -42,8 +47,10 @@
 #endif
 #define LT_A_BYTES (LT_BM * LT_BK * 2)
 #define LT_STAGE (LT_A_BYTES + LT_BN * LT_BK * 2)
-/* Shared memory: the stages (or, after the K loop, the f32 tile), then the row scales, the
- * RoPE pair frequencies (LT_BN / 2 floats), then the norm weight as f32 (K at most LT_KMAX). */
+/* Shared memory: the stages (or, after the K loop, the f32 tile), then the row scales (LT_BM2
+ * of them), the RoPE pair frequencies (LT_BN / 2 floats), then the norm weight as f32 (K at
+ * most LT_KMAX). The wide row block's stages share the same bytes: as many as fit, at most
+ * LT_STAGES (lt_dims). */
 #define LT_TILE_BYTES (LT_STAGES * LT_STAGE > LT_BM * LT_LD * 4 ? LT_STAGES * LT_STAGE : LT_BM * LT_LD * 4)
 #define LT_KMAX 8192
 
@@ -96,16 +103,17 @@ __device__ __forceinline__ void lt_row_scales(const lt_args& a, long long m0, am
  * trips for K up to 2048 instead of sixteen. Each row's sum keeps lt_row_scales' order
  * (lane-strided vectors in order, then the warp's reduction): the same scales, to the bit. */
 template <bool BF>
-__device__ __forceinline__ void lt_row_scales16(const lt_args& a, long long m0, amk_norm_t* rinv) {
+__device__ __forceinline__ void lt_row_scales16(const lt_args& a, long long m0, int bm,
+                                                amk_norm_t* rinv) {
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int dt = BF ? AMK_BF16 : AMK_F16;
   const long long kv = a.K >> 3;
   const uint4* x = (const uint4*)a.x->ptr;
-  for (int r = warp; r < LT_BM; r += 2 * AMK_WARPS) {
+  for (int r = warp; r < bm; r += 2 * AMK_WARPS) {
     const int r2 = r + AMK_WARPS;
     const long long m = m0 + r, m2 = m0 + r2;
     if (m >= a.m_end) break;
-    const bool two = r2 < LT_BM && m2 < a.m_end;
+    const bool two = r2 < bm && m2 < a.m_end;
     const uint4* x1 = x + m * kv;
     const uint4* x2 = x + (two ? m2 : m) * kv;
     amk_norm_t s = (amk_norm_t)0, s2 = (amk_norm_t)0;
@@ -182,45 +190,53 @@ __device__ __noinline__ void lt_tile_generic(const lt_args& a, long long m0, lon
   }
 }
 
-/* The RoPE epilogue: each (row, head, pair) of the tile, the pair's two sums rounded to y's
+/* The RoPE epilogue: each (row, pair) of the tile's `bm` rows works out its angle's cosine and
+ * sine once and turns that pair in every head of the tile, the pair's two sums rounded to y's
  * dtype (what a projection stores), rotated as ROPE does at the row's position. `fq` holds the
- * pair frequencies. */
+ * pair frequencies. The trigonometry (f64, as ROPE's) is the epilogue's cost: once a row and
+ * pair instead of once a head halves it for tiles of two heads. */
 __device__ __forceinline__ void lt_rope_out(const lt_args& a, long long m0, long long c0, int cols,
-                                            const float* cs, const float* fq) {
+                                            int bm, const float* cs, const float* fq) {
   const int half = a.hd >> 1, heads = cols / a.hd, dt = a.y->dtype;
-  for (int i = threadIdx.x; i < LT_BM * heads * half; i += AMK_THREADS) {
-    const int r = i / (heads * half), h = (i / half) % heads, k = i % half;
-    const long long m = m0 + r, n = c0 + (long long)h * a.hd;
-    if (m >= a.m_end || n >= a.n_end) continue;
-    const float x1 = amk_round_dt(dt, cs[r * LT_LD + h * a.hd + k]);
-    const float x2 = amk_round_dt(dt, cs[r * LT_LD + h * a.hd + k + half]);
+  for (int i = threadIdx.x; i < bm * half; i += AMK_THREADS) {
+    const int r = i / half, k = i % half;
+    const long long m = m0 + r;
+    if (m >= a.m_end) continue;
     const float ang = __fmul_rn((float)amk_ldif(a.ex, m), fq[k]);
-    float ya, yb;
-    amk_rope_pair(x1, x2, amk_rope_trig(ang, 0), amk_rope_trig(ang, 1), ya, yb);
-    amk_stf(a.y, m * a.width + n + k, ya);
-    amk_stf(a.y, m * a.width + n + k + half, yb);
+    const float c = amk_rope_trig(ang, 0), sn = amk_rope_trig(ang, 1);
+    for (int h = 0; h < heads; ++h) {
+      const long long n = c0 + (long long)h * a.hd;
+      if (n >= a.n_end) break;
+      const float x1 = amk_round_dt(dt, cs[r * LT_LD + h * a.hd + k]);
+      const float x2 = amk_round_dt(dt, cs[r * LT_LD + h * a.hd + k + half]);
+      float ya, yb;
+      amk_rope_pair(x1, x2, c, sn, ya, yb);
+      amk_stf(a.y, m * a.width + n + k, ya);
+      amk_stf(a.y, m * a.width + n + k + half, yb);
+    }
   }
 }
 
 /* The bias on W's columns of the tile in `cs` (GEMV_TILE's: after the sum, before any
  * rounding); a barrier follows in the caller. */
-__device__ __forceinline__ void lt_add_bias(const lt_args& a, long long c0, int cols, float* cs) {
-  for (int i = threadIdx.x; i < LT_BM * cols; i += AMK_THREADS) {
+__device__ __forceinline__ void lt_add_bias(const lt_args& a, long long c0, int cols, int bm,
+                                            float* cs) {
+  for (int i = threadIdx.x; i < bm * cols; i += AMK_THREADS) {
     const int r = i / cols, c = i % cols;
     if (c0 + c < a.n_end) cs[r * LT_LD + c] += amk_ldf(a.bias, c0 + c);
   }
 }
 
-/* The epilogue of a device tile whose sums are in `cs`: 8 consecutive columns a unit, through
- * 16-byte loads of the residual and stores of y where they fit. */
+/* The epilogue of a device tile of `bm` rows whose sums are in `cs`: 8 consecutive columns a
+ * unit, through 16-byte loads of the residual and stores of y where they fit. */
 __device__ __noinline__ void lt_epilogue(const lt_args& a, long long m0, long long c0, int cols,
-                                         const float* cs, const float* fq) {
+                                         int bm, const float* cs, const float* fq) {
   if (a.epi == 3) {
-    lt_rope_out(a, m0, c0, cols, cs, fq);
+    lt_rope_out(a, m0, c0, cols, bm, cs, fq);
     return;
   }
   const int cu = cols >> 3;
-  for (int u = threadIdx.x; u < LT_BM * cu; u += AMK_THREADS) {
+  for (int u = threadIdx.x; u < bm * cu; u += AMK_THREADS) {
     const int r = u / cu, c = (u % cu) * 8;
     const long long m = m0 + r, n = c0 + c;
     if (m >= a.m_end || n >= a.n_end) continue;
@@ -258,16 +274,29 @@ __device__ __forceinline__ uint32_t lt_swz(int row, int ch) {
   return (uint32_t)(row * (LT_BK * 2) + ((ch ^ (row & 7)) << 4));
 }
 
+/* The tensor-core tile's sizes for BM rows: its stage's A bytes, the stage, the pipeline depth
+ * (as many stages as LT_TILE_BYTES holds, at most LT_STAGES), the m16 fragments a warp takes
+ * (BM / 2 rows a warp: 2 warp rows of 4 warp columns). */
+template <int BM>
+struct lt_dims {
+  static constexpr int A_BYTES = BM * LT_BK * 2;
+  static constexpr int STAGE = A_BYTES + LT_BN * LT_BK * 2;
+  static constexpr int FIT = LT_TILE_BYTES / STAGE;
+  static constexpr int STAGES = FIT < LT_STAGES ? FIT : LT_STAGES;
+  static constexpr int MI = BM / 32;
+  static constexpr int ACH = BM * (LT_BK / 8) / AMK_THREADS;
+};
+
 /* What one thread copies and normalises in every K step of a tensor-core tile, worked out once
  * a tile so that the K loop runs on registers alone (no reloads of the op's arguments or of the
- * operands' descriptors after each copy's memory clobber). A thread owns LT_ACH chunks of A
+ * operands' descriptors after each copy's memory clobber). A thread owns ACH chunks of A
  * (rows of x) and LT_BCH chunks of B (weight rows, U's in SwiGLU's second half), all at the
  * same 16-byte chunk `ch` of the K step. */
 #define LT_CPR (LT_BK / 8) /* 16-byte chunks a stage row */
-#define LT_ACH (LT_BM * LT_CPR / AMK_THREADS)
 #define LT_BCH (LT_BN * LT_CPR / AMK_THREADS)
+template <int BM>
 struct lt_plan {
-  const uint16_t* a[LT_ACH]; /* the chunk's source at k = ch * 8, or null outside the rows */
+  const uint16_t* a[lt_dims<BM>::ACH]; /* the chunk's source at k = ch * 8, or null outside the rows */
   const uint16_t* b[LT_BCH];
   const uint16_t* any;       /* a valid address for the zero-filled copies (they read nothing) */
   long long K;
@@ -276,16 +305,17 @@ struct lt_plan {
 };
 #define LT_RSTEP (AMK_THREADS / LT_CPR)
 
-__device__ __forceinline__ lt_plan lt_make_plan(const lt_args& a, long long m0, long long c0,
-                                                int half_cols) {
-  lt_plan p;
+template <int BM>
+__device__ __forceinline__ lt_plan<BM> lt_make_plan(const lt_args& a, long long m0, long long c0,
+                                                    int half_cols) {
+  lt_plan<BM> p;
   p.K = a.K;
   p.ch = threadIdx.x % LT_CPR;
   p.row0 = threadIdx.x / LT_CPR;
   const uint16_t* x = (const uint16_t*)a.x->ptr;
   p.any = x;
 #pragma unroll
-  for (int q = 0; q < LT_ACH; ++q) {
+  for (int q = 0; q < lt_dims<BM>::ACH; ++q) {
     const int r = p.row0 + q * LT_RSTEP;
     const long long m = m0 + r;
     p.a[q] = m < a.m_end ? x + m * a.K + p.ch * 8 : nullptr;
@@ -303,11 +333,12 @@ __device__ __forceinline__ lt_plan lt_make_plan(const lt_args& a, long long m0, 
 
 /* Issues this thread's cp.async copies of the K step at k0 into the stage at `as` (A) and `bs`
  * (B), zero-filled outside the rows, the columns and K. */
-__device__ __forceinline__ void lt_load_stage(const lt_plan& p, long long k0, uint32_t as,
+template <int BM>
+__device__ __forceinline__ void lt_load_stage(const lt_plan<BM>& p, long long k0, uint32_t as,
                                               uint32_t bs) {
   const bool kok = k0 + p.ch * 8 < p.K;
 #pragma unroll
-  for (int q = 0; q < LT_ACH; ++q) {
+  for (int q = 0; q < lt_dims<BM>::ACH; ++q) {
     const bool ok = kok && p.a[q];
     amk_cp_async16_zfill(as + lt_swz(p.row0 + q * LT_RSTEP, p.ch), ok ? p.a[q] + k0 : p.any,
                          ok);
@@ -323,14 +354,15 @@ __device__ __forceinline__ void lt_load_stage(const lt_plan& p, long long k0, ui
 
 /* The norm on this thread's landed A chunks of the K step at k0 (in place): x * inv * w,
  * rounded to x's dtype — what an RMSNORM task would store. `ws` holds the norm weight (f32). */
-template <bool BF>
-__device__ __forceinline__ void lt_norm_chunk(const lt_plan& p, long long k0, unsigned char* stage,
-                                              const amk_norm_t* rinv, const float* ws) {
+template <bool BF, int BM>
+__device__ __forceinline__ void lt_norm_chunk(const lt_plan<BM>& p, long long k0,
+                                              unsigned char* stage, const amk_norm_t* rinv,
+                                              const float* ws) {
   const long long k = k0 + p.ch * 8;
   if (k >= p.K) return;
   const int dt = BF ? AMK_BF16 : AMK_F16;
 #pragma unroll
-  for (int q = 0; q < LT_ACH; ++q) {
+  for (int q = 0; q < lt_dims<BM>::ACH; ++q) {
     if (!p.a[q]) continue;
     const int r = p.row0 + q * LT_RSTEP;
     uint4* c = (uint4*)(stage + lt_swz(r, p.ch));
@@ -344,14 +376,16 @@ __device__ __forceinline__ void lt_norm_chunk(const lt_plan& p, long long k0, un
   }
 }
 
-/* The mma fragments of 16 of K (kk) for this warp's 32 x 32: A rows wm * 32 .., B rows (the
- * tile's columns) wn * 32 ... */
+/* The mma fragments of 16 of K (kk) for this warp's BM / 2 x 32: A rows wm * BM / 2 .., B rows
+ * (the tile's columns) wn * 32 ... */
+template <int BM>
 __device__ __forceinline__ void lt_frags(uint32_t as, uint32_t bs, int wm, int wn, int kk,
-                                         uint32_t (&af)[2][4], uint32_t (&bf)[4][2]) {
+                                         uint32_t (&af)[lt_dims<BM>::MI][4],
+                                         uint32_t (&bf)[4][2]) {
   const int lane = threadIdx.x & 31;
 #pragma unroll
-  for (int i = 0; i < 2; ++i) {
-    const int row = wm * 32 + i * 16 + (lane & 15);
+  for (int i = 0; i < lt_dims<BM>::MI; ++i) {
+    const int row = wm * (BM / 2) + i * 16 + (lane & 15);
     amk_ldmatrix_x4(as + lt_swz(row, kk * 2 + (lane >> 4)), af[i]);
   }
 #pragma unroll
@@ -366,62 +400,56 @@ __device__ __forceinline__ void lt_frags(uint32_t as, uint32_t bs, int wm, int w
   }
 }
 
-/* One device tile on the tensor cores. `scales`: this tile is its row block's first, so it
- * works out the block's row scales into `rinv` (with the norm), after issuing its first
- * stages' copies so that their latency and the scales' overlap. */
-template <bool BF>
-__device__ __noinline__ void lt_tile_mma(const amk_task_ctx& ctx, const lt_args& a, long long m0,
-                                         long long c0, int cols, amk_norm_t* rinv,
-                                         const float* ws, const float* fq, unsigned char* smem,
-                                         bool scales) {
-  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+/* The K loop of a BM-row tensor-core tile into this warp's accumulators. `scales`: this tile is
+ * its row block's first, so it works out the block's row scales into `rinv` (with the norm),
+ * after issuing its first stages' copies so that their latency and the scales' overlap. */
+template <bool BF, int BM>
+__device__ __forceinline__ void lt_k_loop(const amk_task_ctx& ctx, const lt_args& a,
+                                          const lt_plan<BM>& p, long long m0, amk_norm_t* rinv,
+                                          const float* ws, unsigned char* smem, bool scales,
+                                          float (&acc)[lt_dims<BM>::MI][4][4]) {
+  typedef lt_dims<BM> D;
+  const int warp = threadIdx.x >> 5;
   const int wm = warp >> 2, wn = warp & 3;
   const uint32_t s0 = (uint32_t)__cvta_generic_to_shared(smem);
-  const lt_plan p = lt_make_plan(a, m0, c0, cols);
   const bool norm = a.nw != nullptr;
-  float acc[2][4][4];
-#pragma unroll
-  for (int i = 0; i < 2; ++i)
-#pragma unroll
-    for (int j = 0; j < 4; ++j)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) acc[i][j][e] = 0.f;
-
   const int nk = (int)((p.K + LT_BK - 1) / LT_BK);
 #pragma unroll
-  for (int st = 0; st < LT_STAGES - 1; ++st) {
+  for (int st = 0; st < D::STAGES - 1; ++st) {
     if (st < nk)
-      lt_load_stage(p, (long long)st * LT_BK, s0 + st * LT_STAGE, s0 + st * LT_STAGE + LT_A_BYTES);
+      lt_load_stage<BM>(p, (long long)st * LT_BK, s0 + st * D::STAGE,
+                        s0 + st * D::STAGE + D::A_BYTES);
     else
       amk_cp_async_commit();
   }
-  if (norm && scales) lt_row_scales16<BF>(a, m0, rinv); /* published by the loop's first barrier */
+  if (norm && scales) lt_row_scales16<BF>(a, m0, BM, rinv); /* published by the loop's first barrier */
   for (int kt = 0; kt < nk; ++kt) {
-    const int st = kt % LT_STAGES;
-    const uint32_t as = s0 + st * LT_STAGE, bs = as + LT_A_BYTES;
-    amk_cp_async_wait_group<LT_STAGES - 2>();
+    const int st = kt % D::STAGES;
+    const uint32_t as = s0 + st * D::STAGE, bs = as + D::A_BYTES;
+    amk_cp_async_wait_group<D::STAGES - 2>();
     __syncthreads(); /* stage kt landed for everyone; stage kt - 1 is consumed */
     if (kt == 0) amk_probe(ctx, 1); /* the first K step landed */
     if (norm) {
-      lt_norm_chunk<BF>(p, (long long)kt * LT_BK, smem + st * LT_STAGE, rinv, ws);
+      lt_norm_chunk<BF, BM>(p, (long long)kt * LT_BK, smem + st * D::STAGE, rinv, ws);
       __syncthreads();
     }
     {
-      const int nx = kt + LT_STAGES - 1, sn = nx % LT_STAGES;
+      const int nx = kt + D::STAGES - 1, sn = nx % D::STAGES;
       if (nx < nk)
-        lt_load_stage(p, (long long)nx * LT_BK, s0 + sn * LT_STAGE,
-                      s0 + sn * LT_STAGE + LT_A_BYTES);
+        lt_load_stage<BM>(p, (long long)nx * LT_BK, s0 + sn * D::STAGE,
+                          s0 + sn * D::STAGE + D::A_BYTES);
       else
         amk_cp_async_commit();
     }
     /* Fragments double-buffered: 16 of K's ldmatrix issue before the previous 16's mma. */
-    uint32_t af[2][2][4], bf[2][4][2];
-    lt_frags(as, bs, wm, wn, 0, af[0], bf[0]);
+    uint32_t af[2][D::MI][4], bf[2][4][2];
+    lt_frags<BM>(as, bs, wm, wn, 0, af[0], bf[0]);
 #pragma unroll
     for (int kk = 0; kk < LT_BK / 16; ++kk) {
-      if (kk + 1 < LT_BK / 16) lt_frags(as, bs, wm, wn, kk + 1, af[(kk + 1) & 1], bf[(kk + 1) & 1]);
+      if (kk + 1 < LT_BK / 16)
+        lt_frags<BM>(as, bs, wm, wn, kk + 1, af[(kk + 1) & 1], bf[(kk + 1) & 1]);
 #pragma unroll
-      for (int i = 0; i < 2; ++i)
+      for (int i = 0; i < D::MI; ++i)
 #pragma unroll
         for (int j = 0; j < 4; ++j)
           amk_mma_16816<BF>(acc[i][j], af[kk & 1][i], bf[kk & 1][j][0], bf[kk & 1][j][1]);
@@ -429,26 +457,49 @@ __device__ __noinline__ void lt_tile_mma(const amk_task_ctx& ctx, const lt_args&
   }
   amk_cp_async_wait_all();
   __syncthreads(); /* every warp is past its last read of the stages */
+}
+
+/* One device tile of BM rows on the tensor cores: the K loop, the accumulators to shared memory
+ * (f32, over the stages), the bias, the epilogue. */
+template <bool BF, int BM>
+__device__ __noinline__ void lt_tile_mma(const amk_task_ctx& ctx, const lt_args& a, long long m0,
+                                         long long c0, int cols, amk_norm_t* rinv,
+                                         const float* ws, const float* fq, unsigned char* smem,
+                                         bool scales) {
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int wm = warp >> 2, wn = warp & 3;
+  const lt_plan<BM> p = lt_make_plan<BM>(a, m0, c0, cols);
+  float acc[lt_dims<BM>::MI][4][4];
+#pragma unroll
+  for (int i = 0; i < lt_dims<BM>::MI; ++i)
+#pragma unroll
+    for (int j = 0; j < 4; ++j)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) acc[i][j][e] = 0.f;
+  lt_k_loop<BF, BM>(ctx, a, p, m0, rinv, ws, smem, scales, acc);
   amk_probe(ctx, 2); /* the K loop done */
-  /* The accumulators to shared memory, over the stages. */
   float* cs = (float*)smem;
 #pragma unroll
-  for (int i = 0; i < 2; ++i)
+  for (int i = 0; i < lt_dims<BM>::MI; ++i)
 #pragma unroll
     for (int j = 0; j < 4; ++j) {
-      const int row = wm * 32 + i * 16 + (lane >> 2), col = wn * 32 + j * 8 + (lane & 3) * 2;
+      const int row = wm * (BM / 2) + i * 16 + (lane >> 2), col = wn * 32 + j * 8 + (lane & 3) * 2;
       *(float2*)&cs[row * LT_LD + col] = make_float2(acc[i][j][0], acc[i][j][1]);
       *(float2*)&cs[(row + 8) * LT_LD + col] = make_float2(acc[i][j][2], acc[i][j][3]);
     }
   __syncthreads();
   if (a.bias) {
-    lt_add_bias(a, c0, cols, cs);
+    lt_add_bias(a, c0, cols, BM, cs);
     __syncthreads();
   }
-  lt_epilogue(a, m0, c0, cols, cs, fq);
+  lt_epilogue(a, m0, c0, cols, BM, cs, fq);
   __syncthreads();
   amk_probe(ctx, 3); /* the epilogue stored */
 }
+
+/* The f32 tile of LT_BM2 rows, and the wide stages, fit the bytes of the 64-row ones. */
+static_assert(LT_BM2 * LT_LD * 4 <= LT_TILE_BYTES, "wide f32 tile");
+static_assert(lt_dims<LT_BM2>::STAGES >= 2, "wide pipeline");
 
 __device__ void amk_op_linear_tile(const amk_task_ctx& ctx) {
   const amk_params_t& p = ctx.inst->params;
@@ -496,7 +547,7 @@ __device__ void amk_op_linear_tile(const amk_task_ctx& ctx) {
   /* Device tile columns: the gate's half with SwiGLU, whole heads with RoPE. */
   const int cols = epi == 2 ? LT_BN / 2 : epi == 3 ? (LT_BN / a.hd) * a.hd : LT_BN;
   amk_norm_t* rinv = (amk_norm_t*)(ctx.smem + LT_TILE_BYTES);
-  float* fq = (float*)(ctx.smem + LT_TILE_BYTES + LT_BM * 8);
+  float* fq = (float*)(ctx.smem + LT_TILE_BYTES + LT_BM2 * 8);
   float* ws = fq + LT_BN / 2;
   if (a.nw && mma) {
     if (a.K > LT_KMAX) { amk_fail(ctx, AMK_ERR_SHAPE, a.K); return; }
@@ -524,27 +575,34 @@ __device__ void amk_op_linear_tile(const amk_task_ctx& ctx) {
     if (*ctx.failed) return;
   }
   amk_probe(ctx, 0); /* checked, the norm weight and RoPE frequencies staged */
-  for (long long m0 = p.m_off; m0 < a.m_end; m0 += LT_BM) {
+  for (long long m0 = p.m_off; m0 < a.m_end;) {
+    /* More than LT_BM rows left on the tensor cores: the wide row block. */
+    const bool wide = mma && a.m_end - m0 > LT_BM;
     /* The tensor-core tiles work out the row scales themselves, behind their first copies. */
     if (a.nw && !mma) lt_row_scales(a, m0, rinv);
     __syncthreads();
     amk_probe(ctx, 4); /* the row block's scales (the generic path's) */
     for (long long c0 = p.n_off; c0 < a.n_end; c0 += cols) {
       const bool first = c0 == p.n_off;
-      if (mma && AMK_BF_OF(dt)) {
-        lt_tile_mma<true>(ctx, a, m0, c0, cols, rinv, ws, fq, ctx.smem, first);
+      if (wide && AMK_BF_OF(dt)) {
+        lt_tile_mma<true, LT_BM2>(ctx, a, m0, c0, cols, rinv, ws, fq, ctx.smem, first);
+      } else if (wide) {
+        lt_tile_mma<false, LT_BM2>(ctx, a, m0, c0, cols, rinv, ws, fq, ctx.smem, first);
+      } else if (mma && AMK_BF_OF(dt)) {
+        lt_tile_mma<true, LT_BM>(ctx, a, m0, c0, cols, rinv, ws, fq, ctx.smem, first);
       } else if (mma) {
-        lt_tile_mma<false>(ctx, a, m0, c0, cols, rinv, ws, fq, ctx.smem, first);
+        lt_tile_mma<false, LT_BM>(ctx, a, m0, c0, cols, rinv, ws, fq, ctx.smem, first);
       } else {
         lt_tile_generic(a, m0, c0, cols, rinv, (float*)ctx.smem);
         __syncthreads();
         if (a.bias) {
-          lt_add_bias(a, c0, cols, (float*)ctx.smem);
+          lt_add_bias(a, c0, cols, LT_BM, (float*)ctx.smem);
           __syncthreads();
         }
-        lt_epilogue(a, m0, c0, cols, (const float*)ctx.smem, fq);
+        lt_epilogue(a, m0, c0, cols, LT_BM, (const float*)ctx.smem, fq);
         __syncthreads();
       }
     }
+    m0 += wide ? LT_BM2 : LT_BM;
   }
 }

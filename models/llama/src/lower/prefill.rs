@@ -105,6 +105,9 @@ struct Linear<'a> {
     rope: Option<&'a RopeArgs>,
     out: BufferId,
     label: &'a str,
+    /// The device tiles of 64 rows of the phase this grid runs in (its own, or with the grids
+    /// that run beside it): what decides the rows a task takes ([`Builder::task_rows`]).
+    phase_tiles: Option<u64>,
 }
 
 impl<'a> Linear<'a> {
@@ -122,6 +125,7 @@ impl<'a> Linear<'a> {
             rope: None,
             out,
             label,
+            phase_tiles: None,
         }
     }
 
@@ -168,6 +172,8 @@ struct Builder {
     dtype: DType,
     dbytes: i64,
     eps: Value,
+    /// The target's SMs: a phase of more 64-row tiles than this runs in wide tiles.
+    num_sms: u64,
 }
 
 impl Builder {
@@ -200,10 +206,33 @@ impl Builder {
     /// Columns a tile takes: the device tile's (128, or 64 with SwiGLU; whole heads with
     /// RoPE). A narrower task would still run the whole device tile, its other columns zero.
     fn tile_cols(lin: &Linear<'_>) -> u64 {
-        let cols = lin.epilogue.device_cols();
-        match lin.rope {
-            Some(r) => (cols / r.head_dim.max(1)).max(1) * r.head_dim.max(1),
+        Self::cols_of(lin.epilogue, lin.rope.map(|r| r.head_dim))
+    }
+
+    /// [`Builder::tile_cols`] of a grid with epilogue `e`, turning heads of `rope_hd`.
+    fn cols_of(e: Epilogue, rope_hd: Option<u64>) -> u64 {
+        let cols = e.device_cols();
+        match rope_hd {
+            Some(hd) => (cols / hd.max(1)).max(1) * hd.max(1),
             None => cols,
+        }
+    }
+
+    /// The device tiles of 64 rows that `lin`'s grid over `rows` rows takes.
+    fn grid_tiles(lin: &Linear<'_>, rows: u64) -> u64 {
+        rows.div_ceil(op_linear_tile::DEVICE_ROWS) * lin.n.div_ceil(Self::tile_cols(lin))
+    }
+
+    /// Rows a LINEAR_TILE task takes in a phase of `tiles` 64-row device tiles: the device's
+    /// wide row block when the phase has more of them than the target has SMs and the program
+    /// runs on the tensor cores (16-bit). A wide tile reads each weight tile once for twice the
+    /// rows, so a phase of more than one wave of narrow tiles runs in fewer, cheaper-per-row
+    /// tasks; a phase of one wave or less keeps the narrow tiles, which spread it over more SMs.
+    fn task_rows(&self, tiles: u64) -> u64 {
+        if self.dtype != DType::F32 && tiles > self.num_sms {
+            op_linear_tile::WIDE_ROWS
+        } else {
+            op_linear_tile::DEVICE_ROWS
         }
     }
 
@@ -279,7 +308,7 @@ impl Builder {
             1
         };
         let mut tiles = 0;
-        let dr = op_linear_tile::DEVICE_ROWS;
+        let dr = self.task_rows(lin.phase_tiles.unwrap_or(Self::grid_tiles(lin, rows)));
         // Columns outer, rows inner: the blocks that run together share their weight rows, so
         // a wave reads each weight tile from memory once and the others find it in L2 (rows
         // outer made every wave of a wide projection re-read weights that had left L2).
@@ -327,12 +356,14 @@ impl Layer<'_> {
         x: Val,
         (w, bias): (BufferId, Option<BufferId>),
         (heads, tag, rope): (u64, &str, bool),
+        phase_tiles: u64,
     ) -> Val {
         let (d, l) = (self.d, self.l);
         let out = b.act(format!("L{l}.{tag}"), &[d.rows, heads, d.hd]);
         let label = format!("L{l}.{tag}");
         let mut lin = Linear::plain(x, (w, d.h, heads * d.hd), out, &label);
         lin.bias = bias;
+        lin.phase_tiles = Some(phase_tiles);
         if rope {
             // The positions are an IO input: nothing to wait for beyond x.
             lin = lin.then(
@@ -374,6 +405,17 @@ impl Layer<'_> {
             format!("L{l}.rope_{tag}"),
             bytes,
         )
+    }
+
+    /// The 64-row device tiles of a projection to `heads` heads (turned by RoPE when `rope`).
+    fn proj_tiles(&self, heads: u64, rope: bool) -> u64 {
+        let d = self.d;
+        let (e, hd) = match rope {
+            true => (Epilogue::Rope, Some(d.hd)),
+            false => (Epilogue::None, None),
+        };
+        d.rows.div_ceil(op_linear_tile::DEVICE_ROWS)
+            * (heads * d.hd).div_ceil(Builder::cols_of(e, hd))
     }
 
     /// The chunk's K or V rows appended to `cache` at its first position.
@@ -462,13 +504,10 @@ impl Layer<'_> {
         let (kc, vc) = self.caches(b);
         let x = b.norm_rows(resid, w.in_norm, (d.rows, d.h), &format!("L{l}.in_norm"));
         let bias = |f: fn(&Triple) -> Option<BufferId>| w.biases.as_ref().and_then(f);
-        let k = self.projection(
-            b,
-            x,
-            (w.k, bias(|t| Some(t.k))),
-            (d.nkv, "k", w.qk_norms.is_none()),
-        );
-        let v = self.projection(b, x, (w.v, bias(|t| t.v)), (d.nkv, "v", false));
+        let rope = w.qk_norms.is_none();
+        let tiles = self.proj_tiles(d.nkv, rope) + self.proj_tiles(d.nkv, false);
+        let k = self.projection(b, x, (w.k, bias(|t| Some(t.k))), (d.nkv, "k", rope), tiles);
+        let v = self.projection(b, x, (w.v, bias(|t| t.v)), (d.nkv, "v", false), tiles);
         let k = match w.qk_norms {
             Some(n) => self.norm_rope(b, k, n.k, (d.nkv, "k")),
             None => k,
@@ -486,9 +525,13 @@ impl Layer<'_> {
         let fused = w.qk_norms.is_none();
         let x = b.norm_rows(resid, w.in_norm, (d.rows, d.h), &format!("L{l}.in_norm"));
         let bias = |f: fn(&Triple) -> Option<BufferId>| w.biases.as_ref().and_then(f);
-        let q = self.projection(b, x, (w.q, bias(|t| Some(t.q))), (d.nh, "q", fused));
-        let k = self.projection(b, x, (w.k, bias(|t| Some(t.k))), (d.nkv, "k", fused));
-        let v = self.projection(b, x, (w.v, bias(|t| t.v)), (d.nkv, "v", false));
+        // Q, K and V run side by side: one phase.
+        let tiles = self.proj_tiles(d.nh, fused)
+            + self.proj_tiles(d.nkv, fused)
+            + self.proj_tiles(d.nkv, false);
+        let q = self.projection(b, x, (w.q, bias(|t| Some(t.q))), (d.nh, "q", fused), tiles);
+        let k = self.projection(b, x, (w.k, bias(|t| Some(t.k))), (d.nkv, "k", fused), tiles);
+        let v = self.projection(b, x, (w.v, bias(|t| t.v)), (d.nkv, "v", false), tiles);
         let (q, k) = match w.qk_norms {
             Some(n) => (
                 self.norm_rope(b, q, n.q, (d.nh, "q")),
@@ -653,6 +696,7 @@ pub fn lower_prefill_sharing(
         dtype: opts.dtype,
         dbytes: (opts.dtype.bits() / 8) as i64,
         eps: Value::Float(mc.rms_eps),
+        num_sms: target.num_sms.max(1) as u64,
     };
     let mut w = Weights::new(model, opts.dtype, weights);
     let rope = rope_args(&mut b, &mut w, model)?;
