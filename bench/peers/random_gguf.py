@@ -246,6 +246,7 @@ def write_gguf(
     std: float,
     chunk_mib: int,
     name: str,
+    context: int = CONTEXT_LENGTH,
 ) -> int:
     """Write the file (via a temporary file renamed into place); returns its size in bytes."""
     import gguf
@@ -264,7 +265,7 @@ def write_gguf(
         writer = gguf.GGUFWriter(str(tmp), "llama")
         writer.add_name(name)
         writer.add_file_type(int(ftype))
-        writer.add_context_length(CONTEXT_LENGTH)
+        writer.add_context_length(context)
         writer.add_embedding_length(shape.hidden)
         writer.add_block_count(shape.layers)
         writer.add_feed_forward_length(shape.ffn)
@@ -325,7 +326,8 @@ def write_gguf(
 
 
 def verify(path: Path, shape: Shape, vocab: int, dtype: str,
-           tokenizer: list[tuple[str, Any, Any, Any]], std: float = DEFAULT_STD) -> list[str]:
+           tokenizer: list[tuple[str, Any, Any, Any]], std: float = DEFAULT_STD,
+           context: int = CONTEXT_LENGTH) -> list[str]:
     """Read the file back with gguf's GGUFReader; returns what is wrong (empty: all good)."""
     import gguf
 
@@ -365,7 +367,7 @@ def verify(path: Path, shape: Shape, vocab: int, dtype: str,
         "llama.embedding_length": shape.hidden, "llama.block_count": shape.layers,
         "llama.feed_forward_length": shape.ffn, "llama.attention.head_count": shape.heads,
         "llama.attention.head_count_kv": shape.kv_heads, "llama.vocab_size": vocab,
-        "llama.rope.dimension_count": shape.head_dim, "llama.context_length": CONTEXT_LENGTH,
+        "llama.rope.dimension_count": shape.head_dim, "llama.context_length": context,
     }
     for key, value in keys.items():
         if key not in reader.fields or scalar(key) != value:
@@ -408,6 +410,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--dtype", choices=("bf16", "f16", "f32"), default="bf16",
                         help="type of the weight matrices (norms are always f32; default bf16)")
     parser.add_argument("--seed", type=int, default=1, help="seed of the weights (default 1)")
+    parser.add_argument("--context", type=int, default=CONTEXT_LENGTH,
+                        help=f"llama.context_length: the longest sequence an engine sizes its "
+                             f"cache for (default {CONTEXT_LENGTH}; 8,192-token prompts need more)")
     parser.add_argument("--std", type=float, default=DEFAULT_STD,
                         help=f"standard deviation of the weights (default {DEFAULT_STD})")
     parser.add_argument("--chunk-mib", type=int, default=DEFAULT_CHUNK_MIB,
@@ -455,6 +460,8 @@ def validate(parser: argparse.ArgumentParser, args: argparse.Namespace) -> Shape
         parser.error("--chunk-mib must be at least 1")
     if not args.std > 0:
         parser.error("--std must be positive")
+    if args.context < 1:
+        parser.error("--context must be at least 1")
     return shape
 
 
@@ -495,10 +502,11 @@ def main(argv: list[str] | None = None) -> int:
             f"parameters, {args.dtype}")
         started = time.monotonic()
         size = write_gguf(args.output, shape, tokenizer, vocab, args.dtype, args.seed, args.std,
-                          args.chunk_mib, name)
+                          args.chunk_mib, name, args.context)
         log(f"wrote {size / 2**20:.1f} MiB in {time.monotonic() - started:.1f} s")
         if not args.no_verify:
-            problems = verify(args.output, shape, vocab, args.dtype, tokenizer, args.std)
+            problems = verify(args.output, shape, vocab, args.dtype, tokenizer, args.std,
+                              args.context)
             if problems:
                 for p in problems:
                     log(f"verify: {p}")

@@ -886,7 +886,15 @@ fn perplexity_inner(a: &PerplexityArgs) -> Result<(), ModelCmdError> {
             .map_err(|e| ModelCmdError::Usage(format!("{}: {e}", path.display())))?;
     }
     if a.common.json {
-        let v = serde_json::json!({"tokens": ids.len(), "predictions": n, "nll": nll, "perplexity": nll.exp(), "backend": chosen.name()});
+        let v = serde_json::json!({
+            "tokens": ids.len(),
+            "predictions": n,
+            "nll": nll,
+            "perplexity": nll.exp(),
+            "backend": chosen.name(),
+            "score_s": secs,
+            "tokens_per_s": ids.len() as f64 / secs.max(1e-9),
+        });
         outln!("{v}");
     } else {
         outln!(
