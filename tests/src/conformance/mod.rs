@@ -9,7 +9,7 @@
 //!   attention + ATTENTION_COMBINE, in-place KV_APPEND across steps) and toy Llama decode
 //!   programs ([`crate::llama_like_with`]);
 //! - against the **CPU backend in list order** (the oracle) for the generator families of
-//!   the generator module (`src/gen.rs`) and the Llama variants with split-KV, SM assignment, pages or bf16.
+//!   the generator module (`src/gen/`) and the Llama variants with split-KV, SM assignment, pages or bf16.
 //!
 //! Contract assumed of every backend (besides the `Backend`/`Session` traits): KV caches start
 //! zeroed at load and persist across steps; IO inputs set in one step persist to later steps.
