@@ -1,6 +1,6 @@
 //! `amk-conformance`: the validator soundness suite's building blocks.
 //!
-//! - `r#gen` (`src/gen.rs`): seeded generators of valid programs (several families, plus a
+//! - `r#gen` (`src/gen/`): seeded generators of valid programs (several families, plus a
 //!   Llama-like decode lowering and the benchmark presets, re-exported here);
 //! - [`mutate`]: single-defect mutants, one per validator error kind;
 //! - [`oracle`]: an independent dynamic oracle (a counter-machine simulator exploring
@@ -9,7 +9,7 @@
 //! `tests/soundness.rs` ties them together: valid programs must be accepted, mutants rejected
 //! with their intended kind, and nothing the oracle finds unsafe may be accepted.
 
-// `gen` is a reserved word in edition 2024, hence the raw identifier for `src/gen.rs`.
+// `gen` is a reserved word in edition 2024, hence the raw identifier for `src/gen/`.
 pub mod conformance;
 pub mod r#gen;
 pub mod mutate;
