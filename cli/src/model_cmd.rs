@@ -864,15 +864,11 @@ fn perplexity_inner(a: &PerplexityArgs) -> Result<(), ModelCmdError> {
     }
     let (mut engine, _) = load_engine(&imported, &chosen, &reg)?;
     let t = Instant::now();
-    let mut total = 0f64;
-    let mut kept: Vec<(usize, Vec<f32>)> = Vec::new();
-    engine.forced_logits(&ids, &mut |pos, logits| {
-        total += amk_engine::nll(logits, ids[pos + 1] as usize);
-        if a.logits_at.contains(&pos) {
-            kept.push((pos, logits.to_vec()));
-        }
-    })?;
-    let (n, nll) = (ids.len() - 1, total / (ids.len() - 1) as f64);
+    let amk_engine::Scores {
+        predictions: n,
+        mean_nll: nll,
+        kept,
+    } = engine.score(&ids, &a.logits_at)?;
     let secs = t.elapsed().as_secs_f64();
     if let Some(path) = &a.logits_out {
         let v = serde_json::json!({

@@ -644,6 +644,22 @@ impl Engine {
         ids: &[u32],
         visit: &mut dyn FnMut(usize, &[f32]),
     ) -> Result<(), EngineError> {
+        let vocab = self.io.vocab;
+        self.forced_chunks(ids, &mut |c: ForcedChunk<'_>| {
+            let all = c.logits.to_f32_vec();
+            for (i, row) in all.chunks(vocab).take(c.rows).enumerate() {
+                visit(c.first + i, row);
+            }
+        })
+    }
+
+    /// [`Engine::forced_logits`] a launch at a time: each chunk's (or decode pass's) logits
+    /// tensor as the program wrote it, `[rows or more, vocab]`, for its positions.
+    fn forced_chunks(
+        &mut self,
+        ids: &[u32],
+        visit: &mut dyn FnMut(ForcedChunk<'_>),
+    ) -> Result<(), EngineError> {
         if ids.is_empty() {
             return Err(EngineError::Request("no tokens to feed".into()));
         }
@@ -658,17 +674,15 @@ impl Engine {
         // Whole chunks through the scorer, where there is one; the rest a pass a position.
         let base = match self.scorer.as_mut() {
             Some(sc) => {
-                let vocab = self.io.vocab;
                 let mut failed = None;
                 let done = sc.feed(ids, self.io.max_seq, &mut |first, len, out| match out
                     .get(decode::LOGITS)
                 {
-                    Some(t) => {
-                        let all = t.to_f32_vec();
-                        for (i, row) in all.chunks(vocab).take(len as usize).enumerate() {
-                            visit(first as usize + i, row);
-                        }
-                    }
+                    Some(t) => visit(ForcedChunk {
+                        first: first as usize,
+                        rows: len as usize,
+                        logits: t,
+                    }),
                     None => failed = Some("the scorer produced no logits".to_string()),
                 })?;
                 if let Some(why) = failed {
@@ -688,8 +702,12 @@ impl Engine {
             self.enter_bucket(&mut bucket, pos)?;
             let session = self.decode_session(bucket);
             session.run_loop(1, None, &mut |_, _| true)?;
-            let logits = session.read(decode::LOGITS)?.to_f32_vec();
-            visit(pos as usize, &logits);
+            let logits = session.read(decode::LOGITS)?;
+            visit(ForcedChunk {
+                first: pos as usize,
+                rows: 1,
+                logits: &logits,
+            });
         }
         Ok(())
     }
@@ -697,18 +715,86 @@ impl Engine {
     /// Teacher-forced mean negative log-likelihood of `ids[1..]` given the tokens before
     /// each: `(predictions, mean NLL)`, the log-softmax taken in f64.
     pub fn perplexity(&mut self, ids: &[u32]) -> Result<(usize, f64), EngineError> {
+        let s = self.score(ids, &[])?;
+        Ok((s.predictions, s.mean_nll))
+    }
+
+    /// [`Engine::perplexity`], keeping the logits at the positions `keep` too. Each chunk's
+    /// rows are scored on every core ([`nll_rows`]): a 4,096-token text is 200 million
+    /// exponentials, seconds on one core against a few milliseconds of device time. The mean
+    /// sums the rows' NLLs in position order, as one core would.
+    pub fn score(&mut self, ids: &[u32], keep: &[usize]) -> Result<Scores, EngineError> {
         if ids.len() < 2 {
             return Err(EngineError::Request(
                 "perplexity needs at least two tokens".into(),
             ));
         }
-        let mut total = 0f64;
-        self.forced_logits(ids, &mut |pos, logits| {
-            total += nll(logits, ids[pos + 1] as usize);
+        let vocab = self.io.vocab;
+        let mut nlls = vec![f64::NAN; ids.len() - 1];
+        let mut kept = Vec::new();
+        self.forced_chunks(ids, &mut |c: ForcedChunk<'_>| {
+            let targets = &ids[c.first + 1..c.first + 1 + c.rows];
+            let got = nll_rows(c.logits, vocab, targets);
+            nlls[c.first..c.first + c.rows].copy_from_slice(&got);
+            for p in (c.first..c.first + c.rows).filter(|p| keep.contains(p)) {
+                let at = (p - c.first) * vocab;
+                kept.push((p, (at..at + vocab).map(|i| c.logits.get_f32(i)).collect()));
+            }
         })?;
-        let n = ids.len() - 1;
-        Ok((n, total / n as f64))
+        Ok(Scores {
+            predictions: nlls.len(),
+            mean_nll: nlls.iter().sum::<f64>() / nlls.len() as f64,
+            kept,
+        })
     }
+}
+
+/// One launch's logits in a teacher-forced pass: rows `[0, rows)` of `logits` predict the ids
+/// after positions `first ..`.
+struct ForcedChunk<'a> {
+    first: usize,
+    rows: usize,
+    logits: &'a amk_core::Tensor,
+}
+
+/// A text's teacher-forced scores ([`Engine::score`]).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Scores {
+    /// Predictions scored: one fewer than the ids.
+    pub predictions: usize,
+    /// Their mean negative log-likelihood (log-softmax in f64).
+    pub mean_nll: f64,
+    /// The logits at the positions asked to keep, in position order.
+    pub kept: Vec<(usize, Vec<f32>)>,
+}
+
+/// [`nll`] of each of `targets.len()` rows of `logits` (`[rows, vocab]`, any float dtype),
+/// the rows split over the machine's cores: each value is the one-core value.
+pub fn nll_rows(logits: &amk_core::Tensor, vocab: usize, targets: &[u32]) -> Vec<f64> {
+    let rows = targets.len();
+    let one = |r: usize, buf: &mut Vec<f32>| {
+        buf.clear();
+        buf.extend((r * vocab..(r + 1) * vocab).map(|i| logits.get_f32(i)));
+        nll(buf, targets[r] as usize)
+    };
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let per = rows.div_ceil(cores.max(1)).max(16);
+    if rows <= per {
+        let mut buf = Vec::with_capacity(vocab);
+        return (0..rows).map(|r| one(r, &mut buf)).collect();
+    }
+    let mut out = vec![0f64; rows];
+    std::thread::scope(|s| {
+        for (i, part) in out.chunks_mut(per).enumerate() {
+            s.spawn(move || {
+                let mut buf = Vec::with_capacity(vocab);
+                for (k, v) in part.iter_mut().enumerate() {
+                    *v = one(i * per + k, &mut buf);
+                }
+            });
+        }
+    });
+    out
 }
 
 /// The `k` most likely of the ids below `limit` in `logits`, most likely first (the lower id

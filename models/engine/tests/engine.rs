@@ -377,6 +377,35 @@ fn scoring_through_prefill_equals_the_decode_path(#[case] max_seq: u64, #[case] 
     // Generation after scoring starts its sequence anew.
     let req = request(PROMPT, 3, &[]);
     assert_eq!(ids(&mut pre, &req), ids(&mut plain, &req));
+    // `score` is the mean of the rows' one-core NLLs, in position order, with the logits it
+    // was asked to keep (a position twice is kept once).
+    let mean = want
+        .iter()
+        .map(|(p, l)| amk_engine::nll(l, text[p + 1] as usize))
+        .sum::<f64>()
+        / want.len() as f64;
+    let s = pre.score(&text, &[20, 3, 20, 25]).unwrap();
+    assert_eq!((s.predictions, s.mean_nll), (text.len() - 1, mean));
+    let kept: Vec<(usize, Vec<f32>)> = [3, 20, 25].map(|p| want[p].clone()).to_vec();
+    assert_eq!(s.kept, kept);
+}
+
+/// The rows' NLLs on many cores are the one-core values, row for row (bf16 logits too).
+#[test]
+fn nll_rows_on_every_core_equal_one_core() {
+    let (rows, vocab) = (203usize, 97usize);
+    let mut rng = amk_core::sim::SplitMix(5);
+    for dtype in [DType::F32, DType::BF16] {
+        let t = amk_core::Tensor::random(dtype, &[rows as u64, vocab as u64], &mut rng, -8.0, 8.0);
+        let targets: Vec<u32> = (0..rows as u32).map(|r| (r * 31) % vocab as u32).collect();
+        let all = t.to_f32_vec();
+        let want: Vec<f64> = all
+            .chunks(vocab)
+            .zip(&targets)
+            .map(|(row, &g)| amk_engine::nll(row, g as usize))
+            .collect();
+        assert_eq!(amk_engine::nll_rows(&t, vocab, &targets), want);
+    }
 }
 
 /// With a short prompt program beside the chunk's (2 and 8 rows), each chunk takes the

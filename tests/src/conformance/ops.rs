@@ -561,6 +561,31 @@ pub(super) fn op_kv_append(c: &Ctx<'_>) -> CaseResult {
         let mut want = vec![0.0; 40];
         want[24..32].copy_from_slice(&nv);
         Ok(vec![("cache_out", want)])
+    })?;
+    kv_append_rows(c)
+}
+
+/// A prompt chunk's rows at once: 70 rows of [8, 64] at position 7 of an 80-row cache (4,480
+/// 8-element units: the device's batches of 16 a thread, the last one partial).
+fn kv_append_rows(c: &Ctx<'_>) -> CaseResult {
+    let (rows, at, cap, row) = (70u64, 7usize, 80u64, 8 * 64usize);
+    let mut t = Tiny::new(19);
+    let new = t.input("k_rows", DType::F32, &[rows, 8, 64]);
+    let cache = t.kv("kcache_rows", &[cap, 8, 64]);
+    let y = t.output("cache_rows_out", DType::F32, &[cap, 8, 64]);
+    let ca = t.task(
+        Opcode::KV_APPEND,
+        &[new, cache],
+        &[cache],
+        &[],
+        &[("pos", int(at as i64))],
+    );
+    t.task(Opcode::COPY, &[cache], &[y], &[(ca, 1)], &[]);
+    check_formula(c, t, 2, F32_TOL, no_change, |ins| {
+        let nv = in_vals(ins, "k_rows")?;
+        let mut want = vec![0.0; cap as usize * row];
+        want[at * row..at * row + nv.len()].copy_from_slice(&nv);
+        Ok(vec![("cache_rows_out", want)])
     })
 }
 
