@@ -17,45 +17,12 @@
  * consecutive elements (coalesced). F32/BF16/F16 new rows and cache (any pair) with spans and
  * offsets that are whole 8-element units (the decode case: one [n_kv, hd] row) go 8 elements
  * per 16-byte access, each thread issuing KVA_NB units' loads before converting and storing
- * any (values through f32 exactly as amk_ld / amk_st); a prompt chunk's rows (at least
- * KVA_NB_BIG units a thread) take KVA_NB_BIG at a time: one block copies them alone, and a
- * batch costs an L2 round trip whatever its size (a 1B chunk of 512 rows took 46 us in
- * batches of 4: docs/perf-notes.md round 37). Everything else element by element. An
+ * any (values through f32 exactly as amk_ld / amk_st). Everything else element by element. An
  * I4 cache (two elements per byte) is written by one thread, since amk_st's nibble
  * read-modify-write is not atomic.
  */
 
-#define KVA_NB 4      /* 8-element units in flight per thread */
-#define KVA_NB_BIG 16 /* ... when there are at least that many a thread */
-
-/* The vector path: unit u (8 elements) of new goes to cache unit d0 + s * dstep + i for span
- * s = u / upr, i = u % upr; NB units a thread in flight at once. */
-template <int NB>
-__device__ __forceinline__ void kva_vec(const amk_buffer_t* nw, const amk_buffer_t* cache,
-                                        unsigned upr, unsigned units, long long d0,
-                                        long long dstep, long long n_spans) {
-  const int sdt = nw->dtype, ddt = cache->dtype;
-  const bool f32 = sdt == AMK_F32;
-  for (unsigned b = 0; b < units; b += NB * AMK_THREADS) {
-    uint4 w0[NB], w1[NB];
-#pragma unroll
-    for (int k = 0; k < NB; ++k) {
-      const unsigned u = b + threadIdx.x + (unsigned)k * AMK_THREADS;
-      w0[k] = w1[k] = make_uint4(0u, 0u, 0u, 0u); /* defined on every path */
-      if (u < units) amk_ld8_raw(nw->ptr, f32 ? AMK_F32 : AMK_BF16, u, w0[k], w1[k]);
-    }
-#pragma unroll
-    for (int k = 0; k < NB; ++k) {
-      const unsigned u = b + threadIdx.x + (unsigned)k * AMK_THREADS;
-      if (u < units) {
-        const unsigned s = n_spans == 1 ? 0u : u / upr;
-        float f[8];
-        amk_cvt8(sdt, w0[k], w1[k], f);
-        amk_st8(cache->ptr, ddt, d0 + (long long)s * dstep + (u - s * upr), f);
-      }
-    }
-  }
-}
+#define KVA_NB 4 /* 8-element units in flight per thread */
 
 
 /* One element: fp32 -> fp32 and same-width 16-bit copies inline, anything else out of line. */
@@ -108,16 +75,35 @@ __device__ void amk_op_kv_append(const amk_task_ctx& ctx) {
     return;
   }
 
-  /* Vector path (kva_vec). */
+  /* Vector path: unit u (8 elements) of new goes to cache unit (dst0 + s*dst_step)/8 + i for
+   * span s = u / upr, i = u % upr. */
   if (!separate && amk_is_vec(nw->dtype) && amk_is_vec(cache->dtype) && len % 8 == 0 &&
       dst0 % 8 == 0 && dst_step % 8 == 0 && n_spans * (len / 8) < 0x7fffffffLL &&
       ((((unsigned long long)nw->ptr) | ((unsigned long long)cache->ptr)) & 15) == 0) {
     const unsigned upr = (unsigned)(len / 8);
     const unsigned units = (unsigned)(n_spans * upr);
-    if (units >= (unsigned)(KVA_NB_BIG * AMK_THREADS))
-      kva_vec<KVA_NB_BIG>(nw, cache, upr, units, dst0 / 8, dst_step / 8, n_spans);
-    else
-      kva_vec<KVA_NB>(nw, cache, upr, units, dst0 / 8, dst_step / 8, n_spans);
+    const long long d0 = dst0 / 8, dstep = dst_step / 8;
+    const int sdt = nw->dtype, ddt = cache->dtype;
+    const bool f32 = sdt == AMK_F32;
+    for (unsigned b = 0; b < units; b += KVA_NB * AMK_THREADS) {
+      uint4 w0[KVA_NB], w1[KVA_NB];
+#pragma unroll
+      for (int k = 0; k < KVA_NB; ++k) {
+        const unsigned u = b + threadIdx.x + (unsigned)k * AMK_THREADS;
+        w0[k] = w1[k] = make_uint4(0u, 0u, 0u, 0u); /* defined on every path */
+        if (u < units) amk_ld8_raw(nw->ptr, f32 ? AMK_F32 : AMK_BF16, u, w0[k], w1[k]);
+      }
+#pragma unroll
+      for (int k = 0; k < KVA_NB; ++k) {
+        const unsigned u = b + threadIdx.x + (unsigned)k * AMK_THREADS;
+        if (u < units) {
+          const unsigned s = n_spans == 1 ? 0u : u / upr;
+          float f[8];
+          amk_cvt8(sdt, w0[k], w1[k], f);
+          amk_st8(cache->ptr, ddt, d0 + (long long)s * dstep + (u - s * upr), f);
+        }
+      }
+    }
     return;
   }
 

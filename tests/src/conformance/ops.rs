@@ -566,7 +566,7 @@ pub(super) fn op_kv_append(c: &Ctx<'_>) -> CaseResult {
 }
 
 /// A prompt chunk's rows at once: 70 rows of [8, 64] at position 7 of an 80-row cache (4,480
-/// 8-element units: the device's batches of 16 a thread, the last one partial).
+/// 8-element units: several of the device's batches a thread, the last one partial).
 fn kv_append_rows(c: &Ctx<'_>) -> CaseResult {
     let (rows, at, cap, row) = (70u64, 7usize, 80u64, 8 * 64usize);
     let mut t = Tiny::new(19);
