@@ -434,7 +434,12 @@ impl Layer<'_> {
     }
 
     /// The attention: tasks of one KV head's query heads over a block of rows, sized so a
-    /// task's (row, head) pairs are one device group.
+    /// task's (row, head) pairs are one device group. A block's cost grows with the cache rows
+    /// its last row attends to (from the chunk's start, the block's end), so the blocks are
+    /// listed latest first with that cost as their estimate: the SM assignment, greedy in list
+    /// order, then places them as LPT would instead of two equal-looking tasks an SM of which
+    /// one attends 32 times the rows of the other (a 1B chunk of 512 rows lost ≈ 75 µs a layer
+    /// to that spread: docs/perf-notes.md round 37).
     fn attention(
         &self,
         b: &mut Builder,
@@ -447,8 +452,9 @@ impl Layer<'_> {
         let block = (op_attention_causal::DEVICE_PAIRS / rep.max(1)).max(1);
         let ca = b.p.new_counter(format!("L{l}.attention ready"));
         let mut n_att = 0;
-        for g in 0..d.nkv {
-            for m0 in (0..d.rows).step_by(block as usize) {
+        let starts: Vec<u64> = (0..d.rows).step_by(block as usize).collect();
+        for &m0 in starts.iter().rev() {
+            for g in 0..d.nkv {
                 let pr = params(&[
                     ("head_dim", int(d.hd)),
                     ("n_heads", int(d.nh)),
@@ -470,8 +476,9 @@ impl Layer<'_> {
                     pr,
                     label,
                 );
+                let attended = m0 + block.min(d.rows - m0);
                 if let Some(task) = b.p.tasks.get_mut(t as usize) {
-                    task.est_bytes = (d.max_seq * d.hd) as i64 * b.dbytes;
+                    task.est_bytes = (2 * attended * d.hd) as i64 * b.dbytes;
                 }
                 n_att += 1;
             }
