@@ -622,15 +622,7 @@ pub fn run_generate(a: &GenerateArgs) -> ExitCode {
 
 fn generate_inner(a: &GenerateArgs) -> Result<(), ModelCmdError> {
     let text = read_text(a.prompt.as_ref(), a.prompt_file.as_ref(), "prompt")?.text;
-    let sampling = Sampling {
-        temperature: a.temperature as f32,
-        top_p: a.top_p as f32,
-        top_k: a.top_k,
-        seed: a.seed,
-    };
-    sampling
-        .check()
-        .map_err(|e| ModelCmdError::Usage(e.to_string()))?;
+    let sampling = sampling_of(a)?;
     let chosen = backend_choice::choose(a.backend, a.threads)?;
     let reg = registry()?;
     // The backend line after the import, which checks the arguments: an argument error comes
@@ -638,17 +630,7 @@ fn generate_inner(a: &GenerateArgs) -> Result<(), ModelCmdError> {
     let imported = import(&a.common, chosen.gpu_sms, Some(a.prefill))?;
     status!("{}", chosen.line);
     let tok = tokenizer(&imported.model)?.clone();
-    let rendered = if a.chat {
-        tok.apply_chat_template(&[("user", text.as_str())], true)?
-    } else {
-        text.clone()
-    };
-    let prompt_ids = tok.encode(&rendered)?;
-    if prompt_ids.is_empty() {
-        return Err(ModelCmdError::Usage(
-            "the prompt encodes to no tokens".into(),
-        ));
-    }
+    let prompt_ids = encode_prompt(&tok, &text, a.chat)?;
     let (mut engine, load_s) = load_engine(&imported, &chosen, &reg)?;
     let stop = if a.ignore_eos {
         Vec::new()
@@ -663,20 +645,9 @@ fn generate_inner(a: &GenerateArgs) -> Result<(), ModelCmdError> {
         }
         .into());
     }
-    let mut stream = tok.decode_stream();
     if !a.common.json {
-        // A completion continues its prompt's text; a chat shows the user's turn on its own
-        // line(s), marked, and the reply below it.
-        if a.chat {
-            for line in text.lines() {
-                outln!("> {line}");
-            }
-        } else {
-            out!("{text}");
-        }
-        crate::output::flush_out();
+        echo_prompt(&text, a.chat);
     }
-    let mut stream_err = None;
     // A model may have more rows than its tokenizer has tokens (padded embeddings): never
     // pick an id the tokenizer cannot decode.
     let request = Request {
@@ -688,6 +659,69 @@ fn generate_inner(a: &GenerateArgs) -> Result<(), ModelCmdError> {
         passes_per_launch: None,
         top_logprobs: 0,
     };
+    let mut stream = tok.decode_stream();
+    let generation = stream_generation(a, &mut engine, &request, &mut stream, chosen.name())?;
+    let loaded = Loaded {
+        import_s: imported.import_s,
+        load_s,
+        backend: chosen.name(),
+    };
+    report_generation(a, &tok, &request, &generation, stream, &loaded)
+}
+
+/// The sampling `a` asks for, checked.
+fn sampling_of(a: &GenerateArgs) -> Result<Sampling, ModelCmdError> {
+    let sampling = Sampling {
+        temperature: a.temperature as f32,
+        top_p: a.top_p as f32,
+        top_k: a.top_k,
+        seed: a.seed,
+    };
+    sampling
+        .check()
+        .map_err(|e| ModelCmdError::Usage(e.to_string()))?;
+    Ok(sampling)
+}
+
+/// The prompt's token ids: `text` itself, or with `chat` the text as a user's turn in the
+/// model's chat template; an empty encoding is a usage error.
+fn encode_prompt(tok: &Tokenizer, text: &str, chat: bool) -> Result<Vec<u32>, ModelCmdError> {
+    let rendered = if chat {
+        tok.apply_chat_template(&[("user", text)], true)?
+    } else {
+        text.to_string()
+    };
+    let ids = tok.encode(&rendered)?;
+    if ids.is_empty() {
+        return Err(ModelCmdError::Usage(
+            "the prompt encodes to no tokens".into(),
+        ));
+    }
+    Ok(ids)
+}
+
+/// The prompt on stdout before the reply: a completion continues its prompt's text; a chat
+/// shows the user's turn on its own line(s), marked, and the reply below it.
+fn echo_prompt(text: &str, chat: bool) {
+    if chat {
+        for line in text.lines() {
+            outln!("> {line}");
+        }
+    } else {
+        out!("{text}");
+    }
+    crate::output::flush_out();
+}
+
+/// Runs `request`, streaming each token's text to stdout as it arrives (not with `--json`, not
+/// the stop token) and, for a long prompt on the CPU VM, the prompt's progress to stderr.
+fn stream_generation(
+    a: &GenerateArgs,
+    engine: &mut Engine,
+    request: &Request<'_>,
+    stream: &mut amk_model_llama::tokenizer::DecodeStream<'_>,
+    backend: &str,
+) -> Result<amk_engine::Generation, ModelCmdError> {
     // A long prompt on the CPU VM takes seconds to minutes: say how far it is, launch by
     // launch (on a GPU it is one launch of well under a second).
     let t_prompt = Instant::now();
@@ -697,17 +731,18 @@ fn generate_inner(a: &GenerateArgs) -> Result<(), ModelCmdError> {
             t_prompt.elapsed().as_secs_f64()
         );
     };
-    let watch = (!a.common.json && !crate::status::quiet() && chosen.name() == "cpu")
-        .then_some(prompt_ids.len() as u64)
+    let watch = (!a.common.json && !crate::status::quiet() && backend == "cpu")
+        .then_some(request.prompt.len() as u64)
         .filter(|&n| n > PROGRESS_MIN_PROMPT)
         .map(|n| amk_engine::PromptWatch {
             every: (n / 8).max(PROGRESS_MIN_PROMPT / 2),
             on: &mut progress,
         });
+    let mut stream_err = None;
     let generation = engine.generate_observed(
-        &request,
+        request,
         &mut |t| {
-            if a.common.json || stop.contains(&t.id) {
+            if a.common.json || request.stop.contains(&t.id) {
                 return true;
             }
             match stream.step(t.id) {
@@ -723,51 +758,67 @@ fn generate_inner(a: &GenerateArgs) -> Result<(), ModelCmdError> {
         },
         watch,
     )?;
-    if let Some(e) = stream_err {
-        return Err(e.into());
+    match stream_err {
+        Some(e) => Err(e.into()),
+        None => Ok(generation),
     }
+}
+
+/// What loading the model took, for the summary line.
+struct Loaded<'a> {
+    import_s: f64,
+    load_s: f64,
+    backend: &'a str,
+}
+
+/// The generation's JSON (with `--json`), or the rest of the streamed text and the summary.
+fn report_generation(
+    a: &GenerateArgs,
+    tok: &Tokenizer,
+    request: &Request<'_>,
+    generation: &amk_engine::Generation,
+    mut stream: amk_model_llama::tokenizer::DecodeStream<'_>,
+    loaded: &Loaded<'_>,
+) -> Result<(), ModelCmdError> {
     let ids = generation.ids();
     // The text is what was streamed: without the stop token that ended generation.
     let shown = match generation.finish {
         Finish::Stop => &ids[..ids.len().saturating_sub(1)],
         _ => &ids[..],
     };
-    let text_out = tok.decode(shown)?;
     let ttft = generation.first_token_s().unwrap_or(generation.total_s);
     let decode_tps = generation.decode_tokens_per_s().unwrap_or(0.0);
-    let prompt_tps = prompt_ids.len() as f64 / ttft.max(1e-9);
+    let prompt_tps = request.prompt.len() as f64 / ttft.max(1e-9);
     if a.common.json {
         let v = serde_json::json!({
-            "prompt_ids": prompt_ids,
+            "prompt_ids": request.prompt,
             "generated_ids": ids,
-            "text": text_out,
+            "text": tok.decode(shown)?,
             "finish": generation.finish.as_str(),
             "tokens_per_s": decode_tps,
             "prompt_tokens_per_s": prompt_tps,
             "time_to_first_token_s": ttft,
-            "backend": chosen.name(),
+            "backend": loaded.backend,
         });
         outln!("{v}");
-    } else {
-        if let Some(piece) = stream.finish()? {
-            out!("{piece}");
-        }
-        outln!();
+        return Ok(());
     }
-    if !a.common.json {
-        status!(
-            "[{} prompt tokens in {:.2} s ({:.1} tok/s), {} generated ({}), decode {:.1} tok/s; import {:.2} s, load {:.2} s; backend {}]",
-            prompt_ids.len(),
-            ttft,
-            prompt_tps,
-            ids.len(),
-            finish_words(generation.finish),
-            decode_tps,
-            imported.import_s,
-            load_s,
-            chosen.name()
-        );
+    if let Some(piece) = stream.finish()? {
+        out!("{piece}");
     }
+    outln!();
+    status!(
+        "[{} prompt tokens in {:.2} s ({:.1} tok/s), {} generated ({}), decode {:.1} tok/s; import {:.2} s, load {:.2} s; backend {}]",
+        request.prompt.len(),
+        ttft,
+        prompt_tps,
+        ids.len(),
+        finish_words(generation.finish),
+        decode_tps,
+        loaded.import_s,
+        loaded.load_s,
+        loaded.backend
+    );
     Ok(())
 }
 
