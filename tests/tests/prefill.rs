@@ -331,3 +331,43 @@ fn a_prompt_program_without_logits_keeps_only_what_writes_the_caches() {
     );
     assert!(!none.tasks.iter().any(|t| t.label.starts_with("lm_head")));
 }
+
+/// The attention's blocks: with more of them in a layer than the target has SMs (the 1B at 512
+/// rows: 8 KV heads × 32 blocks of 16 rows), latest first, each estimated by the cache rows it
+/// attends (K and V, from the chunk's start to the block's end); with fewer (SmolLM2 at 512: 3
+/// × 25), KV head by KV head from the first row, each at the whole cache's estimate.
+#[test]
+fn attention_blocks_are_ordered_for_the_sm_assignment() {
+    let blocks = |preset: &str| {
+        let cfg = amk_model_llama::presets::preset(preset).unwrap();
+        let model = Model::shape_only(cfg.clone(), preset);
+        let opts = PrefillOptions {
+            dtype: DType::BF16,
+            max_seq: 1024,
+            rows: 512,
+            logits: PrefillLogits::None,
+        };
+        let p = lower_prefill(&model, &GpuTarget::by_name("h100").unwrap(), &opts)
+            .unwrap()
+            .program;
+        let of = |t: &amk_core::Task, k: &str| t.params.get(k).and_then(|v| v.as_i64()).unwrap();
+        let got: Vec<(i64, i64, i64)> = p
+            .tasks
+            .iter()
+            .filter(|t| t.label.starts_with("L0.attention"))
+            .map(|t| (of(t, "n_off"), of(t, "m_off"), t.est_bytes))
+            .collect();
+        (got, cfg.head_dim as i64)
+    };
+    let (big, hd) = blocks("llama-3.2-1b");
+    assert_eq!(big.len(), 256);
+    assert_eq!(big[0], (0, 496, 2 * 512 * hd * 2));
+    assert_eq!(big[7], (7 * 4 * hd, 496, 2 * 512 * hd * 2));
+    assert_eq!(big[255], (7 * 4 * hd, 0, 2 * 16 * hd * 2));
+    assert!(big.windows(2).all(|w| w[0].1 >= w[1].1), "latest first");
+    let (small, hd) = blocks("smollm2-135m");
+    assert_eq!(small.len(), 75);
+    assert_eq!(small[0], (0, 0, 1024 * hd * 2));
+    assert_eq!(small[1].1, 21);
+    assert!(small.iter().all(|b| b.2 == 1024 * hd * 2));
+}

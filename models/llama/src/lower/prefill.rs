@@ -435,11 +435,14 @@ impl Layer<'_> {
 
     /// The attention: tasks of one KV head's query heads over a block of rows, sized so a
     /// task's (row, head) pairs are one device group. A block's cost grows with the cache rows
-    /// its last row attends to (from the chunk's start, the block's end), so the blocks are
-    /// listed latest first with that cost as their estimate: the SM assignment, greedy in list
-    /// order, then places them as LPT would instead of two equal-looking tasks an SM of which
-    /// one attends 32 times the rows of the other (a 1B chunk of 512 rows lost ≈ 75 µs a layer
-    /// to that spread: docs/perf-notes.md round 37).
+    /// its last row attends to (from the chunk's start, the block's end): when a layer has more
+    /// blocks than the target has SMs, they are listed latest first with that cost as their
+    /// estimate, so the SM assignment, greedy in list order, places them as LPT would instead
+    /// of two equal-looking tasks an SM of which one attends 32 times the rows of the other (a
+    /// 1B chunk of 512 rows lost ≈ 75 µs a layer to that spread). With fewer blocks than SMs
+    /// the small estimates made the next phase's tiles queue behind the attention on its SMs
+    /// (SmolLM2's 512-row chunk 5.83 → 6.42 ms), so those keep the whole cache's estimate
+    /// (docs/perf-notes.md round 37).
     fn attention(
         &self,
         b: &mut Builder,
@@ -453,35 +456,48 @@ impl Layer<'_> {
         let ca = b.p.new_counter(format!("L{l}.attention ready"));
         let mut n_att = 0;
         let starts: Vec<u64> = (0..d.rows).step_by(block as usize).collect();
-        for &m0 in starts.iter().rev() {
-            for g in 0..d.nkv {
-                let pr = params(&[
-                    ("head_dim", int(d.hd)),
-                    ("n_heads", int(d.nh)),
-                    ("n_kv_heads", int(d.nkv)),
-                    ("scale", self.scale.clone()),
-                    ("m_off", int(m0)),
-                    ("M_tile", int(block.min(d.rows - m0))),
-                    ("n_off", int(g * rep * d.hd)),
-                    ("N_tile", int(rep * d.hd)),
-                ]);
-                let label = format!("L{l}.attention[{n_att}]");
-                let ins = [q.buf, kc, vc, self.pos];
-                let t = b.p.push_task(
-                    Opcode::ATTENTION_CAUSAL,
-                    &ins,
-                    &[attn],
-                    ca,
-                    waits,
-                    pr,
-                    label,
-                );
-                let attended = m0 + block.min(d.rows - m0);
-                if let Some(task) = b.p.tasks.get_mut(t as usize) {
-                    task.est_bytes = (2 * attended * d.hd) as i64 * b.dbytes;
-                }
-                n_att += 1;
+        // More blocks than SMs: latest first, each with its own cost (see above). Fewer: every
+        // block has an SM of its own, and the constant estimate keeps the tasks that follow
+        // off the attention's SMs.
+        let many = d.nkv * starts.len() as u64 > b.num_sms;
+        let blocks: Vec<(u64, u64)> = match many {
+            true => (starts.iter().rev())
+                .flat_map(|&m0| (0..d.nkv).map(move |g| (g, m0)))
+                .collect(),
+            false => (0..d.nkv)
+                .flat_map(|g| starts.iter().map(move |&m0| (g, m0)))
+                .collect(),
+        };
+        for (g, m0) in blocks {
+            let pr = params(&[
+                ("head_dim", int(d.hd)),
+                ("n_heads", int(d.nh)),
+                ("n_kv_heads", int(d.nkv)),
+                ("scale", self.scale.clone()),
+                ("m_off", int(m0)),
+                ("M_tile", int(block.min(d.rows - m0))),
+                ("n_off", int(g * rep * d.hd)),
+                ("N_tile", int(rep * d.hd)),
+            ]);
+            let label = format!("L{l}.attention[{n_att}]");
+            let ins = [q.buf, kc, vc, self.pos];
+            let t = b.p.push_task(
+                Opcode::ATTENTION_CAUSAL,
+                &ins,
+                &[attn],
+                ca,
+                waits,
+                pr,
+                label,
+            );
+            let attended = match many {
+                true => 2 * (m0 + block.min(d.rows - m0)),
+                false => d.max_seq,
+            };
+            if let Some(task) = b.p.tasks.get_mut(t as usize) {
+                task.est_bytes = (attended * d.hd) as i64 * b.dbytes;
             }
+            n_att += 1;
         }
         Val {
             buf: attn,
