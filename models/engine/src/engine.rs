@@ -768,13 +768,24 @@ pub struct Scores {
     pub kept: Vec<(usize, Vec<f32>)>,
 }
 
+/// Elements `range` of `t` as f32 into `buf` (its storage matched once, not per element).
+fn row_f32(t: &amk_core::Tensor, range: std::ops::Range<usize>, buf: &mut Vec<f32>) {
+    use amk_core::Storage;
+    buf.clear();
+    match t.storage() {
+        Storage::F32(v) => buf.extend_from_slice(&v[range]),
+        Storage::BF16(v) => buf.extend(v[range].iter().map(|x| x.to_f32())),
+        Storage::F16(v) => buf.extend(v[range].iter().map(|x| x.to_f32())),
+        _ => buf.extend(range.map(|i| t.get_f32(i))),
+    }
+}
+
 /// [`nll`] of each of `targets.len()` rows of `logits` (`[rows, vocab]`, any float dtype),
 /// the rows split over the machine's cores: each value is the one-core value.
 pub fn nll_rows(logits: &amk_core::Tensor, vocab: usize, targets: &[u32]) -> Vec<f64> {
     let rows = targets.len();
     let one = |r: usize, buf: &mut Vec<f32>| {
-        buf.clear();
-        buf.extend((r * vocab..(r + 1) * vocab).map(|i| logits.get_f32(i)));
+        row_f32(logits, r * vocab..(r + 1) * vocab, buf);
         nll(buf, targets[r] as usize)
     };
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
