@@ -11,7 +11,7 @@
 use amk_core::ErrorKind;
 use amk_core::json::{Map, Value};
 use amk_core::opcheck::Checker;
-use amk_core::{Opcode, ParamType};
+use amk_core::{OpSpec, Opcode, ParamType};
 
 /// Element types a step may declare for its output.
 pub const OUT_DTYPES: &[&str] = &["float32", "float16", "bfloat16", "float64", "int8", "int32"];
@@ -34,50 +34,86 @@ pub fn check(c: &mut Checker<'_, '_>) {
 
 /// The structural rule on a recipe object; returns one message per problem.
 pub fn check_recipe(recipe: &Map, n_inputs: usize, reg: &amk_core::Registry) -> Vec<String> {
-    let mut out = Vec::new();
+    let steps = match steps_of(recipe) {
+        Ok(steps) => steps,
+        Err(why) => return vec![why],
+    };
+    let mut walk = Walk {
+        out: Vec::new(),
+        written: Vec::new(),
+        finals: 0,
+    };
+    for (i, step) in steps.iter().enumerate() {
+        walk.step(i, step, i + 1 == steps.len(), (n_inputs, reg));
+    }
+    if walk.finals != 1 {
+        walk.out.push(format!(
+            "exactly one step (the last) must write the task output; {} do",
+            walk.finals
+        ));
+    }
+    walk.out
+}
+
+/// The recipe's steps: a non-empty array of at most [`MAX_STEPS`].
+fn steps_of(recipe: &Map) -> Result<&[Value], String> {
     let Some(steps) = recipe.get("steps").and_then(Value::as_array) else {
-        out.push("recipe needs a 'steps' array".into());
-        return out;
+        return Err("recipe needs a 'steps' array".into());
     };
     if steps.is_empty() {
-        out.push("recipe has no steps".into());
-        return out;
+        return Err("recipe has no steps".into());
     }
     if steps.len() > MAX_STEPS {
-        out.push(format!(
+        return Err(format!(
             "recipe has {} steps; at most {MAX_STEPS} are allowed",
             steps.len()
         ));
-        return out;
     }
-    let mut written: Vec<i64> = Vec::new();
-    let mut finals = 0usize;
-    for (i, step) in steps.iter().enumerate() {
+    Ok(steps)
+}
+
+/// What the walk over a recipe's steps has found so far: the problems, the scratch slots
+/// written, the steps that write the task output.
+struct Walk {
+    out: Vec<String>,
+    written: Vec<i64>,
+    finals: usize,
+}
+
+impl Walk {
+    /// Step `i` (`last`: the recipe's last), for a task of `n_inputs` inputs.
+    fn step(
+        &mut self,
+        i: usize,
+        step: &Value,
+        last: bool,
+        (n_inputs, reg): (usize, &amk_core::Registry),
+    ) {
         let at = format!("recipe step {i}");
         let Some(s) = step.as_object() else {
-            out.push(format!("{at} must be an object"));
-            continue;
+            self.out.push(format!("{at} must be an object"));
+            return;
         };
-        let Some(code) = s.get("op").and_then(Value::as_i64) else {
-            out.push(format!("{at} needs an integer 'op' code"));
-            continue;
+        let spec = match step_spec(&at, s, reg) {
+            Ok(spec) => spec,
+            Err(why) => return self.out.push(why),
         };
-        let op = u16::try_from(code).ok().map(Opcode);
-        let Some(spec) = op.and_then(|op| reg.get(op)) else {
-            out.push(format!("{at} uses op code {code}, which is not registered"));
-            continue;
-        };
-        if spec.code == Opcode::FUSED {
-            out.push(format!("{at} nests FUSED, which is not allowed"));
-            continue;
-        }
+        self.args(&at, s, spec, n_inputs);
+        self.output(&at, s, last);
+        self.params(&at, s, spec);
+        self.layout(&at, s);
+    }
+
+    /// The step's arguments: an array within the op's arity, each a task input in range or a
+    /// scratch slot an earlier step wrote.
+    fn args(&mut self, at: &str, s: &Map, spec: &OpSpec, n_inputs: usize) {
         let args = s.get("args").and_then(Value::as_array).unwrap_or(&[]);
         if s.get("args").is_some_and(|a| a.as_array().is_none()) {
-            out.push(format!("{at}: 'args' must be an array"));
+            self.out.push(format!("{at}: 'args' must be an array"));
         }
         let n = args.len();
         if n < spec.min_inputs as usize || spec.max_inputs.is_some_and(|m| n > m as usize) {
-            out.push(format!(
+            self.out.push(format!(
                 "{at} gives {} {n} argument(s); it takes {}",
                 spec.name,
                 spec.arity_text()
@@ -90,44 +126,52 @@ pub fn check_recipe(recipe: &Map, n_inputs: usize, reg: &amk_core::Registry) -> 
             match (arg.map_or(0, Map::len), input, slot) {
                 (1, Some(k), None) => {
                     if k < 0 || k as usize >= n_inputs {
-                        out.push(format!(
+                        self.out.push(format!(
                             "{at} argument {j} reads task input {k}; the task has {n_inputs}"
                         ));
                     }
                 }
                 (1, None, Some(k)) => {
-                    if !written.contains(&k) {
-                        out.push(format!(
+                    if !self.written.contains(&k) {
+                        self.out.push(format!(
                             "{at} argument {j} reads scratch slot {k} before any step writes it"
                         ));
                     }
                 }
-                _ => out.push(format!(
+                _ => self.out.push(format!(
                     "{at} argument {j} must be {{\"in\": k}} or {{\"s\": j}}"
                 )),
             }
         }
+    }
+
+    /// Where the step writes: a scratch slot (never the last step's), or the task output.
+    fn output(&mut self, at: &str, s: &Map, last: bool) {
         match s.get("out") {
-            Some(Value::Str(f)) if f == "final" => finals += 1,
-            Some(Value::Int(-1)) => finals += 1,
+            Some(Value::Str(f)) if f == "final" => self.finals += 1,
+            Some(Value::Int(-1)) => self.finals += 1,
             Some(Value::Int(k)) if *k >= 0 => {
-                if i + 1 == steps.len() {
-                    out.push(format!(
+                if last {
+                    self.out.push(format!(
                         "{at} is the last step but writes scratch slot {k}, not the task output"
                     ));
                 }
-                written.push(*k);
+                self.written.push(*k);
             }
-            other => out.push(format!(
+            other => self.out.push(format!(
                 "{at} 'out' must be a slot ≥ 0, \"final\" or -1, found {}",
                 other.map_or("nothing".to_string(), Value::render_compact)
             )),
         }
+    }
+
+    /// The step's params: an object holding the op's required params, each of its type.
+    fn params(&mut self, at: &str, s: &Map, spec: &OpSpec) {
         let params = match s.get("params") {
             None | Some(Value::Null) => Map::new(),
             Some(Value::Object(m)) => m.clone(),
             Some(other) => {
-                out.push(format!(
+                self.out.push(format!(
                     "{at} 'params' must be an object, found {}",
                     other.type_name()
                 ));
@@ -136,7 +180,7 @@ pub fn check_recipe(recipe: &Map, n_inputs: usize, reg: &amk_core::Registry) -> 
         };
         for decl in spec.required_params() {
             if !params.contains_key(&decl.name) {
-                out.push(format!(
+                self.out.push(format!(
                     "{at} lacks the param '{}' that {} requires",
                     decl.name, spec.name
                 ));
@@ -150,16 +194,20 @@ pub fn check_recipe(recipe: &Map, n_inputs: usize, reg: &amk_core::Registry) -> 
                 None => true,
             };
             if !ok {
-                out.push(format!(
+                self.out.push(format!(
                     "{at} param '{k}' = {} has the wrong type",
                     v.render_compact()
                 ));
             }
         }
+    }
+
+    /// The step's declared output dtype and shape, where given.
+    fn layout(&mut self, at: &str, s: &Map) {
         if let Some(d) = s.get("out_dtype")
             && !d.as_str().is_some_and(|d| OUT_DTYPES.contains(&d))
         {
-            out.push(format!(
+            self.out.push(format!(
                 "{at} out_dtype {} is not one of {}",
                 d.render_compact(),
                 OUT_DTYPES.join(", ")
@@ -170,16 +218,25 @@ pub fn check_recipe(recipe: &Map, n_inputs: usize, reg: &amk_core::Registry) -> 
                 .as_array()
                 .is_some_and(|a| a.iter().all(|d| d.as_i64().is_some_and(|d| d > 0)));
             if !ok {
-                out.push(format!(
+                self.out.push(format!(
                     "{at} out_shape must be an array of positive integers"
                 ));
             }
         }
     }
-    if finals != 1 {
-        out.push(format!(
-            "exactly one step (the last) must write the task output; {finals} do"
-        ));
+}
+
+/// The registered, non-FUSED op a step names.
+fn step_spec<'r>(at: &str, s: &Map, reg: &'r amk_core::Registry) -> Result<&'r OpSpec, String> {
+    let Some(code) = s.get("op").and_then(Value::as_i64) else {
+        return Err(format!("{at} needs an integer 'op' code"));
+    };
+    let op = u16::try_from(code).ok().map(Opcode);
+    let Some(spec) = op.and_then(|op| reg.get(op)) else {
+        return Err(format!("{at} uses op code {code}, which is not registered"));
+    };
+    if spec.code == Opcode::FUSED {
+        return Err(format!("{at} nests FUSED, which is not allowed"));
     }
-    out
+    Ok(spec)
 }

@@ -79,6 +79,17 @@ pub fn run(call: &mut CpuCall<'_, '_>) -> Result<(), OpError> {
     Ok(())
 }
 
+/// One recipe step, read: its op, the op's name and CPU reference, its arguments and params,
+/// and the scratch slot it writes (`None`: the task's output).
+struct Step<'r> {
+    op: Opcode,
+    name: String,
+    reference: &'r amk_core::CpuReference,
+    args: Vec<Arg>,
+    params: Map,
+    slot: Option<i64>,
+}
+
 /// Runs step `i`; errors are wrapped with the step index by the caller.
 fn run_step(
     call: &mut CpuCall<'_, '_>,
@@ -90,6 +101,34 @@ fn run_step(
     // The structural rule has passed, so the lookups below only fail on its bugs; they still
     // fail as errors, never panics.
     let s = step.as_object().ok_or("not an object")?;
+    let st = read_step(s, reg)?;
+    let (tensors, ids) = operands(call, scratch, &st.args)?;
+    let task = step_task(call, i, &st, ids);
+    let mut fresh: Vec<Tensor> = Vec::new();
+    let outputs: &mut [Tensor] = match st.slot {
+        Some(_) => {
+            fresh.push(scratch_output(call, s)?);
+            &mut fresh
+        }
+        None => call.outputs.get_mut(..1).ok_or("the task has no output")?,
+    };
+    let inputs = bind_in_place(&st, &tensors, outputs)?;
+    st.reference
+        .call(&mut CpuCall {
+            task: &task,
+            registry: Some(reg),
+            inputs: &inputs,
+            outputs,
+        })
+        .map_err(|e| format!("{}: {e}", st.name))?;
+    if let (Some(k), Some(t)) = (st.slot, fresh.pop()) {
+        scratch.insert(k, t);
+    }
+    Ok(())
+}
+
+/// The step object `s` read against the registry.
+fn read_step<'r>(s: &Map, reg: &'r amk_core::Registry) -> Result<Step<'r>, String> {
     let code = s
         .get("op")
         .and_then(Value::as_i64)
@@ -105,7 +144,6 @@ fn run_step(
     let reference = reg
         .reference(op)
         .ok_or_else(|| format!("{name} has no CPU reference"))?;
-
     let args: Vec<Arg> = s
         .get("args")
         .and_then(Value::as_array)
@@ -133,8 +171,23 @@ fn run_step(
         _ if to_final => None,
         _ => return Err("'out' is malformed".into()),
     };
+    Ok(Step {
+        op,
+        name,
+        reference,
+        args,
+        params,
+        slot,
+    })
+}
 
-    // Operand tensors.
+/// The step's operand tensors (task inputs or scratch slots) and the buffer ids its synthetic
+/// task names them by ([`SCRATCH_ID`] for a slot).
+fn operands<'a: 't, 't>(
+    call: &CpuCall<'a, '_>,
+    scratch: &'t BTreeMap<i64, Tensor>,
+    args: &[Arg],
+) -> Result<(Vec<&'t Tensor>, Vec<BufferId>), String> {
     let mut tensors: Vec<&Tensor> = Vec::with_capacity(args.len());
     let mut ids: Vec<BufferId> = Vec::with_capacity(args.len());
     for (j, a) in args.iter().enumerate() {
@@ -153,56 +206,65 @@ fn run_step(
             }
         }
     }
+    Ok((tensors, ids))
+}
 
-    let mut task = Task::new(
-        call.task.id,
-        op,
-        ids,
-        vec![match slot {
-            Some(_) => SCRATCH_ID,
-            None => call.task.outputs.first().copied().unwrap_or(SCRATCH_ID),
-        }],
-        call.task.out_counter,
-    );
-    task.params = params;
-    task.label = format!("{} step {i}", call.task.display_label());
-
-    let mut fresh: Vec<Tensor> = Vec::new();
-    let outputs: &mut [Tensor] = match slot {
-        Some(_) => {
-            let shape: Vec<u64> = match s.get("out_shape").and_then(Value::as_array) {
-                Some(dims) => dims
-                    .iter()
-                    .map(|d| d.as_i64().and_then(|d| u64::try_from(d).ok()))
-                    .collect::<Option<_>>()
-                    .ok_or("out_shape is malformed")?,
-                None => call
-                    .outputs
-                    .first()
-                    .map(|t| t.shape().to_vec())
-                    .ok_or("the task has no output")?,
-            };
-            let dtype = scratch_dtype(s.get("out_dtype").and_then(Value::as_str))
-                .ok_or("out_dtype is malformed")?;
-            fresh.push(Tensor::zeros(dtype, &shape));
-            &mut fresh
-        }
-        None => call.outputs.get_mut(..1).ok_or("the task has no output")?,
+/// The synthetic task step `i` runs as: the step's op and params over `ids`, writing the FUSED
+/// task's output or a scratch buffer.
+fn step_task(call: &CpuCall<'_, '_>, i: usize, st: &Step<'_>, ids: Vec<BufferId>) -> Task {
+    let out = match st.slot {
+        Some(_) => SCRATCH_ID,
+        None => call.task.outputs.first().copied().unwrap_or(SCRATCH_ID),
     };
+    let mut task = Task::new(call.task.id, st.op, ids, vec![out], call.task.out_counter);
+    task.params = st.params.clone();
+    task.label = format!("{} step {i}", call.task.display_label());
+    task
+}
 
-    // In-place pairs: the output starts as the argument, which is passed as that output.
-    let mut inputs: Vec<Input<'_>> = tensors.iter().map(|t| Input::Tensor(t)).collect();
-    for &(a, o) in reference.in_place.iter() {
+/// A zero-filled scratch output of the step's `out_shape` (default: the task output's shape)
+/// and `out_dtype` ([`scratch_dtype`]).
+fn scratch_output(call: &CpuCall<'_, '_>, s: &Map) -> Result<Tensor, String> {
+    let shape: Vec<u64> = match s.get("out_shape").and_then(Value::as_array) {
+        Some(dims) => dims
+            .iter()
+            .map(|d| d.as_i64().and_then(|d| u64::try_from(d).ok()))
+            .collect::<Option<_>>()
+            .ok_or("out_shape is malformed")?,
+        None => call
+            .outputs
+            .first()
+            .map(|t| t.shape().to_vec())
+            .ok_or("the task has no output")?,
+    };
+    let dtype = scratch_dtype(s.get("out_dtype").and_then(Value::as_str))
+        .ok_or("out_dtype is malformed")?;
+    Ok(Tensor::zeros(dtype, &shape))
+}
+
+/// The step's inputs, its op's in-place pairs bound: the output starts as the argument, which
+/// is passed as that output.
+fn bind_in_place<'t>(
+    st: &Step<'_>,
+    tensors: &[&'t Tensor],
+    outputs: &mut [Tensor],
+) -> Result<Vec<Input<'t>>, String> {
+    let mut inputs: Vec<Input<'t>> = tensors.iter().map(|t| Input::Tensor(t)).collect();
+    for &(a, o) in st.reference.in_place.iter() {
         let Some(&src) = tensors.get(a) else {
             continue;
         };
         let dst = outputs.get_mut(o).ok_or_else(|| {
-            format!("{name} writes input {a} in place as output {o}; steps have one output")
+            format!(
+                "{} writes input {a} in place as output {o}; steps have one output",
+                st.name
+            )
         })?;
         if src.dtype() != dst.dtype() || src.shape() != dst.shape() {
             return Err(format!(
-                "{name} writes argument {a} in place, but it is {} {:?} and the step's output \
+                "{} writes argument {a} in place, but it is {} {:?} and the step's output \
                  is {} {:?}",
+                st.name,
                 src.dtype(),
                 src.shape(),
                 dst.dtype(),
@@ -212,18 +274,5 @@ fn run_step(
         *dst = src.clone();
         inputs[a] = Input::InPlace(o);
     }
-
-    reference
-        .call(&mut CpuCall {
-            task: &task,
-            registry: Some(reg),
-            inputs: &inputs,
-            outputs,
-        })
-        .map_err(|e| format!("{name}: {e}"))?;
-
-    if let (Some(k), Some(t)) = (slot, fresh.pop()) {
-        scratch.insert(k, t);
-    }
-    Ok(())
+    Ok(inputs)
 }
