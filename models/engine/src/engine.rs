@@ -812,14 +812,7 @@ pub fn nll_rows(logits: &amk_core::Tensor, vocab: usize, targets: &[u32]) -> Vec
 /// first among equals), with their log-probabilities over those ids (log-softmax in f64).
 pub fn top_alternatives(logits: &[f32], limit: usize, k: usize) -> Vec<Alternative> {
     let allowed = &logits[..limit.min(logits.len())];
-    let m = allowed
-        .iter()
-        .fold(f64::NEG_INFINITY, |m, &x| m.max(x as f64));
-    let lse = m + allowed
-        .iter()
-        .map(|&x| (x as f64 - m).exp())
-        .sum::<f64>()
-        .ln();
+    let lse = log_sum_exp(allowed);
     let mut ids: Vec<usize> = (0..allowed.len()).collect();
     let order = |a: &usize, b: &usize| allowed[*b].total_cmp(&allowed[*a]).then(a.cmp(b));
     let k = k.min(ids.len());
@@ -838,15 +831,13 @@ pub fn top_alternatives(logits: &[f32], limit: usize, k: usize) -> Vec<Alternati
 
 /// `-log softmax(logits)[target]`, in f64.
 pub fn nll(logits: &[f32], target: usize) -> f64 {
-    let m = logits
-        .iter()
-        .fold(f64::NEG_INFINITY, |m, &x| m.max(x as f64));
-    let lse = m + logits
-        .iter()
-        .map(|&x| (x as f64 - m).exp())
-        .sum::<f64>()
-        .ln();
-    lse - logits.get(target).map_or(f64::NAN, |&x| x as f64)
+    log_sum_exp(logits) - logits.get(target).map_or(f64::NAN, |&x| x as f64)
+}
+
+/// `ln Σ exp(x)` of `xs` in f64, shifted by their largest for range.
+fn log_sum_exp(xs: &[f32]) -> f64 {
+    let m = xs.iter().fold(f64::NEG_INFINITY, |m, &x| m.max(x as f64));
+    m + xs.iter().map(|&x| (x as f64 - m).exp()).sum::<f64>().ln()
 }
 
 pub use amk_core::decode::argmax;
