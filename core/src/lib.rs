@@ -20,6 +20,7 @@ pub mod opcheck;
 pub mod registry;
 pub mod safetensors;
 pub mod sim;
+pub mod steps;
 pub mod synth;
 pub mod tensor;
 pub mod testkit;

@@ -504,6 +504,12 @@ impl Registry {
             .and_then(|i| self.references[i].as_ref())
     }
 
+    /// How a task of `op` expands into steps ([`crate::steps`]), if `op` is registered here
+    /// and its crate gave one.
+    pub fn expansion(&self, op: Opcode) -> Option<crate::steps::ExpandFn> {
+        self.get(op).and_then(|_| crate::steps::expansion_of(op))
+    }
+
     /// The CUDA device function of `op`, if it has one.
     pub fn cuda(&self, op: Opcode) -> Option<&CudaSource> {
         self.ops

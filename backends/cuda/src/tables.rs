@@ -10,6 +10,7 @@ use crate::abi::{
 use crate::queues::{Queues, build_queues};
 use amk_core::json::{Map, Value};
 use amk_core::registry::param_field_index;
+use amk_core::steps::{StepArg, StepOut};
 use amk_core::{
     BufferKind, DType, MemSpace, OpSpec, Opcode, ParamType, Program, Registry, Task,
     abi as core_abi,
@@ -413,7 +414,8 @@ fn set_field(p: &mut AmkParams, idx: usize, key: &str, v: &Value) -> Result<(), 
     Ok(())
 }
 
-/// Expands a FUSED task's recipe into step records. Arguments resolve statically to buffer
+/// Lays out the steps of a task that expands ([`amk_core::steps`], through the registry: the
+/// backend knows no op's step format) as step records. Arguments resolve statically to buffer
 /// ids: task input k → the task's buffer; slot j → the scratch buffer last written to slot j.
 /// Every slot write gets a fresh zero-initialised scratch buffer (flag [`STEP_ZERO_OUTPUTS`]);
 /// the final step writes the task output. A step op's in-place pairs become a COPY of the
@@ -426,91 +428,55 @@ fn expand_fused(
     tb: &mut TableBuilder,
     steps_out: &mut Vec<AmkInstruction>,
 ) -> Result<(), String> {
-    let Some(Value::Object(recipe)) = t.params.get("recipe") else {
-        return Err("params.recipe is not an object".into());
-    };
-    let problems = op_fused::recipe::check_recipe(recipe, t.inputs.len(), registry);
-    if !problems.is_empty() {
-        return Err(problems.join("; "));
-    }
+    let expand = registry
+        .expansion(t.op)
+        .ok_or(format!("op {} registers no step expansion", t.op))?;
+    let steps = expand(t, registry)?;
     let out_desc = tb.buffers[out as usize];
-    let steps = recipe.get("steps").and_then(Value::as_array).unwrap_or(&[]);
     let mut slots: HashMap<i64, i32> = HashMap::new();
     for (i, step) in steps.iter().enumerate() {
-        let s = step
-            .as_object()
-            .ok_or(format!("step {i} is not an object"))?;
-        let code = s
-            .get("op")
-            .and_then(Value::as_i64)
-            .and_then(|c| u16::try_from(c).ok())
-            .ok_or(format!("step {i} has no usable op code"))?;
-        let op = Opcode(code);
         let spec = registry
-            .get(op)
-            .ok_or(format!("step {i}: op {code} is not registered"))?;
+            .get(step.op)
+            .ok_or(format!("step {i}: op {} is not registered", step.op.0))?;
         let mut rec = AmkInstruction::zeroed_record();
-        rec.op = code as i32;
-        let args = s.get("args").and_then(Value::as_array).unwrap_or(&[]);
-        if args.len() > core_abi::MAX_INPUTS {
-            return Err(format!("step {i} has {} arguments", args.len()));
+        rec.op = step.op.0 as i32;
+        if step.args.len() > core_abi::MAX_INPUTS {
+            return Err(format!("step {i} has {} arguments", step.args.len()));
         }
-        rec.n_inputs = args.len() as i32;
-        for (j, a) in args.iter().enumerate() {
-            let m = a.as_object();
-            let get = |k: &str| m.and_then(|m| m.get(k)).and_then(Value::as_i64);
-            rec.inputs[j] = match (get("in"), get("s")) {
-                (Some(k), None) => *usize::try_from(k)
-                    .ok()
-                    .and_then(|k| ins.get(k))
+        rec.n_inputs = step.args.len() as i32;
+        for (j, a) in step.args.iter().enumerate() {
+            rec.inputs[j] = match *a {
+                StepArg::Input(k) => *ins
+                    .get(k)
                     .ok_or(format!("step {i} argument {j}: no task input {k}"))?,
-                (None, Some(k)) => *slots
+                StepArg::Slot(k) => *slots
                     .get(&k)
                     .ok_or(format!("step {i} argument {j}: slot {k} is unwritten"))?,
-                _ => return Err(format!("step {i} argument {j} is malformed")),
             };
         }
-        let params = match s.get("params") {
-            Some(Value::Object(m)) => m.clone(),
-            _ => Map::new(),
-        };
-        rec.params = pack_params(spec, &params).map_err(|e| format!("step {i}: {e}"))?;
-        let slot = match s.get("out") {
-            Some(Value::Str(f)) if f == "final" => None,
-            Some(Value::Int(-1)) => None,
-            Some(Value::Int(k)) if *k >= 0 => Some(*k),
-            _ => return Err(format!("step {i}: 'out' is malformed")),
-        };
+        rec.params = pack_params(spec, &step.params).map_err(|e| format!("step {i}: {e}"))?;
         rec.n_outputs = 1;
-        rec.outputs[0] = match slot {
-            None => out,
-            Some(k) => {
-                let shape: Vec<u64> = match s.get("out_shape").and_then(Value::as_array) {
-                    Some(dims) => dims
-                        .iter()
-                        .map(|d| d.as_i64().and_then(|d| u64::try_from(d).ok()))
-                        .collect::<Option<_>>()
-                        .ok_or(format!("step {i}: out_shape is malformed"))?,
-                    None => out_desc.shape[..out_desc.rank as usize]
-                        .iter()
+        rec.outputs[0] = match &step.out {
+            StepOut::Final => out,
+            StepOut::Slot { slot, shape, dtype } => {
+                let shape: Vec<u64> = match shape {
+                    Some(s) => s.clone(),
+                    None => (out_desc.shape[..out_desc.rank as usize].iter())
                         .map(|&d| d as u64)
                         .collect(),
                 };
-                let dtype =
-                    op_fused::reference::scratch_dtype(s.get("out_dtype").and_then(Value::as_str))
-                        .ok_or(format!("step {i}: out_dtype is malformed"))?;
-                let id = tb.push(dtype, &shape, 0, None)?;
-                slots.insert(k, id);
+                let id = tb.push(*dtype, &shape, 0, None)?;
+                slots.insert(*slot, id);
                 rec.sm = STEP_ZERO_OUTPUTS;
                 id
             }
         };
         let in_place = registry
-            .reference(op)
+            .reference(step.op)
             .map(|r| r.in_place.to_vec())
             .unwrap_or_default();
         for (a, o) in in_place {
-            if o != 0 || a >= args.len() {
+            if o != 0 || a >= step.args.len() {
                 continue;
             }
             let mut copy = AmkInstruction::zeroed_record();

@@ -1257,3 +1257,45 @@ fn host_buffers_go_to_host_memory_and_carried_reads_are_launch_constant() {
         );
     }
 }
+
+/// A FUSED task's recipe laid out as step records through the registry's expansion (the
+/// backend names no op crate): GELU of input 0 into a fresh zeroed F32 scratch of the output's
+/// shape, then MUL by 0.5 of that scratch into the task's output.
+#[test]
+fn a_fused_task_expands_into_step_records() {
+    let mut p = Program::new();
+    let x = p.new_buffer("x", BufferKind::IO_INPUT, DType::F32, &[2, 3]);
+    let y = p.new_buffer("y", BufferKind::IO_OUTPUT, DType::F32, &[2, 3]);
+    let c = p.new_counter("y");
+    let pr = params(&[("recipe", amk_conformance::r#gen::gelu_scale_recipe())]);
+    p.push_task(Opcode::FUSED, &[x], &[y], c, &[], pr, "fused");
+    let t = tables::build(&p, &registry(), 132).unwrap();
+    assert_eq!(t.fused_off, [0, 2]);
+    let (gelu, mul) = (&t.fused_steps[0], &t.fused_steps[1]);
+    let scratch = gelu.outputs[0];
+    assert_eq!(
+        (gelu.op, gelu.n_inputs, gelu.inputs[0]),
+        (Opcode::GELU.0 as i32, 1, x as i32)
+    );
+    assert_eq!(
+        scratch as usize,
+        p.buffers.len(),
+        "a scratch buffer after the program's"
+    );
+    assert_eq!(gelu.sm, abi::STEP_ZERO_OUTPUTS);
+    assert_eq!(t.buffers[scratch as usize].dtype, DType::F32.code() as i32);
+    assert_eq!(&t.buffers[scratch as usize].shape[..2], &[2, 3]);
+    assert_eq!(
+        (mul.op, mul.inputs[0], mul.outputs[0]),
+        (Opcode::MUL.0 as i32, scratch, y as i32)
+    );
+    assert_eq!(mul.params.scale, 0.5);
+    // A recipe the structural rule refuses is an error naming the task, never a layout.
+    let mut bad = p.clone();
+    bad.tasks[0].params = params(&[("recipe", Value::Object(Map::new()))]);
+    let err = tables::build(&bad, &registry(), 132).unwrap_err();
+    assert!(
+        err.contains("FUSED task 0") && err.contains("steps"),
+        "{err}"
+    );
+}

@@ -3,8 +3,10 @@
 //! This crate owns everything about the op: its spec (arity, params), its static recipe rule
 //! for the validator ([`recipe`]), its CPU reference ([`mod@reference`], which runs each step
 //! through the registry's reference of the step's op) and its CUDA device function
-//! (`fused.cu`, which runs the steps the backend expanded from the recipe at load).
+//! (`fused.cu`, which runs the steps the backend laid out at load from the recipe's
+//! backend-neutral expansion, [`expand`], registered with the registry).
 
+pub mod expand;
 pub mod recipe;
 pub mod reference;
 
@@ -33,6 +35,10 @@ amk_core::inventory::submit! {
         reference: Some(Reference { run: reference::run, in_place: &[] }),
         cuda: Some(amk_core::CudaSource::builtin(include_str!("fused.cu"), "amk_op_fused")),
     }
+}
+
+amk_core::inventory::submit! {
+    amk_core::steps::OpExpansion { op: Opcode::FUSED, expand: expand::expand_task }
 }
 
 /// Static shape and parameter rule, run by the validator.

@@ -2,7 +2,8 @@
 //! reference of the op it names (looked up in the call's registry).
 //!
 //! Before any step runs, the recipe must pass the same structural rule the validator applies
-//! ([`check_recipe`]); every problem it finds is reported at once as [`OpError::Recipe`].
+//! ([`crate::recipe::check_recipe`]); every problem it finds is reported at once as
+//! [`OpError::Recipe`]. The steps are the recipe read by [`crate::expand`].
 //!
 //! Each step gets a synthetic task of its op carrying the step's `params` and one operand per
 //! `args` entry: `{"in": k}` is the FUSED task's input `k`, `{"s": j}` the tensor most recently
@@ -23,32 +24,14 @@
 //! returns are all [`OpError::Recipe`], naming the step index (and the step's own error).
 //! Nested FUSED is refused by the structural rule.
 
-use crate::recipe::check_recipe;
-use amk_core::json::{Map, Value};
-use amk_core::{BufferId, CpuCall, DType, Input, OpError, Opcode, Task, Tensor};
+use crate::expand::steps;
+use amk_core::json::Value;
+use amk_core::steps::{Step, StepArg, StepOut};
+use amk_core::{BufferId, CpuCall, Input, OpError, Task, Tensor};
 use std::collections::BTreeMap;
 
 /// The buffer id a step's synthetic task gives a scratch operand (slots have no buffer).
 pub const SCRATCH_ID: BufferId = BufferId::MAX;
-
-/// Scratch dtype for a step's `out_dtype` (absent → F32; `float64` → F32, see the module docs).
-pub fn scratch_dtype(out_dtype: Option<&str>) -> Option<DType> {
-    Some(match out_dtype {
-        None | Some("float32") | Some("float64") => DType::F32,
-        Some("float16") => DType::F16,
-        Some("bfloat16") => DType::BF16,
-        Some("int8") => DType::I8,
-        Some("int32") => DType::I32,
-        Some(_) => return None,
-    })
-}
-
-/// Where a step argument comes from.
-#[derive(Clone, Copy)]
-enum Arg {
-    Input(usize),
-    Slot(i64),
-}
 
 /// Runs one FUSED task.
 pub fn run(call: &mut CpuCall<'_, '_>) -> Result<(), OpError> {
@@ -66,11 +49,7 @@ pub fn run(call: &mut CpuCall<'_, '_>) -> Result<(), OpError> {
     let reg = call.registry.ok_or_else(|| {
         OpError::Recipe("FUSED needs the op registry to run its steps; the call has none".into())
     })?;
-    let problems = check_recipe(recipe, call.n_inputs(), reg);
-    if !problems.is_empty() {
-        return Err(OpError::Recipe(problems.join("; ")));
-    }
-    let steps = recipe.get("steps").and_then(Value::as_array).unwrap_or(&[]);
+    let steps = steps(recipe, call.n_inputs(), reg).map_err(OpError::Recipe)?;
     let mut scratch: BTreeMap<i64, Tensor> = BTreeMap::new();
     for (i, step) in steps.iter().enumerate() {
         run_step(call, reg, i, step, &mut scratch)
@@ -79,15 +58,10 @@ pub fn run(call: &mut CpuCall<'_, '_>) -> Result<(), OpError> {
     Ok(())
 }
 
-/// One recipe step, read: its op, the op's name and CPU reference, its arguments and params,
-/// and the scratch slot it writes (`None`: the task's output).
-struct Step<'r> {
-    op: Opcode,
+/// What running a step on the CPU needs of its op: the op's name and CPU reference.
+struct Ready<'r> {
     name: String,
     reference: &'r amk_core::CpuReference,
-    args: Vec<Arg>,
-    params: Map,
-    slot: Option<i64>,
 }
 
 /// Runs step `i`; errors are wrapped with the step index by the caller.
@@ -95,22 +69,27 @@ fn run_step(
     call: &mut CpuCall<'_, '_>,
     reg: &amk_core::Registry,
     i: usize,
-    step: &Value,
+    step: &Step,
     scratch: &mut BTreeMap<i64, Tensor>,
 ) -> Result<(), String> {
     // The structural rule has passed, so the lookups below only fail on its bugs; they still
     // fail as errors, never panics.
-    let s = step.as_object().ok_or("not an object")?;
-    let st = read_step(s, reg)?;
-    let (tensors, ids) = operands(call, scratch, &st.args)?;
-    let task = step_task(call, i, &st, ids);
+    let name = reg
+        .name_of(step.op)
+        .map_or_else(|| format!("op {}", step.op.0), |n| n.into_owned());
+    let reference = reg
+        .reference(step.op)
+        .ok_or_else(|| format!("{name} has no CPU reference"))?;
+    let st = Ready { name, reference };
+    let (tensors, ids) = operands(call, scratch, &step.args)?;
+    let task = step_task(call, i, step, ids);
     let mut fresh: Vec<Tensor> = Vec::new();
-    let outputs: &mut [Tensor] = match st.slot {
-        Some(_) => {
-            fresh.push(scratch_output(call, s)?);
+    let outputs: &mut [Tensor] = match &step.out {
+        StepOut::Slot { .. } => {
+            fresh.push(scratch_output(call, &step.out)?);
             &mut fresh
         }
-        None => call.outputs.get_mut(..1).ok_or("the task has no output")?,
+        StepOut::Final => call.outputs.get_mut(..1).ok_or("the task has no output")?,
     };
     let inputs = bind_in_place(&st, &tensors, outputs)?;
     st.reference
@@ -121,64 +100,10 @@ fn run_step(
             outputs,
         })
         .map_err(|e| format!("{}: {e}", st.name))?;
-    if let (Some(k), Some(t)) = (st.slot, fresh.pop()) {
-        scratch.insert(k, t);
+    if let (StepOut::Slot { slot, .. }, Some(t)) = (&step.out, fresh.pop()) {
+        scratch.insert(*slot, t);
     }
     Ok(())
-}
-
-/// The step object `s` read against the registry.
-fn read_step<'r>(s: &Map, reg: &'r amk_core::Registry) -> Result<Step<'r>, String> {
-    let code = s
-        .get("op")
-        .and_then(Value::as_i64)
-        .and_then(|c| u16::try_from(c).ok())
-        .ok_or("no usable 'op' code")?;
-    let op = Opcode(code);
-    let name = reg
-        .name_of(op)
-        .map_or_else(|| format!("op {code}"), |n| n.into_owned());
-    if op == Opcode::FUSED {
-        return Err("nested FUSED is not allowed".into());
-    }
-    let reference = reg
-        .reference(op)
-        .ok_or_else(|| format!("{name} has no CPU reference"))?;
-    let args: Vec<Arg> = s
-        .get("args")
-        .and_then(Value::as_array)
-        .unwrap_or(&[])
-        .iter()
-        .enumerate()
-        .map(|(j, a)| {
-            let m = a.as_object();
-            let get = |k: &str| m.and_then(|m| m.get(k)).and_then(Value::as_i64);
-            match (get("in"), get("s")) {
-                (Some(k), None) if k >= 0 => Ok(Arg::Input(k as usize)),
-                (None, Some(k)) => Ok(Arg::Slot(k)),
-                _ => Err(format!("argument {j} is malformed")),
-            }
-        })
-        .collect::<Result<_, _>>()?;
-    let params = match s.get("params") {
-        Some(Value::Object(m)) => m.clone(),
-        _ => Map::new(),
-    };
-    let to_final = matches!(s.get("out"), Some(Value::Str(f)) if f == "final")
-        || matches!(s.get("out"), Some(Value::Int(-1)));
-    let slot = match s.get("out") {
-        Some(Value::Int(k)) if *k >= 0 => Some(*k),
-        _ if to_final => None,
-        _ => return Err("'out' is malformed".into()),
-    };
-    Ok(Step {
-        op,
-        name,
-        reference,
-        args,
-        params,
-        slot,
-    })
 }
 
 /// The step's operand tensors (task inputs or scratch slots) and the buffer ids its synthetic
@@ -186,17 +111,17 @@ fn read_step<'r>(s: &Map, reg: &'r amk_core::Registry) -> Result<Step<'r>, Strin
 fn operands<'a: 't, 't>(
     call: &CpuCall<'a, '_>,
     scratch: &'t BTreeMap<i64, Tensor>,
-    args: &[Arg],
+    args: &[StepArg],
 ) -> Result<(Vec<&'t Tensor>, Vec<BufferId>), String> {
     let mut tensors: Vec<&Tensor> = Vec::with_capacity(args.len());
     let mut ids: Vec<BufferId> = Vec::with_capacity(args.len());
     for (j, a) in args.iter().enumerate() {
         match *a {
-            Arg::Input(k) => {
+            StepArg::Input(k) => {
                 tensors.push(call.input(k).map_err(|e| format!("argument {j}: {e}"))?);
                 ids.push(call.task.inputs.get(k).copied().unwrap_or(SCRATCH_ID));
             }
-            Arg::Slot(k) => {
+            StepArg::Slot(k) => {
                 tensors.push(
                     scratch
                         .get(&k)
@@ -211,41 +136,38 @@ fn operands<'a: 't, 't>(
 
 /// The synthetic task step `i` runs as: the step's op and params over `ids`, writing the FUSED
 /// task's output or a scratch buffer.
-fn step_task(call: &CpuCall<'_, '_>, i: usize, st: &Step<'_>, ids: Vec<BufferId>) -> Task {
-    let out = match st.slot {
-        Some(_) => SCRATCH_ID,
-        None => call.task.outputs.first().copied().unwrap_or(SCRATCH_ID),
+fn step_task(call: &CpuCall<'_, '_>, i: usize, step: &Step, ids: Vec<BufferId>) -> Task {
+    let out = match step.out {
+        StepOut::Slot { .. } => SCRATCH_ID,
+        StepOut::Final => call.task.outputs.first().copied().unwrap_or(SCRATCH_ID),
     };
-    let mut task = Task::new(call.task.id, st.op, ids, vec![out], call.task.out_counter);
-    task.params = st.params.clone();
+    let mut task = Task::new(call.task.id, step.op, ids, vec![out], call.task.out_counter);
+    task.params = step.params.clone();
     task.label = format!("{} step {i}", call.task.display_label());
     task
 }
 
-/// A zero-filled scratch output of the step's `out_shape` (default: the task output's shape)
-/// and `out_dtype` ([`scratch_dtype`]).
-fn scratch_output(call: &CpuCall<'_, '_>, s: &Map) -> Result<Tensor, String> {
-    let shape: Vec<u64> = match s.get("out_shape").and_then(Value::as_array) {
-        Some(dims) => dims
-            .iter()
-            .map(|d| d.as_i64().and_then(|d| u64::try_from(d).ok()))
-            .collect::<Option<_>>()
-            .ok_or("out_shape is malformed")?,
+/// A zero-filled scratch output of the slot's shape (default: the task output's shape) and
+/// dtype.
+fn scratch_output(call: &CpuCall<'_, '_>, out: &StepOut) -> Result<Tensor, String> {
+    let StepOut::Slot { shape, dtype, .. } = out else {
+        return Err("the step writes the task's output, not a slot".into());
+    };
+    let shape: Vec<u64> = match shape {
+        Some(s) => s.clone(),
         None => call
             .outputs
             .first()
             .map(|t| t.shape().to_vec())
             .ok_or("the task has no output")?,
     };
-    let dtype = scratch_dtype(s.get("out_dtype").and_then(Value::as_str))
-        .ok_or("out_dtype is malformed")?;
-    Ok(Tensor::zeros(dtype, &shape))
+    Ok(Tensor::zeros(*dtype, &shape))
 }
 
 /// The step's inputs, its op's in-place pairs bound: the output starts as the argument, which
 /// is passed as that output.
 fn bind_in_place<'t>(
-    st: &Step<'_>,
+    st: &Ready<'_>,
     tensors: &[&'t Tensor],
     outputs: &mut [Tensor],
 ) -> Result<Vec<Input<'t>>, String> {
