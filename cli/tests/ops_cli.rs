@@ -19,9 +19,9 @@ fn ops_list_json_has_every_builtin_opcode() {
     let rows = v.as_array().unwrap();
     assert_eq!(
         rows.len(),
-        29,
+        30,
         "the 20 ABI opcodes, our fused 20-23, NEXT_TOKEN (24), ATTENTION_SPLIT and COMBINE_GEMV \
-         (25, 26), LINEAR_TILE and ATTENTION_CAUSAL (27, 28)"
+         (25, 26), LINEAR_TILE and ATTENTION_CAUSAL (27, 28), TOKEN_NLL (29)"
     );
     for (i, row) in rows.iter().enumerate() {
         assert_eq!(row["code"], i);
@@ -75,8 +75,9 @@ fn ops_list_prints_a_table() {
     let out = amk(&["ops", "list"]);
     assert_eq!(out.status.code(), Some(0));
     let text = String::from_utf8_lossy(&out.stdout);
-    assert_eq!(text.lines().count(), 30, "{text}");
+    assert_eq!(text.lines().count(), 31, "{text}");
     assert!(text.contains("LINEAR_TILE") && text.contains("ATTENTION_CAUSAL"));
+    assert!(text.contains("TOKEN_NLL"));
     assert!(text.contains("ATTENTION_COMBINE") && text.contains("recipe:object"));
     assert!(text.contains("GATE_UP_SILU") && text.contains("QKV_ROPE_APPEND"));
     assert!(text.contains("ATTENTION_GEMV") && text.contains("NEXT_TOKEN"));

@@ -160,6 +160,19 @@ pub trait Session {
     /// Sets IO inputs by buffer name (values persist to later steps), runs one forward pass,
     /// returns every IO output.
     fn step(&mut self, inputs: &[(&str, Tensor)]) -> Result<Outputs, BackendError>;
+    /// [`Session::step`], returning only the IO outputs named in `outputs`: a backend that
+    /// copies outputs off a device then reads only those (a scored chunk's logits are 50 MB,
+    /// its negative log-likelihoods 2 KB).
+    fn step_reading(
+        &mut self,
+        inputs: &[(&str, Tensor)],
+        outputs: &[&str],
+    ) -> Result<Outputs, BackendError> {
+        let mut out = self.step(inputs)?;
+        out.tensors
+            .retain(|(name, _)| outputs.contains(&name.as_str()));
+        Ok(out)
+    }
     /// Applies a checked param patch (positions between decode steps); it lasts until the
     /// next patch. Patches are absolute: each one is relative to the loaded program.
     fn set_params(&mut self, patch: &crate::validate::ParamPatch) -> Result<(), BackendError>;

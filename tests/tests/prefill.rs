@@ -11,7 +11,7 @@ use amk_core::{DType, GpuTarget, Registry, Session, Tensor, validate_owned};
 use amk_model_llama::Model;
 use amk_model_llama::hf::import_hf;
 use amk_model_llama::lower::prefill::{
-    IDS, LAST, POS, PrefillLogits, PrefillOptions, lower_prefill,
+    IDS, LAST, NLL, POS, PrefillLogits, PrefillOptions, TARGETS, lower_prefill,
 };
 use serde_json::Value;
 use std::path::{Path, PathBuf};
@@ -55,30 +55,49 @@ fn session(model: &Model, logits: PrefillLogits) -> Box<dyn Session> {
 }
 
 /// Feeds `ids` in chunks of [`ROWS`] (the last padded with id 0 at the positions after it) and
-/// returns every row's logits, in order.
+/// returns every row's logits, in order; an every-row program's NLLs of the next ids (the last
+/// row's target, which the text does not have, is 0) must be those of its logits.
 fn chunked_logits(s: &mut dyn Session, ids: &[i64]) -> Vec<Vec<f32>> {
     let mut out = Vec::new();
+    let padded = |from: usize| {
+        let mut v: Vec<i64> = ids.iter().skip(from).take(ROWS).copied().collect();
+        v.resize(ROWS, 0);
+        Tensor::from_i64(DType::I32, &[ROWS as u64], &v).unwrap()
+    };
     for (c, chunk) in ids.chunks(ROWS).enumerate() {
         let p0 = (c * ROWS) as i64;
-        let mut padded = chunk.to_vec();
-        padded.resize(ROWS, 0);
         let pos: Vec<i64> = (p0..p0 + ROWS as i64).collect();
         let inputs = [
-            (
-                IDS,
-                Tensor::from_i64(DType::I32, &[ROWS as u64], &padded).unwrap(),
-            ),
+            (IDS, padded(c * ROWS)),
             (
                 POS,
                 Tensor::from_i64(DType::I32, &[ROWS as u64], &pos).unwrap(),
             ),
+            (TARGETS, padded(c * ROWS + 1)),
         ];
         let o = s.step(&inputs).unwrap();
         let logits = o.get("logits").unwrap().to_f32_vec();
         let vocab = logits.len() / ROWS;
+        if let Some(nll) = o.get(NLL) {
+            let targets = padded(c * ROWS + 1);
+            for (r, row) in logits.chunks(vocab).enumerate() {
+                let want = nll_of(row, targets.get_i64(r) as usize);
+                let got = nll.get_f32(r) as f64;
+                assert!(
+                    (got - want).abs() <= 1e-6 * want.abs().max(1.0),
+                    "row {r}: NLL {got} vs {want}"
+                );
+            }
+        }
         out.extend(logits.chunks(vocab).take(chunk.len()).map(<[f32]>::to_vec));
     }
     out
+}
+
+/// `ln Σ exp(row) - row[t]`, unshifted, in f64 (the tiny models' logits are small).
+fn nll_of(row: &[f32], t: usize) -> f64 {
+    let s: f64 = row.iter().map(|&v| (v as f64).exp()).sum();
+    s.ln() - row[t] as f64
 }
 
 /// The reference's rows of logits.
@@ -370,4 +389,47 @@ fn attention_blocks_are_ordered_for_the_sm_assignment() {
     assert_eq!(small[0], (0, 0, 1024 * hd * 2));
     assert_eq!(small[1].1, 21);
     assert!(small.iter().all(|b| b.2 == 1024 * hd * 2));
+}
+
+/// An every-row program scores its rows itself: TOKEN_NLL row tiles, as many as the target has
+/// SMs (SmolLM2's 512 rows on an H100's 132: 128 tiles of 4 rows) after the whole LM head,
+/// covering every row once, from the targets input into the F32 NLL output.
+#[test]
+fn the_every_row_program_scores_its_rows_a_tile_an_sm() {
+    let cfg = amk_model_llama::presets::preset("smollm2-135m").unwrap();
+    let model = Model::shape_only(cfg.clone(), "smollm2-135m");
+    let opts = PrefillOptions {
+        dtype: DType::BF16,
+        max_seq: 4096,
+        rows: 512,
+        logits: PrefillLogits::Every,
+    };
+    let p = lower_prefill(&model, &GpuTarget::by_name("h100").unwrap(), &opts)
+        .unwrap()
+        .program;
+    let buf = |name: &str| p.buffers.iter().position(|b| b.name == name).unwrap() as u32;
+    let (targets, nll, logits) = (buf(TARGETS), buf(NLL), buf("logits"));
+    assert_eq!(p.buffers[nll as usize].dtype, DType::F32);
+    assert_eq!(p.buffers[targets as usize].dtype, DType::I32);
+    let tiles: Vec<_> = p
+        .tasks
+        .iter()
+        .filter(|t| t.op == amk_core::Opcode::TOKEN_NLL)
+        .collect();
+    assert_eq!(tiles.len(), 128);
+    let mut next = 0;
+    for t in &tiles {
+        assert_eq!(
+            (t.inputs.as_slice(), t.outputs.as_slice()),
+            (&[logits, targets][..], &[nll][..])
+        );
+        assert_eq!(t.param_i64("m_off"), Some(next));
+        next += t.param_i64("M_tile").unwrap();
+        let head = p.tasks.iter().filter(|h| h.outputs == [logits]).count() as i64;
+        assert_eq!(
+            t.waits.iter().map(|w| w.threshold).collect::<Vec<_>>(),
+            [head]
+        );
+    }
+    assert_eq!(next, 512);
 }

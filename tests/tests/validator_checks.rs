@@ -3550,3 +3550,50 @@ fn bad_config_covers_every_knob_and_target_field() {
     });
     assert_ok(&r);
 }
+
+/// TOKEN_NLL `[logits, targets] -> nll`: row tiles of one F32 output sharing a counter are
+/// accepted; float targets, an integer output, a target count that is not the rows, a tile
+/// past the rows and overlapping tiles are refused.
+#[rstest]
+#[case::two_tiles("", None)]
+#[case::float_targets("float targets", Some(ErrorKind::ShapeMismatch))]
+#[case::integer_output("integer output", Some(ErrorKind::ShapeMismatch))]
+#[case::three_targets("three targets", Some(ErrorKind::ShapeMismatch))]
+#[case::tile_past_the_rows("tile past", Some(ErrorKind::TileOutOfBounds))]
+#[case::overlapping_tiles("overlap", Some(ErrorKind::WawRace))]
+fn token_nll_rows(#[case] bad: &str, #[case] want: Option<ErrorKind>) {
+    let mut p = Program::new();
+    let x = p.new_buffer("logits", IO_INPUT, DType::BF16, &[4, 256]);
+    let (tdt, tn) = match bad {
+        "float targets" => (F32, 4),
+        "three targets" => (I32, 3),
+        _ => (I32, 4),
+    };
+    let t = p.new_buffer("targets", IO_INPUT, tdt, &[tn]);
+    let odt = if bad == "integer output" { I32 } else { F32 };
+    let o = p.new_buffer("nll", IO_OUTPUT, odt, &[4]);
+    let c = p.new_counter("nll");
+    let second = match bad {
+        "tile past" => (2, 3),
+        "overlap" => (1, 3),
+        _ => (2, 2),
+    };
+    for (m_off, m_tile) in [(0, 2), second] {
+        let pr = m(&[
+            ("m_off", m_off.into()),
+            ("M_tile", m_tile.into()),
+            ("n_off", 0.into()),
+            ("N_tile", 1.into()),
+        ]);
+        p.push_task(Opcode::TOKEN_NLL, &[x, t], &[o], c, &[], pr, "nll");
+    }
+    let r = check(&p);
+    match want {
+        None => assert_ok(&r),
+        Some(kind) => assert!(
+            r.error_kinds().contains(&kind),
+            "{bad}: {:?}",
+            r.error_kinds()
+        ),
+    }
+}

@@ -1527,7 +1527,7 @@ mod tiny_checkpoints {
     #[test]
     fn tiny_checkpoints_prefill_on_the_device() {
         use amk_model_llama::lower::prefill::{
-            IDS, POS, PrefillLogits, PrefillOptions, lower_prefill,
+            IDS, NLL, POS, PrefillLogits, PrefillOptions, TARGETS, lower_prefill,
         };
         let Some(gpu) = gpu_or_skip("tiny_checkpoints_prefill_on_the_device") else {
             return;
@@ -1568,18 +1568,37 @@ mod tiny_checkpoints {
                 .unwrap();
                 let mut got: Vec<Vec<f32>> = Vec::new();
                 for (c, chunk) in ids.chunks(ROWS).enumerate() {
-                    let mut padded = chunk.to_vec();
-                    padded.resize(ROWS, 0);
+                    let padded = |from: usize| {
+                        let mut v: Vec<i64> = ids.iter().skip(from).take(ROWS).copied().collect();
+                        v.resize(ROWS, 0);
+                        v
+                    };
                     let p0 = (c * ROWS) as i64;
                     let pos: Vec<i64> = (p0..p0 + ROWS as i64).collect();
                     let t = |v: &[i64]| {
                         amk_core::Tensor::from_i64(DType::I32, &[ROWS as u64], v).unwrap()
                     };
                     s.poison_outputs().unwrap();
-                    let inputs = [(IDS, t(&padded)), (POS, t(&pos))];
+                    let targets = padded(c * ROWS + 1);
+                    let inputs = [
+                        (IDS, t(&padded(c * ROWS))),
+                        (POS, t(&pos)),
+                        (TARGETS, t(&targets)),
+                    ];
                     let out = s.run(&inputs).unwrap();
                     let l = out.get("logits").unwrap().to_f32_vec();
                     let vocab = l.len() / ROWS;
+                    // TOKEN_NLL on the device: each row's NLL of its target is the f64 one of
+                    // the device's own logits, to the F32 output's rounding.
+                    let nll = out.get(NLL).unwrap();
+                    for (r, row) in l.chunks(vocab).enumerate() {
+                        let want = amk_engine::nll(row, targets[r] as usize);
+                        let got = f64::from(nll.get_f32(r));
+                        assert!(
+                            (got - want).abs() <= 1e-5 * want.abs().max(1.0),
+                            "{name} {dtype} chunk {c} row {r}: NLL {got} vs {want}"
+                        );
+                    }
                     got.extend(l.chunks(vocab).take(chunk.len()).map(<[f32]>::to_vec));
                     if dtype == DType::BF16 {
                         let c = cpu.step(&inputs).unwrap();

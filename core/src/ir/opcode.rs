@@ -98,6 +98,9 @@ impl Opcode {
     /// Causal attention of many query rows (a prompt chunk) over the KV cache, each row up to
     /// its own position (28).
     pub const ATTENTION_CAUSAL: Opcode = Opcode(28);
+    /// Each row's negative log-likelihood of its target token (a scored text's rows reduced
+    /// where its logits are) (29).
+    pub const TOKEN_NLL: Opcode = Opcode(29);
     /// Our appended built-in opcodes (code ≥ 20), in code order.
     pub const EXTENDED_OPS: &'static [Opcode] = &[
         Opcode::RMSNORM_GEMV,
@@ -109,6 +112,7 @@ impl Opcode {
         Opcode::COMBINE_GEMV,
         Opcode::LINEAR_TILE,
         Opcode::ATTENTION_CAUSAL,
+        Opcode::TOKEN_NLL,
     ];
 
     /// The canonical name of one of our appended built-in opcodes.
@@ -123,6 +127,7 @@ impl Opcode {
             26 => Some("COMBINE_GEMV"),
             27 => Some("LINEAR_TILE"),
             28 => Some("ATTENTION_CAUSAL"),
+            29 => Some("TOKEN_NLL"),
             _ => None,
         }
     }

@@ -11,6 +11,7 @@ use amk_core::{
     Backend, DType, Program, Registry, RowWatch, Session, Tensor, ValidatedProgram, WeightStore,
     decode, validate_owned,
 };
+use amk_model_llama::lower::prefill::NLL as PREFILL_NLL;
 use std::time::Instant;
 
 /// A generation request.
@@ -290,7 +291,7 @@ impl Engine {
         weights: &WeightStore,
         registry: &Registry,
     ) -> Result<(), EngineError> {
-        let PrefillShape { rows, logits } =
+        let PrefillShape { rows, logits, nll } =
             prefill_interface(&program, self.program.program(), self.io.vocab)?;
         let program =
             validate_owned(program, registry).map_err(|r| EngineError::Invalid(r.report()))?;
@@ -299,6 +300,7 @@ impl Engine {
             session,
             rows,
             logits,
+            nll,
         };
         if logits != Logits::Every {
             self.prefill.retain(|q| q.rows != rows);
@@ -342,9 +344,14 @@ impl Engine {
         on: &mut dyn FnMut(u64),
     ) -> Result<u64, EngineError> {
         let max_seq = self.io.max_seq;
-        feed_chunks(&mut self.prefill, prompt, max_seq, &mut |first, len, _| {
-            on(first + len)
-        })
+        let mut nothing = |_| Vec::new();
+        feed_chunks(
+            &mut self.prefill,
+            prompt,
+            max_seq,
+            &mut nothing,
+            &mut |first, len, _| on(first + len),
+        )
     }
 
     /// KV-cache length (the most tokens one sequence may hold).
@@ -645,19 +652,28 @@ impl Engine {
         visit: &mut dyn FnMut(usize, &[f32]),
     ) -> Result<(), EngineError> {
         let vocab = self.io.vocab;
-        self.forced_chunks(ids, &mut |c: ForcedChunk<'_>| {
-            let all = c.logits.to_f32_vec();
+        let mut failed = None;
+        self.forced_chunks(ids, &|_, _| true, &mut |c: ForcedChunk<'_>| {
+            let Some(logits) = c.logits else {
+                failed = Some("a scored chunk came back without its logits".to_string());
+                return;
+            };
+            let all = logits.to_f32_vec();
             for (i, row) in all.chunks(vocab).take(c.rows).enumerate() {
                 visit(c.first + i, row);
             }
-        })
+        })?;
+        failed.map_or(Ok(()), |why| Err(EngineError::Interface(why)))
     }
 
-    /// [`Engine::forced_logits`] a launch at a time: each chunk's (or decode pass's) logits
-    /// tensor as the program wrote it, `[rows or more, vocab]`, for its positions.
+    /// [`Engine::forced_logits`] a launch at a time: each chunk's (or decode pass's) outputs
+    /// for its positions — the logits tensor as the program wrote it, `[rows or more, vocab]`,
+    /// where `want_logits(first, rows)` asks for them or the program has no NLLs, and a
+    /// scorer's NLLs of its rows where it has them.
     fn forced_chunks(
         &mut self,
         ids: &[u32],
+        want_logits: &dyn Fn(usize, usize) -> bool,
         visit: &mut dyn FnMut(ForcedChunk<'_>),
     ) -> Result<(), EngineError> {
         if ids.is_empty() {
@@ -674,21 +690,22 @@ impl Engine {
         // Whole chunks through the scorer, where there is one; the rest a pass a position.
         let base = match self.scorer.as_mut() {
             Some(sc) => {
-                let mut failed = None;
-                let done = sc.feed(ids, self.io.max_seq, &mut |first, len, out| match out
-                    .get(decode::LOGITS)
-                {
-                    Some(t) => visit(ForcedChunk {
+                let scores = sc.nll;
+                let mut read = |c: crate::prefill::Chunk| {
+                    let logits = !scores || want_logits(c.first as usize, c.len as usize);
+                    let mut names = vec![];
+                    names.extend(scores.then_some(PREFILL_NLL));
+                    names.extend(logits.then_some(decode::LOGITS));
+                    names
+                };
+                sc.feed(ids, self.io.max_seq, &mut read, &mut |first, len, out| {
+                    visit(ForcedChunk {
                         first: first as usize,
                         rows: len as usize,
-                        logits: t,
-                    }),
-                    None => failed = Some("the scorer produced no logits".to_string()),
-                })?;
-                if let Some(why) = failed {
-                    return Err(EngineError::Interface(why));
-                }
-                done
+                        logits: out.get(decode::LOGITS),
+                        nll: out.get(PREFILL_NLL),
+                    })
+                })?
             }
             None => 0,
         };
@@ -706,7 +723,8 @@ impl Engine {
             visit(ForcedChunk {
                 first: pos as usize,
                 rows: 1,
-                logits: &logits,
+                logits: Some(&logits),
+                nll: None,
             });
         }
         Ok(())
@@ -719,10 +737,11 @@ impl Engine {
         Ok((s.predictions, s.mean_nll))
     }
 
-    /// [`Engine::perplexity`], keeping the logits at the positions `keep` too. Each chunk's
-    /// rows are scored on every core ([`nll_rows`]): a 4,096-token text is 200 million
-    /// exponentials, seconds on one core against a few milliseconds of device time. The mean
-    /// sums the rows' NLLs in position order, as one core would.
+    /// [`Engine::perplexity`], keeping the logits at the positions `keep` too. A scorer that
+    /// computes its rows' NLLs on the device (TOKEN_NLL) sends back those, a float a row,
+    /// and its logits only for the chunks holding a kept position: a chunk's logits are tens
+    /// of megabytes. Otherwise each chunk's rows are scored from its logits on every core
+    /// ([`nll_rows`]). The mean sums the rows' NLLs in position order.
     pub fn score(&mut self, ids: &[u32], keep: &[usize]) -> Result<Scores, EngineError> {
         if ids.len() < 2 {
             return Err(EngineError::Request(
@@ -732,15 +751,31 @@ impl Engine {
         let vocab = self.io.vocab;
         let mut nlls = vec![f64::NAN; ids.len() - 1];
         let mut kept = Vec::new();
-        self.forced_chunks(ids, &mut |c: ForcedChunk<'_>| {
-            let targets = &ids[c.first + 1..c.first + 1 + c.rows];
-            let got = nll_rows(c.logits, vocab, targets);
-            nlls[c.first..c.first + c.rows].copy_from_slice(&got);
-            for p in (c.first..c.first + c.rows).filter(|p| keep.contains(p)) {
-                let at = (p - c.first) * vocab;
-                kept.push((p, (at..at + vocab).map(|i| c.logits.get_f32(i)).collect()));
+        let mut failed = None;
+        let wanted =
+            |first: usize, rows: usize| keep.iter().any(|p| (first..first + rows).contains(p));
+        self.forced_chunks(ids, &wanted, &mut |c: ForcedChunk<'_>| {
+            let rows = c.first..c.first + c.rows;
+            let got = match (c.nll, c.logits) {
+                (Some(nll), _) => (0..c.rows).map(|r| nll.get_f32(r) as f64).collect(),
+                (None, Some(logits)) => nll_rows(logits, vocab, &ids[c.first + 1..rows.end + 1]),
+                (None, None) => {
+                    failed = Some("a scored chunk came back with neither NLLs nor logits");
+                    return;
+                }
+            };
+            nlls[rows.clone()].copy_from_slice(&got);
+            for p in rows.filter(|p| keep.contains(p)) {
+                let (Some(logits), at) = (c.logits, (p - c.first) * vocab) else {
+                    failed = Some("a chunk with a kept position came back without its logits");
+                    return;
+                };
+                kept.push((p, (at..at + vocab).map(|i| logits.get_f32(i)).collect()));
             }
         })?;
+        if let Some(why) = failed {
+            return Err(EngineError::Interface(why.into()));
+        }
         Ok(Scores {
             predictions: nlls.len(),
             mean_nll: nlls.iter().sum::<f64>() / nlls.len() as f64,
@@ -749,12 +784,15 @@ impl Engine {
     }
 }
 
-/// One launch's logits in a teacher-forced pass: rows `[0, rows)` of `logits` predict the ids
+/// One launch's outputs in a teacher-forced pass: rows `[0, rows)` of them predict the ids
 /// after positions `first ..`.
 struct ForcedChunk<'a> {
     first: usize,
     rows: usize,
-    logits: &'a amk_core::Tensor,
+    /// The logits, `[rows or more, vocab]`, where they were read back.
+    logits: Option<&'a amk_core::Tensor>,
+    /// Each row's NLL of its target, where the program computed them (a scorer's TOKEN_NLL).
+    nll: Option<&'a amk_core::Tensor>,
 }
 
 /// A text's teacher-forced scores ([`Engine::score`]).

@@ -6,7 +6,8 @@ use crate::EngineError;
 use crate::engine::ints;
 use amk_core::{DType, Program, Session, decode};
 use amk_model_llama::lower::prefill::{
-    IDS as PREFILL_IDS, LAST as PREFILL_LAST, POS as PREFILL_POS,
+    IDS as PREFILL_IDS, LAST as PREFILL_LAST, NLL as PREFILL_NLL, POS as PREFILL_POS,
+    TARGETS as PREFILL_TARGETS,
 };
 
 /// A prefill program loaded beside the decode program: it writes a chunk of prompt tokens'
@@ -16,33 +17,43 @@ pub(crate) struct Prefill {
     pub(crate) rows: u64,
     /// What the program computes beside the K/V rows.
     pub(crate) logits: Logits,
+    /// A scorer that computes each row's NLL of its target itself (the targets an input).
+    pub(crate) nll: bool,
 }
+
+/// What a chunk's pass reads back: its outputs of these names.
+pub(crate) type ReadBack<'a> = &'a mut dyn FnMut(Chunk) -> Vec<&'static str>;
 
 impl Prefill {
     /// Runs one chunk: prompt rows `ids[first..first + len]` at positions from `first`, padded
     /// to the program's rows with id 0 at the positions after them (which decoding overwrites
-    /// before it reads them).
+    /// before it reads them); a scorer's targets are the ids after each row's (0 on padding).
+    /// Reads back the outputs named `read`.
     fn run_chunk(
         &mut self,
         ids: &[u32],
-        first: u64,
-        len: u64,
+        Chunk { rows, first, len }: Chunk,
+        read: &[&str],
     ) -> Result<amk_core::Outputs, EngineError> {
-        let rows = self.rows;
-        let mut chunk: Vec<i64> = ids[first as usize..(first + len) as usize]
-            .iter()
-            .map(|&t| i64::from(t))
-            .collect();
-        chunk.resize(rows as usize, 0);
+        let padded = |from: u64, n: u64| -> Vec<i64> {
+            let mut v: Vec<i64> = (ids.iter().skip(from as usize).take(n as usize))
+                .map(|&t| i64::from(t))
+                .collect();
+            v.resize(rows as usize, 0);
+            v
+        };
         let pos: Vec<i64> = (first as i64..(first + rows) as i64).collect();
         let mut inputs = vec![
-            (PREFILL_IDS, ints(&[rows], &chunk)?),
+            (PREFILL_IDS, ints(&[rows], &padded(first, len))?),
             (PREFILL_POS, ints(&[rows], &pos)?),
         ];
         if self.logits == Logits::Last {
             inputs.push((PREFILL_LAST, ints(&[1], &[len as i64 - 1])?));
         }
-        Ok(self.session.step(&inputs)?)
+        if self.nll {
+            inputs.push((PREFILL_TARGETS, ints(&[rows], &padded(first + 1, len))?));
+        }
+        Ok(self.session.step_reading(&inputs, read)?)
     }
 
     /// Runs `ids[..n - 1]` through the program a chunk of rows a pass (the last chunk padded),
@@ -52,9 +63,10 @@ impl Prefill {
         &mut self,
         ids: &[u32],
         max_seq: u64,
+        read: ReadBack<'_>,
         on: &mut dyn FnMut(u64, u64, &amk_core::Outputs),
     ) -> Result<u64, EngineError> {
-        feed_chunks(std::slice::from_mut(self), ids, max_seq, on)
+        feed_chunks(std::slice::from_mut(self), ids, max_seq, read, on)
     }
 }
 
@@ -100,12 +112,13 @@ pub(crate) fn plan_chunks(sizes: &[u64], todo: u64, max_seq: u64) -> Vec<Chunk> 
 }
 
 /// Runs `ids[..n - 1]` through the programs `progs`, chunks by [`plan_chunks`]; returns the
-/// tokens run. After each chunk `on` gets its first position, its real rows and the pass's
-/// outputs.
+/// tokens run. After each chunk `on` gets its first position, its real rows and the outputs
+/// `read` named for it.
 pub(crate) fn feed_chunks(
     progs: &mut [Prefill],
     ids: &[u32],
     max_seq: u64,
+    read: ReadBack<'_>,
     on: &mut dyn FnMut(u64, u64, &amk_core::Outputs),
 ) -> Result<u64, EngineError> {
     let sizes: Vec<u64> = progs.iter().map(|p| p.rows).collect();
@@ -115,7 +128,7 @@ pub(crate) fn feed_chunks(
         let Some(p) = progs.iter_mut().find(|p| p.rows == c.rows) else {
             break;
         };
-        let out = p.run_chunk(ids, c.first, c.len)?;
+        let out = p.run_chunk(ids, c, &read(c))?;
         on(c.first, c.len, &out);
         done = c.first + c.len;
     }
@@ -182,13 +195,17 @@ pub(crate) struct PrefillShape {
     pub(crate) rows: u64,
     /// Its logits.
     pub(crate) logits: Logits,
+    /// Whether it scores each row's target itself ([`Prefill::nll`]).
+    pub(crate) nll: bool,
 }
 
 /// The rows of a prefill program (`amk_model_llama::lower::prefill`), checked against the
 /// decode program `decode` whose caches it writes, and whether its logits are one chosen row:
 /// its ids and positions are I32 inputs of one length (the rows); with a `prefill.last` input
 /// (one I32) its `logits` are one row of `vocab`, without one they are a row of `vocab` for
-/// every row; each of its KV caches is one of `decode`'s (name, dtype and shape).
+/// every row — and then a `prefill.targets` input (I32) and a `prefill.nll` output (F32) of a
+/// value a row may come with them, both or neither; each of its KV caches is one of `decode`'s
+/// (name, dtype and shape).
 pub(crate) fn prefill_interface(
     p: &Program,
     decode: &Program,
@@ -228,6 +245,42 @@ pub(crate) fn prefill_interface(
             decode::LOGITS
         )));
     };
+    let nll = scores_itself(p, rows, kind)?;
     crate::interface::caches_shared(p, decode, "prefill program")?;
-    Ok(PrefillShape { rows, logits: kind })
+    Ok(PrefillShape {
+        rows,
+        logits: kind,
+        nll,
+    })
+}
+
+/// Whether a prefill program of `rows` rows and logits `kind` computes its rows' NLLs: a
+/// `prefill.targets` I32 input and a `prefill.nll` F32 output of a value a row (only with every
+/// row's logits), or neither.
+fn scores_itself(p: &Program, rows: u64, kind: Logits) -> Result<bool, EngineError> {
+    use amk_core::BufferKind;
+    let one = |name: &str, kind: BufferKind, dtype: DType| {
+        let found: Vec<_> = p.buffers.iter().filter(|b| b.name == name).collect();
+        match found[..] {
+            [] => Ok(false),
+            [b] if b.kind == kind && b.dtype == dtype && b.numel() == rows => Ok(true),
+            _ => Err(EngineError::Interface(format!(
+                "the prefill program's '{name}' must be one {dtype} {} of {rows} elements",
+                match kind {
+                    BufferKind::IO_INPUT => "input",
+                    _ => "output",
+                }
+            ))),
+        }
+    };
+    let targets = one(PREFILL_TARGETS, BufferKind::IO_INPUT, DType::I32)?;
+    let nll = one(PREFILL_NLL, BufferKind::IO_OUTPUT, DType::F32)?;
+    match (targets, nll) {
+        (false, false) => Ok(false),
+        (true, true) if kind == Logits::Every => Ok(true),
+        _ => Err(EngineError::Interface(format!(
+            "the prefill program's '{PREFILL_TARGETS}' and '{PREFILL_NLL}' come together, and \
+             only with every row's logits"
+        ))),
+    }
 }

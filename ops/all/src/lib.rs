@@ -31,6 +31,7 @@ extern crate op_rope;
 extern crate op_sample_argmax;
 extern crate op_silu_mul;
 extern crate op_softmax;
+extern crate op_token_nll;
 
 use amk_core::{IrError, Registry};
 
@@ -67,6 +68,7 @@ pub fn registry() -> Result<Registry, IrError> {
         &op_sample_argmax::SPEC,
         &op_silu_mul::SPEC,
         &op_softmax::SPEC,
+        &op_token_nll::SPEC,
     );
     Registry::builtin()
 }

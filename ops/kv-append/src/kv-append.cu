@@ -17,7 +17,9 @@
  * consecutive elements (coalesced). F32/BF16/F16 new rows and cache (any pair) with spans and
  * offsets that are whole 8-element units (the decode case: one [n_kv, hd] row) go 8 elements
  * per 16-byte access, each thread issuing KVA_NB units' loads before converting and storing
- * any (values through f32 exactly as amk_ld / amk_st). Everything else element by element. An
+ * any (values through f32 exactly as amk_ld / amk_st); more than a round of those in one span
+ * (a prefill chunk's rows) goes through shared memory instead (kva_staged). Everything else
+ * element by element. An
  * I4 cache (two elements per byte) is written by one thread, since amk_st's nibble
  * read-modify-write is not atomic.
  */
@@ -34,6 +36,59 @@ __device__ __forceinline__ void kva_copy(const amk_buffer_t* d, long long i, con
                                          long long j) {
   if (d->dtype == AMK_F32 && s->dtype == AMK_F32) ((float*)d->ptr)[i] = ((const float*)s->ptr)[j];
   else kva_copy_any(d, i, s, j);
+}
+
+/* The staged path for many contiguous rows (a prefill chunk's 512 rows are 32,768 units):
+ * units of new go global -> shared memory through cp.async in a ring of KVA_STAGES stages,
+ * KVA_STAGES - 1 of them in flight while the block converts and stores the oldest, so one block
+ * keeps three quarters of its shared memory of loads in flight instead of the register path's
+ * KVA_NB units a thread (16 KB a block: a round trip a 1,024 units, latency-bound). The same
+ * conversions as the register path (amk_cvt8, amk_st8), so the same values. False (nothing
+ * done) when the shared memory cannot hold KVA_STAGES stages of a unit a thread. */
+#define KVA_STAGES 4
+__device__ bool kva_staged(const amk_task_ctx& ctx, const amk_buffer_t* nw, unsigned units,
+                           const amk_buffer_t* cache, long long d0) {
+  const int sdt = nw->dtype, ddt = cache->dtype;
+  const bool f32 = sdt == AMK_F32;
+  const unsigned ub = f32 ? 32u : 16u; /* bytes of a unit of new */
+  const unsigned stage = ((unsigned)ctx.smem_bytes / KVA_STAGES / ub) / AMK_THREADS * AMK_THREADS;
+  if (stage == 0) return false;
+  unsigned char* ring = ctx.smem;
+  const unsigned char* s = (const unsigned char*)nw->ptr;
+  const unsigned n_stages = (units + stage - 1) / stage;
+  /* Stage i's units [i * stage, ...) into ring slot i % KVA_STAGES; always one commit group. */
+  auto issue = [&](unsigned i) {
+    if (i < n_stages) {
+      unsigned char* slot = ring + (size_t)(i % KVA_STAGES) * stage * ub;
+      const unsigned first = i * stage, n = min(stage, units - first);
+      for (unsigned u = threadIdx.x; u < n; u += AMK_THREADS) {
+        const unsigned char* from = s + (size_t)(first + u) * ub;
+        amk_cp_async16(slot + (size_t)u * ub, from);
+        if (f32) amk_cp_async16(slot + (size_t)u * ub + 16, from + 16);
+      }
+    }
+    amk_cp_async_commit();
+  };
+#pragma unroll 1
+  for (unsigned i = 0; i + 1 < KVA_STAGES; ++i) issue(i);
+#pragma unroll 1
+  for (unsigned i = 0; i < n_stages; ++i) {
+    amk_cp_async_wait_group<KVA_STAGES - 2>(); /* this thread's copies of stage i landed */
+    __syncthreads();                           /* and every other thread's */
+    const unsigned char* slot = ring + (size_t)(i % KVA_STAGES) * stage * ub;
+    const unsigned first = i * stage, n = min(stage, units - first);
+    for (unsigned u = threadIdx.x; u < n; u += AMK_THREADS) {
+      const uint4 a = *(const uint4*)(slot + (size_t)u * ub);
+      const uint4 b = f32 ? *(const uint4*)(slot + (size_t)u * ub + 16) : make_uint4(0u, 0u, 0u, 0u);
+      float f[8];
+      amk_cvt8(sdt, a, b, f);
+      amk_st8(cache->ptr, ddt, d0 + first + u, f);
+    }
+    __syncthreads(); /* slot i % KVA_STAGES is read: stage i + KVA_STAGES - 1 may refill it */
+    issue(i + KVA_STAGES - 1);
+  }
+  amk_cp_async_wait_all();
+  return true;
 }
 
 __device__ void amk_op_kv_append(const amk_task_ctx& ctx) {
@@ -85,6 +140,8 @@ __device__ void amk_op_kv_append(const amk_task_ctx& ctx) {
     const long long d0 = dst0 / 8, dstep = dst_step / 8;
     const int sdt = nw->dtype, ddt = cache->dtype;
     const bool f32 = sdt == AMK_F32;
+    if (n_spans == 1 && units > KVA_NB * AMK_THREADS && kva_staged(ctx, nw, units, cache, d0))
+      return;
     for (unsigned b = 0; b < units; b += KVA_NB * AMK_THREADS) {
       uint4 w0[KVA_NB], w1[KVA_NB];
 #pragma unroll

@@ -21,6 +21,12 @@ use std::borrow::Cow;
 
 pub mod reference;
 
+/// Shared memory a block needs at least: the device function copies many rows at once (a
+/// prefill chunk's) through a ring of stages in whatever the launch has, at least this much (a
+/// prompt program's tiles give it 96 KB). Through registers alone (16 KB of loads in flight a
+/// block) a 1B model's 512-row append took 45 µs (docs/perf-notes.md round 37).
+pub const SHARED_BYTES: u32 = 32 << 10;
+
 /// The op's spec, as the registry and the validator see it.
 pub const SPEC: OpSpec = OpSpec {
     code: Opcode::KV_APPEND,
@@ -41,7 +47,10 @@ amk_core::inventory::submit! {
     OpRegistration {
         spec: SPEC,
         reference: Some(Reference { run: reference::run, in_place: &[(1, 0)] }),
-        cuda: Some(amk_core::CudaSource::builtin(include_str!("kv-append.cu"), "amk_op_kv_append")),
+        cuda: Some(
+            amk_core::CudaSource::builtin(include_str!("kv-append.cu"), "amk_op_kv_append")
+                .with_shared(SHARED_BYTES),
+        ),
     }
 }
 

@@ -230,3 +230,14 @@ pub(super) fn argmax_rows(x: &[f64], n: usize) -> Vec<f64> {
         })
         .collect()
 }
+
+/// Each run of `n` logits' `ln Σ exp(x) - x[t]` for its target `t` (one a row).
+pub(super) fn token_nll(x: &[f64], targets: &[f64], n: usize) -> Vec<f64> {
+    x.chunks(n)
+        .zip(targets)
+        .map(|(row, &t)| {
+            let s: f64 = row.iter().map(|v| v.exp()).sum();
+            s.ln() - row[t as usize]
+        })
+        .collect()
+}

@@ -5,7 +5,7 @@
 //! `source`) and inputs, runs it for two or three forward passes on the backend under test and
 //! checks the IO outputs of every pass:
 //! - against an **f64 formula** written here, independent of the ops' references: one case per
-//!   opcode (all 25), hand-built DAGs (chains, fan-in joins, tiled GEMV/GEMM groups, split-KV
+//!   opcode, hand-built DAGs (chains, fan-in joins, tiled GEMV/GEMM groups, split-KV
 //!   attention + ATTENTION_COMBINE, in-place KV_APPEND across steps) and toy Llama decode
 //!   programs ([`crate::llama_like_with`]);
 //! - against the **CPU backend in list order** (the oracle) for the generator families of
@@ -70,7 +70,7 @@ use ops::{
     op_add, op_allreduce_shard, op_attention_combine, op_attention_tile,
     op_attention_tile_paths_bf16, op_attention_tile_paths_f32, op_copy, op_dequant, op_embed,
     op_fused, op_gelu, op_gemm_tile, op_gemv_tile, op_kv_append, op_layernorm, op_mul, op_nop,
-    op_rmsnorm, op_rope, op_sample_argmax, op_silu_mul, op_softmax,
+    op_rmsnorm, op_rope, op_sample_argmax, op_silu_mul, op_softmax, op_token_nll,
 };
 use outcome::fail;
 use prefill::{
@@ -171,7 +171,7 @@ macro_rules! conformance_tests {
         $crate::conformance_tests!(@cases $mode ($backend)
             op_nop op_copy op_embed op_rmsnorm op_layernorm op_gemv_tile op_gemm_tile
             op_attention_tile op_attention_tile_paths_bf16 op_attention_tile_paths_f32 op_rope op_silu_mul op_gelu op_add op_mul op_dequant op_softmax
-            op_allreduce_shard op_kv_append op_sample_argmax op_attention_combine op_fused
+            op_allreduce_shard op_kv_append op_sample_argmax op_token_nll op_attention_combine op_fused
             op_rmsnorm_gemv op_gate_up_silu op_qkv_rope_append op_qkv_rope_append_factors op_qkv_rope_append_qk_norm op_attention_gemv
             op_attention_pos_bf16 op_next_token
             op_linear_tile op_linear_tile_bf16 op_linear_tile_rope op_attention_causal op_attention_causal_bf16
@@ -307,6 +307,11 @@ pub const CASES: &[Case] = &[
         name: "op_sample_argmax",
         about: "SAMPLE_ARGMAX per row",
         run: op_sample_argmax,
+    },
+    Case {
+        name: "op_token_nll",
+        about: "TOKEN_NLL per row: whole, two row tiles of one output, the element path",
+        run: op_token_nll,
     },
     Case {
         name: "op_attention_combine",

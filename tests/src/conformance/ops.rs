@@ -4,7 +4,7 @@ use super::Ctx;
 use super::compare::{F32_TOL, Tol};
 use super::formulas::{
     Attn, argmax_rows, attention, attention_params, attention_partial, combine, gelu, layernorm,
-    linear, partial_layout, rmsnorm, rope, rope_scaled, silu, softmax_rows,
+    linear, partial_layout, rmsnorm, rope, rope_scaled, silu, softmax_rows, token_nll,
 };
 use super::outcome::CaseResult;
 use super::run::{Inputs, in_vals, set_input, vals};
@@ -566,11 +566,19 @@ pub(super) fn op_kv_append(c: &Ctx<'_>) -> CaseResult {
 }
 
 /// A prompt chunk's rows at once: 70 rows of [8, 64] at position 7 of an 80-row cache (4,480
-/// 8-element units: several of the device's batches a thread, the last one partial).
+/// 8-element units: several of the device's register batches a thread, or 18 stages of its
+/// shared-memory ring, the last one partial), from f32 rows and from bf16 ones.
 fn kv_append_rows(c: &Ctx<'_>) -> CaseResult {
+    for dtype in [DType::F32, DType::BF16] {
+        kv_append_rows_of(c, dtype)?;
+    }
+    Ok(())
+}
+
+fn kv_append_rows_of(c: &Ctx<'_>, dtype: DType) -> CaseResult {
     let (rows, at, cap, row) = (70u64, 7usize, 80u64, 8 * 64usize);
     let mut t = Tiny::new(19);
-    let new = t.input("k_rows", DType::F32, &[rows, 8, 64]);
+    let new = t.input("k_rows", dtype, &[rows, 8, 64]);
     let cache = t.kv("kcache_rows", &[cap, 8, 64]);
     let y = t.output("cache_rows_out", DType::F32, &[cap, 8, 64]);
     let ca = t.task(
@@ -596,6 +604,45 @@ pub(super) fn op_sample_argmax(c: &Ctx<'_>) -> CaseResult {
     t.task(Opcode::SAMPLE_ARGMAX, &[x], &[y], &[], &[]);
     check_formula(c, t, 2, F32_TOL, no_change, |ins| {
         Ok(vec![("token", argmax_rows(&in_vals(ins, "logits")?, 9))])
+    })
+}
+
+/// TOKEN_NLL: a whole f32 task (rows of 1,000, the vector path), a bf16 buffer of 2,048 a row
+/// in two row tiles sharing a counter, and f16 rows of 37 (the element path).
+pub(super) fn op_token_nll(c: &Ctx<'_>) -> CaseResult {
+    let mut t = Tiny::new(29);
+    let cases: [(&'static str, &'static str, &'static str, DType, [u64; 2]); 3] = [
+        ("logits", "targets", "nll", DType::F32, [3, 1000]),
+        ("logits_b", "targets_b", "nll_b", DType::BF16, [6, 2048]),
+        ("logits_h", "targets_h", "nll_h", DType::F16, [2, 37]),
+    ];
+    for (k, &(x, ids, y, dtype, shape)) in cases.iter().enumerate() {
+        let x = t.input(x, dtype, &shape);
+        let ids = t.input(ids, DType::I32, &shape[..1]);
+        let y = t.output(y, DType::F32, &shape[..1]);
+        if k != 1 {
+            t.task(Opcode::TOKEN_NLL, &[x, ids], &[y], &[], &[]);
+            continue;
+        }
+        let ct = t.counter();
+        for (m_off, m_tile) in [(0, 4), (4, 2)] {
+            let tile = [
+                ("m_off", int(m_off)),
+                ("M_tile", int(m_tile)),
+                ("n_off", int(0)),
+                ("N_tile", int(1)),
+            ];
+            t.task_on(ct, Opcode::TOKEN_NLL, &[x, ids], &[y], &[], &tile);
+        }
+    }
+    check_formula(c, t, 2, F32_TOL, no_change, |ins| {
+        cases
+            .iter()
+            .map(|&(x, ids, y, _, [_, vocab])| {
+                let (xv, tv) = (in_vals(ins, x)?, in_vals(ins, ids)?);
+                Ok((y, token_nll(&xv, &tv, vocab as usize)))
+            })
+            .collect()
     })
 }
 

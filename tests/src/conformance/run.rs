@@ -68,6 +68,12 @@ pub fn int_input_bound(p: &Program, b: BufferId) -> i64 {
                     .get(1)
                     .and_then(|&tb| p.buffers.get(tb as usize))
                     .map(|tb| tb.shape.first().copied().unwrap_or(1) as i64)
+            } else if t.op == Opcode::TOKEN_NLL && i == 1 {
+                // The logits' vocabulary (input 0's last dim): the targets index it.
+                t.inputs
+                    .first()
+                    .and_then(|&xb| p.buffers.get(xb as usize))
+                    .map(|xb| xb.last_dim() as i64)
             } else if t.op == Opcode::ROPE && i == 1 {
                 Some(POSITION_BOUND)
             } else if t.op == Opcode::QKV_ROPE_APPEND && i == 4 {

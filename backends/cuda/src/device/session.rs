@@ -484,15 +484,26 @@ impl CudaSession {
 
     /// Uploads IO inputs, launches once, waits under the watchdog, reads the IO outputs.
     pub fn run(&mut self, inputs: &[(&str, Tensor)]) -> Result<Outputs, CudaError> {
+        self.run_reading(inputs, None)
+    }
+
+    /// [`CudaSession::run`], reading back only the IO outputs named in `only` (all of them
+    /// when `None`).
+    pub fn run_reading(
+        &mut self,
+        inputs: &[(&str, Tensor)],
+        only: Option<&[&str]>,
+    ) -> Result<Outputs, CudaError> {
         if let Some(why) = &self.lost {
             return Err(CudaError::ContextLost(why.clone()));
         }
         self.write_named(inputs, &[BufferKind::IO_INPUT])?;
         self.check_inputs_set()?;
         self.launch_and_wait()?;
+        let wanted = |name: &str| only.is_none_or(|names| names.contains(&name));
         let mut out = Outputs::default();
         for (b, buf) in self.program.buffers.iter().enumerate() {
-            if buf.kind == BufferKind::IO_OUTPUT {
+            if buf.kind == BufferKind::IO_OUTPUT && wanted(&buf.name) {
                 out.tensors.push((buf.name.clone(), self.io_tensor(b)?));
             }
         }
@@ -807,6 +818,13 @@ impl CudaSession {
 impl Session for CudaSession {
     fn step(&mut self, inputs: &[(&str, Tensor)]) -> Result<Outputs, BackendError> {
         Ok(self.run(inputs)?)
+    }
+    fn step_reading(
+        &mut self,
+        inputs: &[(&str, Tensor)],
+        outputs: &[&str],
+    ) -> Result<Outputs, BackendError> {
+        Ok(self.run_reading(inputs, Some(outputs))?)
     }
     fn set_params(&mut self, patch: &ParamPatch) -> Result<(), BackendError> {
         Ok(self.patch(patch)?)

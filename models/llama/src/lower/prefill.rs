@@ -3,7 +3,7 @@
 //! arithmetic instead of a weight stream per token), the attention ATTENTION_CAUSAL tasks over
 //! (KV head × row block), the chunk's K and V rows appended to the same KV caches the decode
 //! program reads (same names, dtype and shape), and logits for the last prompt row or every
-//! row.
+//! row (then with every row's negative log-likelihood of its target token too).
 //!
 //! The graph: EMBED of the chunk's ids; per layer RMSNORM of the rows with the input norm (row
 //! tiles of [`NORM_ROWS`]), LINEAR_TILE q/k/v of the normalised rows (adding Qwen2's biases,
@@ -12,14 +12,14 @@
 //! LINEAR_TILE o_proj + residual, RMSNORM with the post-attention norm, LINEAR_TILE gate/up +
 //! SwiGLU, LINEAR_TILE down_proj + residual; then the final norm and the LM head as
 //! LINEAR_TILEs over the last row (gathered by an EMBED of the row index `last`, the norm in
-//! the tile) or every row.
+//! the tile) or every row, and for every row TOKEN_NLL row tiles over those logits.
 //!
 //! The norms are tasks of their own rather than LINEAR_TILE's fused norm: the fused norm
 //! redoes a row block's normalisation (f64 products, RMSNORM's arithmetic) in every column
 //! tile, which on a 1B model cost a K step of a normalising tile 1.67 µs against 0.70 µs without
 //! (docs/perf-notes.md, round 34).
 //!
-//! Interface ([`IDS`], [`POS`], [`LAST`], `logits`): the host sets the chunk's token ids and
+//! Interface ([`IDS`], [`POS`], [`LAST`], `logits`, [`TARGETS`], [`NLL`]): the host sets the chunk's token ids and
 //! positions (a chunk shorter than `rows` is padded: any valid id, the positions continuing
 //! past the prompt — their K/V rows land past the prompt, where decoding overwrites each row
 //! before it reads it — so `first position + rows` must fit the cache).
@@ -42,6 +42,13 @@ pub const IDS: &str = "prefill.ids";
 pub const POS: &str = "prefill.pos";
 /// With [`PrefillLogits::Last`], the row whose logits the program computes: `[1]` I32.
 pub const LAST: &str = "prefill.last";
+/// With [`PrefillLogits::Every`], the token each row predicts (the next one's id; any valid id
+/// on padding rows): `[rows]` I32, an IO input.
+pub const TARGETS: &str = "prefill.targets";
+/// With [`PrefillLogits::Every`], each row's negative log-likelihood of its target,
+/// `-log softmax(logits)[target]`: `[rows]` F32, an IO output (TOKEN_NLL tasks over the
+/// logits; a scorer reads these instead of the logits).
+pub const NLL: &str = "prefill.nll";
 
 /// Rows an RMSNORM task of a prefill program normalises: one a warp of an 8-warp block.
 pub const NORM_ROWS: u64 = 8;
@@ -56,7 +63,8 @@ pub enum PrefillLogits {
     None,
     /// One row, chosen by the [`LAST`] input: `logits` is `[1, vocab]` (generation).
     Last,
-    /// Every row: `logits` is `[rows, vocab]` (teacher-forced scoring, perplexity).
+    /// Every row: `logits` is `[rows, vocab]`, and each row's negative log-likelihood of the
+    /// target the [`TARGETS`] input gives it is in [`NLL`] (teacher-forced scoring, perplexity).
     Every,
 }
 
@@ -700,7 +708,45 @@ fn lm_head(
     );
     let mut lin = Linear::plain(x, (head, d.h, d.vocab), out, "lm_head");
     lin.norm = Some(fnorm);
-    b.linear(&lin, logit_rows);
+    let logits_val = b.linear(&lin, logit_rows);
+    if logits == PrefillLogits::Every {
+        token_nll(b, logits_val, d);
+    }
+}
+
+/// Every row's negative log-likelihood of its [`TARGETS`] id, into [`NLL`]: TOKEN_NLL row
+/// tiles over the logits, one a target SM (a row is a pass over the vocabulary; 512 rows of a
+/// 49,152-token vocabulary read 50 MB), after the whole LM head.
+fn token_nll(b: &mut Builder, logits: Val, d: Dims) {
+    let targets =
+        b.p.new_buffer(TARGETS, BufferKind::IO_INPUT, DType::I32, &[d.rows]);
+    let out =
+        b.p.new_buffer(NLL, BufferKind::IO_OUTPUT, DType::F32, &[d.rows]);
+    let c = b.p.new_counter("nll ready");
+    let per = d.rows.div_ceil(b.num_sms).max(1);
+    for (k, m0) in (0..d.rows).step_by(per as usize).enumerate() {
+        let mt = per.min(d.rows - m0);
+        let pr = params(&[
+            ("m_off", int(m0)),
+            ("M_tile", int(mt)),
+            ("n_off", int(0)),
+            ("N_tile", int(1)),
+        ]);
+        let ins = [logits.buf, targets];
+        let label = format!("nll[{k}]");
+        let t = (b.p).push_task(
+            Opcode::TOKEN_NLL,
+            &ins,
+            &[out],
+            c,
+            &[logits.wait],
+            pr,
+            label,
+        );
+        if let Some(task) = b.p.tasks.get_mut(t as usize) {
+            task.est_bytes = (mt * d.vocab) as i64 * b.dbytes;
+        }
+    }
 }
 
 /// [`lower_prefill`] starting from `weights` (a decode lowering's, of the same dtype): tensors
