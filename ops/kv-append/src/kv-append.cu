@@ -16,12 +16,11 @@
  * Parallelisation: the whole block streams the destination spans, consecutive threads on
  * consecutive elements (coalesced). F32/BF16/F16 new rows and cache (any pair) with spans and
  * offsets that are whole 8-element units (the decode case: one [n_kv, hd] row) go 8 elements
- * per 16-byte access, each thread issuing KVA_NB units' loads before converting and storing
- * any (values through f32 exactly as amk_ld / amk_st); more than a round of those in one span
- * (a prefill chunk's rows) goes through shared memory instead (kva_staged). Everything else
- * element by element. An
- * I4 cache (two elements per byte) is written by one thread, since amk_st's nibble
- * read-modify-write is not atomic.
+ * per 16-byte access, each thread issuing KVA_NB units' loads before storing any (kva_store8:
+ * the same dtype as bits, other pairs through f32 exactly as amk_ld / amk_st); more than a round
+ * of those in one span (a prefill chunk's rows) goes through shared memory instead
+ * (kva_staged). Everything else element by element. An I4 cache (two elements per byte) is
+ * written by one thread, since amk_st's nibble read-modify-write is not atomic.
  */
 
 #define KVA_NB 4 /* 8-element units in flight per thread */
@@ -38,12 +37,30 @@ __device__ __forceinline__ void kva_copy(const amk_buffer_t* d, long long i, con
   else kva_copy_any(d, i, s, j);
 }
 
+/* Unit u of the cache (dtype ddt) from the 8 elements a/b of new (dtype sdt; b only for F32).
+ * The same dtype is the same bits: the round trip through f32 (amk_cvt8, amk_st8) is exact for
+ * every value but a signalling NaN, which it would quiet. Converting every element cost a 1B
+ * prefill chunk's 512-row append ~40 us of one SM's instructions (docs/perf-notes.md round
+ * 38); other pairs convert as amk_ld / amk_st. */
+__device__ __forceinline__ void kva_store8(void* cache, int sdt, int ddt, long long u, const uint4& a,
+                                           const uint4& b) {
+  if (sdt == ddt) {
+    uint4* q = (uint4*)cache + (ddt == AMK_F32 ? 2 * u : u);
+    q[0] = a;
+    if (ddt == AMK_F32) q[1] = b;
+    return;
+  }
+  float f[8];
+  amk_cvt8(sdt, a, b, f);
+  amk_st8(cache, ddt, u, f);
+}
+
 /* The staged path for many contiguous rows (a prefill chunk's 512 rows are 32,768 units):
  * units of new go global -> shared memory through cp.async in a ring of KVA_STAGES stages,
  * KVA_STAGES - 1 of them in flight while the block converts and stores the oldest, so one block
  * keeps three quarters of its shared memory of loads in flight instead of the register path's
  * KVA_NB units a thread (16 KB a block: a round trip a 1,024 units, latency-bound). The same
- * conversions as the register path (amk_cvt8, amk_st8), so the same values. False (nothing
+ * stores as the register path (kva_store8), so the same values. False (nothing
  * done) when the shared memory cannot hold KVA_STAGES stages of a unit a thread. */
 #define KVA_STAGES 4
 __device__ bool kva_staged(const amk_task_ctx& ctx, const amk_buffer_t* nw, unsigned units,
@@ -80,9 +97,7 @@ __device__ bool kva_staged(const amk_task_ctx& ctx, const amk_buffer_t* nw, unsi
     for (unsigned u = threadIdx.x; u < n; u += AMK_THREADS) {
       const uint4 a = *(const uint4*)(slot + (size_t)u * ub);
       const uint4 b = f32 ? *(const uint4*)(slot + (size_t)u * ub + 16) : make_uint4(0u, 0u, 0u, 0u);
-      float f[8];
-      amk_cvt8(sdt, a, b, f);
-      amk_st8(cache->ptr, ddt, d0 + first + u, f);
+      kva_store8(cache->ptr, sdt, ddt, d0 + first + u, a, b);
     }
     __syncthreads(); /* slot i % KVA_STAGES is read: stage i + KVA_STAGES - 1 may refill it */
     issue(i + KVA_STAGES - 1);
@@ -155,9 +170,8 @@ __device__ void amk_op_kv_append(const amk_task_ctx& ctx) {
         const unsigned u = b + threadIdx.x + (unsigned)k * AMK_THREADS;
         if (u < units) {
           const unsigned s = n_spans == 1 ? 0u : u / upr;
-          float f[8];
-          amk_cvt8(sdt, w0[k], w1[k], f);
-          amk_st8(cache->ptr, ddt, d0 + (long long)s * dstep + (u - s * upr), f);
+          kva_store8(cache->ptr, sdt, ddt, d0 + (long long)s * dstep + (u - s * upr),
+                     w0[k], w1[k]);
         }
       }
     }
