@@ -36,8 +36,8 @@ pub use error::IrError;
 pub use import::Importer;
 pub use ir::*;
 pub use registry::{
-    CheckFn, CudaSource, Finding, OpRegistration, OpSpec, Origin, PARAM_FIELDS, ParamDecl,
-    ParamType, Registry, RowLoop, TaskContext, WriteRegion,
+    CheckFn, CudaSource, ExpandFn, Finding, OpExpansion, OpRegistration, OpSpec, Origin,
+    PARAM_FIELDS, ParamDecl, ParamType, Registry, RowLoop, TaskContext, WriteRegion,
 };
 pub use tensor::{NonFinite, Storage, Tensor, round_to};
 pub use validate::{

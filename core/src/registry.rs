@@ -351,6 +351,20 @@ impl CudaSource {
 
 inventory::collect!(OpRegistration);
 
+/// Expands a task of an op into its steps ([`crate::steps`]), checking the task's description
+/// of them against the registry; `Err` says every problem found.
+pub type ExpandFn = fn(&Task, &Registry) -> Result<Vec<crate::steps::Step>, String>;
+
+/// An op's expansion into steps, collected by `inventory` from the op's crate (FUSED's).
+pub struct OpExpansion {
+    /// The op whose tasks expand.
+    pub op: Opcode,
+    /// How.
+    pub expand: ExpandFn,
+}
+
+inventory::collect!(OpExpansion);
+
 /// Where an op came from.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Origin {
@@ -506,8 +520,12 @@ impl Registry {
 
     /// How a task of `op` expands into steps ([`crate::steps`]), if `op` is registered here
     /// and its crate gave one.
-    pub fn expansion(&self, op: Opcode) -> Option<crate::steps::ExpandFn> {
-        self.get(op).and_then(|_| crate::steps::expansion_of(op))
+    pub fn expansion(&self, op: Opcode) -> Option<ExpandFn> {
+        self.get(op)?;
+        inventory::iter::<OpExpansion>
+            .into_iter()
+            .find(|e| e.op == op)
+            .map(|e| e.expand)
     }
 
     /// The CUDA device function of `op`, if it has one.

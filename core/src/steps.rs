@@ -1,9 +1,10 @@
 //! Tasks that run as several ops in a row: an op whose task is a sequence of steps (FUSED and
-//! its recipe) registers how to expand a task into [`Step`]s, and a backend runs those steps
-//! without knowing the op that expands them — the backend learns of the op through the
-//! registry ([`crate::Registry::expansion`]) alone.
+//! its recipe) registers how to expand a task into these [`Step`]s
+//! ([`crate::registry::OpExpansion`]), and a backend runs those steps without knowing the op
+//! that expands them — the backend learns of the op through the registry
+//! ([`crate::Registry::expansion`]) alone. Plain data, below the registry.
 
-use crate::ir::{DType, Opcode, Task};
+use crate::ir::{DType, Opcode};
 use crate::json::Map;
 
 /// Where a step's argument comes from.
@@ -43,26 +44,4 @@ pub struct Step {
     pub params: Map,
     /// Its output.
     pub out: StepOut,
-}
-
-/// Expands a task of the op into its steps, checking the task's description of them against
-/// the registry; `Err` says every problem found.
-pub type ExpandFn = fn(&Task, &crate::Registry) -> Result<Vec<Step>, String>;
-
-/// An op's expansion, collected by `inventory` from the op's crate.
-pub struct OpExpansion {
-    /// The op whose tasks expand.
-    pub op: Opcode,
-    /// How.
-    pub expand: ExpandFn,
-}
-
-inventory::collect!(OpExpansion);
-
-/// The expansion registered for `op`, if any.
-pub(crate) fn expansion_of(op: Opcode) -> Option<ExpandFn> {
-    inventory::iter::<OpExpansion>
-        .into_iter()
-        .find(|e| e.op == op)
-        .map(|e| e.expand)
 }

@@ -38,7 +38,7 @@ amk_core::inventory::submit! {
 }
 
 amk_core::inventory::submit! {
-    amk_core::steps::OpExpansion { op: Opcode::FUSED, expand: expand::expand_task }
+    amk_core::registry::OpExpansion { op: Opcode::FUSED, expand: expand::expand_task }
 }
 
 /// Static shape and parameter rule, run by the validator.
