@@ -213,6 +213,24 @@ fn threads_give_the_same_prefill_logits() {
     assert_eq!(one, two);
 }
 
+/// SmolLM2-135M's bf16 prefill program of 512 rows for an H100, with `logits`.
+fn smollm2_chunk(
+    logits: PrefillLogits,
+) -> (amk_model_llama::config::ModelConfig, amk_core::Program) {
+    let cfg = amk_model_llama::presets::preset("smollm2-135m").unwrap();
+    let model = Model::shape_only(cfg.clone(), "smollm2-135m");
+    let opts = PrefillOptions {
+        dtype: DType::BF16,
+        max_seq: 4096,
+        rows: 512,
+        logits,
+    };
+    let p = lower_prefill(&model, &GpuTarget::by_name("h100").unwrap(), &opts)
+        .unwrap()
+        .program;
+    (cfg, p)
+}
+
 /// The prefill program's tasks, counted from the tiling rules (LINEAR_TILE: 64-row blocks ×
 /// 128 columns, 64 with SwiGLU, and 128-row blocks in a phase of more 64-row tiles than the
 /// target's 132 SMs; ATTENTION_CAUSAL: KV heads × blocks of 64 / (heads a KV head) rows;
@@ -222,17 +240,7 @@ fn threads_give_the_same_prefill_logits() {
 /// own, and its gate/up phase (8 × 24 = 192 narrow tiles) now takes 96 wide ones.
 #[test]
 fn smollm2_prefill_has_the_tasks_of_its_tiling() {
-    let cfg = amk_model_llama::presets::preset("smollm2-135m").unwrap();
-    let model = Model::shape_only(cfg.clone(), "smollm2-135m");
-    let opts = PrefillOptions {
-        dtype: DType::BF16,
-        max_seq: 4096,
-        rows: 512,
-        logits: PrefillLogits::Last,
-    };
-    let p = lower_prefill(&model, &GpuTarget::by_name("h100").unwrap(), &opts)
-        .unwrap()
-        .program;
+    let (cfg, p) = smollm2_chunk(PrefillLogits::Last);
     let tiles = |n: u64, cols: u64| 512u64.div_ceil(64) * n.div_ceil(cols);
     let wide = |n: u64, cols: u64| 512u64.div_ceil(128) * n.div_ceil(cols);
     let (h, hd, nh, nkv) = (
@@ -396,17 +404,7 @@ fn attention_blocks_are_ordered_for_the_sm_assignment() {
 /// covering every row once, from the targets input into the F32 NLL output.
 #[test]
 fn the_every_row_program_scores_its_rows_a_tile_an_sm() {
-    let cfg = amk_model_llama::presets::preset("smollm2-135m").unwrap();
-    let model = Model::shape_only(cfg.clone(), "smollm2-135m");
-    let opts = PrefillOptions {
-        dtype: DType::BF16,
-        max_seq: 4096,
-        rows: 512,
-        logits: PrefillLogits::Every,
-    };
-    let p = lower_prefill(&model, &GpuTarget::by_name("h100").unwrap(), &opts)
-        .unwrap()
-        .program;
+    let (_, p) = smollm2_chunk(PrefillLogits::Every);
     let buf = |name: &str| p.buffers.iter().position(|b| b.name == name).unwrap() as u32;
     let (targets, nll, logits) = (buf(TARGETS), buf(NLL), buf("logits"));
     assert_eq!(p.buffers[nll as usize].dtype, DType::F32);
