@@ -488,6 +488,46 @@ fn attach_prefill_checks_the_interface() {
     assert_eq!(e.prefill_rows(), Some(4));
 }
 
+/// A scorer's targets input and NLL output come together or not at all: a scorer whose NLL
+/// output was renamed away is refused, naming both; the whole scorer's perplexity (its NLLs
+/// from TOKEN_NLL) is the decode path's (host NLLs) to 1e-6.
+#[test]
+fn a_scorer_has_both_targets_and_nlls_or_neither() {
+    use amk_engine::EngineError;
+    use amk_model_llama::lower::prefill::{
+        NLL, PrefillLogits, PrefillOptions, TARGETS, lower_prefill,
+    };
+    let opts = PrefillOptions {
+        dtype: DType::F32,
+        max_seq: 32,
+        rows: 4,
+        logits: PrefillLogits::Every,
+    };
+    let scorer = lower_prefill(&tiny(), &GpuTarget::by_name("h100").unwrap(), &opts).unwrap();
+    let mut half = scorer.program.clone();
+    if let Some(b) = half.buffers.iter_mut().find(|b| b.name == NLL) {
+        b.name = "nll_elsewhere".into();
+    }
+    let mut e = engine(tuned_schedule(), 32);
+    let err = e
+        .attach_prefill(half, &scorer.weights, &registry())
+        .unwrap_err();
+    assert!(
+        matches!(&err, EngineError::Interface(m) if m.contains(TARGETS) && m.contains(NLL)),
+        "{err}"
+    );
+    e.attach_prefill(scorer.program, &scorer.weights, &registry())
+        .unwrap();
+    let text: Vec<u32> = (0..11u32).map(|i| (i * 5 + 1) % 40).collect();
+    let mut plain = engine(tuned_schedule(), 32);
+    let (a, b) = (
+        plain.perplexity(&text).unwrap(),
+        e.perplexity(&text).unwrap(),
+    );
+    assert_eq!(a.0, b.0);
+    assert!((a.1 - b.1).abs() <= 1e-6 * a.1, "{a:?} vs {b:?}");
+}
+
 /// The tokens `req` generates, each with its alternatives.
 fn with_alternatives(e: &mut Engine, req: &Request<'_>) -> (Vec<u32>, Vec<Vec<Alternative>>) {
     let mut alts = Vec::new();
