@@ -57,11 +57,12 @@ __device__ __forceinline__ void kva_store8(void* cache, int sdt, int ddt, long l
 
 /* The staged path for many contiguous rows (a prefill chunk's 512 rows are 32,768 units):
  * units of new go global -> shared memory through cp.async in a ring of KVA_STAGES stages,
- * KVA_STAGES - 1 of them in flight while the block converts and stores the oldest, so one block
- * keeps three quarters of its shared memory of loads in flight instead of the register path's
- * KVA_NB units a thread (16 KB a block: a round trip a 1,024 units, latency-bound). The same
- * stores as the register path (kva_store8), so the same values. False (nothing
- * done) when the shared memory cannot hold KVA_STAGES stages of a unit a thread. */
+ * KVA_STAGES - 1 of them in flight while the block stores the oldest, so one block keeps three
+ * quarters of its shared memory of loads in flight instead of the register path's KVA_NB units
+ * a thread (16 KB a block): ~2 % of a SmolLM2 prefill chunk against the register path, both
+ * copying bits (docs/perf-notes.md round 38). The same stores as the register path
+ * (kva_store8), so the same values. False (nothing done) when the shared memory cannot hold
+ * KVA_STAGES stages of a unit a thread. */
 #define KVA_STAGES 4
 __device__ bool kva_staged(const amk_task_ctx& ctx, const amk_buffer_t* nw, unsigned units,
                            const amk_buffer_t* cache, long long d0) {

@@ -19,10 +19,10 @@
 //! tile, which on a 1B model cost a K step of a normalising tile 1.67 µs against 0.70 µs without
 //! (docs/perf-notes.md, round 34).
 //!
-//! Interface ([`IDS`], [`POS`], [`LAST`], `logits`, [`TARGETS`], [`NLL`]): the host sets the chunk's token ids and
-//! positions (a chunk shorter than `rows` is padded: any valid id, the positions continuing
-//! past the prompt — their K/V rows land past the prompt, where decoding overwrites each row
-//! before it reads it — so `first position + rows` must fit the cache).
+//! Interface ([`IDS`], [`POS`], [`LAST`], `logits`, [`TARGETS`], [`NLL`]): the host sets the
+//! chunk's token ids and positions (a chunk shorter than `rows` is padded: any valid id, the
+//! positions continuing past the prompt — their K/V rows land past the prompt, where decoding
+//! overwrites each row before it reads it — so `first position + rows` must fit the cache).
 
 use super::weights::{LayerWeights, Triple, Weights};
 use super::{Lowered, int, params, rope_factors, sm};
@@ -175,6 +175,23 @@ impl Dims {
     }
 }
 
+/// Row tiles of one op over a buffer's rows ([`Builder::row_tiles`]).
+struct RowTiles<'a> {
+    op: Opcode,
+    ins: &'a [BufferId],
+    out: BufferId,
+    wait: (CounterId, i64),
+    /// The rows, and the rows a tile takes.
+    rows: (u64, u64),
+    /// The columns every tile writes (`N_tile`).
+    cols: u64,
+    /// The op's params beside the tile's.
+    base: Map,
+    label: &'a str,
+    /// Bytes a tile moves a row (its estimate).
+    row_bytes: i64,
+}
+
 struct Builder {
     p: Program,
     dtype: DType,
@@ -267,29 +284,46 @@ impl Builder {
     /// tiles of [`NORM_ROWS`] (a warp a row on the GPU), on one counter.
     fn norm_rows(&mut self, x: Val, w: BufferId, (rows, h): (u64, u64), label: &str) -> Val {
         let out = self.act(label.to_string(), &[rows, h]);
-        let c = self.p.new_counter(format!("{label} ready"));
+        self.row_tiles(&RowTiles {
+            op: Opcode::RMSNORM,
+            ins: &[x.buf, w],
+            out,
+            wait: x.wait,
+            rows: (rows, NORM_ROWS),
+            cols: h,
+            base: params(&[("eps", self.eps.clone()), ("hidden", int(h))]),
+            label,
+            row_bytes: 2 * h as i64 * self.dbytes,
+        })
+    }
+
+    /// Tasks of `t.op` over the row tiles of `t.rows` (rows, rows a tile), each writing its
+    /// rows of `t.out` (params `m_off`, `M_tile`, `n_off` = 0, `N_tile` = `t.cols` beside
+    /// `t.base`), on one counter.
+    fn row_tiles(&mut self, t: &RowTiles<'_>) -> Val {
+        let (rows, per) = t.rows;
+        let c = self.p.new_counter(format!("{} ready", t.label));
         let mut tiles = 0;
-        for m0 in (0..rows).step_by(NORM_ROWS as usize) {
-            let mt = NORM_ROWS.min(rows - m0);
-            let pr = params(&[
-                ("eps", self.eps.clone()),
-                ("hidden", int(h)),
-                ("m_off", int(m0)),
-                ("M_tile", int(mt)),
-                ("n_off", int(0)),
-                ("N_tile", int(h)),
-            ]);
-            let name = format!("{label}[{tiles}]");
-            let t = self
-                .p
-                .push_task(Opcode::RMSNORM, &[x.buf, w], &[out], c, &[x.wait], pr, name);
-            if let Some(task) = self.p.tasks.get_mut(t as usize) {
-                task.est_bytes = 2 * (mt * h) as i64 * self.dbytes;
+        for m0 in (0..rows).step_by(per.max(1) as usize) {
+            let mt = per.min(rows - m0);
+            let mut pr = t.base.clone();
+            for (key, v) in [
+                ("m_off", m0),
+                ("M_tile", mt),
+                ("n_off", 0),
+                ("N_tile", t.cols),
+            ] {
+                pr.insert(key, int(v));
+            }
+            let name = format!("{}[{tiles}]", t.label);
+            let id = (self.p).push_task(t.op, t.ins, &[t.out], c, &[t.wait], pr, name);
+            if let Some(task) = self.p.tasks.get_mut(id as usize) {
+                task.est_bytes = mt as i64 * t.row_bytes;
             }
             tiles += 1;
         }
         Val {
-            buf: out,
+            buf: t.out,
             wait: (c, tiles),
         }
     }
@@ -718,35 +752,19 @@ fn lm_head(
 /// tiles over the logits, one a target SM (a row is a pass over the vocabulary; 512 rows of a
 /// 49,152-token vocabulary read 50 MB), after the whole LM head.
 fn token_nll(b: &mut Builder, logits: Val, d: Dims) {
-    let targets =
-        b.p.new_buffer(TARGETS, BufferKind::IO_INPUT, DType::I32, &[d.rows]);
-    let out =
-        b.p.new_buffer(NLL, BufferKind::IO_OUTPUT, DType::F32, &[d.rows]);
-    let c = b.p.new_counter("nll ready");
-    let per = d.rows.div_ceil(b.num_sms).max(1);
-    for (k, m0) in (0..d.rows).step_by(per as usize).enumerate() {
-        let mt = per.min(d.rows - m0);
-        let pr = params(&[
-            ("m_off", int(m0)),
-            ("M_tile", int(mt)),
-            ("n_off", int(0)),
-            ("N_tile", int(1)),
-        ]);
-        let ins = [logits.buf, targets];
-        let label = format!("nll[{k}]");
-        let t = (b.p).push_task(
-            Opcode::TOKEN_NLL,
-            &ins,
-            &[out],
-            c,
-            &[logits.wait],
-            pr,
-            label,
-        );
-        if let Some(task) = b.p.tasks.get_mut(t as usize) {
-            task.est_bytes = (mt * d.vocab) as i64 * b.dbytes;
-        }
-    }
+    let targets = (b.p).new_buffer(TARGETS, BufferKind::IO_INPUT, DType::I32, &[d.rows]);
+    let out = (b.p).new_buffer(NLL, BufferKind::IO_OUTPUT, DType::F32, &[d.rows]);
+    b.row_tiles(&RowTiles {
+        op: Opcode::TOKEN_NLL,
+        ins: &[logits.buf, targets],
+        out,
+        wait: logits.wait,
+        rows: (d.rows, d.rows.div_ceil(b.num_sms).max(1)),
+        cols: 1,
+        base: Map::new(),
+        label: "nll",
+        row_bytes: d.vocab as i64 * b.dbytes,
+    });
 }
 
 /// [`lower_prefill`] starting from `weights` (a decode lowering's, of the same dtype): tensors
