@@ -28,10 +28,10 @@ fn plugin_row(out: &Output) -> serde_json::Value {
     assert_eq!(out.status.code(), Some(0), "stderr: {}", stderr(out));
     let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     let rows = v.as_array().unwrap();
-    // The 30 built-in opcodes (20 of the ABI, our fused 20-23, NEXT_TOKEN 24, the split-KV
-    // pair 25-26, the prefill pair 27-28, TOKEN_NLL 29), then the plugin's.
-    assert_eq!(rows.len(), 31);
-    rows[30].clone()
+    // The 31 built-in opcodes (20 of the ABI, our fused 20-23, NEXT_TOKEN 24, the split-KV
+    // pair 25-26, the prefill pair 27-28, TOKEN_NLL 29, ATTENTION_MERGE 30), then the plugin's.
+    assert_eq!(rows.len(), 32);
+    rows[31].clone()
 }
 
 #[test]

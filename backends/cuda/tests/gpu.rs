@@ -554,6 +554,27 @@ fn fused_tiles_without_their_loop_take_the_generic_path() {
     smollm2_f32_matches_the_cpu_vm(&gpu, &amk_model_llama::lower::tuned_schedule());
 }
 
+/// ATTENTION_MERGE on the device: the tuned SmolLM2 shape in f32 with its split partials
+/// merged by merge tasks of 4 query heads (`attention.merge_heads`; splits of 2 rows, so that
+/// position 5 has three active splits a KV head) gives the CPU VM's logits.
+#[test]
+fn merge_tasks_match_the_cpu_vm() {
+    let mut sc = amk_model_llama::lower::tuned_schedule();
+    sc.tiling.retain(|(g, _)| g != "attention");
+    sc.tiling.push((
+        "attention".into(),
+        vec![
+            ("split_kv".into(), 16),
+            ("split_chunk".into(), 2),
+            ("merge_heads".into(), 4),
+        ],
+    ));
+    let Some(gpu) = gpu_or_skip("merge_tasks_match_the_cpu_vm") else {
+        return;
+    };
+    smollm2_f32_matches_the_cpu_vm(&gpu, &sc);
+}
+
 /// A decode step gives bit-identical logits however often it runs: the tuned schedule (the
 /// fused decode tiles over every SM) on the SmolLM2-135M shape, bf16, synthetic weights, 24
 /// launches each at two positions. A race between blocks (a barrier two warps pair

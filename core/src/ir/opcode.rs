@@ -101,6 +101,9 @@ impl Opcode {
     /// Each row's negative log-likelihood of its target token (a scored text's rows reduced
     /// where its logits are) (29).
     pub const TOKEN_NLL: Opcode = Opcode(29);
+    /// Whole heads of the decode attention row merged from the split-KV partials at the
+    /// position, once, for plain GEMV tiles to project (30).
+    pub const ATTENTION_MERGE: Opcode = Opcode(30);
     /// Our appended built-in opcodes (code ≥ 20), in code order.
     pub const EXTENDED_OPS: &'static [Opcode] = &[
         Opcode::RMSNORM_GEMV,
@@ -113,6 +116,7 @@ impl Opcode {
         Opcode::LINEAR_TILE,
         Opcode::ATTENTION_CAUSAL,
         Opcode::TOKEN_NLL,
+        Opcode::ATTENTION_MERGE,
     ];
 
     /// The canonical name of one of our appended built-in opcodes.
@@ -128,6 +132,7 @@ impl Opcode {
             27 => Some("LINEAR_TILE"),
             28 => Some("ATTENTION_CAUSAL"),
             29 => Some("TOKEN_NLL"),
+            30 => Some("ATTENTION_MERGE"),
             _ => None,
         }
     }

@@ -9,7 +9,9 @@
 
 use amk_backend_cpu::CpuBackend;
 use amk_core::testkit::max_rel_err;
-use amk_core::{Backend, DType, PageStrategy, ScheduleConfig, SmAssignment, Tensor, decode};
+use amk_core::{
+    Backend, DType, Opcode, PageStrategy, ScheduleConfig, SmAssignment, Tensor, decode,
+};
 use amk_engine::{Engine, EngineError, EngineOptions, Finish, Request, argmax, lower_and_load};
 use amk_model_llama::Model;
 use amk_model_llama::config::ModelConfig;
@@ -191,6 +193,8 @@ fn run_and_compare(model: &Model, sc: &ScheduleConfig, tokens: &[u32]) {
 #[case::split_kv(cfg(2, 32, 4, 2, 8, 48, 40), schedule(&[("attention", &[("split_kv", 4), ("split_chunk", 2)])], false, SmAssignment::LoadBalance, PageStrategy::GraphColor))]
 #[case::split_kv_mha_odd(cfg(1, 24, 3, 3, 8, 40, 33), schedule(&[("gemv", &[("N_tile", 5)]), ("attention", &[("split_kv", 3), ("split_chunk", 3)])], true, SmAssignment::RoundRobin, PageStrategy::Linear))]
 #[case::split_kv_all_fused_mqa(cfg(2, 32, 4, 1, 8, 48, 40), all_fused(&[("gemv", &[("sm_multiple", 1)]), ("attention", &[("split_kv", 3), ("split_chunk", 1)])], SmAssignment::LoadBalance, PageStrategy::GraphColor))]
+#[case::split_kv_merged(cfg(2, 32, 4, 2, 8, 48, 40), schedule(&[("attention", &[("split_kv", 4), ("split_chunk", 2), ("merge_heads", 1)])], false, SmAssignment::LoadBalance, PageStrategy::GraphColor))]
+#[case::split_kv_merged_ragged_fused(cfg(2, 32, 4, 1, 8, 48, 40), all_fused(&[("gemv", &[("sm_multiple", 1)]), ("attention", &[("split_kv", 3), ("split_chunk", 1), ("merge_heads", 3)])], SmAssignment::LoadBalance, PageStrategy::GraphColor))]
 fn lowered_decode_matches_f64_forward(#[case] c: ModelConfig, #[case] sc: ScheduleConfig) {
     let model = Model::random(c, 7).unwrap();
     let tokens = [3u32, 17, 0, 29, 5, 5, 11, 2, 31, 8];
@@ -334,6 +338,46 @@ fn half_precision_decode_stays_close(#[case] dtype: DType, #[case] tol: f64) {
         "{dtype}: greedy agreed at {agree}/{} positions",
         tokens.len()
     );
+}
+
+/// The split partials merged by ATTENTION_MERGE tasks (`attention.merge_heads`) give the logits
+/// of the same program with the merge in every COMBINE_GEMV tile, bit for bit: the same merge
+/// arithmetic, the row rounded to the activation dtype in both, then the same GEMV order.
+#[rstest]
+#[case::f32(DType::F32, 1)]
+#[case::bf16(DType::BF16, 2)]
+#[case::bf16_ragged(DType::BF16, 3)]
+fn merge_tasks_give_the_combine_tiles_logits(#[case] dtype: DType, #[case] heads: i64) {
+    let model = Model::random(cfg(2, 32, 4, 2, 8, 48, 40), 19).unwrap();
+    let split = |merge: Option<i64>| {
+        let mut keys = vec![("split_kv", 4), ("split_chunk", 2)];
+        keys.extend(merge.map(|m| ("merge_heads", m)));
+        let tiling: [(&str, &[(&str, i64)]); 2] =
+            [("gemv", &[("sm_multiple", 1)]), ("attention", &keys)];
+        all_fused(&tiling, SmAssignment::LoadBalance, PageStrategy::GraphColor)
+    };
+    let mut combined = engine(&model, &split(None), dtype, 16);
+    let mut merged = engine(&model, &split(Some(heads)), dtype, 16);
+    let count = |e: &Engine, op: Opcode| {
+        (e.program().program().tasks.iter())
+            .filter(|t| t.op == op)
+            .count()
+    };
+    assert_eq!(count(&merged, Opcode::COMBINE_GEMV), 0);
+    assert_eq!(
+        count(&merged, Opcode::ATTENTION_MERGE),
+        2 * 4usize.div_ceil(heads as usize)
+    );
+    assert!(count(&combined, Opcode::COMBINE_GEMV) > 0);
+    let tokens = [3u32, 17, 0, 29, 5, 5, 11, 2, 31, 8, 1];
+    let (a, b) = (
+        logits_after_each(&mut combined, &tokens),
+        logits_after_each(&mut merged, &tokens),
+    );
+    for (i, (a, b)) in a.iter().zip(&b).enumerate() {
+        let same = a.len() == b.len() && a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits());
+        assert!(same, "{dtype} position {i}: merged logits differ");
+    }
 }
 
 /// A program lowered without a decode loop (positions as IO inputs) still runs: stepped by

@@ -90,6 +90,7 @@ fn check_positions(p: &Program, max_seq: u64, parts: u64) -> usize {
             Opcode::ATTENTION_GEMV => Some(t.inputs.len() - 1),
             Opcode::ATTENTION_SPLIT => Some(3),
             Opcode::COMBINE_GEMV => Some(t.inputs.len() - 1),
+            Opcode::ATTENTION_MERGE => Some(1),
             Opcode::NEXT_TOKEN => Some(1),
             Opcode::FUSED if t.label.contains("reshape_rope") => Some(2),
             _ => None,
@@ -247,6 +248,19 @@ fn schedules() -> Vec<(&'static str, ScheduleConfig, u64)> {
             1,
         ),
         ("tuned_split_kv", tuned_split_kv(4, 3), 1),
+        (
+            "split_kv_merged",
+            schedule(
+                &[(
+                    "attention",
+                    &[("split_kv", 4), ("split_chunk", 2), ("merge_heads", 3)],
+                )],
+                true,
+                SmAssignment::LoadBalance,
+                PageStrategy::GraphColor,
+            ),
+            1,
+        ),
         ("tuned_without_own_sms", tuned, 1),
         ("tuned_split4_on_two_sms", tuned_split, 4),
     ]
@@ -1479,6 +1493,88 @@ fn split_kv_waits_are_proven_and_breaking_them_is_refused() {
         ErrorKind::WawRace,
         "two splits writing the same partials",
     );
+}
+
+/// The merge tasks' dependency pattern is proven too: a program whose partials are merged by
+/// ATTENTION_MERGE tasks (`attention.merge_heads`) validates, with plain GEMV tiles after them;
+/// a merge that does not wait for the splits, one that waits for all but one, a projection
+/// tile that does not wait for the merges, and two merges writing the same heads are refused.
+#[test]
+fn merge_task_waits_are_proven_and_breaking_them_is_refused() {
+    let reg = registry();
+    let model = shaped_model(cfg(2, 32, 4, 2, 8, 48, 40));
+    let sc = schedule(
+        &[(
+            "attention",
+            &[("split_kv", 4), ("split_chunk", 2), ("merge_heads", 1)],
+        )],
+        true,
+        SmAssignment::LoadBalance,
+        PageStrategy::None,
+    );
+    let opts = LowerOptions {
+        max_seq: Some(20),
+        ..LowerOptions::default()
+    };
+    let p = lower(&model, &sc, &h100(), &opts).unwrap().program;
+    let r = amk_core::validate(&p, &reg);
+    assert!(r.ok(), "{}", r.report());
+    let first = |p: &Program, op: Opcode| p.tasks.iter().position(|t| t.op == op).unwrap();
+    assert!(!p.tasks.iter().any(|t| t.op == Opcode::COMBINE_GEMV));
+    let merges = (p.tasks.iter())
+        .filter(|t| t.op == Opcode::ATTENTION_MERGE && t.label.starts_with("L0."))
+        .count();
+    assert_eq!(merges, 4, "one merge a query head");
+    let refused = |p: &Program, kind: ErrorKind, what: &str| {
+        let r = amk_core::validate(p, &reg);
+        assert!(
+            r.has(kind),
+            "{what}: not refused as {kind:?}: {}",
+            r.report()
+        );
+    };
+    let split_ctr = p.tasks[first(&p, Opcode::ATTENTION_SPLIT)].out_counter;
+    let merge = first(&p, Opcode::ATTENTION_MERGE);
+    let merge_ctr = p.tasks[merge].out_counter;
+
+    let mut blind = p.clone();
+    blind.tasks[merge].waits.clear();
+    refused(
+        &blind,
+        ErrorKind::RawRace,
+        "a merge that does not wait for the splits",
+    );
+
+    let mut partial = p.clone();
+    for w in partial.tasks[merge].waits.iter_mut() {
+        w.threshold -= 1;
+    }
+    refused(
+        &partial,
+        ErrorKind::PartialSharedWait,
+        "a merge that waits for all splits but one",
+    );
+
+    let mut early = p.clone();
+    let proj = (early.tasks.iter())
+        .position(|t| t.waits.iter().any(|w| w.counter == merge_ctr))
+        .unwrap();
+    early.tasks[proj].waits.retain(|w| w.counter != merge_ctr);
+    refused(
+        &early,
+        ErrorKind::RawRace,
+        "a projection tile that does not wait for the merges",
+    );
+
+    let mut clash = p.clone();
+    let n_off = clash.tasks[merge + 1].params.get("n_off").cloned().unwrap();
+    clash.tasks[merge].params.insert("n_off", n_off);
+    refused(
+        &clash,
+        ErrorKind::WawRace,
+        "two merges writing the same heads",
+    );
+    assert!(p.tasks[merge].waits.iter().all(|w| w.counter == split_ctr));
 }
 
 /// The tuned schedule as it was before the split-KV attention: the attention on one SM of its

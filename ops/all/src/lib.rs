@@ -7,6 +7,7 @@ extern crate op_allreduce_shard;
 extern crate op_attention_causal;
 extern crate op_attention_combine;
 extern crate op_attention_gemv;
+extern crate op_attention_merge;
 extern crate op_attention_split;
 extern crate op_attention_tile;
 extern crate op_combine_gemv;
@@ -44,6 +45,7 @@ pub fn registry() -> Result<Registry, IrError> {
         &op_attention_causal::SPEC,
         &op_attention_combine::SPEC,
         &op_attention_gemv::SPEC,
+        &op_attention_merge::SPEC,
         &op_attention_split::SPEC,
         &op_attention_tile::SPEC,
         &op_combine_gemv::SPEC,

@@ -1,7 +1,7 @@
-//! The built-in registry holds exactly the 20 ABI opcodes and our 10 appended ones (the fused
+//! The built-in registry holds exactly the 20 ABI opcodes and our 11 appended ones (the fused
 //! decode ops, codes 20–23, NEXT_TOKEN, 24, the split-KV pair ATTENTION_SPLIT, 25, and
-//! COMBINE_GEMV, 26, the prefill pair LINEAR_TILE, 27, and ATTENTION_CAUSAL, 28, and the
-//! scorer's TOKEN_NLL, 29), under
+//! COMBINE_GEMV, 26, the prefill pair LINEAR_TILE, 27, and ATTENTION_CAUSAL, 28, the
+//! scorer's TOKEN_NLL, 29, and the split-KV merge ATTENTION_MERGE, 30), under
 //! their canonical codes and names, with the
 //! arities of docs/ir.md, "Opcodes and params" (with our GEMV/GEMM 2–4 inputs fix and the
 //! position inputs: KV_APPEND's third input, which makes its `pos` param optional,
@@ -13,12 +13,12 @@ use rstest::rstest;
 #[test]
 fn registry_holds_exactly_the_abi_and_extended_opcodes() {
     let reg = amk_ops::registry().unwrap();
-    assert_eq!(reg.len(), 30);
+    assert_eq!(reg.len(), 31);
     let codes: Vec<u16> = reg.iter().map(|(s, _)| s.code.0).collect();
-    assert_eq!(codes, (0..30).collect::<Vec<u16>>());
+    assert_eq!(codes, (0..31).collect::<Vec<u16>>());
     assert_eq!(
         Opcode::EXTENDED_OPS.iter().map(|o| o.0).collect::<Vec<_>>(),
-        [20, 21, 22, 23, 24, 25, 26, 27, 28, 29]
+        [20, 21, 22, 23, 24, 25, 26, 27, 28, 29, 30]
     );
     for (spec, origin) in reg.iter() {
         assert_eq!(
@@ -74,6 +74,7 @@ fn registry_holds_exactly_the_abi_and_extended_opcodes() {
 #[case("LINEAR_TILE", 27, 2, Some(6), Some(1), &["K", "N_tile", "n_off", "M_tile", "m_off"])]
 #[case("ATTENTION_CAUSAL", 28, 4, Some(4), Some(1), &["head_dim", "n_heads", "n_kv_heads", "scale", "m_off", "M_tile", "n_off", "N_tile"])]
 #[case("TOKEN_NLL", 29, 2, Some(2), Some(1), &[])]
+#[case("ATTENTION_MERGE", 30, 2, Some(2), Some(1), &["head_dim", "n_heads", "n_kv_heads", "N_tile", "n_off", "n_splits", "chunk"])]
 fn spec_matches_the_table(
     #[case] name: &str,
     #[case] code: u16,

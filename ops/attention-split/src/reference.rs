@@ -254,12 +254,22 @@ fn attend_group(a: &GroupCall<'_>, parts: &mut [f32]) {
 /// `w_s = exp(m_s − m)` (0 when `l_s = 0`), `l = Σ_s l_s · w_s`,
 /// `row = Σ_s acc_s · w_s / max(l, 1e-20)` — ATTENTION_COMBINE's arithmetic, in fp32.
 pub fn combine(parts: &Tensor, g: &SplitGeometry, p: u64) -> Vec<f32> {
+    combine_heads(parts, g, p, 0..g.nh as usize)
+}
+
+/// [`combine`] of the query heads `heads` only: their `head_dim` elements each, in order.
+pub fn combine_heads(
+    parts: &Tensor,
+    g: &SplitGeometry,
+    p: u64,
+    heads: std::ops::Range<usize>,
+) -> Vec<f32> {
     let (hd, rep) = (g.hd as usize, g.rep() as usize);
     let active = crate::active_splits(p, g.n_splits, g.chunk).min(g.n_splits) as usize;
     let n_splits = g.n_splits as usize;
-    let mut row = vec![0f32; g.nh as usize * hd];
+    let mut row = vec![0f32; heads.len() * hd];
     let (mut ms, mut ls, mut ws) = (vec![0f32; active], vec![0f32; active], vec![0f32; active]);
-    for (h, out) in row.chunks_exact_mut(hd).enumerate() {
+    for (h, out) in heads.zip(row.chunks_exact_mut(hd)) {
         let (kv_head, r) = (h / rep, h % rep);
         let base = |s: usize| ((kv_head * n_splits + s) * rep + r) * (hd + 2);
         let mut m = f32::NEG_INFINITY;

@@ -435,6 +435,92 @@ pub(super) fn dag_split_kv_decode(c: &Ctx<'_>) -> CaseResult {
     })
 }
 
+/// A decode step of the split-KV attention merged by ATTENTION_MERGE tasks: the splits of
+/// `dag_split_kv_decode` (inactive ones too), then two merges — heads 0–2 reading the position
+/// input, head 3 reading the copy a task writes — into the attention row, then GEMV tiles over
+/// it. Checked against the f64 attention over rows `0..=p` (the row) and times W.
+pub(super) fn dag_split_kv_merged(c: &Ctx<'_>) -> CaseResult {
+    let a = Attn {
+        nh: 4,
+        nkv: 2,
+        hd: 8,
+        scale: 0.35,
+    };
+    let (k, n_splits) = (a.nh * a.hd, 3usize);
+    let tile = (a.nh / a.nkv) * (a.hd + 2);
+    let mut t = Tiny::new(31);
+    let DecodeStep {
+        q,
+        pos,
+        pos_dev,
+        kc,
+        vc,
+        w,
+        wv,
+        appended: waits,
+        ..
+    } = decode_step(&mut t);
+    let parts = t.act("partials", &[2, n_splits as u64, 2, 10]);
+    let shape = [
+        ("head_dim", int(a.hd as i64)),
+        ("n_heads", int(a.nh as i64)),
+        ("n_kv_heads", int(a.nkv as i64)),
+        ("n_splits", int(n_splits as i64)),
+        ("chunk", int(2)),
+    ];
+    let cs = t.counter();
+    for i in 0..a.nkv * n_splits {
+        let mut pr = shape.to_vec();
+        pr.extend([
+            ("scale", Value::Float(a.scale)),
+            ("N_tile", int(tile as i64)),
+            ("n_off", int((i * tile) as i64)),
+        ]);
+        let src = if i < n_splits { pos } else { pos_dev };
+        t.task_on(
+            cs,
+            Opcode::ATTENTION_SPLIT,
+            &[q, kc, vc, src],
+            &[parts],
+            &waits,
+            &pr,
+        );
+    }
+    let attn = t.output("attn", DType::F32, &[1, k as u64]);
+    let cm = t.counter();
+    for (off, nt, src) in [(0, 24, pos), (24, 8, pos_dev)] {
+        let mut pr = shape.to_vec();
+        pr.extend([("N_tile", int(nt)), ("n_off", int(off))]);
+        t.task_on(
+            cm,
+            Opcode::ATTENTION_MERGE,
+            &[parts, src],
+            &[attn],
+            &[(cs, (a.nkv * n_splits) as i64)],
+            &pr,
+        );
+    }
+    let proj = t.output("proj", DType::F32, &[1, 6]);
+    let cg = t.counter();
+    for (off, nt) in [(0, 4), (4, 2)] {
+        t.task_on(
+            cg,
+            Opcode::GEMV_TILE,
+            &[attn, w],
+            &[proj],
+            &[(cm, 2)],
+            &[
+                ("K", int(k as i64)),
+                ("N_tile", int(nt)),
+                ("n_off", int(off)),
+            ],
+        );
+    }
+    check_full_attention(c, t, a, &[1, 4, 7], |full| {
+        vec![("proj", linear(&full, &wv, k, None)), ("attn", full)]
+    })
+}
+
 /// `check_formula` over decode steps at `positions`, with caches of [`DECODE_ROWS`] rows
 /// mirrored from each step's appended K/V rows: `outputs` makes the expected values from the
 /// whole attention over rows `0..=p`.

@@ -54,7 +54,8 @@ use amk_backend_cpu::CpuBackend;
 use amk_core::{Backend, Registry};
 use dags::{dag_chain, dag_fan_in, dag_kv_append_steps, dag_split_kv, dag_tiled_groups};
 use decode::{
-    dag_position_decode, dag_split_kv_decode, dag_split_kv_normalized, op_attention_pos_bf16,
+    dag_position_decode, dag_split_kv_decode, dag_split_kv_merged, dag_split_kv_normalized,
+    op_attention_pos_bf16,
 };
 use families::{
     family_chain, family_fan_in, family_kv_attention, family_mixture, family_paged,
@@ -176,7 +177,7 @@ macro_rules! conformance_tests {
             op_attention_pos_bf16 op_next_token
             op_linear_tile op_linear_tile_bf16 op_linear_tile_rope op_attention_causal op_attention_causal_bf16
             dag_chain dag_fan_in dag_tiled_groups dag_split_kv dag_kv_append_steps
-            dag_position_decode dag_split_kv_decode dag_split_kv_normalized
+            dag_position_decode dag_split_kv_decode dag_split_kv_normalized dag_split_kv_merged
             family_chain family_fan_in family_tiled family_kv_attention family_split_kv
             family_sm_assigned family_paged family_mixture
             llama_pos0 llama_pos3 llama_split_kv llama_sm_pages llama_bf16 llama_wide);
@@ -427,6 +428,11 @@ pub const CASES: &[Case] = &[
         name: "dag_split_kv_normalized",
         about: "three decode steps of one split a KV head writing normalised rows (ATTENTION_SPLIT flags bit 0) into the attention row, then GEMV tiles over it",
         run: dag_split_kv_normalized,
+    },
+    Case {
+        name: "dag_split_kv_merged",
+        about: "three decode steps of a split-KV attention merged by ATTENTION_MERGE tasks (whole heads, the position as an input and as a buffer a task writes) into the attention row, then GEMV tiles over it",
+        run: dag_split_kv_merged,
     },
     Case {
         name: "family_chain",

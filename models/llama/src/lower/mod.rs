@@ -151,12 +151,17 @@ pub struct SplitPlan {
     pub geometry: op_attention_split::SplitGeometry,
     /// KV-cache length.
     pub max_seq: u64,
+    /// Query heads an ATTENTION_MERGE task merges (`attention.merge_heads`), or `None`: the
+    /// output projection's COMBINE_GEMV tiles merge the partials themselves.
+    pub merge_heads: Option<u64>,
 }
 
 /// The split-KV plan of `cfg` for model `mc` with a cache of `max_seq` rows on `target`, if it
 /// asks for one: `split_kv = n` allows up to `n` splits a KV head, and the lowering takes as
 /// many as fill the grid once (`num_sms / n_kv_heads`, at least 1, at most `n` and
-/// [`op_attention_split::MAX_SPLITS`]); `split_chunk` sets the granularity.
+/// [`op_attention_split::MAX_SPLITS`]); `split_chunk` sets the granularity; `merge_heads = m`
+/// merges the partials in ATTENTION_MERGE tasks of `m` query heads (at most all of them)
+/// before plain GEMV tiles project the row, instead of in every COMBINE_GEMV tile.
 pub fn split_plan(
     cfg: &ScheduleConfig,
     target: &GpuTarget,
@@ -177,6 +182,10 @@ pub fn split_plan(
     let chunk = cfg
         .tile("attention", "split_chunk")
         .map_or(DEFAULT_SPLIT_CHUNK, |c| c.max(1) as u64);
+    let nh = mc.n_heads as u64;
+    let merge_heads = cfg
+        .tile("attention", "merge_heads")
+        .map(|m| (m.max(1) as u64).min(nh.max(1)));
     Ok(Some(SplitPlan {
         geometry: op_attention_split::SplitGeometry {
             hd: mc.head_dim as u64,
@@ -186,6 +195,7 @@ pub fn split_plan(
             chunk,
         },
         max_seq,
+        merge_heads,
     }))
 }
 
@@ -383,6 +393,7 @@ const TILING_KEYS: &[(&str, &[&str])] = &[
             "own_sms",
             "split_kv",
             "split_chunk",
+            "merge_heads",
         ],
     ),
 ];
@@ -743,16 +754,71 @@ impl Builder<'_> {
             );
         }
         let partials = out;
+        let all_splits = (ctr, (g.nkv * g.n_splits) as i64);
+        if let Some(heads) = plan.merge_heads {
+            let attn = self.merge_tasks(partials, pos, all_splits, (&shape, g, heads), l);
+            return self.proj_residual(
+                fuse_resid,
+                (attn, wo, g.nh * g.hd),
+                (resid, h),
+                &format!("L{l}.o"),
+                &format!("L{l}.h_mid"),
+                &format!("L{l}.add_attn"),
+            );
+        }
         // Every tile waits for every split.
         let head = OutHead {
             op: Opcode::COMBINE_GEMV,
             stem: "combine",
             ins: &[partials],
-            waits: &[(ctr, (g.nkv * g.n_splits) as i64)],
+            waits: &[all_splits],
             params: &shape,
             k: g.nh * g.hd,
         };
         self.attention_out(&head, wo, pos, fuse_resid, (resid, h), l)
+    }
+
+    /// Layer `l`'s attention row `L{l}.attn` merged from the split partials by ATTENTION_MERGE
+    /// tasks of `heads` query heads each (labels `L{l}.attn_merge[i]`), each waiting for every
+    /// split (`splits`); returns the row with the wait for every merge.
+    fn merge_tasks(
+        &mut self,
+        partials: BufferId,
+        pos: BufferId,
+        splits: (CounterId, i64),
+        (shape, g, heads): (&Map, op_attention_split::SplitGeometry, u64),
+        l: usize,
+    ) -> Val {
+        let row = self.act(format!("L{l}.attn"), &[1, g.nh * g.hd]);
+        let ctr = self.p.new_counter(format!("L{l}.attention merged"));
+        let tasks = g.nh.div_ceil(heads);
+        let splits_n = g.n_splits as i64;
+        for i in 0..tasks {
+            let h0 = i * heads;
+            let n = heads.min(g.nh - h0);
+            let mut pr = shape.clone();
+            pr.insert("N_tile", int(n * g.hd));
+            pr.insert("n_off", int(h0 * g.hd));
+            // Bytes: every split's [acc | m | l] of its heads; flops: a multiply-add each.
+            let cost = (
+                splits_n * (n * (g.hd + 2)) as i64 * 4,
+                2 * splits_n * (n * g.hd) as i64,
+            );
+            self.task(
+                Opcode::ATTENTION_MERGE,
+                &[partials, pos],
+                row,
+                ctr,
+                &[splits],
+                pr,
+                format!("L{l}.attn_merge[{i}]"),
+                cost,
+            );
+        }
+        Val {
+            buf: row,
+            wait: (ctr, tasks as i64),
+        }
     }
 
     /// Layer `l`'s output projection as `head.op` tiles that make their attention row from
