@@ -559,6 +559,15 @@ fn fused_tiles_without_their_loop_take_the_generic_path() {
 /// position 5 has three active splits a KV head) gives the CPU VM's logits.
 #[test]
 fn merge_tasks_match_the_cpu_vm() {
+    let Some(gpu) = gpu_or_skip("merge_tasks_match_the_cpu_vm") else {
+        return;
+    };
+    smollm2_f32_matches_the_cpu_vm(&gpu, &merge_schedule());
+}
+
+/// The tuned schedule with merge tasks of 4 query heads over splits of 2 rows (position 5 has
+/// three active splits a KV head).
+fn merge_schedule() -> amk_core::ScheduleConfig {
     let mut sc = amk_model_llama::lower::tuned_schedule();
     sc.tiling.retain(|(g, _)| g != "attention");
     sc.tiling.push((
@@ -569,10 +578,24 @@ fn merge_tasks_match_the_cpu_vm() {
             ("merge_heads".into(), 4),
         ],
     ));
-    let Some(gpu) = gpu_or_skip("merge_tasks_match_the_cpu_vm") else {
+    sc
+}
+
+/// ATTENTION_MERGE's path without shared memory (each element works out its own weights:
+/// `AMK_AM_SHARED=0`, the path a tile of more heads and splits than its shared memory holds
+/// takes) gives the CPU VM's logits too.
+#[test]
+fn merge_tasks_without_shared_weights_match_the_cpu_vm() {
+    let Some(gpu) = amk_backend_cuda::test_support::gpu_with_options(
+        "merge_tasks_without_shared_weights_match_the_cpu_vm",
+        amk_backend_cuda::CudaOptions {
+            defines: amk_backend_cuda::parse_defines("AMK_AM_SHARED=0"),
+            ..amk_backend_cuda::CudaOptions::default()
+        },
+    ) else {
         return;
     };
-    smollm2_f32_matches_the_cpu_vm(&gpu, &sc);
+    smollm2_f32_matches_the_cpu_vm(&gpu, &merge_schedule());
 }
 
 /// A decode step gives bit-identical logits however often it runs: the tuned schedule (the
@@ -757,7 +780,7 @@ fn loads_before_the_wait_give_the_same_bits() {
     }
     // The tiles the paired paths take (their device conditions, amk_pre_row_ok, beside them):
     // one-row tiles of an even number of rows, of 576 (3 vectors a lane: the output
-    // projection's COMBINE_GEMV tiles, which merge their row from the split attention) and
+    // projection's tiles, after the merge tasks of the split attention) and
     // 1,536 (6: the down projection's GEMV tiles) elements, and gate/up tiles of a multiple of
     // three pairs, at most 8 units of three.
     let tuned_p = programs[0].1.0.program();

@@ -29,6 +29,10 @@ use std::borrow::Cow;
 
 pub mod reference;
 
+/// Dynamic shared memory the device task asks for: each split's merge weight of its heads and
+/// each head's denominator (a tile of more heads or splits than it holds merges without it).
+pub const SHARED_BYTES: u32 = 4096;
+
 /// The op's spec, as the registry and the validator see it.
 pub const SPEC: OpSpec = OpSpec {
     code: Opcode::ATTENTION_MERGE,
@@ -59,7 +63,8 @@ amk_core::inventory::submit! {
         cuda: Some(
             amk_core::CudaSource::builtin(include_str!("attention-merge.cu"), "amk_op_attention_merge")
                 .with_own_wait()
-                .with_f32_direct(),
+                .with_f32_direct()
+                .with_shared(SHARED_BYTES),
         ),
     }
 }

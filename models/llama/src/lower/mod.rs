@@ -283,7 +283,8 @@ pub fn sm_shares(num_sms: u64, rows: &[u64]) -> Vec<u64> {
 /// The schedule the CUDA megakernel runs fastest with (docs/perf-notes.md has the
 /// measurements): every projection split over all SMs (`gemv.sm_multiple` 1), the attention
 /// split over them too (`attention.split_kv`, [`TUNED_SPLIT_KV`]; its time then stays nearly
-/// flat with the position), every fusion of [`FUSIBLE`] but the reshape+ROPE one (which the
+/// flat with the position) with its partials merged once by merge tasks
+/// (`attention.merge_heads`, [`TUNED_MERGE_HEADS`]), every fusion of [`FUSIBLE`] but the reshape+ROPE one (which the
 /// Q/K/V fusion subsumes) and the load-balancing SM assignment.
 /// The default [`ScheduleConfig`] keeps the reference's tiling.
 pub fn tuned_schedule() -> ScheduleConfig {
@@ -302,6 +303,7 @@ pub fn tuned_schedule() -> ScheduleConfig {
                 vec![
                     ("split_kv".into(), TUNED_SPLIT_KV),
                     ("split_chunk".into(), DEFAULT_SPLIT_CHUNK as i64),
+                    ("merge_heads".into(), TUNED_MERGE_HEADS),
                 ],
             ),
         ],
@@ -341,6 +343,12 @@ pub fn short_context_schedule(cfg: &ScheduleConfig) -> Option<ScheduleConfig> {
 /// The tuned schedule's `attention.split_kv`: up to 16 splits a KV head, so that a Llama with
 /// 8 KV heads spreads its attention over 128 SMs at long context (docs/perf-notes.md round 26).
 pub const TUNED_SPLIT_KV: i64 = 16;
+
+/// The tuned schedule's `attention.merge_heads`: the split attention's partials merged by
+/// ATTENTION_MERGE tasks of 4 query heads (a KV head's on the Llama 3 shapes) before plain GEMV
+/// tiles project the row, instead of in each of the ~130 output-projection tiles: the 1B 7–8 %
+/// faster at every position, the 8B 5–7 %, SmolLM2 1–7 % (docs/perf-notes.md round 39).
+pub const TUNED_MERGE_HEADS: i64 = 4;
 
 /// The tuned schedule's `gemv.alternate_max_kb`: SmolLM2-135M's largest layer projection
 /// (gate/up, 3.4 MiB in bf16) alternates and gained 0.07 ms a token on the H100; TinyLlama's
