@@ -73,13 +73,16 @@ pub struct BenchArgs {
     /// Seed of the synthetic weights and KV prefix (0 by default, as every --seed of amk).
     #[arg(long, default_value_t = 0)]
     pub seed: u64,
-    /// Also print a per-op trace of one step per point (stderr).
+    /// Also print a per-op trace of one step per point (stderr); in end-to-end mode, trace
+    /// one more generation at each depth after the timed ones (its last decode pass) and write
+    /// it with --trace-out.
     #[arg(long)]
     pub trace: bool,
     /// With --trace, also append every traced task to FILE as CSV (model, pos, task, label,
     /// op, block; reached/ready/prologue/returned/done/dispatched/waiting in us from the step's
     /// first task, the prologue empty for ops that record none; then probe0..probe7, the
-    /// points an op stamps inside itself, empty where none).
+    /// points an op stamps inside itself, empty where none). End-to-end mode: `model` is the
+    /// file and the decode program that ran (`decode`, `short-context`), `pos` the depth.
     #[arg(long, value_name = "FILE", requires = "trace")]
     pub trace_out: Option<PathBuf>,
     /// Gate tolerance: max |error| / max |f32 logit| (the numerics conventions judge bf16 by
@@ -385,7 +388,7 @@ fn bench(a: &BenchArgs) -> Result<(), ModelCmdError> {
                 s.run(&inputs)?;
                 errln!("{} pos {pos} trace:\n{}", subject.name, s.trace_summary()?);
                 if let Some(path) = &a.trace_out {
-                    write_trace(path, &subject.name, pos, &s)?;
+                    write_trace(path, &subject.name, pos, s.program(), &s.trace()?)?;
                 }
             }
         }
@@ -544,11 +547,10 @@ pub(crate) fn write_trace(
     path: &std::path::Path,
     model: &str,
     pos: u64,
-    s: &CudaSession,
+    p: &amk_core::ir::Program,
+    tr: &[amk_core::TaskTrace],
 ) -> Result<(), ModelCmdError> {
     use std::io::Write;
-    let tr = s.trace()?;
-    let p = s.program();
     let t0 = tr.iter().map(|t| t.reached).min().unwrap_or(0);
     let us = |t: u64| t.saturating_sub(t0) as f64 / 1e3;
     let new = !path.exists();
@@ -570,8 +572,10 @@ pub(crate) fn write_trace(
             format!("{:.3}", us(v))
         }
     };
-    for t in &tr {
-        let task = &p.tasks[t.task];
+    for t in tr {
+        let Some(task) = p.tasks.get(t.task) else {
+            continue;
+        };
         let probes: Vec<String> = t.probes.iter().map(|&p| opt(p)).collect();
         out.push_str(&format!(
             "{model},{pos},{},{},{},{},{:.3},{:.3},{},{:.3},{:.3},{},{},{}\n",

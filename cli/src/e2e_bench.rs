@@ -11,12 +11,13 @@
 //! tokenizer; generation ignores end tokens so every run produces exactly N tokens.
 
 use crate::bench_cmd::{BenchArgs, Gate, summarize};
-use crate::model_cmd::{ModelCmdError, import_model, parse_dtype, registry, target_named};
+use crate::model_cmd::{
+    ModelCmdError, import_model, parse_dtype, registry, schedule_config, target_named,
+};
 use crate::output::outln;
 use amk_backend_cuda::CudaBackend;
 use amk_core::DType;
 use amk_engine::{Engine, EngineOptions, Generation, Request};
-use amk_model_llama::lower::tuned_schedule;
 use std::path::Path;
 
 /// The passage prompts are cut from (repeated as needed).
@@ -110,6 +111,7 @@ pub fn bench_e2e(a: &BenchArgs, prompt_tokens: usize) -> Result<(), ModelCmdErro
     })?;
     let mut target = target_named(&a.target)?;
     target.num_sms = gpu.info().sms as i64;
+    let (schedule, schedule_name) = schedule_config(a.config.as_deref(), true)?;
     let options = |dtype: DType| {
         let at = amk_engine::Placement {
             gpu: true,
@@ -117,7 +119,7 @@ pub fn bench_e2e(a: &BenchArgs, prompt_tokens: usize) -> Result<(), ModelCmdErro
         };
         EngineOptions {
             max_seq: Some(a.max_seq.unwrap_or(longest as u64 + 1)),
-            ..EngineOptions::defaults(tuned_schedule(), target.clone(), dtype, at)
+            ..EngineOptions::defaults(schedule.clone(), target.clone(), dtype, at)
                 .with_asked(None, a.short_context)
         }
     };
@@ -173,7 +175,13 @@ pub fn bench_e2e(a: &BenchArgs, prompt_tokens: usize) -> Result<(), ModelCmdErro
             kernel_ms: (!kernel.is_empty()).then(|| summarize(&kernel).0),
         });
     }
+    if a.trace {
+        trace_depths(a, path, &mut engine, &reg, &depths, |d| {
+            text_ids(&tok, d.max(1))
+        })?;
+    }
     let programs = Programs {
+        schedule: schedule_name,
         prefill_rows: engine.prefill_chunk_sizes(),
         short_context: engine.short_context(),
     };
@@ -197,8 +205,62 @@ struct FirstToken {
     prefill_s: f64,
 }
 
+/// One more generation at each depth with the decode programs traced, each program that ran
+/// written to `--trace-out` (its last pass; `model` names the file and the program, `pos` the
+/// depth) and summed up on stderr.
+fn trace_depths(
+    a: &BenchArgs,
+    path: &Path,
+    engine: &mut Engine,
+    reg: &amk_core::Registry,
+    depths: &[usize],
+    ids_for: impl Fn(usize) -> Result<Vec<u32>, ModelCmdError>,
+) -> Result<(), ModelCmdError> {
+    if !engine.enable_trace(reg)? {
+        return Err(ModelCmdError::Usage(
+            "--trace: this backend records no task times".into(),
+        ));
+    }
+    let file = path.file_name().map_or_else(
+        || path.display().to_string(),
+        |n| n.to_string_lossy().into_owned(),
+    );
+    for &depth in depths {
+        crate::status::status!("depth {depth}: one traced generation...");
+        generate(engine, &ids_for(depth)?, a.gen_tokens)?;
+        for t in engine.decode_traces()? {
+            if t.tasks.iter().all(|r| r.reached == 0) {
+                continue; // this program ran no pass since tracing began
+            }
+            let span = pass_span_us(&t.tasks);
+            crate::output::errln!(
+                "depth {depth}: {} program's last pass {span:.1} us ({} tasks)",
+                t.role,
+                t.tasks.len()
+            );
+            if let Some(out) = &a.trace_out {
+                let model = format!("{file} {}", t.role);
+                crate::bench_cmd::write_trace(out, &model, depth as u64, t.program, &t.tasks)?;
+            }
+        }
+    }
+    Ok(())
+}
+
+/// A traced pass's span: its first task reached to its last one done, in µs.
+fn pass_span_us(tasks: &[amk_core::TaskTrace]) -> f64 {
+    let start = tasks.iter().map(|t| t.reached).filter(|&r| r > 0).min();
+    let end = tasks.iter().map(|t| t.done).max();
+    match (start, end) {
+        (Some(s), Some(e)) => e.saturating_sub(s) as f64 / 1e3,
+        _ => 0.0,
+    }
+}
+
 /// Which programs the engine runs beside its decode loop, for the report.
 struct Programs {
+    /// The decode schedule (`--config`).
+    schedule: String,
     /// The prompt programs' rows.
     prefill_rows: Vec<u64>,
     /// The positions the short-context decode program runs.
@@ -246,6 +308,7 @@ fn report(
             "prefill_ms": first.prefill_s * 1e3,
             "prompt_tok_s": prompt_tokens as f64 / first.ttft_s,
             "gate": gate.json(),
+            "schedule": programs.schedule,
             "prefill_rows": programs.prefill_rows,
             "short_context": programs.short_context,
             "depths": depths,
@@ -254,10 +317,11 @@ fn report(
         return;
     }
     outln!(
-        "device: {}; model {}; {}; median of {} runs",
+        "device: {}; model {}; {}; schedule {}; median of {} runs",
         gpu.info(),
         path.display(),
         dtype.name(),
+        programs.schedule,
         a.repeat.max(1)
     );
     outln!(

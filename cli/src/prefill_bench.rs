@@ -146,7 +146,13 @@ pub fn bench_prefill(a: &BenchArgs, chunks: &[u64]) -> Result<(), ModelCmdError>
                         s.trace_summary()?
                     );
                     if let Some(path) = &a.trace_out {
-                        crate::bench_cmd::write_trace(path, &subject.name, p0, &s)?;
+                        crate::bench_cmd::write_trace(
+                            path,
+                            &subject.name,
+                            p0,
+                            s.program(),
+                            &s.trace()?,
+                        )?;
                     }
                 }
             }

@@ -155,6 +155,37 @@ pub struct LoopRun {
 /// stop the loop after the current pass.
 pub type OnRow<'a> = dyn FnMut(u64, &[i32]) -> bool + 'a;
 
+/// Probe words a traced task carries beside the scheduler's points ([`TaskTrace::probes`]).
+pub const TRACE_PROBES: usize = 8;
+
+/// When one task ran in a traced launch, from the device's clock (nanoseconds; one clock for
+/// the whole device; 0 where a point was not recorded). In a looped launch every pass writes
+/// its tasks' times over the pass before: the trace is the last pass's.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TaskTrace {
+    /// Task index.
+    pub task: usize,
+    /// The block (queue) that ran it.
+    pub block: u32,
+    /// When the block reached the task.
+    pub reached: u64,
+    /// When its waits were met.
+    pub ready: u64,
+    /// When it signalled its counter.
+    pub done: u64,
+    /// When its op's prologue ended (0: the op records none; the row tiles record when their
+    /// row is ready in shared memory or in place).
+    pub prologue: u64,
+    /// When its op returned (then the block signals).
+    pub returned: u64,
+    /// When the scheduler dispatched it (its staged records landed, its ids checked).
+    pub dispatched: u64,
+    /// When its wait began (the op's own checks done, its wait entered).
+    pub waiting: u64,
+    /// When its op reached its own probe points (0: not reached or none there).
+    pub probes: [u64; TRACE_PROBES],
+}
+
 /// A loaded program ready to run forward passes.
 pub trait Session {
     /// Sets IO inputs by buffer name (values persist to later steps), runs one forward pass,
@@ -220,6 +251,17 @@ pub trait Session {
         Err(BackendError::Unsupported(
             "this backend cannot run a loop of passes".into(),
         ))
+    }
+    /// Records every task's times in the launches after this one (a backend may run a kernel
+    /// of its own for it); `false`: this backend records none.
+    fn enable_trace(&mut self, registry: &Registry) -> Result<bool, BackendError> {
+        let _ = registry;
+        Ok(false)
+    }
+    /// The last launch's task times ([`TaskTrace`]; a looped launch's last pass), in task
+    /// order; empty unless [`Session::enable_trace`] turned them on.
+    fn trace(&self) -> Result<Vec<TaskTrace>, BackendError> {
+        Ok(Vec::new())
     }
 }
 

@@ -27,7 +27,8 @@ pub mod testkit;
 pub mod validate;
 
 pub use backend::{
-    Backend, BackendError, BoundWeights, LoopRun, OnRow, Outputs, RowWatch, Session, WeightStore,
+    Backend, BackendError, BoundWeights, LoopRun, OnRow, Outputs, RowWatch, Session, TaskTrace,
+    WeightStore,
 };
 pub use cpu::{
     CpuCall, CpuReference, DynReferenceFn, Input, OpError, Reference, ReferenceFn, RunFn,

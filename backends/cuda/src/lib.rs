@@ -32,31 +32,10 @@ pub use env::{ENV_KNOBS, EnvKnob};
 pub use error::CudaError;
 pub use loops::FusedLoops;
 
-/// When one task ran, from the device's `%globaltimer` (nanoseconds; one clock for all SMs).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct TaskTrace {
-    /// Task index.
-    pub task: usize,
-    /// The block (queue) that ran it.
-    pub block: u32,
-    /// When the block reached the task.
-    pub reached: u64,
-    /// When its waits were met.
-    pub ready: u64,
-    /// When it signalled its counter.
-    pub done: u64,
-    /// When its op's prologue ended (0: the op records none; the row tiles record when their
-    /// row is ready in shared memory or in place).
-    pub prologue: u64,
-    /// When its op returned (then the block signals).
-    pub returned: u64,
-    /// When the scheduler dispatched it (its staged records landed, its ids checked).
-    pub dispatched: u64,
-    /// When its wait began (the op's own checks done, `amk_task_wait` entered).
-    pub waiting: u64,
-    /// When its op reached its own probe points (`amk_probe`; 0: not reached or none there).
-    pub probes: [u64; abi::TRACE_PROBES],
-}
+/// When one task ran (the device's `%globaltimer`, nanoseconds): the backend-neutral record.
+pub use amk_core::TaskTrace;
+
+const _: () = assert!(abi::TRACE_PROBES == amk_core::backend::TRACE_PROBES);
 
 use amk_core::ir::{DType, Program};
 use amk_core::{Opcode, Registry};

@@ -154,6 +154,17 @@ impl Generation {
     }
 }
 
+/// One decode program's task times ([`Engine::decode_traces`]).
+#[derive(Debug)]
+pub struct ProgramTrace<'a> {
+    /// `decode` (the engine's own program) or `short-context`.
+    pub role: &'static str,
+    /// The program whose tasks `tasks` times (their labels and ops).
+    pub program: &'a Program,
+    /// Its last launch's task times (a looped launch's last pass), in task order.
+    pub tasks: Vec<amk_core::TaskTrace>,
+}
+
 /// A loaded decode-loop program, and optionally prefill programs beside it
 /// ([`Engine::attach_prefill`]).
 pub struct Engine {
@@ -236,8 +247,41 @@ impl Engine {
         let program =
             validate_owned(program, registry).map_err(|r| EngineError::Invalid(r.report()))?;
         let session = self.session.load_beside(&program, weights, registry)?;
-        self.short = Some(ShortDecode { session, below });
+        self.short = Some(ShortDecode {
+            session,
+            program,
+            below,
+        });
         Ok(())
+    }
+
+    /// Records every task's times in the decode programs' later launches (the engine's own and
+    /// the short-context one's), on a backend that can (`false`: this one records none).
+    pub fn enable_trace(&mut self, registry: &Registry) -> Result<bool, EngineError> {
+        let mut on = self.session.enable_trace(registry)?;
+        if let Some(s) = self.short.as_mut() {
+            on &= s.session.enable_trace(registry)?;
+        }
+        Ok(on)
+    }
+
+    /// The task times of the decode programs' last launches ([`Engine::enable_trace`]): the
+    /// engine's own program's, then the short-context one's; a program that has not run since
+    /// tracing began has none.
+    pub fn decode_traces(&self) -> Result<Vec<ProgramTrace<'_>>, EngineError> {
+        let mut out = vec![ProgramTrace {
+            role: "decode",
+            program: self.program.program(),
+            tasks: self.session.trace()?,
+        }];
+        if let Some(s) = &self.short {
+            out.push(ProgramTrace {
+                role: "short-context",
+                program: s.program.program(),
+                tasks: s.session.trace()?,
+            });
+        }
+        Ok(out)
     }
 
     /// The positions the short-context program runs (`0..` this), if one is attached.

@@ -1,19 +1,21 @@
 //! The short-context decode program: a second decode-loop program of the same model, loaded
 //! beside the engine's own, that runs the passes at positions below a bound. Why: the layout
 //! that keeps the step flat at long context (the attention split over every SM, its partials
-//! merged in every output projection tile) has a fixed cost at every position, which a layout
-//! of one attention task a KV head writing finished rows does not pay; that one's time grows
-//! with the cache instead, so it wins while the cache is short (docs/perf-notes.md round 36).
+//! merged before the output projection) has a fixed cost at every position, which a layout of
+//! one attention task a KV head writing finished rows does not pay; that one's time grows with
+//! the cache instead, so it wins while the cache is short (docs/perf-notes.md rounds 36, 39).
 //! Both are validated programs over the same KV caches; the engine hands the loop's state
 //! (position and token) from one to the other between launches.
 
 use crate::EngineError;
 use crate::interface::Interface;
-use amk_core::{Program, Session, decode};
+use amk_core::{Program, Session, ValidatedProgram, decode};
 
 /// A decode-loop program for the positions below `below`.
 pub(crate) struct ShortDecode {
     pub(crate) session: Box<dyn Session>,
+    /// The program the session runs (its task labels name a trace's tasks).
+    pub(crate) program: ValidatedProgram,
     /// The first position it does not run.
     pub(crate) below: u64,
 }

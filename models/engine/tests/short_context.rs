@@ -177,3 +177,16 @@ fn the_default_bound_is_for_gpus_only() {
         Some(amk_engine::SHORT_CONTEXT_ROWS)
     );
 }
+
+/// A backend that records no task times says so: the CPU VM's engine (with its short-context
+/// program) answers `false` to `enable_trace`, and its decode programs' traces are empty.
+#[test]
+fn a_backend_without_task_times_says_so() {
+    let mut e = engine(Some(4));
+    assert!(e.short_context().is_some());
+    assert!(!e.enable_trace(&registry()).unwrap());
+    let traces = e.decode_traces().unwrap();
+    let roles: Vec<&str> = traces.iter().map(|t| t.role).collect();
+    assert_eq!(roles, ["decode", "short-context"]);
+    assert!(traces.iter().all(|t| t.tasks.is_empty()));
+}

@@ -32,10 +32,10 @@
  *
  * One block does everything; every thread reads the scalars itself (so every branch is
  * block-uniform) and one barrier separates the last read of pos from thread 0's writes.
- * Greedy is one pass over the logits: per thread the first-largest logit (indices visited in
- * increasing order, strict >), the count of valid ids and an online softmax sum (max and sum,
- * rescaled when the max grows); then a warp-shuffle and a fixed-order cross-warp merge with
- * SAMPLE_ARGMAX's tie rule. Sampling adds, when enabled, 4 + 4 passes of a radix select over
+ * Greedy is two passes over the logits (nt_greedy): per thread the first-largest logit
+ * (indices visited in increasing order, strict >) and the count of valid ids, merged by warp
+ * shuffles and a fixed-order cross-warp merge with SAMPLE_ARGMAX's tie rule; then the sum of
+ * exp(l - max) in a fixed order (the log-probability's). Sampling adds, when enabled, 4 + 4 passes of a radix select over
  * the 32-bit keys (8 bits a pass, a 256-bin shared histogram: counts for top-k, key masses for
  * top-p; the keys are recomputed from the logits each pass, no scratch of V entries; each
  * thread adds runs of equal bins locally before its atomicAdd, and integer atomics sum in any
@@ -48,7 +48,6 @@
 
 #define NT_FULL 0xffffffffu
 #define NT_BINS 256
-#define NT_UNROLL 4
 
 /* SplitMix64's finaliser (noise.rs `mix`). */
 __device__ __forceinline__ unsigned long long nt_mix(unsigned long long z) {
@@ -76,49 +75,13 @@ __device__ __forceinline__ unsigned nt_key(float z, float m) {
   return s >= 4294967296.0f ? 0xffffffffu : (unsigned)s;
 }
 
-/* ---- pass A: first-largest logit, valid count, online softmax sum ---- */
-
-/* Adds logit l of id i to a thread's state: best value bv at index bi (bi < 0: none yet),
- * bs = sum of exp(l - bv) over the ids seen (-inf logits add 0; a -inf best's 1 is scaled
- * away once a finite logit arrives), n = valid ids seen. */
-__device__ __forceinline__ void nt_take(float& bv, long long& bi, float& bs, int& n, float l,
-                                        long long i) {
-  if (l != l) return;
-  ++n;
-  if (bi < 0) {
-    bv = l;
-    bi = i;
-    bs = 1.0f;
-  } else if (l > bv) {
-    bs = __fadd_rn(__fmul_rn(bs, expf(__fsub_rn(bv, l))), 1.0f);
-    bv = l;
-    bi = i;
-  } else if (l != -__int_as_float(0x7f800000)) {
-    bs = __fadd_rn(bs, expf(__fsub_rn(l, bv)));
-  }
-}
-
-/* s, a sum relative to max v, relative to the larger max m (equal maxima, infinite ones
- * included, keep s: no inf - inf). */
-__device__ __forceinline__ float nt_rescale(float s, float v, float m) {
-  return v == m ? s : __fmul_rn(s, expf(__fsub_rn(v, m)));
-}
-
-/* Merges another thread's state: the larger value wins, equal values the lower index; sums
- * rescale to the common maximum. Symmetric, so both lanes of a shuffle agree. */
-__device__ __forceinline__ void nt_merge(float& bv, long long& bi, float& bs, int& n, float ov,
-                                         long long oi, float os, int on) {
+/* Merges another thread's greedy state: the larger value wins, equal values the lower index
+ * (bi < 0: none); the valid counts add. Symmetric, so both lanes of a shuffle agree. */
+__device__ __forceinline__ void nt_merge_max(float& bv, long long& bi, int& n, float ov, long long oi,
+                                             int on) {
   n += on;
   if (oi < 0) return;
-  if (bi < 0) {
-    bv = ov;
-    bi = oi;
-    bs = os;
-    return;
-  }
-  const float m = fmaxf(bv, ov);
-  bs = __fadd_rn(nt_rescale(bs, bv, m), nt_rescale(os, ov, m));
-  if (ov > bv || (ov == bv && oi < bi)) {
+  if (bi < 0 || ov > bv || (ov == bv && oi < bi)) {
     bv = ov;
     bi = oi;
   }
@@ -137,41 +100,162 @@ struct nt_red_t {
 };
 __shared__ nt_red_t nt_red;
 
-/* Block merge of every thread's pass-A state; every thread gets the result. */
-__device__ __forceinline__ void nt_reduce_a(float& bv, long long& bi, float& bs, int& n) {
+/* ---- pass A, as two passes (nt_greedy): the first-largest valid logit and the valid count,
+ * then the sum of exp(l - max) over the valid ids. Each streams the logits in 16-byte vectors
+ * of the logits' own dtype, NT_VEC a thread in flight before any is used, with no branch an
+ * element (other dtypes and unaligned bases element by element). A one-pass online softmax
+ * before (a dtype branch, a branch and an expf an element, each load waiting on the one
+ * before) took about 80 us of a decode pass on one SM (docs/perf-notes.md round 39). */
+#define NT_VEC 4
+
+/* A thread's first-largest valid logit (bi < 0: none) and valid count (strict >: the first of
+ * equal maxima, ids visited in increasing order). */
+struct nt_max_state {
+  float bv;
+  long long bi;
+  int n;
+  __device__ __forceinline__ void visit(float l, long long i) {
+    const bool valid = l == l;
+    n += valid;
+    const bool take = valid && (bi < 0 || l > bv);
+    bv = take ? l : bv;
+    bi = take ? i : bi;
+  }
+};
+
+/* A thread's sum of expf(l - m) over its valid ids, in increasing order. */
+struct nt_sum_state {
+  float m, s;
+  __device__ __forceinline__ void visit(float l, long long) {
+    s = l == l ? __fadd_rn(s, expf(__fsub_rn(l, m))) : s;
+  }
+};
+
+/* Word w's two 16-bit elements as f32 (BF16 or F16). */
+__device__ __forceinline__ float nt_lo(int dt, uint32_t w) {
+  return dt == AMK_BF16 ? __uint_as_float(w << 16) : amk_f16_to_f32((uint16_t)(w & 0xffffu));
+}
+__device__ __forceinline__ float nt_hi(int dt, uint32_t w) {
+  return dt == AMK_BF16 ? __uint_as_float(w & 0xffff0000u) : amk_f16_to_f32((uint16_t)(w >> 16));
+}
+
+/* Feeds a thread's ids below vp to st.visit(l, i) in increasing order: 16-byte units t, t + T,
+ * ... (4 F32 or 8 BF16/F16 elements each), then the tail's ids t, t + T, ... (every one past
+ * the thread's units). By value, so the state stays in registers. */
+template <class S>
+__device__ __forceinline__ S nt_each(const amk_buffer_t* xb, long long vp, S st) {
+  const int dt = xb->dtype;
+  const uint4* q = (const uint4*)xb->ptr;
+  const int per = dt == AMK_F32 ? 4 : 8;
+  long long tail = 0;
+  if ((dt == AMK_F32 || dt == AMK_BF16 || dt == AMK_F16) && amk_al16(q)) {
+    const long long nu = vp / per;
+#pragma unroll 1
+    for (long long u0 = threadIdx.x; u0 < nu; u0 += NT_VEC * AMK_THREADS) {
+      uint4 v0 = make_uint4(0u, 0u, 0u, 0u), v1 = v0, v2 = v0, v3 = v0;
+      const long long u1 = u0 + AMK_THREADS, u2 = u1 + AMK_THREADS, u3 = u2 + AMK_THREADS;
+      v0 = q[u0];
+      if (u1 < nu) v1 = q[u1];
+      if (u2 < nu) v2 = q[u2];
+      if (u3 < nu) v3 = q[u3];
+      const uint4 vs[NT_VEC] = {v0, v1, v2, v3};
+      const long long us[NT_VEC] = {u0, u1, u2, u3};
+#pragma unroll
+      for (int k = 0; k < NT_VEC; ++k) {
+        if (us[k] >= nu) break;
+        const uint32_t w[4] = {vs[k].x, vs[k].y, vs[k].z, vs[k].w};
+        const long long i0 = us[k] * per;
+        if (dt == AMK_F32) {
+#pragma unroll
+          for (int j = 0; j < 4; ++j) st.visit(__uint_as_float(w[j]), i0 + j);
+        } else {
+#pragma unroll
+          for (int j = 0; j < 4; ++j) {
+            st.visit(nt_lo(dt, w[j]), i0 + 2 * j);
+            st.visit(nt_hi(dt, w[j]), i0 + 2 * j + 1);
+          }
+        }
+      }
+    }
+    tail = nu * per;
+  }
+#pragma unroll 1
+  for (long long i = tail + threadIdx.x; i < vp; i += AMK_THREADS) st.visit(amk_ldf(xb, i), i);
+  return st;
+}
+
+/* Block merge of every thread's (bv, bi, n): the larger value wins, equal values the lower
+ * index; every thread gets the result. */
+__device__ __forceinline__ void nt_reduce_max(float& bv, long long& bi, int& n) {
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
 #pragma unroll
   for (int o = 16; o > 0; o >>= 1) {
     const float ov = __shfl_xor_sync(NT_FULL, bv, o);
     const long long oi = __shfl_xor_sync(NT_FULL, bi, o);
-    const float os = __shfl_xor_sync(NT_FULL, bs, o);
     const int on = __shfl_xor_sync(NT_FULL, n, o);
-    nt_merge(bv, bi, bs, n, ov, oi, os, on);
+    nt_merge_max(bv, bi, n, ov, oi, on);
   }
   __syncthreads(); /* earlier readers of nt_red are done */
   if (lane == 0) {
     nt_red.v[warp] = bv;
     nt_red.i[warp] = bi;
-    nt_red.s[warp] = bs;
     nt_red.n[warp] = n;
   }
   __syncthreads();
   if (tid == 0) {
-    float v = nt_red.v[0], s = nt_red.s[0];
+    float v = nt_red.v[0];
     long long i = nt_red.i[0];
     int c = nt_red.n[0];
-    for (int w = 1; w < AMK_WARPS; ++w)
-      nt_merge(v, i, s, c, nt_red.v[w], nt_red.i[w], nt_red.s[w], nt_red.n[w]);
+    for (int w = 1; w < AMK_WARPS; ++w) nt_merge_max(v, i, c, nt_red.v[w], nt_red.i[w], nt_red.n[w]);
     nt_red.rv = v;
     nt_red.ri = i;
-    nt_red.rs = s;
     nt_red.rn = c;
   }
   __syncthreads();
   bv = nt_red.rv;
   bi = nt_red.ri;
-  bs = nt_red.rs;
   n = nt_red.rn;
+}
+
+/* A thread's sum merged over the block in a fixed order (the warps' shuffle tree, then the
+ * warps in order): the same bits on every run. Every thread gets the sum. */
+__device__ __forceinline__ float nt_reduce_sum(float s) {
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) s = __fadd_rn(s, __shfl_xor_sync(NT_FULL, s, o));
+  __syncthreads(); /* earlier readers of nt_red are done */
+  if (lane == 0) nt_red.s[warp] = s;
+  __syncthreads();
+  if (tid == 0) {
+    float t = nt_red.s[0];
+    for (int w = 1; w < AMK_WARPS; ++w) t = __fadd_rn(t, nt_red.s[w]);
+    nt_red.rs = t;
+  }
+  __syncthreads();
+  return nt_red.rs;
+}
+
+/* Pass A's result: the first-largest valid logit m1 at bi (bi < 0: none), the valid count n,
+ * and bs = the sum of exp(l - m1) over the valid ids (1 when there is none or m1 is not
+ * finite: the log-probability is then not computed). */
+struct nt_greedy_t {
+  float m1, bs;
+  long long bi;
+  int n;
+};
+
+/* Pass A, out of line (its loads in flight would take the registers of the dispatcher it is
+ * otherwise inlined into). Block-uniform. */
+__device__ __noinline__ nt_greedy_t nt_greedy(const amk_buffer_t* xb, long long vp) {
+  const nt_max_state st = nt_each(xb, vp, nt_max_state{-__int_as_float(0x7f800000), -1, 0});
+  nt_greedy_t r;
+  r.m1 = st.bv;
+  r.bi = st.bi;
+  r.n = st.n;
+  nt_reduce_max(r.m1, r.bi, r.n);
+  r.bs = 1.0f;
+  if (r.bi >= 0 && nt_finite(r.m1)) r.bs = nt_reduce_sum(nt_each(xb, vp, nt_sum_state{r.m1, 0.0f}).s);
+  return r;
 }
 
 /* Block argmax of (score, index) candidates (index < 0: none), lowest index on ties; every
@@ -390,21 +474,11 @@ __device__ void amk_op_next_token(const amk_task_ctx& ctx) {
     const float* smp = (const float*)sab->ptr;
     const float T = smp[0], top_p = smp[1];
 
-    float bv = 0.0f, bs = 0.0f;
-    long long bi = -1;
-    int n = 0;
-    for (long long b0 = threadIdx.x; b0 < vp; b0 += NT_UNROLL * AMK_THREADS) {
-      float l[NT_UNROLL];
-#pragma unroll
-      for (int u = 0; u < NT_UNROLL; ++u) {
-        const long long i = b0 + (long long)u * AMK_THREADS;
-        l[u] = i < vp ? amk_ldf(xb, i) : __int_as_float(0x7fc00000);
-      }
-#pragma unroll
-      for (int u = 0; u < NT_UNROLL; ++u) nt_take(bv, bi, bs, n, l[u], b0 + (long long)u * AMK_THREADS);
-    }
-    nt_reduce_a(bv, bi, bs, n);
-    const float m1 = bv;
+    const nt_greedy_t gr = nt_greedy(xb, vp);
+    const float m1 = gr.m1, bs = gr.bs;
+    const long long bi = gr.bi;
+    const int n = gr.n;
+    amk_probe(ctx, 0); /* the greedy passes done */
     const float m = __fdiv_rn(m1, T);
     next = bi < 0 ? 0 : bi;
     float l_next = m1;
@@ -416,6 +490,7 @@ __device__ void amk_op_next_token(const amk_task_ctx& ctx) {
       const float v = __fsub_rn(__fsub_rn(l_next, m1), logf(bs));
       if (v == v) lp = v;
     }
+    amk_probe(ctx, 1); /* the token chosen */
   }
 
   __syncthreads(); /* every thread has read pos before thread 0 writes it */
@@ -429,6 +504,7 @@ __device__ void amk_op_next_token(const amk_task_ctx& ctx) {
     __threadfence_system();
     *((volatile int32_t*)&row[0]) = (int32_t)next;
     __threadfence_system();
+    amk_probe(ctx, 2); /* the emitted row fenced */
   }
   if (separate)
     for (long long e = 0; e < pin->numel; ++e) amk_stif(pout, e, amk_ldif(pin, e));

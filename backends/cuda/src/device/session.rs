@@ -868,6 +868,15 @@ impl Session for CudaSession {
     ) -> Result<LoopRun, BackendError> {
         Ok(CudaSession::run_loop(self, max_passes, watch, on_row)?)
     }
+
+    fn enable_trace(&mut self, registry: &Registry) -> Result<bool, BackendError> {
+        CudaSession::enable_trace(self, registry)?;
+        Ok(true)
+    }
+
+    fn trace(&self) -> Result<Vec<amk_core::TaskTrace>, BackendError> {
+        Ok(CudaSession::trace(self)?)
+    }
 }
 
 /// Every task's ids and pre-wait op checks, once, on the device: the megakernel skips them for
