@@ -351,35 +351,31 @@ pub(super) fn dag_position_decode(c: &Ctx<'_>) -> CaseResult {
     })
 }
 
-/// A decode step of the split-KV attention (2 KV heads × 3 splits of whole 2-row chunks over
-/// an 8-row cache) at positions 1, 4 and 7 (one, three and two active splits): the splits of
-/// KV head 0 read the position input (final before the launch), those of KV head 1 a copy a
-/// task of the launch writes (read after their wait); COMBINE_GEMV tiles with and without a
-/// bias, reading either. Checked against the f64 attention over rows `0..=p` times W.
-pub(super) fn dag_split_kv_decode(c: &Ctx<'_>) -> CaseResult {
-    let a = Attn {
-        nh: 4,
-        nkv: 2,
-        hd: 8,
-        scale: 0.35,
-    };
-    let (k, n_splits) = (a.nh * a.hd, 3usize);
-    let tile = (a.nh / a.nkv) * (a.hd + 2);
-    let mut t = Tiny::new(27);
-    let DecodeStep {
-        q,
-        pos,
-        pos_dev,
-        kc,
-        vc,
-        w,
-        bias,
-        wv,
-        bv,
-        copied: cp,
-        appended: waits,
-    } = decode_step(&mut t);
-    let parts = t.act("partials", &[2, n_splits as u64, 2, 10]);
+/// The split-KV attention of the decode cases' steps: `n_splits` ATTENTION_SPLIT tasks a KV
+/// head of 2-row chunks writing `partials` (`[n_kv, n_splits, rep, hd + 2]`), the splits of KV
+/// head 0 reading the position input `pos.0`, the others the copy `pos.1` a task writes.
+struct SplitStep {
+    parts: BufferId,
+    /// The split params every reader of the partials takes.
+    shape: [(&'static str, Value); 5],
+    /// The splits' counter (every split signals it).
+    cs: CounterId,
+}
+
+fn split_tasks(
+    t: &mut Tiny,
+    a: Attn,
+    n_splits: usize,
+    (q, kc, vc): (BufferId, BufferId, BufferId),
+    pos: (BufferId, BufferId),
+    waits: &[(CounterId, i64)],
+) -> SplitStep {
+    let rep = a.nh / a.nkv;
+    let tile = rep * (a.hd + 2);
+    let parts = t.act(
+        "partials",
+        &[a.nkv as u64, n_splits as u64, rep as u64, (a.hd + 2) as u64],
+    );
     let shape = [
         ("head_dim", int(a.hd as i64)),
         ("n_heads", int(a.nh as i64)),
@@ -395,16 +391,48 @@ pub(super) fn dag_split_kv_decode(c: &Ctx<'_>) -> CaseResult {
             ("N_tile", int(tile as i64)),
             ("n_off", int((i * tile) as i64)),
         ]);
-        let src = if i < n_splits { pos } else { pos_dev };
+        let src = if i < n_splits { pos.0 } else { pos.1 };
         t.task_on(
             cs,
             Opcode::ATTENTION_SPLIT,
             &[q, kc, vc, src],
             &[parts],
-            &waits,
+            waits,
             &pr,
         );
     }
+    SplitStep { parts, shape, cs }
+}
+
+/// A decode step of the split-KV attention (2 KV heads × 3 splits of whole 2-row chunks over
+/// an 8-row cache) at positions 1, 4 and 7 (one, three and two active splits): the splits of
+/// KV head 0 read the position input (final before the launch), those of KV head 1 a copy a
+/// task of the launch writes (read after their wait); COMBINE_GEMV tiles with and without a
+/// bias, reading either. Checked against the f64 attention over rows `0..=p` times W.
+pub(super) fn dag_split_kv_decode(c: &Ctx<'_>) -> CaseResult {
+    let a = Attn {
+        nh: 4,
+        nkv: 2,
+        hd: 8,
+        scale: 0.35,
+    };
+    let (k, n_splits) = (a.nh * a.hd, 3usize);
+    let mut t = Tiny::new(27);
+    let DecodeStep {
+        q,
+        pos,
+        pos_dev,
+        kc,
+        vc,
+        w,
+        bias,
+        wv,
+        bv,
+        copied: cp,
+        appended: waits,
+    } = decode_step(&mut t);
+    let SplitStep { parts, shape, cs } =
+        split_tasks(&mut t, a, n_splits, (q, kc, vc), (pos, pos_dev), &waits);
     let all = (cs, (a.nkv * n_splits) as i64);
     let gemv = |off: i64, nt: i64| with_tile(&shape, k, off, nt);
     let proj = t.output("proj", DType::F32, &[1, 6]);
@@ -447,7 +475,6 @@ pub(super) fn dag_split_kv_merged(c: &Ctx<'_>) -> CaseResult {
         scale: 0.35,
     };
     let (k, n_splits) = (a.nh * a.hd, 3usize);
-    let tile = (a.nh / a.nkv) * (a.hd + 2);
     let mut t = Tiny::new(31);
     let DecodeStep {
         q,
@@ -460,32 +487,8 @@ pub(super) fn dag_split_kv_merged(c: &Ctx<'_>) -> CaseResult {
         appended: waits,
         ..
     } = decode_step(&mut t);
-    let parts = t.act("partials", &[2, n_splits as u64, 2, 10]);
-    let shape = [
-        ("head_dim", int(a.hd as i64)),
-        ("n_heads", int(a.nh as i64)),
-        ("n_kv_heads", int(a.nkv as i64)),
-        ("n_splits", int(n_splits as i64)),
-        ("chunk", int(2)),
-    ];
-    let cs = t.counter();
-    for i in 0..a.nkv * n_splits {
-        let mut pr = shape.to_vec();
-        pr.extend([
-            ("scale", Value::Float(a.scale)),
-            ("N_tile", int(tile as i64)),
-            ("n_off", int((i * tile) as i64)),
-        ]);
-        let src = if i < n_splits { pos } else { pos_dev };
-        t.task_on(
-            cs,
-            Opcode::ATTENTION_SPLIT,
-            &[q, kc, vc, src],
-            &[parts],
-            &waits,
-            &pr,
-        );
-    }
+    let SplitStep { parts, shape, cs } =
+        split_tasks(&mut t, a, n_splits, (q, kc, vc), (pos, pos_dev), &waits);
     let attn = t.output("attn", DType::F32, &[1, k as u64]);
     let cm = t.counter();
     for (off, nt, src) in [(0, 24, pos), (24, 8, pos_dev)] {

@@ -506,14 +506,7 @@ impl Builder<'_> {
             );
         }
         let attn = self.tile_attention(c, l, query, caches);
-        self.proj_residual(
-            lay.fuse_resid,
-            (attn, w.o, d.q_dim),
-            (resid, d.h),
-            &format!("L{l}.o"),
-            &format!("L{l}.h_mid"),
-            &format!("L{l}.add_attn"),
-        )
+        self.output_projection(lay.fuse_resid, (attn, w.o, d.q_dim), (resid, d.h), l)
     }
 
     /// The attention row as one ATTENTION_TILE task, or as `parts` KV shards writing partials

@@ -752,27 +752,13 @@ impl Builder<'_> {
                 buf: out,
                 wait: (ctr, g.nkv as i64),
             };
-            return self.proj_residual(
-                fuse_resid,
-                (attn, wo, g.nh * g.hd),
-                (resid, h),
-                &format!("L{l}.o"),
-                &format!("L{l}.h_mid"),
-                &format!("L{l}.add_attn"),
-            );
+            return self.output_projection(fuse_resid, (attn, wo, g.nh * g.hd), (resid, h), l);
         }
         let partials = out;
         let all_splits = (ctr, (g.nkv * g.n_splits) as i64);
         if let Some(heads) = plan.merge_heads {
             let attn = self.merge_tasks(partials, pos, all_splits, (&shape, g, heads), l);
-            return self.proj_residual(
-                fuse_resid,
-                (attn, wo, g.nh * g.hd),
-                (resid, h),
-                &format!("L{l}.o"),
-                &format!("L{l}.h_mid"),
-                &format!("L{l}.add_attn"),
-            );
+            return self.output_projection(fuse_resid, (attn, wo, g.nh * g.hd), (resid, h), l);
         }
         // Every tile waits for every split.
         let head = OutHead {
@@ -784,6 +770,25 @@ impl Builder<'_> {
             k: g.nh * g.hd,
         };
         self.attention_out(&head, wo, pos, fuse_resid, (resid, h), l)
+    }
+
+    /// Layer `l`'s output projection of its finished attention row `attn` (`k` elements) by
+    /// `wo`, with the residual (labels `L{l}.o…`, into `L{l}.h_mid`): [`Self::proj_residual`].
+    fn output_projection(
+        &mut self,
+        fuse_resid: bool,
+        (attn, wo, k): (Val, BufferId, u64),
+        (resid, h): (Val, u64),
+        l: usize,
+    ) -> Val {
+        self.proj_residual(
+            fuse_resid,
+            (attn, wo, k),
+            (resid, h),
+            &format!("L{l}.o"),
+            &format!("L{l}.h_mid"),
+            &format!("L{l}.add_attn"),
+        )
     }
 
     /// Layer `l`'s attention row `L{l}.attn` merged from the split partials by ATTENTION_MERGE
