@@ -227,10 +227,15 @@ fn trace_depths(
     );
     for &depth in depths {
         crate::status::status!("depth {depth}: one traced generation...");
-        generate(engine, &ids_for(depth)?, a.gen_tokens)?;
+        let g = generate(engine, &ids_for(depth)?, a.gen_tokens)?;
         for t in engine.decode_traces()? {
-            if t.tasks.iter().all(|r| r.reached == 0) {
-                continue; // this program ran no pass since tracing began
+            // A program that ran no pass of this generation holds an earlier one's trace.
+            let ran = match t.role {
+                "short-context" => g.short_passes > 0,
+                _ => g.passes > g.short_passes,
+            };
+            if !ran || t.tasks.iter().all(|r| r.reached == 0) {
+                continue;
             }
             let span = pass_span_us(&t.tasks);
             crate::output::errln!(
