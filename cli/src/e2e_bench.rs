@@ -17,7 +17,7 @@ use crate::model_cmd::{
 use crate::output::outln;
 use amk_backend_cuda::CudaBackend;
 use amk_core::DType;
-use amk_engine::{Engine, EngineOptions, Generation, Request};
+use amk_engine::{DecodeProgram, Engine, EngineOptions, Generation, Request};
 use std::path::Path;
 
 /// The passage prompts are cut from (repeated as needed).
@@ -231,8 +231,8 @@ fn trace_depths(
         for t in engine.decode_traces()? {
             // A program that ran no pass of this generation holds an earlier one's trace.
             let ran = match t.role {
-                "short-context" => g.short_passes > 0,
-                _ => g.passes > g.short_passes,
+                DecodeProgram::ShortContext => g.short_passes > 0,
+                DecodeProgram::Main => g.passes > g.short_passes,
             };
             if !ran || t.tasks.iter().all(|r| r.reached == 0) {
                 continue;
@@ -240,11 +240,11 @@ fn trace_depths(
             let span = pass_span_us(&t.tasks);
             crate::output::errln!(
                 "depth {depth}: {} program's last pass {span:.1} us ({} tasks)",
-                t.role,
+                t.role.as_str(),
                 t.tasks.len()
             );
             if let Some(out) = &a.trace_out {
-                let model = format!("{file} {}", t.role);
+                let model = format!("{file} {}", t.role.as_str());
                 crate::bench_cmd::write_trace(out, &model, depth as u64, t.program, &t.tasks)?;
             }
         }

@@ -154,11 +154,30 @@ impl Generation {
     }
 }
 
+/// Which of the engine's decode programs a trace is of.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DecodeProgram {
+    /// The engine's own program (any position).
+    Main,
+    /// The short-context program ([`Engine::attach_short`]).
+    ShortContext,
+}
+
+impl DecodeProgram {
+    /// Its name in reports: `decode` or `short-context`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            DecodeProgram::Main => "decode",
+            DecodeProgram::ShortContext => "short-context",
+        }
+    }
+}
+
 /// One decode program's task times ([`Engine::decode_traces`]).
 #[derive(Debug)]
 pub struct ProgramTrace<'a> {
-    /// `decode` (the engine's own program) or `short-context`.
-    pub role: &'static str,
+    /// The program.
+    pub role: DecodeProgram,
     /// The program whose tasks `tasks` times (their labels and ops).
     pub program: &'a Program,
     /// Its last launch's task times (a looped launch's last pass), in task order.
@@ -270,13 +289,13 @@ impl Engine {
     /// tracing began has none.
     pub fn decode_traces(&self) -> Result<Vec<ProgramTrace<'_>>, EngineError> {
         let mut out = vec![ProgramTrace {
-            role: "decode",
+            role: DecodeProgram::Main,
             program: self.program.program(),
             tasks: self.session.trace()?,
         }];
         if let Some(s) = &self.short {
             out.push(ProgramTrace {
-                role: "short-context",
+                role: DecodeProgram::ShortContext,
                 program: s.program.program(),
                 tasks: s.session.trace()?,
             });

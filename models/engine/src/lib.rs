@@ -18,8 +18,8 @@ mod sampling;
 mod short;
 
 pub use engine::{
-    Alternative, Engine, Finish, Generation, MAX_TOP_LOGPROBS, ProgramTrace, PromptWatch, Request,
-    Scores, Token, argmax, nll, nll_rows, top_alternatives,
+    Alternative, DecodeProgram, Engine, Finish, Generation, MAX_TOP_LOGPROBS, ProgramTrace,
+    PromptWatch, Request, Scores, Token, argmax, nll, nll_rows, top_alternatives,
 };
 pub use error::EngineError;
 pub use interface::Interface;

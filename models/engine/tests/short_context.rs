@@ -186,7 +186,7 @@ fn a_backend_without_task_times_says_so() {
     assert!(e.short_context().is_some());
     assert!(!e.enable_trace(&registry()).unwrap());
     let traces = e.decode_traces().unwrap();
-    let roles: Vec<&str> = traces.iter().map(|t| t.role).collect();
+    let roles: Vec<&str> = traces.iter().map(|t| t.role.as_str()).collect();
     assert_eq!(roles, ["decode", "short-context"]);
     assert!(traces.iter().all(|t| t.tasks.is_empty()));
 }
