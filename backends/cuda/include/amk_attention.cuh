@@ -764,6 +764,24 @@ struct amk_att_geom {
   bool partial;
 };
 
+/* The rows each split of a split-KV attention covers at position p
+ * (op_attention_split::split_size): the smallest multiple of `chunk` with which `n_splits`
+ * splits cover rows 0..=p. 32-bit arithmetic: a cache has far fewer than 2^30 rows, and a
+ * 64-bit division is a call of about a hundred instructions. */
+__device__ __forceinline__ int amk_split_size(long long p, int n_splits, int chunk) {
+  const int q = (int)min(p, (long long)(1 << 30));
+  const int per = (q + n_splits) / n_splits; /* ceil((p + 1) / n_splits) */
+  return (per + chunk - 1) / chunk * chunk;
+}
+
+/* The splits with rows at position p (op_attention_split::active_splits): ceil((p + 1) /
+ * size), at most n_splits. */
+__device__ __forceinline__ int amk_split_active(long long p, int n_splits, int chunk) {
+  const int q = (int)min(p, (long long)(1 << 30));
+  const int size = amk_split_size(p, n_splits, chunk);
+  return (q + size) / size;
+}
+
 /* A position buffer the attention can read (the validator's rule, again on the device):
  * integers, at least one element. */
 __device__ __forceinline__ bool amk_att_pos_ok(const amk_buffer_t* pb) {

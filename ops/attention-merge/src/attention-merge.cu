@@ -56,17 +56,14 @@ __device__ __noinline__ bool am_check(const amk_task_ctx& ctx) {
 }
 
 /* Splits with rows at the position (block-uniform); -1, having failed the task, for a negative
- * position. 32-bit arithmetic, as COMBINE_GEMV's cg_active. */
+ * position. */
 __device__ __forceinline__ int am_active(const amk_task_ctx& ctx, const am_args& a) {
   const long long p = amk_ldif(a.pos, 0);
   if (p < 0) {
     amk_fail(ctx, AMK_ERR_INDEX, p);
     return -1;
   }
-  const int q = (int)min(p, (long long)(1 << 30));
-  const int per = (q + a.n_splits) / a.n_splits;
-  const int size = (per + a.chunk - 1) / a.chunk * a.chunk;
-  return (q + size) / size; /* ceil((p + 1) / size) <= n_splits */
+  return amk_split_active(p, a.n_splits, a.chunk);
 }
 
 /* Splits a step of am_element's passes, every load of a step in flight at once (8 by default;

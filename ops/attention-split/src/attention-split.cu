@@ -137,9 +137,7 @@ __device__ __forceinline__ long long as_rows(const amk_task_ctx& ctx, const as_a
     amk_fail(ctx, AMK_ERR_INDEX, p);
     return -1;
   }
-  const int q = (int)min(p, (long long)(1 << 30)); /* 32-bit: see as_setup */
-  const int per = (q + a.n_splits) / a.n_splits;  /* ceil((p + 1) / n_splits) */
-  const int size = (per + a.chunk - 1) / a.chunk * a.chunk;
+  const int size = amk_split_size(p, a.n_splits, a.chunk);
   start = (long long)a.split * size;
   return start > p ? 0 : min((long long)size, p + 1 - start);
 }

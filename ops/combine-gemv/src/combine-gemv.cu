@@ -109,11 +109,7 @@ __device__ __forceinline__ int cg_active(const amk_task_ctx& ctx, const cg_args&
     amk_fail(ctx, AMK_ERR_INDEX, p);
     return -1;
   }
-  /* 32-bit arithmetic (a cache has far fewer than 2^30 rows; the 64-bit divisions are calls) */
-  const int q = (int)min(p, (long long)(1 << 30));
-  const int per = (q + a.n_splits) / a.n_splits;
-  const int size = (per + a.chunk - 1) / a.chunk * a.chunk;
-  return (q + size) / size; /* ceil((p + 1) / size) <= n_splits */
+  return amk_split_active(p, a.n_splits, a.chunk);
 }
 
 /* Every head's merge weights into the scratch: the active splits' m and l loaded at once (a
