@@ -1408,17 +1408,12 @@ fn split_kv_spreads_each_layer_over_the_sms(
     }
 }
 
-/// The combine's dependency pattern is proven, not assumed: a split-KV program validates, and
-/// each way of breaking it is refused with its kind — an output-projection tile that does not
-/// wait for the splits (a read racing their writes), one that waits for all but one (a
-/// partial wait on their shared counter), a split that does not wait for the query and the
-/// cache rows, two splits writing the same partials.
-#[test]
-fn split_kv_waits_are_proven_and_breaking_them_is_refused() {
-    let reg = registry();
+/// The toy GQA model's program under the fused schedule with the attention keys `attention`
+/// (a 20-row cache), checked to validate.
+fn valid_split_kv_program(attention: &[(&str, i64)], reg: &amk_core::Registry) -> Program {
     let model = shaped_model(cfg(2, 32, 4, 2, 8, 48, 40));
     let sc = schedule(
-        &[("attention", &[("split_kv", 4), ("split_chunk", 2)])],
+        &[("attention", attention)],
         true,
         SmAssignment::LoadBalance,
         PageStrategy::None,
@@ -1428,8 +1423,30 @@ fn split_kv_waits_are_proven_and_breaking_them_is_refused() {
         ..LowerOptions::default()
     };
     let p = lower(&model, &sc, &h100(), &opts).unwrap().program;
-    let r = amk_core::validate(&p, &reg);
+    let r = amk_core::validate(&p, reg);
     assert!(r.ok(), "{}", r.report());
+    p
+}
+
+/// `p` is refused by the validator with an error of `kind` (`what` names the breakage).
+fn assert_refused(p: &Program, reg: &amk_core::Registry, kind: ErrorKind, what: &str) {
+    let r = amk_core::validate(p, reg);
+    assert!(
+        r.has(kind),
+        "{what}: not refused as {kind:?}: {}",
+        r.report()
+    );
+}
+
+/// The combine's dependency pattern is proven, not assumed: a split-KV program validates, and
+/// each way of breaking it is refused with its kind — an output-projection tile that does not
+/// wait for the splits (a read racing their writes), one that waits for all but one (a
+/// partial wait on their shared counter), a split that does not wait for the query and the
+/// cache rows, two splits writing the same partials.
+#[test]
+fn split_kv_waits_are_proven_and_breaking_them_is_refused() {
+    let reg = registry();
+    let p = valid_split_kv_program(&[("split_kv", 4), ("split_chunk", 2)], &reg);
     let split = |p: &Program| {
         (p.tasks.iter())
             .position(|t| t.op == Opcode::ATTENTION_SPLIT)
@@ -1440,14 +1457,7 @@ fn split_kv_waits_are_proven_and_breaking_them_is_refused() {
             .position(|t| t.op == Opcode::COMBINE_GEMV)
             .unwrap()
     };
-    let refused = |p: &Program, kind: ErrorKind, what: &str| {
-        let r = amk_core::validate(p, &reg);
-        assert!(
-            r.has(kind),
-            "{what}: not refused as {kind:?}: {}",
-            r.report()
-        );
-    };
+    let refused = |p: &Program, kind: ErrorKind, what: &str| assert_refused(p, &reg, kind, what);
     let ctr = p.tasks[split(&p)].out_counter;
 
     let mut no_wait = p.clone();
@@ -1502,37 +1512,15 @@ fn split_kv_waits_are_proven_and_breaking_them_is_refused() {
 #[test]
 fn merge_task_waits_are_proven_and_breaking_them_is_refused() {
     let reg = registry();
-    let model = shaped_model(cfg(2, 32, 4, 2, 8, 48, 40));
-    let sc = schedule(
-        &[(
-            "attention",
-            &[("split_kv", 4), ("split_chunk", 2), ("merge_heads", 1)],
-        )],
-        true,
-        SmAssignment::LoadBalance,
-        PageStrategy::None,
-    );
-    let opts = LowerOptions {
-        max_seq: Some(20),
-        ..LowerOptions::default()
-    };
-    let p = lower(&model, &sc, &h100(), &opts).unwrap().program;
-    let r = amk_core::validate(&p, &reg);
-    assert!(r.ok(), "{}", r.report());
+    let attention = [("split_kv", 4), ("split_chunk", 2), ("merge_heads", 1)];
+    let p = valid_split_kv_program(&attention, &reg);
     let first = |p: &Program, op: Opcode| p.tasks.iter().position(|t| t.op == op).unwrap();
     assert!(!p.tasks.iter().any(|t| t.op == Opcode::COMBINE_GEMV));
     let merges = (p.tasks.iter())
         .filter(|t| t.op == Opcode::ATTENTION_MERGE && t.label.starts_with("L0."))
         .count();
     assert_eq!(merges, 4, "one merge a query head");
-    let refused = |p: &Program, kind: ErrorKind, what: &str| {
-        let r = amk_core::validate(p, &reg);
-        assert!(
-            r.has(kind),
-            "{what}: not refused as {kind:?}: {}",
-            r.report()
-        );
-    };
+    let refused = |p: &Program, kind: ErrorKind, what: &str| assert_refused(p, &reg, kind, what);
     let split_ctr = p.tasks[first(&p, Opcode::ATTENTION_SPLIT)].out_counter;
     let merge = first(&p, Opcode::ATTENTION_MERGE);
     let merge_ctr = p.tasks[merge].out_counter;
