@@ -19,9 +19,10 @@ fn ops_list_json_has_every_builtin_opcode() {
     let rows = v.as_array().unwrap();
     assert_eq!(
         rows.len(),
-        31,
+        32,
         "the 20 ABI opcodes, our fused 20-23, NEXT_TOKEN (24), ATTENTION_SPLIT and COMBINE_GEMV \
-         (25, 26), LINEAR_TILE and ATTENTION_CAUSAL (27, 28), TOKEN_NLL (29), ATTENTION_MERGE (30)"
+         (25, 26), LINEAR_TILE and ATTENTION_CAUSAL (27, 28), TOKEN_NLL (29), ATTENTION_MERGE (30), \
+         LOGIT_STATS (31)"
     );
     for (i, row) in rows.iter().enumerate() {
         assert_eq!(row["code"], i);

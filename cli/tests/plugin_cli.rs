@@ -28,10 +28,11 @@ fn plugin_row(out: &Output) -> serde_json::Value {
     assert_eq!(out.status.code(), Some(0), "stderr: {}", stderr(out));
     let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     let rows = v.as_array().unwrap();
-    // The 31 built-in opcodes (20 of the ABI, our fused 20-23, NEXT_TOKEN 24, the split-KV
-    // pair 25-26, the prefill pair 27-28, TOKEN_NLL 29, ATTENTION_MERGE 30), then the plugin's.
-    assert_eq!(rows.len(), 32);
-    rows[31].clone()
+    // The 32 built-in opcodes (20 of the ABI, our fused 20-23, NEXT_TOKEN 24, the split-KV
+    // pair 25-26, the prefill pair 27-28, TOKEN_NLL 29, ATTENTION_MERGE 30, LOGIT_STATS 31),
+    // then the plugin's.
+    assert_eq!(rows.len(), 33);
+    rows[32].clone()
 }
 
 #[test]

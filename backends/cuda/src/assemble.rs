@@ -17,6 +17,9 @@ pub const TILE_HELPERS: &str = include_str!("../include/amk_tile.cuh");
 /// Decode attention (amk_att_setup, amk_att_run), shared by ATTENTION_TILE and ATTENTION_GEMV;
 /// after TILE_HELPERS in every megakernel.
 pub const ATTENTION_HELPERS: &str = include_str!("../include/amk_attention.cuh");
+/// One block's passes over a run of one logits row (amk_lg_each, amk_lg_reduce_max), shared by
+/// NEXT_TOKEN and LOGIT_STATS; after DEVICE_HELPERS in every megakernel.
+pub const LOGITS_HELPERS: &str = include_str!("../include/amk_logits.cuh");
 /// The persistent scheduler loop (the `amk_megakernel` entry).
 pub const SCHEDULER: &str = include_str!("../include/amk_scheduler.cuh");
 /// Name of the kernel entry.
@@ -270,6 +273,7 @@ pub fn megakernel_source(registry: &Registry, knobs: Knobs) -> Result<Megakernel
         ("amk_device.cuh", DEVICE_HELPERS),
         ("amk_tile.cuh", TILE_HELPERS),
         ("amk_attention.cuh", ATTENTION_HELPERS),
+        ("amk_logits.cuh", LOGITS_HELPERS),
     ] {
         src.push_str(&format!("#line 1 \"backends/cuda/include/{file}\"\n"));
         src.push_str(part);

@@ -104,6 +104,10 @@ impl Opcode {
     /// Whole heads of the decode attention row merged from the split-KV partials at the
     /// position, once, for plain GEMV tiles to project (30).
     pub const ATTENTION_MERGE: Opcode = Opcode(30);
+    /// A slice of one logits row summarised for the decode loop's tail (its first largest
+    /// logit, the valid count, the sum of exps), so that NEXT_TOKEN merges summaries instead
+    /// of reading the whole row on one SM (31).
+    pub const LOGIT_STATS: Opcode = Opcode(31);
     /// Our appended built-in opcodes (code ≥ 20), in code order.
     pub const EXTENDED_OPS: &'static [Opcode] = &[
         Opcode::RMSNORM_GEMV,
@@ -117,6 +121,7 @@ impl Opcode {
         Opcode::ATTENTION_CAUSAL,
         Opcode::TOKEN_NLL,
         Opcode::ATTENTION_MERGE,
+        Opcode::LOGIT_STATS,
     ];
 
     /// The canonical name of one of our appended built-in opcodes.
@@ -133,6 +138,7 @@ impl Opcode {
             28 => Some("ATTENTION_CAUSAL"),
             29 => Some("TOKEN_NLL"),
             30 => Some("ATTENTION_MERGE"),
+            31 => Some("LOGIT_STATS"),
             _ => None,
         }
     }

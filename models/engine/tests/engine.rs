@@ -74,6 +74,53 @@ fn one_launch_gives_the_tokens_of_one_pass_per_launch(#[case] schedule: Schedule
     }
 }
 
+/// The tail that merges LOGIT_STATS summaries (the tuned schedule's `next_token.stats_slots`)
+/// chooses what the tail reading the whole row chooses: the same greedy and seeded tokens, under
+/// a vocabulary limit too, with log-probabilities within 1e-6.
+#[test]
+fn a_tail_merging_summaries_chooses_as_one_reading_the_logits() {
+    let plain = {
+        let mut s = tuned_schedule();
+        s.tiling.retain(|(g, _)| g != "next_token");
+        s
+    };
+    let mut with = engine(tuned_schedule(), 40);
+    let mut without = engine(plain, 40);
+    let count = |e: &Engine| {
+        (e.program().program().tasks.iter())
+            .filter(|t| t.op == amk_core::Opcode::LOGIT_STATS)
+            .count()
+    };
+    assert!(count(&with) > 1 && count(&without) == 0);
+    let sampled = |seed, vocab_limit| Request {
+        sampling: Sampling {
+            temperature: 1.3,
+            top_p: 0.9,
+            top_k: 0,
+            seed,
+        },
+        vocab_limit,
+        ..request(PROMPT, 16, &[])
+    };
+    for req in [
+        request(PROMPT, 16, &[]),
+        Request {
+            vocab_limit: Some(23),
+            ..request(PROMPT, 16, &[])
+        },
+        sampled(5, None),
+        sampled(6, Some(17)),
+    ] {
+        let a = with.generate(&req, &mut |_| true).unwrap();
+        let b = without.generate(&req, &mut |_| true).unwrap();
+        assert_eq!(a.ids(), b.ids());
+        for (x, y) in a.tokens.iter().zip(&b.tokens) {
+            let (x, y) = (f64::from(x.logprob), f64::from(y.logprob));
+            assert!((x - y).abs() <= 1e-6 * y.abs().max(1.0), "{x} against {y}");
+        }
+    }
+}
+
 #[test]
 fn a_stop_token_ends_generation_at_exactly_that_token() {
     let mut e = engine(ScheduleConfig::default(), 32);

@@ -11,7 +11,9 @@ use amk_core::{
     Registry, ScheduleConfig, Session, SmAssignment, Tensor, WeightStore, decode,
 };
 use amk_model_llama::config::ModelConfig;
-use amk_model_llama::lower::{DecodeLoop, LowerOptions, lower, shard_range, tuned_schedule};
+use amk_model_llama::lower::{
+    DecodeLoop, LowerOptions, StatsLayout, lower, shard_range, stats_layout, tuned_schedule,
+};
 use amk_model_llama::model::{Model, ModelFormat, tensor_names};
 use rstest::rstest;
 #[path = "support/shared.rs"]
@@ -622,6 +624,9 @@ fn a_decode_loop_program_ends_in_its_next_token_tail() {
                 !p.tasks.iter().any(|t| t.op == Opcode::SAMPLE_ARGMAX),
                 "{name}"
             );
+            let vocab = model.config.vocab as u64;
+            let stats = stats_layout(&sc, vocab);
+            let n_stats = stats.map_or(0, |l| l.slots as usize);
             let tails: Vec<usize> = (0..p.tasks.len())
                 .filter(|&i| p.tasks[i].op == Opcode::NEXT_TOKEN)
                 .collect();
@@ -638,18 +643,19 @@ fn a_decode_loop_program_ends_in_its_next_token_tail() {
                 "{name}: the gate counts the tail alone"
             );
             let ids = |names: &[&str]| names.iter().map(|n| named(&p, n)).collect::<Vec<_>>();
-            assert_eq!(
-                tail.inputs,
-                ids(&[
-                    decode::LOGITS,
-                    decode::POS,
-                    decode::PROMPT,
-                    decode::STOP,
-                    decode::LIMITS,
-                    decode::SAMPLING
-                ]),
-                "{name}"
-            );
+            let mut tail_in = vec![
+                decode::LOGITS,
+                decode::POS,
+                decode::PROMPT,
+                decode::STOP,
+                decode::LIMITS,
+                decode::SAMPLING,
+            ];
+            if let Some(layout) = stats {
+                tail_in.push("logit_stats");
+                check_stats_tasks(&p, layout, vocab, tail, name);
+            }
+            assert_eq!(tail.inputs, ids(&tail_in), "{name}");
             assert_eq!(
                 tail.outputs,
                 ids(&[decode::POS, decode::TOKEN, decode::HALT, decode::EMITTED]),
@@ -679,7 +685,7 @@ fn a_decode_loop_program_ends_in_its_next_token_tail() {
                         .contains(&b.name.as_str())),
                 "{name}"
             );
-            assert_eq!(body.tasks.len() + 1, p.tasks.len(), "{name}");
+            assert_eq!(body.tasks.len() + n_stats + 1, p.tasks.len(), "{name}");
             for (a, b) in body.tasks.iter().zip(&p.tasks) {
                 let key = |t: &amk_core::Task| {
                     (
@@ -703,6 +709,71 @@ fn a_decode_loop_program_ends_in_its_next_token_tail() {
                 .unwrap();
         }
     }
+}
+
+/// The tail's LOGIT_STATS tasks (`next_token.stats_slots`): the last before NEXT_TOKEN, one
+/// a slot in order, each reading the logits and the limits after every LM-head tile and
+/// writing its column of `logit_stats` (I32 `[4, slots]`, the slots covering the vocabulary
+/// exactly, 8-aligned); the tail waits for all of them, and for nothing else.
+fn check_stats_tasks(
+    p: &Program,
+    layout: StatsLayout,
+    vocab: u64,
+    tail: &amk_core::Task,
+    name: &str,
+) {
+    let out = named(p, "logit_stats");
+    let b = &p.buffers[out as usize];
+    assert_eq!(
+        (b.kind, b.dtype, b.shape.clone()),
+        (BufferKind::ACTIVATION, DType::I32, vec![4, layout.slots]),
+        "{name}"
+    );
+    assert_eq!(layout.cols % 8, 0, "{name}");
+    assert!(
+        layout.slots * layout.cols >= vocab && (layout.slots - 1) * layout.cols < vocab,
+        "{name}: {layout:?} against {vocab}"
+    );
+    let n = layout.slots as usize;
+    let first = p.tasks.len() - 1 - n;
+    let logits = named(p, decode::LOGITS);
+    let head: Vec<&amk_core::Task> = (p.tasks.iter())
+        .filter(|t| t.outputs.contains(&logits))
+        .collect();
+    for (g, t) in p.tasks[first..first + n].iter().enumerate() {
+        assert_eq!(t.op, Opcode::LOGIT_STATS, "{name}: '{}'", t.label);
+        assert_eq!(t.inputs, [logits, named(p, decode::LIMITS)], "{name}");
+        assert_eq!(t.outputs, [out], "{name}");
+        assert_eq!(
+            t.params.get("n_off"),
+            Some(&amk_core::json::Value::Int(g as i64))
+        );
+        assert_eq!(
+            t.params.get("cols"),
+            Some(&amk_core::json::Value::Int(layout.cols as i64))
+        );
+        let w = |c, n: usize| amk_core::Wait {
+            counter: c,
+            threshold: n as i64,
+        };
+        assert_eq!(
+            t.waits,
+            [w(head[0].out_counter, head.len())],
+            "{name}: a slot waits for every LM-head tile"
+        );
+        assert!(head.iter().all(|h| h.out_counter == head[0].out_counter));
+    }
+    let ctr = p.tasks[first].out_counter;
+    let want = amk_core::Wait {
+        counter: ctr,
+        threshold: n as i64,
+    };
+    assert_eq!(tail.waits, [want], "{name}");
+    assert_eq!(
+        p.tasks.iter().filter(|t| t.out_counter == ctr).count(),
+        n,
+        "{name}"
+    );
 }
 
 #[test]
@@ -1663,4 +1734,83 @@ fn model_names_drop_the_folder_and_the_extension() {
     assert_eq!(m.name(), "SmolLM2-135M-Instruct.Q4_1");
     m.source = "/models/tiny-mqa".into();
     assert_eq!(m.name(), "tiny-mqa");
+}
+
+/// The decode tail's summaries are proven, not assumed: a looped program with LOGIT_STATS
+/// tasks (`next_token.stats_slots`) validates; a slot that does not wait for the LM head (its
+/// read of the logits racing their writes), a tail that does not wait for the slots, one that
+/// waits for all but one, and two slots writing the same column are refused.
+#[test]
+fn logit_stats_waits_are_proven_and_breaking_them_is_refused() {
+    let reg = registry();
+    let model = shaped_model(cfg(2, 32, 4, 2, 8, 48, 40));
+    let mut sc = schedule(&[], true, SmAssignment::LoadBalance, PageStrategy::None);
+    sc.tiling
+        .push(("next_token".into(), vec![("stats_slots".into(), 4)]));
+    let opts = LowerOptions {
+        max_seq: Some(20),
+        decode_loop: Some(DecodeLoop::default()),
+        ..LowerOptions::default()
+    };
+    let p = lower(&model, &sc, &h100(), &opts).unwrap().program;
+    let r = amk_core::validate(&p, &reg);
+    assert!(r.ok(), "{}", r.report());
+    let first = p
+        .tasks
+        .iter()
+        .position(|t| t.op == Opcode::LOGIT_STATS)
+        .unwrap();
+    let tail = p.tasks.len() - 1;
+    assert_eq!(
+        tail - first,
+        3,
+        "40 logits in 3 slots of 16 (about 4 asked, 8-aligned)"
+    );
+    let refused = |p: &Program, kind: ErrorKind, what: &str| assert_refused(p, &reg, kind, what);
+
+    let mut blind = p.clone();
+    blind.tasks[first].waits.clear();
+    refused(
+        &blind,
+        ErrorKind::RawRace,
+        "a slot that does not wait for the LM head",
+    );
+
+    let mut eager = p.clone();
+    eager.tasks[tail].waits.clear();
+    refused(
+        &eager,
+        ErrorKind::RawRace,
+        "a tail that does not wait for the slots",
+    );
+
+    let mut partial = p.clone();
+    partial.tasks[tail].waits[0].threshold -= 1;
+    refused(
+        &partial,
+        ErrorKind::PartialSharedWait,
+        "a tail that waits for all slots but one",
+    );
+
+    let mut clash = p.clone();
+    let n_off = clash.tasks[first + 1].params.get("n_off").cloned().unwrap();
+    clash.tasks[first].params.insert("n_off", n_off);
+    refused(&clash, ErrorKind::WawRace, "two slots writing one column");
+}
+
+/// `bench/schedules/tuned-no-stats.json`, the A/B partner of the tuned schedule's summarised
+/// tail, is the tuned schedule without `next_token.stats_slots` and nothing else.
+#[test]
+fn the_no_stats_schedule_is_the_tuned_one_without_its_stats() {
+    let path = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../../bench/schedules/tuned-no-stats.json"
+    );
+    let text = std::fs::read_to_string(path).unwrap();
+    let file = amk_core::codec::schedule_config_from_json(&text).unwrap();
+    let mut want = tuned_schedule();
+    want.tiling.retain(|(g, _)| g != "next_token");
+    assert_eq!(file, want);
+    assert!(stats_layout(&tuned_schedule(), 49152).is_some());
+    assert_eq!(stats_layout(&file, 49152), None);
 }

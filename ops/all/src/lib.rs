@@ -22,6 +22,7 @@ extern crate op_gemv_tile;
 extern crate op_kv_append;
 extern crate op_layernorm;
 extern crate op_linear_tile;
+extern crate op_logit_stats;
 extern crate op_mul;
 extern crate op_next_token;
 extern crate op_nop;
@@ -58,6 +59,7 @@ pub fn registry() -> Result<Registry, IrError> {
         &op_gemm_tile::SPEC,
         &op_gemv_tile::SPEC,
         &op_kv_append::SPEC,
+        &op_logit_stats::SPEC,
         &op_layernorm::SPEC,
         &op_linear_tile::SPEC,
         &op_mul::SPEC,

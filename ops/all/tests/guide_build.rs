@@ -1,5 +1,5 @@
 //! docs/adding-an-op.md, done by a test: its step 1 (copy `ops/add` as `op-scale-add`) and the
-//! spec of its step 2 (code 31, name SCALE_ADD) applied to a copy in a scratch workspace, which
+//! spec of its step 2 (code 32, name SCALE_ADD) applied to a copy in a scratch workspace, which
 //! is then built and tested offline against this checkout's `amk-core`. A guide whose template
 //! crate no longer builds on its own, or whose commands no longer name what they do here, fails.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // test file
@@ -74,7 +74,7 @@ fn a_crate_copied_as_the_guide_says_builds_and_passes_its_tests() {
         "cp -r ops/add ops/scale-add",
         "rename the package to `op-scale-add`",
         "`use op_add::…` lines become `use op_scale_add::…`",
-        "code: Opcode(31),",
+        "code: Opcode(32),",
         "name: Cow::Borrowed(\"SCALE_ADD\"),",
     ] {
         assert!(guide.contains(step), "the guide no longer says {step:?}");
@@ -102,7 +102,7 @@ fn a_crate_copied_as_the_guide_says_builds_and_passes_its_tests() {
         "use op_scale_add::",
     );
     let lib = krate.join("src/lib.rs");
-    edit(&lib, "code: Opcode::ADD,", "code: Opcode(31),");
+    edit(&lib, "code: Opcode::ADD,", "code: Opcode(32),");
     edit(
         &lib,
         "name: Cow::Borrowed(\"ADD\"),",

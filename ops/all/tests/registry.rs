@@ -1,7 +1,8 @@
-//! The built-in registry holds exactly the 20 ABI opcodes and our 11 appended ones (the fused
+//! The built-in registry holds exactly the 20 ABI opcodes and our 12 appended ones (the fused
 //! decode ops, codes 20–23, NEXT_TOKEN, 24, the split-KV pair ATTENTION_SPLIT, 25, and
 //! COMBINE_GEMV, 26, the prefill pair LINEAR_TILE, 27, and ATTENTION_CAUSAL, 28, the
-//! scorer's TOKEN_NLL, 29, and the split-KV merge ATTENTION_MERGE, 30), under
+//! scorer's TOKEN_NLL, 29, the split-KV merge ATTENTION_MERGE, 30, and the decode tail's
+//! LOGIT_STATS, 31), under
 //! their canonical codes and names, with the
 //! arities of docs/ir.md, "Opcodes and params" (with our GEMV/GEMM 2–4 inputs fix and the
 //! position inputs: KV_APPEND's third input, which makes its `pos` param optional,
@@ -13,12 +14,12 @@ use rstest::rstest;
 #[test]
 fn registry_holds_exactly_the_abi_and_extended_opcodes() {
     let reg = amk_ops::registry().unwrap();
-    assert_eq!(reg.len(), 31);
+    assert_eq!(reg.len(), 32);
     let codes: Vec<u16> = reg.iter().map(|(s, _)| s.code.0).collect();
-    assert_eq!(codes, (0..31).collect::<Vec<u16>>());
+    assert_eq!(codes, (0..32).collect::<Vec<u16>>());
     assert_eq!(
         Opcode::EXTENDED_OPS.iter().map(|o| o.0).collect::<Vec<_>>(),
-        [20, 21, 22, 23, 24, 25, 26, 27, 28, 29, 30]
+        [20, 21, 22, 23, 24, 25, 26, 27, 28, 29, 30, 31]
     );
     for (spec, origin) in reg.iter() {
         assert_eq!(
@@ -68,13 +69,14 @@ fn registry_holds_exactly_the_abi_and_extended_opcodes() {
 #[case("GATE_UP_SILU", 21, 3, Some(4), Some(1), &["K", "N_tile", "n_off"])]
 #[case("QKV_ROPE_APPEND", 22, 5, Some(8), Some(3), &["K", "N_tile", "n_off", "head_dim", "n_heads", "n_kv_heads", "theta"])]
 #[case("ATTENTION_GEMV", 23, 4, Some(6), Some(1), &["head_dim", "kv_start", "kv_len", "scale", "n_heads", "n_kv_heads", "K", "N_tile", "n_off"])]
-#[case("NEXT_TOKEN", 24, 6, Some(6), Some(4), &[])]
+#[case("NEXT_TOKEN", 24, 6, Some(7), Some(4), &[])]
 #[case("ATTENTION_SPLIT", 25, 4, Some(4), Some(1), &["head_dim", "n_heads", "n_kv_heads", "scale", "N_tile", "n_off", "n_splits", "chunk"])]
 #[case("COMBINE_GEMV", 26, 3, Some(4), Some(1), &["head_dim", "n_heads", "n_kv_heads", "K", "N_tile", "n_off", "n_splits", "chunk"])]
 #[case("LINEAR_TILE", 27, 2, Some(6), Some(1), &["K", "N_tile", "n_off", "M_tile", "m_off"])]
 #[case("ATTENTION_CAUSAL", 28, 4, Some(4), Some(1), &["head_dim", "n_heads", "n_kv_heads", "scale", "m_off", "M_tile", "n_off", "N_tile"])]
 #[case("TOKEN_NLL", 29, 2, Some(2), Some(1), &[])]
 #[case("ATTENTION_MERGE", 30, 2, Some(2), Some(1), &["head_dim", "n_heads", "n_kv_heads", "N_tile", "n_off", "n_splits", "chunk"])]
+#[case("LOGIT_STATS", 31, 2, Some(2), Some(1), &["cols", "N_tile", "n_off"])]
 fn spec_matches_the_table(
     #[case] name: &str,
     #[case] code: u16,

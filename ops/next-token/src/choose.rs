@@ -37,6 +37,7 @@
 //! the canonical `0x7FC00000`) when no id is valid or `m1` is infinite.
 
 use crate::noise;
+use op_logit_stats::Summary;
 
 /// The settings of one choice, as read from the `limits` and `sampling` inputs.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -70,13 +71,7 @@ pub const NAN_BITS: u32 = 0x7FC0_0000;
 /// `2^32` as f64: the scale of the keys.
 const KEY_SCALE: f64 = 4_294_967_296.0;
 
-/// The number of ids that take part: `min(vocab_limit, V)`, or `V` without a limit.
-pub fn effective_vocab(v: usize, vocab_limit: i64) -> usize {
-    match usize::try_from(vocab_limit) {
-        Ok(lim) if lim > 0 => lim.min(v),
-        _ => v,
-    }
-}
+pub use op_logit_stats::effective_vocab;
 
 /// The integer key of a scaled logit `z` under the maximum `m`: `min(⌊exp(z − m)·2^32⌋,
 /// 2^32 − 1)`, the exponential in f32.
@@ -88,52 +83,47 @@ pub fn key(z: f32, m: f32) -> u32 {
 /// Chooses the next token from `logits` (already read as f32) at position `q`.
 pub fn choose(logits: &[f32], s: &Settings, q: u64) -> Choice {
     let vp = effective_vocab(logits.len(), s.vocab_limit);
-    let valid: Vec<(usize, f32)> = logits[..vp]
-        .iter()
-        .copied()
-        .enumerate()
-        .filter(|(_, l)| !l.is_nan())
-        .collect();
-    let Some(greedy) = greedy(&valid) else {
+    choose_given(logits, s, q, &Summary::of(&logits[..vp], 0))
+}
+
+/// [`choose`] with the valid ids' [`Summary`] already known (NEXT_TOKEN's stats input): the
+/// greedy token, the maximum, the valid count and the log-probability's denominator come from
+/// it; a seeded draw still reads the logits.
+pub fn choose_given(logits: &[f32], s: &Settings, q: u64, g: &Summary) -> Choice {
+    let Some(first) = g.first else {
         return Choice {
             token: 0,
             logprob: f32::from_bits(NAN_BITS),
         };
     };
-    let m1 = greedy.1;
+    let m1 = g.max;
     let t = s.temperature;
-    let token = if t > 0.0 && t.is_finite() && (m1 / t).is_finite() {
-        sample(&valid, s, m1 / t, q)
+    let (token, l_next) = if t > 0.0 && t.is_finite() && (m1 / t).is_finite() {
+        let vp = effective_vocab(logits.len(), s.vocab_limit);
+        let valid: Vec<(usize, f32)> = logits[..vp]
+            .iter()
+            .copied()
+            .enumerate()
+            .filter(|(_, l)| !l.is_nan())
+            .collect();
+        let token = sample(&valid, s, m1 / t, q);
+        (token, logits[token])
     } else {
-        greedy.0
+        (first, m1)
     };
-    let l_next = logits[token];
     Choice {
         token,
-        logprob: logprob(&valid, l_next, m1),
+        logprob: logprob(l_next, m1, g.sum_exp),
     }
 }
 
-/// The first valid id holding the largest logit.
-fn greedy(valid: &[(usize, f32)]) -> Option<(usize, f32)> {
-    let mut best: Option<(usize, f32)> = None;
-    for &(i, l) in valid {
-        if best.is_none_or(|(_, b)| l > b) {
-            best = Some((i, l));
-        }
-    }
-    best
-}
-
-/// `l_next − m1 − ln Σ exp(l_i − m1)` in f64, rounded to f32; canonical NaN when `m1` is
-/// infinite.
-fn logprob(valid: &[(usize, f32)], l_next: f32, m1: f32) -> f32 {
+/// `l_next − m1 − ln Σ exp(l_i − m1)` in f64 (the sum given), rounded to f32; canonical NaN
+/// when `m1` is infinite.
+fn logprob(l_next: f32, m1: f32, sum_exp: f64) -> f32 {
     if !m1.is_finite() {
         return f32::from_bits(NAN_BITS);
     }
-    let m1 = m1 as f64;
-    let sum: f64 = valid.iter().map(|&(_, l)| (l as f64 - m1).exp()).sum();
-    let lp = ((l_next as f64 - m1) - sum.ln()) as f32;
+    let lp = ((l_next as f64 - m1 as f64) - sum_exp.ln()) as f32;
     if lp.is_nan() {
         f32::from_bits(NAN_BITS)
     } else {

@@ -20,6 +20,11 @@
 //!    length, the end position, top-k (≤ 0: off), the seed as two 32-bit words
 //!    (`seed = (u32)seed_lo | (u32)seed_hi << 32`) and the vocabulary limit (≤ 0: `V`).
 //! 5. `sampling`: F32, `numel ≥ 2`: `[temperature, top_p]`.
+//! 6. (optional) `stats`: I32 `[4, G]`, LOGIT_STATS's summaries of slots of these logits
+//!    ([`op_logit_stats`]): the largest valid logit, its first id, the valid count and the sum
+//!    of exps then come from merging the slots ([`op_logit_stats::Summary::merge`]) instead of
+//!    a pass over the logits on one SM. Whoever builds the program makes the slots cover the
+//!    logits (the validator orders the stats' writers before this task, not their columns).
 //!
 //! Outputs, in order:
 //! 0. the `pos` buffer itself, updated in place (the shape rule requires `outputs[0] ==
@@ -77,7 +82,7 @@ pub const SPEC: OpSpec = OpSpec {
     code: Opcode::NEXT_TOKEN,
     name: Cow::Borrowed("NEXT_TOKEN"),
     min_inputs: 6,
-    max_inputs: Some(6),
+    max_inputs: Some(7),
     n_outputs: Some(4),
     params: Cow::Borrowed(&[]),
     write_region: amk_core::WriteRegion::Whole,
@@ -157,6 +162,15 @@ fn check(ctx: &TaskContext<'_>) -> Vec<Finding> {
                 desc(s)
             ));
         }
+    }
+    if let Some(st) = c.input(6)
+        && (st.dtype != DType::I32 || st.rank() != 2 || st.shape[0] != op_logit_stats::ROWS)
+    {
+        c.mismatch(format!(
+            "the logit stats {} must be I32 [{}, slots]",
+            desc(st),
+            op_logit_stats::ROWS
+        ));
     }
     for (j, role) in [(1, "the token output"), (2, "the halt output")] {
         if let Some(b) = c.output(j) {

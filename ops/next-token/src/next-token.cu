@@ -4,7 +4,8 @@
  *
  * Inputs  [logits (F32/F16/BF16, one row of V), pos (integer; element 0 = p), prompt (I32, L),
  *          stop (I32; negative = unused), limits (I32 >= 6: P, E, top_k, seed_lo, seed_hi,
- *          vocab_limit), sampling (F32 >= 2: temperature, top_p)]
+ *          vocab_limit), sampling (F32 >= 2: temperature, top_p)
+ *          [, stats (I32 [4, G]: LOGIT_STATS's summaries of these logits)]]
  * Outputs [pos (the same buffer as input 1), token (I32), halt (I32), emitted (I32 [R, 2])]
  *
  * With q = p + 1: p < 0 fails (AMK_ERR_INDEX, detail p). When q < P the next token is
@@ -32,11 +33,13 @@
  *
  * One block does everything; every thread reads the scalars itself (so every branch is
  * block-uniform) and one barrier separates the last read of pos from thread 0's writes.
- * Greedy is two passes over the logits (nt_greedy): per thread the first-largest logit
- * (indices visited in increasing order, strict >) and the count of valid ids, merged by warp
- * shuffles and a fixed-order cross-warp merge with SAMPLE_ARGMAX's tie rule; then the sum of
- * exp(l - max) in a fixed order (the log-probability's). Sampling adds, when enabled, 4 + 4 passes of a radix select over
- * the 32-bit keys (8 bits a pass, a 256-bin shared histogram: counts for top-k, key masses for
+ * Greedy is two passes over the logits (nt_greedy, amk_logits.cuh): per thread the
+ * first-largest logit (indices visited in increasing order, strict >) and the count of valid
+ * ids, merged by warp shuffles and a fixed-order cross-warp merge with SAMPLE_ARGMAX's tie
+ * rule; then the sum of exp(l - max) in a fixed order (the log-probability's). With the stats
+ * (input 6) the same four values come from merging the slots' summaries (nt_from_stats), and a
+ * greedy choice reads one logit. Sampling adds, when enabled, 4 + 4 passes of a radix select
+ * over the 32-bit keys (8 bits a pass, a 256-bin shared histogram: counts for top-k, key masses for
  * top-p; the keys are recomputed from the logits each pass, no scratch of V entries; each
  * thread adds runs of equal bins locally before its atomicAdd, and integer atomics sum in any
  * order to the same value) and one pass for the Gumbel argmax. Same inputs, same token, on
@@ -46,7 +49,6 @@
  * log-probability word is stored first, then a system fence, then the token word (volatile),
  * then another fence, so a host that sees the token sees its log-probability. */
 
-#define NT_FULL 0xffffffffu
 #define NT_BINS 256
 
 /* SplitMix64's finaliser (noise.rs `mix`). */
@@ -64,175 +66,11 @@ __device__ __forceinline__ float nt_gumbel(unsigned long long base, long long i)
   return -logf(-logf(u));
 }
 
-__device__ __forceinline__ bool nt_finite(float x) {
-  return fabsf(x) < __int_as_float(0x7f800000);
-}
-
 /* The integer key of a scaled logit z under the maximum m (choose.rs `key`): w * 2^32 is
  * exact in f32, and float-to-unsigned truncation is the floor of a non-negative value. */
 __device__ __forceinline__ unsigned nt_key(float z, float m) {
   const float s = __fmul_rn(expf(__fsub_rn(z, m)), 4294967296.0f);
   return s >= 4294967296.0f ? 0xffffffffu : (unsigned)s;
-}
-
-/* Merges another thread's greedy state: the larger value wins, equal values the lower index
- * (bi < 0: none); the valid counts add. Symmetric, so both lanes of a shuffle agree. */
-__device__ __forceinline__ void nt_merge_max(float& bv, long long& bi, int& n, float ov, long long oi,
-                                             int on) {
-  n += on;
-  if (oi < 0) return;
-  if (bi < 0 || ov > bv || (ov == bv && oi < bi)) {
-    bv = ov;
-    bi = oi;
-  }
-}
-
-/* The block's reductions (one at a time; a barrier before each reuse). */
-struct nt_red_t {
-  float v[AMK_WARPS];
-  long long i[AMK_WARPS];
-  float s[AMK_WARPS];
-  int n[AMK_WARPS];
-  float rv;
-  long long ri;
-  float rs;
-  int rn;
-};
-__shared__ nt_red_t nt_red;
-
-/* ---- pass A, as two passes (nt_greedy): the first-largest valid logit and the valid count,
- * then the sum of exp(l - max) over the valid ids. Each streams the logits in 16-byte vectors
- * of the logits' own dtype, NT_VEC a thread in flight before any is used, with no branch an
- * element (other dtypes and unaligned bases element by element). A one-pass online softmax
- * before (a dtype branch, a branch and an expf an element, each load waiting on the one
- * before) took about 80 us of a decode pass on one SM (docs/perf-notes.md round 39). */
-#define NT_VEC 4
-
-/* A thread's first-largest valid logit (bi < 0: none) and valid count (strict >: the first of
- * equal maxima, ids visited in increasing order). */
-struct nt_max_state {
-  float bv;
-  long long bi;
-  int n;
-  __device__ __forceinline__ void visit(float l, long long i) {
-    const bool valid = l == l;
-    n += valid;
-    const bool take = valid && (bi < 0 || l > bv);
-    bv = take ? l : bv;
-    bi = take ? i : bi;
-  }
-};
-
-/* A thread's sum of expf(l - m) over its valid ids, in increasing order. */
-struct nt_sum_state {
-  float m, s;
-  __device__ __forceinline__ void visit(float l, long long) {
-    s = l == l ? __fadd_rn(s, expf(__fsub_rn(l, m))) : s;
-  }
-};
-
-/* Word w's two 16-bit elements as f32 (BF16 or F16). */
-__device__ __forceinline__ float nt_lo(int dt, uint32_t w) {
-  return dt == AMK_BF16 ? __uint_as_float(w << 16) : amk_f16_to_f32((uint16_t)(w & 0xffffu));
-}
-__device__ __forceinline__ float nt_hi(int dt, uint32_t w) {
-  return dt == AMK_BF16 ? __uint_as_float(w & 0xffff0000u) : amk_f16_to_f32((uint16_t)(w >> 16));
-}
-
-/* Feeds a thread's ids below vp to st.visit(l, i) in increasing order: 16-byte units t, t + T,
- * ... (4 F32 or 8 BF16/F16 elements each), then the tail's ids t, t + T, ... (every one past
- * the thread's units). By value, so the state stays in registers. */
-template <class S>
-__device__ __forceinline__ S nt_each(const amk_buffer_t* xb, long long vp, S st) {
-  const int dt = xb->dtype;
-  const uint4* q = (const uint4*)xb->ptr;
-  const int per = dt == AMK_F32 ? 4 : 8;
-  long long tail = 0;
-  if ((dt == AMK_F32 || dt == AMK_BF16 || dt == AMK_F16) && amk_al16(q)) {
-    const long long nu = vp / per;
-#pragma unroll 1
-    for (long long u0 = threadIdx.x; u0 < nu; u0 += NT_VEC * AMK_THREADS) {
-      uint4 v0 = make_uint4(0u, 0u, 0u, 0u), v1 = v0, v2 = v0, v3 = v0;
-      const long long u1 = u0 + AMK_THREADS, u2 = u1 + AMK_THREADS, u3 = u2 + AMK_THREADS;
-      v0 = q[u0];
-      if (u1 < nu) v1 = q[u1];
-      if (u2 < nu) v2 = q[u2];
-      if (u3 < nu) v3 = q[u3];
-      const uint4 vs[NT_VEC] = {v0, v1, v2, v3};
-      const long long us[NT_VEC] = {u0, u1, u2, u3};
-#pragma unroll
-      for (int k = 0; k < NT_VEC; ++k) {
-        if (us[k] >= nu) break;
-        const uint32_t w[4] = {vs[k].x, vs[k].y, vs[k].z, vs[k].w};
-        const long long i0 = us[k] * per;
-        if (dt == AMK_F32) {
-#pragma unroll
-          for (int j = 0; j < 4; ++j) st.visit(__uint_as_float(w[j]), i0 + j);
-        } else {
-#pragma unroll
-          for (int j = 0; j < 4; ++j) {
-            st.visit(nt_lo(dt, w[j]), i0 + 2 * j);
-            st.visit(nt_hi(dt, w[j]), i0 + 2 * j + 1);
-          }
-        }
-      }
-    }
-    tail = nu * per;
-  }
-#pragma unroll 1
-  for (long long i = tail + threadIdx.x; i < vp; i += AMK_THREADS) st.visit(amk_ldf(xb, i), i);
-  return st;
-}
-
-/* Block merge of every thread's (bv, bi, n): the larger value wins, equal values the lower
- * index; every thread gets the result. */
-__device__ __forceinline__ void nt_reduce_max(float& bv, long long& bi, int& n) {
-  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) {
-    const float ov = __shfl_xor_sync(NT_FULL, bv, o);
-    const long long oi = __shfl_xor_sync(NT_FULL, bi, o);
-    const int on = __shfl_xor_sync(NT_FULL, n, o);
-    nt_merge_max(bv, bi, n, ov, oi, on);
-  }
-  __syncthreads(); /* earlier readers of nt_red are done */
-  if (lane == 0) {
-    nt_red.v[warp] = bv;
-    nt_red.i[warp] = bi;
-    nt_red.n[warp] = n;
-  }
-  __syncthreads();
-  if (tid == 0) {
-    float v = nt_red.v[0];
-    long long i = nt_red.i[0];
-    int c = nt_red.n[0];
-    for (int w = 1; w < AMK_WARPS; ++w) nt_merge_max(v, i, c, nt_red.v[w], nt_red.i[w], nt_red.n[w]);
-    nt_red.rv = v;
-    nt_red.ri = i;
-    nt_red.rn = c;
-  }
-  __syncthreads();
-  bv = nt_red.rv;
-  bi = nt_red.ri;
-  n = nt_red.rn;
-}
-
-/* A thread's sum merged over the block in a fixed order (the warps' shuffle tree, then the
- * warps in order): the same bits on every run. Every thread gets the sum. */
-__device__ __forceinline__ float nt_reduce_sum(float s) {
-  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) s = __fadd_rn(s, __shfl_xor_sync(NT_FULL, s, o));
-  __syncthreads(); /* earlier readers of nt_red are done */
-  if (lane == 0) nt_red.s[warp] = s;
-  __syncthreads();
-  if (tid == 0) {
-    float t = nt_red.s[0];
-    for (int w = 1; w < AMK_WARPS; ++w) t = __fadd_rn(t, nt_red.s[w]);
-    nt_red.rs = t;
-  }
-  __syncthreads();
-  return nt_red.rs;
 }
 
 /* Pass A's result: the first-largest valid logit m1 at bi (bi < 0: none), the valid count n,
@@ -244,51 +82,57 @@ struct nt_greedy_t {
   int n;
 };
 
-/* Pass A, out of line (its loads in flight would take the registers of the dispatcher it is
- * otherwise inlined into). Block-uniform. */
+/* Pass A over the logits (amk_logits.cuh), out of line (its loads in flight would take the
+ * registers of the dispatcher it is otherwise inlined into). Block-uniform. */
 __device__ __noinline__ nt_greedy_t nt_greedy(const amk_buffer_t* xb, long long vp) {
-  const nt_max_state st = nt_each(xb, vp, nt_max_state{-__int_as_float(0x7f800000), -1, 0});
+  const amk_lg_max st = amk_lg_each(xb, 0, vp, amk_lg_max{-__int_as_float(0x7f800000), -1, 0});
   nt_greedy_t r;
   r.m1 = st.bv;
   r.bi = st.bi;
   r.n = st.n;
-  nt_reduce_max(r.m1, r.bi, r.n);
+  amk_lg_reduce_max(r.m1, r.bi, r.n);
   r.bs = 1.0f;
-  if (r.bi >= 0 && nt_finite(r.m1)) r.bs = nt_reduce_sum(nt_each(xb, vp, nt_sum_state{r.m1, 0.0f}).s);
+  if (r.bi >= 0 && amk_lg_finite(r.m1))
+    r.bs = amk_lg_reduce_sum(amk_lg_each(xb, 0, vp, amk_lg_sum{r.m1, 0.0f}).s);
+  return r;
+}
+
+/* Pass A from LOGIT_STATS's summaries instead (input 6, I32 [4, G]: column g's largest logit
+ * bits, its first id, the bits of its sum of exps, its count): a thread a slot, the slots merged
+ * as the logits are (the larger maximum, then the lower id; counts added), then each finite
+ * slot's sum rescaled to the merged maximum, sum_g s_g * expf(m_g - m1), in a fixed order. */
+__device__ __noinline__ nt_greedy_t nt_from_stats(const amk_buffer_t* sb) {
+  const int32_t* w = (const int32_t*)sb->ptr;
+  const long long G = sb->shape[1];
+  float bv = -__int_as_float(0x7f800000);
+  long long bi = -1;
+  int n = 0;
+  for (long long g = threadIdx.x; g < G; g += AMK_THREADS)
+    amk_lg_merge_max(bv, bi, n, __int_as_float(w[g]), w[G + g], w[3 * G + g]);
+  amk_lg_reduce_max(bv, bi, n);
+  nt_greedy_t r;
+  r.m1 = bv;
+  r.bi = bi;
+  r.n = n;
+  r.bs = 1.0f;
+  if (bi >= 0 && amk_lg_finite(bv)) {
+    float s = 0.0f;
+    for (long long g = threadIdx.x; g < G; g += AMK_THREADS) {
+      const float mg = __int_as_float(w[g]);
+      if (w[G + g] >= 0 && amk_lg_finite(mg))
+        s = __fadd_rn(s, __fmul_rn(__int_as_float(w[2 * G + g]), expf(__fsub_rn(mg, bv))));
+    }
+    r.bs = amk_lg_reduce_sum(s);
+  }
   return r;
 }
 
 /* Block argmax of (score, index) candidates (index < 0: none), lowest index on ties; every
  * thread gets the winner's index. */
-__device__ __forceinline__ void nt_argmax_merge(float& bv, long long& bi, float ov, long long oi) {
-  if (oi < 0) return;
-  if (bi < 0 || ov > bv || (ov == bv && oi < bi)) {
-    bv = ov;
-    bi = oi;
-  }
-}
 __device__ __forceinline__ long long nt_reduce_argmax(float bv, long long bi) {
-  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) {
-    const float ov = __shfl_xor_sync(NT_FULL, bv, o);
-    const long long oi = __shfl_xor_sync(NT_FULL, bi, o);
-    nt_argmax_merge(bv, bi, ov, oi);
-  }
-  __syncthreads();
-  if (lane == 0) {
-    nt_red.v[warp] = bv;
-    nt_red.i[warp] = bi;
-  }
-  __syncthreads();
-  if (tid == 0) {
-    float v = nt_red.v[0];
-    long long i = nt_red.i[0];
-    for (int w = 1; w < AMK_WARPS; ++w) nt_argmax_merge(v, i, nt_red.v[w], nt_red.i[w]);
-    nt_red.ri = i;
-  }
-  __syncthreads();
-  return nt_red.ri;
+  int n = 0;
+  amk_lg_reduce_max(bv, bi, n);
+  return bi;
 }
 
 /* ---- radix select over the keys ---- */
@@ -355,17 +199,17 @@ __device__ __noinline__ unsigned nt_select(const amk_buffer_t* xb, long long vp,
       unsigned long long cum = own;
 #pragma unroll
       for (int o = 1; o < 32; o <<= 1) {
-        const unsigned long long x = __shfl_up_sync(NT_FULL, cum, o);
+        const unsigned long long x = __shfl_up_sync(AMK_LG_FULL, cum, o);
         if (lane >= o) cum += x;
       }
       const unsigned long long above = nt_sel.above;
       unsigned long long tgt = nt_sel.target;
       if (mass && shift == 24) {
-        const unsigned long long total = __shfl_sync(NT_FULL, cum, 31);
+        const unsigned long long total = __shfl_sync(AMK_LG_FULL, cum, 31);
         const double c = ceil((double)top_p * (double)total);
         tgt = c < 1.0 ? 1ull : (unsigned long long)c;
       }
-      const unsigned hit = __ballot_sync(NT_FULL, above + cum >= tgt);
+      const unsigned hit = __ballot_sync(AMK_LG_FULL, above + cum >= tgt);
       const int leader = hit ? __ffs(hit) - 1 : 31; /* never 0: the target is reachable */
       if (lane == leader) {
         unsigned long long run = above + cum - own;
@@ -416,7 +260,7 @@ __device__ __noinline__ long long nt_sample(const amk_buffer_t* xb, long long vp
 }
 
 __device__ void amk_op_next_token(const amk_task_ctx& ctx) {
-  if (ctx.inst->n_inputs != 6 || ctx.inst->n_outputs != 4) {
+  if (ctx.inst->n_inputs < 6 || ctx.inst->n_inputs > 7 || ctx.inst->n_outputs != 4) {
     amk_fail(ctx, AMK_ERR_SHAPE, ctx.inst->n_inputs);
     return;
   }
@@ -426,6 +270,7 @@ __device__ void amk_op_next_token(const amk_task_ctx& ctx) {
   const amk_buffer_t* stb = amk_in(ctx, 3);
   const amk_buffer_t* lmb = amk_in(ctx, 4);
   const amk_buffer_t* sab = amk_in(ctx, 5);
+  const amk_buffer_t* stats = ctx.inst->n_inputs == 7 ? amk_in(ctx, 6) : nullptr;
   const amk_buffer_t* pout = amk_out(ctx, 0);
   const amk_buffer_t* tkb = amk_out(ctx, 1);
   const amk_buffer_t* hlb = amk_out(ctx, 2);
@@ -450,6 +295,11 @@ __device__ void amk_op_next_token(const amk_task_ctx& ctx) {
   if (sab->dtype != AMK_F32) { amk_fail(ctx, AMK_ERR_DTYPE, sab->dtype); return; }
   if (sab->numel < 2) { amk_fail(ctx, AMK_ERR_SHAPE, sab->numel); return; }
   if (emb->rank != 2 || emb->shape[1] != 2) { amk_fail(ctx, AMK_ERR_SHAPE, emb->rank); return; }
+  if (stats && stats->dtype != AMK_I32) { amk_fail(ctx, AMK_ERR_DTYPE, stats->dtype); return; }
+  if (stats && (stats->rank != 2 || stats->shape[0] != 4 || stats->shape[1] < 1)) {
+    amk_fail(ctx, AMK_ERR_SHAPE, stats->rank);
+    return;
+  }
 
   /* Data: every thread reads the same scalars (nothing writes them during the task before
      the barrier below), so every decision is block-uniform. */
@@ -474,7 +324,7 @@ __device__ void amk_op_next_token(const amk_task_ctx& ctx) {
     const float* smp = (const float*)sab->ptr;
     const float T = smp[0], top_p = smp[1];
 
-    const nt_greedy_t gr = nt_greedy(xb, vp);
+    const nt_greedy_t gr = stats ? nt_from_stats(stats) : nt_greedy(xb, vp);
     const float m1 = gr.m1, bs = gr.bs;
     const long long bi = gr.bi;
     const int n = gr.n;
@@ -482,11 +332,11 @@ __device__ void amk_op_next_token(const amk_task_ctx& ctx) {
     const float m = __fdiv_rn(m1, T);
     next = bi < 0 ? 0 : bi;
     float l_next = m1;
-    if (bi >= 0 && T > 0.0f && nt_finite(T) && nt_finite(m)) {
+    if (bi >= 0 && T > 0.0f && amk_lg_finite(T) && amk_lg_finite(m)) {
       next = nt_sample(xb, vp, T, m, n, top_k, top_p, seed, q);
       l_next = amk_ldf(xb, next);
     }
-    if (bi >= 0 && nt_finite(m1)) {
+    if (bi >= 0 && amk_lg_finite(m1)) {
       const float v = __fsub_rn(__fsub_rn(l_next, m1), logf(bs));
       if (v == v) lp = v;
     }

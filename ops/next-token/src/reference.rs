@@ -1,6 +1,6 @@
-//! CPU reference of NEXT_TOKEN `[logits, pos, prompt, stop, limits, sampling] ->
+//! CPU reference of NEXT_TOKEN `[logits, pos, prompt, stop, limits, sampling(, stats)] ->
 //! [pos (in place), token, halt, emitted]` (the crate doc has the semantics; [`crate::choose`]
-//! the choice).
+//! the choice; with the stats, [`op_logit_stats::reference::merged`] their summary).
 //!
 //! A caller passes `pos` as [`Input::InPlace`]`(0)` and the position buffer itself as output
 //! 0, as the validator requires. (A caller that passes it as an ordinary input gets the same
@@ -49,7 +49,7 @@ struct Decision {
 
 /// Runs one NEXT_TOKEN task.
 pub fn run(call: &mut CpuCall<'_, '_>) -> Result<(), OpError> {
-    call.expect_arity(6, 6, 4)?;
+    call.expect_arity(6, 7, 4)?;
     let logits = call.input(0)?;
     let pos_src = match call.inputs.get(1) {
         Some(Input::InPlace(0)) => PosSource::InPlace,
@@ -93,6 +93,14 @@ pub fn run(call: &mut CpuCall<'_, '_>) -> Result<(), OpError> {
             sampling.shape()
         )));
     }
+    let stats = match call.inputs.len() {
+        7 => {
+            let st = call.input(6)?;
+            op_logit_stats::reference::check_stats(st, "NEXT_TOKEN logit stats")?;
+            Some(st)
+        }
+        _ => None,
+    };
     let outs = &*call.outputs;
     let [pos_out, token_out, halt_out, emitted] = outs else {
         return Err(OpError::Arity {
@@ -132,7 +140,7 @@ pub fn run(call: &mut CpuCall<'_, '_>) -> Result<(), OpError> {
     }
 
     let d = decide(
-        logits,
+        Logits { row: logits, stats },
         pos_in.get_i64(0),
         prompt,
         stop,
@@ -164,10 +172,16 @@ pub fn run(call: &mut CpuCall<'_, '_>) -> Result<(), OpError> {
     Ok(())
 }
 
+/// The logits a choice reads, and their LOGIT_STATS summaries when the task has them.
+struct Logits<'a> {
+    row: &'a Tensor,
+    stats: Option<&'a Tensor>,
+}
+
 /// The semantics proper, on checked operands: the next token, the new position, the halt flag
 /// and the row to emit, or the index error that stops the task before any write.
 fn decide(
-    logits: &Tensor,
+    logits: Logits<'_>,
     p: i64,
     prompt: &Tensor,
     stop: &Tensor,
@@ -214,7 +228,14 @@ fn decide(
             seed: (limits.get_i64(3) as u32 as u64) | ((limits.get_i64(4) as u32 as u64) << 32),
             vocab_limit: limits.get_i64(5),
         };
-        let c = choose::choose(&logits.to_f32_vec(), &settings, q as u64);
+        let xs = logits.row.to_f32_vec();
+        let c = match logits.stats {
+            Some(st) => {
+                let summary = op_logit_stats::reference::merged(st);
+                choose::choose_given(&xs, &settings, q as u64, &summary)
+            }
+            None => choose::choose(&xs, &settings, q as u64),
+        };
         (c.token as i64, Some((row, c.logprob.to_bits())))
     };
     let stops =

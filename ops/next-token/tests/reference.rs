@@ -230,6 +230,43 @@ impl Call {
         (r, read(&outs))
     }
 
+    /// Runs the op with `stats` as input 6.
+    fn run_with_stats(&self, stats: &Tensor) -> (Result<(), OpError>, Out) {
+        let [prompt, stop, limits, sampling] = self.inputs();
+        let mut outs = self.outputs();
+        let r = call_with_stats(
+            &[&self.logits, &prompt, &stop, &limits, &sampling],
+            Some(stats),
+            &mut outs,
+        );
+        (r, read(&outs))
+    }
+
+    /// LOGIT_STATS's summaries of the logits in slots of `cols`, under this call's limit (its
+    /// own reference, one task a slot).
+    fn stats(&self, cols: usize) -> Tensor {
+        let v = self.logits.numel();
+        let g = v.div_ceil(cols);
+        let [_, _, limits, _] = self.inputs();
+        let mut out = [Tensor::poisoned(DType::I32, &[4, g as u64])];
+        for slot in 0..g {
+            let p = [
+                ("cols", amk_core::json::Value::Int(cols as i64)),
+                ("n_off", amk_core::json::Value::Int(slot as i64)),
+                ("N_tile", amk_core::json::Value::Int(1)),
+            ];
+            amk_core::testkit::call(
+                op_logit_stats::reference::run,
+                &task(Opcode::LOGIT_STATS, 2, 1, &p),
+                &[&self.logits, &limits],
+                &mut out,
+            )
+            .unwrap();
+        }
+        let [out] = out;
+        out
+    }
+
     /// Runs the op and requires success.
     fn ok(&self) -> Out {
         let (r, out) = self.run();
@@ -248,8 +285,17 @@ impl Call {
 
 /// Calls the reference with `[logits, pos (in place), prompt, stop, limits, sampling]`.
 fn call_in_place(ins: &[&Tensor; 5], outs: &mut [Tensor]) -> Result<(), OpError> {
+    call_with_stats(ins, None, outs)
+}
+
+/// [`call_in_place`] with LOGIT_STATS's summaries as input 6 when given.
+fn call_with_stats(
+    ins: &[&Tensor; 5],
+    stats: Option<&Tensor>,
+    outs: &mut [Tensor],
+) -> Result<(), OpError> {
     let [logits, prompt, stop, limits, sampling] = *ins;
-    let inputs = [
+    let mut inputs = vec![
         Input::Tensor(logits),
         Input::InPlace(0),
         Input::Tensor(prompt),
@@ -257,8 +303,9 @@ fn call_in_place(ins: &[&Tensor; 5], outs: &mut [Tensor]) -> Result<(), OpError>
         Input::Tensor(limits),
         Input::Tensor(sampling),
     ];
+    inputs.extend(stats.map(Input::Tensor));
     run(&mut CpuCall {
-        task: &task(Opcode::NEXT_TOKEN, 6, 4, &[]),
+        task: &task(Opcode::NEXT_TOKEN, inputs.len(), 4, &[]),
         registry: None,
         inputs: &inputs,
         outputs: outs,
@@ -851,6 +898,71 @@ fn bad_arity_is_typed() {
     });
     assert!(matches!(r, Err(OpError::Shape(_))));
     assert_eq!(read(&outs), read(&c.outputs()));
+}
+
+/// With LOGIT_STATS's summaries as input 6 the op makes the same choice as from the logits
+/// alone: the same token, position, halt flag and emitted row, the log-probability within 1e-6
+/// relative (its denominator summed by slot); and the naive model agrees.
+#[rstest]
+#[case(&[1, 49152], DType::BF16, 12.0, GREEDY, 384)]
+#[case(&[1, 49152], DType::F32, 20.0, GREEDY, 49152)]
+#[case(&[1000], DType::F16, 8.0, GREEDY, 7)]
+#[case(&[1000], DType::F32, 8.0, sampled(1.0, 40, 1.0), 96)]
+#[case(&[1, 49152], DType::BF16, 4.0, sampled(0.6, 0, 0.8), 400)]
+#[case(&[7], DType::F32, 2.0, sampled(0.7, 3, 1.0), 2)]
+#[case(&[1000], DType::BF16, 6.0, Setup { limit: 650, ..GREEDY }, 64)]
+#[case(&[1000], DType::BF16, 6.0, Setup { limit: 650, ..sampled(0.8, 50, 0.95) }, 64)]
+fn stats_give_the_choice_the_logits_give(
+    #[case] shape: &[u64],
+    #[case] dtype: DType,
+    #[case] range: f64,
+    #[case] setup: Setup,
+    #[case] cols: usize,
+) {
+    let mut c = Call::new(random_logits(dtype, shape, cols as u64 + 17, range), setup);
+    c.rows = 40;
+    for p in [2, 9, 30] {
+        c.p = p;
+        let plain = check_sampled(&c);
+        let (r, with) = c.run_with_stats(&c.stats(cols));
+        r.unwrap();
+        let q = (p + 1) as usize;
+        assert_eq!(
+            (with.token, with.pos, with.halt),
+            (plain.token, plain.pos, plain.halt)
+        );
+        let (a, b) = (logprob_of(&with, q) as f64, logprob_of(&plain, q) as f64);
+        assert!((a - b).abs() <= 1e-6 * b.abs().max(1.0), "{a} against {b}");
+        let mut rest = with.emitted.clone();
+        rest[2 * q + 1] = plain.emitted[2 * q + 1];
+        assert_eq!(rest, plain.emitted);
+    }
+}
+
+/// The stats decide the greedy token: a summary that points elsewhere is followed (the op
+/// does not read the row again), and stats of the wrong shape or dtype are refused with
+/// nothing written.
+#[test]
+fn the_stats_are_what_a_greedy_choice_reads() {
+    let c = Call::new(f32_logits(&[0.0, 1.0, 9.0, 2.0, 3.0, 4.0]), GREEDY);
+    let mut stats = c.stats(2);
+    assert_eq!(c.run_with_stats(&stats).1.token, 2);
+    // slot 2 claims id 5 holds 50.0
+    stats.set_i64(2, 50.0f32.to_bits() as i32 as i64);
+    stats.set_i64(3 + 2, 5);
+    assert_eq!(c.run_with_stats(&stats).1.token, 5);
+    for bad in [
+        Tensor::zeros(DType::I32, &[3, 3]),
+        Tensor::zeros(DType::F32, &[4, 3]),
+        Tensor::zeros(DType::I32, &[12]),
+    ] {
+        let (r, out) = c.run_with_stats(&bad);
+        assert!(
+            matches!(r, Err(OpError::Shape(_) | OpError::DType(_))),
+            "{r:?}"
+        );
+        assert_eq!(out, read(&c.outputs()), "nothing written");
+    }
 }
 
 #[test]

@@ -6,9 +6,9 @@ use super::compare::output;
 use super::formulas::argmax_rows;
 use super::outcome::{CaseResult, fail};
 use super::run::{Inputs, in_vals, run_steps, vals};
-use super::tiny::Tiny;
+use super::tiny::{Tiny, int};
 use amk_core::testkit::random_nonzero;
-use amk_core::{BufferKind, DType, Opcode, Outputs, Tensor};
+use amk_core::{BufferId, BufferKind, CounterId, DType, Opcode, Outputs, Tensor};
 
 /// The settings of one iteration of [`op_next_token`].
 #[derive(Clone, Copy)]
@@ -99,13 +99,104 @@ const NT_STEPS: [NtStep; 8] = [
 /// row emitted, no halt on a stop id), the greedy token and its f64 log-probability, ids below
 /// the vocabulary limit, the halts, and no row but q written.
 pub(super) fn op_next_token(c: &Ctx<'_>) -> CaseResult {
-    next_token_case(c, 26, DType::F32, &[1, 300])
+    next_token_case(c, 26, DType::F32, &[1, 300], None)
         .map_err(|e| fail(format!("f32 logits [1, 300]: {e}")))?;
-    next_token_case(c, 27, DType::BF16, &[2000])
+    next_token_case(c, 27, DType::BF16, &[2000], None)
         .map_err(|e| fail(format!("bf16 logits [2000]: {e}")))
 }
 
-fn next_token_case(c: &Ctx<'_>, seed: u64, dtype: DType, shape: &[u64]) -> CaseResult {
+/// [`op_next_token`]'s steps with the logits summarised first by LOGIT_STATS tasks (input 6 of
+/// NEXT_TOKEN): slots of 40 f32 logits, two a task (the last slot short), and of 64 bf16 logits,
+/// one a task; and 13 f16 logits in slots of 5 (starts that are not 16-byte aligned: the
+/// element path). Against the oracle and the formula as there.
+pub(super) fn op_next_token_stats(c: &Ctx<'_>) -> CaseResult {
+    next_token_case(
+        c,
+        28,
+        DType::F32,
+        &[1, 300],
+        Some(Slots {
+            cols: 40,
+            per_task: 2,
+        }),
+    )
+    .map_err(|e| fail(format!("f32 logits [1, 300], slots of 40: {e}")))?;
+    next_token_case(
+        c,
+        29,
+        DType::BF16,
+        &[2000],
+        Some(Slots {
+            cols: 64,
+            per_task: 1,
+        }),
+    )
+    .map_err(|e| fail(format!("bf16 logits [2000], slots of 64: {e}")))?;
+    next_token_case(
+        c,
+        30,
+        DType::F16,
+        &[13],
+        Some(Slots {
+            cols: 5,
+            per_task: 1,
+        }),
+    )
+    .map_err(|e| fail(format!("f16 logits [13], slots of 5: {e}")))
+}
+
+/// How a case's LOGIT_STATS tasks summarise the logits.
+#[derive(Clone, Copy)]
+struct Slots {
+    cols: u64,
+    per_task: u64,
+}
+
+/// The LOGIT_STATS tasks over `logits` (limits from `limits`), `per_task` slots of `cols`
+/// each a task, all on one counter; returns the stats buffer and the wait for them.
+fn stats_tasks(
+    t: &mut Tiny,
+    logits: BufferId,
+    limits: BufferId,
+    v: u64,
+    s: Slots,
+) -> (BufferId, (CounterId, i64)) {
+    let slots = v.div_ceil(s.cols);
+    let stats = t.p.new_buffer(
+        "stats",
+        BufferKind::ACTIVATION,
+        DType::I32,
+        &[op_logit_stats::ROWS, slots],
+    );
+    let ctr = t.counter();
+    let mut tasks = 0;
+    for first in (0..slots).step_by(s.per_task as usize) {
+        let n = s.per_task.min(slots - first);
+        let params = [
+            ("cols", int(s.cols as i64)),
+            ("n_off", int(first as i64)),
+            ("N_tile", int(n as i64)),
+        ];
+        t.task_on(
+            ctr,
+            Opcode::LOGIT_STATS,
+            &[logits, limits],
+            &[stats],
+            &[],
+            &params,
+        );
+        tasks += 1;
+    }
+    (stats, (ctr, tasks))
+}
+
+fn next_token_case(
+    c: &Ctx<'_>,
+    seed: u64,
+    dtype: DType,
+    shape: &[u64],
+    slots: Option<Slots>,
+) -> CaseResult {
     let v = shape.iter().product::<u64>() as usize;
     let mut t = Tiny::new(seed);
     let logits = t.input("logits", dtype, shape);
@@ -125,11 +216,18 @@ fn next_token_case(c: &Ctx<'_>, seed: u64, dtype: DType, shape: &[u64]) -> CaseR
     let emitted = t.output("emitted", DType::I32, &[NT_ROWS, 2]);
     let cp = t.task(Opcode::COPY, &[pos_in], &[pos], &[], &[]);
     let ce = t.task(Opcode::COPY, &[em_in], &[em], &[], &[]);
+    let mut ins = vec![logits, pos, prompt, stop, limits, sampling];
+    let mut waits = vec![(cp, 1), (ce, 1)];
+    if let Some(s) = slots {
+        let (stats, wait) = stats_tasks(&mut t, logits, limits, v as u64, s);
+        ins.push(stats);
+        waits.push(wait);
+    }
     let cn = t.task(
         Opcode::NEXT_TOKEN,
-        &[logits, pos, prompt, stop, limits, sampling],
+        &ins,
         &[pos, token, halt, em],
-        &[(cp, 1), (ce, 1)],
+        &waits,
         &[],
     );
     t.task(Opcode::COPY, &[pos], &[pos_out], &[(cn, 1)], &[]);

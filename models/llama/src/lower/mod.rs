@@ -284,8 +284,10 @@ pub fn sm_shares(num_sms: u64, rows: &[u64]) -> Vec<u64> {
 /// measurements): every projection split over all SMs (`gemv.sm_multiple` 1), the attention
 /// split over them too (`attention.split_kv`, [`TUNED_SPLIT_KV`]; its time then stays nearly
 /// flat with the position) with its partials merged once by merge tasks
-/// (`attention.merge_heads`, [`TUNED_MERGE_HEADS`]), every fusion of [`FUSIBLE`] but the reshape+ROPE one (which the
-/// Q/K/V fusion subsumes) and the load-balancing SM assignment.
+/// (`attention.merge_heads`, [`TUNED_MERGE_HEADS`]), the decode loop's tail merging summaries
+/// of the logits (`next_token.stats_slots`, [`TUNED_STATS_SLOTS`]), every fusion of
+/// [`FUSIBLE`] but the reshape+ROPE one (which the Q/K/V fusion subsumes) and the
+/// load-balancing SM assignment.
 /// The default [`ScheduleConfig`] keeps the reference's tiling.
 pub fn tuned_schedule() -> ScheduleConfig {
     let group = |g: &[&str]| g.iter().map(|s| s.to_string()).collect::<Vec<_>>();
@@ -305,6 +307,10 @@ pub fn tuned_schedule() -> ScheduleConfig {
                     ("split_chunk".into(), DEFAULT_SPLIT_CHUNK as i64),
                     ("merge_heads".into(), TUNED_MERGE_HEADS),
                 ],
+            ),
+            (
+                "next_token".into(),
+                vec![("stats_slots".into(), TUNED_STATS_SLOTS)],
             ),
         ],
         fusion_grouping: vec![
@@ -349,6 +355,34 @@ pub const TUNED_SPLIT_KV: i64 = 16;
 /// tiles project the row, instead of in each of the ~130 output-projection tiles: the 1B 7–8 %
 /// faster at every position, the 8B 5–7 %, SmolLM2 1–7 % (docs/perf-notes.md round 39).
 pub const TUNED_MERGE_HEADS: i64 = 4;
+
+/// The tuned schedule's `next_token.stats_slots`: the decode loop's tail merges 128 LOGIT_STATS
+/// summaries of the logits (one a task, on as many SMs) instead of reading the whole row on one
+/// SM, which took 31–33 µs of every pass (docs/perf-notes.md rounds 39 and 40).
+pub const TUNED_STATS_SLOTS: i64 = 128;
+
+/// How the decode loop's tail summarises the logits: `slots` LOGIT_STATS slots of `cols`
+/// logits each.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct StatsLayout {
+    /// Slots (tasks), covering the row exactly.
+    pub slots: u64,
+    /// Logits a slot: a multiple of 8, so every slot of a 16-bit or f32 row starts 16-byte
+    /// aligned (the device's vector loads).
+    pub cols: u64,
+}
+
+/// The tail's summary layout for a row of `vocab` logits under `cfg`
+/// (`next_token.stats_slots = n`: about `n` slots; absent or below 1: none, and NEXT_TOKEN reads
+/// the row itself).
+pub fn stats_layout(cfg: &ScheduleConfig, vocab: u64) -> Option<StatsLayout> {
+    let n = cfg.tile("next_token", "stats_slots").filter(|&n| n >= 1)? as u64;
+    let cols = vocab.div_ceil(n).next_multiple_of(8).max(8);
+    Some(StatsLayout {
+        slots: vocab.div_ceil(cols).max(1),
+        cols,
+    })
+}
 
 /// The tuned schedule's `gemv.alternate_max_kb`: SmolLM2-135M's largest layer projection
 /// (gate/up, 3.4 MiB in bf16) alternates and gained 0.07 ms a token on the H100; TinyLlama's
@@ -404,6 +438,7 @@ const TILING_KEYS: &[(&str, &[&str])] = &[
             "merge_heads",
         ],
     ),
+    ("next_token", &["stats_slots"]),
 ];
 
 fn check_config(cfg: &ScheduleConfig, target: &GpuTarget) -> Result<(), ModelError> {
@@ -539,13 +574,19 @@ impl Builder<'_> {
             &[t.max_seq, 2],
         );
         self.p.buffers[emitted as usize].space = amk_core::MemSpace::HOST;
+        let mut ins = vec![t.logits.buf, t.pos, prompt, stop, limits, sampling];
+        let mut wait = t.logits.wait;
+        if let Some(stats) = self.logit_stats(t, limits) {
+            ins.push(stats.buf);
+            wait = stats.wait;
+        }
         let gate = self.p.new_counter("next token");
         let task = self.p.push_task(
             Opcode::NEXT_TOKEN,
-            &[t.logits.buf, t.pos, prompt, stop, limits, sampling],
+            &ins,
             &[t.pos, t.token, halt, emitted],
             gate,
-            &[t.logits.wait],
+            &[wait],
             Map::new(),
             "next_token",
         );
@@ -554,6 +595,40 @@ impl Builder<'_> {
             task.est_flops = 4 * t.vocab as i64;
         }
         amk_core::StepLoop { gate, halt }
+    }
+
+    /// The logits summarised by slot for the tail (`next_token.stats_slots`, [`stats_layout`]):
+    /// a LOGIT_STATS task a slot, each waiting for the whole row; `None` without the key.
+    fn logit_stats(&mut self, t: &LoopTail, limits: BufferId) -> Option<Val> {
+        let layout = stats_layout(self.cfg, t.vocab)?;
+        let out = self.p.new_buffer(
+            "logit_stats",
+            BufferKind::ACTIVATION,
+            DType::I32,
+            &[op_logit_stats::ROWS, layout.slots],
+        );
+        let ctr = self.p.new_counter("logit stats ready");
+        let cols = layout.cols as i64;
+        for g in 0..layout.slots {
+            let mut pr = Map::new();
+            pr.insert("cols", int(layout.cols));
+            pr.insert("N_tile", int(1));
+            pr.insert("n_off", int(g));
+            self.task(
+                Opcode::LOGIT_STATS,
+                &[t.logits.buf, limits],
+                out,
+                ctr,
+                &[t.logits.wait],
+                pr,
+                format!("logit_stats[{g}]"),
+                (cols * self.dbytes, 4 * cols),
+            );
+        }
+        Some(Val {
+            buf: out,
+            wait: (ctr, layout.slots as i64),
+        })
     }
 
     fn act(&mut self, name: String, shape: &[u64]) -> BufferId {
