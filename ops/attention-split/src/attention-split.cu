@@ -47,11 +47,6 @@
 #else
 #define AS_PROBE(cond, k) do { } while (0)
 #endif
-/* The first chunk's cache rows prefetched into L2 before the wait when the position is known
- * then (1, the default; 0 off, for measurements). */
-#ifndef AMK_AS_PREFETCH
-#define AMK_AS_PREFETCH 1
-#endif
 #ifndef AMK_AS_MIN_ROWS
 #define AMK_AS_MIN_ROWS 8
 #endif
@@ -448,22 +443,6 @@ __device__ __forceinline__ void as_store(const amk_task_ctx& ctx, const as_plan&
   }
 }
 
-/* Where the split's rows start in the caches: K and V at row `start` of KV head a.kv_head,
- * rows `gstride` bytes apart. */
-struct as_rows_at {
-  const char *kb, *vb;
-  long long gstride;
-};
-__device__ __forceinline__ as_rows_at as_rows_from(const amk_task_ctx& ctx, const as_args& a,
-                                                   const as_plan& s, long long start) {
-  as_rows_at r;
-  r.gstride = (long long)a.nkv * a.hd * s.esz;
-  const long long first = start * r.gstride + (long long)a.kv_head * a.hd * s.esz;
-  r.kb = (const char*)amk_in(ctx, 1)->ptr + first;
-  r.vb = (const char*)amk_in(ctx, 2)->ptr + first;
-  return r;
-}
-
 /* The split's attention on the staged path (as_plan_for passed): rows [start, start + len)
  * of KV head a.kv_head, a chunk of s.ch rows at a time, after the task's wait. K and V are
  * separate copy groups, so a chunk's scores need only its K, and the next chunk's K is in
@@ -473,10 +452,10 @@ template <int DT>
 __device__ void as_attend(const amk_task_ctx& ctx, const as_args& a, const as_plan& s,
                           long long start, int len) {
   const float NEG_INF = -__int_as_float(0x7f800000);
-  const as_rows_at at = as_rows_from(ctx, a, s, start);
-  const long long gstride = at.gstride;
-  const char* kb = at.kb;
-  const char* vb = at.vb;
+  const long long gstride = (long long)a.nkv * a.hd * s.esz;
+  const long long first = start * gstride + (long long)a.kv_head * a.hd * s.esz;
+  const char* kb = (const char*)amk_in(ctx, 1)->ptr + first;
+  const char* vb = (const char*)amk_in(ctx, 2)->ptr + first;
   int n = min(len, s.ch);
   as_stage(s, s.k, s.kstride, kb, gstride, 0, n);
   as_stage(s, s.v, s.vstride, vb, gstride, 0, n);
@@ -568,15 +547,6 @@ __device__ void amk_op_attention_split(const amk_task_ctx& ctx) {
   as_plan s;
   const int dt = amk_in(ctx, 1)->dtype;
   const bool staged = len > AMK_AS_MIN_ROWS && as_plan_for(ctx, a, s);
-#endif
-#if AMK_AS_STAGED && AMK_AS_PREFETCH
-  /* The position known before the wait: the first chunk's rows into L2 while the producers
-     work (the copies after the wait then come from L2, not HBM). A prefetch has no effect but
-     the cache's, so rows the producers still write (the one at the position) stay correct. */
-  if (!late && staged) {
-    const as_rows_at at = as_rows_from(ctx, a, s, start);
-    as_prefetch(s, at.kb, at.vb, at.gstride, 0, min((int)len, s.ch));
-  }
 #endif
   if (!late && !amk_task_wait(ctx)) return;
   if (ctx.trace && threadIdx.x == 0) ctx.trace[4] = amk_globaltimer();
