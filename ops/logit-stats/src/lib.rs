@@ -36,7 +36,8 @@
 
 use amk_core::opcheck::{Checker, desc, tile_within};
 use amk_core::{
-    DType, Finding, OpRegistration, OpSpec, Opcode, ParamDecl, ParamType, Reference, TaskContext,
+    Buffer, DType, Finding, OpRegistration, OpSpec, Opcode, ParamDecl, ParamType, Reference,
+    TaskContext,
 };
 use std::borrow::Cow;
 
@@ -106,12 +107,9 @@ pub fn cover_error(slots: u64, cols: u64, v: u64) -> Option<String> {
     None
 }
 
-/// Static shape and parameter rule, run by the validator.
-fn check(ctx: &TaskContext<'_>) -> Vec<Finding> {
-    let mut c = Checker::new(ctx);
-    let (Some(x), Some(limits), Some(out)) = (c.input(0), c.input(1), c.output(0)) else {
-        return c.finish();
-    };
+/// The shape rule of a row of logits (one non-empty row of F32, F16 or BF16), for this op and
+/// NEXT_TOKEN.
+pub fn check_logits_row(c: &mut Checker<'_, '_>, x: &Buffer) {
     if !matches!(x.dtype, DType::F32 | DType::F16 | DType::BF16) {
         c.mismatch(format!("the logits {} must be F32, F16 or BF16", desc(x)));
     }
@@ -121,6 +119,15 @@ fn check(ctx: &TaskContext<'_>) -> Vec<Finding> {
             desc(x)
         ));
     }
+}
+
+/// Static shape and parameter rule, run by the validator.
+fn check(ctx: &TaskContext<'_>) -> Vec<Finding> {
+    let mut c = Checker::new(ctx);
+    let (Some(x), Some(limits), Some(out)) = (c.input(0), c.input(1), c.output(0)) else {
+        return c.finish();
+    };
+    check_logits_row(&mut c, x);
     if limits.dtype != DType::I32 || limits.numel() <= VOCAB_LIMIT_AT as u64 {
         c.mismatch(format!(
             "the limits {} must be I32 with at least {} elements",

@@ -14,7 +14,7 @@ pub fn run(call: &mut CpuCall<'_, '_>) -> Result<(), OpError> {
     let n_tile = call.int("N_tile")?;
     let n_off = call.int("n_off")?;
     let (logits, limits) = (call.input(0)?, call.input(1)?);
-    check_logits(logits)?;
+    check_logits("LOGIT_STATS", logits)?;
     if limits.dtype() != DType::I32 || limits.numel() <= VOCAB_LIMIT_AT {
         return Err(OpError::Shape(format!(
             "LOGIT_STATS limits must be I32 with at least {} elements, got {} {:?}",
@@ -62,17 +62,18 @@ pub fn run(call: &mut CpuCall<'_, '_>) -> Result<(), OpError> {
     Ok(())
 }
 
-/// The logits must be one non-empty row of F32, F16 or BF16.
-fn check_logits(logits: &Tensor) -> Result<(), OpError> {
+/// The logits of `op` must be one non-empty row of F32, F16 or BF16 (this op's and NEXT_TOKEN's
+/// rule).
+pub fn check_logits(op: &str, logits: &Tensor) -> Result<(), OpError> {
     if !matches!(logits.dtype(), DType::F32 | DType::F16 | DType::BF16) {
         return Err(OpError::DType(format!(
-            "LOGIT_STATS logits must be F32, F16 or BF16, got {}",
+            "{op} logits must be F32, F16 or BF16, got {}",
             logits.dtype()
         )));
     }
     if logits.numel() == 0 || logits.numel() != logits.last_dim() {
         return Err(OpError::Shape(format!(
-            "LOGIT_STATS logits must be one non-empty row, got shape {:?}",
+            "{op} logits must be one non-empty row, got shape {:?}",
             logits.shape()
         )));
     }

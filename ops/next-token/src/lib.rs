@@ -119,15 +119,7 @@ fn i32_at_least(c: &mut Checker<'_, '_>, b: &Buffer, n: u64, role: &str) {
 fn check(ctx: &TaskContext<'_>) -> Vec<Finding> {
     let mut c = Checker::new(ctx);
     if let Some(x) = c.input(0) {
-        if !matches!(x.dtype, DType::F32 | DType::F16 | DType::BF16) {
-            c.mismatch(format!("the logits {} must be F32, F16 or BF16", desc(x)));
-        }
-        if x.numel() == 0 || x.numel() != x.last_dim() {
-            c.mismatch(format!(
-                "the logits {} must be one non-empty row (numel == last dim)",
-                desc(x)
-            ));
-        }
+        op_logit_stats::check_logits_row(&mut c, x);
     }
     if let Some(pos) = c.input(1) {
         c.integer(pos, "the position");

@@ -66,18 +66,7 @@ pub fn run(call: &mut CpuCall<'_, '_>) -> Result<(), OpError> {
         call.input(4)?,
         call.input(5)?,
     );
-    if !matches!(logits.dtype(), DType::F32 | DType::F16 | DType::BF16) {
-        return Err(OpError::DType(format!(
-            "NEXT_TOKEN logits must be F32, F16 or BF16, got {}",
-            logits.dtype()
-        )));
-    }
-    if logits.numel() == 0 || logits.numel() != logits.last_dim() {
-        return Err(OpError::Shape(format!(
-            "NEXT_TOKEN logits must be one non-empty row, got shape {:?}",
-            logits.shape()
-        )));
-    }
+    op_logit_stats::reference::check_logits("NEXT_TOKEN", logits)?;
     i32_at_least(prompt, 1, "prompt")?;
     i32_at_least(stop, 1, "stop ids")?;
     i32_at_least(limits, LIMITS_LEN, "limits")?;
