@@ -3,10 +3,11 @@
 //! `exp(l − max)` over them ([`Summary`]).
 //!
 //! **Why.** NEXT_TOKEN is one task on one SM. Reading a whole row of logits there (49,152 in
-//! SmolLM2, 128,256 in a Llama 3) took 31–33 µs of every decode pass even with 16-byte loads
-//! in flight (docs/perf-notes.md round 39): the row is small, one SM's loads are the limit.
-//! Summaries of ~130 slots, one task a slot on as many SMs, let NEXT_TOKEN merge ~130 records
-//! instead (its optional input 6); greedy decoding then never reads the row on one SM.
+//! SmolLM2, 128,256 in a Llama 3) took about 30 µs of every decode pass even with 16-byte
+//! loads in flight: the row is small, one SM's loads are the limit. Summaries of ~130 slots,
+//! one task a slot on as many SMs, let NEXT_TOKEN merge ~130 records instead (its optional
+//! input 6), and greedy decoding never reads the row on one SM: the tail 28 → 15 µs a pass
+//! (docs/perf-notes.md rounds 39–40).
 //!
 //! # Operands
 //!

@@ -6,6 +6,7 @@
 //! written) and the validator's shape rule.
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+#![allow(clippy::too_many_arguments)] // rstest cases spell every operand out
 
 use amk_core::json::Value;
 use amk_core::testkit::{buffer, call, rng, shape_rule_kinds, task};
@@ -310,7 +311,6 @@ fn bad_operands_and_params_are_typed_errors_that_write_nothing() {
 }
 
 /// The validator's shape rule: what the reference refuses, the rule refuses before a launch.
-#[allow(clippy::too_many_arguments)] // reason: one case's full description
 #[rstest]
 #[case(&[1, 100], DType::BF16, &[4, 10], DType::I32, 10, 0, 1, &[])]
 #[case(&[100], DType::F32, &[4, 10], DType::I32, 10, 9, 1, &[])]

@@ -38,7 +38,7 @@
  * ids, merged by warp shuffles and a fixed-order cross-warp merge with SAMPLE_ARGMAX's tie
  * rule; then the sum of exp(l - max) in a fixed order (the log-probability's). With the stats
  * (input 6) the same four values come from merging the slots' summaries (nt_from_stats), and a
- * greedy choice reads one logit. Sampling adds, when enabled, 4 + 4 passes of a radix select
+ * greedy choice reads no logit. Sampling adds, when enabled, 4 + 4 passes of a radix select
  * over the 32-bit keys (8 bits a pass, a 256-bin shared histogram: counts for top-k, key masses for
  * top-p; the keys are recomputed from the logits each pass, no scratch of V entries; each
  * thread adds runs of equal bins locally before its atomicAdd, and integer atomics sum in any
