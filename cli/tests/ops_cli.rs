@@ -76,9 +76,10 @@ fn ops_list_prints_a_table() {
     let out = amk(&["ops", "list"]);
     assert_eq!(out.status.code(), Some(0));
     let text = String::from_utf8_lossy(&out.stdout);
-    assert_eq!(text.lines().count(), 32, "{text}");
+    assert_eq!(text.lines().count(), 33, "{text}");
     assert!(text.contains("LINEAR_TILE") && text.contains("ATTENTION_CAUSAL"));
     assert!(text.contains("TOKEN_NLL") && text.contains("ATTENTION_MERGE"));
+    assert!(text.contains("LOGIT_STATS") && text.contains("cols:int"));
     assert!(text.contains("ATTENTION_COMBINE") && text.contains("recipe:object"));
     assert!(text.contains("GATE_UP_SILU") && text.contains("QKV_ROPE_APPEND"));
     assert!(text.contains("ATTENTION_GEMV") && text.contains("NEXT_TOKEN"));

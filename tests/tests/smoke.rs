@@ -50,7 +50,7 @@ fn tiny() -> Program {
 #[test]
 fn tiled_program_validates_and_round_trips() {
     let reg = amk_ops::registry().unwrap();
-    assert_eq!(reg.len(), 31);
+    assert_eq!(reg.len(), 32);
     let p = tiny();
     let r = validate(&p, &reg);
     assert!(r.ok(), "{}", r.report());
