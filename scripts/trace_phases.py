@@ -17,6 +17,7 @@ is `L<layer>.<name>[...]` or `L<layer>.<name>`), with times from the layer's fir
     scripts/trace_phases.py t.csv --layer 5 [--model llama-3.2-1b] [--pos 0]
     scripts/trace_phases.py t.csv --imbalance   # what each phase lost to its tiles' spread
     scripts/trace_phases.py t.csv --probe       # a build with AMK_PROBE=N (docs/gpu-testing.md)
+    scripts/trace_phases.py t.csv --tail --model "F decode" --pos 512   # after the last layer
 """
 
 import argparse
@@ -116,6 +117,40 @@ def probe(path, model, pos):
               "meaningful only for an AMK_PROBE=4 build)")
 
 
+def tail(path, model, pos):
+    """The pass after its last layer, phase by phase (a phase is the tasks whose label starts
+    with the same name: lm_head, logit_stats, next_token, ...), in us from the last layer task's
+    signal: when the phase's tasks were ready (first, last), their median body (ready ->
+    returned) and when the last one signalled; the tail's op probes (probe0..) where stamped."""
+    with open(path, newline="") as f:
+        rows = list(csv.DictReader(f))
+    if model is not None:
+        rows = [r for r in rows if r["model"] == model]
+    if pos is not None:
+        rows = [r for r in rows if r["pos"] == str(pos)]
+    if len({r["model"] for r in rows}) > 1:
+        sys.exit(f"{path}: several models: pass --model")
+    layered = [r for r in rows if re.match(r"L\d+\.", r["label"])]
+    if not layered:
+        sys.exit(f"{path}: no layer tasks")
+    t0 = max(number(r, "done_us") for r in layered)
+    last_layer = max(int(re.match(r"L(\d+)", r["label"]).group(1)) for r in layered)
+    phases = {}
+    for r in rows:
+        if not re.match(r"L\d+\.", r["label"]) and number(r, "ready_us") >= t0 - 50.0:
+            phases.setdefault(re.match(r"[A-Za-z_]+", r["label"]).group(0), []).append(r)
+    print(f"after layer {last_layer} (its last task signalled at {t0:.1f} us), us from then")
+    print("| phase | tasks | ready first / last | body (median) | last signalled | probes (first task) |")
+    print("|---|---|---|---|---|---|")
+    for name, g in sorted(phases.items(), key=lambda kv: min(number(r, "ready_us") for r in kv[1])):
+        ready = [number(r, "ready_us") - t0 for r in g]
+        body = [span(r, "ready_us", "returned_us") for r in g]
+        probes = [number(g[0], f"probe{k}_us") for k in range(8)]
+        stamped = ", ".join(f"{k}: {v - t0:.1f}" for k, v in enumerate(probes) if v is not None)
+        print(f"| {name} | {len(g)} | {min(ready):.1f} / {max(ready):.1f} | {median(body):.2f} "
+              f"| {max(number(r, 'done_us') for r in g) - t0:.1f} | {stamped or '-'} |")
+
+
 def median(values):
     values = [v for v in values if v is not None]
     return statistics.median(values) if values else float("nan")
@@ -139,7 +174,12 @@ def main():
                     help="instead: what each phase lost to its tiles not ending together")
     ap.add_argument("--probe", action="store_true",
                     help="instead: the AMK_PROBE points of a diagnostic build")
+    ap.add_argument("--tail", action="store_true",
+                    help="instead: the pass after its last layer (LM head, logit stats, next token)")
     a = ap.parse_args()
+    if a.tail:
+        tail(a.csv, a.model, a.pos)
+        return
     if a.imbalance:
         imbalance(a.csv, a.model, a.pos)
         return
