@@ -498,6 +498,134 @@ __device__ void as_attend(const amk_task_ctx& ctx, const as_args& a, const as_pl
   as_store(ctx, s, a, acc, m, l);
 }
 
+/* ------------------------------------------------------------------------------------------ */
+/* Warp path                                                                                   */
+/* ------------------------------------------------------------------------------------------ */
+
+/* The warp path on (1, the default) or off (0: such splits take the staged path; for
+ * measurements). */
+#ifndef AMK_AS_WARP
+#define AMK_AS_WARP 1
+#endif
+#define AS_WARP_ROWS 64 /* rows a split may have on the warp path: two a lane */
+#define AS_WARP_HD 64   /* its head_dim: a pair of dims a lane */
+
+/* Shared memory the warp path takes: q (rep heads of AS_WARP_HD f32), then the split's V rows
+ * (AS_WARP_ROWS of AS_WARP_HD 16-bit elements). */
+__device__ __forceinline__ int as_warp_smem(int rep) {
+  return as_al16(rep * AS_WARP_HD * 4) + AS_WARP_ROWS * AS_WARP_HD * 2;
+}
+
+/* A split of at most AS_WARP_ROWS rows, head_dim AS_WARP_HD, 16-bit K and V of one dtype,
+ * 16-byte aligned, at most a query head a warp (block-uniform; descriptors and params only). */
+__device__ __forceinline__ bool as_warp_ok(const amk_task_ctx& ctx, const as_args& a, int len) {
+  const amk_buffer_t* kc = amk_in(ctx, 1);
+  const amk_buffer_t* vc = amk_in(ctx, 2);
+  return AMK_AS_WARP && len <= AS_WARP_ROWS && a.hd == AS_WARP_HD && a.rep <= AMK_WARPS &&
+         kc->dtype == vc->dtype && (AMK_IS_BF16(kc->dtype) || AMK_IS_F16(kc->dtype)) &&
+         amk_al16(kc->ptr) && amk_al16(vc->ptr) &&
+         ctx.smem_bytes >= as_warp_smem(a.rep);
+}
+
+/* The split's attention on the warp path (as_warp_ok), after the task's wait: the V rows copied
+ * into shared memory (asynchronously, every copy in flight at once) while q is staged there,
+ * one barrier, then warp r alone does query head r: the scores of rows lane and lane + 32 from
+ * K in global memory (as_scores' sums), the softmax by shuffles (as_softmax's arithmetic), the
+ * values a pair of dims a lane with each row's weight shuffled from the lane that owns it (even
+ * and odd rows summed apart), the store (as_store's). No block barrier after the first: the
+ * staged path's four barrier-separated steps took ≈ 0.9 µs each at 64 rows
+ * (docs/perf-notes.md round 40). */
+template <int DT>
+__device__ __noinline__ void as_warp(const amk_task_ctx& ctx, const as_args& a, long long start,
+                                     int len) {
+  const float NEG_INF = -__int_as_float(0x7f800000);
+  const float qnan = __int_as_float(0x7fc00000);
+  constexpr int ROWB = AS_WARP_HD * 2; /* bytes of a K or V row of one head */
+  extern __shared__ __align__(16) unsigned char amk_smem[];
+  float* qs = (float*)amk_smem;
+  unsigned char* vs = amk_smem + as_al16(a.rep * AS_WARP_HD * 4);
+  const int lane = threadIdx.x & 31, r = threadIdx.x >> 5;
+  const long long gstride = (long long)a.nkv * ROWB;
+  const long long first = start * gstride + (long long)a.kv_head * ROWB;
+  const char* kb = (const char*)amk_in(ctx, 1)->ptr + first;
+  const char* vb = (const char*)amk_in(ctx, 2)->ptr + first;
+  for (int i = threadIdx.x; i < len * (ROWB / 16); i += AMK_THREADS) {
+    const int j = i / (ROWB / 16), piece = i - j * (ROWB / 16);
+    amk_cp_async16(vs + j * ROWB + 16 * piece, vb + j * gstride + 16 * piece);
+  }
+  amk_cp_async_commit();
+  const amk_buffer_t* q = amk_in(ctx, 0);
+  const long long q0 = (long long)a.kv_head * a.rep * AS_WARP_HD;
+  for (int i = threadIdx.x; i < a.rep * AS_WARP_HD; i += AMK_THREADS) qs[i] = as_ldq(q, q0 + i);
+  amk_cp_async_wait_all();
+  __syncthreads();
+  if (r >= a.rep) return;
+  const float* qr = qs + r * AS_WARP_HD;
+  float e[2];
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const int j = lane + 32 * h;
+    e[h] = NEG_INF;
+    if (j < len) {
+      const unsigned char* kr = (const unsigned char*)(kb + j * gstride);
+      float t0 = 0.0f, t1 = 0.0f;
+#pragma unroll
+      for (int d0 = 0; d0 < AS_WARP_HD; d0 += 16) {
+        t0 = as_dot8<DT>(kr, qr, d0, 2, t0);
+        t1 = as_dot8<DT>(kr, qr, d0 + 8, 2, t1);
+      }
+      e[h] = (t0 + t1) * a.scale;
+    }
+  }
+  float m = fmaxf(e[0], e[1]);
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
+  float sum = 0.0f;
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    e[h] = e[h] == NEG_INF ? 0.0f : expf(e[h] - m);
+    sum += e[h];
+  }
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
+  float a0 = 0.0f, a1 = 0.0f, b0 = 0.0f, b1 = 0.0f;
+  const unsigned char* vp = vs + 4 * lane;
+  int j = 0;
+#pragma unroll 4
+  for (; j + 1 < len; j += 2) {
+    const float ej = __shfl_sync(0xffffffffu, j < 32 ? e[0] : e[1], j & 31);
+    const float ek = __shfl_sync(0xffffffffu, j + 1 < 32 ? e[0] : e[1], (j + 1) & 31);
+    const float2 v = as_v2<DT>(vp + j * ROWB), w = as_v2<DT>(vp + (j + 1) * ROWB);
+    a0 += ej * v.x;
+    a1 += ej * v.y;
+    b0 += ek * w.x;
+    b1 += ek * w.y;
+  }
+  if (j < len) {
+    const float ej = __shfl_sync(0xffffffffu, j < 32 ? e[0] : e[1], j & 31);
+    const float2 v = as_v2<DT>(vp + j * ROWB);
+    a0 += ej * v.x;
+    a1 += ej * v.y;
+  }
+  const float ax = a0 + b0, ay = a1 + b1;
+  const bool nan = m == NEG_INF;
+  const long long n_off = ctx.inst->params.n_off;
+  if (a.norm) {
+    const amk_buffer_t* ob = amk_out(ctx, 0);
+    const long long at = n_off + (long long)r * AS_WARP_HD + 2 * lane;
+    amk_stf(ob, at, nan ? qnan : __fdiv_rn(ax, sum));
+    amk_stf(ob, at + 1, nan ? qnan : __fdiv_rn(ay, sum));
+    return;
+  }
+  float* out = (float*)amk_out(ctx, 0)->ptr + n_off + (long long)r * (AS_WARP_HD + 2);
+  out[2 * lane] = nan ? qnan : ax;
+  out[2 * lane + 1] = nan ? qnan : ay;
+  if (lane == 0) {
+    out[AS_WARP_HD] = m;
+    out[AS_WARP_HD + 1] = nan ? qnan : sum;
+  }
+}
+
 /* The general path: amk_att_run on views of the operands narrowed to the group (q from head
  * g * rep, the caches from element g * head_dim of a row, which keep their n_kv_heads *
  * head_dim stride, the output from n_off): one KV head of `rep` query heads. */
@@ -550,6 +678,12 @@ __device__ void amk_op_attention_split(const amk_task_ctx& ctx) {
 #endif
   if (!late && !amk_task_wait(ctx)) return;
   if (ctx.trace && threadIdx.x == 0) ctx.trace[4] = amk_globaltimer();
+  if (len > AMK_AS_MIN_ROWS && as_warp_ok(ctx, a, (int)len)) {
+    if (AMK_IS_BF16(amk_in(ctx, 1)->dtype)) as_warp<AMK_BF16>(ctx, a, start, (int)len);
+    else as_warp<AMK_F16>(ctx, a, start, (int)len);
+    amk_probe(ctx, 2);
+    return;
+  }
 #if AMK_AS_STAGED
   if (staged && AMK_IS_BF16(dt)) as_attend<AMK_BF16>(ctx, a, s, start, (int)len);
   else if (staged && AMK_IS_F16(dt)) as_attend<AMK_F16>(ctx, a, s, start, (int)len);

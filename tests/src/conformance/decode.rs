@@ -620,3 +620,60 @@ pub(super) fn dag_split_kv_normalized(c: &Ctx<'_>) -> CaseResult {
         vec![("proj", linear(&full, &wv, k, None)), ("attn", full)]
     })
 }
+
+/// ATTENTION_SPLIT's warp path (head_dim 64, 16-bit caches, splits of 9 to 64 rows): 8 query
+/// heads over 2 KV heads, bf16 q and caches of 64 rows, at positions 33, 40 and 63 — one split
+/// a KV head writing normalised rows (its 34, 41 and 64 rows), and two splits of 8-row chunks
+/// writing partials (24 and 10 rows; 24 and 17; 32 and 32: both active, so every partial is
+/// written). Against the CPU oracle to f32 tolerance.
+pub(super) fn op_attention_split_warp(c: &Ctx<'_>) -> CaseResult {
+    let (nh, nkv, hd, rows) = (8usize, 2usize, 64usize, 64u64);
+    let rep = nh / nkv;
+    let mut t = Tiny::new(41);
+    let q = t.input("q", DType::BF16, &[(nh * hd) as u64]);
+    let kc = t.input("k_cache", DType::BF16, &[rows, (nkv * hd) as u64]);
+    let vc = t.input("v_cache", DType::BF16, &[rows, (nkv * hd) as u64]);
+    let pos = t.input("pos", DType::I32, &[1]);
+    let rows_out = t.output("attn", DType::F32, &[1, (nh * hd) as u64]);
+    let parts = t.output("partials", DType::F32, &[nkv as u64, 2, rep as u64, (hd + 2) as u64]);
+    let layout = |n_splits: i64, chunk: i64| {
+        vec![
+            ("head_dim", int(hd as i64)),
+            ("n_heads", int(nh as i64)),
+            ("n_kv_heads", int(nkv as i64)),
+            ("n_splits", int(n_splits)),
+            ("chunk", int(chunk)),
+            ("scale", Value::Float(0.125)),
+        ]
+    };
+    let (cn, cp) = (t.counter(), t.counter());
+    for g in 0..nkv {
+        let mut pr = layout(1, 64);
+        let tile = (rep * hd) as i64;
+        pr.extend([
+            ("N_tile", int(tile)),
+            ("n_off", int(g as i64 * tile)),
+            ("flags", int(1)),
+        ]);
+        t.task_on(cn, Opcode::ATTENTION_SPLIT, &[q, kc, vc, pos], &[rows_out], &[], &pr);
+    }
+    for i in 0..nkv * 2 {
+        let mut pr = layout(2, 8);
+        let tile = (rep * (hd + 2)) as i64;
+        pr.extend([("N_tile", int(tile)), ("n_off", int(i as i64 * tile))]);
+        t.task_on(cp, Opcode::ATTENTION_SPLIT, &[q, kc, vc, pos], &[parts], &[], &pr);
+    }
+    let Tiny { p, w, mut rng } = t;
+    let steps: Vec<Inputs> = [33i64, 40, 63]
+        .iter()
+        .map(|&at| {
+            let mut ins = super::run::random_inputs(&p, &mut rng);
+            let pos = Tensor::from_i64(DType::I32, &[1], &[at]).map_err(|e| {
+                super::outcome::fail(format!("suite bug: {e}"))
+            })?;
+            set_input(&mut ins, "pos", pos);
+            Ok(ins)
+        })
+        .collect::<Result<_, Failure>>()?;
+    super::compare::against_oracle(c, &p, &w, &steps, F32_TOL).map(|_| ())
+}
