@@ -621,12 +621,12 @@ pub(super) fn dag_split_kv_normalized(c: &Ctx<'_>) -> CaseResult {
     })
 }
 
-/// ATTENTION_SPLIT's warp path (head_dim 64, 16-bit caches, splits of 9 to 64 rows): 8 query
-/// heads over 2 KV heads, bf16 q and caches of 64 rows, at positions 33, 40 and 63 — one split
-/// a KV head writing normalised rows (its 34, 41 and 64 rows), and two splits of 8-row chunks
-/// writing partials (24 and 10 rows; 24 and 17; 32 and 32: both active, so every partial is
-/// written). Against the CPU oracle to f32 tolerance.
-pub(super) fn op_attention_split_warp(c: &Ctx<'_>) -> CaseResult {
+/// ATTENTION_SPLIT at a real model's head size: head_dim 64, 8 query heads over 2 KV heads, bf16
+/// q and caches of 64 rows, at positions 33, 40 and 63 — one split a KV head writing
+/// normalised rows (its 34, 41 and 64 rows), and two splits of 8-row chunks writing partials
+/// (24 and 10 rows; 24 and 17; 32 and 32: both active, so every partial is written). Against the
+/// CPU oracle to f32 tolerance. (The other split cases use head_dim 8.)
+pub(super) fn op_attention_split_hd64(c: &Ctx<'_>) -> CaseResult {
     let (nh, nkv, hd, rows) = (8usize, 2usize, 64usize, 64u64);
     let rep = nh / nkv;
     let mut t = Tiny::new(41);
