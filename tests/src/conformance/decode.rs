@@ -635,7 +635,11 @@ pub(super) fn op_attention_split_hd64(c: &Ctx<'_>) -> CaseResult {
     let vc = t.input("v_cache", DType::BF16, &[rows, (nkv * hd) as u64]);
     let pos = t.input("pos", DType::I32, &[1]);
     let rows_out = t.output("attn", DType::F32, &[1, (nh * hd) as u64]);
-    let parts = t.output("partials", DType::F32, &[nkv as u64, 2, rep as u64, (hd + 2) as u64]);
+    let parts = t.output(
+        "partials",
+        DType::F32,
+        &[nkv as u64, 2, rep as u64, (hd + 2) as u64],
+    );
     let layout = |n_splits: i64, chunk: i64| {
         vec![
             ("head_dim", int(hd as i64)),
@@ -655,22 +659,35 @@ pub(super) fn op_attention_split_hd64(c: &Ctx<'_>) -> CaseResult {
             ("n_off", int(g as i64 * tile)),
             ("flags", int(1)),
         ]);
-        t.task_on(cn, Opcode::ATTENTION_SPLIT, &[q, kc, vc, pos], &[rows_out], &[], &pr);
+        t.task_on(
+            cn,
+            Opcode::ATTENTION_SPLIT,
+            &[q, kc, vc, pos],
+            &[rows_out],
+            &[],
+            &pr,
+        );
     }
     for i in 0..nkv * 2 {
         let mut pr = layout(2, 8);
         let tile = (rep * (hd + 2)) as i64;
         pr.extend([("N_tile", int(tile)), ("n_off", int(i as i64 * tile))]);
-        t.task_on(cp, Opcode::ATTENTION_SPLIT, &[q, kc, vc, pos], &[parts], &[], &pr);
+        t.task_on(
+            cp,
+            Opcode::ATTENTION_SPLIT,
+            &[q, kc, vc, pos],
+            &[parts],
+            &[],
+            &pr,
+        );
     }
     let Tiny { p, w, mut rng } = t;
     let steps: Vec<Inputs> = [33i64, 40, 63]
         .iter()
         .map(|&at| {
             let mut ins = super::run::random_inputs(&p, &mut rng);
-            let pos = Tensor::from_i64(DType::I32, &[1], &[at]).map_err(|e| {
-                super::outcome::fail(format!("suite bug: {e}"))
-            })?;
+            let pos = Tensor::from_i64(DType::I32, &[1], &[at])
+                .map_err(|e| super::outcome::fail(format!("suite bug: {e}")))?;
             set_input(&mut ins, "pos", pos);
             Ok(ins)
         })
