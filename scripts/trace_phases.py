@@ -33,16 +33,21 @@ def number(row, col):
     return float(v) if v not in ("", None) else None
 
 
-def load_layers(path, model, pos):
-    """Rows by (layer, phase name)."""
+def load_rows(path, model, pos):
+    """The CSV's rows, of one model and one position when given."""
     with open(path, newline="") as f:
         rows = list(csv.DictReader(f))
     if model is not None:
         rows = [r for r in rows if r["model"] == model]
     if pos is not None:
         rows = [r for r in rows if r["pos"] == str(pos)]
+    return rows
+
+
+def load_layers(path, model, pos):
+    """Rows by (layer, phase name)."""
     phases = {}
-    for r in rows:
+    for r in load_rows(path, model, pos):
         m = re.match(r"L(\d+)\.([A-Za-z_]+)", r["label"])
         if m:
             phases.setdefault((int(m.group(1)), m.group(2)), []).append(r)
@@ -122,12 +127,7 @@ def tail(path, model, pos):
     with the same name: lm_head, logit_stats, next_token, ...), in us from the last layer task's
     signal: when the phase's tasks were ready (first, last), their median body (ready ->
     returned) and when the last one signalled; the tail's op probes (probe0..) where stamped."""
-    with open(path, newline="") as f:
-        rows = list(csv.DictReader(f))
-    if model is not None:
-        rows = [r for r in rows if r["model"] == model]
-    if pos is not None:
-        rows = [r for r in rows if r["pos"] == str(pos)]
+    rows = load_rows(path, model, pos)
     if len({r["model"] for r in rows}) > 1:
         sys.exit(f"{path}: several models: pass --model")
     layered = [r for r in rows if re.match(r"L\d+\.", r["label"])]
