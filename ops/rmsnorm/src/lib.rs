@@ -51,6 +51,15 @@ fn check(ctx: &TaskContext<'_>) -> Vec<Finding> {
 /// The row tile's params, in [`RowTile::from_params`]' order.
 pub const ROW_TILE_KEYS: [&str; 4] = ["m_off", "M_tile", "n_off", "N_tile"];
 
+/// The row tile's params as a spec declares them (optional ints), for ops whose only params
+/// they are (TOKEN_NLL).
+pub const ROW_TILE_PARAMS: [ParamDecl; 4] = [
+    ParamDecl::optional(ROW_TILE_KEYS[0], ParamType::Int),
+    ParamDecl::optional(ROW_TILE_KEYS[1], ParamType::Int),
+    ParamDecl::optional(ROW_TILE_KEYS[2], ParamType::Int),
+    ParamDecl::optional(ROW_TILE_KEYS[3], ParamType::Int),
+];
+
 /// A task's rows: all of them, or with the tile params rows `[m_off, m_off + M_tile)` of `x`
 /// viewed as rows of `hidden` (so tasks of one output can split its rows between them; the
 /// validator sees their write regions through `n_off` = 0 and `N_tile` = `hidden`, which

@@ -19,9 +19,7 @@
 //! function (`token-nll.cu`).
 
 use amk_core::opcheck::{Checker, desc};
-use amk_core::{
-    DType, Finding, OpRegistration, OpSpec, Opcode, ParamDecl, ParamType, Reference, TaskContext,
-};
+use amk_core::{DType, Finding, OpRegistration, OpSpec, Opcode, Reference, TaskContext};
 use op_rmsnorm::{ROW_TILE_KEYS, RowTile};
 use std::borrow::Cow;
 
@@ -34,12 +32,7 @@ pub const SPEC: OpSpec = OpSpec {
     min_inputs: 2,
     max_inputs: Some(2),
     n_outputs: Some(1),
-    params: Cow::Borrowed(&[
-        ParamDecl::optional("m_off", ParamType::Int),
-        ParamDecl::optional("M_tile", ParamType::Int),
-        ParamDecl::optional("n_off", ParamType::Int),
-        ParamDecl::optional("N_tile", ParamType::Int),
-    ]),
+    params: Cow::Borrowed(&op_rmsnorm::ROW_TILE_PARAMS),
     write_region: amk_core::WriteRegion::ColumnsAndRows,
     check: Some(check),
     summary: Cow::Borrowed(
