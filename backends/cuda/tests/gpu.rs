@@ -542,12 +542,9 @@ fn synthetic_weights_on_the_device_match_the_host() {
 /// the program's set) still gives the CPU VM's logits.
 #[test]
 fn fused_tiles_without_their_loop_take_the_generic_path() {
-    let Some(gpu) = amk_backend_cuda::test_support::gpu_with_options(
+    let Some(gpu) = gpu_with_defines(
         "fused_tiles_without_their_loop_take_the_generic_path",
-        amk_backend_cuda::CudaOptions {
-            defines: amk_backend_cuda::parse_defines("AMK_FUSED_LOOPS=8"),
-            ..amk_backend_cuda::CudaOptions::default()
-        },
+        "AMK_FUSED_LOOPS=8",
     ) else {
         return;
     };
@@ -586,12 +583,9 @@ fn merge_schedule() -> amk_core::ScheduleConfig {
 /// takes) gives the CPU VM's logits too.
 #[test]
 fn merge_tasks_without_shared_weights_match_the_cpu_vm() {
-    let Some(gpu) = amk_backend_cuda::test_support::gpu_with_options(
+    let Some(gpu) = gpu_with_defines(
         "merge_tasks_without_shared_weights_match_the_cpu_vm",
-        amk_backend_cuda::CudaOptions {
-            defines: amk_backend_cuda::parse_defines("AMK_AM_SHARED=0"),
-            ..amk_backend_cuda::CudaOptions::default()
-        },
+        "AMK_AM_SHARED=0",
     ) else {
         return;
     };
@@ -675,14 +669,20 @@ fn gpu_and_variant(
     defines: &str,
 ) -> Option<(amk_backend_cuda::CudaBackend, amk_backend_cuda::CudaBackend)> {
     let gpu = gpu_or_skip(test)?;
-    let variant = amk_backend_cuda::test_support::gpu_with_options(
+    let variant = gpu_with_defines(test, defines)?;
+    Some((gpu, variant))
+}
+
+/// A device handle whose kernels are built with `defines` (`AMK_CUDA_DEFINES` syntax) over the
+/// default options, or `None` (the test skipped) without a GPU.
+fn gpu_with_defines(test: &str, defines: &str) -> Option<amk_backend_cuda::CudaBackend> {
+    amk_backend_cuda::test_support::gpu_with_options(
         test,
         amk_backend_cuda::CudaOptions {
             defines: amk_backend_cuda::parse_defines(defines),
             ..amk_backend_cuda::CudaOptions::default()
         },
-    )?;
-    Some((gpu, variant))
+    )
 }
 
 /// One decode step's logits of the program `v` with the synthetic weights `synth` generated on
