@@ -151,6 +151,9 @@ fi
 for model in "${models[@]}"; do
   name=$(basename "$model" .gguf)
   args=(--model "$model" --llama-bench "$prefix/llama-bench" --json-out "$out/$name.json")
+  # Random weights: the bf16 logits' error against f32 on the gate's text sits at the 2e-2
+  # convention (docs/perf-notes.md round 41), so that file's gate is 2.5e-2.
+  if [ "$model" = "${random:-}" ]; then args+=(--amk-arg=--tolerance=2.5e-2); fi
   if [ -n "$amk" ]; then args+=(--amk "$amk"); fi
   args+=("${skip[@]+"${skip[@]}"}" "${extra[@]+"${extra[@]}"}")
   echo "==> $name"

@@ -276,7 +276,8 @@ def plan(args: argparse.Namespace) -> list[Run]:
     runs = []
     if not args.skip_amk:
         runs.append(Run("amk", [args.amk, "bench", "--model", str(args.model), "--prompt-tokens",
-                                p, "--gen", n, "--depth", d, "--dtype", args.dtype, "--json"]))
+                                p, "--gen", n, "--depth", d, "--dtype", args.dtype, "--json",
+                                *args.amk_arg]))
     if not args.skip_llamacpp:
         runs.append(Run("llama.cpp", [sys.executable, str(HERE / "llamacpp_bench.py"), "-m",
                                       str(args.model), "--llama-bench", args.llama_bench,
@@ -496,6 +497,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--llamacpp-arg", action="append", default=[], metavar="ARG",
                         help="one more argument for llama-bench (repeatable, e.g. "
                              "--llamacpp-arg=-ub --llamacpp-arg=256)")
+    parser.add_argument("--amk-arg", action="append", default=[], metavar="ARG",
+                        help="one more argument for amk bench (repeatable, e.g. "
+                             "--amk-arg=--tolerance=2.5e-2)")
     parser.add_argument("--skip-amk", action="store_true", help="do not run amk")
     parser.add_argument("--skip-llamacpp", action="store_true", help="do not run llama.cpp")
     parser.add_argument("--skip-hf", action="store_true", help="do not run HF transformers")
@@ -721,11 +725,12 @@ def _selftest_usage(tmp: Path) -> bool:
             return False
     args = parser.parse_args(["--model", model, "--amk", exe, "--llama-bench", exe,
                               "-d", "0,2048", "-p", "256", "--llamacpp-arg=--repack",
-                              "--llamacpp-arg", "0"])
+                              "--llamacpp-arg", "0", "--amk-arg=--tolerance=2.5e-2"])
     validate(parser, args)
     cmds = [r.cmd for r in plan(args)]
     return (cmds[0] == [exe, "bench", "--model", model, "--prompt-tokens", "256", "--gen",
-                        "128", "--depth", "0,2048", "--dtype", "bf16", "--json"]
+                        "128", "--depth", "0,2048", "--dtype", "bf16", "--json",
+                        "--tolerance=2.5e-2"]
             and cmds[1][2:] == ["-m", model, "--llama-bench", exe, "-p", "256", "-n", "128",
                                 "-d", "0,2048", "-r", "5", "--json", "--extra=--repack",
                                 "--extra=0"]

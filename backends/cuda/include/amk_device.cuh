@@ -840,6 +840,13 @@ __device__ __forceinline__ void amk_rope_pair(float x1, float x2, float c, float
 __device__ __noinline__ float amk_rope_trig(float ang, int w) {
   return w ? (float)sin((double)ang) : (float)cos((double)ang);
 }
+/* Both of amk_rope_trig's values from one f64 argument reduction. */
+__device__ __noinline__ void amk_rope_sincos(float ang, float& c, float& s) {
+  double sd, cd;
+  sincos((double)ang, &sd, &cd);
+  c = (float)cd;
+  s = (float)sd;
+}
 
 /* x as a dtype of the fused tiles (F32/F16/BF16) rounds it on store: the value read back. */
 __device__ __forceinline__ float amk_round_dt(int dt, float x) {

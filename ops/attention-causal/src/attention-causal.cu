@@ -145,17 +145,30 @@ __device__ void ac_group(const ac_args& a, int pg0, int np, float* smem) {
 
 /* ---- the tensor-core path (16-bit q and caches, head_dim 64 or 128) ----
  * Up to AC_MPAIRS pairs: the group's queries to shared memory (16-bit), then the KV head's
- * cache rows in blocks of AC_MKB keys through a two-stage cp.async pipeline. Warp w owns pairs
- * 16 w .. 16 w + 15 (one m16 tile): S = Q K^T by mma.sync (f32), the mask and scale, an online
- * softmax over the block (quad shuffles), P rounded to the 16-bit type as the A operand of
- * O += P V (V through ldmatrix.trans). Rows are 2 * head_dim bytes, 16-byte chunks XOR-swizzled
- * by the row's low 3 bits (conflict-free ldmatrix). P's rounding is the path's only departure
- * from the reference's arithmetic (the bf16 bound covers it); f32 programs take the CUDA-core
- * path. Probes (traced kernel; the last group's stamps win): 0 the queries and the first key
- * block landed, 1 every key block done. */
+ * cache rows in blocks of AC_MKB keys through an ac_mstages<HD>-deep cp.async pipeline (one
+ * barrier a block). Warp w owns pairs 16 (w % 4) .. + 15 (one m16 tile) and key half w / 4 of
+ * every block (32 keys): the eight warps all work on each block, each keeping an online softmax
+ * of its half, and the two halves of a tile merge once at the end. A warp: S = Q K^T by
+ * mma.sync (f32), the mask and the scale, an online softmax over its 32 keys (quad shuffles,
+ * in base 2), P rounded to the 16-bit type as the A operand of O += P V (V through
+ * ldmatrix.trans). Rows are 2 * head_dim bytes, 16-byte chunks XOR-swizzled by the row's low 3
+ * bits (conflict-free ldmatrix). Everything the loop reads lives in registers (ac_mplan):
+ * the op's arguments and the buffers' descriptors would otherwise be re-read after every
+ * copy's memory clobber. P's rounding and exp2's approximation are the path's departures from
+ * the reference's arithmetic (the bf16 bound covers them); f32 programs take the CUDA-core
+ * path. Probes (traced kernel; the last group's stamps win): 2 the rows' positions checked
+ * (every path), 3 the group's positions read and its queries' copies issued, 0 the queries
+ * and the first key block landed, 1 every key block done. */
 
 #define AC_MPAIRS 64
 #define AC_MKB 64
+#define AC_LOG2E 1.4426950408889634f
+
+/* Pipeline depth: three stages where they fit the op's shared memory (head_dim 64), else two. */
+template <int HD>
+struct ac_mstages {
+  static constexpr int N = HD <= 64 ? 3 : 2;
+};
 
 __device__ __forceinline__ uint32_t ac_swz(int row, int ch, int hd) {
   return (uint32_t)(row * hd * 2 + ((ch ^ (row & 7)) << 4));
@@ -169,173 +182,267 @@ __device__ __forceinline__ uint32_t ac_pack2(float x, float y) {
   return (uint32_t)lo | ((uint32_t)hi << 16);
 }
 
-/* Issues the copies of keys [key0, key0 + AC_MKB) of KV head a.g (zeros past `top`). */
+/* What the tensor-core group reads, in registers: the operands' element pointers (the caches
+ * already at KV head g), their strides, the scale in base 2. */
+struct ac_mplan {
+  const uint16_t* q;
+  const uint16_t* k;
+  const uint16_t* v;
+  uint16_t* out;    /* null: the output takes amk_stf (another dtype or alignment) */
+  const amk_buffer_t* outb;
+  long long width;  /* q's and the output's row */
+  long long row;    /* a cache row */
+  long long m_off;
+  int nhg, h_first;
+  float scale2;     /* scale * log2(e) */
+};
+
+/* Issues the copies of keys [key0, key0 + AC_MKB) (zeros past `top`). */
 template <int HD>
-__device__ __forceinline__ void ac_stage_kv(const ac_args& a, long long key0, long long top,
+__device__ __forceinline__ void ac_stage_kv(const ac_mplan& pl, long long key0, long long top,
                                             uint32_t ks, uint32_t vs) {
   constexpr int CH = HD / 8;
-  const uint16_t* kp = (const uint16_t*)a.kc->ptr;
-  const uint16_t* vp = (const uint16_t*)a.vc->ptr;
-  for (int c = threadIdx.x; c < AC_MKB * CH; c += AMK_THREADS) {
+#pragma unroll
+  for (int i = 0; i < AC_MKB * CH / AMK_THREADS; ++i) {
+    const int c = threadIdx.x + i * AMK_THREADS;
     const int r = c / CH, ch = c % CH;
     const long long j = key0 + r;
     const bool ok = j <= top;
-    const long long at = ok ? j * a.row + (long long)a.g * HD + ch * 8 : 0;
-    amk_cp_async16_zfill(ks + ac_swz(r, ch, HD), kp + at, ok);
-    amk_cp_async16_zfill(vs + ac_swz(r, ch, HD), vp + at, ok);
+    const long long at = ok ? j * pl.row + ch * 8 : 0;
+    amk_cp_async16_zfill(ks + ac_swz(r, ch, HD), pl.k + at, ok);
+    amk_cp_async16_zfill(vs + ac_swz(r, ch, HD), pl.v + at, ok);
   }
   amk_cp_async_commit();
+}
+
+/* The positions of the group's pairs `lane` and `lane + 32` (-1 past np), and the largest
+ * position of the group (every warp works it out: two loads a lane, one round trip). */
+struct ac_mpos {
+  long long lo, hi, top;
+};
+__device__ __forceinline__ ac_mpos ac_group_positions(const ac_args& a, int pg0, int np) {
+  const int lane = threadIdx.x & 31;
+  ac_mpos r;
+  r.lo = lane < np ? (long long)amk_ldif(a.pos, a.m_off + (pg0 + lane) / a.nhg) : -1;
+  r.hi = lane + 32 < np ? (long long)amk_ldif(a.pos, a.m_off + (pg0 + lane + 32) / a.nhg) : -1;
+  long long t = max(r.lo, r.hi);
+#pragma unroll
+  for (int o2 = 1; o2 < 32; o2 <<= 1) t = max(t, (long long)__shfl_xor_sync(0xffffffffu, t, o2));
+  r.top = t;
+  return r;
+}
+
+/* Pair p's position from the lanes' ac_mpos (p < 64; every lane must call it). */
+__device__ __forceinline__ long long ac_pair_pos(const ac_mpos& ps, int p) {
+  const long long lo = __shfl_sync(0xffffffffu, ps.lo, p & 31);
+  const long long hi = __shfl_sync(0xffffffffu, ps.hi, p & 31);
+  return p < 32 ? lo : hi;
+}
+
+/* The two key halves of each query tile merged (warps 4..7 hand their running max, sum and
+ * values to warps 0..3 through shared memory, laid out [field][lane of the 128] so the
+ * accesses are conflict-free), then the rows stored: two 16-bit values a 4-byte store when the
+ * output has the caches' dtype, else amk_stf. `smem` is free (the stages are consumed). */
+template <bool BF, int HD>
+__device__ __forceinline__ void ac_merge_store(const ac_mplan& pl, int pg0, int np,
+                                               unsigned char* smem, bool active, int p0, int p1,
+                                               float m0, float m1, float l0, float l1,
+                                               float (&o)[HD / 8][4]) {
+  constexpr int NF = HD / 2 + 4; /* floats a lane hands over */
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int slot = (warp & 3) * 32 + lane, kh = warp >> 2;
+  float* x = (float*)smem;
+  if (active && kh == 1) {
+    x[0 * 128 + slot] = m0;
+    x[1 * 128 + slot] = m1;
+    x[2 * 128 + slot] = l0;
+    x[3 * 128 + slot] = l1;
+#pragma unroll
+    for (int n = 0; n < HD / 8; ++n)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) x[(4 + n * 4 + e) * 128 + slot] = o[n][e];
+  }
+  __syncthreads();
+  if (!active || kh == 1) return;
+  const float NEG = AC_NEG_INF;
+  const float bm0 = x[0 * 128 + slot], bm1 = x[1 * 128 + slot];
+  const float M0 = fmaxf(m0, bm0), M1 = fmaxf(m1, bm1);
+  const float z0 = M0 == NEG ? 0.f : M0, z1 = M1 == NEG ? 0.f : M1;
+  const float fa0 = exp2f(m0 - z0), fb0 = exp2f(bm0 - z0);
+  const float fa1 = exp2f(m1 - z1), fb1 = exp2f(bm1 - z1);
+  const float inv0 = 1.0f / (l0 * fa0 + x[2 * 128 + slot] * fb0);
+  const float inv1 = 1.0f / (l1 * fa1 + x[3 * 128 + slot] * fb1);
+  const int t = lane & 3;
+  static_assert(NF * 128 * 4 <= AC_MPAIRS * HD * 2 + 2 * AC_MKB * HD * 2 * 2, "merge area");
+#pragma unroll
+  for (int half = 0; half < 2; ++half) {
+    const int p = half ? p1 : p0;
+    if (p >= np) continue;
+    const float fa = half ? fa1 : fa0, fb = half ? fb1 : fb0, inv = half ? inv1 : inv0;
+    const long long r = pl.m_off + (pg0 + p) / pl.nhg, h = pl.h_first + (pg0 + p) % pl.nhg;
+    const long long base = r * pl.width + h * HD;
+#pragma unroll
+    for (int n = 0; n < HD / 8; ++n) {
+      const int d = n * 8 + t * 2, e0 = half * 2;
+      const float v0 = (o[n][e0] * fa + x[(4 + n * 4 + e0) * 128 + slot] * fb) * inv;
+      const float v1 = (o[n][e0 + 1] * fa + x[(4 + n * 4 + e0 + 1) * 128 + slot] * fb) * inv;
+      if (pl.out) *(uint32_t*)(pl.out + base + d) = ac_pack2<BF>(v0, v1);
+      else {
+        amk_stf(pl.outb, base + d, v0);
+        amk_stf(pl.outb, base + d + 1, v1);
+      }
+    }
+  }
 }
 
 template <bool BF, int HD>
 __device__ __noinline__ void ac_group_mma(const amk_task_ctx& ctx, const ac_args& a, int pg0,
                                           int np, unsigned char* smem) {
-  constexpr int CH = HD / 8, RB = HD * 2;
+  constexpr int CH = HD / 8, RB = HD * 2, ST = ac_mstages<HD>::N;
+  constexpr int KV_BYTES = AC_MKB * RB; /* one block of K (or V) */
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  const uint32_t s0 = (uint32_t)__cvta_generic_to_shared(smem);
-  const uint32_t qs = s0;
-  const uint32_t ks[2] = {s0 + AC_MPAIRS * RB, s0 + AC_MPAIRS * RB + AC_MKB * RB};
-  const uint32_t vs[2] = {s0 + AC_MPAIRS * RB + 2 * AC_MKB * RB,
-                          s0 + AC_MPAIRS * RB + 3 * AC_MKB * RB};
+  const int qw = warp & 3, kh = warp >> 2; /* query tile, key half */
   const float NEG = AC_NEG_INF;
-  long long top = 0;
-  for (int p = 0; p < np; ++p)
-    top = max(top, (long long)amk_ldif(a.pos, a.m_off + (pg0 + p) / a.nhg));
-  {
-    const uint16_t* qp = (const uint16_t*)a.q->ptr;
-    for (int c = threadIdx.x; c < AC_MPAIRS * CH; c += AMK_THREADS) {
-      const int p = c / CH, ch = c % CH;
-      const bool ok = p < np;
-      const long long r = a.m_off + (pg0 + p) / a.nhg, h = a.h_first + (pg0 + p) % a.nhg;
-      amk_cp_async16_zfill(qs + ac_swz(p, ch, HD), qp + (ok ? r * a.width + h * HD + ch * 8 : 0), ok);
-    }
-    amk_cp_async_commit();
+  ac_mplan pl;
+  pl.q = (const uint16_t*)a.q->ptr;
+  pl.k = (const uint16_t*)a.kc->ptr + (long long)a.g * HD;
+  pl.v = (const uint16_t*)a.vc->ptr + (long long)a.g * HD;
+  pl.out = a.out->dtype == a.kc->dtype && amk_al16(a.out->ptr) ? (uint16_t*)a.out->ptr : nullptr;
+  pl.outb = a.out;
+  pl.width = a.width;
+  pl.row = a.row;
+  pl.m_off = a.m_off;
+  pl.nhg = a.nhg;
+  pl.h_first = a.h_first;
+  pl.scale2 = a.scale * AC_LOG2E;
+  const ac_mpos ps = ac_group_positions(a, pg0, np);
+  const long long top = ps.top;
+  const uint32_t s0 = (uint32_t)__cvta_generic_to_shared(smem);
+  const uint32_t qs = s0, kv0 = s0 + AC_MPAIRS * RB; /* stage s: K at kv0 + 2 s KV_BYTES, V after */
+  for (int c = threadIdx.x; c < AC_MPAIRS * CH; c += AMK_THREADS) {
+    const int p = c / CH, ch = c % CH;
+    const bool ok = p < np;
+    const long long r = pl.m_off + (pg0 + p) / pl.nhg, h = pl.h_first + (pg0 + p) % pl.nhg;
+    amk_cp_async16_zfill(qs + ac_swz(p, ch, HD), pl.q + (ok ? r * pl.width + h * HD + ch * 8 : 0), ok);
   }
+  amk_cp_async_commit();
   const int nb = (int)(top / AC_MKB) + 1;
-  ac_stage_kv<HD>(a, 0, top, ks[0], vs[0]);
+  amk_probe(ctx, 3); /* the group's positions read, its queries' copies issued */
+#pragma unroll
+  for (int s = 0; s < ST - 1; ++s) {
+    if (s < nb) ac_stage_kv<HD>(pl, (long long)s * AC_MKB, top, kv0 + 2 * s * KV_BYTES,
+                                kv0 + (2 * s + 1) * KV_BYTES);
+    else amk_cp_async_commit();
+  }
   const int g = lane >> 2, t = lane & 3;
-  const int p0 = warp * 16 + g, p1 = p0 + 8;
-  const long long pos0 = p0 < np ? (long long)amk_ldif(a.pos, a.m_off + (pg0 + p0) / a.nhg) : -1;
-  const long long pos1 = p1 < np ? (long long)amk_ldif(a.pos, a.m_off + (pg0 + p1) / a.nhg) : -1;
-  const bool active = warp * 16 < np; /* warp-uniform */
-  /* The warp's largest position: a block past it is skipped by the whole warp (the mma and
-   * shuffles below need every lane; rows before a block are masked inside it). */
+  const int p0 = qw * 16 + g, p1 = p0 + 8;
+  const long long pos0 = ac_pair_pos(ps, p0), pos1 = ac_pair_pos(ps, p1);
+  const bool active = qw * 16 < np; /* warp-uniform */
+  /* The warp's largest position: a half block past it is skipped by the whole warp (the mma
+   * and shuffles below need every lane; rows before a half block are masked inside it). */
   long long wtop = max(pos0, pos1);
 #pragma unroll
-  for (int o2 = 1; o2 < 32; o2 <<= 1) {
-    const long long other = __shfl_xor_sync(0xffffffffu, wtop, o2);
-    wtop = max(wtop, other);
-  }
+  for (int o2 = 1; o2 < 32; o2 <<= 1) wtop = max(wtop, (long long)__shfl_xor_sync(0xffffffffu, wtop, o2));
   uint32_t qf[HD / 16][4];
   float o[HD / 8][4];
 #pragma unroll
   for (int n = 0; n < HD / 8; ++n) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.f;
-  float m0 = NEG, m1 = NEG, l0 = 0.f, l1 = 0.f;
+  float m0 = NEG, m1 = NEG, l0 = 0.f, l1 = 0.f; /* running max (base-2 scores) and sum */
   for (int b = 0; b < nb; ++b) {
-    const int st = b & 1;
-    if (b + 1 < nb) {
-      ac_stage_kv<HD>(a, (long long)(b + 1) * AC_MKB, top, ks[st ^ 1], vs[st ^ 1]);
-      amk_cp_async_wait_group<1>();
-    } else {
-      amk_cp_async_wait_all();
+    const int st = b % ST;
+    amk_cp_async_wait_group<ST - 2>();
+    __syncthreads(); /* block b landed for everyone; block b - 1 is consumed */
+    {
+      const int nx = b + ST - 1, sn = nx % ST;
+      if (nx < nb) ac_stage_kv<HD>(pl, (long long)nx * AC_MKB, top, kv0 + 2 * sn * KV_BYTES,
+                                   kv0 + (2 * sn + 1) * KV_BYTES);
+      else amk_cp_async_commit();
     }
-    __syncthreads();
     if (b == 0) amk_probe(ctx, 0); /* the queries and the first key block landed */
     if (b == 0 && active) {
 #pragma unroll
       for (int kk = 0; kk < HD / 16; ++kk)
-        amk_ldmatrix_x4(qs + ac_swz(warp * 16 + (lane & 15), kk * 2 + (lane >> 4), HD), qf[kk]);
+        amk_ldmatrix_x4(qs + ac_swz(qw * 16 + (lane & 15), kk * 2 + (lane >> 4), HD), qf[kk]);
     }
-    const long long key0 = (long long)b * AC_MKB;
-    if (active && key0 <= wtop) {
-      float sc[AC_MKB / 8][4];
+    const long long key0 = (long long)b * AC_MKB + 32 * kh;
+    if (!active || key0 > wtop) continue;
+    const uint32_t ks = kv0 + 2 * st * KV_BYTES, vs = ks + KV_BYTES;
+    float sc[4][4];
 #pragma unroll
-      for (int j = 0; j < AC_MKB / 8; ++j) sc[j][0] = sc[j][1] = sc[j][2] = sc[j][3] = 0.f;
+    for (int j = 0; j < 4; ++j) sc[j][0] = sc[j][1] = sc[j][2] = sc[j][3] = 0.f;
 #pragma unroll
-      for (int kk = 0; kk < HD / 16; ++kk) {
+    for (int kk = 0; kk < HD / 16; ++kk) {
 #pragma unroll
-        for (int j = 0; j < AC_MKB / 8; j += 2) {
-          uint32_t r[4];
-          amk_ldmatrix_x4(ks[st] + ac_swz((j + (lane >> 4)) * 8 + (lane & 7), kk * 2 + ((lane >> 3) & 1), HD), r);
-          amk_mma_16816<BF>(sc[j], qf[kk], r[0], r[1]);
-          amk_mma_16816<BF>(sc[j + 1], qf[kk], r[2], r[3]);
-        }
-      }
-      float mx0 = NEG, mx1 = NEG;
-#pragma unroll
-      for (int j = 0; j < AC_MKB / 8; ++j)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const long long key = key0 + j * 8 + t * 2 + (e & 1);
-          const long long lim = e < 2 ? pos0 : pos1;
-          const float v = key <= lim ? sc[j][e] * a.scale : NEG;
-          sc[j][e] = v;
-          if (e < 2) mx0 = fmaxf(mx0, v); else mx1 = fmaxf(mx1, v);
-        }
-#pragma unroll
-      for (int o2 = 1; o2 <= 2; o2 <<= 1) {
-        mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, o2));
-        mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, o2));
-      }
-      const float n0 = fmaxf(m0, mx0), n1 = fmaxf(m1, mx1);
-      const float a0 = m0 == NEG ? 0.f : expf(m0 - n0), a1 = m1 == NEG ? 0.f : expf(m1 - n1);
-      float s0r = 0.f, s1r = 0.f;
-#pragma unroll
-      for (int j = 0; j < AC_MKB / 8; ++j)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const float nn = e < 2 ? n0 : n1;
-          const float pv = sc[j][e] == NEG ? 0.f : expf(sc[j][e] - nn);
-          sc[j][e] = pv;
-          if (e < 2) s0r += pv; else s1r += pv;
-        }
-#pragma unroll
-      for (int o2 = 1; o2 <= 2; o2 <<= 1) {
-        s0r += __shfl_xor_sync(0xffffffffu, s0r, o2);
-        s1r += __shfl_xor_sync(0xffffffffu, s1r, o2);
-      }
-      l0 = l0 * a0 + s0r;
-      l1 = l1 * a1 + s1r;
-      m0 = n0;
-      m1 = n1;
-#pragma unroll
-      for (int n = 0; n < HD / 8; ++n) {
-        o[n][0] *= a0; o[n][1] *= a0; o[n][2] *= a1; o[n][3] *= a1;
-      }
-#pragma unroll
-      for (int kk = 0; kk < AC_MKB / 16; ++kk) {
-        uint32_t pa[4];
-        pa[0] = ac_pack2<BF>(sc[2 * kk][0], sc[2 * kk][1]);
-        pa[1] = ac_pack2<BF>(sc[2 * kk][2], sc[2 * kk][3]);
-        pa[2] = ac_pack2<BF>(sc[2 * kk + 1][0], sc[2 * kk + 1][1]);
-        pa[3] = ac_pack2<BF>(sc[2 * kk + 1][2], sc[2 * kk + 1][3]);
-#pragma unroll
-        for (int n = 0; n < HD / 8; n += 2) {
-          uint32_t r[4];
-          amk_ldmatrix_x4_trans(vs[st] + ac_swz(kk * 16 + (lane & 7) + ((lane >> 3) & 1) * 8, n + (lane >> 4), HD), r);
-          amk_mma_16816<BF>(o[n], pa, r[0], r[1]);
-          amk_mma_16816<BF>(o[n + 1], pa, r[2], r[3]);
-        }
+      for (int j = 0; j < 4; j += 2) {
+        uint32_t r[4];
+        amk_ldmatrix_x4(ks + ac_swz(32 * kh + (j + (lane >> 4)) * 8 + (lane & 7), kk * 2 + ((lane >> 3) & 1), HD), r);
+        amk_mma_16816<BF>(sc[j], qf[kk], r[0], r[1]);
+        amk_mma_16816<BF>(sc[j + 1], qf[kk], r[2], r[3]);
       }
     }
-    __syncthreads(); /* stage st is consumed before iteration b + 1 refills it */
-  }
-  amk_probe(ctx, 1); /* every key block done */
-  if (!active) return;
+    /* Keys past a row's position masked (32-bit offsets from key0: a half block spans 32). */
+    const int lim0 = (int)min(max(pos0 - key0, -1LL), 64LL), lim1 = (int)min(max(pos1 - key0, -1LL), 64LL);
+    float mx0 = NEG, mx1 = NEG;
 #pragma unroll
-  for (int half = 0; half < 2; ++half) {
-    const int p = half ? p1 : p0;
-    if (p >= np) continue;
-    const float inv = 1.0f / (half ? l1 : l0);
-    const long long r = a.m_off + (pg0 + p) / a.nhg, h = a.h_first + (pg0 + p) % a.nhg;
-    const long long base = r * a.width + h * HD;
+    for (int j = 0; j < 4; ++j)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int key = j * 8 + t * 2 + (e & 1);
+        const float v = key <= (e < 2 ? lim0 : lim1) ? sc[j][e] * pl.scale2 : NEG;
+        sc[j][e] = v;
+        if (e < 2) mx0 = fmaxf(mx0, v); else mx1 = fmaxf(mx1, v);
+      }
+#pragma unroll
+    for (int o2 = 1; o2 <= 2; o2 <<= 1) {
+      mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, o2));
+      mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, o2));
+    }
+    const float n0 = fmaxf(m0, mx0), n1 = fmaxf(m1, mx1);
+    /* A row with no key yet keeps max -inf: subtract 0 instead (exp2(-inf) = 0, no NaN). */
+    const float z0 = n0 == NEG ? 0.f : n0, z1 = n1 == NEG ? 0.f : n1;
+    const float a0 = exp2f(m0 - z0), a1 = exp2f(m1 - z1);
+    float s0r = 0.f, s1r = 0.f;
+#pragma unroll
+    for (int j = 0; j < 4; ++j)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const float pv = exp2f(sc[j][e] - (e < 2 ? z0 : z1));
+        sc[j][e] = pv;
+        if (e < 2) s0r += pv; else s1r += pv;
+      }
+#pragma unroll
+    for (int o2 = 1; o2 <= 2; o2 <<= 1) {
+      s0r += __shfl_xor_sync(0xffffffffu, s0r, o2);
+      s1r += __shfl_xor_sync(0xffffffffu, s1r, o2);
+    }
+    l0 = l0 * a0 + s0r;
+    l1 = l1 * a1 + s1r;
+    m0 = n0;
+    m1 = n1;
 #pragma unroll
     for (int n = 0; n < HD / 8; ++n) {
-      const int d = n * 8 + t * 2;
-      amk_stf(a.out, base + d, o[n][half * 2] * inv);
-      amk_stf(a.out, base + d + 1, o[n][half * 2 + 1] * inv);
+      o[n][0] *= a0; o[n][1] *= a0; o[n][2] *= a1; o[n][3] *= a1;
+    }
+#pragma unroll
+    for (int kk = 0; kk < 2; ++kk) {
+      uint32_t pa[4];
+      pa[0] = ac_pack2<BF>(sc[2 * kk][0], sc[2 * kk][1]);
+      pa[1] = ac_pack2<BF>(sc[2 * kk][2], sc[2 * kk][3]);
+      pa[2] = ac_pack2<BF>(sc[2 * kk + 1][0], sc[2 * kk + 1][1]);
+      pa[3] = ac_pack2<BF>(sc[2 * kk + 1][2], sc[2 * kk + 1][3]);
+#pragma unroll
+      for (int n = 0; n < HD / 8; n += 2) {
+        uint32_t r[4];
+        amk_ldmatrix_x4_trans(vs + ac_swz(32 * kh + kk * 16 + (lane & 7) + ((lane >> 3) & 1) * 8, n + (lane >> 4), HD), r);
+        amk_mma_16816<BF>(o[n], pa, r[0], r[1]);
+        amk_mma_16816<BF>(o[n + 1], pa, r[2], r[3]);
+      }
     }
   }
+  amk_cp_async_wait_all();
+  __syncthreads(); /* every warp is past its last read of the stages */
+  amk_probe(ctx, 1); /* every key block done */
+  ac_merge_store<BF, HD>(pl, pg0, np, smem, active, p0, p1, m0, m1, l0, l1, o);
 }
 
 __device__ void amk_op_attention_causal(const amk_task_ctx& ctx) {
@@ -367,14 +474,26 @@ __device__ void amk_op_attention_causal(const amk_task_ctx& ctx) {
     amk_fail(ctx, AMK_ERR_SHAPE, a.pos->numel);
     return;
   }
+  /* Every row's position checked, a thread a row (one round trip); on a bad one, thread 0
+   * reports the first, as a row-by-row check would. */
   const long long max_seq = a.kc->numel / a.row;
-  for (long long r = p.m_off; r < p.m_off + p.M_tile; ++r) {
+  bool bad = false;
+  for (long long r = p.m_off + threadIdx.x; r < p.m_off + p.M_tile; r += AMK_THREADS) {
     const long long pr = amk_ldif(a.pos, r);
-    if (pr < 0 || pr >= max_seq) {
-      amk_fail(ctx, AMK_ERR_INDEX, pr);
-      return;
-    }
+    bad |= pr < 0 || pr >= max_seq;
   }
+  if (__syncthreads_or(bad)) {
+    if (threadIdx.x == 0)
+      for (long long r = p.m_off; r < p.m_off + p.M_tile; ++r) {
+        const long long pr = amk_ldif(a.pos, r);
+        if (pr < 0 || pr >= max_seq) {
+          amk_fail(ctx, AMK_ERR_INDEX, pr);
+          break;
+        }
+      }
+    return;
+  }
+  amk_probe(ctx, 2); /* the rows' positions checked */
   const int kdt = a.kc->dtype;
   const bool half_or_f32 =
       (kdt == AMK_F32 || kdt == AMK_BF16 || kdt == AMK_F16) && kdt == a.vc->dtype;

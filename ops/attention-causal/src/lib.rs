@@ -13,8 +13,10 @@
 //! chunk, a later chunk and a padded last one.
 //!
 //! On the GPU a 16-bit task with heads of 64 or 128 runs flash-attention style on the tensor
-//! cores: up to 64 (row, head) pairs at once, a warp per 16, the KV head's cache rows in blocks
-//! of 64 through a two-stage pipeline, P rounded to the 16-bit type for the P·V product. Its
+//! cores: up to 64 (row, head) pairs at once, two warps per 16 (each takes half of every key
+//! block; the halves merge at the end), the KV head's cache rows in blocks of 64 through a
+//! three-stage (head_dim 64) or two-stage pipeline, P rounded to the 16-bit type for the P·V
+//! product. Its
 //! key blocks run to the task's largest position, so a row multiplies the values of later rows
 //! by a zero weight: those cache rows must hold finite values (a prefill chunk writes them in
 //! the same pass), or a NaN there reaches the row. Any
@@ -43,7 +45,7 @@ pub const DEVICE_PAIRS: u64 = 64;
 /// Dynamic shared memory a task uses on the GPU, the larger of its two paths' at the largest
 /// head: the CUDA-core path's 32 queries and a block of 32 key and 32 value rows (f32, one pad
 /// element a row); the tensor-core path's 64 queries and two stages of 64 key and 64 value rows
-/// (16-bit).
+/// (16-bit; at head_dim 64 three stages take less).
 pub const SHARED_BYTES: u32 = {
     let cores = 32 * MAX_HEAD_DIM * 4 + 2 * 32 * (MAX_HEAD_DIM + 1) * 4;
     let tensor = (64 + 4 * 64) * MAX_HEAD_DIM * 2;

@@ -33,7 +33,7 @@
  * Probes (traced kernel; the last device tile's stamps win): 0 checked and staged, 4 a row
  * block begins (its scales done on the generic path; the tensor-core tiles work them out after
  * issuing their first copies, so probe 1 includes them), 1 the first K step landed, 2 the K
- * loop done, 3 the epilogue stored. */
+ * loop done, 5 the sums in shared memory, 3 the epilogue stored. */
 
 #define LT_BM 64
 #define LT_BM2 128 /* the tensor-core path's wide row block */
@@ -193,26 +193,41 @@ __device__ __noinline__ void lt_tile_generic(const lt_args& a, long long m0, lon
 /* The RoPE epilogue: each (row, pair) of the tile's `bm` rows works out its angle's cosine and
  * sine once and turns that pair in every head of the tile, the pair's two sums rounded to y's
  * dtype (what a projection stores), rotated as ROPE does at the row's position. `fq` holds the
- * pair frequencies. The trigonometry (f64, as ROPE's) is the epilogue's cost: once a row and
- * pair instead of once a head halves it for tiles of two heads. */
+ * pair frequencies. The trigonometry (f64, as ROPE's) is worked out once a row and pair (not
+ * once a head) from one argument reduction. What the loop reads of the op's arguments is
+ * copied into registers first: a store through y's pointer could alias them, so the compiler
+ * would otherwise re-read them (the descriptors among them) after every store. */
 __device__ __forceinline__ void lt_rope_out(const lt_args& a, long long m0, long long c0, int cols,
                                             int bm, const float* cs, const float* fq) {
-  const int half = a.hd >> 1, heads = cols / a.hd, dt = a.y->dtype;
+  const int hd = a.hd, half = hd >> 1, heads = cols / hd, dt = a.y->dtype;
+  const long long m_end = a.m_end, n_end = a.n_end, width = a.width;
+  const amk_buffer_t* pb = a.ex;
+  const amk_buffer_t* yb = a.y;
+  const int32_t* p32 = pb->dtype == AMK_I32 ? (const int32_t*)pb->ptr : nullptr;
+  const bool bf = AMK_IS_BF16(dt), f16 = AMK_IS_F16(dt);
+  uint16_t* y16 = bf || f16 ? (uint16_t*)yb->ptr : nullptr;
   for (int i = threadIdx.x; i < bm * half; i += AMK_THREADS) {
     const int r = i / half, k = i % half;
     const long long m = m0 + r;
-    if (m >= a.m_end) continue;
-    const float ang = __fmul_rn((float)amk_ldif(a.ex, m), fq[k]);
-    const float c = amk_rope_trig(ang, 0), sn = amk_rope_trig(ang, 1);
+    if (m >= m_end) continue;
+    const long long pos = p32 ? (long long)p32[m] : amk_ldif(pb, m);
+    float c, sn;
+    amk_rope_sincos(__fmul_rn((float)pos, fq[k]), c, sn);
     for (int h = 0; h < heads; ++h) {
-      const long long n = c0 + (long long)h * a.hd;
-      if (n >= a.n_end) break;
-      const float x1 = amk_round_dt(dt, cs[r * LT_LD + h * a.hd + k]);
-      const float x2 = amk_round_dt(dt, cs[r * LT_LD + h * a.hd + k + half]);
-      float ya, yb;
-      amk_rope_pair(x1, x2, c, sn, ya, yb);
-      amk_stf(a.y, m * a.width + n + k, ya);
-      amk_stf(a.y, m * a.width + n + k + half, yb);
+      const long long n = c0 + (long long)h * hd;
+      if (n >= n_end) break;
+      const float x1 = amk_round_dt(dt, cs[r * LT_LD + h * hd + k]);
+      const float x2 = amk_round_dt(dt, cs[r * LT_LD + h * hd + k + half]);
+      float ya, yv;
+      amk_rope_pair(x1, x2, c, sn, ya, yv);
+      const long long at = m * width + n + k;
+      if (y16) {
+        y16[at] = bf ? amk_f32_to_bf16(ya) : amk_f32_to_f16(ya);
+        y16[at + half] = bf ? amk_f32_to_bf16(yv) : amk_f32_to_f16(yv);
+      } else {
+        amk_stf(yb, at, ya);
+        amk_stf(yb, at + half, yv);
+      }
     }
   }
 }
@@ -228,39 +243,44 @@ __device__ __forceinline__ void lt_add_bias(const lt_args& a, long long c0, int 
 }
 
 /* The epilogue of a device tile of `bm` rows whose sums are in `cs`: 8 consecutive columns a
- * unit, through 16-byte loads of the residual and stores of y where they fit. */
+ * unit, through 16-byte loads of the residual and stores of y where they fit. What the loop
+ * reads of the op's arguments is copied into registers first (see lt_rope_out). */
 __device__ __noinline__ void lt_epilogue(const lt_args& a, long long m0, long long c0, int cols,
                                          int bm, const float* cs, const float* fq) {
   if (a.epi == 3) {
     lt_rope_out(a, m0, c0, cols, bm, cs, fq);
     return;
   }
+  const int epi = a.epi, dt = a.y->dtype, xdt = a.ex ? a.ex->dtype : 0;
+  void* yp = a.y->ptr;
+  const void* xp = a.ex ? a.ex->ptr : nullptr;
+  const bool vec = a.vec_out;
+  const long long m_end = a.m_end, n_end = a.n_end, width = a.width;
   const int cu = cols >> 3;
   for (int u = threadIdx.x; u < bm * cu; u += AMK_THREADS) {
     const int r = u / cu, c = (u % cu) * 8;
     const long long m = m0 + r, n = c0 + c;
-    if (m >= a.m_end || n >= a.n_end) continue;
+    if (m >= m_end || n >= n_end) continue;
     const float* src = cs + r * LT_LD + c;
-    if (a.vec_out && (n & 7) == 0 && n + 8 <= a.n_end) {
-      const int dt = a.y->dtype;
-      const long long at = (m * a.width + n) >> 3;
+    if (vec && (n & 7) == 0 && n + 8 <= n_end) {
+      const long long at = (m * width + n) >> 3;
       float v[8], rr[8];
-      if (a.epi == 1) amk_ld8(a.ex->ptr, a.ex->dtype, at, rr);
+      if (epi == 1) amk_ld8(xp, xdt, at, rr);
 #pragma unroll
       for (int e = 0; e < 8; ++e) {
-        if (a.epi == 1) {
+        if (epi == 1) {
           v[e] = amk_round_dt(dt, src[e]) + rr[e];
-        } else if (a.epi == 2) {
+        } else if (epi == 2) {
           const float g = amk_round_dt(dt, src[e]);
           v[e] = g / (1.0f + expf(-g)) * amk_round_dt(dt, src[e + cols]);
         } else {
           v[e] = src[e];
         }
       }
-      amk_st8(a.y->ptr, dt, at, v);
+      amk_st8(yp, dt, at, v);
     } else {
-      for (int e = 0; e < 8 && n + e < a.n_end; ++e)
-        lt_store(a, m, n + e, src[e], a.epi == 2 ? src[e + cols] : 0.f);
+      for (int e = 0; e < 8 && n + e < n_end; ++e)
+        lt_store(a, m, n + e, src[e], epi == 2 ? src[e + cols] : 0.f);
     }
   }
 }
@@ -488,6 +508,7 @@ __device__ __noinline__ void lt_tile_mma(const amk_task_ctx& ctx, const lt_args&
       *(float2*)&cs[(row + 8) * LT_LD + col] = make_float2(acc[i][j][2], acc[i][j][3]);
     }
   __syncthreads();
+  amk_probe(ctx, 5); /* the sums in shared memory */
   if (a.bias) {
     lt_add_bias(a, c0, cols, BM, cs);
     __syncthreads();

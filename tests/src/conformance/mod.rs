@@ -396,7 +396,7 @@ pub const CASES: &[Case] = &[
     },
     Case {
         name: "op_attention_causal_bf16",
-        about: "ATTENTION_CAUSAL in bf16 (the tensor-core path): 40 rows of head_dim 64 with 3 heads a KV head, 50 rows of head_dim 128 with 4 (two pair groups), keys in two blocks",
+        about: "ATTENTION_CAUSAL in bf16 (the tensor-core path): 40 and 70 rows of head_dim 64 with 3 heads a KV head (keys in up to two and six blocks), 50 rows of head_dim 128 with 4 (two pair groups)",
         run: op_attention_causal_bf16,
     },
     Case {

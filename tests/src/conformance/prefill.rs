@@ -160,16 +160,25 @@ pub(super) fn op_linear_tile_bf16(c: &Ctx<'_>) -> CaseResult {
     linear_tile_case(c, DType::BF16, 300, 96, 136, BF16_TOL)
 }
 
-/// ATTENTION_CAUSAL over `rows` query rows at consecutive positions from a random start, in
-/// three tiles (the first half of the rows whole; the second half by KV head), against the f64
-/// attention of each row over the cache rows up to its position.
-fn attention_causal_case(c: &Ctx<'_>, dt: DType, a: Attn, rows: u64, tol: Tol) -> CaseResult {
-    const MAX_SEQ: u64 = 80;
+/// The cache rows of the ATTENTION_CAUSAL cases: two key blocks of the device's tensor-core path.
+const CAUSAL_SEQ: u64 = 80;
+
+/// ATTENTION_CAUSAL over `rows` query rows at consecutive positions from a random start below
+/// `max_seq`, in three tiles (the first half of the rows whole; the second half by KV head),
+/// against the f64 attention of each row over the cache rows up to its position.
+fn attention_causal_case(
+    c: &Ctx<'_>,
+    dt: DType,
+    a: Attn,
+    rows: u64,
+    max_seq: u64,
+    tol: Tol,
+) -> CaseResult {
     let width = (a.nh * a.hd) as i64;
     let mut t = Tiny::new(71 + rows);
     let q = t.input("q", dt, &[rows, width as u64]);
     let pos = t.input("pos", DType::I32, &[rows]);
-    let shape = [MAX_SEQ, a.nkv as u64, a.hd as u64];
+    let shape = [max_seq, a.nkv as u64, a.hd as u64];
     let (kc, kv) = t.weight("kcache", dt, &shape, -1.0, 1.0);
     let (vc, vv) = t.weight("vcache", dt, &shape, -1.0, 1.0);
     let y = t.output("y", dt, &[rows, width as u64]);
@@ -201,7 +210,7 @@ fn attention_causal_case(c: &Ctx<'_>, dt: DType, a: Attn, rows: u64, tol: Tol) -
         );
     }
     let make = |ins: &mut Inputs, rng: &mut SplitMix| {
-        let start = (rng.next() % (MAX_SEQ - rows + 1)) as i64;
+        let start = (rng.next() % (max_seq - rows + 1)) as i64;
         let p: Vec<i64> = (start..start + rows as i64).collect();
         if let Ok(pt) = Tensor::from_i64(DType::I32, &[rows], &p) {
             set_input(ins, "pos", pt);
@@ -226,7 +235,7 @@ pub(super) fn op_attention_causal(c: &Ctx<'_>) -> CaseResult {
         hd: 16,
         scale: 0.25,
     };
-    attention_causal_case(c, DType::F32, a, 6, F32_TOL)
+    attention_causal_case(c, DType::F32, a, 6, CAUSAL_SEQ, F32_TOL)
 }
 
 pub(super) fn op_attention_causal_bf16(c: &Ctx<'_>) -> CaseResult {
@@ -236,14 +245,17 @@ pub(super) fn op_attention_causal_bf16(c: &Ctx<'_>) -> CaseResult {
         hd: 64,
         scale: 0.125,
     };
-    attention_causal_case(c, DType::BF16, a, 40, BF16_TOL)?;
+    attention_causal_case(c, DType::BF16, a, 40, CAUSAL_SEQ, BF16_TOL)?;
+    // Up to 6 key blocks (the pipeline's stages wrap), 105 pairs a KV head in the whole tile (a
+    // group of 64, then one of 41 whose fourth query tile is empty).
+    attention_causal_case(c, DType::BF16, a, 70, 400, BF16_TOL)?;
     let wide = Attn {
         nh: 4,
         nkv: 1,
         hd: 128,
         scale: 0.088,
     };
-    attention_causal_case(c, DType::BF16, wide, 50, BF16_TOL)
+    attention_causal_case(c, DType::BF16, wide, 50, CAUSAL_SEQ, BF16_TOL)
 }
 
 /// LINEAR_TILE's RoPE epilogue: `m` rows at positions from a random start, heads of `hd`
