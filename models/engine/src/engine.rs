@@ -96,6 +96,21 @@ pub enum Finish {
 }
 
 impl Finish {
+    /// Why a request that ran `run` and produced `tokens` ended: cancelled, else a stop token
+    /// last, else `req.max_new` tokens, else the cache's end.
+    fn of(run: &amk_core::LoopRun, tokens: &[Token], req: &Request<'_>) -> Finish {
+        let stopped = (tokens.last()).is_some_and(|t| req.stop.contains(&t.id));
+        if run.cancelled {
+            Finish::Cancelled
+        } else if stopped {
+            Finish::Stop
+        } else if tokens.len() >= req.max_new {
+            Finish::Length
+        } else {
+            Finish::ContextFull
+        }
+    }
+
     /// A short name for reports (`stop`, `length`, `context_full`, `cancelled`).
     pub fn as_str(self) -> &'static str {
         match self {
@@ -117,7 +132,7 @@ pub struct Generation {
     /// Prompt tokens.
     pub prompt_tokens: usize,
     /// Positions the request ran (prompt and generated tokens but the last), those the prefill
-    /// program wrote included.
+    /// programs wrote included (a prompt they wrote whole counts all its positions).
     pub passes: u64,
     /// Seconds from the request's start to each token's arrival on the host.
     pub token_s: Vec<f64>,
@@ -129,11 +144,27 @@ pub struct Generation {
     pub short_passes: u64,
     /// Seconds the prompt's chunks took through the prefill programs, wall clock (0 without
     /// them): what of the time to the first token the prompt programs take, the rest being
-    /// the decode loop's start and its first pass.
+    /// the first token's choice (from their logits of the last prompt token) or, where they
+    /// left the prompt's end to the decode loop, its start and its first passes.
     pub prefill_s: f64,
 }
 
 impl Generation {
+    /// A request of `prompt_tokens` before its first token.
+    fn started(prompt_tokens: usize) -> Generation {
+        Generation {
+            tokens: Vec::new(),
+            finish: Finish::Length,
+            prompt_tokens,
+            passes: 0,
+            token_s: Vec::new(),
+            total_s: 0.0,
+            kernel_ms: None,
+            short_passes: 0,
+            prefill_s: 0.0,
+        }
+    }
+
     /// The generated token ids, in order.
     pub fn ids(&self) -> Vec<u32> {
         self.tokens.iter().map(|t| t.id).collect()
@@ -398,23 +429,39 @@ impl Engine {
         self.prefill_refused.as_deref()
     }
 
-    /// Writes the K/V rows of `prompt[..n - 1]` through the prefill programs, as far as their
-    /// chunks fit the cache ([`feed_chunks`]); returns the number of tokens written (0 without
-    /// a prefill program). `on` hears of each chunk with the tokens written so far.
+    /// Writes the K/V rows of the prompt through the prefill programs, as far as their chunks
+    /// fit the cache ([`feed_chunks`]): every row when every prompt program computes its last
+    /// row's logits (then the last chunk's are read back: they choose the first token), else
+    /// all rows but the last (whose decode pass computes them). `on` hears of each chunk with
+    /// the tokens written so far.
     fn prefill_prompt(
         &mut self,
         prompt: &[u32],
         on: &mut dyn FnMut(u64),
-    ) -> Result<u64, EngineError> {
-        let max_seq = self.io.max_seq;
-        let mut nothing = |_| Vec::new();
-        feed_chunks(
+    ) -> Result<PromptFed, EngineError> {
+        let n = prompt.len() as u64;
+        let last =
+            !self.prefill.is_empty() && (self.prefill.iter()).all(|p| p.logits == Logits::Last);
+        let todo = if last { n } else { n.saturating_sub(1) };
+        let mut last_logits = None;
+        let mut read = |c: crate::prefill::Chunk| match last && c.first + c.len == n {
+            true => vec![decode::LOGITS],
+            false => Vec::new(),
+        };
+        let done = feed_chunks(
             &mut self.prefill,
             prompt,
-            max_seq,
-            &mut nothing,
-            &mut |first, len, _| on(first + len),
-        )
+            todo,
+            self.io.max_seq,
+            &mut read,
+            &mut |first, len, out| {
+                if let Some(t) = out.get(decode::LOGITS).filter(|_| first + len == n) {
+                    last_logits = Some(t.to_f32_vec());
+                }
+                on(first + len)
+            },
+        )?;
+        Ok(PromptFed { done, last_logits })
     }
 
     /// KV-cache length (the most tokens one sequence may hold).
@@ -448,17 +495,20 @@ impl Engine {
         }
     }
 
-    /// Sets every input and state buffer for a sequence of `known` tokens (the prompt, or a
-    /// text to score) that the loop runs until it holds `end` tokens, from position `base`
-    /// (the rows before it are in the caches already: 0, or what the prefill program wrote).
+    /// Sets every input and state buffer for the loop `at` describes.
     fn start(
         &mut self,
-        known: &[u32],
-        (base, end): (u64, u64),
+        at: LoopStart<'_>,
         sampling: &Sampling,
         stop: &[u32],
         vocab_limit: usize,
     ) -> Result<(), EngineError> {
+        let LoopStart {
+            known,
+            base,
+            token,
+            end,
+        } = at;
         let max_seq = self.io.max_seq as usize;
         let mut prompt = vec![0i64; max_seq];
         for (p, &t) in prompt.iter_mut().zip(known) {
@@ -485,10 +535,7 @@ impl Engine {
             (decode::LIMITS, ints(&[decode::LIMITS_LEN], &limits)?),
             (decode::SAMPLING, floats(&sampler)?),
             (decode::POS, ints(&[1], &[base as i64])?),
-            (
-                decode::TOKEN,
-                ints(&[1], &[i64::from(known[base as usize])])?,
-            ),
+            (decode::TOKEN, ints(&[1], &[i64::from(token)])?),
             (decode::HALT, ints(&[1], &[0])?),
         ];
         let has_reshape =
@@ -581,17 +628,7 @@ impl Engine {
         let vocab_limit = self.check_request(req)?;
         let n = req.prompt.len();
         let t0 = Instant::now();
-        let mut out = Generation {
-            tokens: Vec::new(),
-            finish: Finish::Length,
-            prompt_tokens: n,
-            passes: 0,
-            token_s: Vec::new(),
-            total_s: 0.0,
-            kernel_ms: None,
-            short_passes: 0,
-            prefill_s: 0.0,
-        };
+        let mut out = Generation::started(n);
         if req.max_new == 0 {
             return Ok(out);
         }
@@ -605,23 +642,51 @@ impl Engine {
                 (w.on)(done, n as u64);
             }
         };
-        let base = self.prefill_prompt(req.prompt, &mut on_chunk)?;
+        let fed = self.prefill_prompt(req.prompt, &mut on_chunk)?;
         out.prefill_s = t0.elapsed().as_secs_f64();
-        self.start(
-            req.prompt,
-            (base, end),
-            &req.sampling,
-            req.stop,
-            vocab_limit,
-        )?;
+        let top = req.top_logprobs;
+        let mut run = amk_core::LoopRun::default();
+        // The prompt program's logits of the last prompt token choose the first token (as
+        // NEXT_TOKEN would); the loop then starts after it. Else the loop's first pass
+        // computes them, at the first position the prefill programs left.
+        let (base, first) = match fed.last_logits.filter(|_| fed.done < end) {
+            Some(logits) => {
+                let token = first_token(&logits, &req.sampling, vocab_limit, fed.done);
+                out.tokens.push(token);
+                out.token_s.push(t0.elapsed().as_secs_f64());
+                let alternatives = match top {
+                    0 => Vec::new(),
+                    _ => top_alternatives(&logits, vocab_limit, top),
+                };
+                run.cancelled = !on_token(&token, &alternatives);
+                run.halted = req.stop.contains(&token.id);
+                (fed.done, token.id)
+            }
+            None => match req.prompt.get(fed.done as usize) {
+                Some(&t) => (fed.done, t),
+                // Every prompt row written and no room for a token (a prompt that fills the
+                // cache).
+                None => {
+                    out.finish = Finish::ContextFull;
+                    out.passes = fed.done;
+                    out.total_s = t0.elapsed().as_secs_f64();
+                    return Ok(out);
+                }
+            },
+        };
+        let at = LoopStart {
+            known: req.prompt,
+            base,
+            token: first,
+            end,
+        };
+        self.start(at, &req.sampling, req.stop, vocab_limit)?;
         let watch = RowWatch {
             buffer: decode::EMITTED.to_string(),
             first_row: n as u64,
         };
-        let top = req.top_logprobs;
         let chunk = req.passes_per_launch.unwrap_or(u64::MAX).max(1);
         let mut pending: Option<Token> = None;
-        let mut run = amk_core::LoopRun::default();
         let mut kernel_ms: Option<f64> = None;
         let fed = n as u64 - 1; // positions whose pass feeds a prompt token and emits nothing
         // `at`: the positions done (the pass at position `at` writes row `at + 1`).
@@ -692,16 +757,7 @@ impl Engine {
         out.passes = run.passes;
         out.kernel_ms = kernel_ms;
         out.total_s = t0.elapsed().as_secs_f64();
-        let stopped = (out.tokens.last()).is_some_and(|t| req.stop.contains(&t.id));
-        out.finish = if run.cancelled {
-            Finish::Cancelled
-        } else if stopped {
-            Finish::Stop
-        } else if out.tokens.len() >= req.max_new {
-            Finish::Length
-        } else {
-            Finish::ContextFull
-        };
+        out.finish = Finish::of(&run, &out.tokens, req);
         Ok(out)
     }
 
@@ -775,7 +831,13 @@ impl Engine {
         if base + 1 >= n {
             return Ok(());
         }
-        self.start(ids, (base, n), &Sampling::greedy(), &[], self.io.vocab)?;
+        let at = LoopStart {
+            known: ids,
+            base,
+            token: ids[base as usize],
+            end: n,
+        };
+        self.start(at, &Sampling::greedy(), &[], self.io.vocab)?;
         // The passes run in the program `generate` would run them in.
         let mut bucket = ShortDecode::bucket_at(self.short.as_ref(), base).0;
         for pos in base..n - 1 {
@@ -870,6 +932,43 @@ pub struct Scores {
 }
 
 /// Elements `range` of `t` as f32 into `buf` (its storage matched once, not per element).
+/// What the prefill programs did with a prompt: the tokens whose K/V rows they wrote, and the
+/// logits of the prompt's last token when they wrote every row and computed them.
+struct PromptFed {
+    done: u64,
+    last_logits: Option<Vec<f32>>,
+}
+
+/// Where a decode loop starts: the sequence's known tokens (the prompt, or a text to score),
+/// the position of its first pass (the rows before it are in the caches already: none, or what
+/// the prefill programs wrote) and the token that pass feeds, and the tokens the sequence
+/// holds when the loop ends.
+struct LoopStart<'a> {
+    known: &'a [u32],
+    base: u64,
+    token: u32,
+    end: u64,
+}
+
+/// The token NEXT_TOKEN would emit at position `q` from `logits` (the row that predicts it)
+/// under `sampling` and the vocabulary limit: the op's own choice
+/// ([`op_next_token::choose::choose`]), so a seed gives the same text whichever program
+/// computed the logits.
+fn first_token(logits: &[f32], sampling: &Sampling, vocab_limit: usize, q: u64) -> Token {
+    let settings = op_next_token::choose::Settings {
+        temperature: sampling.temperature,
+        top_k: i64::from(sampling.top_k),
+        top_p: sampling.top_p,
+        seed: sampling.seed,
+        vocab_limit: vocab_limit as i64,
+    };
+    let c = op_next_token::choose::choose(logits, &settings, q);
+    Token {
+        id: c.token as u32,
+        logprob: c.logprob,
+    }
+}
+
 fn row_f32(t: &amk_core::Tensor, range: std::ops::Range<usize>, buf: &mut Vec<f32>) {
     use amk_core::Storage;
     buf.clear();

@@ -195,11 +195,12 @@ pub fn lower_and_load(
         }
     }
     if let Some(rows) = opts.prefill_rows.filter(|&r| r > 0 && r <= max_seq) {
-        // Programs for prompts (no logits: the decode loop computes the first token's; a
-        // short one beside the chunk) and one for scoring (every row's logits).
+        // Programs for prompts (a short one beside the chunk), each computing its last real
+        // row's logits — a prompt's last chunk then gives the first token's, instead of a
+        // decode pass at the prompt's last position — and one for scoring (every row's).
         let mut programs: Vec<(u64, PrefillLogits)> = prefill_chunk_sizes(rows)
             .into_iter()
-            .map(|r| (r, PrefillLogits::None))
+            .map(|r| (r, PrefillLogits::Last))
             .collect();
         programs.push((rows, PrefillLogits::Every));
         for (rows, logits) in programs {

@@ -58,7 +58,7 @@ impl Prefill {
 
     /// Runs `ids[..n - 1]` through the program a chunk of rows a pass (the last chunk padded),
     /// as far as whole chunks fit a cache of `max_seq` rows ([`feed_chunks`] with this one
-    /// program).
+    /// program; the last id is only ever predicted).
     pub(crate) fn feed(
         &mut self,
         ids: &[u32],
@@ -66,7 +66,8 @@ impl Prefill {
         read: ReadBack<'_>,
         on: &mut dyn FnMut(u64, u64, &amk_core::Outputs),
     ) -> Result<u64, EngineError> {
-        feed_chunks(std::slice::from_mut(self), ids, max_seq, read, on)
+        let todo = ids.len().saturating_sub(1) as u64;
+        feed_chunks(std::slice::from_mut(self), ids, todo, max_seq, read, on)
     }
 }
 
@@ -111,18 +112,19 @@ pub(crate) fn plan_chunks(sizes: &[u64], todo: u64, max_seq: u64) -> Vec<Chunk> 
     out
 }
 
-/// Runs `ids[..n - 1]` through the programs `progs`, chunks by [`plan_chunks`]; returns the
-/// tokens run. After each chunk `on` gets its first position, its real rows and the outputs
-/// `read` named for it.
+/// Runs `ids[..todo]` (`todo` ≤ the ids) through the programs `progs`, chunks by
+/// [`plan_chunks`]; returns the tokens run. After each chunk `on` gets its first position, its
+/// real rows and the outputs `read` named for it.
 pub(crate) fn feed_chunks(
     progs: &mut [Prefill],
     ids: &[u32],
+    todo: u64,
     max_seq: u64,
     read: ReadBack<'_>,
     on: &mut dyn FnMut(u64, u64, &amk_core::Outputs),
 ) -> Result<u64, EngineError> {
     let sizes: Vec<u64> = progs.iter().map(|p| p.rows).collect();
-    let todo = ids.len().saturating_sub(1) as u64;
+    let todo = todo.min(ids.len() as u64);
     let mut done = 0u64;
     for c in plan_chunks(&sizes, todo, max_seq) {
         let Some(p) = progs.iter_mut().find(|p| p.rows == c.rows) else {
@@ -180,9 +182,10 @@ mod tests {
 /// What a prefill program computes beside the chunk's K/V rows.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Logits {
-    /// Nothing (a prompt program: the decode loop computes the first token's logits).
+    /// Nothing.
     None,
-    /// One row, chosen by `prefill.last` (a prompt program; the engine does not read it).
+    /// One row, chosen by `prefill.last` (a prompt program: the logits of a prompt's last
+    /// token, from which the engine chooses the first generated one).
     Last,
     /// Every row's (scoring).
     Every,

@@ -373,6 +373,43 @@ fn prefilled_prompts_give_the_decode_paths_tokens(
     assert_eq!(a, b, "sampling with a seed after a prefilled prompt");
 }
 
+/// With every prompt row written by the prefill programs, their logits of the last prompt
+/// token choose the first token (no decode pass at the prompt's last position): the same
+/// tokens, log-probabilities and finish as the decode path alone, at the edges too — one token
+/// asked for, the first token a stop token, a prompt one short of the cache and one filling it.
+#[test]
+fn the_first_token_from_the_prompt_program_is_the_decode_paths() {
+    let tokens = |e: &mut Engine, req: &Request<'_>| {
+        let g = e.generate(req, &mut |_| true).unwrap();
+        let logprobs: Vec<u32> = g.tokens.iter().map(|t| t.logprob.to_bits()).collect();
+        (g.ids(), logprobs, g.finish, g.passes)
+    };
+    let mut plain = engine(tuned_schedule(), 32);
+    let mut pre = engine_with_prefill(32, 4);
+    let first = ids(&mut plain, &request(PROMPT, 1, &[])).0[0];
+    let long: Vec<u32> = (0..31).map(|i| (i * 7 + 3) % 40).collect();
+    let cases = [
+        request(PROMPT, 1, &[]),
+        request(PROMPT, 6, &[]),
+        request(PROMPT, 6, std::slice::from_ref(&first)),
+        request(&long, 5, &[]),
+        request(&long[..29], 5, &[]),
+    ];
+    for req in &cases {
+        let want = tokens(&mut plain, req);
+        assert_eq!(tokens(&mut pre, req), want, "{:?}", req.prompt.len());
+    }
+    assert_eq!(tokens(&mut pre, &cases[2]).2, Finish::Stop);
+    assert_eq!(tokens(&mut pre, &cases[3]).0.len(), 1);
+    // A prompt that fills the cache leaves no room for a token.
+    let full: Vec<u32> = (0..32).map(|i| i % 40).collect();
+    let g = pre
+        .generate(&request(&full, 3, &[]), &mut |_| true)
+        .unwrap();
+    assert!(g.tokens.is_empty());
+    assert_eq!(g.finish, Finish::ContextFull);
+}
+
 /// A model with attention biases (Qwen2) prefills its prompt too, to the decode path's tokens.
 #[test]
 fn attention_biases_are_prefilled() {
