@@ -162,11 +162,12 @@ fn sample(valid: &[(usize, f32)], s: &Settings, m: f32, q: u64) -> usize {
 /// The `top_k`-th largest of `keys` (repeats counted), or 0 when top-k is off (`top_k ≤ 0`
 /// or not fewer than the keys).
 fn top_k_threshold(keys: impl Iterator<Item = u32>, top_k: i64) -> u32 {
-    let mut sorted: Vec<u32> = keys.collect();
+    let mut keys: Vec<u32> = keys.collect();
     match usize::try_from(top_k) {
-        Ok(k) if k > 0 && k < sorted.len() => {
-            sorted.sort_unstable_by(|a, b| b.cmp(a));
-            sorted[k - 1]
+        Ok(k) if k > 0 && k < keys.len() => {
+            // A selection, not a sort: the engine chooses a first token on the host this way.
+            let (_, kth, _) = keys.select_nth_unstable_by(k - 1, |a, b| b.cmp(a));
+            *kth
         }
         _ => 0,
     }
@@ -178,7 +179,9 @@ fn top_p_threshold(keys: impl Iterator<Item = u32>, top_p: f32) -> u32 {
     if top_p.is_nan() || top_p >= 1.0 {
         return 0;
     }
-    let mut sorted: Vec<u32> = keys.collect();
+    // Keys of 0 add nothing to any mass and come last: only the others are sorted (most of a
+    // peaked distribution's keys are 0).
+    let mut sorted: Vec<u32> = keys.filter(|&k| k > 0).collect();
     sorted.sort_unstable_by(|a, b| b.cmp(a));
     let total: u64 = sorted.iter().map(|&k| k as u64).sum();
     let target = top_p_target(top_p, total);
