@@ -162,11 +162,14 @@ pub fn bench_e2e(a: &BenchArgs, prompt_tokens: usize) -> Result<(), ModelCmdErro
         let ids = text_ids(&tok, depth.max(1))?;
         let (mut rates, mut kernel) = (Vec::new(), Vec::new());
         for _ in 0..repeat {
-            let one = generate(&mut engine, &ids, 1)?;
+            // Device time a token: the difference between a generation of two tokens and one
+            // of N, over N - 2 passes (with a prompt program the first token comes from it,
+            // so a one-token generation runs no decode pass to subtract).
+            let two = generate(&mut engine, &ids, 2)?;
             let g = generate(&mut engine, &ids, a.gen_tokens)?;
             rates.push(g.decode_tokens_per_s().unwrap_or(f64::NAN));
-            if let (Some(k1), Some(kn)) = (one.kernel_ms, g.kernel_ms) {
-                kernel.push((kn - k1) / (a.gen_tokens - 1) as f64);
+            if let (Some(k2), Some(kn), true) = (two.kernel_ms, g.kernel_ms, a.gen_tokens > 2) {
+                kernel.push((kn - k2) / (a.gen_tokens - 2) as f64);
             }
         }
         points.push(DepthPoint {
