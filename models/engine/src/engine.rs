@@ -642,16 +642,16 @@ impl Engine {
                 (w.on)(done, n as u64);
             }
         };
-        let fed = self.prefill_prompt(req.prompt, &mut on_chunk)?;
+        let written = self.prefill_prompt(req.prompt, &mut on_chunk)?;
         out.prefill_s = t0.elapsed().as_secs_f64();
         let top = req.top_logprobs;
         let mut run = amk_core::LoopRun::default();
         // The prompt program's logits of the last prompt token choose the first token (as
         // NEXT_TOKEN would); the loop then starts after it. Else the loop's first pass
         // computes them, at the first position the prefill programs left.
-        let (base, first) = match fed.last_logits.filter(|_| fed.done < end) {
+        let (base, first) = match written.last_logits.filter(|_| written.done < end) {
             Some(logits) => {
-                let token = first_token(&logits, &req.sampling, vocab_limit, fed.done);
+                let token = first_token(&logits, &req.sampling, vocab_limit, written.done);
                 out.tokens.push(token);
                 out.token_s.push(t0.elapsed().as_secs_f64());
                 let alternatives = match top {
@@ -660,15 +660,15 @@ impl Engine {
                 };
                 run.cancelled = !on_token(&token, &alternatives);
                 run.halted = req.stop.contains(&token.id);
-                (fed.done, token.id)
+                (written.done, token.id)
             }
-            None => match req.prompt.get(fed.done as usize) {
-                Some(&t) => (fed.done, t),
+            None => match req.prompt.get(written.done as usize) {
+                Some(&t) => (written.done, t),
                 // Every prompt row written and no room for a token (a prompt that fills the
                 // cache).
                 None => {
                     out.finish = Finish::ContextFull;
-                    out.passes = fed.done;
+                    out.passes = written.done;
                     out.total_s = t0.elapsed().as_secs_f64();
                     return Ok(out);
                 }
