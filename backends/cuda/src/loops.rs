@@ -184,10 +184,10 @@ pub const ROW_PRE_DEFINE: &str = "AMK_ROW_PRE";
 /// projection phase's body is one DRAM round trip, which the loads before the wait overlap:
 /// SmolLM2-135M measured 0.02 ms a token faster. The 1B's o_proj alone qualifies, and the
 /// 1B measured slower with it (docs/perf-notes.md round 19). The device takes the path only for
-/// tiles whose units a warp all fit in registers across the wait (an LM head keeps its
-/// multi-unit loop; round 21: three units a warp; round 22: an even one-row tile two rows a
-/// unit, rows of up to 6 vectors a lane as one unit a warp, a gate/up tile three pairs a unit);
-/// it computes the same bits either way, so the rule is one of speed only.
+/// tiles whose units a warp all fit in registers across the wait — up to three units a warp,
+/// an even one-row tile two rows a unit, rows of up to 6 vectors a lane as one unit a warp, a
+/// gate/up tile three pairs a unit (docs/perf-notes.md rounds 21–22); an LM head keeps its
+/// multi-unit loop. It computes the same bits either way, so the rule is one of speed only.
 pub fn row_pre(program: &Program, registry: &Registry, vecs: u32) -> bool {
     let mut any = false;
     for r in loop_rows(program, registry) {
