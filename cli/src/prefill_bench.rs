@@ -18,7 +18,7 @@ use amk_core::{DType, Tensor, ValidatedProgram};
 use amk_model_llama::ModelError;
 use amk_model_llama::lower::Lowered;
 use amk_model_llama::lower::prefill::{
-    IDS, LAST, POS, PrefillLogits, PrefillOptions, lower_prefill,
+    IDS, LAST, LIMITS, POS, PrefillLogits, PrefillOptions, lower_prefill,
 };
 
 /// One measured chunk.
@@ -31,7 +31,7 @@ struct Point {
 }
 
 /// The chunk's inputs: `rows` ids from position `p0` (the text's, or fixed ones), its
-/// positions, and its last row as the logits row.
+/// positions, its last row as the logits row, and no vocabulary limit for its summaries.
 fn inputs(rows: u64, p0: u64, text: Option<&[u32]>, vocab: u64) -> Vec<(&'static str, Tensor)> {
     let ids: Vec<i64> = (p0..p0 + rows)
         .map(|p| match text.and_then(|t| t.get(p as usize)) {
@@ -45,6 +45,11 @@ fn inputs(rows: u64, p0: u64, text: Option<&[u32]>, vocab: u64) -> Vec<(&'static
         (IDS, ids, rows),
         (POS, pos, rows),
         (LAST, vec![rows as i64 - 1], 1),
+        (
+            LIMITS,
+            vec![0; amk_core::decode::LIMITS_LEN as usize],
+            amk_core::decode::LIMITS_LEN,
+        ),
     ] {
         if let Ok(t) = Tensor::from_i64(DType::I32, &[len], &v) {
             out.push((name, t));

@@ -11,7 +11,7 @@ use amk_core::{DType, GpuTarget, Registry, Session, Tensor, validate_owned};
 use amk_model_llama::Model;
 use amk_model_llama::hf::import_hf;
 use amk_model_llama::lower::prefill::{
-    IDS, LAST, NLL, POS, PrefillLogits, PrefillOptions, TARGETS, lower_prefill,
+    IDS, LAST, LIMITS, NLL, POS, PrefillLogits, PrefillOptions, TARGETS, lower_prefill,
 };
 use serde_json::Value;
 use std::path::{Path, PathBuf};
@@ -173,6 +173,10 @@ fn the_last_row_mode_gives_the_chosen_row() {
                 LAST,
                 Tensor::from_i64(DType::I32, &[1], &[row as i64]).unwrap(),
             ),
+            (
+                LIMITS,
+                Tensor::from_i64(DType::I32, &[amk_core::decode::LIMITS_LEN], &[0; 6]).unwrap(),
+            ),
         ];
         let got = s.step(&inputs).unwrap().get("logits").unwrap().to_f32_vec();
         assert_eq!(got, every[row], "row {row}");
@@ -260,7 +264,13 @@ fn smollm2_prefill_has_the_tasks_of_its_tiling() {
         + 2 * 512u64.div_ceil(amk_model_llama::lower::prefill::NORM_ROWS);
     let head = (cfg.vocab as u64).div_ceil(128);
     let want = per_layer * cfg.n_layers as u64 + 2 + head;
-    assert_eq!(p.tasks.len() as u64, want);
+    // The last row's LOGIT_STATS summaries: slots of the decode tail's layout.
+    let stats = amk_model_llama::lower::StatsLayout::about(
+        amk_model_llama::lower::prefill::STATS_SLOTS,
+        cfg.vocab as u64,
+    )
+    .slots;
+    assert_eq!(p.tasks.len() as u64, want + stats);
     assert_eq!(want, 13_016 + 30 * 2 * 64 - 30 * 96);
 }
 
@@ -350,8 +360,13 @@ fn a_prompt_program_without_logits_keeps_only_what_writes_the_caches() {
     let kv_tiles =
         2 * 512u64.div_ceil(64) * (cfg.n_kv_heads as u64 * cfg.head_dim as u64).div_ceil(128);
     let kept = 512u64.div_ceil(NORM_ROWS) + kv_tiles + 2;
-    let per_layer =
-        (last.tasks.len() as u64 - 2 - (cfg.vocab as u64).div_ceil(128)) / cfg.n_layers as u64;
+    let stats = amk_model_llama::lower::StatsLayout::about(
+        amk_model_llama::lower::prefill::STATS_SLOTS,
+        cfg.vocab as u64,
+    )
+    .slots;
+    let per_layer = (last.tasks.len() as u64 - 2 - (cfg.vocab as u64).div_ceil(128) - stats)
+        / cfg.n_layers as u64;
     assert_eq!(
         none.tasks.len() as u64,
         1 + per_layer * (cfg.n_layers as u64 - 1) + kept

@@ -4,14 +4,14 @@
 //! tokens as they stream out.
 
 use crate::interface::Interface;
-use crate::prefill::{Logits, Prefill, PrefillShape, feed_chunks, prefill_interface};
+use crate::prefill::{FeedTo, Logits, Prefill, PrefillShape, feed_chunks, prefill_interface};
 use crate::short::{Bucket, ShortDecode, check_short, hand_over};
 use crate::{EngineError, Sampling};
 use amk_core::{
     Backend, DType, Program, Registry, RowWatch, Session, Tensor, ValidatedProgram, WeightStore,
     decode, validate_owned,
 };
-use amk_model_llama::lower::prefill::NLL as PREFILL_NLL;
+use amk_model_llama::lower::prefill::{NLL as PREFILL_NLL, STATS as PREFILL_STATS};
 use std::time::Instant;
 
 /// A generation request.
@@ -385,8 +385,12 @@ impl Engine {
         weights: &WeightStore,
         registry: &Registry,
     ) -> Result<(), EngineError> {
-        let PrefillShape { rows, logits, nll } =
-            prefill_interface(&program, self.program.program(), self.io.vocab)?;
+        let PrefillShape {
+            rows,
+            logits,
+            nll,
+            stats,
+        } = prefill_interface(&program, self.program.program(), self.io.vocab)?;
         let program =
             validate_owned(program, registry).map_err(|r| EngineError::Invalid(r.report()))?;
         let session = self.session.load_beside(&program, weights, registry)?;
@@ -395,6 +399,7 @@ impl Engine {
             rows,
             logits,
             nll,
+            stats,
         };
         if logits != Logits::Every {
             self.prefill.retain(|q| q.rows != rows);
@@ -431,37 +436,55 @@ impl Engine {
 
     /// Writes the K/V rows of the prompt through the prefill programs, as far as their chunks
     /// fit the cache ([`feed_chunks`]): every row when every prompt program computes its last
-    /// row's logits (then the last chunk's are read back: they choose the first token), else
-    /// all rows but the last (whose decode pass computes them). `on` hears of each chunk with
-    /// the tokens written so far.
+    /// row's logits (then what the last chunk computed of them is read back: they choose the
+    /// first token), else all rows but the last (whose decode pass computes them). The row
+    /// itself comes back only where `whole_row` asks for it or the program does not summarise
+    /// it. `on` hears of each chunk with the tokens written so far.
     fn prefill_prompt(
         &mut self,
         prompt: &[u32],
+        vocab_limit: usize,
+        whole_row: bool,
         on: &mut dyn FnMut(u64),
     ) -> Result<PromptFed, EngineError> {
         let n = prompt.len() as u64;
         let last =
             !self.prefill.is_empty() && (self.prefill.iter()).all(|p| p.logits == Logits::Last);
-        let todo = if last { n } else { n.saturating_sub(1) };
-        let mut last_logits = None;
-        let mut read = |c: crate::prefill::Chunk| match last && c.first + c.len == n {
-            true => vec![decode::LOGITS],
-            false => Vec::new(),
+        let summarised: Vec<u64> = (self.prefill.iter().filter(|p| p.stats))
+            .map(|p| p.rows)
+            .collect();
+        let to = FeedTo {
+            todo: if last { n } else { n.saturating_sub(1) },
+            max_seq: self.io.max_seq,
+            vocab_limit,
+        };
+        let mut row = LastRow::default();
+        let mut read = |c: crate::prefill::Chunk| {
+            let mut names = Vec::new();
+            if last && c.first + c.len == n {
+                let stats = summarised.contains(&c.rows);
+                names.extend(stats.then_some(PREFILL_STATS));
+                names.extend((whole_row || !stats).then_some(decode::LOGITS));
+            }
+            names
         };
         let done = feed_chunks(
             &mut self.prefill,
             prompt,
-            todo,
-            self.io.max_seq,
+            to,
             &mut read,
             &mut |first, len, out| {
-                if let Some(t) = out.get(decode::LOGITS).filter(|_| first + len == n) {
-                    last_logits = Some(t.to_f32_vec());
+                if first + len == n {
+                    row.logits = out.get(decode::LOGITS).map(|t| t.to_f32_vec());
+                    row.summary = out
+                        .get(PREFILL_STATS)
+                        .map(op_logit_stats::reference::merged);
                 }
                 on(first + len)
             },
         )?;
-        Ok(PromptFed { done, last_logits })
+        let last_row = (row.logits.is_some() || row.summary.is_some()).then_some(row);
+        Ok(PromptFed { done, last_row })
     }
 
     /// KV-cache length (the most tokens one sequence may hold).
@@ -642,21 +665,24 @@ impl Engine {
                 (w.on)(done, n as u64);
             }
         };
-        let written = self.prefill_prompt(req.prompt, &mut on_chunk)?;
-        out.prefill_s = t0.elapsed().as_secs_f64();
         let top = req.top_logprobs;
+        // The whole row only for a draw or the alternatives (a greedy choice and its
+        // log-probability need only the summaries).
+        let whole_row = top > 0 || req.sampling.temperature > 0.0;
+        let written = self.prefill_prompt(req.prompt, vocab_limit, whole_row, &mut on_chunk)?;
+        out.prefill_s = t0.elapsed().as_secs_f64();
         let mut run = amk_core::LoopRun::default();
         // The prompt program's logits of the last prompt token choose the first token (as
         // NEXT_TOKEN would); the loop then starts after it. Else the loop's first pass
         // computes them, at the first position the prefill programs left.
-        let (base, first) = match written.last_logits.filter(|_| written.done < end) {
-            Some(logits) => {
-                let token = first_token(&logits, &req.sampling, vocab_limit, written.done);
+        let (base, first) = match written.last_row.filter(|_| written.done < end) {
+            Some(row) => {
+                let token = first_token(&row, &req.sampling, vocab_limit, written.done);
                 out.tokens.push(token);
                 out.token_s.push(t0.elapsed().as_secs_f64());
-                let alternatives = match top {
-                    0 => Vec::new(),
-                    _ => top_alternatives(&logits, vocab_limit, top),
+                let alternatives = match (top, &row.logits) {
+                    (1.., Some(logits)) => top_alternatives(logits, vocab_limit, top),
+                    _ => Vec::new(),
                 };
                 run.cancelled = !on_token(&token, &alternatives);
                 run.halted = req.stop.contains(&token.id);
@@ -932,11 +958,19 @@ pub struct Scores {
 }
 
 /// Elements `range` of `t` as f32 into `buf` (its storage matched once, not per element).
-/// What the prefill programs did with a prompt: the tokens whose K/V rows they wrote, and the
-/// logits of the prompt's last token when they wrote every row and computed them.
+/// What the prefill programs did with a prompt: the tokens whose K/V rows they wrote, and what
+/// came back of the logits of the prompt's last token when they wrote every row.
 struct PromptFed {
     done: u64,
-    last_logits: Option<Vec<f32>>,
+    last_row: Option<LastRow>,
+}
+
+/// A logits row as it came back from a prompt program: the row itself and its merged
+/// LOGIT_STATS summaries, either or both.
+#[derive(Default)]
+struct LastRow {
+    logits: Option<Vec<f32>>,
+    summary: Option<op_logit_stats::Summary>,
 }
 
 /// Where a decode loop starts: the sequence's known tokens (the prompt, or a text to score),
@@ -950,11 +984,12 @@ struct LoopStart<'a> {
     end: u64,
 }
 
-/// The token NEXT_TOKEN would emit at position `q` from `logits` (the row that predicts it)
+/// The token NEXT_TOKEN would emit at position `q` from `row` (the logits that predict it)
 /// under `sampling` and the vocabulary limit: the op's own choice
-/// ([`op_next_token::choose::choose`]), so a seed gives the same text whichever program
-/// computed the logits.
-fn first_token(logits: &[f32], sampling: &Sampling, vocab_limit: usize, q: u64) -> Token {
+/// ([`op_next_token::choose`]; from the summaries where they came back, as the decode tail
+/// merges LOGIT_STATS's), so a seed gives the same text whichever program computed the
+/// logits. A draw needs the row; a greedy choice reads only the summaries when it has them.
+fn first_token(row: &LastRow, sampling: &Sampling, vocab_limit: usize, q: u64) -> Token {
     let settings = op_next_token::choose::Settings {
         temperature: sampling.temperature,
         top_k: i64::from(sampling.top_k),
@@ -962,7 +997,11 @@ fn first_token(logits: &[f32], sampling: &Sampling, vocab_limit: usize, q: u64) 
         seed: sampling.seed,
         vocab_limit: vocab_limit as i64,
     };
-    let c = op_next_token::choose::choose(logits, &settings, q);
+    let logits = row.logits.as_deref().unwrap_or(&[]);
+    let c = match &row.summary {
+        Some(g) => op_next_token::choose::choose_given(logits, &settings, q, g),
+        None => op_next_token::choose::choose(logits, &settings, q),
+    };
     Token {
         id: c.token as u32,
         logprob: c.logprob,

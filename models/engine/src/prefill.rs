@@ -6,8 +6,8 @@ use crate::EngineError;
 use crate::engine::ints;
 use amk_core::{DType, Program, Session, decode};
 use amk_model_llama::lower::prefill::{
-    IDS as PREFILL_IDS, LAST as PREFILL_LAST, NLL as PREFILL_NLL, POS as PREFILL_POS,
-    TARGETS as PREFILL_TARGETS,
+    IDS as PREFILL_IDS, LAST as PREFILL_LAST, LIMITS as PREFILL_LIMITS, NLL as PREFILL_NLL,
+    POS as PREFILL_POS, STATS as PREFILL_STATS, TARGETS as PREFILL_TARGETS,
 };
 
 /// A prefill program loaded beside the decode program: it writes a chunk of prompt tokens'
@@ -19,6 +19,9 @@ pub(crate) struct Prefill {
     pub(crate) logits: Logits,
     /// A scorer that computes each row's NLL of its target itself (the targets an input).
     pub(crate) nll: bool,
+    /// A prompt program that summarises its last row's logits (LOGIT_STATS into
+    /// `prefill.stats`, under the vocabulary limit of its `prefill.limits` input).
+    pub(crate) stats: bool,
 }
 
 /// What a chunk's pass reads back: its outputs of these names.
@@ -33,6 +36,7 @@ impl Prefill {
         &mut self,
         ids: &[u32],
         Chunk { rows, first, len }: Chunk,
+        vocab_limit: usize,
         read: &[&str],
     ) -> Result<amk_core::Outputs, EngineError> {
         let padded = |from: u64, n: u64| -> Vec<i64> {
@@ -53,6 +57,11 @@ impl Prefill {
         if self.nll {
             inputs.push((PREFILL_TARGETS, ints(&[rows], &padded(first + 1, len))?));
         }
+        if self.stats {
+            let mut limits = vec![0i64; decode::LIMITS_LEN as usize];
+            limits[decode::LIMIT_VOCAB] = vocab_limit as i64;
+            inputs.push((PREFILL_LIMITS, ints(&[decode::LIMITS_LEN], &limits)?));
+        }
         Ok(self.session.step_reading(&inputs, read)?)
     }
 
@@ -67,7 +76,12 @@ impl Prefill {
         on: &mut dyn FnMut(u64, u64, &amk_core::Outputs),
     ) -> Result<u64, EngineError> {
         let todo = ids.len().saturating_sub(1) as u64;
-        feed_chunks(std::slice::from_mut(self), ids, todo, max_seq, read, on)
+        let to = FeedTo {
+            todo,
+            max_seq,
+            vocab_limit: 0,
+        };
+        feed_chunks(std::slice::from_mut(self), ids, to, read, on)
     }
 }
 
@@ -112,25 +126,35 @@ pub(crate) fn plan_chunks(sizes: &[u64], todo: u64, max_seq: u64) -> Vec<Chunk> 
     out
 }
 
-/// Runs `ids[..todo]` (`todo` ≤ the ids) through the programs `progs`, chunks by
-/// [`plan_chunks`]; returns the tokens run. After each chunk `on` gets its first position, its
-/// real rows and the outputs `read` named for it.
+/// How far [`feed_chunks`] feeds a sequence, and what its programs' summaries assume.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct FeedTo {
+    /// Tokens to write (at most the sequence's).
+    pub(crate) todo: u64,
+    /// The cache's rows.
+    pub(crate) max_seq: u64,
+    /// The vocabulary limit of a prompt program's summaries (`≤ 0`: none).
+    pub(crate) vocab_limit: usize,
+}
+
+/// Runs `ids[..to.todo]` through the programs `progs`, chunks by [`plan_chunks`]; returns the
+/// tokens run. After each chunk `on` gets its first position, its real rows and the outputs
+/// `read` named for it.
 pub(crate) fn feed_chunks(
     progs: &mut [Prefill],
     ids: &[u32],
-    todo: u64,
-    max_seq: u64,
+    to: FeedTo,
     read: ReadBack<'_>,
     on: &mut dyn FnMut(u64, u64, &amk_core::Outputs),
 ) -> Result<u64, EngineError> {
     let sizes: Vec<u64> = progs.iter().map(|p| p.rows).collect();
-    let todo = todo.min(ids.len() as u64);
+    let todo = to.todo.min(ids.len() as u64);
     let mut done = 0u64;
-    for c in plan_chunks(&sizes, todo, max_seq) {
+    for c in plan_chunks(&sizes, todo, to.max_seq) {
         let Some(p) = progs.iter_mut().find(|p| p.rows == c.rows) else {
             break;
         };
-        let out = p.run_chunk(ids, c, &read(c))?;
+        let out = p.run_chunk(ids, c, to.vocab_limit, &read(c))?;
         on(c.first, c.len, &out);
         done = c.first + c.len;
     }
@@ -200,6 +224,8 @@ pub(crate) struct PrefillShape {
     pub(crate) logits: Logits,
     /// Whether it scores each row's target itself ([`Prefill::nll`]).
     pub(crate) nll: bool,
+    /// Whether it summarises its last row's logits ([`Prefill::stats`]).
+    pub(crate) stats: bool,
 }
 
 /// The rows of a prefill program (`amk_model_llama::lower::prefill`), checked against the
@@ -249,12 +275,67 @@ pub(crate) fn prefill_interface(
         )));
     };
     let nll = scores_itself(p, rows, kind)?;
+    let stats = summarises_itself(p, vocab, kind)?;
     crate::interface::caches_shared(p, decode, "prefill program")?;
     Ok(PrefillShape {
         rows,
         logits: kind,
         nll,
+        stats,
     })
+}
+
+/// Whether a prefill program with logits `kind` summarises its logits row: a `prefill.limits`
+/// I32 input of NEXT_TOKEN's limits and a `prefill.stats` I32 output of LOGIT_STATS's summaries
+/// (four words a slot, slots covering a row of `vocab`), only with one row's logits, both or
+/// neither.
+fn summarises_itself(p: &Program, vocab: usize, kind: Logits) -> Result<bool, EngineError> {
+    use amk_core::BufferKind;
+    let find = |name: &str| -> Vec<&amk_core::Buffer> {
+        p.buffers.iter().filter(|b| b.name == name).collect()
+    };
+    let limits = match find(PREFILL_LIMITS)[..] {
+        [] => false,
+        [b] if b.kind == BufferKind::IO_INPUT
+            && b.dtype == DType::I32
+            && b.numel() == decode::LIMITS_LEN =>
+        {
+            true
+        }
+        _ => {
+            return Err(EngineError::Interface(format!(
+                "the prefill program's '{PREFILL_LIMITS}' must be one I32 input of {} elements",
+                decode::LIMITS_LEN
+            )));
+        }
+    };
+    let stats = match find(PREFILL_STATS)[..] {
+        [] => false,
+        [b] if b.kind == BufferKind::IO_OUTPUT
+            && b.dtype == DType::I32
+            && b.shape.len() == 2
+            && b.shape[0] == op_logit_stats::ROWS
+            && b.shape[1] >= 1
+            && b.shape[1] <= vocab as u64 =>
+        {
+            true
+        }
+        _ => {
+            return Err(EngineError::Interface(format!(
+                "the prefill program's '{PREFILL_STATS}' must be one I32 output of {} rows and at \
+             most {vocab} slots",
+                op_logit_stats::ROWS
+            )));
+        }
+    };
+    match (limits, stats) {
+        (false, false) => Ok(false),
+        (true, true) if kind == Logits::Last => Ok(true),
+        _ => Err(EngineError::Interface(format!(
+            "the prefill program's '{PREFILL_LIMITS}' and '{PREFILL_STATS}' come together, and \
+             only with one row's logits"
+        ))),
+    }
 }
 
 /// Whether a prefill program of `rows` rows and logits `kind` computes its rows' NLLs: a

@@ -612,6 +612,72 @@ fn a_scorer_has_both_targets_and_nlls_or_neither() {
     assert!((a.1 - b.1).abs() <= 1e-6 * a.1, "{a:?} vs {b:?}");
 }
 
+/// A prompt program's limits input and summaries output come together or not at all (one
+/// renamed away: refused, naming both); without them the engine reads the logits row back and
+/// chooses from it, with them from the summaries — the same tokens and log-probabilities, greedy
+/// and seeded.
+#[test]
+fn a_prompt_program_has_both_limits_and_stats_or_neither() {
+    use amk_engine::EngineError;
+    use amk_model_llama::lower::prefill::{
+        LIMITS, PrefillLogits, PrefillOptions, STATS, lower_prefill,
+    };
+    let opts = PrefillOptions {
+        dtype: DType::F32,
+        max_seq: 32,
+        rows: 4,
+        logits: PrefillLogits::Last,
+    };
+    let prompt = lower_prefill(&tiny(), &GpuTarget::by_name("h100").unwrap(), &opts).unwrap();
+    let renamed = |name: &str| {
+        let mut p = prompt.program.clone();
+        if let Some(b) = p.buffers.iter_mut().find(|b| b.name == name) {
+            b.name = format!("{name}_elsewhere");
+        }
+        p
+    };
+    let mut e = engine(tuned_schedule(), 32);
+    let err = e
+        .attach_prefill(renamed(STATS), &prompt.weights, &registry())
+        .unwrap_err();
+    assert!(
+        matches!(&err, EngineError::Interface(m) if m.contains(LIMITS) && m.contains(STATS)),
+        "{err}"
+    );
+    // Without the stats output the summaries' tasks write a buffer nobody reads: the row
+    // comes back and the host summarises it.
+    let mut unsummarised = renamed(STATS);
+    if let Some(b) = unsummarised.buffers.iter_mut().find(|b| b.name == LIMITS) {
+        b.name = "limits_elsewhere".into();
+        b.kind = amk_core::BufferKind::STATE; // zeros: no vocabulary limit
+    }
+    let mut row = engine(tuned_schedule(), 32);
+    row.attach_prefill(unsummarised, &prompt.weights, &registry())
+        .unwrap();
+    e.attach_prefill(prompt.program.clone(), &prompt.weights, &registry())
+        .unwrap();
+    let seeded = Request {
+        sampling: Sampling {
+            temperature: 0.7,
+            top_p: 0.95,
+            top_k: 0,
+            seed: 11,
+        },
+        ..request(PROMPT, 4, &[])
+    };
+    for req in [request(PROMPT, 4, &[]), seeded] {
+        let a = e.generate(&req, &mut |_| true).unwrap();
+        let b = row.generate(&req, &mut |_| true).unwrap();
+        let bits = |g: &amk_engine::Generation| -> Vec<(u32, u32)> {
+            g.tokens
+                .iter()
+                .map(|t| (t.id, t.logprob.to_bits()))
+                .collect()
+        };
+        assert_eq!(bits(&a), bits(&b));
+    }
+}
+
 /// The tokens `req` generates, each with its alternatives.
 fn with_alternatives(e: &mut Engine, req: &Request<'_>) -> (Vec<u32>, Vec<Vec<Alternative>>) {
     let mut alts = Vec::new();

@@ -378,11 +378,18 @@ pub struct StatsLayout {
 /// the row itself).
 pub fn stats_layout(cfg: &ScheduleConfig, vocab: u64) -> Option<StatsLayout> {
     let n = cfg.tile("next_token", "stats_slots").filter(|&n| n >= 1)? as u64;
-    let cols = vocab.div_ceil(n).next_multiple_of(8).max(8);
-    Some(StatsLayout {
-        slots: vocab.div_ceil(cols).max(1),
-        cols,
-    })
+    Some(StatsLayout::about(n, vocab))
+}
+
+impl StatsLayout {
+    /// About `n` (≥ 1) slots over a row of `vocab` logits.
+    pub fn about(n: u64, vocab: u64) -> StatsLayout {
+        let cols = vocab.div_ceil(n.max(1)).next_multiple_of(8).max(8);
+        StatsLayout {
+            slots: vocab.div_ceil(cols).max(1),
+            cols,
+        }
+    }
 }
 
 /// The tuned schedule's `gemv.alternate_max_kb`: SmolLM2-135M's largest layer projection

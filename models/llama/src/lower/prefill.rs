@@ -42,6 +42,16 @@ pub const IDS: &str = "prefill.ids";
 pub const POS: &str = "prefill.pos";
 /// With [`PrefillLogits::Last`], the row whose logits the program computes: `[1]` I32.
 pub const LAST: &str = "prefill.last";
+/// With [`PrefillLogits::Last`], NEXT_TOKEN's limits (element
+/// [`op_logit_stats::VOCAB_LIMIT_AT`] the vocabulary limit, `≤ 0` none): `[decode::LIMITS_LEN]`
+/// I32, an IO input.
+pub const LIMITS: &str = "prefill.limits";
+/// With [`PrefillLogits::Last`], the logits row's LOGIT_STATS summaries (`[4, slots]` I32, an IO
+/// output): what choosing a greedy first token and its log-probability needs, a few KB back
+/// instead of the row and a pass over it on the host.
+pub const STATS: &str = "prefill.stats";
+/// Slots of [`STATS`] (about; `StatsLayout::about`): the decode tail's.
+pub const STATS_SLOTS: u64 = super::TUNED_STATS_SLOTS as u64;
 /// With [`PrefillLogits::Every`], the token each row predicts (the next one's id; any valid id
 /// on padding rows): `[rows]` I32, an IO input.
 pub const TARGETS: &str = "prefill.targets";
@@ -743,8 +753,48 @@ fn lm_head(
     let mut lin = Linear::plain(x, (head, d.h, d.vocab), out, "lm_head");
     lin.norm = Some(fnorm);
     let logits_val = b.linear(&lin, logit_rows);
-    if logits == PrefillLogits::Every {
-        token_nll(b, logits_val, d);
+    match logits {
+        PrefillLogits::Every => token_nll(b, logits_val, d),
+        _ => logit_stats(b, logits_val, d.vocab),
+    }
+}
+
+/// The last row's [`STATS`]: LOGIT_STATS tasks over slots of the row (the decode tail's
+/// layout), after the whole LM head, under the [`LIMITS`]' vocabulary limit.
+fn logit_stats(b: &mut Builder, logits: Val, vocab: u64) {
+    let layout = super::StatsLayout::about(STATS_SLOTS, vocab);
+    let limits = (b.p).new_buffer(
+        LIMITS,
+        BufferKind::IO_INPUT,
+        DType::I32,
+        &[decode::LIMITS_LEN],
+    );
+    let out = (b.p).new_buffer(
+        STATS,
+        BufferKind::IO_OUTPUT,
+        DType::I32,
+        &[op_logit_stats::ROWS, layout.slots],
+    );
+    let ctr = b.p.new_counter("logit stats ready");
+    for g in 0..layout.slots {
+        let pr = params(&[
+            ("cols", int(layout.cols)),
+            ("N_tile", int(1)),
+            ("n_off", int(g)),
+        ]);
+        let label = format!("logit_stats[{g}]");
+        let t = (b.p).push_task(
+            Opcode::LOGIT_STATS,
+            &[logits.buf, limits],
+            &[out],
+            ctr,
+            &[logits.wait],
+            pr,
+            label,
+        );
+        if let Some(task) = b.p.tasks.get_mut(t as usize) {
+            task.est_bytes = layout.cols as i64 * b.dbytes;
+        }
     }
 }
 
