@@ -335,6 +335,30 @@ fn engine_with_prefill(max_seq: u64, rows: u64) -> Engine {
     e
 }
 
+/// The tiny model's prefill program of 4 rows in f32 with `logits`, for a cache of `max_seq`.
+fn tiny_prefill(
+    logits: amk_model_llama::lower::prefill::PrefillLogits,
+    max_seq: u64,
+) -> amk_model_llama::lower::Lowered {
+    use amk_model_llama::lower::prefill::{PrefillOptions, lower_prefill};
+    let opts = PrefillOptions {
+        dtype: DType::F32,
+        max_seq,
+        rows: 4,
+        logits,
+    };
+    lower_prefill(&tiny(), &GpuTarget::by_name("h100").unwrap(), &opts).unwrap()
+}
+
+/// `p` with its buffer `name` renamed away.
+fn renamed(p: &amk_core::Program, name: &str) -> amk_core::Program {
+    let mut p = p.clone();
+    if let Some(b) = p.buffers.iter_mut().find(|b| b.name == name) {
+        b.name = format!("{name}_elsewhere");
+    }
+    p
+}
+
 /// A prompt written by the prefill program (whole chunks, a padded last chunk, a remainder
 /// past the last chunk that fits the cache) gives the tokens the decode program alone gives:
 /// on the CPU VM every op rounds as the decode path, so the caches are the same bit for bit.
@@ -538,17 +562,9 @@ fn a_chunk_of_256_rows_or_more_brings_a_quarter_size_one() {
 #[test]
 fn attach_prefill_checks_the_interface() {
     use amk_engine::EngineError;
-    use amk_model_llama::lower::prefill::{PrefillLogits, PrefillOptions, lower_prefill};
+    use amk_model_llama::lower::prefill::PrefillLogits;
     let mut e = engine(tuned_schedule(), 32);
-    let lowered = |max_seq| {
-        let opts = PrefillOptions {
-            dtype: DType::F32,
-            max_seq,
-            rows: 4,
-            logits: PrefillLogits::Last,
-        };
-        lower_prefill(&tiny(), &GpuTarget::by_name("h100").unwrap(), &opts).unwrap()
-    };
+    let lowered = |max_seq| tiny_prefill(PrefillLogits::Last, max_seq);
     let other = lowered(16);
     let err = e
         .attach_prefill(other.program, &other.weights, &registry())
@@ -578,20 +594,9 @@ fn attach_prefill_checks_the_interface() {
 #[test]
 fn a_scorer_has_both_targets_and_nlls_or_neither() {
     use amk_engine::EngineError;
-    use amk_model_llama::lower::prefill::{
-        NLL, PrefillLogits, PrefillOptions, TARGETS, lower_prefill,
-    };
-    let opts = PrefillOptions {
-        dtype: DType::F32,
-        max_seq: 32,
-        rows: 4,
-        logits: PrefillLogits::Every,
-    };
-    let scorer = lower_prefill(&tiny(), &GpuTarget::by_name("h100").unwrap(), &opts).unwrap();
-    let mut half = scorer.program.clone();
-    if let Some(b) = half.buffers.iter_mut().find(|b| b.name == NLL) {
-        b.name = "nll_elsewhere".into();
-    }
+    use amk_model_llama::lower::prefill::{NLL, PrefillLogits, TARGETS};
+    let scorer = tiny_prefill(PrefillLogits::Every, 32);
+    let half = renamed(&scorer.program, NLL);
     let mut e = engine(tuned_schedule(), 32);
     let err = e
         .attach_prefill(half, &scorer.weights, &registry())
@@ -619,26 +624,15 @@ fn a_scorer_has_both_targets_and_nlls_or_neither() {
 #[test]
 fn a_prompt_program_has_both_limits_and_stats_or_neither() {
     use amk_engine::EngineError;
-    use amk_model_llama::lower::prefill::{
-        LIMITS, PrefillLogits, PrefillOptions, STATS, lower_prefill,
-    };
-    let opts = PrefillOptions {
-        dtype: DType::F32,
-        max_seq: 32,
-        rows: 4,
-        logits: PrefillLogits::Last,
-    };
-    let prompt = lower_prefill(&tiny(), &GpuTarget::by_name("h100").unwrap(), &opts).unwrap();
-    let renamed = |name: &str| {
-        let mut p = prompt.program.clone();
-        if let Some(b) = p.buffers.iter_mut().find(|b| b.name == name) {
-            b.name = format!("{name}_elsewhere");
-        }
-        p
-    };
+    use amk_model_llama::lower::prefill::{LIMITS, PrefillLogits, STATS};
+    let prompt = tiny_prefill(PrefillLogits::Last, 32);
     let mut e = engine(tuned_schedule(), 32);
     let err = e
-        .attach_prefill(renamed(STATS), &prompt.weights, &registry())
+        .attach_prefill(
+            renamed(&prompt.program, STATS),
+            &prompt.weights,
+            &registry(),
+        )
         .unwrap_err();
     assert!(
         matches!(&err, EngineError::Interface(m) if m.contains(LIMITS) && m.contains(STATS)),
@@ -646,9 +640,8 @@ fn a_prompt_program_has_both_limits_and_stats_or_neither() {
     );
     // Without the stats output the summaries' tasks write a buffer nobody reads: the row
     // comes back and the host summarises it.
-    let mut unsummarised = renamed(STATS);
-    if let Some(b) = unsummarised.buffers.iter_mut().find(|b| b.name == LIMITS) {
-        b.name = "limits_elsewhere".into();
+    let mut unsummarised = renamed(&renamed(&prompt.program, STATS), LIMITS);
+    if let Some(b) = (unsummarised.buffers.iter_mut()).find(|b| b.name.starts_with(LIMITS)) {
         b.kind = amk_core::BufferKind::STATE; // zeros: no vocabulary limit
     }
     let mut row = engine(tuned_schedule(), 32);
