@@ -78,7 +78,15 @@ impl std::ops::Index<usize> for Incidence {
 /// "No successor in the SM queue" in a `queue_next` array.
 pub const NO_NEXT: TaskId = TaskId::MAX;
 
-/// Kahn's algorithm (see [`Program::topological_order`]).
+/// Kahn's topological order over the task ids of `p` ([`topo_order`] with the program's own
+/// counter index); `None` if the graph has a cycle.
+pub fn topological_order(p: &Program) -> Option<Vec<TaskId>> {
+    topo_order(p, &p.counter_index())
+}
+
+/// Kahn's topological order over task ids (queue seeded with the sources in id order, FIFO,
+/// successors in id order); `None` if the graph has a cycle. Linear in the program size: a
+/// counter becomes "complete" when its last producer is emitted.
 pub fn topo_order(p: &Program, idx: &CounterIndex) -> Option<Vec<TaskId>> {
     topo_order_with(p, idx, None)
 }
@@ -576,7 +584,7 @@ mod tests {
     #[test]
     fn topological_order_is_kahn_fifo_and_cycles_have_witnesses() {
         let p = random_dag(7, 300);
-        let order = p.topological_order().expect("acyclic");
+        let order = topological_order(&p).expect("acyclic");
         let mut pos = vec![0; p.tasks.len()];
         for (i, &t) in order.iter().enumerate() {
             pos[t as usize] = i;
@@ -623,7 +631,7 @@ mod tests {
             counter: c,
             threshold: 1,
         });
-        assert!(q.topological_order().is_none());
+        assert!(topological_order(&q).is_none());
         let cyc = find_cycle(&q, &CounterIndex::new(&q)).expect("cycle");
         assert!(cyc.len() >= 2 && cyc.first() == cyc.last());
         let edges: std::collections::HashSet<_> = q.dependency_edges().into_iter().collect();

@@ -164,12 +164,6 @@ pub struct GpuTarget {
 }
 
 impl GpuTarget {
-    /// Decode floor in µs: every weight byte streamed once at the spec bandwidth
-    /// (NaN when the bandwidth is unknown).
-    pub fn bandwidth_bound_us(&self, weight_bytes: u64) -> f64 {
-        bound_us(weight_bytes, self.hbm_bandwidth_gbs)
-    }
-
     /// The built-in targets, in the reference's order.
     pub fn builtin() -> Vec<GpuTarget> {
         const MIB: i64 = 1 << 20;
@@ -346,13 +340,5 @@ impl GpuTarget {
     /// A built-in target by name.
     pub fn by_name(name: &str) -> Option<GpuTarget> {
         Self::builtin().into_iter().find(|t| t.name == name)
-    }
-}
-
-fn bound_us(bytes: u64, gbs: f64) -> f64 {
-    if gbs > 0.0 {
-        bytes as f64 / (gbs * 1e9) * 1e6
-    } else {
-        f64::NAN
     }
 }

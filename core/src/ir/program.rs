@@ -279,13 +279,6 @@ impl Program {
         n
     }
 
-    /// Kahn's topological order over task ids (queue seeded with the sources in id order, FIFO,
-    /// successors in id order); `None` if the graph has a cycle. Linear in the program size:
-    /// a counter becomes "complete" when its last producer is emitted.
-    pub fn topological_order(&self) -> Option<Vec<TaskId>> {
-        crate::graph::topo_order(self, &self.counter_index())
-    }
-
     /// Sum of the sizes of every WEIGHT buffer.
     pub fn total_weight_bytes(&self) -> u64 {
         self.buffers

@@ -1144,7 +1144,7 @@ fn graph_colour_shares_pages_soundly_on_decode_programs() {
 /// fewest bytes, else the largest free page, else a new one. Returns the total page bytes.
 fn exact_greedy_bytes(p: &Program) -> u64 {
     let hb = brute_hb(p);
-    let order = p.topological_order().unwrap();
+    let order = amk_core::graph::topological_order(p).unwrap();
     let mut pos = vec![0usize; p.tasks.len()];
     for (i, &t) in order.iter().enumerate() {
         pos[t as usize] = i;
