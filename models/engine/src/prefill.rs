@@ -291,51 +291,26 @@ pub(crate) fn prefill_interface(
 /// neither.
 fn summarises_itself(p: &Program, vocab: usize, kind: Logits) -> Result<bool, EngineError> {
     use amk_core::BufferKind;
-    let find = |name: &str| -> Vec<&amk_core::Buffer> {
-        p.buffers.iter().filter(|b| b.name == name).collect()
-    };
-    let limits = match find(PREFILL_LIMITS)[..] {
-        [] => false,
-        [b] if b.kind == BufferKind::IO_INPUT
+    let limits = optional_buffer(p, PREFILL_LIMITS, |b| {
+        b.kind == BufferKind::IO_INPUT && b.dtype == DType::I32 && b.numel() == decode::LIMITS_LEN
+    })
+    .map_err(|()| format!("one I32 input of {} elements", decode::LIMITS_LEN));
+    let stats = optional_buffer(p, PREFILL_STATS, |b| {
+        b.kind == BufferKind::IO_OUTPUT
             && b.dtype == DType::I32
-            && b.numel() == decode::LIMITS_LEN =>
-        {
-            true
-        }
-        _ => {
-            return Err(EngineError::Interface(format!(
-                "the prefill program's '{PREFILL_LIMITS}' must be one I32 input of {} elements",
-                decode::LIMITS_LEN
-            )));
-        }
-    };
-    let stats = match find(PREFILL_STATS)[..] {
-        [] => false,
-        [b] if b.kind == BufferKind::IO_OUTPUT
-            && b.dtype == DType::I32
-            && b.shape.len() == 2
-            && b.shape[0] == op_logit_stats::ROWS
-            && b.shape[1] >= 1
-            && b.shape[1] <= vocab as u64 =>
-        {
-            true
-        }
-        _ => {
-            return Err(EngineError::Interface(format!(
-                "the prefill program's '{PREFILL_STATS}' must be one I32 output of {} rows and at \
-             most {vocab} slots",
-                op_logit_stats::ROWS
-            )));
-        }
-    };
-    match (limits, stats) {
-        (false, false) => Ok(false),
-        (true, true) if kind == Logits::Last => Ok(true),
-        _ => Err(EngineError::Interface(format!(
-            "the prefill program's '{PREFILL_LIMITS}' and '{PREFILL_STATS}' come together, and \
-             only with one row's logits"
-        ))),
-    }
+            && matches!(b.shape[..], [r, g] if r == op_logit_stats::ROWS && g >= 1 && g <= vocab as u64)
+    })
+    .map_err(|()| {
+        format!(
+            "one I32 output of {} rows and at most {vocab} slots",
+            op_logit_stats::ROWS
+        )
+    });
+    together(
+        [(PREFILL_LIMITS, limits), (PREFILL_STATS, stats)],
+        kind == Logits::Last,
+        "one row's logits",
+    )
 }
 
 /// Whether a prefill program of `rows` rows and logits `kind` computes its rows' NLLs: a
@@ -344,27 +319,65 @@ fn summarises_itself(p: &Program, vocab: usize, kind: Logits) -> Result<bool, En
 fn scores_itself(p: &Program, rows: u64, kind: Logits) -> Result<bool, EngineError> {
     use amk_core::BufferKind;
     let one = |name: &str, kind: BufferKind, dtype: DType| {
-        let found: Vec<_> = p.buffers.iter().filter(|b| b.name == name).collect();
-        match found[..] {
-            [] => Ok(false),
-            [b] if b.kind == kind && b.dtype == dtype && b.numel() == rows => Ok(true),
-            _ => Err(EngineError::Interface(format!(
-                "the prefill program's '{name}' must be one {dtype} {} of {rows} elements",
-                match kind {
-                    BufferKind::IO_INPUT => "input",
-                    _ => "output",
-                }
-            ))),
-        }
+        optional_buffer(p, name, |b| {
+            b.kind == kind && b.dtype == dtype && b.numel() == rows
+        })
+        .map_err(|()| {
+            let io = match kind {
+                BufferKind::IO_INPUT => "input",
+                _ => "output",
+            };
+            format!("one {dtype} {io} of {rows} elements")
+        })
     };
-    let targets = one(PREFILL_TARGETS, BufferKind::IO_INPUT, DType::I32)?;
-    let nll = one(PREFILL_NLL, BufferKind::IO_OUTPUT, DType::F32)?;
-    match (targets, nll) {
+    together(
+        [
+            (
+                PREFILL_TARGETS,
+                one(PREFILL_TARGETS, BufferKind::IO_INPUT, DType::I32),
+            ),
+            (
+                PREFILL_NLL,
+                one(PREFILL_NLL, BufferKind::IO_OUTPUT, DType::F32),
+            ),
+        ],
+        kind == Logits::Every,
+        "every row's logits",
+    )
+}
+
+/// Whether `p` has the buffer `name`: none (`false`), one that `fits` (`true`), or anything
+/// else (`Err`).
+fn optional_buffer(
+    p: &Program,
+    name: &str,
+    fits: impl Fn(&amk_core::Buffer) -> bool,
+) -> Result<bool, ()> {
+    let found: Vec<_> = p.buffers.iter().filter(|b| b.name == name).collect();
+    match found[..] {
+        [] => Ok(false),
+        [b] if fits(b) => Ok(true),
+        _ => Err(()),
+    }
+}
+
+/// Two optional buffers of a prefill program that come together, and only where `allowed`
+/// (`with` says when): whether the program has them. `Err` of a buffer's check: what it must be.
+fn together(
+    [(a, ha), (b, hb)]: [(&str, Result<bool, String>); 2],
+    allowed: bool,
+    with: &str,
+) -> Result<bool, EngineError> {
+    let must = |name: &str, what: String| {
+        EngineError::Interface(format!("the prefill program's '{name}' must be {what}"))
+    };
+    let ha = ha.map_err(|w| must(a, w))?;
+    let hb = hb.map_err(|w| must(b, w))?;
+    match (ha, hb) {
         (false, false) => Ok(false),
-        (true, true) if kind == Logits::Every => Ok(true),
+        (true, true) if allowed => Ok(true),
         _ => Err(EngineError::Interface(format!(
-            "the prefill program's '{PREFILL_TARGETS}' and '{PREFILL_NLL}' come together, and \
-             only with every row's logits"
+            "the prefill program's '{a}' and '{b}' come together, and only with {with}"
         ))),
     }
 }
