@@ -382,6 +382,15 @@ pub fn stats_layout(cfg: &ScheduleConfig, vocab: u64) -> Option<StatsLayout> {
 }
 
 impl StatsLayout {
+    /// The params of slot `g`'s LOGIT_STATS task.
+    pub(crate) fn slot_params(&self, g: u64) -> Map {
+        params(&[
+            ("cols", int(self.cols)),
+            ("N_tile", int(1)),
+            ("n_off", int(g)),
+        ])
+    }
+
     /// About `n` (≥ 1) slots over a row of `vocab` logits.
     pub fn about(n: u64, vocab: u64) -> StatsLayout {
         let cols = vocab.div_ceil(n.max(1)).next_multiple_of(8).max(8);
@@ -618,10 +627,7 @@ impl Builder<'_> {
         let ctr = self.p.new_counter("logit stats ready");
         let cols = layout.cols as i64;
         for g in 0..layout.slots {
-            let mut pr = Map::new();
-            pr.insert("cols", int(layout.cols));
-            pr.insert("N_tile", int(1));
-            pr.insert("n_off", int(g));
+            let pr = layout.slot_params(g);
             self.task(
                 Opcode::LOGIT_STATS,
                 &[t.logits.buf, limits],

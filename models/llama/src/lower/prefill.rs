@@ -777,11 +777,7 @@ fn logit_stats(b: &mut Builder, logits: Val, vocab: u64) {
     );
     let ctr = b.p.new_counter("logit stats ready");
     for g in 0..layout.slots {
-        let pr = params(&[
-            ("cols", int(layout.cols)),
-            ("N_tile", int(1)),
-            ("n_off", int(g)),
-        ]);
+        let pr = layout.slot_params(g);
         let label = format!("logit_stats[{g}]");
         let t = (b.p).push_task(
             Opcode::LOGIT_STATS,
