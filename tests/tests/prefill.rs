@@ -217,6 +217,12 @@ fn threads_give_the_same_prefill_logits() {
     assert_eq!(one, two);
 }
 
+/// The LM head's tiles over the last row: RMSNORM_GEMV tiles of `vocab.div_ceil(132)` rows
+/// rounded up to whole warps' 8, about one an SM of the H100's 132.
+fn head_row_tiles(vocab: u64) -> u64 {
+    vocab.div_ceil(vocab.div_ceil(132).next_multiple_of(8))
+}
+
 /// SmolLM2-135M's bf16 prefill program of 512 rows for an H100, with `logits`.
 fn smollm2_chunk(
     logits: PrefillLogits,
@@ -241,7 +247,8 @@ fn smollm2_chunk(
 /// RMSNORM: two norms a layer in tiles of `NORM_ROWS` rows): SmolLM2-135M's 512-row chunk was
 /// the 13,016 tasks `amk bench --prefill 512` reported on an H200 with the norms in the
 /// projections (docs/perf-notes.md round 33), 13,016 + 30 × 2 × 64 with them as tasks of their
-/// own, and its gate/up phase (8 × 24 = 192 narrow tiles) now takes 96 wide ones.
+/// own, and its gate/up phase (8 × 24 = 192 narrow tiles) now takes 96 wide ones; the last
+/// row's LM head takes RMSNORM_GEMV tiles (`head_row_tiles`).
 #[test]
 fn smollm2_prefill_has_the_tasks_of_its_tiling() {
     let (cfg, p) = smollm2_chunk(PrefillLogits::Last);
@@ -262,7 +269,7 @@ fn smollm2_prefill_has_the_tasks_of_its_tiling() {
         + wide(cfg.intermediate as u64, 64)
         + tiles(h, 128)
         + 2 * 512u64.div_ceil(amk_model_llama::lower::prefill::NORM_ROWS);
-    let head = (cfg.vocab as u64).div_ceil(128);
+    let head = head_row_tiles(cfg.vocab as u64);
     let want = per_layer * cfg.n_layers as u64 + 2 + head;
     // The last row's LOGIT_STATS summaries: slots of the decode tail's layout.
     let stats = amk_model_llama::lower::StatsLayout::about(
@@ -271,7 +278,8 @@ fn smollm2_prefill_has_the_tasks_of_its_tiling() {
     )
     .slots;
     assert_eq!(p.tasks.len() as u64, want + stats);
-    assert_eq!(want, 13_016 + 30 * 2 * 64 - 30 * 96);
+    // The head's 384 LINEAR_TILE tiles of 128 columns became 131 RMSNORM_GEMV tiles.
+    assert_eq!(want, 13_016 + 30 * 2 * 64 - 30 * 96 - 384 + 131);
 }
 
 /// Which phases take wide (128-row) LINEAR_TILE tasks: those of more 64-row device tiles than
@@ -365,7 +373,7 @@ fn a_prompt_program_without_logits_keeps_only_what_writes_the_caches() {
         cfg.vocab as u64,
     )
     .slots;
-    let per_layer = (last.tasks.len() as u64 - 2 - (cfg.vocab as u64).div_ceil(128) - stats)
+    let per_layer = (last.tasks.len() as u64 - 2 - head_row_tiles(cfg.vocab as u64) - stats)
         / cfg.n_layers as u64;
     assert_eq!(
         none.tasks.len() as u64,

@@ -290,6 +290,44 @@ impl Builder {
         pr
     }
 
+    /// The LM head over one row `x` (`[1, k]`, normalised by `nw` in every tile): RMSNORM_GEMV
+    /// tiles of `head`'s `n` rows, about one an SM (whole warps' rows, as the decode program's
+    /// `gemv.sm_multiple = 1`), into `out`, on one counter. A weight stream at the memory's
+    /// bandwidth, where LINEAR_TILE tiles would run 64-row tensor-core tiles holding one row
+    /// (the 1B's 49,152-row head took ≈ 0.13 ms so; docs/perf-notes.md round 41).
+    fn head_row(
+        &mut self,
+        x: Val,
+        (nw, head): (BufferId, BufferId),
+        out: BufferId,
+        (k, n): (u64, u64),
+    ) -> Val {
+        let width = n
+            .div_ceil(self.num_sms.max(1))
+            .next_multiple_of(super::SM_TILE_ROWS)
+            .min(n)
+            .max(1);
+        let c = self.p.new_counter("lm_head ready".to_string());
+        let mut tiles = 0;
+        for n0 in (0..n).step_by(width as usize) {
+            let nt = width.min(n - n0);
+            let mut pr = params(&[("K", int(k)), ("N_tile", int(nt)), ("n_off", int(n0))]);
+            pr.insert("eps", self.eps.clone());
+            let label = format!("lm_head[{tiles}]");
+            let ins = [x.buf, nw, head];
+            let t = (self.p).push_task(Opcode::RMSNORM_GEMV, &ins, &[out], c, &[x.wait], pr, label);
+            if let Some(task) = self.p.tasks.get_mut(t as usize) {
+                task.est_bytes = (nt * k) as i64 * self.dbytes;
+                task.est_flops = 2 * (nt * k) as i64;
+            }
+            tiles += 1;
+        }
+        Val {
+            buf: out,
+            wait: (c, tiles),
+        }
+    }
+
     /// RMSNORM of `x`'s rows (`rows` × `h`) with weight `w` into a buffer of their own: row
     /// tiles of [`NORM_ROWS`] (a warp a row on the GPU), on one counter.
     fn norm_rows(&mut self, x: Val, w: BufferId, (rows, h): (u64, u64), label: &str) -> Val {
@@ -717,7 +755,8 @@ fn rope_args(b: &mut Builder, w: &mut Weights<'_>, model: &Model) -> Result<Rope
 }
 
 /// The final norm and the LM head over the last row (gathered by an EMBED of the row index
-/// `last`) or every row, into `logits`.
+/// `last`; RMSNORM_GEMV tiles, [`Builder::head_row`]) or every row (LINEAR_TILE tiles), into
+/// `logits`.
 fn lm_head(
     b: &mut Builder,
     (fnorm, head): (BufferId, BufferId),
@@ -750,9 +789,14 @@ fn lm_head(
         b.dtype,
         &[logit_rows, d.vocab],
     );
-    let mut lin = Linear::plain(x, (head, d.h, d.vocab), out, "lm_head");
-    lin.norm = Some(fnorm);
-    let logits_val = b.linear(&lin, logit_rows);
+    let logits_val = match logits {
+        PrefillLogits::Last => b.head_row(x, (fnorm, head), out, (d.h, d.vocab)),
+        _ => {
+            let mut lin = Linear::plain(x, (head, d.h, d.vocab), out, "lm_head");
+            lin.norm = Some(fnorm);
+            b.linear(&lin, logit_rows)
+        }
+    };
     match logits {
         PrefillLogits::Every => token_nll(b, logits_val, d),
         _ => logit_stats(b, logits_val, d.vocab),
