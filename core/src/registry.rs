@@ -240,6 +240,11 @@ pub enum WriteRegion {
     Columns,
     /// Those columns, and rows `[m_off, m_off + M_tile)` when both are given (GEMM tiles).
     ColumnsAndRows,
+    /// Columns `[n_off, n_off + N_tile)` of every row of an output that is also an input of
+    /// the task, which it overwrites without reading (a slice of a KV_APPEND): with both
+    /// params the validator takes that input as no read, so slices with disjoint columns on
+    /// one counter are one write; without them, the whole buffer, read in place.
+    OverwrittenColumns,
 }
 
 /// One op crate's entry, collected by `inventory`.

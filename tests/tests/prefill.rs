@@ -223,6 +223,13 @@ fn head_row_tiles(vocab: u64) -> u64 {
     vocab.div_ceil(vocab.div_ceil(132).next_multiple_of(8))
 }
 
+/// The KV_APPEND tasks of a chunk's K or V append: column slices of a row of `width` in whole
+/// 8-element units, about `APPEND_SLICES` of them (SmolLM2's rows of 192: 12 slices of 16).
+fn append_slices(width: u64) -> u64 {
+    let n = amk_model_llama::lower::prefill::APPEND_SLICES;
+    width.div_ceil(width.div_ceil(n).next_multiple_of(8).min(width))
+}
+
 /// SmolLM2-135M's bf16 prefill program of 512 rows for an H100, with `logits`.
 fn smollm2_chunk(
     logits: PrefillLogits,
@@ -248,7 +255,8 @@ fn smollm2_chunk(
 /// the 13,016 tasks `amk bench --prefill 512` reported on an H200 with the norms in the
 /// projections (docs/perf-notes.md round 33), 13,016 + 30 × 2 × 64 with them as tasks of their
 /// own, and its gate/up phase (8 × 24 = 192 narrow tiles) now takes 96 wide ones; the last
-/// row's LM head takes RMSNORM_GEMV tiles (`head_row_tiles`).
+/// row's LM head takes RMSNORM_GEMV tiles (`head_row_tiles`), and each K or V append 12
+/// column slices (`append_slices`) instead of one task.
 #[test]
 fn smollm2_prefill_has_the_tasks_of_its_tiling() {
     let (cfg, p) = smollm2_chunk(PrefillLogits::Last);
@@ -263,7 +271,7 @@ fn smollm2_prefill_has_the_tasks_of_its_tiling() {
     let rows_a_task = 64 / (nh / nkv);
     let per_layer = tiles(nh * hd, 128)
         + 2 * tiles(nkv * hd, 128)
-        + 2
+        + 2 * append_slices(nkv * hd)
         + nkv * 512u64.div_ceil(rows_a_task)
         + tiles(h, 128)
         + wide(cfg.intermediate as u64, 64)
@@ -279,7 +287,10 @@ fn smollm2_prefill_has_the_tasks_of_its_tiling() {
     .slots;
     assert_eq!(p.tasks.len() as u64, want + stats);
     // The head's 384 LINEAR_TILE tiles of 128 columns became 131 RMSNORM_GEMV tiles.
-    assert_eq!(want, 13_016 + 30 * 2 * 64 - 30 * 96 - 384 + 131);
+    assert_eq!(
+        want,
+        13_016 + 30 * 2 * 64 - 30 * 96 - 384 + 131 + 30 * 2 * 11
+    );
 }
 
 /// Which phases take wide (128-row) LINEAR_TILE tasks: those of more 64-row device tiles than
@@ -367,7 +378,9 @@ fn a_prompt_program_without_logits_keeps_only_what_writes_the_caches() {
     // The tasks the last layer keeps: its norm tiles, the K and V tiles, two appends.
     let kv_tiles =
         2 * 512u64.div_ceil(64) * (cfg.n_kv_heads as u64 * cfg.head_dim as u64).div_ceil(128);
-    let kept = 512u64.div_ceil(NORM_ROWS) + kv_tiles + 2;
+    let kept = 512u64.div_ceil(NORM_ROWS)
+        + kv_tiles
+        + 2 * append_slices(cfg.n_kv_heads as u64 * cfg.head_dim as u64);
     let stats = amk_model_llama::lower::StatsLayout::about(
         amk_model_llama::lower::prefill::STATS_SLOTS,
         cfg.vocab as u64,

@@ -1281,6 +1281,76 @@ fn a_second_append_into_a_cache_the_first_reads_is_rejected_like_the_reference()
     );
 }
 
+/// A chunk's append split into column slices (`n_off`, `N_tile`) on one counter: `cuts` give
+/// the slices of a row of 32; then, when `reader_waits`, an attention-like COPY of the cache
+/// waits for all of them.
+fn sliced_appends(cuts: &[(i64, i64)], reader_waits: bool) -> Program {
+    let mut p = Program::new();
+    let k = p.new_buffer("k", IO_INPUT, F32, &[4, 32]);
+    let pos = p.new_buffer("pos", IO_INPUT, I32, &[1]);
+    let kc = p.new_buffer("kcache", KV_CACHE, F32, &[8, 2, 16]);
+    let out = p.new_buffer("out", IO_OUTPUT, F32, &[8, 32]);
+    let c = p.new_counter("appended");
+    for (i, &(off, tile)) in cuts.iter().enumerate() {
+        p.push_task(
+            Opcode::KV_APPEND,
+            &[k, kc, pos],
+            &[kc],
+            c,
+            &[],
+            m(&[("n_off", off.into()), ("N_tile", tile.into())]),
+            format!("append[{i}]"),
+        );
+    }
+    let waits = if reader_waits {
+        vec![(c, cuts.len() as i64)]
+    } else {
+        Vec::new()
+    };
+    let c2 = p.new_counter("read");
+    p.push_task(Opcode::COPY, &[kc], &[out], c2, &waits, Map::new(), "read");
+    p
+}
+
+#[test]
+fn appends_of_disjoint_column_slices_on_one_counter_are_one_append() {
+    // A slice overwrites its columns without reading the cache (KV_APPEND's
+    // `OverwrittenColumns`): its cache input is no read, and disjoint slices share a counter
+    // as GEMV tiles do. A reader after all of them is ordered after every writer.
+    let p = sliced_appends(&[(0, 8), (8, 16), (24, 8)], true);
+    let r = check(&p);
+    assert!(r.ok(), "{:?}", r.errors);
+    assert_eq!(p.simulate_adversarial(16), vec![]);
+}
+
+#[test]
+fn overlapping_append_slices_race() {
+    let r = check(&sliced_appends(&[(0, 16), (8, 24)], true));
+    assert_only(&r, ErrorKind::WawRace);
+}
+
+#[test]
+fn a_reader_of_the_cache_before_the_slices_races() {
+    let r = check(&sliced_appends(&[(0, 16), (16, 16)], false));
+    assert_only(&r, ErrorKind::RawRaceKv);
+    assert_eq!(first(&r, ErrorKind::RawRaceKv).task, Some(2));
+}
+
+#[test]
+fn a_whole_append_beside_a_slice_still_reads_the_cache() {
+    // Without `n_off`/`N_tile` an append reads its cache in place (the reference's rule): a
+    // slice on its counter is another writer not ordered before that read.
+    let mut p = sliced_appends(&[(0, 16), (16, 16)], true);
+    p.tasks[1].params = Map::new();
+    let r = check(&p);
+    assert!(
+        r.error_kinds().contains(&ErrorKind::RawRaceKv),
+        "{:?}",
+        r.errors
+    );
+    assert_eq!(first(&r, ErrorKind::RawRaceKv).task, Some(1));
+}
+
 #[test]
 fn never_produced_io_output_read_back() {
     // An IO_OUTPUT that is read but never written: never_produced and output_unproduced.

@@ -70,8 +70,9 @@ impl Validator<'_> {
         let mut others: Vec<TaskId> = Vec::new();
         for &t in order {
             let task = &p.tasks[t as usize];
+            let overwrites = self.overwrites_slice(task);
             for (i, &b) in task.inputs.iter().enumerate() {
-                if task.inputs[..i].contains(&b) {
+                if task.inputs[..i].contains(&b) || (overwrites && task.outputs.contains(&b)) {
                     continue;
                 }
                 let Some(buf) = self.buf(b) else { continue };
@@ -333,6 +334,14 @@ impl Validator<'_> {
         self.reg
             .get(t.op)
             .map_or(WriteRegion::Whole, |s| s.write_region)
+    }
+
+    /// Whether `t` writes a column slice of an output it also takes as an input without
+    /// reading it ([`WriteRegion::OverwrittenColumns`] with both `n_off` and `N_tile`): that
+    /// input is then no read of check 5.
+    fn overwrites_slice(&self, t: &Task) -> bool {
+        let kind = self.write_region(t);
+        kind == WriteRegion::OverwrittenColumns && region(t, kind).is_some()
     }
 
     /// Check 5 for STATE buffers: a read must be ordered with every other writer, either way

@@ -8,6 +8,9 @@
  * - rank 2/3 cache [max_seq, ...], rows of row = numel / max_seq elements: new holds
  *   rows = new.numel / row whole rows, written to cache rows [pos, pos + rows);
  * - rank 4 cache [B, max_seq, n_kv, hd]: new is [B, n_kv*hd] and cache[b, pos] = new[b].
+ * With params n_off / N_tile (N_tile > 0; rank 2/3 only) the task writes only columns
+ * [n_off, n_off + N_tile) of each of its rows (a row viewed as `row` elements): a chunk's
+ * append split over several tasks, each its slice of every row.
  * Every check happens before any write; a position outside the cache fails with
  * AMK_ERR_INDEX (detail: pos). Values go through amk_ld / amk_st (the CPU's get_f32 /
  * set_f32, cast on store). Should the output ever be a different buffer from the cache input
@@ -122,7 +125,9 @@ __device__ void amk_op_kv_append(const amk_task_ctx& ctx) {
   if (pos < 0) { amk_fail(ctx, AMK_ERR_INDEX, pos); return; }
   if (separate && src->numel != cache->numel) { amk_fail(ctx, AMK_ERR_SHAPE, src->numel); return; }
 
-  long long dst0, len, n_spans = 1, dst_step = 0;
+  /* Span s (of n_spans): cache[dst0 + s*dst_step + i] = new[src0 + s*src_step + i], i < len. */
+  long long dst0, len, n_spans = 1, dst_step = 0, src0 = 0, src_step = 0;
+  const bool cols = p.N_tile > 0;
   if (cache->rank == 2 || cache->rank == 3) {
     const long long max_seq = cache->shape[0];
     const long long row = max_seq > 0 ? cache->numel / max_seq : 0;
@@ -130,33 +135,43 @@ __device__ void amk_op_kv_append(const amk_task_ctx& ctx) {
     if (nw->numel % row != 0) { amk_fail(ctx, AMK_ERR_SHAPE, nw->numel); return; }
     const long long rows = nw->numel / row;
     if (pos + rows > max_seq) { amk_fail(ctx, AMK_ERR_INDEX, pos); return; }
-    dst0 = pos * row;
-    len = rows * row;
+    if (cols && (p.n_off < 0 || (long long)p.n_off + p.N_tile > row)) { amk_fail(ctx, AMK_ERR_SHAPE, p.n_off); return; }
+    dst0 = pos * row + (cols ? p.n_off : 0);
+    len = cols ? p.N_tile : rows * row;
+    n_spans = cols ? rows : 1;
+    dst_step = row;
+    src0 = cols ? p.n_off : 0;
+    src_step = row;
   } else if (cache->rank == 4) {
     const long long b = cache->shape[0], max_seq = cache->shape[1];
     const long long per = cache->shape[2] * cache->shape[3];
     if (nw->numel != b * per) { amk_fail(ctx, AMK_ERR_SHAPE, nw->numel); return; }
     if (pos >= max_seq) { amk_fail(ctx, AMK_ERR_INDEX, pos); return; }
+    if (cols) { amk_fail(ctx, AMK_ERR_SHAPE, p.N_tile); return; }
     dst0 = pos * per;
     len = per;
     n_spans = per > 0 ? b : 0;
     dst_step = max_seq * per;
+    src_step = per;
   } else {
     amk_fail(ctx, AMK_ERR_SHAPE, cache->rank);
     return;
   }
 
-  /* Vector path: unit u (8 elements) of new goes to cache unit (dst0 + s*dst_step)/8 + i for
-   * span s = u / upr, i = u % upr. */
+  /* Vector path: unit (src0 + s*src_step)/8 + i of new goes to cache unit
+   * (dst0 + s*dst_step)/8 + i, for the task's unit u: span s = u / upr, i = u % upr. */
   if (!separate && amk_is_vec(nw->dtype) && amk_is_vec(cache->dtype) && len % 8 == 0 &&
-      dst0 % 8 == 0 && dst_step % 8 == 0 && n_spans * (len / 8) < 0x7fffffffLL &&
+      dst0 % 8 == 0 && dst_step % 8 == 0 && src0 % 8 == 0 && src_step % 8 == 0 &&
+      n_spans * (len / 8) < 0x7fffffffLL &&
       ((((unsigned long long)nw->ptr) | ((unsigned long long)cache->ptr)) & 15) == 0) {
     const unsigned upr = (unsigned)(len / 8);
     const unsigned units = (unsigned)(n_spans * upr);
-    const long long d0 = dst0 / 8, dstep = dst_step / 8;
+    const long long d0 = dst0 / 8, dstep = dst_step / 8, s0 = src0 / 8, sstep = src_step / 8;
     const int sdt = nw->dtype, ddt = cache->dtype;
     const bool f32 = sdt == AMK_F32;
-    if (n_spans == 1 && units > KVA_NB * AMK_THREADS && kva_staged(ctx, nw, units, cache, d0))
+    /* The staged path copies new from its first unit on: one span from the start of new. */
+    if (n_spans == 1 && s0 == 0 && units > KVA_NB * AMK_THREADS &&
+        kva_staged(ctx, nw, units, cache, d0))
       return;
     for (unsigned b = 0; b < units; b += KVA_NB * AMK_THREADS) {
       uint4 w0[KVA_NB], w1[KVA_NB];
@@ -164,7 +179,11 @@ __device__ void amk_op_kv_append(const amk_task_ctx& ctx) {
       for (int k = 0; k < KVA_NB; ++k) {
         const unsigned u = b + threadIdx.x + (unsigned)k * AMK_THREADS;
         w0[k] = w1[k] = make_uint4(0u, 0u, 0u, 0u); /* defined on every path */
-        if (u < units) amk_ld8_raw(nw->ptr, f32 ? AMK_F32 : AMK_BF16, u, w0[k], w1[k]);
+        if (u < units) {
+          const unsigned s = n_spans == 1 ? 0u : u / upr;
+          amk_ld8_raw(nw->ptr, f32 ? AMK_F32 : AMK_BF16, s0 + (long long)s * sstep + (u - s * upr),
+                      w0[k], w1[k]);
+        }
       }
 #pragma unroll
       for (int k = 0; k < KVA_NB; ++k) {
@@ -190,11 +209,10 @@ __device__ void amk_op_kv_append(const amk_task_ctx& ctx) {
     __syncthreads();
   }
   if (!active) return;
-  /* span s: cache[dst0 + s*dst_step + i] = new[s*len + i], i < len */
   const long long total = n_spans * len;
   for (long long k = t0; k < total; k += step) {
     const long long s = k / len;
     const long long i = k - s * len;
-    kva_copy(cache, dst0 + s * dst_step + i, nw, k);
+    kva_copy(cache, dst0 + s * dst_step + i, nw, src0 + s * src_step + i);
   }
 }

@@ -8,6 +8,13 @@
 //! checked when the task runs (a row outside the cache is an index error); the static rule
 //! checks only that the new rows fit the cache at all.
 //!
+//! Params `n_off` and `N_tile` (both or neither; `[max_seq, …]` caches only) make the task
+//! write only columns `[n_off, n_off + N_tile)` of each new row: a prompt chunk's append split
+//! over several tasks on one counter, each its slice of every row, where one task on one SM
+//! took 22 µs of every 1B layer (docs/perf-notes.md round 42). Such a task overwrites its
+//! columns without reading the cache ([`WriteRegion::OverwrittenColumns`]), so the validator
+//! takes slices with disjoint columns as one append.
+//!
 //! This crate owns everything about the op: its spec (arity, params), its static shape rule
 //! for the validator, its CPU reference (`reference.rs`) and its CUDA device function
 //! (`kv-append.cu`).
@@ -15,7 +22,7 @@
 use amk_core::opcheck::{Checker, desc};
 use amk_core::{
     ErrorKind, Finding, OpRegistration, OpSpec, Opcode, ParamDecl, ParamType, Reference,
-    TaskContext,
+    TaskContext, WriteRegion,
 };
 use std::borrow::Cow;
 
@@ -35,8 +42,12 @@ pub const SPEC: OpSpec = OpSpec {
     max_inputs: Some(3),
     n_outputs: Some(1),
     // Required without the position input, refused with it: the rule below says which.
-    params: Cow::Borrowed(&[ParamDecl::optional("pos", ParamType::Int)]),
-    write_region: amk_core::WriteRegion::Whole,
+    params: Cow::Borrowed(&[
+        ParamDecl::optional("pos", ParamType::Int),
+        ParamDecl::optional("n_off", ParamType::Int),
+        ParamDecl::optional("N_tile", ParamType::Int),
+    ]),
+    write_region: WriteRegion::OverwrittenColumns,
     check: Some(check),
     summary: Cow::Borrowed(
         "Writes new K or V rows into the cache at pos (param, or element 0 of a 3rd input), in place.",
@@ -52,6 +63,29 @@ amk_core::inventory::submit! {
                 .with_shared(SHARED_BYTES),
         ),
     }
+}
+
+/// The columns `[n_off, n_off + N_tile)` a task writes of each row, `None` for whole rows;
+/// `Err` when the params are there but wrong (the finding recorded in `c`).
+fn column_slice(c: &mut Checker<'_, '_>, ctx: &TaskContext<'_>) -> Result<Option<(u64, u64)>, ()> {
+    let has = |k: &str| ctx.task.params.contains_key(k);
+    match (has("n_off"), has("N_tile")) {
+        (false, false) => return Ok(None),
+        (true, true) => {}
+        (off, _) => {
+            let missing = if off { "N_tile" } else { "n_off" };
+            c.push(
+                ErrorKind::MissingParam,
+                format!(
+                    "KV_APPEND's column slice lacks '{missing}': give n_off and N_tile together"
+                ),
+            );
+            return Err(());
+        }
+    }
+    let off = c.non_negative("n_off").ok_or(())?;
+    let tile = c.positive("N_tile").ok_or(())?;
+    Ok(Some((off as u64, (off as u64).saturating_add(tile as u64))))
 }
 
 /// Static shape and parameter rule, run by the validator.
@@ -97,10 +131,28 @@ fn check(ctx: &TaskContext<'_>) -> Vec<Finding> {
     };
     // With a position input the row is data: only rows that fit at position 0 can fit at all.
     let at = pos.unwrap_or(0);
+    let Ok(columns) = column_slice(&mut c, ctx) else {
+        return c.finish();
+    };
+    if columns.is_some() && cache.rank() == 4 {
+        c.mismatch(format!(
+            "a column slice (n_off, N_tile) of the batched cache {}: slices take [max_seq, n_kv, head_dim] caches",
+            desc(cache)
+        ));
+        return c.finish();
+    }
     match cache.rank() {
         2 | 3 => {
             let max_seq = cache.shape[0];
             let row = cache.numel() / max_seq;
+            if let Some((off, end)) = columns
+                && end > row
+            {
+                c.oob(format!(
+                    "columns [{off}, {end}) exceed the rows of {row} elements of the cache {}",
+                    desc(cache)
+                ));
+            }
             if new.numel() % row != 0 {
                 c.mismatch(format!(
                     "new rows {} are not a whole number of cache rows of {row} elements ({})",

@@ -12,6 +12,9 @@
 //!   `[pos, pos + rows)`.
 //! - Rank-4 (batched) cache `[B, max_seq, n_kv, head_dim]`: `new` is viewed as
 //!   `[B, n_kv · head_dim]` and `cache[b, pos] = new[b]` for every `b`.
+//! - With params `n_off` and `N_tile` (rank 2 or 3 only): only columns `[n_off, n_off +
+//!   N_tile)` of each row are written, from the same columns of `new`'s rows — one slice of a
+//!   chunk's append, which several tasks then share.
 //!
 //! Every other cache element is left untouched. A `pos` (plus rows) beyond the cache, a
 //! negative `pos`, or a `new` that is not a whole number of rows is an error, reported before
@@ -25,6 +28,7 @@ pub fn run(call: &mut CpuCall<'_, '_>) -> Result<(), OpError> {
     call.expect_arity(2, 3, 1)?;
     let new = call.input(0)?;
     let (pos_value, from_input) = position(call)?;
+    let columns = columns(call)?;
     if !from_input && pos_value < 0 {
         return Err(OpError::BadParam {
             key: "pos".into(),
@@ -75,6 +79,12 @@ pub fn run(call: &mut CpuCall<'_, '_>) -> Result<(), OpError> {
         )));
     }
     let shape = cache.shape().to_vec();
+    if columns.is_some() && shape.len() == 4 {
+        return Err(OpError::Shape(format!(
+            "a column slice (n_off, N_tile) of the batched cache {shape:?}: slices take \
+             [max_seq, n_kv, head_dim] caches"
+        )));
+    }
     // Destination element ranges (start, length) paired with the source offset in `new`.
     let mut spans: Vec<(usize, usize, usize)> = Vec::new();
     match shape.as_slice() {
@@ -102,7 +112,27 @@ pub fn run(call: &mut CpuCall<'_, '_>) -> Result<(), OpError> {
                     pos_value.saturating_add(rows as i64)
                 )
             })?;
-            spans.push((pos * row, rows * row, 0));
+            match columns {
+                None => spans.push((pos * row, rows * row, 0)),
+                Some(c) => {
+                    if c.end > row {
+                        return Err(OpError::BadParam {
+                            key: "N_tile".into(),
+                            why: format!(
+                                "columns [{}, {}) exceed the cache's rows of {row}",
+                                c.start, c.end
+                            ),
+                        });
+                    }
+                    for r in 0..rows {
+                        spans.push((
+                            (pos + r) * row + c.start,
+                            c.end - c.start,
+                            r * row + c.start,
+                        ));
+                    }
+                }
+            }
         }
         [b, max_seq, n_kv, hd] => {
             let (b, max_seq) = (*b as usize, *max_seq as usize);
@@ -142,6 +172,30 @@ pub fn run(call: &mut CpuCall<'_, '_>) -> Result<(), OpError> {
         }
     }
     Ok(())
+}
+
+/// The columns of every row a task writes: params `n_off` and `N_tile` (both or neither;
+/// `N_tile` > 0, `n_off` ≥ 0), or `None` for whole rows.
+fn columns(call: &CpuCall<'_, '_>) -> Result<Option<std::ops::Range<usize>>, OpError> {
+    let (off, tile) = match (call.int_opt("n_off")?, call.int_opt("N_tile")?) {
+        (None, None) => return Ok(None),
+        (Some(o), Some(t)) => (o, t),
+        (None, Some(_)) => return Err(OpError::MissingParam("n_off".into())),
+        (Some(_), None) => return Err(OpError::MissingParam("N_tile".into())),
+    };
+    let bad = |key: &str, why: String| OpError::BadParam {
+        key: key.into(),
+        why,
+    };
+    let start = usize::try_from(off).map_err(|_| bad("n_off", format!("{off} is negative")))?;
+    let n = usize::try_from(tile)
+        .ok()
+        .filter(|&n| n > 0)
+        .ok_or_else(|| bad("N_tile", format!("{tile} must be positive")))?;
+    let end = start
+        .checked_add(n)
+        .ok_or_else(|| bad("N_tile", format!("{off} + {tile} overflows")))?;
+    Ok(Some(start..end))
 }
 
 /// The row to write: `(position, whether it came from the input)`. Element 0 of input 2 (a

@@ -333,6 +333,137 @@ fn bad_position_inputs_are_typed_errors_and_leave_the_cache_alone() {
     assert_eq!(bits(&outs[0]), bits(&cache3));
 }
 
+fn slice_task(pos: i64, off: i64, tile: i64) -> Task {
+    task(
+        Opcode::KV_APPEND,
+        2,
+        1,
+        &[
+            ("pos", Value::Int(pos)),
+            ("n_off", Value::Int(off)),
+            ("N_tile", Value::Int(tile)),
+        ],
+    )
+}
+
+#[rstest]
+// Three rows of 8 into [8, 2, 4] at 5: the first half of each row, a middle slice, the last.
+#[case(&[3, 2, 4], &[8, 2, 4], 5, 0, 4, DType::F32)]
+#[case(&[3, 2, 4], &[8, 2, 4], 2, 3, 2, DType::F32)]
+#[case(&[3, 8], &[8, 2, 4], 0, 7, 1, DType::BF16)]
+// A flat rank-2 cache, the whole row as one slice.
+#[case(&[2, 6], &[4, 6], 1, 0, 6, DType::F32)]
+fn a_column_slice_writes_its_columns_of_every_row_and_nothing_else(
+    #[case] new_shape: &[u64],
+    #[case] cache_shape: &[u64],
+    #[case] pos: usize,
+    #[case] off: usize,
+    #[case] tile: usize,
+    #[case] dt: DType,
+) {
+    let mut r = rng(pos as u64 * 31 + off as u64 * 7 + tile as u64);
+    let new = random_nonzero(dt, new_shape, &mut r, -3.0, 3.0);
+    let old = random_nonzero(dt, cache_shape, &mut r, -3.0, 3.0);
+    let row = (old.numel() as u64 / cache_shape[0]) as usize;
+    let mut want: Vec<f64> = old.to_f32_vec().iter().map(|&x| x as f64).collect();
+    for i in 0..new.numel() / row {
+        for c in off..off + tile {
+            want[(pos + i) * row + c] = new.get_f32(i * row + c) as f64;
+        }
+    }
+    let (res, cache) = append(&slice_task(pos as i64, off as i64, tile as i64), &new, old);
+    res.unwrap();
+    assert_close(&cache, &want, 0.0, 0.0);
+}
+
+#[test]
+fn slices_that_cover_the_row_equal_the_whole_append() {
+    let mut r = rng(77);
+    let new = random_nonzero(DType::F32, &[4, 3, 8], &mut r, -3.0, 3.0);
+    let old = random_nonzero(DType::F32, &[10, 3, 8], &mut r, -3.0, 3.0);
+    let (res, whole) = append(&pos_task(6), &new, old.clone());
+    res.unwrap();
+    let mut sliced = old;
+    for (off, tile) in [(0, 8), (8, 8), (16, 8)] {
+        let (res, c) = append(&slice_task(6, off, tile), &new, sliced);
+        res.unwrap();
+        sliced = c;
+    }
+    assert_eq!(bits(&sliced), bits(&whole));
+}
+
+#[test]
+fn bad_column_slices_are_typed_errors_and_leave_the_cache_alone() {
+    let mut r = rng(78);
+    let new = random_nonzero(DType::F32, &[2, 8], &mut r, -3.0, 3.0);
+    let old = random_nonzero(DType::F32, &[4, 2, 4], &mut r, -3.0, 3.0);
+    let lone = task(
+        Opcode::KV_APPEND,
+        2,
+        1,
+        &[("pos", Value::Int(0)), ("N_tile", Value::Int(4))],
+    );
+    for (t, what) in [
+        (slice_task(0, 6, 4), "past the row"),
+        (slice_task(0, -1, 4), "negative n_off"),
+        (slice_task(0, 0, 0), "empty slice"),
+        (lone, "N_tile without n_off"),
+    ] {
+        let (res, cache) = append(&t, &new, old.clone());
+        assert!(
+            matches!(
+                res,
+                Err(OpError::BadParam { .. } | OpError::MissingParam(_))
+            ),
+            "{what}: {res:?}"
+        );
+        assert_eq!(bits(&cache), bits(&old), "{what}");
+    }
+    // A batched cache takes no slices.
+    let b_new = random_nonzero(DType::F32, &[2, 8], &mut r, -3.0, 3.0);
+    let b_old = random_nonzero(DType::F32, &[2, 4, 2, 4], &mut r, -3.0, 3.0);
+    let (res, cache) = append(&slice_task(0, 0, 4), &b_new, b_old.clone());
+    assert!(matches!(res, Err(OpError::Shape(_))), "{res:?}");
+    assert_eq!(bits(&cache), bits(&b_old));
+}
+
+#[test]
+fn the_shape_rule_checks_a_column_slice() {
+    let slice = |off: i64, tile: i64| {
+        [
+            ("pos", Value::Int(0)),
+            ("n_off", Value::Int(off)),
+            ("N_tile", Value::Int(tile)),
+        ]
+    };
+    assert!(findings(&[2, 8], &[8, 2, 4], None, &slice(4, 4)).is_empty());
+    assert_eq!(
+        findings(&[2, 8], &[8, 2, 4], None, &slice(6, 4)),
+        vec![ErrorKind::TileOutOfBounds]
+    );
+    assert_eq!(
+        findings(&[2, 8], &[8, 2, 4], None, &slice(0, 0)),
+        vec![ErrorKind::TileOutOfBounds]
+    );
+    assert_eq!(
+        findings(
+            &[2, 8],
+            &[8, 2, 4],
+            None,
+            &[("pos", Value::Int(0)), ("n_off", Value::Int(0))]
+        ),
+        vec![ErrorKind::MissingParam]
+    );
+    assert_eq!(
+        findings(&[2, 8], &[2, 8, 2, 4], None, &slice(0, 4)),
+        vec![ErrorKind::ShapeMismatch]
+    );
+    assert_eq!(
+        op_kv_append::SPEC.write_region,
+        amk_core::WriteRegion::OverwrittenColumns
+    );
+}
+
 fn buffer(id: u32, dtype: DType, shape: &[u64]) -> Buffer {
     Buffer {
         id,

@@ -75,8 +75,8 @@ use ops::{
 };
 use outcome::fail;
 use prefill::{
-    op_attention_causal, op_attention_causal_bf16, op_linear_tile, op_linear_tile_bf16,
-    op_linear_tile_rope,
+    op_attention_causal, op_attention_causal_bf16, op_kv_append_slices, op_linear_tile,
+    op_linear_tile_bf16, op_linear_tile_rope,
 };
 
 /// What a case needs: the backend under test, the registry and the oracle.
@@ -176,6 +176,7 @@ macro_rules! conformance_tests {
             op_rmsnorm_gemv op_gate_up_silu op_qkv_rope_append op_qkv_rope_append_factors op_qkv_rope_append_qk_norm op_attention_gemv
             op_attention_pos_bf16 op_attention_split_hd64 op_next_token op_next_token_stats
             op_linear_tile op_linear_tile_bf16 op_linear_tile_rope op_attention_causal op_attention_causal_bf16
+            op_kv_append_slices
             dag_chain dag_fan_in dag_tiled_groups dag_split_kv dag_kv_append_steps
             dag_position_decode dag_split_kv_decode dag_split_kv_normalized dag_split_kv_merged
             family_chain family_fan_in family_tiled family_kv_attention family_split_kv
@@ -398,6 +399,11 @@ pub const CASES: &[Case] = &[
         name: "op_attention_causal_bf16",
         about: "ATTENTION_CAUSAL in bf16 (the tensor-core path): 40 and 70 rows of head_dim 64 with 3 heads a KV head (keys in up to two and six blocks), 50 rows of head_dim 128 with 4 (two pair groups)",
         run: op_attention_causal_bf16,
+    },
+    Case {
+        name: "op_kv_append_slices",
+        about: "KV_APPEND split into column slices on one counter: bf16 (300 rows, 16-wide slices), f32 uneven slices, rows of 15 element by element",
+        run: op_kv_append_slices,
     },
     Case {
         name: "dag_chain",

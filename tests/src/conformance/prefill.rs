@@ -160,6 +160,72 @@ pub(super) fn op_linear_tile_bf16(c: &Ctx<'_>) -> CaseResult {
     linear_tile_case(c, DType::BF16, 300, 96, 136, BF16_TOL)
 }
 
+/// KV_APPEND split into column slices on one counter: `rows` rows of `width` columns (`dt`)
+/// into a `[max_seq, width]` cache at a position from a random start (the same one for the
+/// whole chunk), the slices `[n_off, n_off + N_tile)` given by `cuts`; a COPY of the cache
+/// after every slice is the output. Each step's cache holds that step's rows at its position
+/// and the previous step's elsewhere (zeros before the first).
+fn kv_append_slices_case(
+    c: &Ctx<'_>,
+    dt: DType,
+    (rows, width, max_seq): (u64, u64, u64),
+    cuts: &[u64],
+) -> CaseResult {
+    let mut t = Tiny::new(83 + rows + width);
+    let new = t.input("new", dt, &[rows, width]);
+    let pos = t.input("pos", DType::I32, &[1]);
+    let cache = (t.p).new_buffer(
+        "cache",
+        amk_core::BufferKind::KV_CACHE,
+        dt,
+        &[max_seq, width],
+    );
+    let out = t.output("cache_out", dt, &[max_seq, width]);
+    let ct = t.counter();
+    for pair in cuts.windows(2) {
+        let p = [
+            ("n_off", int(pair[0] as i64)),
+            ("N_tile", int((pair[1] - pair[0]) as i64)),
+        ];
+        t.task_on(ct, Opcode::KV_APPEND, &[new, cache, pos], &[cache], &[], &p);
+    }
+    let slices = cuts.len() as i64 - 1;
+    t.task(Opcode::COPY, &[cache], &[out], &[(ct, slices)], &[]);
+    let make = |ins: &mut Inputs, rng: &mut SplitMix| {
+        let start = (rng.next() % (max_seq - rows + 1)) as i64;
+        if let Ok(pt) = Tensor::from_i64(DType::I32, &[1], &[start]) {
+            set_input(ins, "pos", pt);
+        }
+    };
+    let state = std::cell::RefCell::new(vec![0.0; (max_seq * width) as usize]);
+    check_formula(
+        c,
+        t,
+        2,
+        Tol {
+            rtol: 0.0,
+            atol: 0.0,
+        },
+        make,
+        |ins| {
+            let (nv, p) = (in_vals(ins, "new")?, in_vals(ins, "pos")?[0] as usize);
+            let mut cv = state.borrow_mut();
+            let w = width as usize;
+            cv[p * w..p * w + nv.len()].copy_from_slice(&nv);
+            Ok(vec![("cache_out", cv.clone())])
+        },
+    )
+}
+
+pub(super) fn op_kv_append_slices(c: &Ctx<'_>) -> CaseResult {
+    // bf16, three slices of 16 (the device's 16-byte units); 300 rows (several rounds a slice).
+    kv_append_slices_case(c, DType::BF16, (300, 48, 400), &[0, 16, 32, 48])?;
+    // f32, uneven slices of whole units.
+    kv_append_slices_case(c, DType::F32, (40, 48, 64), &[0, 24, 40, 48])?;
+    // f32 rows of 15 (no 8-element units): element by element.
+    kv_append_slices_case(c, DType::F32, (9, 15, 20), &[0, 7, 15])
+}
+
 /// The cache rows of the ATTENTION_CAUSAL cases: two key blocks of the device's tensor-core path.
 const CAUSAL_SEQ: u64 = 80;
 
