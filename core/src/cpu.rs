@@ -1,14 +1,22 @@
 //! The CPU reference call contract: what an op's reference implementation receives and may
 //! fail with. `OpError` is shared by every op crate (they have no error enum of their own).
 
-use crate::ir::Task;
+use crate::ir::{Opcode, Task};
 use crate::json::Value;
-use crate::registry::Registry;
+use crate::spec::SpecTable;
 use crate::tensor::Tensor;
 use std::borrow::Cow;
 use std::sync::Arc;
 
 pub use crate::op_error::OpError;
+
+/// Looking up other ops' specs and CPU references: what an op that runs other ops (a FUSED
+/// recipe) needs of the registry ([`crate::Registry`] implements it). A trait, so that the call
+/// contract sits below the registry that holds the references.
+pub trait OpTable: SpecTable {
+    /// The CPU reference of `op`, if it has one.
+    fn reference(&self, op: Opcode) -> Option<&CpuReference>;
+}
 
 /// One input operand of a call.
 #[derive(Debug, Clone, Copy)]
@@ -25,7 +33,7 @@ pub struct CpuCall<'a, 'b> {
     /// The task (only `params` and the operand counts matter to the op).
     pub task: &'a Task,
     /// The registry, for ops that run other ops (FUSED recipes); `None` in isolated calls.
-    pub registry: Option<&'a Registry>,
+    pub registry: Option<&'a dyn OpTable>,
     /// Inputs, in task order.
     pub inputs: &'b [Input<'a>],
     /// Outputs, in task order.

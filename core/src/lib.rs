@@ -20,6 +20,7 @@ pub mod opcheck;
 pub mod registry;
 pub mod safetensors;
 pub mod sim;
+pub mod spec;
 pub mod steps;
 pub mod synth;
 pub mod tensor;
@@ -31,14 +32,15 @@ pub use backend::{
     WeightStore,
 };
 pub use cpu::{
-    CpuCall, CpuReference, DynReferenceFn, Input, OpError, Reference, ReferenceFn, RunFn,
+    CpuCall, CpuReference, DynReferenceFn, Input, OpError, OpTable, Reference, ReferenceFn, RunFn,
 };
 pub use error::IrError;
 pub use import::Importer;
 pub use ir::*;
-pub use registry::{
-    CheckFn, CudaSource, ExpandFn, Finding, OpExpansion, OpRegistration, OpSpec, Origin,
-    PARAM_FIELDS, ParamDecl, ParamType, Registry, RowLoop, TaskContext, WriteRegion,
+pub use registry::{CudaSource, ExpandFn, OpExpansion, OpRegistration, Origin, Registry, RowLoop};
+pub use spec::{
+    CheckFn, Finding, OpSpec, PARAM_FIELDS, ParamDecl, ParamType, SpecTable, TaskContext,
+    WriteRegion,
 };
 pub use tensor::{NonFinite, Storage, Tensor, round_to};
 pub use validate::{

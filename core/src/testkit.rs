@@ -80,7 +80,7 @@ pub fn call_with(
     let ins: Vec<Input<'_>> = inputs.iter().map(|t| Input::Tensor(t)).collect();
     run(&mut CpuCall {
         task,
-        registry,
+        registry: registry.map(|r| r as &dyn crate::cpu::OpTable),
         inputs: &ins,
         outputs,
     })

@@ -5,7 +5,7 @@
 use crate::recipe::check_recipe;
 use amk_core::json::{Map, Value};
 use amk_core::steps::{Step, StepArg, StepOut};
-use amk_core::{DType, Opcode, Registry, Task};
+use amk_core::{DType, Opcode, Registry, SpecTable, Task};
 
 /// The steps of a FUSED task (its `params.recipe`).
 pub fn expand_task(task: &Task, reg: &Registry) -> Result<Vec<Step>, String> {
@@ -17,7 +17,7 @@ pub fn expand_task(task: &Task, reg: &Registry) -> Result<Vec<Step>, String> {
 
 /// The steps of `recipe` for a task of `n_inputs` inputs: every problem the structural rule
 /// finds, joined, or the steps in order.
-pub fn steps(recipe: &Map, n_inputs: usize, reg: &Registry) -> Result<Vec<Step>, String> {
+pub fn steps(recipe: &Map, n_inputs: usize, reg: &dyn SpecTable) -> Result<Vec<Step>, String> {
     let problems = check_recipe(recipe, n_inputs, reg);
     if !problems.is_empty() {
         return Err(problems.join("; "));

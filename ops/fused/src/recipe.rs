@@ -33,7 +33,7 @@ pub fn check(c: &mut Checker<'_, '_>) {
 }
 
 /// The structural rule on a recipe object; returns one message per problem.
-pub fn check_recipe(recipe: &Map, n_inputs: usize, reg: &amk_core::Registry) -> Vec<String> {
+pub fn check_recipe(recipe: &Map, n_inputs: usize, reg: &dyn amk_core::SpecTable) -> Vec<String> {
     let steps = match steps_of(recipe) {
         Ok(steps) => steps,
         Err(why) => return vec![why],
@@ -87,7 +87,7 @@ impl Walk {
         i: usize,
         step: &Value,
         last: bool,
-        (n_inputs, reg): (usize, &amk_core::Registry),
+        (n_inputs, reg): (usize, &dyn amk_core::SpecTable),
     ) {
         let at = format!("recipe step {i}");
         let Some(s) = step.as_object() else {
@@ -227,7 +227,11 @@ impl Walk {
 }
 
 /// The registered, non-FUSED op a step names.
-fn step_spec<'r>(at: &str, s: &Map, reg: &'r amk_core::Registry) -> Result<&'r OpSpec, String> {
+fn step_spec<'r>(
+    at: &str,
+    s: &Map,
+    reg: &'r dyn amk_core::SpecTable,
+) -> Result<&'r OpSpec, String> {
     let Some(code) = s.get("op").and_then(Value::as_i64) else {
         return Err(format!("{at} needs an integer 'op' code"));
     };

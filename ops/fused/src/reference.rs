@@ -67,7 +67,7 @@ struct Ready<'r> {
 /// Runs step `i`; errors are wrapped with the step index by the caller.
 fn run_step(
     call: &mut CpuCall<'_, '_>,
-    reg: &amk_core::Registry,
+    reg: &dyn amk_core::OpTable,
     i: usize,
     step: &Step,
     scratch: &mut BTreeMap<i64, Tensor>,
