@@ -206,6 +206,50 @@ struct RowTiles<'a> {
     row_bytes: i64,
 }
 
+/// One task of [`Builder::single`]: `op` over `ins` into `out` after `waits`, with `params`.
+struct OneTask<'a> {
+    op: Opcode,
+    ins: &'a [BufferId],
+    out: BufferId,
+    waits: &'a [(CounterId, i64)],
+    params: Map,
+    label: String,
+    /// Bytes it moves (its estimate).
+    bytes: i64,
+}
+
+/// The LM head: the final norm's weight and the head's.
+#[derive(Clone, Copy)]
+struct Head {
+    norm: BufferId,
+    weight: BufferId,
+}
+
+/// A layer's K and V caches.
+#[derive(Clone, Copy)]
+struct LayerCaches {
+    k: BufferId,
+    v: BufferId,
+}
+
+/// Heads of a Q, K or V projection: how many, and the tag that names their buffers and tasks.
+#[derive(Clone, Copy)]
+struct Heads<'a> {
+    n: u64,
+    tag: &'a str,
+}
+
+/// One Q, K or V projection of a layer ([`Layer::projection`]).
+struct Projection<'a> {
+    weight: BufferId,
+    bias: Option<BufferId>,
+    heads: Heads<'a>,
+    /// Turned by RoPE in the tiles' epilogue.
+    rope: bool,
+    /// The 64-row device tiles of the phase it runs in.
+    phase_tiles: u64,
+}
+
 struct Builder {
     p: Program,
     dtype: DType,
@@ -222,22 +266,14 @@ impl Builder {
     }
 
     /// A task with its own counter.
-    fn single(
-        &mut self,
-        op: Opcode,
-        (ins, out): (&[BufferId], BufferId),
-        waits: &[(CounterId, i64)],
-        pr: Map,
-        label: String,
-        bytes: i64,
-    ) -> Val {
-        let c = self.p.new_counter(format!("{label} ready"));
-        let t = self.p.push_task(op, ins, &[out], c, waits, pr, label);
-        if let Some(task) = self.p.tasks.get_mut(t as usize) {
-            task.est_bytes = bytes;
+    fn single(&mut self, t: OneTask<'_>) -> Val {
+        let c = self.p.new_counter(format!("{} ready", t.label));
+        let id = (self.p).push_task(t.op, t.ins, &[t.out], c, t.waits, t.params, t.label);
+        if let Some(task) = self.p.tasks.get_mut(id as usize) {
+            task.est_bytes = t.bytes;
         }
         Val {
-            buf: out,
+            buf: t.out,
             wait: (c, 1),
         }
     }
@@ -294,18 +330,13 @@ impl Builder {
         pr
     }
 
-    /// The LM head over one row `x` (`[1, k]`, normalised by `nw` in every tile): RMSNORM_GEMV
-    /// tiles of `head`'s `n` rows, about one an SM (whole warps' rows, as the decode program's
+    /// The LM head over one row `x` (`[1, hidden]`, normalised in every tile): RMSNORM_GEMV
+    /// tiles of the head's `vocab` rows, about one an SM (whole warps' rows, as the decode program's
     /// `gemv.sm_multiple = 1`), into `out`, on one counter. A weight stream at the memory's
     /// bandwidth, where LINEAR_TILE tiles would run 64-row tensor-core tiles holding one row
     /// (the 1B's 49,152-row head took ≈ 0.13 ms so; docs/perf-notes.md round 41).
-    fn head_row(
-        &mut self,
-        x: Val,
-        (nw, head): (BufferId, BufferId),
-        out: BufferId,
-        (k, n): (u64, u64),
-    ) -> Val {
+    fn head_row(&mut self, x: Val, head: Head, out: BufferId, d: Dims) -> Val {
+        let (k, n) = (d.h, d.vocab);
         let width = n
             .div_ceil(self.num_sms.max(1))
             .next_multiple_of(super::SM_TILE_ROWS)
@@ -318,7 +349,7 @@ impl Builder {
             let mut pr = params(&[("K", int(k)), ("N_tile", int(nt)), ("n_off", int(n0))]);
             pr.insert("eps", self.eps.clone());
             let label = format!("lm_head[{tiles}]");
-            let ins = [x.buf, nw, head];
+            let ins = [x.buf, head.norm, head.weight];
             let t = (self.p).push_task(Opcode::RMSNORM_GEMV, &ins, &[out], c, &[x.wait], pr, label);
             if let Some(task) = self.p.tasks.get_mut(t as usize) {
                 task.est_bytes = (nt * k) as i64 * self.dbytes;
@@ -444,15 +475,10 @@ struct Layer<'a> {
 impl Layer<'_> {
     /// Q, K or V of the normalised rows `x` as `[rows, heads, head_dim]`, RoPE'd at each row's
     /// position when `rope`.
-    fn projection(
-        &self,
-        b: &mut Builder,
-        x: Val,
-        (w, bias): (BufferId, Option<BufferId>),
-        (heads, tag, rope): (u64, &str, bool),
-        phase_tiles: u64,
-    ) -> Val {
+    fn projection(&self, b: &mut Builder, x: Val, pj: &Projection<'_>) -> Val {
         let (d, l) = (self.d, self.l);
+        let (w, bias, rope, phase_tiles) = (pj.weight, pj.bias, pj.rope, pj.phase_tiles);
+        let (heads, tag) = (pj.heads.n, pj.heads.tag);
         let out = b.act(format!("L{l}.{tag}"), &[d.rows, heads, d.hd]);
         let label = format!("L{l}.{tag}");
         let mut lin = Linear::plain(x, (w, d.h, heads * d.hd), out, &label);
@@ -474,31 +500,33 @@ impl Layer<'_> {
 
     /// Qwen3's per-head RMSNORM of `x` with `nw`, then ROPE: tasks of their own (the norm comes
     /// between the projection and the RoPE).
-    fn norm_rope(&self, b: &mut Builder, x: Val, nw: BufferId, (heads, tag): (u64, &str)) -> Val {
-        let (d, l) = (self.d, self.l);
+    fn norm_rope(&self, b: &mut Builder, x: Val, nw: BufferId, h: Heads<'_>) -> Val {
+        let (d, l, heads, tag) = (self.d, self.l, h.n, h.tag);
         let bytes = (d.rows * heads * d.hd) as i64 * b.dbytes;
         let normed = b.act(format!("L{l}.{tag}n"), &[d.rows, heads, d.hd]);
         let pr = params(&[("eps", b.eps.clone()), ("hidden", int(d.hd))]);
-        let x = b.single(
-            Opcode::RMSNORM,
-            (&[x.buf, nw], normed),
-            &[x.wait],
-            pr,
-            format!("L{l}.{tag}_norm"),
+        let x = b.single(OneTask {
+            op: Opcode::RMSNORM,
+            ins: &[x.buf, nw],
+            out: normed,
+            waits: &[x.wait],
+            params: pr,
+            label: format!("L{l}.{tag}_norm"),
             bytes,
-        );
+        });
         let out = b.act(format!("L{l}.{tag}r"), &[d.rows, heads, d.hd]);
         let mut ins = vec![x.buf, self.pos];
         ins.extend(self.rope.factors);
         let pr = params(&[("head_dim", int(d.hd)), ("theta", self.theta.clone())]);
-        b.single(
-            Opcode::ROPE,
-            (&ins, out),
-            &[x.wait],
-            pr,
-            format!("L{l}.rope_{tag}"),
+        b.single(OneTask {
+            op: Opcode::ROPE,
+            ins: &ins,
+            out,
+            waits: &[x.wait],
+            params: pr,
+            label: format!("L{l}.rope_{tag}"),
             bytes,
-        )
+        })
     }
 
     /// The 64-row device tiles of a projection to `heads` heads (turned by RoPE when `rope`).
@@ -557,7 +585,8 @@ impl Layer<'_> {
     fn attention(
         &self,
         b: &mut Builder,
-        (q, kc, vc): (Val, BufferId, BufferId),
+        q: Val,
+        caches: LayerCaches,
         waits: &[(CounterId, i64)],
     ) -> Val {
         let (d, l) = (self.d, self.l);
@@ -591,7 +620,7 @@ impl Layer<'_> {
                 ("N_tile", int(rep * d.hd)),
             ]);
             let label = format!("L{l}.attention[{n_att}]");
-            let ins = [q.buf, kc, vc, self.pos];
+            let ins = [q.buf, caches.k, caches.v, self.pos];
             let t = b.p.push_task(
                 Opcode::ATTENTION_CAUSAL,
                 &ins,
@@ -617,7 +646,7 @@ impl Layer<'_> {
     }
 
     /// The layer's K and V caches (the decode program's names, dtype and shape).
-    fn caches(&self, b: &mut Builder) -> (BufferId, BufferId) {
+    fn caches(&self, b: &mut Builder) -> LayerCaches {
         let (d, l) = (self.d, self.l);
         let mut cache = |what: &str| {
             let name = format!("L{l}.{what}");
@@ -628,32 +657,43 @@ impl Layer<'_> {
                 &[d.max_seq, d.nkv, d.hd],
             )
         };
-        (cache("kcache"), cache("vcache"))
+        LayerCaches {
+            k: cache("kcache"),
+            v: cache("vcache"),
+        }
     }
 
     /// The layer's K and V rows appended to its caches, and nothing else: the last layer of a
     /// program without logits, where nothing reads the rest of the layer.
     fn kv_only(&self, b: &mut Builder, w: &LayerWeights, resid: Val) {
         let (d, l) = (self.d, self.l);
-        let (kc, vc) = self.caches(b);
+        let caches = self.caches(b);
         let x = b.norm_rows(resid, w.in_norm, (d.rows, d.h), &format!("L{l}.in_norm"));
         let bias = |f: fn(&Triple) -> Option<BufferId>| w.biases.as_ref().and_then(f);
         let rope = w.qk_norms.is_none();
         let tiles = self.proj_tiles(d.nkv, rope) + self.proj_tiles(d.nkv, false);
-        let k = self.projection(b, x, (w.k, bias(|t| Some(t.k))), (d.nkv, "k", rope), tiles);
-        let v = self.projection(b, x, (w.v, bias(|t| t.v)), (d.nkv, "v", false), tiles);
+        let (kh, vh) = (Heads { n: d.nkv, tag: "k" }, Heads { n: d.nkv, tag: "v" });
+        let proj = |weight, bias, heads, rope| Projection {
+            weight,
+            bias,
+            heads,
+            rope,
+            phase_tiles: tiles,
+        };
+        let k = self.projection(b, x, &proj(w.k, bias(|t| Some(t.k)), kh, rope));
+        let v = self.projection(b, x, &proj(w.v, bias(|t| t.v), vh, false));
         let k = match w.qk_norms {
-            Some(n) => self.norm_rope(b, k, n.k, (d.nkv, "k")),
+            Some(n) => self.norm_rope(b, k, n.k, kh),
             None => k,
         };
-        self.append(b, k, kc, "k");
-        self.append(b, v, vc, "v");
+        self.append(b, k, caches.k, "k");
+        self.append(b, v, caches.v, "v");
     }
 
     /// The layer's attention half: the residual stream after it.
     fn attention_block(&self, b: &mut Builder, w: &LayerWeights, resid: Val) -> Val {
         let (d, l) = (self.d, self.l);
-        let (kc, vc) = self.caches(b);
+        let caches = self.caches(b);
         // Q and K are turned by the projection's RoPE epilogue, or — with Qwen3's per-head
         // norms, which come between the projection and the RoPE — by tasks after it.
         let fused = w.qk_norms.is_none();
@@ -663,19 +703,25 @@ impl Layer<'_> {
         let tiles = self.proj_tiles(d.nh, fused)
             + self.proj_tiles(d.nkv, fused)
             + self.proj_tiles(d.nkv, false);
-        let q = self.projection(b, x, (w.q, bias(|t| Some(t.q))), (d.nh, "q", fused), tiles);
-        let k = self.projection(b, x, (w.k, bias(|t| Some(t.k))), (d.nkv, "k", fused), tiles);
-        let v = self.projection(b, x, (w.v, bias(|t| t.v)), (d.nkv, "v", false), tiles);
+        let (qh, kh) = (Heads { n: d.nh, tag: "q" }, Heads { n: d.nkv, tag: "k" });
+        let vh = Heads { n: d.nkv, tag: "v" };
+        let proj = |weight, bias, heads, rope| Projection {
+            weight,
+            bias,
+            heads,
+            rope,
+            phase_tiles: tiles,
+        };
+        let q = self.projection(b, x, &proj(w.q, bias(|t| Some(t.q)), qh, fused));
+        let k = self.projection(b, x, &proj(w.k, bias(|t| Some(t.k)), kh, fused));
+        let v = self.projection(b, x, &proj(w.v, bias(|t| t.v), vh, false));
         let (q, k) = match w.qk_norms {
-            Some(n) => (
-                self.norm_rope(b, q, n.q, (d.nh, "q")),
-                self.norm_rope(b, k, n.k, (d.nkv, "k")),
-            ),
+            Some(n) => (self.norm_rope(b, q, n.q, qh), self.norm_rope(b, k, n.k, kh)),
             None => (q, k),
         };
-        let k_app = self.append(b, k, kc, "k");
-        let v_app = self.append(b, v, vc, "v");
-        let attn = self.attention(b, (q, kc, vc), &[q.wait, k_app.wait, v_app.wait]);
+        let k_app = self.append(b, k, caches.k, "k");
+        let v_app = self.append(b, v, caches.v, "v");
+        let attn = self.attention(b, q, caches, &[q.wait, k_app.wait, v_app.wait]);
         let hm = b.act(format!("L{l}.h_mid"), &[d.rows, d.h]);
         let label = format!("L{l}.o_add");
         let lin = Linear::plain(attn, (w.o, d.nh * d.hd, d.h), hm, &label)
@@ -778,13 +824,7 @@ fn rope_args(b: &mut Builder, w: &mut Weights<'_>, model: &Model) -> Result<Rope
 /// The final norm and the LM head over the last row (gathered by an EMBED of the row index
 /// `last`; RMSNORM_GEMV tiles, [`Builder::head_row`]) or every row (LINEAR_TILE tiles), into
 /// `logits`.
-fn lm_head(
-    b: &mut Builder,
-    (fnorm, head): (BufferId, BufferId),
-    resid: Val,
-    d: Dims,
-    logits: PrefillLogits,
-) {
+fn lm_head(b: &mut Builder, head: Head, resid: Val, d: Dims, logits: PrefillLogits) {
     let (x, logit_rows) = match logits {
         PrefillLogits::None => return,
         PrefillLogits::Every => (resid, d.rows),
@@ -793,14 +833,15 @@ fn lm_head(
             let row = b.act("h_last".into(), &[1, d.h]);
             let pr = params(&[("hidden", int(d.h))]);
             let bytes = d.h as i64 * b.dbytes;
-            let row = b.single(
-                Opcode::EMBED,
-                (&[last, resid.buf], row),
-                &[resid.wait],
-                pr,
-                "last_row".into(),
+            let row = b.single(OneTask {
+                op: Opcode::EMBED,
+                ins: &[last, resid.buf],
+                out: row,
+                waits: &[resid.wait],
+                params: pr,
+                label: "last_row".into(),
                 bytes,
-            );
+            });
             (row, 1)
         }
     };
@@ -811,10 +852,10 @@ fn lm_head(
         &[logit_rows, d.vocab],
     );
     let logits_val = match logits {
-        PrefillLogits::Last => b.head_row(x, (fnorm, head), out, (d.h, d.vocab)),
+        PrefillLogits::Last => b.head_row(x, head, out, d),
         _ => {
-            let mut lin = Linear::plain(x, (head, d.h, d.vocab), out, "lm_head");
-            lin.norm = Some(fnorm);
+            let mut lin = Linear::plain(x, (head.weight, d.h, d.vocab), out, "lm_head");
+            lin.norm = Some(head.norm);
             b.linear(&lin, logit_rows)
         }
     };
@@ -907,14 +948,15 @@ pub fn lower_prefill_sharing(
     let h0 = b.act("h0".into(), &[d.rows, d.h]);
     let pr = params(&[("hidden", int(d.h))]);
     let bytes = (d.rows * d.h) as i64 * b.dbytes;
-    let mut resid = b.single(
-        Opcode::EMBED,
-        (&[ids, table], h0),
-        &[],
-        pr,
-        "embed".into(),
+    let mut resid = b.single(OneTask {
+        op: Opcode::EMBED,
+        ins: &[ids, table],
+        out: h0,
+        waits: &[],
+        params: pr,
+        label: "embed".into(),
         bytes,
-    );
+    });
     let layer = |l| Layer {
         l,
         d,
@@ -933,12 +975,12 @@ pub fn lower_prefill_sharing(
         resid = layer(l).mlp_block(&mut b, &lw, hm);
     }
     if opts.logits != PrefillLogits::None {
-        let fnorm = w.buffer(&mut b.p, FINAL_NORM)?;
-        let head = match mc.tie_word_embeddings {
+        let norm = w.buffer(&mut b.p, FINAL_NORM)?;
+        let weight = match mc.tie_word_embeddings {
             true => table,
             false => w.buffer(&mut b.p, LM_HEAD)?,
         };
-        lm_head(&mut b, (fnorm, head), resid, d, opts.logits);
+        lm_head(&mut b, Head { norm, weight }, resid, d, opts.logits);
     }
     let Builder { mut p, .. } = b;
     sm::assign_sms(
