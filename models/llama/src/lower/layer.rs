@@ -263,7 +263,7 @@ impl Builder<'_> {
         } else {
             self.qkv_unfused(c, w, l, an, caches)
         };
-        let hm = self.attention(c, w, l, (&query, caches), resid);
+        let hm = self.attention(c, w, l, &query, caches, resid);
         let mn = self.norm_row(
             lay.fuse_norm,
             hm,
@@ -276,8 +276,12 @@ impl Builder<'_> {
         let act = self.mlp(c, w, l, mn);
         self.proj_residual(
             lay.fuse_resid,
-            (act, w.down, d.inter),
-            (hm, d.h),
+            super::ProjIn {
+                x: act,
+                w: w.down,
+                k: d.inter,
+            },
+            super::Residual { stream: hm, h: d.h },
             &format!("L{l}.down"),
             &format!("L{l}.h_out"),
             &format!("L{l}.add_mlp"),
@@ -322,7 +326,12 @@ impl Builder<'_> {
             &[w.q, w.k, w.v, c.io.pos],
             &tail,
             &[qr, caches.k, caches.v],
-            (d.h, units, width, 1),
+            super::TileShape {
+                k: d.h,
+                units,
+                width,
+                rows: 1,
+            },
             &base,
             &format!("L{l}.qkv"),
         );
@@ -478,35 +487,37 @@ impl Builder<'_> {
         c: &LayerCtx<'_>,
         w: &LayerWeights,
         l: usize,
-        (query, caches): (&Query, Caches),
+        query: &Query,
+        caches: Caches,
         resid: Val,
     ) -> Val {
         let (d, lay) = (c.d, c.layout);
-        let ins = (query.q.buf, caches.k, caches.v, c.io.pos, &query.waits[..]);
+        let ins = super::AttnIn {
+            q: query.q.buf,
+            k_cache: caches.k,
+            v_cache: caches.v,
+            pos: c.io.pos,
+            waits: &query.waits,
+        };
+        let out = super::AttnOut {
+            wo: w.o,
+            resid: super::Residual {
+                stream: resid,
+                h: d.h,
+            },
+            fuse: lay.fuse_resid,
+            l,
+        };
         // The attention's params are a static window of the cache (all of it, or a split-KV
         // shard's fixed slice); the position input clips it to the rows written so far.
         if let Some(plan) = lay.split {
-            return self.split_attention(
-                lay.fuse_resid,
-                ins,
-                (plan, c.scale.clone()),
-                w.o,
-                (resid, d.h),
-                l,
-            );
+            return self.split_attention(&ins, plan, c.scale.clone(), out);
         }
         if lay.fuse_attn {
-            return self.attention_proj(
-                lay.fuse_resid,
-                ins,
-                attention_params(c, 0, d.max_seq, None),
-                w.o,
-                (resid, d.h),
-                l,
-            );
+            return self.attention_proj(&ins, attention_params(c, 0, d.max_seq, None), out);
         }
         let attn = self.tile_attention(c, l, query, caches);
-        self.output_projection(lay.fuse_resid, (attn, w.o, d.q_dim), (resid, d.h), l)
+        self.output_projection(attn, d.q_dim, out)
     }
 
     /// The attention row as one ATTENTION_TILE task, or as `parts` KV shards writing partials
@@ -575,7 +586,12 @@ impl Builder<'_> {
                 mn,
                 &[w.gate, w.up],
                 &[act],
-                (d.h, d.inter, width, 2),
+                super::TileShape {
+                    k: d.h,
+                    units: d.inter,
+                    width,
+                    rows: 2,
+                },
                 &Map::new(),
                 &format!("L{l}.gate_up"),
             );

@@ -561,6 +561,61 @@ struct OutHead<'a> {
     k: u64,
 }
 
+/// A projection's input row `x` (`k` elements) and its weight `w`.
+#[derive(Clone, Copy)]
+struct ProjIn {
+    x: Val,
+    w: BufferId,
+    k: u64,
+}
+
+/// The residual stream (`[1, h]`) a projection adds its output to.
+#[derive(Clone, Copy)]
+struct Residual {
+    stream: Val,
+    h: u64,
+}
+
+/// What a layer's attention reads: the query row, the caches, the position, and the waits
+/// for them.
+#[derive(Clone, Copy)]
+struct AttnIn<'a> {
+    q: BufferId,
+    k_cache: BufferId,
+    v_cache: BufferId,
+    pos: BufferId,
+    waits: &'a [(CounterId, i64)],
+}
+
+/// Where a layer's attention goes: layer `l`'s output projection `wo`, the residual stream it
+/// adds to, in the projection's tiles when `fuse` (`["gemv", "add"]`).
+#[derive(Clone, Copy)]
+struct AttnOut {
+    wo: BufferId,
+    resid: Residual,
+    fuse: bool,
+    l: usize,
+}
+
+/// The ATTENTION_MERGE tasks' params: the split attention's `shape`, its geometry, and the
+/// query heads a task merges.
+struct MergeShape<'a> {
+    shape: &'a Map,
+    geometry: op_attention_split::SplitGeometry,
+    heads: u64,
+}
+
+/// The column tiles of a projection-like op ([`Builder::tiles`]): `units` output units in tiles
+/// of `width` (the last one ragged), each unit streaming `rows` weight rows of `k` (the tasks'
+/// cost).
+#[derive(Clone, Copy)]
+struct TileShape {
+    k: u64,
+    units: u64,
+    width: u64,
+    rows: u64,
+}
+
 /// What a decode loop's tail reads and writes besides its own buffers.
 struct LoopTail {
     logits: Val,
@@ -700,12 +755,14 @@ impl Builder<'_> {
     fn proj_residual(
         &mut self,
         fuse: bool,
-        (x, w, k): (Val, BufferId, u64),
-        (resid, h): (Val, u64),
+        input: ProjIn,
+        residual: Residual,
         tag: &str,
         out: &str,
         add_label: &str,
     ) -> Val {
+        let ProjIn { x, w, k } = input;
+        let Residual { stream: resid, h } = residual;
         if fuse {
             let o = self.act(out.into(), &[1, h]);
             let bias = Some((resid.buf, Some(resid.wait)));
@@ -749,25 +806,17 @@ impl Builder<'_> {
     /// otherwise they write the activation `L{l}.o` and an ADD follows. Every tile reads the
     /// position `pos` (its last input), which clips the attention window `att` to the rows
     /// written so far. Returns the residual stream after the attention.
-    fn attention_proj(
-        &mut self,
-        fuse_resid: bool,
-        (q, kc, vc, pos, waits): (BufferId, BufferId, BufferId, BufferId, &[(CounterId, i64)]),
-        att: Map,
-        wo: BufferId,
-        (resid, h): (Val, u64),
-        l: usize,
-    ) -> Val {
-        let k = self.p.buffers[q as usize].numel();
+    fn attention_proj(&mut self, ins: &AttnIn<'_>, att: Map, out: AttnOut) -> Val {
+        let k = self.p.buffers[ins.q as usize].numel();
         let head = OutHead {
             op: Opcode::ATTENTION_GEMV,
             stem: "attn",
-            ins: &[q, kc, vc],
-            waits,
+            ins: &[ins.q, ins.k_cache, ins.v_cache],
+            waits: ins.waits,
             params: &att,
             k,
         };
-        self.attention_out(&head, wo, pos, fuse_resid, (resid, h), l)
+        self.attention_out(&head, ins.pos, out)
     }
 
     /// Layer `l`'s attention as ATTENTION_SPLIT tasks (`tiling.attention.split_kv`): one per
@@ -781,16 +830,22 @@ impl Builder<'_> {
     /// after the attention.
     fn split_attention(
         &mut self,
-        fuse_resid: bool,
-        (q, kc, vc, pos, waits): (BufferId, BufferId, BufferId, BufferId, &[(CounterId, i64)]),
-        (plan, scale): (SplitPlan, Value),
-        wo: BufferId,
-        (resid, h): (Val, u64),
-        l: usize,
+        ins: &AttnIn<'_>,
+        plan: SplitPlan,
+        scale: Value,
+        out: AttnOut,
     ) -> Val {
+        let AttnIn {
+            q,
+            k_cache: kc,
+            v_cache: vc,
+            pos,
+            waits,
+        } = *ins;
+        let l = out.l;
         let g = plan.geometry;
         let normalized = g.n_splits == 1;
-        let (out, tile) = if normalized {
+        let (dest, tile) = if normalized {
             let row = self.act(format!("L{l}.attn"), &[1, g.nh * g.hd]);
             (row, g.normalized_tile())
         } else {
@@ -828,7 +883,7 @@ impl Builder<'_> {
             self.task(
                 Opcode::ATTENTION_SPLIT,
                 &[q, kc, vc, pos],
-                out,
+                dest,
                 ctr,
                 waits,
                 pr,
@@ -838,16 +893,21 @@ impl Builder<'_> {
         }
         if normalized {
             let attn = Val {
-                buf: out,
+                buf: dest,
                 wait: (ctr, g.nkv as i64),
             };
-            return self.output_projection(fuse_resid, (attn, wo, g.nh * g.hd), (resid, h), l);
+            return self.output_projection(attn, g.nh * g.hd, out);
         }
-        let partials = out;
+        let partials = dest;
         let all_splits = (ctr, (g.nkv * g.n_splits) as i64);
         if let Some(heads) = plan.merge_heads {
-            let attn = self.merge_tasks(partials, pos, all_splits, (&shape, g, heads), l);
-            return self.output_projection(fuse_resid, (attn, wo, g.nh * g.hd), (resid, h), l);
+            let merge = MergeShape {
+                shape: &shape,
+                geometry: g,
+                heads,
+            };
+            let attn = self.merge_tasks(partials, pos, all_splits, &merge, l);
+            return self.output_projection(attn, g.nh * g.hd, out);
         }
         // Every tile waits for every split.
         let head = OutHead {
@@ -858,22 +918,22 @@ impl Builder<'_> {
             params: &shape,
             k: g.nh * g.hd,
         };
-        self.attention_out(&head, wo, pos, fuse_resid, (resid, h), l)
+        self.attention_out(&head, pos, out)
     }
 
-    /// Layer `l`'s output projection of its finished attention row `attn` (`k` elements) by
-    /// `wo`, with the residual (labels `L{l}.o…`, into `L{l}.h_mid`): [`Self::proj_residual`].
-    fn output_projection(
-        &mut self,
-        fuse_resid: bool,
-        (attn, wo, k): (Val, BufferId, u64),
-        (resid, h): (Val, u64),
-        l: usize,
-    ) -> Val {
+    /// Layer `out.l`'s output projection of its finished attention row `attn` (`k` elements) by
+    /// `out.wo`, with the residual (labels `L{l}.o…`, into `L{l}.h_mid`):
+    /// [`Self::proj_residual`].
+    fn output_projection(&mut self, attn: Val, k: u64, out: AttnOut) -> Val {
+        let l = out.l;
         self.proj_residual(
-            fuse_resid,
-            (attn, wo, k),
-            (resid, h),
+            out.fuse,
+            ProjIn {
+                x: attn,
+                w: out.wo,
+                k,
+            },
+            out.resid,
             &format!("L{l}.o"),
             &format!("L{l}.h_mid"),
             &format!("L{l}.add_attn"),
@@ -888,9 +948,10 @@ impl Builder<'_> {
         partials: BufferId,
         pos: BufferId,
         splits: (CounterId, i64),
-        (shape, g, heads): (&Map, op_attention_split::SplitGeometry, u64),
+        merge: &MergeShape<'_>,
         l: usize,
     ) -> Val {
+        let (shape, g, heads) = (merge.shape, merge.geometry, merge.heads);
         let row = self.act(format!("L{l}.attn"), &[1, g.nh * g.hd]);
         let ctr = self.p.new_counter(format!("L{l}.attention merged"));
         let tasks = g.nh.div_ceil(heads);
@@ -928,15 +989,13 @@ impl Builder<'_> {
     /// (`["gemv", "add"]`: labels `L{l}.{stem}_o_add[i]`, into `L{l}.h_mid`), the position
     /// last; unfused they write `L{l}.o` (labels `L{l}.{stem}_o[i]`) and an ADD follows.
     /// Returns the residual stream after the attention.
-    fn attention_out(
-        &mut self,
-        head: &OutHead<'_>,
-        wo: BufferId,
-        pos: BufferId,
-        fuse_resid: bool,
-        (resid, h): (Val, u64),
-        l: usize,
-    ) -> Val {
+    fn attention_out(&mut self, head: &OutHead<'_>, pos: BufferId, out: AttnOut) -> Val {
+        let AttnOut {
+            wo,
+            resid: Residual { stream: resid, h },
+            fuse: fuse_resid,
+            l,
+        } = out;
         let width = gemv_tile_width(self.cfg, h, self.num_sms);
         let mut waits = head.waits.to_vec();
         let mut ins = head.ins.to_vec();
@@ -963,7 +1022,12 @@ impl Builder<'_> {
             &waits,
             head.params,
             false,
-            (head.k, h, width, 1),
+            TileShape {
+                k: head.k,
+                units: h,
+                width,
+                rows: 1,
+            },
             &label,
         );
         if fuse_resid {
@@ -1007,7 +1071,12 @@ impl Builder<'_> {
         } else {
             Opcode::GEMV_TILE
         };
-        let shape = (k, n, width, 1);
+        let shape = TileShape {
+            k,
+            units: n,
+            width,
+            rows: 1,
+        };
         self.tiles(
             op,
             &ins,
@@ -1071,7 +1140,7 @@ impl Builder<'_> {
         x: Row,
         operands: &[BufferId],
         outs: &[BufferId],
-        shape: (u64, u64, u64, u64),
+        shape: TileShape,
         base: &Map,
         label: &str,
     ) -> Val {
@@ -1088,7 +1157,7 @@ impl Builder<'_> {
         operands: &[BufferId],
         tail: &[BufferId],
         outs: &[BufferId],
-        shape: (u64, u64, u64, u64),
+        shape: TileShape,
         base: &Map,
         label: &str,
     ) -> Val {
@@ -1101,9 +1170,8 @@ impl Builder<'_> {
     }
 
     /// The column tiles of one projection-like op, one counter: params `base`, then the
-    /// tile's `K`/`N_tile`/`n_off`, then `eps` when `norm`; `(k, units, width, rows)`: `units`
-    /// output units in tiles of `width` (the last one ragged), each unit streaming `rows`
-    /// weight rows of `k` (the tasks' cost). Returns the value (the first output).
+    /// tile's `K`/`N_tile`/`n_off`, then `eps` when `norm`; the tiles cover `shape`. Returns
+    /// the value (the first output).
     #[allow(clippy::too_many_arguments)] // reason: one tiled op's full description
     fn tiles(
         &mut self,
@@ -1113,9 +1181,15 @@ impl Builder<'_> {
         waits: &[(CounterId, i64)],
         base: &Map,
         norm: bool,
-        (k, units, width, rows): (u64, u64, u64, u64),
+        shape: TileShape,
         label: &str,
     ) -> Val {
+        let TileShape {
+            k,
+            units,
+            width,
+            rows,
+        } = shape;
         let c = self.p.new_counter(format!("{label} ready"));
         let (mut n_tasks, mut off) = (0i64, 0u64);
         while off < units {
@@ -1216,7 +1290,7 @@ pub fn lower_sharing(
         }
         None => None,
     };
-    describe_decode(&mut b.p, model, (cfg, target), opts, d.max_seq);
+    describe_decode(&mut b.p, model, cfg, target, opts, d.max_seq);
     let (token, io) = step_buffers(&mut b.p, opts);
     let table = w.buffer(&mut b.p, EMBED)?;
     let h0 = b.act("h0".into(), &[1, d.h]);
@@ -1269,7 +1343,8 @@ pub fn lower_sharing(
 fn describe_decode(
     p: &mut Program,
     model: &Model,
-    (cfg, target): (&ScheduleConfig, &GpuTarget),
+    cfg: &ScheduleConfig,
+    target: &GpuTarget,
     opts: &LowerOptions,
     max_seq: u64,
 ) {
