@@ -120,7 +120,9 @@ fn position(pos: &Tensor, r: usize, max_seq: usize) -> Result<usize, OpError> {
 /// (its `attend`, on the row as a one-row query), each element as `(index in q, value)`.
 fn attend_row(
     g: &Geometry,
-    (q, kc, vc): (&Tensor, &Tensor, &Tensor),
+    q: &Tensor,
+    kc: &Tensor,
+    vc: &Tensor,
     r: usize,
     p: usize,
 ) -> Result<Vec<(usize, f32)>, OpError> {
@@ -163,7 +165,7 @@ pub fn run(call: &mut CpuCall<'_, '_>) -> Result<(), OpError> {
     let mut values = Vec::with_capacity(g.rows.len() * g.heads.len() * g.hd);
     for r in g.rows.clone() {
         let p = position(pos, r, g.max_seq)?;
-        values.extend(attend_row(&g, (q, kc, vc), r, p)?);
+        values.extend(attend_row(&g, q, kc, vc, r, p)?);
     }
     let out = call.output(0)?;
     if out.numel() != q_numel {

@@ -44,7 +44,7 @@ pub fn check_recipe(recipe: &Map, n_inputs: usize, reg: &dyn amk_core::SpecTable
         finals: 0,
     };
     for (i, step) in steps.iter().enumerate() {
-        walk.step(i, step, i + 1 == steps.len(), (n_inputs, reg));
+        walk.step(i, step, i + 1 == steps.len(), n_inputs, reg);
     }
     if walk.finals != 1 {
         walk.out.push(format!(
@@ -87,7 +87,8 @@ impl Walk {
         i: usize,
         step: &Value,
         last: bool,
-        (n_inputs, reg): (usize, &dyn amk_core::SpecTable),
+        n_inputs: usize,
+        reg: &dyn amk_core::SpecTable,
     ) {
         let at = format!("recipe step {i}");
         let Some(s) = step.as_object() else {

@@ -111,7 +111,7 @@ pub fn linear(call: &mut CpuCall<'_, '_>, op: Linear) -> Result<(), OpError> {
     let m = x.numel() / k;
     let weights = match pr.qdtype {
         None => float_weights(call, name, n)?,
-        Some(qd @ (QDTYPE_I8 | QDTYPE_I4)) => quant_weights(call, name, (qd, n, k))?,
+        Some(qd @ (QDTYPE_I8 | QDTYPE_I4)) => quant_weights(call, name, qd, n, k)?,
         Some(qd) => {
             return Err(OpError::BadParam {
                 key: "qdtype".into(),
@@ -131,7 +131,7 @@ pub fn linear(call: &mut CpuCall<'_, '_>, op: Linear) -> Result<(), OpError> {
         })?;
     let rows = pr.rows(name, m, x)?;
     let out = call.output(0)?;
-    let ldo = check_output(out, name, (n_off, end), (m, x))?;
+    let ldo = check_output(out, name, n_off..end, m, x)?;
     let tile = compute(x, &weights, k, n_off..end, rows.clone())?;
     store(out, &tile, ldo, n_off..end, rows)
 }
@@ -222,7 +222,9 @@ fn float_weights<'a>(call: &CpuCall<'a, '_>, name: &str, n: usize) -> Result<Wei
 fn quant_weights<'a>(
     call: &CpuCall<'a, '_>,
     name: &str,
-    (qd, n, k): (i64, usize, usize),
+    qd: i64,
+    n: usize,
+    k: usize,
 ) -> Result<Weights<'a>, OpError> {
     let n_in = call.n_inputs();
     let w = call.input(1)?;
@@ -283,9 +285,11 @@ fn quant_weights<'a>(
 fn check_output(
     out: &Tensor,
     name: &str,
-    (n_off, end): (usize, usize),
-    (m, x): (usize, &Tensor),
+    columns: std::ops::Range<usize>,
+    m: usize,
+    x: &Tensor,
 ) -> Result<usize, OpError> {
+    let (n_off, end) = (columns.start, columns.end);
     check_storage(out, "output")?;
     require_float(out, name, "output")?;
     let ldo = out.last_dim();

@@ -142,7 +142,7 @@ pub fn run(call: &mut CpuCall<'_, '_>) -> Result<(), OpError> {
         None => None,
     };
     let up = extra.filter(|_| l.epilogue == Epilogue::SwiGlu);
-    let sums = products(x, (w, bias, up), norm, &t)?;
+    let sums = products(x, &TileWeights { w, bias, up }, norm, &t)?;
     let rope = match l.epilogue {
         Epilogue::Rope => Some(Rope::new(call, &l, &t, rows)?),
         _ => None,
@@ -198,14 +198,22 @@ pub fn run(call: &mut CpuCall<'_, '_>) -> Result<(), OpError> {
     Ok(())
 }
 
+/// The weights a tile multiplies by: `W`, its bias, and SwiGLU's up weight `U`.
+struct TileWeights<'t> {
+    w: &'t Tensor,
+    bias: Option<&'t Tensor>,
+    up: Option<&'t Tensor>,
+}
+
 /// The tile's sums `(x·W^T (+ bias), x·U^T)` (the second 0 without `U`), row-major over the
 /// tile.
 fn products(
     x: &Tensor,
-    (w, bias, up): (&Tensor, Option<&Tensor>, Option<&Tensor>),
+    weights: &TileWeights<'_>,
     norm: Option<(&Tensor, f32)>,
     t: &Tile,
 ) -> Result<Vec<(f32, f32)>, OpError> {
+    let TileWeights { w, bias, up } = *weights;
     let mut scratch = vec![0f32; t.k];
     let mut sums = Vec::with_capacity(t.rows.len() * t.cols.len());
     for m in t.rows.clone() {

@@ -189,8 +189,11 @@ impl CudaSession {
         };
         let dev = load::device_tables(inner, &source)?;
         let prog = load::device_program(inner, &source, &dev, &shape);
-        let launch = (shape.threads, inner.info.sms);
-        verify_tasks(&module, &prog, (program, registry), &dev.status, launch)?;
+        let launch = Launch {
+            threads: shape.threads,
+            sms: inner.info.sms,
+        };
+        verify_tasks(&module, &prog, program, registry, &dev.status, launch)?;
         let load::DeviceTables {
             descs: descs_mem,
             instructions,
@@ -879,16 +882,25 @@ impl Session for CudaSession {
     }
 }
 
+/// The launch a program's kernel runs with: threads a block, blocks (one an SM).
+#[derive(Clone, Copy)]
+struct Launch {
+    threads: u32,
+    sms: usize,
+}
+
 /// Every task's ids and pre-wait op checks, once, on the device: the megakernel skips them for
 /// the tasks that pass (docs/perf-notes.md round 11). A failure is the error its step would
 /// have raised. The status read waits for the launch (same stream).
 fn verify_tasks(
     module: &Module,
     prog: &AmkDeviceProgram,
-    (program, registry): (&Program, &Registry),
+    program: &Program,
+    registry: &Registry,
     status_mem: &DeviceMem,
-    (threads, sms): (u32, usize),
+    launch: Launch,
 ) -> Result<(), CudaError> {
+    let Launch { threads, sms } = launch;
     let n = prog.n_instructions.max(0) as u32;
     if n == 0 {
         return Ok(());
