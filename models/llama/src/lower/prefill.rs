@@ -24,7 +24,7 @@
 //! positions continuing past the prompt — their K/V rows land past the prompt, where decoding
 //! overwrites each row before it reads it — so `first position + rows` must fit the cache).
 
-use super::weights::{LayerWeights, Triple, Weights};
+use super::weights::{LayerWeights, Weights};
 use super::{Lowered, int, params, rope_factors, sm};
 use crate::error::ModelError;
 use crate::model::{EMBED, FINAL_NORM, LM_HEAD, Model, ROPE_FREQS};
@@ -237,6 +237,12 @@ struct LayerCaches {
 struct Heads<'a> {
     n: u64,
     tag: &'a str,
+}
+
+/// A layer's K and V projections of its normalised rows.
+struct KvRows {
+    k: Val,
+    v: Val,
 }
 
 /// One Q, K or V projection of a layer ([`Layer::projection`]).
@@ -669,25 +675,47 @@ impl Layer<'_> {
         let (d, l) = (self.d, self.l);
         let caches = self.caches(b);
         let x = b.norm_rows(resid, w.in_norm, (d.rows, d.h), &format!("L{l}.in_norm"));
-        let bias = |f: fn(&Triple) -> Option<BufferId>| w.biases.as_ref().and_then(f);
         let rope = w.qk_norms.is_none();
         let tiles = self.proj_tiles(d.nkv, rope) + self.proj_tiles(d.nkv, false);
-        let (kh, vh) = (Heads { n: d.nkv, tag: "k" }, Heads { n: d.nkv, tag: "v" });
-        let proj = |weight, bias, heads, rope| Projection {
-            weight,
-            bias,
-            heads,
-            rope,
-            phase_tiles: tiles,
-        };
-        let k = self.projection(b, x, &proj(w.k, bias(|t| Some(t.k)), kh, rope));
-        let v = self.projection(b, x, &proj(w.v, bias(|t| t.v), vh, false));
+        let kv = self.kv_projections(b, w, x, rope, tiles);
         let k = match w.qk_norms {
-            Some(n) => self.norm_rope(b, k, n.k, kh),
-            None => k,
+            Some(n) => self.norm_rope(b, kv.k, n.k, Heads { n: d.nkv, tag: "k" }),
+            None => kv.k,
         };
         self.append(b, k, caches.k, "k");
-        self.append(b, v, caches.v, "v");
+        self.append(b, kv.v, caches.v, "v");
+    }
+
+    /// The K and V projections of the normalised rows `x` (a phase of `phase_tiles` 64-row
+    /// tiles), K turned by RoPE in its tiles when `rope`.
+    fn kv_projections(
+        &self,
+        b: &mut Builder,
+        w: &LayerWeights,
+        x: Val,
+        rope: bool,
+        phase_tiles: u64,
+    ) -> KvRows {
+        let nkv = self.d.nkv;
+        let biases = w.biases.as_ref();
+        let k = Projection {
+            weight: w.k,
+            bias: biases.map(|t| t.k),
+            heads: Heads { n: nkv, tag: "k" },
+            rope,
+            phase_tiles,
+        };
+        let v = Projection {
+            weight: w.v,
+            bias: biases.and_then(|t| t.v),
+            heads: Heads { n: nkv, tag: "v" },
+            rope: false,
+            phase_tiles,
+        };
+        KvRows {
+            k: self.projection(b, x, &k),
+            v: self.projection(b, x, &v),
+        }
     }
 
     /// The layer's attention half: the residual stream after it.
@@ -698,25 +726,24 @@ impl Layer<'_> {
         // norms, which come between the projection and the RoPE — by tasks after it.
         let fused = w.qk_norms.is_none();
         let x = b.norm_rows(resid, w.in_norm, (d.rows, d.h), &format!("L{l}.in_norm"));
-        let bias = |f: fn(&Triple) -> Option<BufferId>| w.biases.as_ref().and_then(f);
         // Q, K and V run side by side: one phase.
         let tiles = self.proj_tiles(d.nh, fused)
             + self.proj_tiles(d.nkv, fused)
             + self.proj_tiles(d.nkv, false);
-        let (qh, kh) = (Heads { n: d.nh, tag: "q" }, Heads { n: d.nkv, tag: "k" });
-        let vh = Heads { n: d.nkv, tag: "v" };
-        let proj = |weight, bias, heads, rope| Projection {
-            weight,
-            bias,
-            heads,
-            rope,
+        let q = Projection {
+            weight: w.q,
+            bias: w.biases.as_ref().map(|t| t.q),
+            heads: Heads { n: d.nh, tag: "q" },
+            rope: fused,
             phase_tiles: tiles,
         };
-        let q = self.projection(b, x, &proj(w.q, bias(|t| Some(t.q)), qh, fused));
-        let k = self.projection(b, x, &proj(w.k, bias(|t| Some(t.k)), kh, fused));
-        let v = self.projection(b, x, &proj(w.v, bias(|t| t.v), vh, false));
+        let q = self.projection(b, x, &q);
+        let KvRows { k, v } = self.kv_projections(b, w, x, fused, tiles);
         let (q, k) = match w.qk_norms {
-            Some(n) => (self.norm_rope(b, q, n.q, qh), self.norm_rope(b, k, n.k, kh)),
+            Some(n) => (
+                self.norm_rope(b, q, n.q, Heads { n: d.nh, tag: "q" }),
+                self.norm_rope(b, k, n.k, Heads { n: d.nkv, tag: "k" }),
+            ),
             None => (q, k),
         };
         let k_app = self.append(b, k, caches.k, "k");
