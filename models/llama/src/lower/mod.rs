@@ -223,9 +223,7 @@ pub struct Lowered {
 ///   widened so no projection exceeds [`MAX_TILES`] tiles.
 pub fn gemv_tile_width(cfg: &ScheduleConfig, n: u64, num_sms: u64) -> u64 {
     if let Some(m) = cfg.tile("gemv", "sm_multiple").filter(|&m| m >= 1) {
-        let tiles = (m as u64).saturating_mul(num_sms.max(1));
-        let w = n.div_ceil(tiles).next_multiple_of(SM_TILE_ROWS);
-        return w.max(SM_TILE_ROWS).min(n).max(1);
+        return sm_tile_width(n, (m as u64).saturating_mul(num_sms.max(1)));
     }
     let w = match cfg.tile("gemv", "N_tile") {
         Some(t) => (t.max(1) as u64).min(n).max(1),
@@ -241,6 +239,13 @@ pub fn gemv_tile_width(cfg: &ScheduleConfig, n: u64, num_sms: u64) -> u64 {
     } else {
         w
     }
+}
+
+/// The width of about `tiles` GEMV tiles over `n` rows: a multiple of [`SM_TILE_ROWS`] (every
+/// warp of a block gets whole rows), at least that, at most `n`.
+pub fn sm_tile_width(n: u64, tiles: u64) -> u64 {
+    let w = n.div_ceil(tiles.max(1)).next_multiple_of(SM_TILE_ROWS);
+    w.max(SM_TILE_ROWS).min(n).max(1)
 }
 
 /// How many of `num_sms` SMs each of several projections that read the same input (Q, K, V;

@@ -206,6 +206,23 @@ struct RowTiles<'a> {
     row_bytes: i64,
 }
 
+/// Column tiles of one op over an output's columns ([`Builder::column_tiles`]), each task
+/// writing `[n_off, n_off + N_tile)`.
+struct ColumnTiles<'a> {
+    op: Opcode,
+    ins: &'a [BufferId],
+    out: BufferId,
+    wait: (CounterId, i64),
+    /// The columns, and the columns a tile takes.
+    cols: (u64, u64),
+    /// The op's params beside the tile's.
+    base: Map,
+    label: &'a str,
+    /// Bytes and FLOPs a tile spends a column (its estimates).
+    col_bytes: i64,
+    col_flops: i64,
+}
+
 /// One task of [`Builder::single`]: `op` over `ins` into `out` after `waits`, with `params`.
 struct OneTask<'a> {
     op: Opcode,
@@ -343,28 +360,42 @@ impl Builder {
     /// (the 1B's 49,152-row head took ≈ 0.13 ms so; docs/perf-notes.md round 41).
     fn head_row(&mut self, x: Val, head: Head, out: BufferId, d: Dims) -> Val {
         let (k, n) = (d.h, d.vocab);
-        let width = n
-            .div_ceil(self.num_sms.max(1))
-            .next_multiple_of(super::SM_TILE_ROWS)
-            .min(n)
-            .max(1);
-        let c = self.p.new_counter("lm_head ready".to_string());
+        let mut base = params(&[("K", int(k))]);
+        base.insert("eps", self.eps.clone());
+        self.column_tiles(ColumnTiles {
+            op: Opcode::RMSNORM_GEMV,
+            ins: &[x.buf, head.norm, head.weight],
+            out,
+            wait: x.wait,
+            cols: (n, super::sm_tile_width(n, self.num_sms)),
+            base,
+            label: "lm_head",
+            col_bytes: k as i64 * self.dbytes,
+            col_flops: 2 * k as i64,
+        })
+    }
+
+    /// Tasks of `t.op` over the column tiles of `t.cols` (columns, columns a tile), each
+    /// writing its columns of `t.out` (params `n_off`, `N_tile` after `t.base`), on one counter.
+    fn column_tiles(&mut self, t: ColumnTiles<'_>) -> Val {
+        let (cols, per) = t.cols;
+        let c = self.p.new_counter(format!("{} ready", t.label));
         let mut tiles = 0;
-        for n0 in (0..n).step_by(width as usize) {
-            let nt = width.min(n - n0);
-            let mut pr = params(&[("K", int(k)), ("N_tile", int(nt)), ("n_off", int(n0))]);
-            pr.insert("eps", self.eps.clone());
-            let label = format!("lm_head[{tiles}]");
-            let ins = [x.buf, head.norm, head.weight];
-            let t = (self.p).push_task(Opcode::RMSNORM_GEMV, &ins, &[out], c, &[x.wait], pr, label);
-            if let Some(task) = self.p.tasks.get_mut(t as usize) {
-                task.est_bytes = (nt * k) as i64 * self.dbytes;
-                task.est_flops = 2 * (nt * k) as i64;
+        for n0 in (0..cols).step_by(per.max(1) as usize) {
+            let nt = per.min(cols - n0);
+            let mut pr = t.base.clone();
+            pr.insert("N_tile", int(nt));
+            pr.insert("n_off", int(n0));
+            let name = format!("{}[{tiles}]", t.label);
+            let id = (self.p).push_task(t.op, t.ins, &[t.out], c, &[t.wait], pr, name);
+            if let Some(task) = self.p.tasks.get_mut(id as usize) {
+                task.est_bytes = nt as i64 * t.col_bytes;
+                task.est_flops = nt as i64 * t.col_flops;
             }
             tiles += 1;
         }
         Val {
-            buf: out,
+            buf: t.out,
             wait: (c, tiles),
         }
     }
@@ -558,24 +589,18 @@ impl Layer<'_> {
             .next_multiple_of(8)
             .min(width)
             .max(1);
-        let c =
-            b.p.new_counter(format!("L{}.kv_append_{tag} ready", self.l));
-        let mut tasks = 0;
-        for n0 in (0..width).step_by(cols as usize) {
-            let nt = cols.min(width - n0);
-            let pr = params(&[("n_off", int(n0)), ("N_tile", int(nt))]);
-            let label = format!("L{}.kv_append_{tag}[{tasks}]", self.l);
-            let ins = [new.buf, cache, self.pos];
-            let t = (b.p).push_task(Opcode::KV_APPEND, &ins, &[cache], c, &[new.wait], pr, label);
-            if let Some(task) = b.p.tasks.get_mut(t as usize) {
-                task.est_bytes = (d.rows * nt) as i64 * b.dbytes;
-            }
-            tasks += 1;
-        }
-        Val {
-            buf: cache,
-            wait: (c, tasks),
-        }
+        let label = format!("L{}.kv_append_{tag}", self.l);
+        b.column_tiles(ColumnTiles {
+            op: Opcode::KV_APPEND,
+            ins: &[new.buf, cache, self.pos],
+            out: cache,
+            wait: new.wait,
+            cols: (width, cols),
+            base: Map::new(),
+            label: &label,
+            col_bytes: d.rows as i64 * b.dbytes,
+            col_flops: 0,
+        })
     }
 
     /// The attention: tasks of one KV head's query heads over a block of rows, sized so a
