@@ -1,5 +1,5 @@
 //! The validator's vocabulary: why a program is rejected ([`ErrorKind`]) and what it warns of
-//! ([`WarningKind`]). Its own floor: op rules (`registry::Finding`) name a kind, the validator
+//! ([`WarningKind`]). Its own floor: op rules (`spec::Finding`) name a kind, the validator
 //! reports it, and neither imports the other for it.
 
 macro_rules! kinds {

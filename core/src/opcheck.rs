@@ -3,7 +3,7 @@
 
 use crate::ir::Buffer;
 use crate::json::Value;
-use crate::registry::{Finding, PARAM_FIELDS, TaskContext, param_field_index};
+use crate::spec::{Finding, PARAM_FIELDS, TaskContext, param_field_index};
 use crate::validate::ErrorKind;
 
 /// Collects findings for one task.

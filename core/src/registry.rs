@@ -4,10 +4,7 @@
 use crate::cpu::{CpuReference, OpTable, Reference};
 use crate::error::IrError;
 use crate::ir::{Opcode, Task};
-pub use crate::spec::{
-    CheckFn, Finding, OpSpec, PARAM_FIELDS, ParamDecl, ParamType, SpecTable, TaskContext,
-    WriteRegion, param_field_index, param_field_type,
-};
+use crate::spec::{OpSpec, SpecTable, param_field_type};
 use std::borrow::Cow;
 use std::collections::HashMap;
 use std::path::PathBuf;

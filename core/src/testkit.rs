@@ -44,12 +44,12 @@ pub fn task(op: Opcode, n_in: usize, n_out: usize, params: &[(&str, Value)]) -> 
 /// The kinds of what `spec`'s static shape rule finds in `task` over `buffers` (none for an
 /// op without a rule), as the validator would run it.
 pub fn shape_rule_kinds(
-    spec: &crate::registry::OpSpec,
+    spec: &crate::spec::OpSpec,
     task: &Task,
     buffers: &[crate::ir::Buffer],
 ) -> Vec<crate::ErrorKind> {
     let reg = Registry::empty();
-    let ctx = crate::registry::TaskContext {
+    let ctx = crate::spec::TaskContext {
         task,
         buffers,
         registry: &reg,

@@ -79,7 +79,7 @@ pub struct AmkParams {
     pub eps: f32,
     pub scale: f32,
     pub theta: f32,
-    /// Bit `amk_core::registry::param_field_index(key)`: the task gave that field; bit
+    /// Bit `amk_core::spec::param_field_index(key)`: the task gave that field; bit
     /// [`PRESENT_EXT0`] + i: ext slot i holds a value.
     pub present: i32,
     /// Op-declared params outside the device fields, in declaration order.

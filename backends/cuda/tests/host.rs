@@ -9,7 +9,7 @@ use amk_backend_cuda::assemble::{
 use amk_backend_cuda::queues::build_queues;
 use amk_backend_cuda::tables::{self, Placement, pack_params};
 use amk_core::json::{Map, Value};
-use amk_core::registry::param_field_index;
+use amk_core::spec::param_field_index;
 use amk_core::{BufferKind, DType, MemSpace, Opcode, Program, Registry, abi as core_abi};
 use bytemuck::Zeroable;
 use std::collections::{BTreeMap, HashMap};

@@ -23,7 +23,8 @@ use crate::abi;
 use crate::graph::{Ans, Incidence, Reach, find_cycle};
 use crate::ir::*;
 use crate::json::Value;
-use crate::registry::{ParamType, Registry, TaskContext, WriteRegion};
+use crate::registry::Registry;
+use crate::spec::{ParamType, TaskContext, WriteRegion};
 use std::collections::HashMap;
 
 /// At most this many findings of one kind are listed; the rest are summarised in one more.

@@ -3,7 +3,7 @@
 
 use crate::abi::{AmkParams, MAX_EXT_PARAMS, PRESENT_EXT0};
 use amk_core::json::{Map, Value};
-use amk_core::registry::param_field_index;
+use amk_core::spec::param_field_index;
 use amk_core::{OpSpec, ParamType};
 
 /// Packs a task's params into the device record: device fields by name (ints checked to fit
