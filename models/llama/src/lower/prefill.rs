@@ -189,38 +189,29 @@ impl Dims {
     }
 }
 
-/// Row tiles of one op over a buffer's rows ([`Builder::row_tiles`]).
-struct RowTiles<'a> {
+/// Tiles of one op over a buffer's rows or columns ([`Builder::tiles`]), on one counter.
+struct Tiles<'a> {
     op: Opcode,
     ins: &'a [BufferId],
     out: BufferId,
     wait: (CounterId, i64),
-    /// The rows, and the rows a tile takes.
-    rows: (u64, u64),
-    /// The columns every tile writes (`N_tile`).
-    cols: u64,
+    split: Split,
     /// The op's params beside the tile's.
     base: Map,
     label: &'a str,
-    /// Bytes a tile moves a row (its estimate).
-    row_bytes: i64,
+    /// Bytes and FLOPs a tile spends a row or column of its split (its estimates).
+    unit_bytes: i64,
+    unit_flops: i64,
 }
 
-/// Column tiles of one op over an output's columns ([`Builder::column_tiles`]), each task
-/// writing `[n_off, n_off + N_tile)`.
-struct ColumnTiles<'a> {
-    op: Opcode,
-    ins: &'a [BufferId],
-    out: BufferId,
-    wait: (CounterId, i64),
-    /// The columns, and the columns a tile takes.
-    cols: (u64, u64),
-    /// The op's params beside the tile's.
-    base: Map,
-    label: &'a str,
-    /// Bytes and FLOPs a tile spends a column (its estimates).
-    col_bytes: i64,
-    col_flops: i64,
+/// How [`Tiles`] divide their output.
+#[derive(Clone, Copy)]
+enum Split {
+    /// `rows` rows, `per` a tile, each tile every one of `cols` columns: params `m_off`,
+    /// `M_tile`, `n_off` = 0, `N_tile` = `cols`.
+    Rows { rows: u64, per: u64, cols: u64 },
+    /// `cols` columns, `per` a tile: params `N_tile`, `n_off`.
+    Columns { cols: u64, per: u64 },
 }
 
 /// One task of [`Builder::single`]: `op` over `ins` into `out` after `waits`, with `params`.
@@ -362,83 +353,74 @@ impl Builder {
         let (k, n) = (d.h, d.vocab);
         let mut base = params(&[("K", int(k))]);
         base.insert("eps", self.eps.clone());
-        self.column_tiles(ColumnTiles {
+        self.tiles(Tiles {
             op: Opcode::RMSNORM_GEMV,
             ins: &[x.buf, head.norm, head.weight],
             out,
             wait: x.wait,
-            cols: (n, super::sm_tile_width(n, self.num_sms)),
+            split: Split::Columns {
+                cols: n,
+                per: super::sm_tile_width(n, self.num_sms),
+            },
             base,
             label: "lm_head",
-            col_bytes: k as i64 * self.dbytes,
-            col_flops: 2 * k as i64,
+            unit_bytes: k as i64 * self.dbytes,
+            unit_flops: 2 * k as i64,
         })
-    }
-
-    /// Tasks of `t.op` over the column tiles of `t.cols` (columns, columns a tile), each
-    /// writing its columns of `t.out` (params `n_off`, `N_tile` after `t.base`), on one counter.
-    fn column_tiles(&mut self, t: ColumnTiles<'_>) -> Val {
-        let (cols, per) = t.cols;
-        let c = self.p.new_counter(format!("{} ready", t.label));
-        let mut tiles = 0;
-        for n0 in (0..cols).step_by(per.max(1) as usize) {
-            let nt = per.min(cols - n0);
-            let mut pr = t.base.clone();
-            pr.insert("N_tile", int(nt));
-            pr.insert("n_off", int(n0));
-            let name = format!("{}[{tiles}]", t.label);
-            let id = (self.p).push_task(t.op, t.ins, &[t.out], c, &[t.wait], pr, name);
-            if let Some(task) = self.p.tasks.get_mut(id as usize) {
-                task.est_bytes = nt as i64 * t.col_bytes;
-                task.est_flops = nt as i64 * t.col_flops;
-            }
-            tiles += 1;
-        }
-        Val {
-            buf: t.out,
-            wait: (c, tiles),
-        }
     }
 
     /// RMSNORM of `x`'s rows (`rows` × `h`) with weight `w` into a buffer of their own: row
     /// tiles of [`NORM_ROWS`] (a warp a row on the GPU), on one counter.
     fn norm_rows(&mut self, x: Val, w: BufferId, (rows, h): (u64, u64), label: &str) -> Val {
         let out = self.act(label.to_string(), &[rows, h]);
-        self.row_tiles(&RowTiles {
+        self.tiles(Tiles {
             op: Opcode::RMSNORM,
             ins: &[x.buf, w],
             out,
             wait: x.wait,
-            rows: (rows, NORM_ROWS),
-            cols: h,
+            split: Split::Rows {
+                rows,
+                per: NORM_ROWS,
+                cols: h,
+            },
             base: params(&[("eps", self.eps.clone()), ("hidden", int(h))]),
             label,
-            row_bytes: 2 * h as i64 * self.dbytes,
+            unit_bytes: 2 * h as i64 * self.dbytes,
+            unit_flops: 0,
         })
     }
 
-    /// Tasks of `t.op` over the row tiles of `t.rows` (rows, rows a tile), each writing its
-    /// rows of `t.out` (params `m_off`, `M_tile`, `n_off` = 0, `N_tile` = `t.cols` beside
-    /// `t.base`), on one counter.
-    fn row_tiles(&mut self, t: &RowTiles<'_>) -> Val {
-        let (rows, per) = t.rows;
+    /// Tasks of `t.op` over the tiles of `t.split`, each writing its rows or columns of
+    /// `t.out` (its split's params after `t.base`), on one counter.
+    fn tiles(&mut self, t: Tiles<'_>) -> Val {
+        let (n, per) = match t.split {
+            Split::Rows { rows, per, .. } => (rows, per),
+            Split::Columns { cols, per } => (cols, per),
+        };
         let c = self.p.new_counter(format!("{} ready", t.label));
         let mut tiles = 0;
-        for m0 in (0..rows).step_by(per.max(1) as usize) {
-            let mt = per.min(rows - m0);
+        for start in (0..n).step_by(per.max(1) as usize) {
+            let len = per.min(n - start);
             let mut pr = t.base.clone();
-            for (key, v) in [
-                ("m_off", m0),
-                ("M_tile", mt),
-                ("n_off", 0),
-                ("N_tile", t.cols),
-            ] {
+            let keys = match t.split {
+                Split::Rows { cols, .. } => {
+                    vec![
+                        ("m_off", start),
+                        ("M_tile", len),
+                        ("n_off", 0),
+                        ("N_tile", cols),
+                    ]
+                }
+                Split::Columns { .. } => vec![("N_tile", len), ("n_off", start)],
+            };
+            for (key, v) in keys {
                 pr.insert(key, int(v));
             }
             let name = format!("{}[{tiles}]", t.label);
             let id = (self.p).push_task(t.op, t.ins, &[t.out], c, &[t.wait], pr, name);
             if let Some(task) = self.p.tasks.get_mut(id as usize) {
-                task.est_bytes = mt as i64 * t.row_bytes;
+                task.est_bytes = len as i64 * t.unit_bytes;
+                task.est_flops = len as i64 * t.unit_flops;
             }
             tiles += 1;
         }
@@ -590,16 +572,19 @@ impl Layer<'_> {
             .min(width)
             .max(1);
         let label = format!("L{}.kv_append_{tag}", self.l);
-        b.column_tiles(ColumnTiles {
+        b.tiles(Tiles {
             op: Opcode::KV_APPEND,
             ins: &[new.buf, cache, self.pos],
             out: cache,
             wait: new.wait,
-            cols: (width, cols),
+            split: Split::Columns {
+                cols: width,
+                per: cols,
+            },
             base: Map::new(),
             label: &label,
-            col_bytes: d.rows as i64 * b.dbytes,
-            col_flops: 0,
+            unit_bytes: d.rows as i64 * b.dbytes,
+            unit_flops: 0,
         })
     }
 
@@ -958,16 +943,20 @@ fn logit_stats(b: &mut Builder, logits: Val, vocab: u64) {
 fn token_nll(b: &mut Builder, logits: Val, d: Dims) {
     let targets = (b.p).new_buffer(TARGETS, BufferKind::IO_INPUT, DType::I32, &[d.rows]);
     let out = (b.p).new_buffer(NLL, BufferKind::IO_OUTPUT, DType::F32, &[d.rows]);
-    b.row_tiles(&RowTiles {
+    b.tiles(Tiles {
         op: Opcode::TOKEN_NLL,
         ins: &[logits.buf, targets],
         out,
         wait: logits.wait,
-        rows: (d.rows, d.rows.div_ceil(b.num_sms).max(1)),
-        cols: 1,
+        split: Split::Rows {
+            rows: d.rows,
+            per: d.rows.div_ceil(b.num_sms).max(1),
+            cols: 1,
+        },
         base: Map::new(),
         label: "nll",
-        row_bytes: d.vocab as i64 * b.dbytes,
+        unit_bytes: d.vocab as i64 * b.dbytes,
+        unit_flops: 0,
     });
 }
 
