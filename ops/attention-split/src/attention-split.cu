@@ -5,6 +5,13 @@
  * normalised, acc / l, at n_off of the attention row in its dtype. Semantics:
  * ops/attention-split/src/reference.rs.
  *
+ * Direct path (ad_attend, the default; K and V of one vector dtype, head_dim a multiple of 8
+ * up to 256, 16-byte aligned caches): the rows straight from the caches into registers, a
+ * lane group a row, each group an online softmax of its own, the groups merged once at the
+ * end (the section "Direct path" below). Faster than the staged path on splits of 128 rows and
+ * more, about even at 64 (docs/perf-notes.md round 43); AMK_AS_DIRECT=0 compiles the staged
+ * one instead, for measurements.
+ *
  * Staged path (as_attend; K and V of one vector dtype, head_dim a multiple of 8 up to 256,
  * 16-byte aligned caches, rep <= AMK_WARPS, the chunk of rows fitting the task's shared
  * memory): the split's rows go through shared memory a chunk at a time, copied with cp.async
@@ -33,6 +40,11 @@
  * measurements). */
 #ifndef AMK_AS_STAGED
 #define AMK_AS_STAGED 1
+#endif
+/* The direct path (1, the default: rows straight into registers, ad_attend) before the staged
+ * one (0: the staged path, or the general one with AMK_AS_STAGED=0). */
+#ifndef AMK_AS_DIRECT
+#define AMK_AS_DIRECT 1
 #endif
 /* Splits of up to this many rows take the general path: its tiny path, a lane group a head
  * and no staging, finishes one row sooner than a chunk's copy lands (docs/perf-notes.md
@@ -498,6 +510,273 @@ __device__ void as_attend(const amk_task_ctx& ctx, const as_args& a, const as_pl
   as_store(ctx, s, a, acc, m, l);
 }
 
+/* ------------------------------------------------------------------------------------------ */
+/* Direct path                                                                                 */
+/* ------------------------------------------------------------------------------------------ */
+
+/* Query heads a pass over the split's rows takes (their q and acc in registers; more heads
+ * take more passes, the rows then read again from L2). */
+#define AD_HB 4
+/* Rows a lane group takes a batch, and how many batches ahead the L2 prefetches run. */
+#define AD_B 2
+#define AD_PF 4
+
+/* The direct path's layout (ad_plan_for): L lanes a cache row (a power of two, 4..32, L * 8 >=
+ * head_dim; lane li holds dims 8li .. 8li+7, idle when li >= head_dim / 8), GW = 32 / L groups
+ * a warp, NG groups a block; this thread's group `grp` (global) and its first lane `gbase`;
+ * the cross-warp sums `red` (AMK_WARPS x AD_HB x head_dim f32) and maxima/sums `ml` in the
+ * task's shared memory. */
+struct ad_plan {
+  int L, NG, li, grp, gbase, wfirst;
+  float *red, *ml;
+};
+
+/* The direct path's plan, or false (another path then): K and V of one vector dtype, 16-byte
+ * aligned, head_dim a multiple of 8 up to 256, the cross-warp buffers in ctx.smem_bytes.
+ * Descriptors and params only, block-uniform but for the lane's own fields. */
+__device__ __forceinline__ bool ad_plan_for(const amk_task_ctx& ctx, const as_args& a,
+                                            ad_plan& s) {
+  const amk_buffer_t* kc = amk_in(ctx, 1);
+  const amk_buffer_t* vc = amk_in(ctx, 2);
+  if (kc->dtype != vc->dtype || !amk_is_vec(kc->dtype)) return false;
+  if ((a.hd & 7) != 0 || a.hd > 256) return false;
+  if (!amk_al16(kc->ptr) || !amk_al16(vc->ptr)) return false;
+  if (AMK_WARPS * AD_HB * (a.hd + 2) * 4 > ctx.smem_bytes) return false;
+  int L = 4;
+  while (L * 8 < a.hd) L <<= 1;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  s.L = L;
+  s.NG = AMK_WARPS * (32 / L);
+  s.li = lane & (L - 1);
+  s.gbase = lane & ~(L - 1);
+  s.grp = warp * (32 / L) + lane / L;
+  s.wfirst = warp * (32 / L);
+  extern __shared__ __align__(16) unsigned char amk_smem[];
+  s.red = (float*)amk_smem;
+  s.ml = s.red + AMK_WARPS * AD_HB * a.hd;
+  return true;
+}
+
+/* The lane's pieces of the group's rows of the batch at `base` (row base + i * NG + grp), zero
+ * for rows past `len` and idle lanes; `kb`, `vb` the lane's piece of the split's row 0. */
+template <int DT>
+__device__ __forceinline__ void ad_load(const ad_plan& s, bool act, const char* kb,
+                                        const char* vb, long long gstride, int base, int len,
+                                        att_vec<DT> (&k)[AD_B], att_vec<DT> (&v)[AD_B]) {
+#pragma unroll
+  for (int i = 0; i < AD_B; ++i) {
+    const int row = base + i * s.NG + s.grp;
+    const bool ok = act && row < len;
+    att_vload<DT>(k[i], kb + (long long)row * gstride, ok);
+    att_vload<DT>(v[i], vb + (long long)row * gstride, ok);
+  }
+}
+
+/* L2 prefetches of the group's rows of the batch at `base`: a lane a 128-byte line. */
+__device__ __forceinline__ void ad_prefetch(const ad_plan& s, bool line, const char* kb,
+                                            const char* vb, long long gstride, int base, int len) {
+#pragma unroll
+  for (int i = 0; i < AD_B; ++i) {
+    const int row = base + i * s.NG + s.grp;
+    if (line && row < len) {
+      amk_prefetch_l2(kb + (long long)row * gstride);
+      amk_prefetch_l2(vb + (long long)row * gstride);
+    }
+  }
+}
+
+/* One batch into the group's online softmax: the scores of its AD_B rows for the pass's AD_HB
+ * heads (dot products over the lane's dims, then a butterfly over the group's lanes, which
+ * leaves the same sums in every lane), the running (m, l) of head `hs` = li & 3 in this lane,
+ * and acc[head][the lane's dims] rescaled and summed with e_j of each head shuffled from the
+ * group's lane holding it. */
+template <int DT>
+__device__ __forceinline__ void ad_batch(const ad_plan& s, const as_args& a,
+                                         const att_vec<DT> (&k)[AD_B], const att_vec<DT> (&v)[AD_B],
+                                         const float (&q)[AD_HB][8], int base, int len, float& m,
+                                         float& l, float (&acc)[AD_HB][8]) {
+  const float NEG_INF = -__int_as_float(0x7f800000);
+  const int hs = s.li & (AD_HB - 1);
+  float sc[AD_B];
+#pragma unroll
+  for (int i = 0; i < AD_B; ++i) {
+    float kf[8];
+    att_cvt<DT>(k[i], kf);
+    float p[AD_HB];
+#pragma unroll
+    for (int r = 0; r < AD_HB; ++r) {
+      float t = 0.0f;
+#pragma unroll
+      for (int d = 0; d < 8; ++d) t += q[r][d] * kf[d];
+      p[r] = t;
+    }
+    for (int o = 1; o < s.L; o <<= 1) {
+#pragma unroll
+      for (int r = 0; r < AD_HB; ++r) p[r] += __shfl_xor_sync(ATT_FULL, p[r], o);
+    }
+    const float x = hs == 0 ? p[0] : hs == 1 ? p[1] : hs == 2 ? p[2] : p[3];
+    sc[i] = base + i * s.NG + s.grp < len ? x * a.scale : NEG_INF;
+  }
+  float mn = m;
+#pragma unroll
+  for (int i = 0; i < AD_B; ++i) mn = fmaxf(mn, sc[i]);
+  /* alpha exactly 1 when m did not grow (also -inf to -inf); e = 0 for a -inf score */
+  const float ea = expf(m - mn);
+  const float alpha = mn == m ? 1.0f : ea;
+  float e[AD_B];
+  float es = 0.0f;
+#pragma unroll
+  for (int i = 0; i < AD_B; ++i) {
+    const float x = expf(sc[i] - mn);
+    e[i] = sc[i] == NEG_INF ? 0.0f : x;
+    es += e[i];
+  }
+  l = l * alpha + es;
+  m = mn;
+  if (__any_sync(ATT_FULL, alpha != 1.0f)) { /* warp-uniform; rare once m settles */
+#pragma unroll
+    for (int r = 0; r < AD_HB; ++r) {
+      const float ar = __shfl_sync(ATT_FULL, alpha, s.gbase + r);
+#pragma unroll
+      for (int d = 0; d < 8; ++d) acc[r][d] *= ar;
+    }
+  }
+#pragma unroll
+  for (int i = 0; i < AD_B; ++i) {
+    float vf[8];
+    att_cvt<DT>(v[i], vf);
+#pragma unroll
+    for (int r = 0; r < AD_HB; ++r) {
+      const float er = __shfl_sync(ATT_FULL, e[i], s.gbase + r);
+#pragma unroll
+      for (int d = 0; d < 8; ++d) acc[r][d] += er * vf[d];
+    }
+  }
+}
+
+/* The warp's groups merged into its first (M = max m, l = sum l exp(m - M), acc likewise),
+ * by shuffles, then left in the task's shared memory for the cross-warp merge. */
+__device__ __forceinline__ void ad_warp_merge(const ad_plan& s, const as_args& a, bool act,
+                                              float m, float l, float (&acc)[AD_HB][8]) {
+#pragma unroll 1
+  for (int o = s.L; o < 32; o <<= 1) {
+    const float mo = __shfl_xor_sync(ATT_FULL, m, o);
+    const float lo = __shfl_xor_sync(ATT_FULL, l, o);
+    const float M = fmaxf(m, mo);
+    const float wa = m == M ? 1.0f : expf(m - M);
+    const float wb = mo == M ? 1.0f : expf(mo - M);
+    l = l * wa + lo * wb;
+    m = M;
+#pragma unroll
+    for (int r = 0; r < AD_HB; ++r) {
+      const float war = __shfl_sync(ATT_FULL, wa, s.gbase + r);
+      const float wbr = __shfl_sync(ATT_FULL, wb, s.gbase + r);
+#pragma unroll
+      for (int d = 0; d < 8; ++d)
+        acc[r][d] = acc[r][d] * war + __shfl_xor_sync(ATT_FULL, acc[r][d], o) * wbr;
+    }
+  }
+  const int warp = threadIdx.x >> 5;
+  if (s.gbase == 0) {
+    if (act) {
+#pragma unroll
+      for (int r = 0; r < AD_HB; ++r) {
+        float4* p = (float4*)(s.red + (warp * AD_HB + r) * a.hd + 8 * s.li);
+        p[0] = make_float4(acc[r][0], acc[r][1], acc[r][2], acc[r][3]);
+        p[1] = make_float4(acc[r][4], acc[r][5], acc[r][6], acc[r][7]);
+      }
+    }
+    if (s.li < AD_HB) {
+      s.ml[(warp * AD_HB + s.li) * 2] = m;
+      s.ml[(warp * AD_HB + s.li) * 2 + 1] = l;
+    }
+  }
+}
+
+/* The warps' states merged, an element a thread, and stored for heads h0 .. h0 + rb - 1 of the
+ * group: partials [acc | m | l] (acc NaN and l NaN when every score was -inf or NaN, m = -inf,
+ * as the CPU's e_j are NaN then), or with a.norm the rows acc / l in the row's dtype. */
+__device__ __noinline__ void ad_store(const amk_task_ctx& ctx, const ad_plan& s,
+                                      const as_args& a, int h0, int rb) {
+  const float NEG_INF = -__int_as_float(0x7f800000);
+  const float qnan = __int_as_float(0x7fc00000);
+  const amk_buffer_t* ob = amk_out(ctx, 0);
+  const long long o0 = ctx.inst->params.n_off;
+  for (int t = threadIdx.x; t < rb * a.hd; t += AMK_THREADS) {
+    const int r = t / a.hd, d = t - r * a.hd;
+    float M = NEG_INF;
+    for (int w = 0; w < AMK_WARPS; ++w) M = fmaxf(M, s.ml[(w * AD_HB + r) * 2]);
+    float L = 0.0f, A = 0.0f;
+    for (int w = 0; w < AMK_WARPS; ++w) {
+      const float mw = s.ml[(w * AD_HB + r) * 2];
+      const float wt = mw == M ? 1.0f : expf(mw - M);
+      L += s.ml[(w * AD_HB + r) * 2 + 1] * wt;
+      A += s.red[(w * AD_HB + r) * a.hd + d] * wt;
+    }
+    const bool nan = M == NEG_INF;
+    const int h = h0 + r;
+    if (a.norm) {
+      amk_stf(ob, o0 + (long long)h * a.hd + d, nan ? qnan : __fdiv_rn(A, L));
+    } else {
+      float* out = (float*)ob->ptr + o0 + (long long)h * (a.hd + 2);
+      out[d] = nan ? qnan : A;
+      if (d == 0) {
+        out[a.hd] = M;
+        out[a.hd + 1] = nan ? qnan : L;
+      }
+    }
+  }
+}
+
+/* The split's attention on the direct path (ad_plan_for passed), after the task's wait: rows
+ * [start, start + len) of KV head a.kv_head straight from the caches into registers, lane
+ * groups of L lanes a row; each group an online softmax over rows grp, grp + NG, ... (AD_B of
+ * them a batch, the next batch's loads in flight while one is consumed, L2 prefetches AD_PF
+ * batches ahead); then the groups merged (shuffles, then shared memory) and stored. AD_HB query
+ * heads a pass. No barrier but the cross-warp merge's: each warp runs at its own pace. */
+template <int DT>
+__device__ void ad_attend(const amk_task_ctx& ctx, const as_args& a, const ad_plan& s,
+                          long long start, int len) {
+  constexpr int ESZ = DT == AMK_F32 ? 4 : 2;
+  const bool act = s.li < (a.hd >> 3);
+  const bool line = act && ((8 * s.li * ESZ) & 127) == 0;
+  const long long gstride = (long long)a.nkv * a.hd * ESZ;
+  const long long first = start * gstride + ((long long)a.kv_head * a.hd + 8 * s.li) * ESZ;
+  const char* kb = (const char*)amk_in(ctx, 1)->ptr + first;
+  const char* vb = (const char*)amk_in(ctx, 2)->ptr + first;
+  const int step = s.NG * AD_B;
+  const amk_buffer_t* qb = amk_in(ctx, 0);
+  const bool qvec = amk_is_vec(qb->dtype) && amk_al16(qb->ptr);
+  for (int t = 1; t < AD_PF; ++t) ad_prefetch(s, line, kb, vb, gstride, t * step, len);
+  for (int h0 = 0; h0 < a.rep; h0 += AD_HB) {
+    att_vec<DT> kc[AD_B], vc[AD_B], kn[AD_B], vn[AD_B];
+    ad_load<DT>(s, act, kb, vb, gstride, 0, len, kc, vc);
+    float q[AD_HB][8], acc[AD_HB][8];
+#pragma unroll
+    for (int r = 0; r < AD_HB; ++r) {
+#pragma unroll
+      for (int d = 0; d < 8; ++d) q[r][d] = acc[r][d] = 0.0f;
+      if (act && h0 + r < a.rep)
+        att_q8(qb, qvec, ((long long)a.kv_head * a.rep + h0 + r) * a.hd + 8 * s.li, q[r]);
+    }
+    float m = -__int_as_float(0x7f800000), l = 0.0f;
+    for (int base = 0; base + s.wfirst < len; base += step) {
+      ad_load<DT>(s, act, kb, vb, gstride, base + step, len, kn, vn);
+      if (h0 == 0) ad_prefetch(s, line, kb, vb, gstride, base + AD_PF * step, len);
+      ad_batch<DT>(s, a, kc, vc, q, base, len, m, l, acc);
+#pragma unroll
+      for (int i = 0; i < AD_B; ++i) {
+        kc[i] = kn[i];
+        vc[i] = vn[i];
+      }
+    }
+    if (h0 > 0) __syncthreads(); /* the previous pass's ad_store read the buffers */
+    ad_warp_merge(s, a, act, m, l, acc);
+    __syncthreads();
+    ad_store(ctx, s, a, h0, min(AD_HB, a.rep - h0));
+  }
+}
+
 /* The general path: amk_att_run on views of the operands narrowed to the group (q from head
  * g * rep, the caches from element g * head_dim of a row, which keep their n_kv_heads *
  * head_dim stride, the output from n_off): one KV head of `rep` query heads. */
@@ -543,17 +822,25 @@ __device__ void amk_op_attention_split(const amk_task_ctx& ctx) {
     if (!late) amk_task_skip_wait(ctx);
     return;
   }
-#if AMK_AS_STAGED
-  as_plan s;
   const int dt = amk_in(ctx, 1)->dtype;
-  const bool staged = len > AMK_AS_MIN_ROWS && as_plan_for(ctx, a, s);
+#if AMK_AS_DIRECT
+  ad_plan s;
+  const bool fast = len > AMK_AS_MIN_ROWS && ad_plan_for(ctx, a, s);
+#elif AMK_AS_STAGED
+  as_plan s;
+  const bool fast = len > AMK_AS_MIN_ROWS && as_plan_for(ctx, a, s);
 #endif
   if (!late && !amk_task_wait(ctx)) return;
   if (ctx.trace && threadIdx.x == 0) ctx.trace[4] = amk_globaltimer();
-#if AMK_AS_STAGED
-  if (staged && AMK_IS_BF16(dt)) as_attend<AMK_BF16>(ctx, a, s, start, (int)len);
-  else if (staged && AMK_IS_F16(dt)) as_attend<AMK_F16>(ctx, a, s, start, (int)len);
-  else if (staged && AMK_IS_F32(dt)) as_attend<AMK_F32>(ctx, a, s, start, (int)len);
+#if AMK_AS_DIRECT
+  if (fast && AMK_IS_BF16(dt)) ad_attend<AMK_BF16>(ctx, a, s, start, (int)len);
+  else if (fast && AMK_IS_F16(dt)) ad_attend<AMK_F16>(ctx, a, s, start, (int)len);
+  else if (fast && AMK_IS_F32(dt)) ad_attend<AMK_F32>(ctx, a, s, start, (int)len);
+  else
+#elif AMK_AS_STAGED
+  if (fast && AMK_IS_BF16(dt)) as_attend<AMK_BF16>(ctx, a, s, start, (int)len);
+  else if (fast && AMK_IS_F16(dt)) as_attend<AMK_F16>(ctx, a, s, start, (int)len);
+  else if (fast && AMK_IS_F32(dt)) as_attend<AMK_F32>(ctx, a, s, start, (int)len);
   else
 #endif
     as_general(ctx, a, start, (int)len);

@@ -627,32 +627,112 @@ pub(super) fn dag_split_kv_normalized(c: &Ctx<'_>) -> CaseResult {
 /// (24 and 10 rows; 24 and 17; 32 and 32: both active, so every partial is written). Against the
 /// CPU oracle to f32 tolerance. (The other split cases use head_dim 8.)
 pub(super) fn op_attention_split_hd64(c: &Ctx<'_>) -> CaseResult {
-    let (nh, nkv, hd, rows) = (8usize, 2usize, 64usize, 64u64);
+    split_against_oracle(
+        c,
+        SplitCase {
+            seed: 41,
+            nh: 8,
+            nkv: 2,
+            hd: 64,
+            rows: 64,
+            q: DType::BF16,
+            cache: DType::BF16,
+            splits: 2,
+            chunk: 8,
+            positions: &[33, 40, 63],
+        },
+    )
+}
+
+/// ATTENTION_SPLIT over long splits, where the device runs its rows in many batches and its
+/// query heads in more than one pass: head_dim 128, 12 query heads over 2 KV heads (6 a KV
+/// head), f32 q over f16 caches of 512 rows at positions 300, 511 and 77 (one split of up to
+/// 512 rows a KV head, normalised; three splits of 32-row chunks, partials); and head_dim 64,
+/// 9 query heads over 3 KV heads (SmolLM2's grouping), f32 caches of 300 rows at positions
+/// 299, 150 and 70 (one split, and five of 16-row chunks). Every split is active at every
+/// position (an inactive one writes nothing, which the oracle cannot follow). Against the CPU
+/// oracle.
+pub(super) fn op_attention_split_long(c: &Ctx<'_>) -> CaseResult {
+    split_against_oracle(
+        c,
+        SplitCase {
+            seed: 43,
+            nh: 12,
+            nkv: 2,
+            hd: 128,
+            rows: 512,
+            q: DType::F32,
+            cache: DType::F16,
+            splits: 3,
+            chunk: 32,
+            positions: &[300, 511, 77],
+        },
+    )?;
+    split_against_oracle(
+        c,
+        SplitCase {
+            seed: 47,
+            nh: 9,
+            nkv: 3,
+            hd: 64,
+            rows: 300,
+            q: DType::F32,
+            cache: DType::F32,
+            splits: 5,
+            chunk: 16,
+            positions: &[299, 150, 70],
+        },
+    )
+}
+
+/// One program of ATTENTION_SPLIT tasks over one cache (`split_against_oracle`).
+struct SplitCase {
+    seed: u64,
+    nh: usize,
+    nkv: usize,
+    hd: usize,
+    rows: u64,
+    q: DType,
+    cache: DType,
+    /// Splits a KV head of the partials' tasks (the normalised tasks take one).
+    splits: usize,
+    /// The partials' chunk (the normalised tasks' is `rows`).
+    chunk: i64,
+    positions: &'static [i64],
+}
+
+/// A program of one normalised ATTENTION_SPLIT task a KV head (the attention row) and
+/// `splits` partial tasks a KV head, run at each position against the CPU oracle to f32
+/// tolerance.
+fn split_against_oracle(c: &Ctx<'_>, sc: SplitCase) -> CaseResult {
+    let SplitCase {
+        nh, nkv, hd, rows, ..
+    } = sc;
     let rep = nh / nkv;
-    let mut t = Tiny::new(41);
-    let q = t.input("q", DType::BF16, &[(nh * hd) as u64]);
-    let kc = t.input("k_cache", DType::BF16, &[rows, (nkv * hd) as u64]);
-    let vc = t.input("v_cache", DType::BF16, &[rows, (nkv * hd) as u64]);
+    let mut t = Tiny::new(sc.seed);
+    let q = t.input("q", sc.q, &[(nh * hd) as u64]);
+    let kc = t.input("k_cache", sc.cache, &[rows, (nkv * hd) as u64]);
+    let vc = t.input("v_cache", sc.cache, &[rows, (nkv * hd) as u64]);
     let pos = t.input("pos", DType::I32, &[1]);
     let rows_out = t.output("attn", DType::F32, &[1, (nh * hd) as u64]);
     let parts = t.output(
         "partials",
         DType::F32,
-        &[nkv as u64, 2, rep as u64, (hd + 2) as u64],
+        &[nkv as u64, sc.splits as u64, rep as u64, (hd + 2) as u64],
     );
-    let layout = |n_splits: i64, chunk: i64| {
+    let layout = |n_splits: usize, chunk: i64| {
         vec![
             ("head_dim", int(hd as i64)),
             ("n_heads", int(nh as i64)),
             ("n_kv_heads", int(nkv as i64)),
-            ("n_splits", int(n_splits)),
+            ("n_splits", int(n_splits as i64)),
             ("chunk", int(chunk)),
-            ("scale", Value::Float(0.125)),
+            ("scale", Value::Float(1.0 / (hd as f64).sqrt())),
         ]
     };
     let (cn, cp) = (t.counter(), t.counter());
     for g in 0..nkv {
-        let mut pr = layout(1, 64);
+        let mut pr = layout(1, rows as i64);
         let tile = (rep * hd) as i64;
         pr.extend([
             ("N_tile", int(tile)),
@@ -668,8 +748,8 @@ pub(super) fn op_attention_split_hd64(c: &Ctx<'_>) -> CaseResult {
             &pr,
         );
     }
-    for i in 0..nkv * 2 {
-        let mut pr = layout(2, 8);
+    for i in 0..nkv * sc.splits {
+        let mut pr = layout(sc.splits, sc.chunk);
         let tile = (rep * (hd + 2)) as i64;
         pr.extend([("N_tile", int(tile)), ("n_off", int(i as i64 * tile))]);
         t.task_on(
@@ -682,7 +762,8 @@ pub(super) fn op_attention_split_hd64(c: &Ctx<'_>) -> CaseResult {
         );
     }
     let Tiny { p, w, mut rng } = t;
-    let steps: Vec<Inputs> = [33i64, 40, 63]
+    let steps: Vec<Inputs> = sc
+        .positions
         .iter()
         .map(|&at| {
             let mut ins = super::run::random_inputs(&p, &mut rng);
