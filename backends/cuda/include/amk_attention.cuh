@@ -122,6 +122,31 @@ __device__ __forceinline__ float att_rs2(const float (&p)[ATT_RB], int o1, int o
   return q0 + __shfl_xor_sync(ATT_FULL, q1, o2);              /* head hr, 4 lanes */
 }
 
+/* R scores into a running online softmax (m, l): e_j = exp(s_j - m') for the new maximum m'
+ * (0 for a -inf score, also when m' is -inf), l rescaled and added to, m = m'; returns the
+ * factor that rescales sums made under the old m (exactly 1 when m did not grow, also -inf to
+ * -inf). expf evaluated unconditionally, then selected: no branches. */
+template <int R>
+__device__ __forceinline__ float att_online(const float (&sc)[R], float& m, float& l,
+                                            float (&e)[R]) {
+  const float NEG_INF = -__int_as_float(0x7f800000);
+  float m_new = m;
+#pragma unroll
+  for (int i = 0; i < R; ++i) m_new = fmaxf(m_new, sc[i]);
+  const float ea = expf(m - m_new);
+  const float alpha = (m_new == m) ? 1.0f : ea;
+  float es = 0.0f;
+#pragma unroll
+  for (int i = 0; i < R; ++i) {
+    const float x = expf(sc[i] - m_new);
+    e[i] = (sc[i] == NEG_INF) ? 0.0f : x;
+    es += e[i];
+  }
+  l = l * alpha + es;
+  m = m_new;
+  return alpha;
+}
+
 /* A lane's 8 fp32 values (passed by value, in registers, to the out-of-line helpers). */
 struct att_f8 {
   float v[8];
@@ -373,23 +398,8 @@ __device__ void att_fast(const amk_buffer_t* q, const amk_buffer_t* kc, const am
       }
 #pragma unroll
       for (int i = 0; i < R; ++i) sc[i] = j0 < lim[i] ? sc[i] * scale : NEG_INF;
-      float m_new = m;
-#pragma unroll
-      for (int i = 0; i < R; ++i) m_new = fmaxf(m_new, sc[i]);
-      /* expf evaluated unconditionally, then selected (no branches): alpha is exactly 1 when
-       * m did not grow (also -inf to -inf), e = 0 for a -inf score (also when m_new = -inf) */
-      const float ea = expf(m - m_new);
-      const float alpha = (m_new == m) ? 1.0f : ea;
       float e[R];
-      float es = 0.0f;
-#pragma unroll
-      for (int i = 0; i < R; ++i) {
-        const float x = expf(sc[i] - m_new);
-        e[i] = (sc[i] == NEG_INF) ? 0.0f : x;
-        es += e[i];
-      }
-      l = l * alpha + es;
-      m = m_new;
+      const float alpha = att_online<R>(sc, m, l, e);
       if (__any_sync(ATT_FULL, alpha != 1.0f)) { /* warp-uniform; rare once m settles */
 #pragma unroll
         for (int r = 0; r < ATT_RB; ++r) {

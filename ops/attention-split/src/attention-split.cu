@@ -617,22 +617,8 @@ __device__ __forceinline__ void ad_batch(const ad_plan& s, const as_args& a,
     const float x = hs == 0 ? p[0] : hs == 1 ? p[1] : hs == 2 ? p[2] : p[3];
     sc[i] = base + i * s.NG + s.grp < len ? x * a.scale : NEG_INF;
   }
-  float mn = m;
-#pragma unroll
-  for (int i = 0; i < AD_B; ++i) mn = fmaxf(mn, sc[i]);
-  /* alpha exactly 1 when m did not grow (also -inf to -inf); e = 0 for a -inf score */
-  const float ea = expf(m - mn);
-  const float alpha = mn == m ? 1.0f : ea;
   float e[AD_B];
-  float es = 0.0f;
-#pragma unroll
-  for (int i = 0; i < AD_B; ++i) {
-    const float x = expf(sc[i] - mn);
-    e[i] = sc[i] == NEG_INF ? 0.0f : x;
-    es += e[i];
-  }
-  l = l * alpha + es;
-  m = mn;
+  const float alpha = att_online<AD_B>(sc, m, l, e);
   if (__any_sync(ATT_FULL, alpha != 1.0f)) { /* warp-uniform; rare once m settles */
 #pragma unroll
     for (int r = 0; r < AD_HB; ++r) {
