@@ -41,8 +41,9 @@
 //!
 //! This crate owns everything about the op: its spec, its static shape rule for the
 //! validator, its CPU reference (`reference.rs`) and its CUDA device function
-//! (`attention-split.cu`: a staged path of its own for the cases decode programs have, the
-//! backend's general attention, `amk_attention.cuh`, for the rest).
+//! (`attention-split.cu`: a direct path of its own for the cases decode programs have — rows
+//! into registers, a lane group a row, the groups merged once — and the backend's general
+//! attention, `amk_attention.cuh`, for the rest and for splits of up to 8 rows).
 
 use amk_core::opcheck::{Checker, desc};
 use amk_core::{
@@ -52,8 +53,9 @@ use std::borrow::Cow;
 
 pub mod reference;
 
-/// Dynamic shared memory the device task asks for: its staged path copies its rows there a
-/// chunk at a time (as many rows as fit; a task that gets less takes the general path), the
+/// Dynamic shared memory the device task asks for: its direct path merges its warps' sums
+/// there (8 warps × 4 heads × head_dim f32; a task that gets less takes the general path; the
+/// staged path, compiled only for measurements, copies its rows there a chunk at a time), the
 /// same budget as the output projection's tiles that follow it in a layer.
 pub const SHARED_BYTES: u32 = op_gemv_tile::SHARED_BYTES;
 
