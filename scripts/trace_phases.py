@@ -18,6 +18,7 @@ is `L<layer>.<name>[...]` or `L<layer>.<name>`), with times from the layer's fir
     scripts/trace_phases.py t.csv --imbalance   # what each phase lost to its tiles' spread
     scripts/trace_phases.py t.csv --probe       # a build with AMK_PROBE=N (docs/gpu-testing.md)
     scripts/trace_phases.py t.csv --tail --model "F decode" --pos 512   # after the last layer
+    scripts/trace_phases.py t.csv --op ATTENTION_SPLIT --pos 4095   # an op's own probes
 """
 
 import argparse
@@ -151,6 +152,30 @@ def tail(path, model, pos):
               f"| {max(number(r, 'done_us') for r in g) - t0:.1f} | {stamped or '-'} |")
 
 
+def op_probes(path, model, pos, op):
+    """An op's own probe points (docs/gpu-testing.md lists each op's), over every task of that
+    opcode in layers 3..(last - 2) that stamped at least one: each point's time from the task's
+    wait passing (ready), median and 10th / 90th percentiles, in the order of the medians, then
+    ready -> returned. Points before the wait come out negative."""
+    rows = [r for r in load_rows(path, model, pos) if r["op"] == op]
+    layer = lambda r: int(m.group(1)) if (m := re.match(r"L(\d+)\.", r["label"])) else -1  # noqa: E731
+    last = max((layer(r) for r in rows), default=-1)
+    rows = [r for r in rows if 3 <= layer(r) <= last - 2
+            and any(number(r, f"probe{k}_us") is not None for k in range(8))]
+    if not rows:
+        sys.exit(f"{path}: no {op} task with a probe in layers 3..{last - 2}")
+    points = {f"probe{k}": [span(r, "ready_us", f"probe{k}_us") for r in rows] for k in range(8)}
+    points["returned"] = [span(r, "ready_us", "returned_us") for r in rows]
+    print(f"{op}: {len(rows)} tasks, us from the wait passing")
+    print("| point | tasks | median | p10 | p90 |")
+    print("|---|---|---|---|---|")
+    for name, v in sorted(((n, sorted(x for x in v if x is not None)) for n, v in points.items()),
+                          key=lambda kv: median(kv[1])):
+        if v:
+            p10, p90 = v[len(v) // 10], v[len(v) * 9 // 10]
+            print(f"| {name} | {len(v)} | {median(v):.2f} | {p10:.2f} | {p90:.2f} |")
+
+
 def median(values):
     values = [v for v in values if v is not None]
     return statistics.median(values) if values else float("nan")
@@ -176,7 +201,11 @@ def main():
                     help="instead: the AMK_PROBE points of a diagnostic build")
     ap.add_argument("--tail", action="store_true",
                     help="instead: the pass after its last layer (LM head, logit stats, next token)")
+    ap.add_argument("--op", help="instead: this opcode's own probe points (e.g. ATTENTION_SPLIT)")
     a = ap.parse_args()
+    if a.op:
+        op_probes(a.csv, a.model, a.pos, a.op)
+        return
     if a.tail:
         tail(a.csv, a.model, a.pos)
         return
