@@ -1814,3 +1814,78 @@ fn the_no_stats_schedule_is_the_tuned_one_without_its_stats() {
     assert!(stats_layout(&tuned_schedule(), 49152).is_some());
     assert_eq!(stats_layout(&file, 49152), None);
 }
+
+/// `attention.merge_on_last_splits = 1` (`bench/schedules/tuned-merge-last.json`: the tuned
+/// schedule with that key and nothing else): each layer's ATTENTION_MERGE tasks run on the SMs
+/// of that layer's highest-index splits (the last to have rows), one merge an SM, a KV head
+/// after another; nothing else moves, and the program validates. Without the key the merges
+/// stay where the load balance put them.
+#[rstest]
+#[case::llama_1b("llama-3.2-1b")]
+#[case::smollm2("smollm2-135m")]
+fn merges_on_last_splits_take_the_last_splits_sms(#[case] shape: &str) {
+    use amk_model_llama::presets;
+    let reg = amk_ops::registry().unwrap();
+    let target = GpuTarget::by_name("h100").unwrap();
+    let m = Model::shape_only(presets::preset(shape).unwrap(), shape);
+    let opts = LowerOptions::default();
+    let plain = lower(&m, &tuned_schedule(), &target, &opts)
+        .unwrap()
+        .program;
+    let mut want = tuned_schedule();
+    for (group, kvs) in want.tiling.iter_mut() {
+        if group == "attention" {
+            kvs.push(("merge_on_last_splits".into(), 1));
+        }
+    }
+    let path = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../../bench/schedules/tuned-merge-last.json"
+    );
+    let text = std::fs::read_to_string(path).unwrap();
+    let sc = amk_core::codec::schedule_config_from_json(&text).unwrap();
+    assert_eq!(sc, want);
+    let moved = lower(&m, &sc, &target, &opts).unwrap().program;
+    assert_eq!(plain.tasks.len(), moved.tasks.len());
+    let (mut merges, mut moved_any) = (0, false);
+    for (a, b) in plain.tasks.iter().zip(&moved.tasks) {
+        assert_eq!((a.op, &a.label), (b.op, &b.label));
+        if a.op != Opcode::ATTENTION_MERGE {
+            assert_eq!(a.sm, b.sm, "{shape}: '{}' moved", a.label);
+            continue;
+        }
+        merges += 1;
+        // This layer's splits, by the counter the merge waits on: highest index first.
+        let c = b.waits[0].counter;
+        let int = |t: &amk_core::Task, k: &str| t.params.get(k).unwrap().as_i64().unwrap();
+        let mut splits: Vec<(i64, i64, i32)> = (moved.tasks.iter())
+            .filter(|t| t.op == Opcode::ATTENTION_SPLIT && t.out_counter == c)
+            .map(|t| {
+                let i = int(t, "n_off") / int(t, "N_tile");
+                let n = int(t, "n_splits");
+                (-(i % n), i / n, t.sm.unwrap())
+            })
+            .collect();
+        splits.sort_unstable();
+        let k: usize = b
+            .label
+            .split('[')
+            .nth(1)
+            .unwrap()
+            .trim_end_matches(']')
+            .parse()
+            .unwrap();
+        assert_eq!(b.sm, Some(splits[k].2), "{shape}: '{}'", b.label);
+        // No more merges than KV heads here: every merge behind a split of the last index.
+        assert_eq!(splits[k].0, splits[0].0, "{shape}: '{}'", b.label);
+        moved_any |= a.sm != b.sm;
+    }
+    assert!(merges > 0, "{shape}: the tuned schedule has merge tasks");
+    assert!(
+        moved_any,
+        "{shape}: the load balance already put every merge there"
+    );
+    amk_core::validate_owned(moved, &reg)
+        .map_err(|r| r.report())
+        .unwrap();
+}
