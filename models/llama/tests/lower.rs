@@ -1798,16 +1798,21 @@ fn logit_stats_waits_are_proven_and_breaking_them_is_refused() {
     refused(&clash, ErrorKind::WawRace, "two slots writing one column");
 }
 
+/// The A/B schedule `bench/schedules/{name}`, parsed.
+fn bench_schedule(name: &str) -> ScheduleConfig {
+    let path = format!(
+        "{}/../../bench/schedules/{name}",
+        env!("CARGO_MANIFEST_DIR")
+    );
+    let text = std::fs::read_to_string(&path).unwrap();
+    amk_core::codec::schedule_config_from_json(&text).unwrap()
+}
+
 /// `bench/schedules/tuned-no-stats.json`, the A/B partner of the tuned schedule's summarised
 /// tail, is the tuned schedule without `next_token.stats_slots` and nothing else.
 #[test]
 fn the_no_stats_schedule_is_the_tuned_one_without_its_stats() {
-    let path = concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/../../bench/schedules/tuned-no-stats.json"
-    );
-    let text = std::fs::read_to_string(path).unwrap();
-    let file = amk_core::codec::schedule_config_from_json(&text).unwrap();
+    let file = bench_schedule("tuned-no-stats.json");
     let mut want = tuned_schedule();
     want.tiling.retain(|(g, _)| g != "next_token");
     assert_eq!(file, want);
@@ -1838,12 +1843,7 @@ fn merges_on_last_splits_take_the_last_splits_sms(#[case] shape: &str) {
             kvs.push(("merge_on_last_splits".into(), 1));
         }
     }
-    let path = concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/../../bench/schedules/tuned-merge-last.json"
-    );
-    let text = std::fs::read_to_string(path).unwrap();
-    let sc = amk_core::codec::schedule_config_from_json(&text).unwrap();
+    let sc = bench_schedule("tuned-merge-last.json");
     assert_eq!(sc, want);
     let moved = lower(&m, &sc, &target, &opts).unwrap().program;
     assert_eq!(plain.tasks.len(), moved.tasks.len());
