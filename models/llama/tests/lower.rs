@@ -1857,13 +1857,13 @@ fn merges_on_last_splits_take_the_last_splits_sms(#[case] shape: &str) {
         merges += 1;
         // This layer's splits, by the counter the merge waits on: highest index first.
         let c = b.waits[0].counter;
-        let int = |t: &amk_core::Task, k: &str| t.params.get(k).unwrap().as_i64().unwrap();
-        let mut splits: Vec<(i64, i64, i32)> = (moved.tasks.iter())
+        let int = |t: &amk_core::Task, k: &str| t.params.get(k).unwrap().as_i64().unwrap() as u64;
+        let mut splits: Vec<(std::cmp::Reverse<u64>, u64, i32)> = (moved.tasks.iter())
             .filter(|t| t.op == Opcode::ATTENTION_SPLIT && t.out_counter == c)
             .map(|t| {
-                let i = int(t, "n_off") / int(t, "N_tile");
                 let n = int(t, "n_splits");
-                (-(i % n), i / n, t.sm.unwrap())
+                let at = op_attention_split::SplitTask::of(int(t, "n_off"), int(t, "N_tile"), n);
+                (std::cmp::Reverse(at.split), at.kv_head, t.sm.unwrap())
             })
             .collect();
         splits.sort_unstable();

@@ -140,6 +140,28 @@ pub fn split_rows(p: u64, s: u64, n_splits: u64, chunk: u64) -> SplitRows {
     SplitRows { start, len }
 }
 
+/// Which (KV head, split) an ATTENTION_SPLIT task is: its `n_off / N_tile` is
+/// `kv_head · n_splits + split`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SplitTask {
+    /// The KV head whose rows it attends.
+    pub kv_head: u64,
+    /// Its split of that head's rows.
+    pub split: u64,
+}
+
+impl SplitTask {
+    /// The task at `n_off` with tiles of `n_tile` elements and `n_splits` splits a KV head
+    /// (both taken as at least 1).
+    pub fn of(n_off: u64, n_tile: u64, n_splits: u64) -> SplitTask {
+        let (task, n) = (n_off / n_tile.max(1), n_splits.max(1));
+        SplitTask {
+            kv_head: task / n,
+            split: task % n,
+        }
+    }
+}
+
 /// The checked shape of a split-KV attention: its heads, its splits and its cache.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct SplitGeometry {

@@ -12,7 +12,7 @@
 //! `r` at `n_off + r · head_dim` of the attention row instead (ATTENTION_TILE's output),
 //! rounded to the row's dtype.
 
-use crate::{SplitGeometry, split_rows};
+use crate::{SplitGeometry, SplitTask, split_rows};
 use amk_core::{CpuCall, OpError, Tensor};
 use op_gemv_tile::reference::{non_negative, positive};
 
@@ -142,8 +142,7 @@ pub fn run(call: &mut CpuCall<'_, '_>) -> Result<(), OpError> {
     }
     let rows = kc.numel() as u64 / row;
     let p = position_in(call, 3, rows)?;
-    let task = n_off / n_tile;
-    let (kv_head, split) = (task / g.n_splits, task % g.n_splits);
+    let SplitTask { kv_head, split } = SplitTask::of(n_off, n_tile, g.n_splits);
     let span = split_rows(p, split, g.n_splits, g.chunk);
     if normalized {
         check_row(call.output(0)?, &g)?;

@@ -65,6 +65,7 @@
 
 use crate::error::ModelError;
 use amk_core::{Opcode, Program, SmAssignment, Task};
+use op_attention_split::SplitTask;
 use std::collections::HashMap;
 
 /// The fixed cost of one task in the [`SmAssignment::LoadBalance`] timing model, in the same
@@ -556,13 +557,12 @@ fn explicit(p: &Program, map: &[(u32, u32)], num_sms: u32) -> Result<Vec<u32>, M
 /// (docs/perf-notes.md round 43: 1.3 µs a layer at 511 rows on the 1B). Any SM keeps the
 /// assignment valid: the queues still follow the task list (module docs).
 pub fn merges_on_last_splits(p: &mut Program) {
-    /// (split index, KV head, SM) of an ATTENTION_SPLIT task.
+    /// An ATTENTION_SPLIT task's place in its layer and its SM.
     struct Split {
-        index: i64,
-        kv_head: i64,
+        task: SplitTask,
         sm: i32,
     }
-    let int = |t: &Task, k: &str| t.params.get(k).and_then(|v| v.as_i64());
+    let int = |t: &Task, k: &str| t.params.get(k).and_then(|v| v.as_i64()).map(|v| v as u64);
     let mut by_counter: HashMap<amk_core::CounterId, Vec<Split>> = HashMap::new();
     for t in p.tasks.iter().filter(|t| t.op == Opcode::ATTENTION_SPLIT) {
         let (Some(n_off), Some(tile), Some(n), Some(sm)) =
@@ -570,15 +570,14 @@ pub fn merges_on_last_splits(p: &mut Program) {
         else {
             continue;
         };
-        let task = n_off / tile.max(1);
-        by_counter.entry(t.out_counter).or_default().push(Split {
-            index: task % n.max(1),
-            kv_head: task / n.max(1),
-            sm,
-        });
+        let task = SplitTask::of(n_off, tile, n);
+        by_counter
+            .entry(t.out_counter)
+            .or_default()
+            .push(Split { task, sm });
     }
     for splits in by_counter.values_mut() {
-        splits.sort_by(|a, b| b.index.cmp(&a.index).then(a.kv_head.cmp(&b.kv_head)));
+        splits.sort_by_key(|s| (std::cmp::Reverse(s.task.split), s.task.kv_head));
     }
     let mut taken: HashMap<amk_core::CounterId, usize> = HashMap::new();
     for t in p
