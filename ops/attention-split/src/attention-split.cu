@@ -46,9 +46,6 @@
 #ifndef AMK_AS_DIRECT
 #define AMK_AS_DIRECT 1
 #endif
-/* Splits of up to this many rows take the general path: its tiny path, a lane group a head
- * and no staging, finishes one row sooner than a chunk's copy lands (docs/perf-notes.md
- * round 30). */
 /* Diagnostic probes inside the staged attention's first chunk (4 the scores, 5 the softmax and
  * V landed, 6 the values); off by default (AMK_AS_PROBES=1 turns them on). */
 #ifndef AMK_AS_PROBES
@@ -59,6 +56,14 @@
 #else
 #define AS_PROBE(cond, k) do { } while (0)
 #endif
+/* Tasks of up to this many rows take the general path (its tiny path: a lane group a head,
+ * no staging): on the staged path every task, as that path's first chunk lands later than the
+ * tiny path finishes one row (docs/perf-notes.md round 30); on the direct path only the
+ * normalised tasks of one split a KV head, which have so few rows at the first positions
+ * alone, and are faster there that way (SmolLM2 at position 0), while a split of partials of
+ * a few rows, the last split at every position just past a multiple of its size, costs the
+ * split program 0.03-0.05 ms a step more on the general path than on the direct one (round
+ * 44). */
 #ifndef AMK_AS_MIN_ROWS
 #define AMK_AS_MIN_ROWS 8
 #endif
@@ -517,7 +522,8 @@ __device__ void as_attend(const amk_task_ctx& ctx, const as_args& a, const as_pl
 /* Query heads a pass over the split's rows takes (their q and acc in registers; more heads
  * take more passes, the rows then read again from L2). */
 #define AD_HB 4
-/* Rows a lane group takes a batch, and how many batches ahead the L2 prefetches run. */
+/* Rows a lane group takes a batch (4 was slower: docs/perf-notes.md round 44), and how many
+ * batches ahead the L2 prefetches run. */
 #define AD_B 2
 #define AD_PF 4
 
@@ -811,7 +817,7 @@ __device__ void amk_op_attention_split(const amk_task_ctx& ctx) {
   const int dt = amk_in(ctx, 1)->dtype;
 #if AMK_AS_DIRECT
   ad_plan s;
-  const bool fast = len > AMK_AS_MIN_ROWS && ad_plan_for(ctx, a, s);
+  const bool fast = (!a.norm || len > AMK_AS_MIN_ROWS) && ad_plan_for(ctx, a, s);
 #elif AMK_AS_STAGED
   as_plan s;
   const bool fast = len > AMK_AS_MIN_ROWS && as_plan_for(ctx, a, s);

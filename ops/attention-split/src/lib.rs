@@ -43,7 +43,8 @@
 //! validator, its CPU reference (`reference.rs`) and its CUDA device function
 //! (`attention-split.cu`: a direct path of its own for the cases decode programs have — rows
 //! into registers, a lane group a row, the groups merged once — and the backend's general
-//! attention, `amk_attention.cuh`, for the rest and for splits of up to 8 rows).
+//! attention, `amk_attention.cuh`, for the rest and for the normalised tasks of one split a KV
+//! head while they have at most 8 rows).
 
 use amk_core::opcheck::{Checker, desc};
 use amk_core::{
