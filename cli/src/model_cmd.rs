@@ -161,8 +161,8 @@ pub struct EngineArgs {
     prefill_rows: Option<u64>,
     /// Positions below N run a second decode program, with each layer's attention one task a
     /// KV head, faster than the attention split over every SM while the cache is short (0:
-    /// every position runs the split program). Default: 384 on a GPU (below the measured
-    /// crossover of SmolLM2-135M, Llama-3.2-1B and Llama-3.1-8B); none on the CPU VM.
+    /// every position runs the split program). Default: 480 on a GPU (the measured crossover
+    /// of SmolLM2-135M and Llama-3.2-1B); none on the CPU VM.
     #[arg(long, value_name = "N")]
     short_context: Option<u64>,
     /// Whether the command scores a text (every row's logits) rather than feeding a prompt.
