@@ -458,7 +458,6 @@ const TILING_KEYS: &[(&str, &[&str])] = &[
             "split_kv",
             "split_chunk",
             "merge_heads",
-            "merge_on_last_splits",
         ],
     ),
     ("next_token", &["stats_slots"]),
@@ -1448,11 +1447,6 @@ fn place(
         target.num_sms.max(0) as u32,
         &reserve,
     )?;
-    // An explicit map is taken as given.
-    let explicit = matches!(cfg.sm_assignment, amk_core::SmAssignment::Explicit(_));
-    if !explicit && cfg.tile("attention", "merge_on_last_splits").unwrap_or(0) > 0 {
-        sm::merges_on_last_splits(p);
-    }
     Ok(match cfg.page_allocation {
         amk_core::PageStrategy::None => None,
         s => Some(pages::allocate_pages(p, s)?),

@@ -65,7 +65,6 @@
 
 use crate::error::ModelError;
 use amk_core::{Opcode, Program, SmAssignment, Task};
-use op_attention_split::SplitTask;
 use std::collections::HashMap;
 
 /// The fixed cost of one task in the [`SmAssignment::LoadBalance`] timing model, in the same
@@ -546,57 +545,4 @@ fn explicit(p: &Program, map: &[(u32, u32)], num_sms: u32) -> Result<Vec<u32>, M
         )));
     }
     Ok(sms.into_iter().map(|s| s.unwrap_or(0)).collect())
-}
-
-/// Moves each ATTENTION_MERGE task to the SM of one of the splits it waits for that work last:
-/// the highest split indices first, a KV head after another (`attention.merge_on_last_splits`,
-/// after the assignment). A split of index `s` has rows only from about `s × chunk` rows of
-/// context on, so below that its SM is free as soon as the split returns (an inactive split
-/// does not wait), and the merge queued behind it is dispatched and waiting when the last
-/// active split signals, where behind an active split it is dispatched only after that split
-/// (docs/perf-notes.md round 43: 1.3 µs a layer at 511 rows on the 1B). Any SM keeps the
-/// assignment valid: the queues still follow the task list (module docs).
-pub fn merges_on_last_splits(p: &mut Program) {
-    /// An ATTENTION_SPLIT task's place in its layer and its SM.
-    struct Split {
-        task: SplitTask,
-        sm: i32,
-    }
-    let int = |t: &Task, k: &str| t.params.get(k).and_then(|v| v.as_i64()).map(|v| v as u64);
-    let mut by_counter: HashMap<amk_core::CounterId, Vec<Split>> = HashMap::new();
-    for t in p.tasks.iter().filter(|t| t.op == Opcode::ATTENTION_SPLIT) {
-        let (Some(n_off), Some(tile), Some(n), Some(sm)) =
-            (int(t, "n_off"), int(t, "N_tile"), int(t, "n_splits"), t.sm)
-        else {
-            continue;
-        };
-        let task = SplitTask::of(n_off, tile, n);
-        by_counter
-            .entry(t.out_counter)
-            .or_default()
-            .push(Split { task, sm });
-    }
-    for splits in by_counter.values_mut() {
-        splits.sort_by_key(|s| (std::cmp::Reverse(s.task.split), s.task.kv_head));
-    }
-    let mut taken: HashMap<amk_core::CounterId, usize> = HashMap::new();
-    for t in p
-        .tasks
-        .iter_mut()
-        .filter(|t| t.op == Opcode::ATTENTION_MERGE)
-    {
-        let Some(c) = t
-            .waits
-            .iter()
-            .map(|w| w.counter)
-            .find(|c| by_counter.contains_key(c))
-        else {
-            continue;
-        };
-        let k = taken.entry(c).or_default();
-        if let Some(s) = by_counter[&c].get(*k) {
-            t.sm = Some(s.sm);
-            *k += 1;
-        }
-    }
 }
