@@ -520,8 +520,12 @@ __device__ void as_attend(const amk_task_ctx& ctx, const as_args& a, const as_pl
 /* ------------------------------------------------------------------------------------------ */
 
 /* Query heads a pass over the split's rows takes (their q and acc in registers; more heads
- * take more passes, the rows then read again from L2). */
-#define AD_HB 4
+ * take more passes, the rows then read again from L2): 4, or 2 or 1 to measure how a batch's
+ * time follows its heads (AMK_CUDA_DEFINES=AMK_AD_HB=2). At most a row group's lanes (4). */
+#ifndef AMK_AD_HB
+#define AMK_AD_HB 4
+#endif
+#define AD_HB AMK_AD_HB
 /* Rows a lane group takes a batch (4 was slower: docs/perf-notes.md round 44), and how many
  * batches ahead the L2 prefetches run. */
 #define AD_B 2
@@ -620,7 +624,14 @@ __device__ __forceinline__ void ad_batch(const ad_plan& s, const as_args& a,
 #pragma unroll
       for (int r = 0; r < AD_HB; ++r) p[r] += __shfl_xor_sync(ATT_FULL, p[r], o);
     }
+#if AD_HB == 4
     const float x = hs == 0 ? p[0] : hs == 1 ? p[1] : hs == 2 ? p[2] : p[3];
+#else
+    float x = p[0];
+#pragma unroll
+    for (int r = 1; r < AD_HB; ++r)
+      if (hs == r) x = p[r];
+#endif
     sc[i] = base + i * s.NG + s.grp < len ? x * a.scale : NEG_INF;
   }
   float e[AD_B];
