@@ -109,6 +109,41 @@ __device__ __forceinline__ void att_cvt(const att_vec<DT>& v, float (&f)[8]) {
   }
 }
 
+/* p[r] = q[r] . kf over a lane's 8 dims, for N query heads (dims in order). */
+template <int N>
+__device__ __forceinline__ void att_dot8(const float (&q)[N][8], const float (&kf)[8], float (&p)[N]) {
+#pragma unroll
+  for (int r = 0; r < N; ++r) {
+    float t = 0.0f;
+#pragma unroll
+    for (int d = 0; d < 8; ++d) t += q[r][d] * kf[d];
+    p[r] = t;
+  }
+}
+
+/* acc[r] *= x of lane src[r], for N heads (the lane holding head r's running state). */
+template <int N>
+__device__ __forceinline__ void att_scale8(float (&acc)[N][8], float x, const int (&src)[N]) {
+#pragma unroll
+  for (int r = 0; r < N; ++r) {
+    const float xr = __shfl_sync(ATT_FULL, x, src[r]);
+#pragma unroll
+    for (int d = 0; d < 8; ++d) acc[r][d] *= xr;
+  }
+}
+
+/* acc[r] += e (of lane src[r]) * vf, for N heads: one V row into the heads' sums. */
+template <int N>
+__device__ __forceinline__ void att_axpy8(float (&acc)[N][8], float e, const float (&vf)[8],
+                                          const int (&src)[N]) {
+#pragma unroll
+  for (int r = 0; r < N; ++r) {
+    const float er = __shfl_sync(ATT_FULL, e, src[r]);
+#pragma unroll
+    for (int d = 0; d < 8; ++d) acc[r][d] += er * vf[d];
+  }
+}
+
 /* First two levels of a reduce-scatter of the 4 heads' partial dot products over the L lanes
  * of a group (o1 = L/2, o2 = L/4). The lane's own head is hr = 2*[li & o1] + [li & o2], and
  * its partial sums come permuted: p[r] belongs to head r ^ hr. Then the heads a lane keeps
@@ -381,13 +416,7 @@ __device__ void att_fast(const amk_buffer_t* q, const amk_buffer_t* kc, const am
         float kf[8];
         att_cvt<DT>(kb[i], kf);
         float p[ATT_RB];
-#pragma unroll
-        for (int r = 0; r < ATT_RB; ++r) {
-          float s = 0.0f;
-#pragma unroll
-          for (int d = 0; d < 8; ++d) s += qr[r][d] * kf[d];
-          p[r] = s;
-        }
+        att_dot8<ATT_RB>(qr, kf, p);
         sc[i] = att_rs2(p, o1, o2);
       }
       /* the remaining butterfly levels, all R rows at once (identical sums in every lane of a
@@ -401,23 +430,13 @@ __device__ void att_fast(const amk_buffer_t* q, const amk_buffer_t* kc, const am
       float e[R];
       const float alpha = att_online<R>(sc, m, l, e);
       if (__any_sync(ATT_FULL, alpha != 1.0f)) { /* warp-uniform; rare once m settles */
-#pragma unroll
-        for (int r = 0; r < ATT_RB; ++r) {
-          const float ar = __shfl_sync(ATT_FULL, alpha, src[r]);
-#pragma unroll
-          for (int d = 0; d < 8; ++d) acc[r][d] *= ar;
-        }
+        att_scale8<ATT_RB>(acc, alpha, src);
       }
 #pragma unroll
       for (int i = 0; i < R; ++i) {
         float vf[8];
         att_cvt<DT>(vb[i], vf);
-#pragma unroll
-        for (int r = 0; r < ATT_RB; ++r) {
-          const float er = __shfl_sync(ATT_FULL, e[i], src[r]);
-#pragma unroll
-          for (int d = 0; d < 8; ++d) acc[r][d] += er * vf[d];
-        }
+        att_axpy8<ATT_RB>(acc, e[i], vf, src);
       }
     };
 

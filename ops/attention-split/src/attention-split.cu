@@ -56,14 +56,12 @@
 #else
 #define AS_PROBE(cond, k) do { } while (0)
 #endif
-/* Tasks of up to this many rows take the general path (its tiny path: a lane group a head,
- * no staging): on the staged path every task, as that path's first chunk lands later than the
- * tiny path finishes one row (docs/perf-notes.md round 30); on the direct path only the
- * normalised tasks of one split a KV head, which have so few rows at the first positions
- * alone, and are faster there that way (SmolLM2 at position 0), while a split of partials of
- * a few rows, the last split at every position just past a multiple of its size, costs the
- * split program 0.03-0.05 ms a step more on the general path than on the direct one (round
- * 44). */
+/* Tasks of up to this many rows take the general path's tiny path (a lane group a head, no
+ * staging). On the staged path: every such task (its first chunk lands after the tiny path has
+ * finished; docs/perf-notes.md round 30). On the direct path: only the normalised tasks (one
+ * split a KV head: the first positions), measured faster there on SmolLM2; a split of partials
+ * takes the direct path at every length, as the general path cost the split program 0.03-0.05
+ * ms a step at the positions whose last split holds a few rows (round 44). */
 #ifndef AMK_AS_MIN_ROWS
 #define AMK_AS_MIN_ROWS 8
 #endif
@@ -597,9 +595,10 @@ __device__ __forceinline__ void ad_prefetch(const ad_plan& s, bool line, const c
 
 /* One batch into the group's online softmax: the scores of its AD_B rows for the pass's AD_HB
  * heads (dot products over the lane's dims, then a butterfly over the group's lanes, which
- * leaves the same sums in every lane), the running (m, l) of head `hs` = li & 3 in this lane,
- * and acc[head][the lane's dims] rescaled and summed with e_j of each head shuffled from the
- * group's lane holding it. */
+ * leaves the same sums in every lane), the running (m, l) of head `hs` = li mod AD_HB in this
+ * lane, and acc[head][the lane's dims] rescaled and summed with e_j of each head shuffled from
+ * the group's lane holding it (amk_attention.cuh's att_dot8, att_scale8, att_axpy8, which the
+ * general path's batches use too). */
 template <int DT>
 __device__ __forceinline__ void ad_batch(const ad_plan& s, const as_args& a,
                                          const att_vec<DT> (&k)[AD_B], const att_vec<DT> (&v)[AD_B],
@@ -613,13 +612,7 @@ __device__ __forceinline__ void ad_batch(const ad_plan& s, const as_args& a,
     float kf[8];
     att_cvt<DT>(k[i], kf);
     float p[AD_HB];
-#pragma unroll
-    for (int r = 0; r < AD_HB; ++r) {
-      float t = 0.0f;
-#pragma unroll
-      for (int d = 0; d < 8; ++d) t += q[r][d] * kf[d];
-      p[r] = t;
-    }
+    att_dot8<AD_HB>(q, kf, p);
     for (int o = 1; o < s.L; o <<= 1) {
 #pragma unroll
       for (int r = 0; r < AD_HB; ++r) p[r] += __shfl_xor_sync(ATT_FULL, p[r], o);
@@ -636,24 +629,16 @@ __device__ __forceinline__ void ad_batch(const ad_plan& s, const as_args& a,
   }
   float e[AD_B];
   const float alpha = att_online<AD_B>(sc, m, l, e);
-  if (__any_sync(ATT_FULL, alpha != 1.0f)) { /* warp-uniform; rare once m settles */
+  int src[AD_HB]; /* the group's lane holding head r's (m, l) */
 #pragma unroll
-    for (int r = 0; r < AD_HB; ++r) {
-      const float ar = __shfl_sync(ATT_FULL, alpha, s.gbase + r);
-#pragma unroll
-      for (int d = 0; d < 8; ++d) acc[r][d] *= ar;
-    }
-  }
+  for (int r = 0; r < AD_HB; ++r) src[r] = s.gbase + r;
+  if (__any_sync(ATT_FULL, alpha != 1.0f)) /* warp-uniform; rare once m settles */
+    att_scale8<AD_HB>(acc, alpha, src);
 #pragma unroll
   for (int i = 0; i < AD_B; ++i) {
     float vf[8];
     att_cvt<DT>(v[i], vf);
-#pragma unroll
-    for (int r = 0; r < AD_HB; ++r) {
-      const float er = __shfl_sync(ATT_FULL, e[i], s.gbase + r);
-#pragma unroll
-      for (int d = 0; d < 8; ++d) acc[r][d] += er * vf[d];
-    }
+    att_axpy8<AD_HB>(acc, e[i], vf, src);
   }
 }
 
