@@ -127,15 +127,10 @@ __device__ __noinline__ void am_merge(const am_args& a, int active) {
  * multiply and an add a split, so a wide step stays little code. */
 constexpr int AM_SUM_STEP = 16;
 
-/* Each thread's values loaded before the weights are worked out (1), so that the two L2 round
- * trips of the shared path overlap, or after them (0, the default): for a tile of at most a
- * block's elements and at most AM_PRE_MAX active splits, a thread holds its element's values of
- * every active split in registers (an array indexed only by unrolled constants, so never in
- * local memory). Same sums in the same order either way. Off until measured
- * (AMK_CUDA_DEFINES=AMK_AM_PRELOAD=1). */
-#ifndef AMK_AM_PRELOAD
-#define AMK_AM_PRELOAD 0
-#endif
+/* Most active splits whose values a thread holds in registers while the warps work out the
+ * weights (an array indexed only by unrolled constants, so never in local memory): loading
+ * them first overlaps the shared path's two L2 round trips, 0.004-0.024 ms a step faster on
+ * the split program (docs/perf-notes.md round 46). */
 #define AM_PRE_MAX 16
 
 /* Floats of shared memory the shared path takes for `heads` heads of `active` splits: each
@@ -153,9 +148,9 @@ __device__ __noinline__ void am_merge_shared(const amk_task_ctx& ctx, const am_a
   float* w = (float*)ctx.smem;
   float* den = w + heads * active;
   const int lane = threadIdx.x & 31;
-#if AMK_AM_PRELOAD
-  /* Thread t's element t: its values of every active split, in flight while the warps below
-     work out the weights. */
+  /* For a tile of at most a block's elements and at most AM_PRE_MAX splits, thread t's
+     element t: its values of every active split, in flight while the warps below work out the
+     weights. Same sums in the same order as the loop at the end. */
   const bool pre = active <= AM_PRE_MAX && a.n_tile <= AMK_THREADS;
   const bool mine = pre && (int)threadIdx.x < a.n_tile;
   float xv[AM_PRE_MAX];
@@ -167,7 +162,6 @@ __device__ __noinline__ void am_merge_shared(const amk_task_ctx& ctx, const am_a
 #pragma unroll
     for (int j = 0; j < AM_PRE_MAX; ++j) xv[j] = mine && j < active ? __ldcg(x + j * sstride) : 0.0f;
   }
-#endif
 #pragma unroll 1
   for (int hh = threadIdx.x >> 5; hh < heads; hh += AMK_WARPS) {
     const int h = h0 + hh, g = h / a.rep, r = h - g * a.rep;
@@ -187,7 +181,6 @@ __device__ __noinline__ void am_merge_shared(const amk_task_ctx& ctx, const am_a
     if (lane == 0) den[hh] = fmaxf(sum, 1e-20f);
   }
   __syncthreads();
-#if AMK_AM_PRELOAD
   if (pre) {
     if (mine) {
       const int e = threadIdx.x, hh = e / a.hd;
@@ -204,7 +197,6 @@ __device__ __noinline__ void am_merge_shared(const amk_task_ctx& ctx, const am_a
     }
     return;
   }
-#endif
 #pragma unroll 1
   for (int e = threadIdx.x; e < a.n_tile; e += AMK_THREADS) {
     const int hh = e / a.hd, d = e - hh * a.hd, h = h0 + hh;

@@ -518,12 +518,10 @@ __device__ void as_attend(const amk_task_ctx& ctx, const as_args& a, const as_pl
 /* ------------------------------------------------------------------------------------------ */
 
 /* Query heads a pass over the split's rows takes (their q and acc in registers; more heads
- * take more passes, the rows then read again from L2): 4, or 2 or 1 to measure how a batch's
- * time follows its heads (AMK_CUDA_DEFINES=AMK_AD_HB=2). At most a row group's lanes (4). */
-#ifndef AMK_AD_HB
-#define AMK_AD_HB 4
-#endif
-#define AD_HB AMK_AD_HB
+ * would take more passes, the rows then read again from L2): a row group's lanes, 4. A pass
+ * costs nearly the same with 4, 2 or 1 heads (the 1B's short program at 256 rows: +0.045 ms a
+ * step a pass more, docs/perf-notes.md round 46), so a KV head's query heads stay in one task. */
+#define AD_HB 4
 /* Rows a lane group takes a batch (4 was slower: docs/perf-notes.md round 44), and how many
  * batches ahead the L2 prefetches run. */
 #define AD_B 2
