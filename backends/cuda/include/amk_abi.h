@@ -189,17 +189,8 @@ typedef struct amk_status { /*@size 24*/
   int64_t detail;     /*@16*/
 } amk_status_t;
 
-/* Weight bytes of a task, which no task of the program writes, that the scheduler starts
- * reading before the task's wait: a GEMV tile's rows streamed into shared memory (amk_tile.cuh's
- * ring, sm_90+; `prefetch`), or any projection tile's rows pulled into L2 (`l2_ranges`), so
- * only the activation load waits on the counters. */
-typedef struct amk_prefetch { /*@size 16*/
-  uint64_t addr;      /*@0*/ /* device address, 0 = none */
-  uint64_t bytes;     /*@8*/
-} amk_prefetch_t;
-
 /* The kernel's one parameter, passed by value. */
-typedef struct amk_device_program { /*@size 184*/
+typedef struct amk_device_program { /*@size 160*/
   const amk_buffer_t* buffers;            /*@0*/
   const amk_instruction_t* instructions;  /*@8*/
   const amk_instruction_t* fused_steps;   /*@16*/ /* every FUSED task's expanded steps */
@@ -216,23 +207,19 @@ typedef struct amk_device_program { /*@size 184*/
   int32_t smem_bytes;                     /*@88*/ /* dynamic shared memory per block */
   uint32_t epoch;                         /*@92*/ /* counters wait for threshold * epoch */
   uint64_t* trace;                        /*@96*/ /* null, or AMK_TRACE_WORDS per task */
-  const amk_prefetch_t* prefetch;         /*@104*/ /* null, or n_instructions ranges (bytes 0 = none) */
-  int32_t ring_bytes;                     /*@112*/ /* dynamic shared memory the GEMV weight ring may use (0: none) */
-  int32_t flags;                          /*@116*/ /* AMK_PROG_* bits (amk_tile.cuh) */
-  const amk_prefetch_t* l2_ranges;        /*@120*/ /* null, or AMK_L2_RANGES per instruction: weight bytes pulled into L2 before the task's wait (bytes 0 = none) */
-  const amk_buffer_t* task_bufs;          /*@128*/ /* AMK_TASK_SLOTS per instruction: its operands' descriptors, input i in slot i, output j in slot AMK_MAX_INPUTS + j */
-  int32_t* task_verified;                 /*@136*/ /* one word per instruction: 1 once amk_verify_tasks passed it (its ids and its op's pre-wait checks), 0 after any write of its record */
+  const amk_buffer_t* task_bufs;          /*@104*/ /* AMK_TASK_SLOTS per instruction: its operands' descriptors, input i in slot i, output j in slot AMK_MAX_INPUTS + j */
+  int32_t* task_verified;                 /*@112*/ /* one word per instruction: 1 once amk_verify_tasks passed it (its ids and its op's pre-wait checks), 0 after any write of its record */
   /* The step loop (a program with one, run by the host's run_loop): passes 1..loop_passes in
    * one launch, pass k waiting for threshold * k (`epoch`). Before pass k + 1 every block
    * waits until counter loop_gate holds loop_gate_count * k, then stops if the halt word or
    * the stop word is non-zero. loop_passes 0 or 1: one pass, no gate. */
-  uint32_t loop_passes;                   /*@144*/
-  int32_t loop_gate;                      /*@148*/
-  uint32_t loop_gate_count;               /*@152*/
-  int32_t loop_pad;                       /*@156*/
-  volatile int32_t* loop_halt;            /*@160*/ /* element 0 of the program's halt buffer */
-  volatile int32_t* loop_stop;            /*@168*/ /* device word: non-zero stops the loop at the next gate */
-  volatile int32_t* loop_words;           /*@176*/ /* AMK_LOOP_WORDS host-mapped words: AMK_LOOP_* */
+  uint32_t loop_passes;                   /*@120*/
+  int32_t loop_gate;                      /*@124*/
+  uint32_t loop_gate_count;               /*@128*/
+  int32_t flags;                          /*@132*/ /* AMK_PROG_* bits (amk_tile.cuh, amk_scheduler.cuh) */
+  volatile int32_t* loop_halt;            /*@136*/ /* element 0 of the program's halt buffer */
+  volatile int32_t* loop_stop;            /*@144*/ /* device word: non-zero stops the loop at the next gate */
+  volatile int32_t* loop_words;           /*@152*/ /* AMK_LOOP_WORDS host-mapped words: AMK_LOOP_* */
 } amk_device_program_t;
 
 /* amk_device_program::loop_words, host-mapped: the host writes AMK_LOOP_CANCEL while the
@@ -247,9 +234,6 @@ typedef struct amk_device_program { /*@size 184*/
 /* Descriptor slots per task in amk_device_program::task_bufs (and in the scheduler's copy):
  * AMK_MAX_INPUTS inputs, then AMK_MAX_OUTPUTS outputs. */
 #define AMK_TASK_SLOTS 12
-
-/* L2 prefetch ranges per instruction in amk_device_program::l2_ranges. */
-#define AMK_L2_RANGES 4
 
 /* Per-task trace (when `trace` is set): %globaltimer nanoseconds when the block reached the
  * task, when its waits were met, when it signalled; the block that ran it; when its op's

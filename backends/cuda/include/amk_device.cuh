@@ -21,7 +21,7 @@
 #ifndef AMK_DEVICE_CUH
 #define AMK_DEVICE_CUH
 
-/* AMK_TRACE_OFF, AMK_L2_OFF: device knobs, defined with their defaults in amk_knobs.cuh. */
+/* AMK_TRACE_OFF: a device knob, defined with its default in amk_knobs.cuh. */
 
 /* AMK_NO_F32, AMK_NO_F16, AMK_NO_BF16: device knobs, defined with their defaults in
  * amk_knobs.cuh. */
@@ -67,8 +67,6 @@ struct amk_task_ctx {
   int32_t smem_bytes;
   int* failed;           /* block-shared: set by amk_fail */
   uint64_t* trace;       /* the task's trace words (thread 0 writes), or null */
-  const amk_prefetch_t* l2; /* the task's staged L2 ranges (amk_task_wait prefetches them), or
-                               null */
   int32_t verify;        /* 1: the op runs its pre-wait checks (the task's record was written
                             after the load's amk_verify_tasks passed it, or a FUSED step);
                             0: amk_verify_tasks passed this record, the op may skip them */
@@ -88,7 +86,7 @@ struct amk_task_ctx {
   } while (0)
 
 /* Waits until the task's counters are met (thread 0 spins; a barrier hands the outcome to the
- * block), then starts the task's L2 prefetch. Returns false when the launch is aborting (the
+ * block). Returns false when the launch is aborting (the
  * block is marked failed and the op must return), and in amk_verify_tasks (ctx.check_only: the
  * op has run its checks, nothing more). A FUSED step (ctx.step >= 0) returns true at once: its
  * task waited before its first step. Defined by the scheduler; the dispatcher calls it before

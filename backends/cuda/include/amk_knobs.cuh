@@ -13,14 +13,10 @@
 /* ---- used in amk_device.cuh ---- */
 
 /* Code a launch does not run is not compiled (docs/perf-notes.md round 17: code the megakernel
- * carries costs time even where it never runs). The backend defines these from the launch:
- * AMK_TRACE_OFF without a trace buffer (a traced session loads a kernel of its own),
- * AMK_L2_OFF without L2 prefetch ranges. */
+ * carries costs time even where it never runs). The backend defines AMK_TRACE_OFF from the
+ * launch: without a trace buffer (a traced session loads a kernel of its own). */
 #ifndef AMK_TRACE_OFF
 #define AMK_TRACE_OFF 0
-#endif
-#ifndef AMK_L2_OFF
-#define AMK_L2_OFF 0
 #endif
 
 /* The float dtypes the kernel's program holds: the backend defines AMK_NO_F32 / AMK_NO_F16 /
@@ -97,16 +93,6 @@
 #endif
 
 /* ---- used in amk_tile.cuh ---- */
-
-/* The GEMV weight ring (off unless the options give it shared memory): bytes a chunk. */
-#ifndef AMK_RING_CHUNK
-#define AMK_RING_CHUNK (32 * 1024) /* target bytes per chunk (whole rows) */
-#endif
-
-/* Weight vectors each lane loads before using any in the ring's loop. */
-#ifndef AMK_RING_UNROLL
-#define AMK_RING_UNROLL 4
-#endif
 
 /* 16-byte weight vectors in flight per lane (over the NR rows of a unit). */
 #ifndef AMK_FUSED_VECS

@@ -96,15 +96,12 @@ __device__ __forceinline__ bool amk_check_ids(const amk_task_ctx& c) {
 }
 
 /* What the scheduler keeps of a task in shared memory: its instruction, its operands'
- * descriptors (amk_in / amk_out read them), its L2 prefetch ranges, the id of the task after
- * it in the queue (-1: none), and whether amk_verify_tasks passed its record. 16-byte aligned,
+ * descriptors (amk_in / amk_out read them), the id of the task after it in the queue (-1:
+ * none), and whether amk_verify_tasks passed its record. 16-byte aligned,
  * so that every element of an array of stages is a cp.async destination. */
 struct __align__(16) amk_stage_t {
   amk_instruction_t inst;
   amk_buffer_t bufs[AMK_TASK_SLOTS];
-#if !AMK_L2_OFF
-  amk_prefetch_t l2[AMK_L2_RANGES];
-#endif
   int32_t next;
   int32_t verified;
 };
@@ -115,7 +112,7 @@ static_assert(sizeof(amk_stage_t) % 16 == 0, "each stage of an array is a cp.asy
 
 /* Starts copying task t — the queue's entry i of [i, end) — into `s`: its instruction record,
  * its descriptor record (the host lays the operands' descriptors out per task, so nothing here
- * waits on an id read from the instruction), its L2 ranges, and the queue's next task id. One
+ * waits on an id read from the instruction) and the queue's next task id. One
  * round trip for all of it, issued by the whole block while it still runs the task before t
  * (docs/perf-notes.md round 7: staged after that task, the two dependent round trips were
  * ~2 us on every phase's critical path). */
@@ -125,19 +122,10 @@ __device__ __forceinline__ void amk_stage_issue(const amk_device_program_t& prog
   constexpr int BV = (int)(sizeof(amk_buffer_t) * AMK_TASK_SLOTS / 16);
   const uint4* inst = (const uint4*)&prog.instructions[t];
   const uint4* bufs = (const uint4*)(prog.task_bufs + (long long)t * AMK_TASK_SLOTS);
-#if AMK_L2_OFF
   const int n = IV + BV;
-#else
-  constexpr int LV = (int)(sizeof(amk_prefetch_t) * AMK_L2_RANGES / 16);
-  const int n = IV + BV + (prog.l2_ranges ? LV : 0);
-  const uint4* l2 = (const uint4*)(prog.l2_ranges + (long long)t * AMK_L2_RANGES);
-#endif
   for (int k = threadIdx.x; k < n; k += AMK_THREADS) {
     if (k < IV) amk_cp_async16((uint4*)&s->inst + k, inst + k);
     else if (k < IV + BV) amk_cp_async16((uint4*)s->bufs + (k - IV), bufs + (k - IV));
-#if !AMK_L2_OFF
-    else amk_cp_async16((uint4*)s->l2 + (k - IV - BV), l2 + (k - IV - BV));
-#endif
   }
   if (threadIdx.x == AMK_THREADS - 1) {
     if (i + 1 < end) amk_cp_async4(&s->next, prog.queue_tasks + i + 1);
@@ -156,20 +144,6 @@ __device__ __forceinline__ void amk_stage_wait() {
   __syncthreads();
 }
 
-/* Pulls the staged ranges (the first bytes of the weights the task will stream) into L2, so
- * that the memory system works while the op prepares its row and the tile's first loads find
- * their lines on the way. sm_90+: one bulk prefetch per range, handed to the copy engine (the
- * threads go on at once; a per-line prefetch loop holds the block for as long as the SM takes
- * to request every line). Older GPUs: nothing. A prefetch is a hint: no fault, nothing to wait
- * for. */
-__device__ __forceinline__ void amk_l2_prefetch(const amk_prefetch_t* s_l2, int prog_flags) {
-  /* the weight loads' L2 policy (evict-first by default): prefetched weights must not push out
-     the activations, caches and tables every later task reads. Ranges are 16-byte aligned row
-     ranges (the host hands them out so). */
-  if (threadIdx.x < AMK_L2_RANGES)
-    amk_prefetch_l2_bulk(s_l2[threadIdx.x].addr, s_l2[threadIdx.x].bytes, amk_weight_policy(prog_flags));
-}
-
 /* amk_task_wait's block-shared state: the wait's outcome (written by thread 0 before the
  * wait's barrier, read after it), and whether the running task has waited (thread 0 clears it
  * before the dispatch and sets it after the wait; the scheduler reads it after the task's
@@ -177,7 +151,7 @@ __device__ __forceinline__ void amk_l2_prefetch(const amk_prefetch_t* s_l2, int 
 __shared__ int amk_wait_go;
 __shared__ int amk_task_waited;
 
-/* The wait, the trace point and the L2 prefetch that follow it (amk_device.cuh declares it).
+/* The wait and the trace points around it (amk_device.cuh declares it).
  * Out of line: one copy for every op, so the code a ready task runs first is the code every
  * task ran last (docs/perf-notes.md round 8: the first instructions of an op's cold code cost
  * 1-2 us after its counter was met). */
@@ -196,19 +170,11 @@ __device__ __noinline__ bool amk_task_wait(const amk_task_ctx& c) {
     if (c.trace) { c.trace[1] = amk_globaltimer(); c.trace[4] = 0; }
 #endif
   }
-  /* By default after the wait: a prefetch issued while other blocks still stream the previous
-     phase, or while the attention block waits on its loads, competes with them
-     (docs/perf-notes.md round 6); issued here it fills the memory system while the op's
-     prologue (the row, its norm) runs. */
-#if !AMK_L2_OFF
-  if (ok && c.l2 && prog.l2_ranges && !(prog.flags & AMK_PROG_L2_PREFETCH_EARLY))
-    amk_l2_prefetch(c.l2, prog.flags);
-#endif
   return ok;
 }
 
 /* A task that reads and writes nothing this time (amk_device.cuh): marked as having waited,
- * so the scheduler signals its counter, with no wait and no prefetch. */
+ * so the scheduler signals its counter, with no wait. */
 __device__ __noinline__ void amk_task_skip_wait(const amk_task_ctx& c) {
   if (threadIdx.x == 0) {
     amk_task_waited = 1;
@@ -246,7 +212,6 @@ __device__ __noinline__ void amk_verify_tasks(const amk_device_program_t& prog) 
     c.smem_bytes = prog.smem_bytes;
     c.failed = &s_failed;
     c.trace = (uint64_t*)0;
-    c.l2 = (const amk_prefetch_t*)0;
     c.verify = 1;
     c.check_only = 1;
     if (amk_check_ids(c)) amk_dispatch(c);
@@ -301,23 +266,11 @@ __device__ __forceinline__ bool amk_run_queue(const amk_device_program_t& prog, 
     c.smem_bytes = prog.smem_bytes;
     c.failed = s_failed;
     c.trace = tr;
-#if AMK_L2_OFF
-    c.l2 = (const amk_prefetch_t*)0;
-#else
-    c.l2 = prog.l2_ranges ? st->l2 : (const amk_prefetch_t*)0;
-#endif
     /* A record amk_verify_tasks passed skips the checks it ran: its ids here, and the pre-wait
        checks of the ops that honour `verify` (docs/perf-notes.md round 11). */
     c.verify = st->verified == 0;
     c.check_only = 0;
     if (c.verify && !amk_check_ids(c)) return false;
-#if !AMK_L2_OFF
-    if (prog.l2_ranges && (prog.flags & AMK_PROG_L2_PREFETCH_EARLY)) amk_l2_prefetch(st->l2, prog.flags);
-#endif
-#if AMK_RING
-    /* A tile's weights do not depend on any counter: start streaming them now. */
-    if (threadIdx.x == 0 && prog.prefetch) amk_ring_prestart(c);
-#endif
     /* The wait happens inside the dispatch: before the op for most ops, inside it for those
        that wait themselves (after their checks, so that their cold code runs before the
        counters are met). */
@@ -349,13 +302,7 @@ __device__ __forceinline__ bool amk_run_queue(const amk_device_program_t& prog, 
        the launch fails rather than signal (every thread reads the same flags). */
     const bool no_wait = !*s_failed && !amk_task_waited;
     if (no_wait) amk_fail(c, AMK_ERR_NO_WAIT, c.inst->op);
-    if (*s_failed || no_wait) {
-#if AMK_RING
-      /* a failed task or an aborted wait: no copy outlives the block */
-      if (threadIdx.x == 0 && amk_ring_started == t) amk_ring_drain();
-#endif
-      return false;
-    }
+    if (*s_failed || no_wait) return false;
     if (gate_task) amk_gate_stop(prog, cancel);
     amk_signal(prog, c.inst->out_counter);
     /* progress for the host (its watchdog), off the gate's path */
@@ -414,12 +361,7 @@ amk_megakernel(const __grid_constant__ amk_device_program_t prog) {
   /* Two stages: the task running, and the next one, copied in while it runs. */
   __shared__ __align__(16) amk_stage_t s_stage[2];
   for (int k = threadIdx.x; k < AMK_BLOCK_CACHE_WORDS; k += AMK_THREADS) amk_block_cache[k] = 0u;
-  if (threadIdx.x == 0) {
-    s_failed = 0;
-#if AMK_RING
-    amk_ring_init();
-#endif
-  }
+  if (threadIdx.x == 0) s_failed = 0;
   const int q = blockIdx.x;
   if (q >= prog.n_queues) return;
   const int begin = prog.queue_off[q], end = prog.queue_off[q + 1];

@@ -154,16 +154,6 @@ pub struct AmkDeviceProgram {
     pub epoch: u32,
     /// 0, or [`TRACE_WORDS`] u64 per task (see `amk_abi.h`).
     pub trace: u64,
-    /// One [`AmkPrefetch`] per instruction.
-    pub prefetch: u64,
-    /// Bytes of the dynamic shared memory the GEMV weight ring may use (0: no ring; the
-    /// rest of `smem_bytes` serves the ops that ask for shared memory).
-    pub ring_bytes: i32,
-    /// [`PROG_L2_EVICT_FIRST`], ...
-    pub flags: i32,
-    /// 0, or [`L2_RANGES`] [`AmkPrefetch`] per instruction: weight bytes the scheduler pulls
-    /// into L2 (after the task's wait; before it with [`PROG_L2_PREFETCH_EARLY`]).
-    pub l2_ranges: u64,
     /// [`TASK_SLOTS`] [`AmkBuffer`] per instruction: its operands' descriptors, in the slots
     /// the scheduler stages them in (`tables::task_buffers`).
     pub task_bufs: u64,
@@ -177,8 +167,8 @@ pub struct AmkDeviceProgram {
     pub loop_gate: i32,
     /// Producers of the gate counter (its count after each pass).
     pub loop_gate_count: u32,
-    #[doc(hidden)]
-    pub loop_pad: i32,
+    /// [`PROG_L2_EVICT_FIRST`], [`PROG_VERIFY`].
+    pub flags: i32,
     /// Device address of element 0 of the step loop's halt buffer (0 without a loop).
     pub loop_halt: u64,
     /// Device address of a device word: non-zero stops the loop at the next gate.
@@ -199,9 +189,6 @@ pub const LOOP_DONE: usize = 1;
 /// `AMK_MAX_OUTPUTS` outputs.
 pub const TASK_SLOTS: usize = 12;
 
-/// L2 prefetch ranges per instruction in `amk_device_program::l2_ranges`.
-pub const L2_RANGES: usize = 4;
-
 /// `amk_device_program::flags` bit: streamed weights are evicted first from L2.
 pub const PROG_L2_EVICT_FIRST: i32 = 1;
 
@@ -209,23 +196,9 @@ pub const PROG_L2_EVICT_FIRST: i32 = 1;
 /// host's, from before the launch), so an op may read it before its task's wait.
 pub const BUF_LAUNCH_CONST: i32 = 1;
 
-/// `amk_device_program::flags` bit: the L2 prefetch of a task's weights (`l2_ranges`) is
-/// issued before its wait instead of after it.
-pub const PROG_L2_PREFETCH_EARLY: i32 = 2;
-
 /// `amk_device_program::flags` bit: the launch runs `amk_verify_tasks` (every task's ids and
 /// pre-wait op checks, marking `task_verified`) instead of the queues.
 pub const PROG_VERIFY: i32 = 4;
-
-/// `amk_prefetch_t`: weight bytes a task starts reading ahead of its op (the ring's shared
-/// memory before the wait, or L2).
-#[repr(C)]
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Pod, Zeroable)]
-#[allow(missing_docs)]
-pub struct AmkPrefetch {
-    pub addr: u64,
-    pub bytes: u64,
-}
 
 /// Probe words of the per-task trace (`amk_abi.h`): points an op stamps itself (`amk_probe`).
 pub const TRACE_PROBES: usize = 8;
@@ -269,25 +242,22 @@ pub fn field_offsets() -> Vec<(&'static str, &'static str, usize)> {
         "counters" => counters, "abort_flag" => abort_flag, "status" => status,
         "n_buffers" => n_buffers, "n_counters" => n_counters,
         "n_instructions" => n_instructions, "n_queues" => n_queues, "smem_bytes" => smem_bytes,
-        "epoch" => epoch, "trace" => trace, "prefetch" => prefetch,
-        "ring_bytes" => ring_bytes, "flags" => flags, "l2_ranges" => l2_ranges,
+        "epoch" => epoch, "trace" => trace,
         "task_bufs" => task_bufs, "task_verified" => task_verified,
         "loop_passes" => loop_passes, "loop_gate" => loop_gate,
-        "loop_gate_count" => loop_gate_count, "loop_pad" => loop_pad, "loop_halt" => loop_halt,
+        "loop_gate_count" => loop_gate_count, "flags" => flags, "loop_halt" => loop_halt,
         "loop_stop" => loop_stop, "loop_words" => loop_words);
-    f!(v, "amk_prefetch", AmkPrefetch, "addr" => addr, "bytes" => bytes);
     v
 }
 
 /// `(struct, size)` of every mirrored struct.
-pub fn struct_sizes() -> [(&'static str, usize); 6] {
+pub fn struct_sizes() -> [(&'static str, usize); 5] {
     [
         ("amk_params", size_of::<AmkParams>()),
         ("amk_buffer", size_of::<AmkBuffer>()),
         ("amk_instruction", size_of::<AmkInstruction>()),
         ("amk_status", size_of::<AmkStatus>()),
         ("amk_device_program", size_of::<AmkDeviceProgram>()),
-        ("amk_prefetch", size_of::<AmkPrefetch>()),
     ]
 }
 
@@ -301,5 +271,4 @@ const _: () = assert!(offset_of!(AmkInstruction, out_counter) == 128);
 const _: () = assert!(offset_of!(AmkInstruction, params) == 136);
 const _: () = assert!(size_of::<AmkInstruction>() == 240);
 const _: () = assert!(size_of::<AmkStatus>() == 24);
-const _: () = assert!(size_of::<AmkDeviceProgram>() == 184);
-const _: () = assert!(size_of::<AmkPrefetch>() == 16);
+const _: () = assert!(size_of::<AmkDeviceProgram>() == 160);

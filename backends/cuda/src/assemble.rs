@@ -44,18 +44,12 @@ pub struct Knobs {
     /// Only these ops compiled in (`None`: every registered op;
     /// [`crate::CudaOptions::program_ops`]).
     pub ops: Option<Vec<Opcode>>,
-    /// The shared-memory weight ring's code compiled in (sm_90+; else `AMK_RING_OFF`): only
-    /// when the launch turns it on ([`crate::CudaOptions::ring_bytes`]).
-    pub ring: bool,
     /// GEMV/GEMM tiles' quantised-weight loops compiled in (else `AMK_TILE_QUANT_OFF`, and
     /// such a tile runs the generic loop): only for a program holding quantised buffers.
     pub quant: bool,
     /// The per-task trace points compiled in (else `AMK_TRACE_OFF`): only for a traced
     /// session (`CudaSession::enable_trace` loads that kernel).
     pub trace: bool,
-    /// The scheduler's L2 prefetch of task weights compiled in (else `AMK_L2_OFF`): only when
-    /// the options turn it on ([`crate::CudaOptions::l2_prefetch_bytes`]).
-    pub l2: bool,
     /// A lane's weight vectors a pass of the fused loop (`AMK_FUSED_VECS`,
     /// [`crate::loops::fused_vecs`]); the device default (8) adds no define.
     pub fused_vecs: u32,
@@ -121,23 +115,16 @@ impl FloatDtypes {
 }
 
 impl Knobs {
-    /// The defines the knobs imply beyond `defines` (fused loops, ring, quantised loops, trace
-    /// points, L2 prefetch, the fused loop's pass and bounds, the loads before the wait, the
-    /// float dtypes), each
-    /// left out when `defines` names it: a user's value wins.
+    /// The defines the knobs imply beyond `defines` (fused loops, quantised loops, trace points,
+    /// the fused loop's pass and bounds, the loads before the wait, the float dtypes), each left
+    /// out when `defines` names it: a user's value wins.
     fn derived(&self) -> Vec<(String, String)> {
         let mut d: Vec<(String, String)> = self.fused_loops.define().into_iter().collect();
-        if !self.ring {
-            d.push(("AMK_RING_OFF".into(), "1".into()));
-        }
         if !self.quant {
             d.push(("AMK_TILE_QUANT_OFF".into(), "1".into()));
         }
         if !self.trace {
             d.push(("AMK_TRACE_OFF".into(), "1".into()));
-        }
-        if !self.l2 {
-            d.push(("AMK_L2_OFF".into(), "1".into()));
         }
         for (has, name) in [
             (self.floats.f32, "AMK_NO_F32"),
@@ -172,10 +159,8 @@ impl Default for Knobs {
             defines: Vec::new(),
             fused_loops: FusedLoops::ALL,
             ops: None,
-            ring: true,
             quant: true,
             trace: true,
-            l2: true,
             fused_vecs: crate::loops::DEFAULT_VECS,
             fused_exact: false,
             row_pre: false,

@@ -3,7 +3,7 @@
 //! a library user gets the same backend whatever the process's environment holds; the CLI
 //! and the Python package call `from_env`, so a user can measure a knob without rebuilding.
 
-use crate::{CudaError, CudaOptions, L2PrefetchTasks, parse_defines};
+use crate::{CudaError, CudaOptions, parse_defines};
 use std::time::Duration;
 
 /// One environment variable [`CudaOptions::from_env`] reads.
@@ -23,36 +23,12 @@ pub const ENV_KNOBS: &[EnvKnob] = &[
         sets: "milliseconds a forward pass may run before it is aborted (watchdog; default 10000)",
     },
     EnvKnob {
-        name: "AMK_CUDA_RING_KB",
-        sets: "KiB of shared memory a block for the GEMV weight ring (ring_bytes; default 0: off)",
-    },
-    EnvKnob {
-        name: "AMK_CUDA_PRESTART",
-        sets: "0 or 1: start a GEMV tile's ring copies before its wait (prestart; default 1)",
-    },
-    EnvKnob {
         name: "AMK_CUDA_SMEM_KB",
         sets: "KiB of dynamic shared memory every launch reserves at least (min_smem_bytes; default 0)",
     },
     EnvKnob {
         name: "AMK_CUDA_L2_EVICT_FIRST",
         sets: "0 or 1: streamed weights are evicted first from L2 (l2_evict_first; default 1)",
-    },
-    EnvKnob {
-        name: "AMK_CUDA_L2_PREFETCH_KB",
-        sets: "KiB of a task's weights pulled into L2 after its wait (l2_prefetch_bytes; default 0: off)",
-    },
-    EnvKnob {
-        name: "AMK_CUDA_L2_PREFETCH_EARLY",
-        sets: "0 or 1: issue that prefetch before the wait (l2_prefetch_early; default 0)",
-    },
-    EnvKnob {
-        name: "AMK_CUDA_L2_PREFETCH_AFTER",
-        sets: "all, attention or not-attention: which tasks prefetch (l2_prefetch_tasks; default all)",
-    },
-    EnvKnob {
-        name: "AMK_CUDA_L2_PREFETCH_OPS",
-        sets: "op names separated by spaces: only their tasks prefetch (l2_prefetch_ops; default every op)",
     },
     EnvKnob {
         name: "AMK_CUDA_DEFINES",
@@ -131,23 +107,8 @@ impl CudaOptions {
             watchdog: v
                 .num::<u64>("AMK_CUDA_WATCHDOG_MS")?
                 .map_or(d.watchdog, Duration::from_millis),
-            ring_bytes: usize_kib("AMK_CUDA_RING_KB")?.unwrap_or(d.ring_bytes),
-            prestart: v.flag("AMK_CUDA_PRESTART", d.prestart)?,
             min_smem_bytes: usize_kib("AMK_CUDA_SMEM_KB")?.unwrap_or(d.min_smem_bytes),
             l2_evict_first: v.flag("AMK_CUDA_L2_EVICT_FIRST", d.l2_evict_first)?,
-            l2_prefetch_bytes: v
-                .kib("AMK_CUDA_L2_PREFETCH_KB")?
-                .unwrap_or(d.l2_prefetch_bytes),
-            l2_prefetch_early: v.flag("AMK_CUDA_L2_PREFETCH_EARLY", d.l2_prefetch_early)?,
-            l2_prefetch_tasks: match (v.get)("AMK_CUDA_L2_PREFETCH_AFTER").as_deref() {
-                None | Some("all") => L2PrefetchTasks::All,
-                Some("attention") => L2PrefetchTasks::AfterAttention,
-                Some("not-attention") => L2PrefetchTasks::NotAfterAttention,
-                Some(other) => return Err(bad("AMK_CUDA_L2_PREFETCH_AFTER", other)),
-            },
-            l2_prefetch_ops: (v.get)("AMK_CUDA_L2_PREFETCH_OPS")
-                .map(|s| s.split_whitespace().map(str::to_string).collect())
-                .unwrap_or_default(),
             defines: (v.get)("AMK_CUDA_DEFINES").map_or_else(Vec::new, |s| parse_defines(&s)),
             program_ops: v.flag("AMK_CUDA_PROGRAM_OPS", d.program_ops)?,
             ..d
@@ -180,24 +141,15 @@ mod tests {
     fn every_knob_is_read() {
         let o = with(&[
             ("AMK_CUDA_WATCHDOG_MS", "2500"),
-            ("AMK_CUDA_RING_KB", "192"),
-            ("AMK_CUDA_PRESTART", "0"),
             ("AMK_CUDA_SMEM_KB", "200"),
             ("AMK_CUDA_L2_EVICT_FIRST", "0"),
-            ("AMK_CUDA_L2_PREFETCH_KB", "64"),
-            ("AMK_CUDA_L2_PREFETCH_EARLY", "1"),
-            ("AMK_CUDA_L2_PREFETCH_AFTER", "not-attention"),
-            ("AMK_CUDA_L2_PREFETCH_OPS", "GEMV_TILE  GATE_UP_SILU"),
             ("AMK_CUDA_DEFINES", "LT_STAGES=6 AMK_X"),
             ("AMK_CUDA_PROGRAM_OPS", "0"),
         ])
         .unwrap();
         assert_eq!(o.watchdog, Duration::from_millis(2500));
-        assert_eq!((o.ring_bytes, o.min_smem_bytes), (192 << 10, 200 << 10));
-        assert!(!o.prestart && !o.l2_evict_first && !o.program_ops && o.l2_prefetch_early);
-        assert_eq!(o.l2_prefetch_bytes, 64 << 10);
-        assert_eq!(o.l2_prefetch_tasks, L2PrefetchTasks::NotAfterAttention);
-        assert_eq!(o.l2_prefetch_ops, ["GEMV_TILE", "GATE_UP_SILU"]);
+        assert_eq!(o.min_smem_bytes, 200 << 10);
+        assert!(!o.l2_evict_first && !o.program_ops);
         assert_eq!(
             o.defines,
             [
@@ -227,10 +179,9 @@ mod tests {
     fn a_value_a_variable_does_not_take_is_refused_by_name() {
         for (name, value) in [
             ("AMK_CUDA_WATCHDOG_MS", "ten"),
-            ("AMK_CUDA_RING_KB", "-1"),
+            ("AMK_CUDA_SMEM_KB", "-1"),
             ("AMK_CUDA_SMEM_KB", "18446744073709551615"),
-            ("AMK_CUDA_PRESTART", "yes"),
-            ("AMK_CUDA_L2_PREFETCH_AFTER", "everything"),
+            ("AMK_CUDA_L2_EVICT_FIRST", "yes"),
             ("AMK_CUDA_PROGRAM_OPS", "2"),
         ] {
             let err = with(&[(name, value)]).unwrap_err();

@@ -45,13 +45,6 @@ use std::time::Duration;
 /// Default watchdog limit for one forward pass.
 pub const DEFAULT_WATCHDOG: Duration = Duration::from_secs(10);
 
-/// Default most bytes of the GEMV weight ring per block ([`CudaOptions::ring_bytes`]): off.
-pub const DEFAULT_RING_BYTES: usize = 0;
-
-/// Default most weight bytes per task pulled into L2 ([`CudaOptions::l2_prefetch_bytes`]): off,
-/// every variant measured slower on the H100 (docs/perf-notes.md round 6).
-pub const DEFAULT_L2_PREFETCH_BYTES: u64 = 0;
-
 /// How to open the device.
 #[derive(Debug, Clone)]
 pub struct CudaOptions {
@@ -64,14 +57,6 @@ pub struct CudaOptions {
     pub cache_dir: Option<PathBuf>,
     /// Threads per block.
     pub threads: u32,
-    /// Most bytes of shared memory per block for the GEMV weight ring (sm_90+; capped by
-    /// what the device allows). 0 (the default) streams weights through registers only: the
-    /// ring measured slower on the H100 (docs/perf-notes.md round 3; round 4 explains why the
-    /// reason given there is not established). `AMK_CUDA_RING_KB` sets it (e.g. 192).
-    pub ring_bytes: usize,
-    /// Start a GEMV tile's weight copies into the ring before the task's wait (its weights
-    /// never depend on a counter). Default on; `AMK_CUDA_PRESTART=0` turns it off.
-    pub prestart: bool,
     /// Dynamic shared memory every launch reserves at least (a measuring knob: it shows what
     /// a carve-out of the L1 cache costs the kernel). `AMK_CUDA_SMEM_KB` sets it; default 0.
     pub min_smem_bytes: usize,
@@ -79,18 +64,6 @@ pub struct CudaOptions {
     /// lines every task reads (instructions, descriptors, counters, activations, KV caches).
     /// `AMK_CUDA_L2_EVICT_FIRST=0` turns it off.
     pub l2_evict_first: bool,
-    /// Most weight bytes per task the scheduler pulls into L2 right after the task's wait
-    /// (`tables::l2_ranges`); 0 turns it off. `AMK_CUDA_L2_PREFETCH_KB` sets it.
-    pub l2_prefetch_bytes: u64,
-    /// Issue that prefetch before the task's wait instead of after it.
-    /// `AMK_CUDA_L2_PREFETCH_EARLY=1` sets it.
-    pub l2_prefetch_early: bool,
-    /// Which tasks prefetch. `AMK_CUDA_L2_PREFETCH_AFTER=attention` or `=not-attention` sets
-    /// it (default: all).
-    pub l2_prefetch_tasks: L2PrefetchTasks,
-    /// Only the tasks of these ops prefetch (op names; empty: every op).
-    /// `AMK_CUDA_L2_PREFETCH_OPS="GEMV_TILE GATE_UP_SILU"` sets it.
-    pub l2_prefetch_ops: Vec<String>,
     /// Compile-time knobs of the device code, `#define`d before it (a measuring knob: one
     /// binary compares kernel variants, each its own cubin). `AMK_CUDA_DEFINES="NAME=VALUE
     /// NAME"` sets it (a bare NAME is defined as 1); a malformed entry fails the kernel's
@@ -103,23 +76,10 @@ pub struct CudaOptions {
     pub program_ops: bool,
 }
 
-/// The tasks whose weights the scheduler pulls into L2 ([`CudaOptions::l2_prefetch_tasks`]).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum L2PrefetchTasks {
-    /// Every projection tile.
-    All,
-    /// Only the tasks that wait on an attention task ([`tables::waits_on_attention`]: the
-    /// projection after each layer's attention, whose weights could stream while it runs).
-    AfterAttention,
-    /// Every task but those: their prefetch would run beside the attention, whose loads it
-    /// slows (docs/perf-notes.md rounds 6 and 15).
-    NotAfterAttention,
-}
-
 impl CudaOptions {
     /// The knobs of the megakernel these options run `program` on: its fused loops
     /// ([`FusedLoops::of_program`]), the quantised loops only if it holds a quantised buffer,
-    /// the weight ring and the L2 prefetch only if these options turn them on, no trace points
+    /// no trace points
     /// (a traced session sets `trace`), the fused loop's pass sized to its rows
     /// ([`loops::fused_vecs`]) and without bounds tests where its rows allow
     /// ([`loops::fused_exact`]), every unit of its warps loaded before the wait where its rows are
@@ -132,10 +92,8 @@ impl CudaOptions {
             defines: self.defines.clone(),
             fused_loops: FusedLoops::ALL,
             ops: None,
-            ring: self.ring_bytes > 0,
             quant: true,
             trace: false,
-            l2: self.l2_prefetch_bytes > 0,
             fused_vecs: loops::DEFAULT_VECS,
             fused_exact: false,
             row_pre: false,
@@ -185,14 +143,8 @@ impl Default for CudaOptions {
             watchdog: DEFAULT_WATCHDOG,
             cache_dir: None,
             threads: assemble::DEFAULT_THREADS,
-            ring_bytes: DEFAULT_RING_BYTES,
-            prestart: true,
             min_smem_bytes: 0,
             l2_evict_first: true,
-            l2_prefetch_bytes: DEFAULT_L2_PREFETCH_BYTES,
-            l2_prefetch_early: false,
-            l2_prefetch_tasks: L2PrefetchTasks::All,
-            l2_prefetch_ops: Vec::new(),
             defines: Vec::new(),
             program_ops: true,
         }
@@ -293,30 +245,14 @@ pub mod test_support {
     }
 
     /// The configurations the GPU tests run the conformance suite under, by test module
-    /// name: the defaults, the shared-memory weight ring (off by default), the L2 prefetch of
-    /// every tile's weights (off by default), and every fused tile streaming two units a warp
-    /// (or four for short rows) at once. Each is its own set of kernels, over the
-    /// environment's knobs ([`CudaOptions::from_env`]; a refused value fails the test).
+    /// name: the defaults, and every fused tile streaming two units a warp (or four for short
+    /// rows) at once. Each is its own set of kernels, over the environment's knobs
+    /// ([`CudaOptions::from_env`]; a refused value fails the test).
     #[allow(clippy::panic)] // a test helper: failing the test is its job
-    pub fn conformance_configs() -> [(&'static str, CudaOptions); 4] {
+    pub fn conformance_configs() -> [(&'static str, CudaOptions); 2] {
         let base = CudaOptions::from_env().unwrap_or_else(|e| panic!("{e}"));
         [
             ("conformance", base.clone()),
-            (
-                "conformance_ring",
-                CudaOptions {
-                    ring_bytes: 192 << 10,
-                    prestart: true,
-                    ..base.clone()
-                },
-            ),
-            (
-                "conformance_l2_prefetch",
-                CudaOptions {
-                    l2_prefetch_bytes: 64 << 10,
-                    ..base.clone()
-                },
-            ),
             (
                 "conformance_paired",
                 CudaOptions {

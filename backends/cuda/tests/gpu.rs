@@ -160,28 +160,6 @@ mod conformance {
     ));
 }
 
-/// The whole suite again with the shared-memory weight ring on (off by default), so that the
-/// ring's streaming, its start before the wait and its phase tracking across tasks stay
-/// checked against the CPU VM.
-mod conformance_ring {
-    use amk_backend_cuda::test_support::{conformance_options, gpu_with_options};
-    amk_conformance::conformance_tests!(maybe: gpu_with_options(
-        "conformance_ring",
-        conformance_options("conformance_ring")
-    ));
-}
-
-/// The whole suite again with the L2 prefetch of every tile's weights before its wait (off by
-/// default: measured slower, docs/perf-notes.md round 6), so that the prefetch ranges stay
-/// checked to be harmless.
-mod conformance_l2_prefetch {
-    use amk_backend_cuda::test_support::{conformance_options, gpu_with_options};
-    amk_conformance::conformance_tests!(maybe: gpu_with_options(
-        "conformance_l2_prefetch",
-        conformance_options("conformance_l2_prefetch")
-    ));
-}
-
 /// The whole suite again with every fused tile streaming two units a warp at once (by default
 /// only long tiles do, docs/perf-notes.md round 14, and the suite's tiles are small), so that
 /// the paired loop — a partner unit or none, the epilogue of each — stays checked against the

@@ -134,7 +134,6 @@ fn program_flag_bits_match_the_host() {
     }
     let want = [
         ("L2_EVICT_FIRST", abi::PROG_L2_EVICT_FIRST),
-        ("L2_PREFETCH_EARLY", abi::PROG_L2_PREFETCH_EARLY),
         ("VERIFY", abi::PROG_VERIFY),
     ];
     assert_eq!(bits.len(), want.len(), "{bits:?}");
@@ -159,7 +158,6 @@ fn header_constants_match_the_core() {
     assert_eq!(num("AMK_MAX_RANK"), core_abi::MAX_RANK as i64);
     assert_eq!(num("AMK_MAX_EXT_PARAMS"), abi::MAX_EXT_PARAMS as i64);
     assert_eq!(num("AMK_COUNTER_STRIDE"), abi::COUNTER_STRIDE as i64);
-    assert_eq!(num("AMK_L2_RANGES"), abi::L2_RANGES as i64);
     assert_eq!(num("AMK_TASK_SLOTS"), abi::TASK_SLOTS as i64);
     assert_eq!(num("AMK_BUF_LAUNCH_CONST"), abi::BUF_LAUNCH_CONST as i64);
     assert_eq!(num("AMK_LOOP_WORDS"), abi::LOOP_WORDS as i64);
@@ -308,9 +306,6 @@ fn tables_place_weights_and_align_the_arena() {
     assert_eq!(t.fused_off, vec![0; p.tasks.len() + 1]);
 }
 
-/// Every queue runs in one global topological order, SM assignments are kept (folded modulo
-/// the resident blocks), unassigned tasks spread over several queues; a lockstep simulation
-/// of the blocks finishes every task.
 /// An instruction record of `op` with `inputs`, params `K`, `N_tile`, `n_off`.
 fn record(op: Opcode, inputs: &[i32], k: i32, n_tile: i32, n_off: i32) -> abi::AmkInstruction {
     let mut r = abi::AmkInstruction::zeroed();
@@ -331,189 +326,6 @@ fn weight(ptr: u64, rows: i64, k: i64) -> abi::AmkBuffer {
     b.rank = 2;
     b.dtype = DType::BF16.code() as i32;
     b
-}
-
-#[test]
-fn l2_ranges_cover_the_rows_each_projection_tile_streams() {
-    const K: i32 = 64;
-    let row = 2 * K as u64;
-    // buffers: 0 activation, 1..=3 weights [hd * heads, K], 4 a weight some task writes
-    let descs = vec![
-        weight(0x1000, 1, K as i64),
-        weight(0x10_0000, 256, K as i64),
-        weight(0x20_0000, 64, K as i64),
-        weight(0x30_0000, 64, K as i64),
-        weight(0x40_0000, 64, K as i64),
-    ];
-    let placement = vec![
-        Placement::Arena {
-            offset: 0,
-            bytes: 128,
-        },
-        Placement::Weight(1),
-        Placement::Weight(2),
-        Placement::Weight(3),
-        Placement::Weight(4),
-    ];
-    let gemv = record(Opcode::GEMV_TILE, &[0, 1], K, 8, 16);
-    let gate_up = record(Opcode::GATE_UP_SILU, &[0, 2, 3], K, 4, 8);
-    // Q/K/V tile: head_dim 16, 16 q heads (rows 0..256 of input 1), 4 kv heads each; units
-    // 250..262 are q head 15's units 10..15 and k head 0's units 0..5
-    let mut qkv = record(Opcode::QKV_ROPE_APPEND, &[0, 1, 2, 3, 0], K, 12, 250);
-    qkv.params.head_dim = 16;
-    qkv.params.n_heads = 16;
-    qkv.params.n_kv_heads = 4;
-    let mut written = record(Opcode::GEMV_TILE, &[0, 4], K, 8, 0);
-    written.n_outputs = 1;
-    written.outputs[0] = 4;
-    let reads_written = record(Opcode::GEMV_TILE, &[0, 4], K, 8, 0);
-    let attention = record(Opcode::ATTENTION_TILE, &[0, 1, 2], K, 8, 0);
-    let out_of_range = record(Opcode::GEMV_TILE, &[0, 1], K, 8, 250);
-    let insts = [
-        gemv,
-        gate_up,
-        qkv,
-        written,
-        reads_written,
-        attention,
-        out_of_range,
-    ];
-    let ranges = |cap| tables::l2_ranges(&insts, &descs, &placement, cap);
-    let at = |r: &Vec<abi::AmkPrefetch>, t: usize| -> Vec<(u64, u64)> {
-        r[t * abi::L2_RANGES..(t + 1) * abi::L2_RANGES]
-            .iter()
-            .filter(|g| g.bytes > 0)
-            .map(|g| (g.addr, g.bytes))
-            .collect()
-    };
-    let all = ranges(1 << 20);
-    assert_eq!(all.len(), insts.len() * abi::L2_RANGES);
-    assert_eq!(at(&all, 0), vec![(0x10_0000 + 16 * row, 8 * row)]);
-    // the gate/up tile's two ranges, `n` rows each
-    let gate_up = |n: u64| {
-        vec![
-            (0x20_0000 + 8 * row, n * row),
-            (0x30_0000 + 8 * row, n * row),
-        ]
-    };
-    assert_eq!(at(&all, 1), gate_up(4));
-    // q head 15 (rows 240..256): units 250..255 are rows 245, 253, 246, 254, 247, 255; k head
-    // 0: units 256..261 are rows 0, 8, 1, 9, 2, 10
-    assert_eq!(
-        at(&all, 2),
-        vec![
-            (0x10_0000 + 245 * row, 3 * row),
-            (0x10_0000 + 253 * row, 3 * row),
-            (0x20_0000, 3 * row),
-            (0x20_0000 + 8 * row, 3 * row),
-        ]
-    );
-    for t in 3..insts.len() {
-        assert_eq!(at(&all, t), vec![], "task {t}");
-    }
-    // a cap shares the bytes in proportion; cap 0 lists nothing
-    let capped = ranges(4 * row);
-    assert_eq!(at(&capped, 0), vec![(0x10_0000 + 16 * row, 4 * row)]);
-    assert_eq!(at(&capped, 1), gate_up(2));
-    assert!(ranges(0).iter().all(|g| g.bytes == 0 && g.addr == 0));
-    // keep_ranges clears every task it does not keep
-    let mut kept = all.clone();
-    let keep: Vec<bool> = (0..insts.len()).map(|t| t == 1).collect();
-    tables::keep_ranges(&mut kept, &keep);
-    assert_eq!(at(&kept, 1), gate_up(4));
-    assert!(
-        (0..insts.len())
-            .filter(|&t| t != 1)
-            .all(|t| at(&kept, t).is_empty())
-    );
-    // the ring's prestart ranges: GEMV tiles only, the same rows, uncapped
-    let ring = tables::prefetch_ranges(&insts, &descs, &placement);
-    assert_eq!(ring.len(), insts.len());
-    assert_eq!(
-        (ring[0].addr, ring[0].bytes),
-        (0x10_0000 + 16 * row, 8 * row)
-    );
-    assert!(ring[1..].iter().all(|g| g.bytes == 0 && g.addr == 0));
-}
-
-/// Each task's descriptor record holds its inputs' descriptors in slots 0.., its outputs' from
-/// slot `MAX_INPUTS`, zero elsewhere, and zero for ids out of range.
-/// The tasks after an attention are those that wait on a counter an ATTENTION_TILE or an
-/// ATTENTION_COMBINE signals, whatever else they wait on; no others.
-#[test]
-fn waits_on_attention_marks_the_tasks_after_an_attention() {
-    let waits = |mut r: abi::AmkInstruction, counters: &[i32], out: i32| {
-        r.n_waits = counters.len() as i32;
-        r.wait_counter[..counters.len()].copy_from_slice(counters);
-        r.out_counter = out;
-        r
-    };
-    let qkv = waits(record(Opcode::QKV_ROPE_APPEND, &[0, 1], 8, 8, 0), &[0], 1);
-    let attention = waits(record(Opcode::ATTENTION_TILE, &[0, 1, 2], 8, 8, 0), &[1], 2);
-    let o_proj = waits(record(Opcode::GEMV_TILE, &[0, 1], 8, 8, 0), &[0, 2], 3);
-    let shard = waits(record(Opcode::ATTENTION_TILE, &[0, 1, 2], 8, 8, 0), &[3], 4);
-    let combine = waits(record(Opcode::ATTENTION_COMBINE, &[0], 8, 8, 0), &[4], 5);
-    let after_combine = waits(record(Opcode::GEMV_TILE, &[0, 1], 8, 8, 0), &[5], 6);
-    let unrelated = waits(record(Opcode::GEMV_TILE, &[0, 1], 8, 8, 0), &[3, 1], -1);
-    let insts = [
-        qkv,
-        attention,
-        o_proj,
-        shard,
-        combine,
-        after_combine,
-        unrelated,
-    ];
-    assert_eq!(
-        tables::waits_on_attention(&insts),
-        vec![false, false, true, false, true, true, false]
-    );
-    // a corrupt wait count reads no further than the record holds
-    let mut bad = o_proj;
-    bad.n_waits = 99;
-    assert_eq!(
-        tables::waits_on_attention(&[attention, bad]),
-        vec![false, true]
-    );
-}
-
-/// The prefetch keeps every task, only those after an attention, or every other one, each
-/// narrowed to the listed ops.
-#[test]
-fn prefetch_keep_selects_by_attention_and_op() {
-    use amk_backend_cuda::L2PrefetchTasks as T;
-    let waits = |op: Opcode, counter: i32, out: i32| {
-        let mut r = record(op, &[0, 1], 8, 8, 0);
-        r.n_waits = 1;
-        r.wait_counter[0] = counter;
-        r.out_counter = out;
-        r
-    };
-    let insts = [
-        waits(Opcode::QKV_ROPE_APPEND, 0, 1),
-        waits(Opcode::ATTENTION_TILE, 1, 2),
-        waits(Opcode::GEMV_TILE, 2, 3),
-        waits(Opcode::GATE_UP_SILU, 3, 4),
-        waits(Opcode::GEMV_TILE, 4, 5),
-    ];
-    let keep = |tasks, ops: &[Opcode]| tables::prefetch_keep(&insts, tasks, ops);
-    assert_eq!(keep(T::All, &[]), vec![true; 5]);
-    assert_eq!(
-        keep(T::AfterAttention, &[]),
-        vec![false, false, true, false, false]
-    );
-    assert_eq!(
-        keep(T::NotAfterAttention, &[]),
-        vec![true, true, false, true, true]
-    );
-    assert_eq!(
-        keep(T::NotAfterAttention, &[Opcode::GEMV_TILE]),
-        vec![false, false, false, false, true]
-    );
-    assert_eq!(
-        keep(T::All, &[Opcode::GEMV_TILE, Opcode::GATE_UP_SILU]),
-        vec![false, false, true, true, true]
-    );
 }
 
 #[test]
@@ -918,28 +730,21 @@ fn kernel_head(reg: &Registry, knobs: Knobs) -> String {
     s[..s.find("#line").unwrap()].to_string()
 }
 
-/// A kernel holds the weight ring's code only when the launch turns the ring on, and the
-/// quantised tile loops only for a program with a quantised buffer; a user's define of either
-/// name wins over the derived one.
+/// A kernel holds the quantised tile loops only for a program with a quantised buffer (every
+/// op's kernel keeps them); a user's define of the name wins over the derived one.
 #[test]
-fn ring_and_quantised_loops_follow_the_options_and_the_program() {
+fn quantised_loops_follow_the_program() {
     use amk_backend_cuda::CudaOptions;
     let reg = registry();
     let head = |k: Knobs| kernel_head(&reg, k);
-    let mut p = smollm2_program(DType::BF16, &amk_model_llama::lower::tuned_schedule());
+    let p = smollm2_program(DType::BF16, &amk_model_llama::lower::tuned_schedule());
     let off = CudaOptions {
-        ring_bytes: 0,
         defines: Vec::new(),
         ..CudaOptions::default()
     };
     let h = head(off.knobs(Some(&p), &reg));
-    assert!(h.contains("#define AMK_RING_OFF 1\n"), "{h}");
     assert!(h.contains("#define AMK_TILE_QUANT_OFF 1\n"), "{h}");
-    let on = CudaOptions {
-        ring_bytes: 192 << 10,
-        ..off.clone()
-    };
-    assert!(!head(on.knobs(Some(&p), &reg)).contains("AMK_RING_OFF"));
+    let mut q = p.clone();
     // A quantised weight anywhere brings the quantised loops back.
     let w = p
         .tasks
@@ -947,59 +752,46 @@ fn ring_and_quantised_loops_follow_the_options_and_the_program() {
         .find(|t| t.op == Opcode::GEMV_TILE)
         .unwrap()
         .inputs[1];
-    p.buffers[w as usize].dtype = DType::I8;
-    assert!(!head(off.knobs(Some(&p), &reg)).contains("AMK_TILE_QUANT_OFF"));
+    q.buffers[w as usize].dtype = DType::I8;
+    assert!(!head(off.knobs(Some(&q), &reg)).contains("AMK_TILE_QUANT_OFF"));
     // Every op's kernel (no program) keeps them.
     assert!(!head(off.knobs(None, &reg)).contains("AMK_TILE_QUANT_OFF"));
     let user = CudaOptions {
-        defines: amk_backend_cuda::parse_defines("AMK_RING_OFF=0"),
+        defines: amk_backend_cuda::parse_defines("AMK_TILE_QUANT_OFF=0"),
         ..off
     };
-    let h = head(user.knobs(None, &reg));
-    assert!(h.contains("#define AMK_RING_OFF 0\n"), "{h}");
-    assert_eq!(h.matches("AMK_RING_OFF").count(), 1, "{h}");
-    assert!(TILE_HELPERS.contains("__CUDA_ARCH__ >= 900 && !AMK_RING_OFF"));
+    let h = head(user.knobs(Some(&p), &reg));
+    assert!(h.contains("#define AMK_TILE_QUANT_OFF 0\n"), "{h}");
+    assert_eq!(h.matches("AMK_TILE_QUANT_OFF").count(), 1, "{h}");
     assert!(TILE_HELPERS.contains("#if !AMK_TILE_QUANT_OFF"));
 }
 
-/// A kernel has no trace points unless a traced session asks for them, and no L2 prefetch code
-/// unless the options turn the prefetch on; the device code honours both defines.
+/// A kernel has no trace points unless a traced session asks for them; the device code
+/// honours the define.
 #[test]
-fn trace_points_and_l2_prefetch_follow_the_session_and_the_options() {
+fn trace_points_follow_the_session() {
     use amk_backend_cuda::CudaOptions;
     let reg = registry();
     let head = |k: Knobs| kernel_head(&reg, k);
     let p = smollm2_program(DType::BF16, &amk_model_llama::lower::tuned_schedule());
     let off = CudaOptions {
-        l2_prefetch_bytes: 0,
         defines: Vec::new(),
         ..CudaOptions::default()
     };
     for program in [Some(&p), None] {
         let h = head(off.knobs(program, &reg));
         assert!(h.contains("#define AMK_TRACE_OFF 1\n"), "{h}");
-        assert!(h.contains("#define AMK_L2_OFF 1\n"), "{h}");
     }
     let mut traced = off.knobs(Some(&p), &reg);
     traced.trace = true;
     assert!(!head(traced).contains("AMK_TRACE_OFF"));
-    let l2 = CudaOptions {
-        l2_prefetch_bytes: 64 << 10,
-        ..off.clone()
-    };
-    let h = head(l2.knobs(Some(&p), &reg));
-    assert!(
-        !h.contains("AMK_L2_OFF") && h.contains("AMK_TRACE_OFF"),
-        "{h}"
-    );
     // The traced and untraced kernels are different sources, so different cubins.
     let mut t = off.knobs(Some(&p), &reg);
     let untraced = megakernel_source(&reg, t.clone()).unwrap().source;
     t.trace = true;
     assert_ne!(untraced, megakernel_source(&reg, t).unwrap().source);
-    // Every trace point and every L2 prefetch of the device code sits under its define.
+    // Every trace point of the device code sits under its define.
     assert!(KNOBS.contains("#ifndef AMK_TRACE_OFF\n#define AMK_TRACE_OFF 0"));
-    assert!(KNOBS.contains("#ifndef AMK_L2_OFF\n#define AMK_L2_OFF 0"));
     for (name, src) in [("scheduler", SCHEDULER), ("tile", TILE_HELPERS)] {
         let lines: Vec<&str> = src.lines().collect();
         for (i, l) in lines.iter().enumerate() {
@@ -1015,9 +807,6 @@ fn trace_points_and_l2_prefetch_follow_the_session_and_the_options() {
                     guarded("AMK_TRACE_OFF"),
                     "{name}: unguarded trace point: {l}"
                 );
-            }
-            if l.contains("amk_l2_prefetch(") && !l.contains("__device__") {
-                assert!(guarded("AMK_L2_OFF"), "{name}: unguarded L2 prefetch: {l}");
             }
         }
     }
@@ -1190,24 +979,16 @@ fn a_program_kernel_handles_only_its_float_dtypes() {
     );
 }
 
-/// The conformance configurations the GPU tests and their compile pass share: the defaults,
-/// the ring, the L2 prefetch and the paired loops, each a different kernel for a fused program.
+/// The conformance configurations the GPU tests and their compile pass share: the defaults
+/// and the paired loops, each a different kernel for a fused program.
 #[test]
-fn the_conformance_configurations_are_four_kernels() {
+fn the_conformance_configurations_are_two_kernels() {
     use amk_backend_cuda::test_support::{conformance_configs, conformance_options};
     let reg = registry();
     let p = smollm2_program(DType::BF16, &amk_model_llama::lower::tuned_schedule());
     let configs = conformance_configs();
     let names: Vec<&str> = configs.iter().map(|(n, _)| *n).collect();
-    assert_eq!(
-        names,
-        [
-            "conformance",
-            "conformance_ring",
-            "conformance_l2_prefetch",
-            "conformance_paired"
-        ]
-    );
+    assert_eq!(names, ["conformance", "conformance_paired"]);
     let mut sources: Vec<String> = configs
         .iter()
         .map(|(_, o)| {
@@ -1220,13 +1001,11 @@ fn the_conformance_configurations_are_four_kernels() {
     sources.dedup();
     assert_eq!(
         sources.len(),
-        4,
+        2,
         "each configuration is a kernel of its own"
     );
-    assert!(conformance_options("conformance_ring").ring_bytes > 0);
-    assert!(conformance_options("conformance_l2_prefetch").l2_prefetch_bytes > 0);
     assert!(!conformance_options("conformance_paired").defines.is_empty());
-    assert_eq!(conformance_options("no such").ring_bytes, 0);
+    assert!(conformance_options("no such").defines.is_empty());
 }
 
 #[test]

@@ -365,8 +365,8 @@ impl Module {
         Ok(m)
     }
 
-    /// Static shared memory per block; when the driver did not say, a generous guess (16 KiB)
-    /// so that a ring sized from it still fits.
+    /// Static shared memory per block; when the driver did not say, a generous guess (16 KiB),
+    /// so that a launch whose static and dynamic shared memory pass 48 KiB still opts in.
     pub fn static_smem(&self) -> usize {
         usize::try_from(self.static_smem).unwrap_or(16 << 10)
     }

@@ -32,12 +32,11 @@ pub(super) fn check_ops(
     }
 }
 
-/// How the kernel is launched: its block, its dynamic shared memory (of which the GEMV weight
-/// ring takes `ring` bytes) and how many of its blocks the device holds at once.
+/// How the kernel is launched: its block, its dynamic shared memory and how many of its blocks
+/// the device holds at once.
 #[derive(Debug, Clone, Copy)]
 pub(super) struct LaunchShape {
     pub(super) threads: u32,
-    pub(super) ring: usize,
     pub(super) smem: usize,
     pub(super) per_sm: usize,
     pub(super) resident: usize,
@@ -53,20 +52,7 @@ impl LaunchShape {
         program: &Program,
     ) -> Result<LaunchShape, CudaError> {
         let threads = inner.options.threads;
-        // The GEMV weight ring (sm_90+) takes the dynamic shared memory that the device
-        // allows beside the kernel's static shared memory, up to `ring_bytes`.
-        let ring = if inner.info.compute_capability.0 >= 9 {
-            inner
-                .options
-                .ring_bytes
-                .min(inner.smem_optin.saturating_sub(module.static_smem()))
-                & !1023
-        } else {
-            0
-        };
-        let smem = (mk.shared_bytes_for(program) as usize)
-            .max(ring)
-            .max(inner.options.min_smem_bytes);
+        let smem = (mk.shared_bytes_for(program) as usize).max(inner.options.min_smem_bytes);
         if smem > inner.smem_optin {
             return Err(CudaError::DeviceUnsuitable {
                 device: inner.info.name.clone(),
@@ -79,7 +65,6 @@ impl LaunchShape {
         let per_sm = super::session::blocks_per_sm(module, threads, smem)?;
         let shape = LaunchShape {
             threads,
-            ring,
             smem,
             per_sm,
             resident: per_sm * inner.info.sms,
@@ -272,11 +257,16 @@ pub(super) fn descriptors(
     Ok(descs)
 }
 
+/// The buffer descriptors on the device: the program's, and each task's operands' copies in
+/// their slots (`amk_device_program::task_bufs`).
+pub(super) struct Descriptors {
+    pub(super) buffers: DeviceMem,
+    pub(super) per_task: DeviceMem,
+}
+
 /// Every table the kernel reads, and the words it writes, on the device.
 pub(super) struct DeviceTables {
-    /// Buffer descriptors, per-instruction prefetch ranges, L2 prefetch ranges and the
-    /// per-task descriptor records.
-    pub(super) descs: (DeviceMem, DeviceMem, DeviceMem, DeviceMem),
+    pub(super) descs: Descriptors,
     pub(super) instructions: DeviceMem,
     /// One i32 per task: 1 once `amk_verify_tasks` passed its record.
     pub(super) verified: DeviceMem,
@@ -296,7 +286,6 @@ pub(super) struct DeviceTables {
 /// decode loop carries from pass to pass.
 pub(super) struct TableSource<'a> {
     pub(super) program: &'a Program,
-    pub(super) registry: &'a Registry,
     pub(super) tables: &'a Tables,
     pub(super) descs: &'a [crate::abi::AmkBuffer],
     pub(super) carried: &'a [(u32, u32)],
@@ -307,17 +296,15 @@ pub(super) fn device_tables(inner: &Inner, s: &TableSource<'_>) -> Result<Device
     let ctx = &inner.ctx;
     let t = s.tables;
     let descs_mem = DeviceMem::from_slice(ctx, s.descs)?;
-    let prefetch = DeviceMem::from_slice(
-        ctx,
-        &tables::prefetch_ranges(&t.instructions, s.descs, &t.placement),
-    )?;
-    let l2 = DeviceMem::from_slice(ctx, &l2_list(inner, s)?)?;
     let mut per_task = tables::task_buffers(&t.instructions, s.descs);
     tables::mark_carried_reads(&mut per_task, &t.instructions, s.carried);
     let task_bufs = DeviceMem::from_slice(ctx, &per_task)?;
     let n = t.instructions.len().max(1);
     Ok(DeviceTables {
-        descs: (descs_mem, prefetch, l2, task_bufs),
+        descs: Descriptors {
+            buffers: descs_mem,
+            per_task: task_bufs,
+        },
         instructions: DeviceMem::from_slice(ctx, &t.instructions)?,
         verified: DeviceMem::zeroed(ctx, n * 4)?,
         fused: (
@@ -338,25 +325,6 @@ pub(super) fn device_tables(inner: &Inner, s: &TableSource<'_>) -> Result<Device
     })
 }
 
-/// The L2 prefetch ranges the options ask for (`AMK_CUDA_L2_PREFETCH_*`).
-fn l2_list(inner: &Inner, s: &TableSource<'_>) -> Result<Vec<crate::abi::AmkPrefetch>, CudaError> {
-    let t = s.tables;
-    let cap = inner.options.l2_prefetch_bytes;
-    let mut list = tables::l2_ranges(&t.instructions, s.descs, &t.placement, cap);
-    let ops = (inner.options.l2_prefetch_ops.iter())
-        .map(|name| {
-            s.registry.resolve_name(name).ok_or_else(|| {
-                CudaError::Layout(format!(
-                    "AMK_CUDA_L2_PREFETCH_OPS names '{name}', which is no registered op"
-                ))
-            })
-        })
-        .collect::<Result<Vec<_>, _>>()?;
-    let keep = tables::prefetch_keep(&t.instructions, inner.options.l2_prefetch_tasks, &ops);
-    tables::keep_ranges(&mut list, &keep);
-    Ok(list)
-}
-
 /// The device program record: where each table is, the grid's shape and the options' flags.
 pub(super) fn device_program(
     inner: &Inner,
@@ -375,10 +343,8 @@ pub(super) fn device_program(
         ),
         None => (-1, 0, 0),
     };
-    let o = &inner.options;
-    let flag = |on: bool, bit: i32| if on { bit } else { 0 };
     AmkDeviceProgram {
-        buffers: d.descs.0.ptr(),
+        buffers: d.descs.buffers.ptr(),
         instructions: d.instructions.ptr(),
         fused_steps: d.fused.0.ptr(),
         fused_off: d.fused.1.ptr(),
@@ -394,25 +360,16 @@ pub(super) fn device_program(
         smem_bytes: shape.smem as i32,
         epoch: 1,
         trace: 0,
-        prefetch: if o.prestart && shape.ring > 0 {
-            d.descs.1.ptr()
-        } else {
-            0
-        },
-        ring_bytes: shape.ring as i32,
-        flags: flag(o.l2_evict_first, crate::abi::PROG_L2_EVICT_FIRST)
-            | flag(o.l2_prefetch_early, crate::abi::PROG_L2_PREFETCH_EARLY),
-        l2_ranges: if o.l2_prefetch_bytes > 0 {
-            d.descs.2.ptr()
-        } else {
-            0
-        },
-        task_bufs: d.descs.3.ptr(),
+        task_bufs: d.descs.per_task.ptr(),
         task_verified: d.verified.ptr(),
         loop_passes: 0,
         loop_gate,
         loop_gate_count,
-        loop_pad: 0,
+        flags: if inner.options.l2_evict_first {
+            crate::abi::PROG_L2_EVICT_FIRST
+        } else {
+            0
+        },
         loop_halt,
         loop_stop: d.loop_stop.ptr(),
         loop_words: 0,

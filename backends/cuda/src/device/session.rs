@@ -72,8 +72,8 @@ pub struct CudaSession {
     borrowed: Vec<bool>,
     /// That memory, kept alive as long as this session is.
     _lent: Vec<Arc<DeviceMem>>,
-    /// Buffer descriptors, per-instruction prefetch ranges, and the per-task descriptor records.
-    _descs: (DeviceMem, DeviceMem, DeviceMem, DeviceMem),
+    /// Buffer descriptors and the per-task descriptor records.
+    _descs: load::Descriptors,
     instructions: DeviceMem,
     /// One i32 per task: 1 once `amk_verify_tasks` passed its record (`abi` `task_verified`).
     verified: DeviceMem,
@@ -182,7 +182,6 @@ impl CudaSession {
         let descs = load::descriptors(&tables, &uploads.ptr, &mem, &lent)?;
         let source = load::TableSource {
             program,
-            registry,
             tables: &tables,
             descs: &descs,
             carried,

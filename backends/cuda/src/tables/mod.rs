@@ -1,8 +1,7 @@
 //! Program → device tables, on the host, with no GPU: buffer descriptors (and where each
 //! buffer's memory comes from), one instruction record per task (its params packed by
 //! `params`), FUSED tasks as step records (`steps`), and the per-SM queues; the per-task
-//! descriptor slots and launch-constant marks (`slots`) and the weight ranges of the optional
-//! ring and L2 prefetch (`ranges`). Built once per loaded program; the session only fills in
+//! descriptor slots and launch-constant marks (`slots`). Built once per loaded program; the session only fills in
 //! device addresses and re-packs the records a param patch touches.
 
 use crate::abi::{AmkBuffer, AmkInstruction};
@@ -11,12 +10,10 @@ use amk_core::{BufferKind, DType, MemSpace, Opcode, Program, Registry, Task, abi
 use std::collections::HashMap;
 
 mod params;
-mod ranges;
 mod slots;
 mod steps;
 
 pub use params::pack_params;
-pub use ranges::{keep_ranges, l2_ranges, prefetch_keep, prefetch_ranges, waits_on_attention};
 pub use slots::{mark_carried_reads, mark_launch_constant, task_buffers};
 use steps::expand_fused;
 
