@@ -6,7 +6,8 @@
 //! another. Ignored by default: `scripts/gpu-check.sh run` runs it first. Needs NVRTC and the
 //! GPU's architecture; says SKIPPED without a GPU (and fails under `AMK_REQUIRE_GPU=1`).
 //! `AMK_SUITE_CONFIGS` (comma-separated configuration names, e.g. `conformance`) compiles only
-//! those configurations' kernels.
+//! those configurations' kernels; `AMK_SUITE_ARCH` (e.g. `sm_90a`) compiles for that
+//! architecture without a GPU, into the cache the GPU machine will be given.
 #![allow(clippy::unwrap_used)]
 
 use amk_backend_cuda::test_support::{conformance_configs, gpu_or_skip};
@@ -36,11 +37,15 @@ impl Backend for Recorder {
 #[test]
 #[ignore = "a compile pass before the GPU tests: scripts/gpu-check.sh run starts with it"]
 fn suite_kernels_compile() {
-    // The live device's architecture: the kernels are keyed by it.
-    let Some(gpu) = gpu_or_skip("suite_kernels_compile") else {
-        return;
+    // The kernels are keyed by the architecture: the live device's, or `AMK_SUITE_ARCH`'s
+    // (e.g. `sm_90a`) to compile them ahead on a machine without the GPU.
+    let arch = match std::env::var("AMK_SUITE_ARCH") {
+        Ok(arch) => arch,
+        Err(_) => match gpu_or_skip("suite_kernels_compile") {
+            Some(gpu) => gpu.info().arch.clone(),
+            None => return,
+        },
     };
-    let arch = gpu.info().arch.clone();
     let rec = Recorder(
         amk_backend_cpu::CpuBackend::default(),
         Mutex::new(Vec::new()),
