@@ -37,7 +37,9 @@ pub use cpu::{
 pub use error::IrError;
 pub use import::Importer;
 pub use ir::*;
-pub use registry::{CudaSource, ExpandFn, OpExpansion, OpRegistration, Origin, Registry, RowLoop};
+pub use registry::{
+    CudaSource, DeviceLibrary, ExpandFn, OpExpansion, OpRegistration, Origin, Registry, RowLoop,
+};
 pub use spec::{
     CheckFn, Finding, OpSpec, PARAM_FIELDS, ParamDecl, ParamType, SpecTable, TaskContext,
     WriteRegion,

@@ -118,6 +118,26 @@ impl CudaSource {
 
 inventory::collect!(OpRegistration);
 
+/// Device code several ops share (the weight-streaming tile, the decode attention, the logits
+/// passes), collected by `inventory` from the crate under `ops/` that holds it. A backend puts
+/// every library into each kernel, after its own runtime and before the ops' sources, so an
+/// op's source calls a library's routines as it calls the runtime's. Like an op's source, a
+/// library includes no headers and defines no `__global__`.
+#[derive(Debug)]
+pub struct DeviceLibrary {
+    /// The library's name, for messages.
+    pub name: &'static str,
+    /// Its source's path in the repository, for the compiler's line info.
+    pub file: &'static str,
+    /// Where its text goes among the libraries (lower first): they name nothing of each other,
+    /// so the order only keeps the generated source, and so each kernel's cache key, stable.
+    pub order: u32,
+    /// The CUDA source text.
+    pub cuda: &'static str,
+}
+
+inventory::collect!(DeviceLibrary);
+
 /// Expands a task of an op into its steps ([`crate::steps`]), checking the task's description
 /// of them against the registry; `Err` says every problem found.
 pub type ExpandFn = fn(&Task, &Registry) -> Result<Vec<crate::steps::Step>, String>;
@@ -148,6 +168,7 @@ pub struct Registry {
     references: Vec<Option<CpuReference>>,
     cuda: Vec<Option<CudaSource>>,
     by_name: HashMap<String, usize>,
+    libraries: Vec<&'static DeviceLibrary>,
 }
 
 impl Registry {
@@ -156,7 +177,8 @@ impl Registry {
         Self::default()
     }
 
-    /// Every op linked into this binary (via `inventory`), sorted by code.
+    /// Every op and device library linked into this binary (via `inventory`), the ops sorted
+    /// by code, the libraries by their order.
     pub fn builtin() -> Result<Self, IrError> {
         let mut regs: Vec<&OpRegistration> =
             inventory::iter::<OpRegistration>.into_iter().collect();
@@ -170,7 +192,14 @@ impl Registry {
                 r.cuda.clone(),
             )?;
         }
+        reg.libraries = inventory::iter::<DeviceLibrary>.into_iter().collect();
+        reg.libraries.sort_by_key(|l| (l.order, l.name));
         Ok(reg)
+    }
+
+    /// The device libraries, in the order a kernel holds them ([`DeviceLibrary`]).
+    pub fn device_libraries(&self) -> &[&'static DeviceLibrary] {
+        &self.libraries
     }
 
     /// Adds one op; refuses duplicates, ABI codes under the wrong name, plugin codes

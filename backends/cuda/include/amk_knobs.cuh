@@ -1,4 +1,5 @@
-/* amk_knobs.cuh — every compile-time knob of the backend's device code, with its default.
+/* amk_knobs.cuh — every compile-time knob of the kernel's shared device code (the backend's
+ * runtime and the device libraries under ops/oplib-*), with its default.
  *
  * The megakernel's source begins with this file (after the defines the backend derives from
  * the program and the options, and a user's AMK_CUDA_DEFINES, which win over a default here):
@@ -92,7 +93,7 @@
                                     idle blocks do not flood the bus) */
 #endif
 
-/* ---- used in amk_tile.cuh ---- */
+/* ---- used in amk_tile.cuh (ops/oplib-tile) ---- */
 
 /* 16-byte weight vectors in flight per lane (over the NR rows of a unit). */
 #ifndef AMK_FUSED_VECS
@@ -188,7 +189,7 @@
 #define AMK_ROW_PAIRS 1
 #endif
 
-/* ---- used in amk_attention.cuh ---- */
+/* ---- used in amk_attention.cuh (ops/oplib-attention) ---- */
 
 /* AMK_ATT_TINY_PRE (default 1): an ATTENTION_TILE on the tiny path whose heads the block covers
  * in one pass works out each lane's head and addresses before its wait (amk_att_tiny_pre), so

@@ -1,5 +1,6 @@
-//! The megakernel's source text: the ABI header, the device helpers, every registered op's
-//! device function (built-ins and plugins, each in a namespace of its own), a generated
+//! The megakernel's source text: the knobs, the ABI header, the device helpers, the registry's
+//! device libraries (code several ops share, from their crates under `ops/`), every registered
+//! op's device function (built-ins and plugins, each in a namespace of its own), a generated
 //! dispatcher and the scheduler loop. Pure and deterministic: the same registry and options
 //! give the same text, which is what the cubin cache keys on.
 
@@ -12,14 +13,6 @@ pub const ABI_HEADER: &str = include_str!("../include/amk_abi.h");
 pub const KNOBS: &str = include_str!("../include/amk_knobs.cuh");
 /// Device helpers every op may use.
 pub const DEVICE_HELPERS: &str = include_str!("../include/amk_device.cuh");
-/// The GEMV/GEMM weight-streaming tile (amk_tile_run), after DEVICE_HELPERS in every megakernel.
-pub const TILE_HELPERS: &str = include_str!("../include/amk_tile.cuh");
-/// Decode attention (amk_att_setup, amk_att_run), shared by ATTENTION_TILE and ATTENTION_GEMV;
-/// after TILE_HELPERS in every megakernel.
-pub const ATTENTION_HELPERS: &str = include_str!("../include/amk_attention.cuh");
-/// One block's passes over a run of one logits row (amk_lg_each, amk_lg_reduce_max), shared by
-/// NEXT_TOKEN and LOGIT_STATS; after DEVICE_HELPERS in every megakernel.
-pub const LOGITS_HELPERS: &str = include_str!("../include/amk_logits.cuh");
 /// The persistent scheduler loop (the `amk_megakernel` entry).
 pub const SCHEDULER: &str = include_str!("../include/amk_scheduler.cuh");
 /// Name of the kernel entry.
@@ -256,12 +249,21 @@ pub fn megakernel_source(registry: &Registry, knobs: Knobs) -> Result<Megakernel
         ("amk_knobs.cuh", KNOBS),
         ("amk_abi.h", ABI_HEADER),
         ("amk_device.cuh", DEVICE_HELPERS),
-        ("amk_tile.cuh", TILE_HELPERS),
-        ("amk_attention.cuh", ATTENTION_HELPERS),
-        ("amk_logits.cuh", LOGITS_HELPERS),
     ] {
         src.push_str(&format!("#line 1 \"backends/cuda/include/{file}\"\n"));
         src.push_str(part);
+        src.push('\n');
+    }
+    for lib in registry.device_libraries() {
+        if lib.cuda.contains('\0') || lib.file.contains(['"', '\\', '\n']) {
+            return Err(format!(
+                "device library {}: its source holds a NUL byte or its file name a quote, \
+                 backslash or newline",
+                lib.name
+            ));
+        }
+        src.push_str(&format!("#line 1 \"{}\"\n", lib.file));
+        src.push_str(lib.cuda);
         src.push('\n');
     }
     src.push_str("__device__ void amk_dispatch_step(const amk_task_ctx& c);\n");

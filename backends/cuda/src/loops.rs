@@ -1,6 +1,6 @@
 //! Which of the fused tiles' vector loops a program's megakernel compiles in.
 //!
-//! The weight-streaming loop (`amk_fused_pick` in `amk_tile.cuh`) has one instantiation per
+//! The weight-streaming loop (`amk_fused_pick` in `ops/oplib-tile`) has one instantiation per
 //! (weight dtype, row dtype) pair: f32, f16 or bf16 weights against an f32 or a 16-bit row, six
 //! in all. A bf16 model runs one of them. Compiling only the pairs a program's tasks name made
 //! every shape 0.011–0.023 ms a token faster on the H100 (docs/perf-notes.md round 16 §7 and

@@ -3,9 +3,7 @@
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // test file
 
 use amk_backend_cuda::abi::{self, AmkInstruction};
-use amk_backend_cuda::assemble::{
-    ABI_HEADER, KNOBS, Knobs, SCHEDULER, TILE_HELPERS, megakernel_source,
-};
+use amk_backend_cuda::assemble::{ABI_HEADER, KNOBS, Knobs, SCHEDULER, megakernel_source};
 use amk_backend_cuda::queues::build_queues;
 use amk_backend_cuda::tables::{self, Placement, pack_params};
 use amk_core::json::{Map, Value};
@@ -13,6 +11,10 @@ use amk_core::spec::param_field_index;
 use amk_core::{BufferKind, DType, MemSpace, Opcode, Program, Registry, abi as core_abi};
 use bytemuck::Zeroable;
 use std::collections::{BTreeMap, HashMap};
+
+/// The device libraries these tests read, as the registry hands them to the backend.
+const TILE_HELPERS: &str = oplib_tile::CUDA;
+const ATTENTION_HELPERS: &str = oplib_attention::CUDA;
 
 fn registry() -> Registry {
     amk_ops::registry().unwrap()
@@ -473,6 +475,36 @@ fn the_source_has_one_case_per_op_and_is_deterministic() {
     assert!(e.contains("multiple of 32"), "{e}");
 }
 
+/// The registry's device libraries go into the kernel after the backend's runtime and before
+/// the ops that call them, each under its own file's line info; a registry without them gives
+/// a kernel without them.
+#[test]
+fn device_libraries_come_between_the_runtime_and_the_ops() {
+    let reg = registry();
+    let src = megakernel_source(&reg, Knobs::default()).unwrap().source;
+    let runtime = src
+        .find("#line 1 \"backends/cuda/include/amk_device.cuh\"")
+        .unwrap();
+    let first_op = src.find("namespace amk_op_").unwrap();
+    let mut last = runtime;
+    for lib in reg.device_libraries() {
+        let at = src
+            .find(&format!("#line 1 \"{}\"\n{}", lib.file, lib.cuda))
+            .unwrap_or_else(|| panic!("library {} is not in the kernel", lib.name));
+        assert!(
+            last < at && at < first_op,
+            "library {} out of place",
+            lib.name
+        );
+        last = at;
+    }
+    assert_eq!(reg.device_libraries().len(), 3);
+    let bare = megakernel_source(&Registry::empty(), Knobs::default())
+        .unwrap()
+        .source;
+    assert!(!bare.contains(TILE_HELPERS) && !bare.contains(ATTENTION_HELPERS));
+}
+
 /// Device defines go into the source before the device code, so each variant is its own
 /// cubin; anything but NAME=token is refused (the text is pasted verbatim).
 #[test]
@@ -920,7 +952,7 @@ fn the_fused_pass_is_sized_to_the_programs_rows() {
 #[test]
 fn a_program_kernel_handles_only_its_float_dtypes() {
     use amk_backend_cuda::CudaOptions;
-    use amk_backend_cuda::assemble::{ATTENTION_HELPERS, DEVICE_HELPERS};
+    use amk_backend_cuda::assemble::DEVICE_HELPERS;
     let reg = registry();
     let head = |k: Knobs| kernel_head(&reg, k);
     let opts = CudaOptions {

@@ -34,6 +34,9 @@ extern crate op_sample_argmax;
 extern crate op_silu_mul;
 extern crate op_softmax;
 extern crate op_token_nll;
+extern crate oplib_attention;
+extern crate oplib_logits;
+extern crate oplib_tile;
 
 use amk_core::{IrError, Registry};
 

@@ -177,3 +177,20 @@ fn the_adding_an_op_guide_takes_the_next_free_code() {
         "the guide's text names another code than {next}"
     );
 }
+
+/// The device libraries come with the registry, in the order a kernel holds them, each naming
+/// the repository file its text is (the compiler's line info points there).
+#[test]
+fn registry_holds_the_device_libraries_in_order() {
+    let reg = amk_ops::registry().unwrap();
+    let libs = reg.device_libraries();
+    let names: Vec<&str> = libs.iter().map(|l| l.name).collect();
+    assert_eq!(names, ["tile", "attention", "logits"]);
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+    for lib in libs {
+        let text = std::fs::read_to_string(root.join(lib.file))
+            .unwrap_or_else(|e| panic!("library {}: {}: {e}", lib.name, lib.file));
+        assert_eq!(text, lib.cuda, "library {}'s file holds its text", lib.name);
+    }
+    assert!(amk_core::Registry::empty().device_libraries().is_empty());
+}

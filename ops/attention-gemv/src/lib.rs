@@ -22,12 +22,15 @@
 //!
 //! This crate owns the op's spec, its static shape rule, its CPU reference
 //! ([`reference`](mod@reference)) and its CUDA device function (`attention-gemv.cu`; the
-//! attention itself is the backend's `amk_attention.cuh`, shared with ATTENTION_TILE).
+//! attention itself is `oplib-attention`'s `amk_attention.cuh`, shared with ATTENTION_TILE).
 
+// Linked with the op: the device code its CUDA source calls.
 use amk_core::opcheck::{self, Checker, desc};
 use amk_core::{
     Finding, OpRegistration, OpSpec, Opcode, ParamDecl, ParamType, Reference, TaskContext,
 };
+use oplib_attention as _;
+use oplib_tile as _;
 use std::borrow::Cow;
 
 pub mod reference;

@@ -21,10 +21,12 @@
 //! This crate owns the op's spec, its static shape rule, its CPU reference and its CUDA device
 //! function (`attention-merge.cu`).
 
+// Linked with the op: the device code its CUDA source calls.
 use amk_core::opcheck::{Checker, desc};
 use amk_core::{
     Finding, OpRegistration, OpSpec, Opcode, ParamDecl, ParamType, Reference, TaskContext,
 };
+use oplib_attention as _;
 use std::borrow::Cow;
 
 pub mod reference;

@@ -46,10 +46,12 @@
 //! attention, `amk_attention.cuh`, for the rest and for the normalised tasks of one split a KV
 //! head while they have at most 8 rows).
 
+// Linked with the op: the device code its CUDA source calls.
 use amk_core::opcheck::{Checker, desc};
 use amk_core::{
     DType, Finding, OpRegistration, OpSpec, Opcode, ParamDecl, ParamType, Reference, TaskContext,
 };
+use oplib_attention as _;
 use std::borrow::Cow;
 
 pub mod reference;

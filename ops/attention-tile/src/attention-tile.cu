@@ -1,7 +1,7 @@
 /* ATTENTION_TILE (code 7): GQA decode attention over cache rows [kv_start, kv_start + kv_len);
  * flags bit 1 writes the un-normalised [acc | m | l] partials of a split-KV shard. Semantics:
  * ops/attention-tile/src/reference.rs. The attention itself (its fast, tiny and generic paths)
- * is backends/cuda/include/amk_attention.cuh, shared with ATTENTION_GEMV.
+ * is ops/oplib-attention/src/amk_attention.cuh, shared with ATTENTION_GEMV.
  *
  * A fourth input, the position (element 0 of an integer buffer), clips the params' window to
  * the rows at or before it (amk_att_pos_len, through amk_att_setup). It is data: read before the

@@ -16,10 +16,12 @@
 //! for the validator, its CPU reference (`reference.rs`) and its CUDA device function
 //! (`attention-tile.cu`).
 
+// Linked with the op: the device code its CUDA source calls.
 use amk_core::opcheck::{Checker, desc};
 use amk_core::{
     Finding, OpRegistration, OpSpec, Opcode, ParamDecl, ParamType, Reference, TaskContext,
 };
+use oplib_attention as _;
 use std::borrow::Cow;
 
 pub mod reference;

@@ -2,7 +2,7 @@
  * are ops/gate-up-silu/src/reference.rs: columns [n_off, n_off + N_tile) of
  * silu(xn·Wg^T)·(xn·Wu^T), xn = x or rmsnorm(x, norm_w, eps) (a 4th input).
  *
- * The fused-tile machinery is backends/cuda/include/amk_tile.cuh: each warp streams the gate and
+ * The fused-tile machinery is ops/oplib-tile/src/amk_tile.cuh: each warp streams the gate and
  * the up row of one column together (4 16-byte vectors of each in flight per lane), rounds both
  * sums to the output's dtype and stores silu(g)·u. */
 

@@ -11,10 +11,12 @@
 //! This crate owns the op's spec, its static shape rule, its CPU reference
 //! ([`reference`](mod@reference)) and its CUDA device function (`gate-up-silu.cu`).
 
+// Linked with the op: the device code its CUDA source calls.
 use amk_core::opcheck::{self, Checker, desc};
 use amk_core::{
     Finding, OpRegistration, OpSpec, Opcode, ParamDecl, ParamType, Reference, TaskContext,
 };
+use oplib_tile as _;
 use std::borrow::Cow;
 
 pub mod reference;

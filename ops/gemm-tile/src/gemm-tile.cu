@@ -6,7 +6,7 @@
  * scales (and zeros) of N * ceil(K / group) elements: w = (q - z) * s, z = zeros[..] or
  * 8 (int4) / 0 (int8).
  *
- * The tile machinery is backends/cuda/include/amk_tile.cuh (shared with GEMV_TILE): here up to
+ * The tile machinery is ops/oplib-tile/src/amk_tile.cuh (shared with GEMV_TILE): here up to
  * four rows of x share one pass over each weight row (MAXR = 4), 2 16-byte weight vectors in
  * flight per lane (code size), and the GEMM row range from M_tile / m_off. */
 

@@ -5,7 +5,7 @@
  * N * ceil(K / group) elements: w = (q - z) * s, z = zeros[..] or 8 (int4) / 0 (int8).
  *
  * The tile machinery (validation, fp/int8/int4 weight streaming, scalar fallback) is
- * backends/cuda/include/amk_tile.cuh: here one row of x per pass over a weight row (MAXR = 1),
+ * ops/oplib-tile/src/amk_tile.cuh: here one row of x per pass over a weight row (MAXR = 1),
  * 8 16-byte weight vectors in flight per lane (a whole 2048-wide bf16 row per warp: 4 KB; 32 KB
  * per block), every row of x. */
 

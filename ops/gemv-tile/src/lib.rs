@@ -4,10 +4,12 @@
 //! for the validator, its CPU reference ([`reference`](mod@reference), shared with GEMM_TILE
 //! through [`reference::linear`]) and its CUDA device function (`gemv-tile.cu`).
 
+// Linked with the op: the device code its CUDA source calls.
 use amk_core::opcheck::{self, Checker};
 use amk_core::{
     Finding, OpRegistration, OpSpec, Opcode, ParamDecl, ParamType, Reference, TaskContext,
 };
+use oplib_tile as _;
 use std::borrow::Cow;
 
 pub mod reference;

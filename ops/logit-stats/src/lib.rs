@@ -35,11 +35,13 @@
 //! This crate owns the op's spec, its static shape rule, the summary and its words, its CPU
 //! reference ([`reference`](mod@reference)) and its CUDA device function (`logit-stats.cu`).
 
+// Linked with the op: the device code its CUDA source calls.
 use amk_core::opcheck::{Checker, desc, tile_within};
 use amk_core::{
     Buffer, DType, Finding, OpRegistration, OpSpec, Opcode, ParamDecl, ParamType, Reference,
     TaskContext,
 };
+use oplib_logits as _;
 use std::borrow::Cow;
 
 pub mod reference;

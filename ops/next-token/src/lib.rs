@@ -63,9 +63,11 @@
 //! threshold or in the Gumbel argmax (about 1e-6 of draws); greedy choices agree exactly, and
 //! log-probabilities to about 1e-6 relative.
 
+// Linked with the op: the device code its CUDA source calls.
 use amk_core::Buffer;
 use amk_core::opcheck::{Checker, desc};
 use amk_core::{DType, Finding, OpRegistration, OpSpec, Opcode, Reference, TaskContext};
+use oplib_logits as _;
 use std::borrow::Cow;
 
 pub mod choose;

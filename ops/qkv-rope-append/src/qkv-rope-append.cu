@@ -1,7 +1,7 @@
 /* qkv-rope-append.cu — CUDA device function of QKV_ROPE_APPEND (amk_op_qkv_rope_append); the
  * semantics are ops/qkv-rope-append/src/reference.rs (units, pairs, roundings).
  *
- * The fused-tile machinery is backends/cuda/include/amk_tile.cuh: each warp takes one RoPE pair
+ * The fused-tile machinery is ops/oplib-tile/src/amk_tile.cuh: each warp takes one RoPE pair
  * at a time — the two weight rows r and r + head_dim/2 of one head, streamed together (4 16-byte
  * vectors of each in flight per lane) — rounds both sums to the destination's dtype, rotates them
  * (Q and K heads; ROPE's arithmetic, amk_rope_*, with cos and sin computed before the tile and

@@ -2,7 +2,7 @@
  * are ops/rmsnorm-gemv/src/reference.rs: columns [n_off, n_off + N_tile) of
  * y = rmsnorm(x, norm_w, eps) @ W^T (+ bias) for one row x.
  *
- * The fused-tile machinery is backends/cuda/include/amk_tile.cuh (amk_frow_make normalises the
+ * The fused-tile machinery is ops/oplib-tile/src/amk_tile.cuh (amk_frow_make normalises the
  * row into shared memory, amk_row_tile_run streams the weight rows): one weight row per warp at a
  * time, 8 16-byte vectors in flight per lane, as GEMV_TILE. */
 
