@@ -84,8 +84,8 @@ impl CudaOptions {
     /// ([`loops::fused_vecs`]) and without bounds tests where its rows allow
     /// ([`loops::fused_exact`]), every unit of its warps loaded before the wait where its rows are
     /// one pass ([`loops::row_pre`]), only the float dtypes its buffers hold, and, with
-    /// [`CudaOptions::program_ops`], only the ops its tasks use (every op when it has a FUSED
-    /// task, whose steps may be any op). `None`: the kernel of every op and every loop.
+    /// [`CudaOptions::program_ops`], only the ops its tasks and their steps use
+    /// ([`kernel_ops`]). `None`: the kernel of every op and every loop.
     pub fn knobs(&self, program: Option<&Program>, registry: &Registry) -> assemble::Knobs {
         let mut knobs = assemble::Knobs {
             threads: self.threads,
@@ -114,15 +114,31 @@ impl CudaOptions {
                 .buffers
                 .iter()
                 .any(|b| matches!(b.dtype, DType::I8 | DType::U8 | DType::I4));
-            if self.program_ops && !p.tasks.iter().any(|t| t.op == Opcode::FUSED) {
-                let mut ops: Vec<Opcode> = p.tasks.iter().map(|t| t.op).collect();
-                ops.sort();
-                ops.dedup();
-                knobs.ops = Some(ops);
+            if self.program_ops {
+                knobs.ops = kernel_ops(p, registry);
             }
         }
         knobs
     }
+}
+
+/// The ops `program`'s kernel needs: its tasks' and, for a task of an op that expands into
+/// steps (FUSED), its steps' (the registry's expansion, as the tables lay them out). `None`
+/// (every op) when a task's steps cannot be worked out: the load then refuses the program with
+/// the expansion's own message. Why: a kernel of every op is twice every op's code (the
+/// steps' dispatcher holds them all again), minutes of NVRTC where a program's own ops take
+/// seconds.
+pub fn kernel_ops(program: &Program, registry: &Registry) -> Option<Vec<Opcode>> {
+    let mut ops = Vec::new();
+    for t in &program.tasks {
+        ops.push(t.op);
+        if let Some(expand) = registry.expansion(t.op) {
+            ops.extend(expand(t, registry).ok()?.iter().map(|s| s.op));
+        }
+    }
+    ops.sort();
+    ops.dedup();
+    Some(ops)
 }
 
 /// `NAME=VALUE NAME ...` as (name, value) pairs; a bare NAME has the value 1.

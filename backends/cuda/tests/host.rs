@@ -714,8 +714,8 @@ fn fused_loop_bits_match_the_device_code() {
 }
 
 /// A program's kernel holds the ops its tasks use and no other (the dispatch has a case for
-/// each of them; a task of an op left out would fail its load, not run); a FUSED task, whose
-/// steps may be any op, brings every op back, and so does `program_ops` off. Without a
+/// each of them; a task of an op left out would fail its load, not run); a FUSED task whose
+/// steps cannot be worked out brings every op back, and so does `program_ops` off. Without a
 /// program, the kernel is every op's.
 #[test]
 fn a_program_kernel_holds_only_its_ops() {
@@ -754,6 +754,33 @@ fn a_program_kernel_holds_only_its_ops() {
     fused.tasks.push(t);
     let k = opts.knobs(Some(&fused), &reg);
     assert_eq!(k.ops, None, "a FUSED task may run any op as a step");
+}
+
+/// A FUSED task brings its steps' ops into the kernel and no other: a program with the
+/// reshape+ROPE pairs fused (each FUSED task an EMBED step and a ROPE step) has the kernel of
+/// its tasks' ops, EMBED and ROPE, not every op's.
+#[test]
+fn a_fused_task_brings_only_its_steps_ops() {
+    use amk_backend_cuda::CudaOptions;
+    let reg = registry();
+    let schedule = amk_core::ScheduleConfig {
+        fusion_grouping: vec![vec!["embed".into(), "rope".into()]],
+        ..amk_core::ScheduleConfig::default()
+    };
+    let p = smollm2_program(DType::F32, &schedule);
+    assert!(p.tasks.iter().any(|t| t.op == Opcode::FUSED));
+    let mut expected: Vec<Opcode> = p.tasks.iter().map(|t| t.op).collect();
+    expected.extend([Opcode::EMBED, Opcode::ROPE]);
+    expected.sort();
+    expected.dedup();
+    let opts = CudaOptions {
+        program_ops: true,
+        ..CudaOptions::default()
+    };
+    let mk = megakernel_source(&reg, opts.knobs(Some(&p), &reg)).unwrap();
+    let compiled: Vec<Opcode> = mk.ops.iter().map(|o| o.code).collect();
+    assert_eq!(compiled, expected);
+    assert!(compiled.len() < reg.len() - 10, "{compiled:?}");
 }
 
 /// The defines a kernel's source starts with (everything before the first `#line`).

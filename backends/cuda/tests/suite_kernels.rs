@@ -99,11 +99,21 @@ fn suite_kernels_compile() {
     std::thread::scope(|s| {
         for _ in 0..width.min(jobs.len()) {
             s.spawn(|| {
-                while let Some((options, p)) = jobs.get(next.fetch_add(1, Ordering::Relaxed)) {
-                    if let Err(e) =
-                        amk_backend_cuda::precompile(options, &reg, &arch, None, Some(p), false)
-                    {
-                        failures.lock().unwrap().push(e.to_string());
+                loop {
+                    let i = next.fetch_add(1, Ordering::Relaxed);
+                    let Some((options, p)) = jobs.get(i) else {
+                        break;
+                    };
+                    eprintln!("kernel {i}: {}", describe(p));
+                    let t = std::time::Instant::now();
+                    match amk_backend_cuda::precompile(options, &reg, &arch, None, Some(p), false) {
+                        // Each kernel's time, so a slow one can be found (--no-capture).
+                        Ok((_, bytes, cached)) => eprintln!(
+                            "kernel {i}: {bytes} bytes, {:.1} s{}",
+                            t.elapsed().as_secs_f64(),
+                            if cached { " (cached)" } else { "" }
+                        ),
+                        Err(e) => failures.lock().unwrap().push(e.to_string()),
                     }
                 }
             });
@@ -118,4 +128,20 @@ fn suite_kernels_compile() {
         jobs.len(),
         failures[0]
     );
+}
+
+/// A program in a line, to name a kernel in the log: its tasks, ops and dtypes.
+fn describe(p: &Program) -> String {
+    let mut ops: Vec<String> = p.tasks.iter().map(|t| t.op.to_string()).collect();
+    ops.sort();
+    ops.dedup();
+    let mut dtypes: Vec<&str> = p.buffers.iter().map(|b| b.dtype.name()).collect();
+    dtypes.sort_unstable();
+    dtypes.dedup();
+    format!(
+        "{} tasks, ops {}, dtypes {}",
+        p.tasks.len(),
+        ops.join(" "),
+        dtypes.join(" ")
+    )
 }
