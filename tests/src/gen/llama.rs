@@ -1,5 +1,8 @@
 //! A decode program shaped like the reference lowering (docs/models.md), and the benchmark
-//! presets built from it.
+//! presets built from it. The real lowering (`amk_model_llama::lower`) gives the same tasks
+//! under the reference schedule (`tests/tests/generator_vs_lowering.rs` holds them to it);
+//! this one stays separate because its positions are params and its split-KV shards stop at
+//! the position, which the soundness suite's programs and counts are built on.
 
 use super::hb::Hb;
 use super::params::{int, params};
