@@ -5,9 +5,9 @@
  * the program and the options, and a user's AMK_CUDA_DEFINES, which win over a default here):
  * each knob is `#ifndef NAME / #define NAME default`. The headers that use a knob say so where
  * it was; this is the one list. Ops keep their own knobs in their sources: LT_STAGES
- * (ops/linear-tile), AMK_AS_DIRECT, AMK_AS_STAGED, AMK_AS_MIN_ROWS and AMK_AS_PROBES
- * (ops/attention-split), AMK_AM_STEP and AMK_AM_SHARED (ops/attention-merge), AMK_GU_TRIPLES
- * (ops/gate-up-silu). docs/gpu-testing.md says how to set them. */
+ * (ops/linear-tile), AMK_AS_MIN_ROWS (ops/attention-split), AMK_AM_STEP and AMK_AM_SHARED
+ * (ops/attention-merge), AMK_GU_TRIPLES (ops/gate-up-silu). docs/gpu-testing.md says how to
+ * set them. */
 #ifndef AMK_KNOBS_CUH
 #define AMK_KNOBS_CUH
 

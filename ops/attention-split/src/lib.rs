@@ -57,8 +57,7 @@ use std::borrow::Cow;
 pub mod reference;
 
 /// Dynamic shared memory the device task asks for: its direct path merges its warps' sums
-/// there (8 warps × 4 heads × head_dim f32; a task that gets less takes the general path; the
-/// staged path, compiled only for measurements, copies its rows there a chunk at a time), the
+/// there (8 warps × 4 heads × head_dim f32; a task that gets less takes the general path), the
 /// same budget as the output projection's tiles that follow it in a layer.
 pub const SHARED_BYTES: u32 = op_gemv_tile::SHARED_BYTES;
 
