@@ -79,11 +79,10 @@ pub struct CudaOptions {
 impl CudaOptions {
     /// The knobs of the megakernel these options run `program` on: its fused loops
     /// ([`FusedLoops::of_program`]), the quantised loops only if it holds a quantised buffer,
-    /// no trace points
-    /// (a traced session sets `trace`), the fused loop's pass sized to its rows
-    /// ([`loops::fused_vecs`]) and without bounds tests where its rows allow
-    /// ([`loops::fused_exact`]), every unit of its warps loaded before the wait where its rows are
-    /// one pass ([`loops::row_pre`]), only the float dtypes its buffers hold, and, with
+    /// no trace points (a traced session sets `trace`), the fused loop's pass sized to its
+    /// rows ([`loops::fused_vecs`]) and without bounds tests where its rows allow
+    /// ([`loops::fused_exact`]), every unit of its warps loaded before the wait where its rows
+    /// are one pass ([`loops::row_pre`]), only the float dtypes its buffers hold, and, with
     /// [`CudaOptions::program_ops`], only the ops its tasks and their steps use
     /// ([`kernel_ops`]). `None`: the kernel of every op and every loop.
     pub fn knobs(&self, program: Option<&Program>, registry: &Registry) -> assemble::Knobs {
