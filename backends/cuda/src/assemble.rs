@@ -189,9 +189,10 @@ impl Megakernel {
     pub fn max_shared_bytes(&self) -> u32 {
         self.ops.iter().map(|o| o.shared_bytes).max().unwrap_or(0)
     }
-    /// Largest dynamic shared memory the ops of `program` ask for (every op's, when a FUSED
-    /// task may run any op as a step). Shared memory a launch reserves comes out of the L1
-    /// cache, so a program that uses no op needing it reserves none.
+    /// Largest dynamic shared memory the ops of `program` ask for (with a FUSED task, every op's
+    /// in this kernel: its steps' ops are among them, [`crate::kernel_ops`]). Shared memory a
+    /// launch reserves comes out of the L1 cache, so a program that uses no op needing it
+    /// reserves none.
     pub fn shared_bytes_for(&self, program: &amk_core::Program) -> u32 {
         if program.tasks.iter().any(|t| t.op == Opcode::FUSED) {
             return self.max_shared_bytes();
