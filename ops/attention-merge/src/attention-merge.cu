@@ -55,17 +55,6 @@ __device__ __noinline__ bool am_check(const amk_task_ctx& ctx) {
   return am_setup<true>(ctx, a);
 }
 
-/* Splits with rows at the position (block-uniform); -1, having failed the task, for a negative
- * position. */
-__device__ __forceinline__ int am_active(const amk_task_ctx& ctx, const am_args& a) {
-  const long long p = amk_ldif(a.pos, 0);
-  if (p < 0) {
-    amk_fail(ctx, AMK_ERR_INDEX, p);
-    return -1;
-  }
-  return amk_split_active(p, a.n_splits, a.chunk);
-}
-
 /* Splits a step of am_element's passes, every load of a step in flight at once (8 by default;
  * AMK_AM_STEP=4 or 16 for measurements). A wider step is fewer L2 round trips at long context
  * but more code: each task runs it cold, and 16 measured slower than 8 at every position on
@@ -224,9 +213,9 @@ __device__ __forceinline__ void amk_op_attention_merge(const amk_task_ctx& ctx) 
   am_args a;
   am_setup<false>(ctx, a);
   const bool late = ctx.check_only || !(a.pos->flags & AMK_BUF_LAUNCH_CONST);
-  int active = late ? 0 : am_active(ctx, a);
+  int active = late ? 0 : amk_split_active_at(ctx, a.pos, a.n_splits, a.chunk);
   if (active < 0 || !amk_task_wait(ctx)) return;
-  if (late) active = am_active(ctx, a);
+  if (late) active = amk_split_active_at(ctx, a.pos, a.n_splits, a.chunk);
   if (active < 0) return;
   const int heads = a.n_tile / a.hd;
   if (AMK_AM_SHARED && 4 * am_shared_floats(heads, active) <= ctx.smem_bytes) am_merge_shared(ctx, a, active);

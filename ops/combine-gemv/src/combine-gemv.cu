@@ -101,17 +101,6 @@ __device__ __noinline__ bool cg_check(const amk_task_ctx& ctx) {
   return cg_setup<true>(ctx, a);
 }
 
-/* Splits with rows at the position (block-uniform); -1, having failed the task, for a negative
- * position. */
-__device__ __forceinline__ int cg_active(const amk_task_ctx& ctx, const cg_args& a) {
-  const long long p = amk_ldif(a.pos, 0);
-  if (p < 0) {
-    amk_fail(ctx, AMK_ERR_INDEX, p);
-    return -1;
-  }
-  return amk_split_active(p, a.n_splits, a.chunk);
-}
-
 /* Every head's merge weights into the scratch: the active splits' m and l loaded at once (a
  * thread per split and head), then a thread per head works out its weights and denominator in
  * split order, the reference's arithmetic. Block-wide: the scratch is ready for every thread
@@ -333,7 +322,7 @@ __device__ __forceinline__ void cg_prefetch_w(const cg_args& a, unsigned long lo
 __device__ __noinline__ void cg_run(const amk_task_ctx& ctx) {
   cg_args a;
   cg_setup<false>(ctx, a);
-  const int active = cg_active(ctx, a);
+  const int active = amk_split_active_at(ctx, a.pos, a.n_splits, a.chunk);
   if (active < 0) return;
   amk_probe(ctx, 0); /* the position read */
   const amk_buffer_t* w = a.w;
@@ -354,7 +343,7 @@ __device__ __noinline__ bool cg_pre(const amk_task_ctx& ctx) {
   const bool al = amk_al16(w->ptr);
   if (!amk_pre_row_ok<1>(ctx, w->dtype, true, a.K, w->dtype, al, a.n_tile)) return false;
   if (!(a.pos->flags & AMK_BUF_LAUNCH_CONST)) return false;
-  const int active = cg_active(ctx, a);
+  const int active = amk_split_active_at(ctx, a.pos, a.n_splits, a.chunk);
   if (active < 0) return true; /* the task failed: nothing more */
   const unsigned long long pol = amk_weight_policy(ctx.prog->flags);
   const amk_buffer_t row = amk_smem_row(ctx, a.K, w->dtype);

@@ -811,6 +811,18 @@ __device__ __forceinline__ int amk_split_active(long long p, int n_splits, int c
   return (q + size) / size;
 }
 
+/* The splits with rows at the position `pos` holds (block-uniform); -1, having failed the task,
+ * for a negative position. */
+__device__ __forceinline__ int amk_split_active_at(const amk_task_ctx& ctx, const amk_buffer_t* pos,
+                                                   int n_splits, int chunk) {
+  const long long p = amk_ldif(pos, 0);
+  if (p < 0) {
+    amk_fail(ctx, AMK_ERR_INDEX, p);
+    return -1;
+  }
+  return amk_split_active(p, n_splits, chunk);
+}
+
 /* A position buffer the attention can read (the validator's rule, again on the device):
  * integers, at least one element. */
 __device__ __forceinline__ bool amk_att_pos_ok(const amk_buffer_t* pb) {
