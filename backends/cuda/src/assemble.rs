@@ -299,11 +299,12 @@ pub fn megakernel_source(registry: &Registry, knobs: Knobs) -> Result<Megakernel
         });
     }
     src.push_str("#line 1 \"amk generated dispatcher\"\n");
+    let calls = op_calls(&ops, &mut src);
     for (name, with_fused) in [("amk_dispatch", true), ("amk_dispatch_step", false)] {
         src.push_str(&format!(
             "__device__ __noinline__ void {name}(const amk_task_ctx& c) {{\n  switch (c.inst->op) {{\n"
         ));
-        for o in &ops {
+        for (o, call) in ops.iter().zip(&calls) {
             if o.code == Opcode::FUSED && !with_fused {
                 continue;
             }
@@ -315,9 +316,8 @@ pub fn megakernel_source(registry: &Registry, knobs: Knobs) -> Result<Megakernel
                 "if (amk_task_wait(c)) "
             };
             src.push_str(&format!(
-                "    case {code}: {wait}amk_op_{code}::{entry}(c); break;\n",
+                "    case {code}: {wait}amk_op_{code}::{call}(c); break;\n",
                 code = o.code.0,
-                entry = o.entry
             ));
         }
         src.push_str("    default: amk_fail(c, AMK_ERR_UNKNOWN_OPCODE, c.inst->op);\n  }\n}\n");
@@ -327,3 +327,33 @@ pub fn megakernel_source(registry: &Registry, knobs: Knobs) -> Result<Megakernel
     src.push('\n');
     Ok(Megakernel { source: src, ops })
 }
+
+/// The name each dispatcher calls for each of `ops`, in its namespace: the op's entry itself,
+/// or, in a kernel with the FUSED op, an out-of-line wrapper (`OUT_OF_LINE`) that this writes
+/// into `src`. Why: with FUSED, two dispatchers call every op (the task's and a FUSED step's,
+/// `amk_dispatch_step`), and NVRTC inlined each op's body into both — the every-op kernel held
+/// every op twice and compiled for over half an hour on one core. Through one out-of-line copy
+/// each body is compiled once; kernels without FUSED (every shipped decode and prefill
+/// program) keep their source, and so their machine code, as it was.
+fn op_calls(ops: &[CompiledOp], src: &mut String) -> Vec<String> {
+    if !ops.iter().any(|o| o.code == Opcode::FUSED) {
+        return ops.iter().map(|o| o.entry.clone()).collect();
+    }
+    ops.iter()
+        .map(|o| {
+            if o.code == Opcode::FUSED {
+                return o.entry.clone();
+            }
+            src.push_str(&format!(
+                "namespace amk_op_{code} {{ __device__ __noinline__ void {OUT_OF_LINE}(const \
+                 amk_task_ctx& c) {{ {entry}(c); }} }}\n",
+                code = o.code.0,
+                entry = o.entry
+            ));
+            OUT_OF_LINE.to_string()
+        })
+        .collect()
+}
+
+/// The out-of-line wrapper's name inside an op's namespace ([`op_calls`]).
+pub const OUT_OF_LINE: &str = "amk_entry_out_of_line";

@@ -783,6 +783,47 @@ fn a_fused_task_brings_only_its_steps_ops() {
     assert!(compiled.len() < reg.len() - 10, "{compiled:?}");
 }
 
+/// In a kernel with the FUSED op both dispatchers (the task's and a FUSED step's) call each
+/// other op through one out-of-line wrapper, so its body is in the kernel once; a kernel
+/// without FUSED calls the entries directly and has no wrapper.
+#[test]
+fn a_fused_kernel_holds_each_op_once() {
+    use amk_backend_cuda::CudaOptions;
+    use amk_backend_cuda::assemble::OUT_OF_LINE;
+    let reg = registry();
+    let every = megakernel_source(&reg, Knobs::default()).unwrap();
+    assert!(every.has(Opcode::FUSED));
+    for o in every.ops.iter().filter(|o| o.code != Opcode::FUSED) {
+        let code = o.code.0;
+        let call = format!("{}(c)", o.entry);
+        let wrapper =
+            format!("namespace amk_op_{code} {{ __device__ __noinline__ void {OUT_OF_LINE}(");
+        assert_eq!(every.source.matches(&wrapper).count(), 1, "op {code}");
+        let dispatched = format!("amk_op_{code}::{OUT_OF_LINE}(c); break;");
+        assert_eq!(
+            every.source.matches(&dispatched).count(),
+            2,
+            "op {code}: both dispatchers"
+        );
+        assert!(
+            !every.source.contains(&format!("amk_op_{code}::{call}")),
+            "op {code}"
+        );
+    }
+    let p = smollm2_program(DType::BF16, &amk_model_llama::lower::tuned_schedule());
+    let opts = CudaOptions {
+        program_ops: true,
+        ..CudaOptions::default()
+    };
+    let plain = megakernel_source(&reg, opts.knobs(Some(&p), &reg)).unwrap();
+    assert!(!plain.has(Opcode::FUSED));
+    assert!(!plain.source.contains(OUT_OF_LINE));
+    for o in &plain.ops {
+        let direct = format!("amk_op_{}::{}(c); break;", o.code.0, o.entry);
+        assert_eq!(plain.source.matches(&direct).count(), 2, "op {}", o.code.0);
+    }
+}
+
 /// The defines a kernel's source starts with (everything before the first `#line`).
 fn kernel_head(reg: &Registry, knobs: Knobs) -> String {
     let s = megakernel_source(reg, knobs).unwrap().source;
