@@ -93,6 +93,13 @@
                                     idle blocks do not flood the bus) */
 #endif
 
+/* Bytes of static shared memory the kernel takes beside the scheduler's own (a measurement
+ * knob, 0 by default): the dynamic shared memory the ops' tiles use starts after the static,
+ * so this moves their stages' base address (docs/perf-notes.md round 47). */
+#ifndef AMK_SMEM_PAD
+#define AMK_SMEM_PAD 0
+#endif
+
 /* ---- used in amk_tile.cuh (ops/oplib-tile) ---- */
 
 /* 16-byte weight vectors in flight per lane (over the NR rows of a unit). */
