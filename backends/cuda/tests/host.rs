@@ -713,6 +713,15 @@ fn fused_loop_bits_match_the_device_code() {
     assert_eq!(amk_backend_cuda::FusedLoops::ALL.bits(), 63);
 }
 
+/// The kernel `program` loads when a session compiles only its ops (`program_ops`).
+fn program_kernel(reg: &Registry, program: &Program) -> amk_backend_cuda::assemble::Megakernel {
+    let opts = amk_backend_cuda::CudaOptions {
+        program_ops: true,
+        ..amk_backend_cuda::CudaOptions::default()
+    };
+    megakernel_source(reg, opts.knobs(Some(program), reg)).unwrap()
+}
+
 /// A program's kernel holds the ops its tasks use and no other (the dispatch has a case for
 /// each of them; a task of an op left out would fail its load, not run); a FUSED task whose
 /// steps cannot be worked out brings every op back, and so does `program_ops` off. Without a
@@ -729,7 +738,7 @@ fn a_program_kernel_holds_only_its_ops() {
         program_ops: true,
         ..CudaOptions::default()
     };
-    let mk = megakernel_source(&reg, opts.knobs(Some(&p), &reg)).unwrap();
+    let mk = program_kernel(&reg, &p);
     let compiled: Vec<Opcode> = mk.ops.iter().map(|o| o.code).collect();
     assert_eq!(compiled, used);
     for op in &used {
@@ -761,7 +770,6 @@ fn a_program_kernel_holds_only_its_ops() {
 /// its tasks' ops, EMBED and ROPE, not every op's.
 #[test]
 fn a_fused_task_brings_only_its_steps_ops() {
-    use amk_backend_cuda::CudaOptions;
     let reg = registry();
     let schedule = amk_core::ScheduleConfig {
         fusion_grouping: vec![vec!["embed".into(), "rope".into()]],
@@ -773,11 +781,7 @@ fn a_fused_task_brings_only_its_steps_ops() {
     expected.extend([Opcode::EMBED, Opcode::ROPE]);
     expected.sort();
     expected.dedup();
-    let opts = CudaOptions {
-        program_ops: true,
-        ..CudaOptions::default()
-    };
-    let mk = megakernel_source(&reg, opts.knobs(Some(&p), &reg)).unwrap();
+    let mk = program_kernel(&reg, &p);
     let compiled: Vec<Opcode> = mk.ops.iter().map(|o| o.code).collect();
     assert_eq!(compiled, expected);
     assert!(compiled.len() < reg.len() - 10, "{compiled:?}");
@@ -788,7 +792,6 @@ fn a_fused_task_brings_only_its_steps_ops() {
 /// without FUSED calls the entries directly and has no wrapper.
 #[test]
 fn a_fused_kernel_holds_each_op_once() {
-    use amk_backend_cuda::CudaOptions;
     use amk_backend_cuda::assemble::OUT_OF_LINE;
     let reg = registry();
     let every = megakernel_source(&reg, Knobs::default()).unwrap();
@@ -811,11 +814,7 @@ fn a_fused_kernel_holds_each_op_once() {
         );
     }
     let p = smollm2_program(DType::BF16, &amk_model_llama::lower::tuned_schedule());
-    let opts = CudaOptions {
-        program_ops: true,
-        ..CudaOptions::default()
-    };
-    let plain = megakernel_source(&reg, opts.knobs(Some(&p), &reg)).unwrap();
+    let plain = program_kernel(&reg, &p);
     assert!(!plain.has(Opcode::FUSED));
     assert!(!plain.source.contains(OUT_OF_LINE));
     for o in &plain.ops {
