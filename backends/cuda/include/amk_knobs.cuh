@@ -93,11 +93,12 @@
                                     idle blocks do not flood the bus) */
 #endif
 
-/* Bytes of static shared memory the kernel takes beside the scheduler's own (a measurement
- * knob, 0 by default): the dynamic shared memory the ops' tiles use starts after the static,
- * so this moves their stages' base address (docs/perf-notes.md round 47). */
-#ifndef AMK_SMEM_PAD
-#define AMK_SMEM_PAD 0
+/* Alignment in bytes of the dynamic shared memory the ops use (their tiles' stages, scratch),
+ * which starts after the kernel's static shared memory: the compiler pads the static part to
+ * this. The 1B's 512-row prompt ran 7.7 ms with the stages 128-byte aligned, 7.9-8.3 ms at 32
+ * past a 128-byte line, 8.6 at 16 and 9.0-9.3 at 48 (docs/perf-notes.md round 48). */
+#ifndef AMK_SMEM_ALIGN
+#define AMK_SMEM_ALIGN 128
 #endif
 
 /* ---- used in amk_tile.cuh (ops/oplib-tile) ---- */

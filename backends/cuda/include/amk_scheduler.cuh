@@ -240,7 +240,7 @@ __device__ __forceinline__ void amk_gate_stop(const amk_device_program_t& prog, 
  * stops (a failed task, the abort flag). */
 __device__ __forceinline__ bool amk_run_queue(const amk_device_program_t& prog, int q, int begin,
                                               int end, int* s_failed, amk_stage_t* s_stage) {
-  extern __shared__ __align__(16) unsigned char amk_smem[];
+  extern __shared__ __align__(AMK_SMEM_ALIGN) unsigned char amk_smem[];
   int t = prog.queue_tasks[begin];
   amk_stage_issue(prog, t, begin, end, &s_stage[0]);
   for (int i = begin; i < end; ++i) {
@@ -348,7 +348,7 @@ __device__ __forceinline__ bool amk_pass_gate(const amk_device_program_t& prog, 
  * copy the whole table into each thread's local memory first). */
 extern "C" __global__ void __launch_bounds__(AMK_THREADS, 1)
 amk_megakernel(const __grid_constant__ amk_device_program_t prog) {
-  extern __shared__ __align__(16) unsigned char amk_smem[];
+  extern __shared__ __align__(AMK_SMEM_ALIGN) unsigned char amk_smem[];
 #if AMK_PROBE && !AMK_TRACE_OFF
   if (threadIdx.x == 0) amk_probe_tr = (uint64_t*)0;
 #endif
@@ -357,10 +357,6 @@ amk_megakernel(const __grid_constant__ amk_device_program_t prog) {
     return;
   }
   if (threadIdx.x == 0) amk_prog_block = prog; /* the first stage's barrier publishes it */
-#if AMK_SMEM_PAD
-  __shared__ __align__(16) unsigned char amk_smem_pad[AMK_SMEM_PAD];
-  if (threadIdx.x == 0) *(volatile unsigned char*)amk_smem_pad = 0; /* kept: it is written */
-#endif
   __shared__ int s_failed;
   /* Two stages: the task running, and the next one, copied in while it runs. */
   __shared__ __align__(16) amk_stage_t s_stage[2];

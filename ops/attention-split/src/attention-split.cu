@@ -168,7 +168,7 @@ __device__ __forceinline__ bool ad_plan_for(const amk_task_ctx& ctx, const as_ar
   s.gbase = lane & ~(L - 1);
   s.grp = warp * (32 / L) + lane / L;
   s.wfirst = warp * (32 / L);
-  extern __shared__ __align__(16) unsigned char amk_smem[];
+  extern __shared__ __align__(AMK_SMEM_ALIGN) unsigned char amk_smem[];
   s.red = (float*)amk_smem;
   s.ml = s.red + AMK_WARPS * AD_HB * a.hd;
   return true;

@@ -44,7 +44,7 @@ __device__ __forceinline__ int cg_split_bytes(const cg_args& a) {
 }
 /* The block's dynamic shared memory (ctx.smem), declared here so that the scratch's accesses
  * are shared-memory ones. */
-extern __shared__ __align__(16) unsigned char cg_dsmem[];
+extern __shared__ __align__(AMK_SMEM_ALIGN) unsigned char cg_dsmem[];
 __device__ __forceinline__ cg_scratch cg_scratch_at(const amk_task_ctx& ctx, const cg_args& a) {
   cg_scratch s;
   s.acc = (float*)(cg_dsmem + cg_row_bytes(a));
