@@ -93,12 +93,23 @@
                                     idle blocks do not flood the bus) */
 #endif
 
+/* 1: LINEAR_TILE's tensor-core tiles multiply with wgmma on sm_90a (ops/linear-tile; other
+ * architectures keep mma.sync). A measurement knob, 0 by default: not yet run on a GPU
+ * (docs/perf-notes.md round 48). */
+#ifndef AMK_LT_WGMMA
+#define AMK_LT_WGMMA 0
+#endif
+
 /* Alignment in bytes of the dynamic shared memory the ops use (their tiles' stages, scratch),
  * which starts after the kernel's static shared memory: the compiler pads the static part to
  * this. The 1B's 512-row prompt ran 7.7 ms with the stages 128-byte aligned, 7.9-8.3 ms at 32
  * past a 128-byte line, 8.6 at 16 and 9.0-9.3 at 48 (docs/perf-notes.md round 48). */
 #ifndef AMK_SMEM_ALIGN
+#if AMK_LT_WGMMA
+#define AMK_SMEM_ALIGN 1024 /* wgmma's swizzled stages (ops/linear-tile) */
+#else
 #define AMK_SMEM_ALIGN 128
+#endif
 #endif
 
 /* ---- used in amk_tile.cuh (ops/oplib-tile) ---- */

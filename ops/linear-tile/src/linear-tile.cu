@@ -420,6 +420,100 @@ __device__ __forceinline__ void lt_frags(uint32_t as, uint32_t bs, int wm, int w
   }
 }
 
+/* The Hopper path (AMK_LT_WGMMA, compiled for sm_90a only): the same stages, read by wgmma
+ * straight from shared memory instead of ldmatrix fragments. Each warpgroup (4 warps) takes
+ * m64 x n of the tile: with BM = LT_BM2 rows warpgroup g the rows 64 g.. and all LT_BN columns,
+ * with BM = LT_BM all the rows and the columns 64 g... A stage row is LT_BK 16-bit values (128
+ * bytes) with its 16-byte chunks XOR-swizzled by row & 7 (lt_swz): the layout wgmma calls the
+ * 128-byte swizzle, K-major, whose 8-row pattern (1,024 bytes) it finds from the address bits,
+ * so every stage must start 1,024-byte aligned (AMK_SMEM_ALIGN). cp.async and the norm write
+ * the stages through the generic proxy, wgmma reads them through the async one: each thread
+ * fences its writes to that proxy before the barrier that publishes them. */
+#if AMK_LT_WGMMA && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+#define LT_WG 1
+#else
+#define LT_WG 0
+#endif
+#if LT_WG
+static_assert(AMK_SMEM_ALIGN % 1024 == 0, "wgmma's 128-byte swizzle needs 1,024-byte aligned stages");
+static_assert(LT_BK * 2 == 128 && LT_A_BYTES % 1024 == 0 && LT_STAGE % 1024 == 0 &&
+                  (LT_BM2 * LT_BK * 2) % 1024 == 0, "stages of whole swizzle patterns");
+
+/* The descriptor of a K-major operand at shared address `addr` (128-byte swizzle: the stride
+ * between 8-row groups 1,024 bytes; the leading offset unused). */
+__device__ __forceinline__ uint64_t lt_wg_desc(uint32_t addr) {
+  return (uint64_t)((addr & 0x3FFFF) >> 4) | ((uint64_t)1 << 16) | ((uint64_t)(1024 >> 4) << 32) |
+         ((uint64_t)1 << 62);
+}
+
+/* Keeps the compiler from moving the accumulators' reads and writes across the asynchronous
+ * wgmma (their registers change between its issue and its wait). */
+template <int N>
+__device__ __forceinline__ void lt_wg_pin(float (&d)[N]) {
+#pragma unroll
+  for (int i = 0; i < N; ++i) asm volatile("" : "+f"(d[i])::"memory");
+}
+
+/* One m64n64k16 wgmma of the warpgroup into its 32 accumulators (f32, added to). */
+template <bool BF>
+__device__ __forceinline__ void lt_wg_n64(float (&d)[32], uint64_t da, uint64_t db) {
+  if (BF)
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, %32, %33, p, 1, 1, 0, 0;\n}\n"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+                 : "l"(da), "l"(db), "r"(1));
+  else
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, %32, %33, p, 1, 1, 0, 0;\n}\n"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+                 : "l"(da), "l"(db), "r"(1));
+}
+/* One m64n128k16 wgmma of the warpgroup into its 64 accumulators (f32, added to). */
+template <bool BF>
+__device__ __forceinline__ void lt_wg_n128(float (&d)[64], uint64_t da, uint64_t db) {
+  if (BF)
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, %64, %65, p, 1, 1, 0, 0;\n}\n"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+                 : "l"(da), "l"(db), "r"(1));
+  else
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n128k16.f32.f16.f16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, %64, %65, p, 1, 1, 0, 0;\n}\n"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+                 : "l"(da), "l"(db), "r"(1));
+}
+
+/* The MMAs of one K step (LT_BK) of the stage at `as` / `bs` into this warpgroup's
+ * accumulators, waited for: the stage is free again when it returns. */
+template <bool BF, int BM, int N>
+__device__ __forceinline__ void lt_wg_step(uint32_t as, uint32_t bs, float (&d)[N]) {
+  const uint32_t g = threadIdx.x >> 7;
+  const uint32_t a0 = as + (BM == LT_BM2 ? g * 64 * LT_BK * 2 : 0);
+  const uint32_t b0 = bs + (BM == LT_BM2 ? 0 : g * 64 * LT_BK * 2);
+  lt_wg_pin(d);
+  asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
+#pragma unroll
+  for (int kk = 0; kk < LT_BK / 16; ++kk) {
+    const uint64_t da = lt_wg_desc(a0 + kk * 32), db = lt_wg_desc(b0 + kk * 32);
+    if constexpr (BM == LT_BM2)
+      lt_wg_n128<BF>(d, da, db);
+    else
+      lt_wg_n64<BF>(d, da, db);
+  }
+  asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
+  asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
+  lt_wg_pin(d);
+}
+#endif
+
+/* Makes this thread's writes to the stages (cp.async, the norm) visible to wgmma's reads
+ * after the next barrier; nothing on the ldmatrix path. */
+__device__ __forceinline__ void lt_stage_fence() {
+#if LT_WG
+  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+#endif
+}
+
 /* The K loop of a BM-row tensor-core tile into this warp's accumulators. `scales`: this tile is
  * its row block's first, so it works out the block's row scales into `rinv` (with the norm),
  * after issuing its first stages' copies so that their latency and the scales' overlap. */
@@ -431,6 +525,8 @@ __device__ __forceinline__ void lt_k_loop(const amk_task_ctx& ctx, const lt_args
   typedef lt_dims<BM> D;
   const int warp = threadIdx.x >> 5;
   const int wm = warp >> 2, wn = warp & 3;
+  (void)wm; /* the wgmma path takes its operands by warpgroup */
+  (void)wn;
   const uint32_t s0 = (uint32_t)__cvta_generic_to_shared(smem);
   const bool norm = a.nw != nullptr;
   const int nk = (int)((p.K + LT_BK - 1) / LT_BK);
@@ -447,10 +543,12 @@ __device__ __forceinline__ void lt_k_loop(const amk_task_ctx& ctx, const lt_args
     const int st = kt % D::STAGES;
     const uint32_t as = s0 + st * D::STAGE, bs = as + D::A_BYTES;
     amk_cp_async_wait_group<D::STAGES - 2>();
+    lt_stage_fence();
     __syncthreads(); /* stage kt landed for everyone; stage kt - 1 is consumed */
     if (kt == 0) amk_probe(ctx, 1); /* the first K step landed */
     if (norm) {
       lt_norm_chunk<BF, BM>(p, (long long)kt * LT_BK, smem + st * D::STAGE, rinv, ws);
+      lt_stage_fence();
       __syncthreads();
     }
     {
@@ -461,6 +559,9 @@ __device__ __forceinline__ void lt_k_loop(const amk_task_ctx& ctx, const lt_args
       else
         amk_cp_async_commit();
     }
+#if LT_WG
+    lt_wg_step<BF, BM>(as, bs, reinterpret_cast<float(&)[D::MI * 16]>(acc));
+#else
     /* Fragments double-buffered: 16 of K's ldmatrix issue before the previous 16's mma. */
     uint32_t af[2][D::MI][4], bf[2][4][2];
     lt_frags<BM>(as, bs, wm, wn, 0, af[0], bf[0]);
@@ -474,6 +575,7 @@ __device__ __forceinline__ void lt_k_loop(const amk_task_ctx& ctx, const lt_args
         for (int j = 0; j < 4; ++j)
           amk_mma_16816<BF>(acc[i][j], af[kk & 1][i], bf[kk & 1][j][0], bf[kk & 1][j][1]);
     }
+#endif
   }
   amk_cp_async_wait_all();
   __syncthreads(); /* every warp is past its last read of the stages */
@@ -499,6 +601,23 @@ __device__ __noinline__ void lt_tile_mma(const amk_task_ctx& ctx, const lt_args&
   lt_k_loop<BF, BM>(ctx, a, p, m0, rinv, ws, smem, scales, acc);
   amk_probe(ctx, 2); /* the K loop done */
   float* cs = (float*)smem;
+#if LT_WG
+  /* wgmma's m64 accumulators: warp w of warpgroup g holds rows 16 w + lane / 4 (and 8 below)
+   * of its 64, two columns a n8 block. */
+  {
+    const float(&d)[lt_dims<BM>::MI * 16] = reinterpret_cast<const float(&)[lt_dims<BM>::MI * 16]>(acc);
+    const int g = warp >> 2;
+    const int row = (BM == LT_BM2 ? 64 * g : 0) + 16 * (warp & 3) + (lane >> 2);
+    const int cb = (BM == LT_BM2 ? 0 : 64 * g) + (lane & 3) * 2;
+#pragma unroll
+    for (int j = 0; j < lt_dims<BM>::MI * 4; ++j) {
+      *(float2*)&cs[row * LT_LD + cb + 8 * j] = make_float2(d[4 * j], d[4 * j + 1]);
+      *(float2*)&cs[(row + 8) * LT_LD + cb + 8 * j] = make_float2(d[4 * j + 2], d[4 * j + 3]);
+    }
+  }
+  (void)wm;
+  (void)wn;
+#else
 #pragma unroll
   for (int i = 0; i < lt_dims<BM>::MI; ++i)
 #pragma unroll
@@ -507,6 +626,7 @@ __device__ __noinline__ void lt_tile_mma(const amk_task_ctx& ctx, const lt_args&
       *(float2*)&cs[row * LT_LD + col] = make_float2(acc[i][j][0], acc[i][j][1]);
       *(float2*)&cs[(row + 8) * LT_LD + col] = make_float2(acc[i][j][2], acc[i][j][3]);
     }
+#endif
   __syncthreads();
   amk_probe(ctx, 5); /* the sums in shared memory */
   if (a.bias) {
