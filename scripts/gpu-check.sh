@@ -40,6 +40,15 @@ install() {
         fi
     fi
     export AMK_CUDA_CACHE="$AMK_HOME/cubin"
+    # nvJitLink links the kernels with the FUSED op: the CUDA toolkit's if the loader finds it,
+    # else PyPI's nvidia-nvjitlink where Python has it.
+    if ! ldconfig -p 2>/dev/null | grep -q 'libnvJitLink\.so\.13'; then
+        local d
+        d=$(python3 -c 'import nvidia, os; print(os.path.join(list(nvidia.__path__)[0], "cu13", "lib"))' 2>/dev/null || true)
+        if [ -n "$d" ] && [ -f "$d/libnvJitLink.so.13" ]; then
+            export LD_LIBRARY_PATH="$d${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+        fi
+    fi
 }
 
 # bench_shape AMK SHAPE POS OUT [LABEL]: `AMK bench` of SHAPE at POS (plus BENCH_ARGS) into

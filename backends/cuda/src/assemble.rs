@@ -184,7 +184,29 @@ pub struct Megakernel {
     pub ops: Vec<CompiledOp>,
 }
 
+/// How a kernel's device functions are compiled: as one program, which ptxas optimises across
+/// the calls (every shipped kernel: its ops inline into the dispatcher), or as separate code
+/// linked by nvJitLink afterwards (a kernel with the FUSED op, whose ops are all out-of-line
+/// calls: whole-program ptxas took about an hour on the every-op kernel for sm_90a; see
+/// `device::jitlink`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Linkage {
+    /// NVRTC's default: one program, a loadable cubin straight away.
+    WholeProgram,
+    /// `--relocatable-device-code=true`, then linked.
+    Separate,
+}
+
 impl Megakernel {
+    /// How NVRTC compiles this kernel: a kernel with the FUSED op (every op an out-of-line
+    /// call, `op_calls`) as separate code, linked afterwards; any other as one program.
+    pub fn linkage(&self) -> Linkage {
+        if self.ops.iter().any(|o| o.code == Opcode::FUSED) {
+            Linkage::Separate
+        } else {
+            Linkage::WholeProgram
+        }
+    }
     /// Largest dynamic shared memory any op asks for.
     pub fn max_shared_bytes(&self) -> u32 {
         self.ops.iter().map(|o| o.shared_bytes).max().unwrap_or(0)

@@ -31,6 +31,12 @@ pub enum CudaError {
          its lib directory on LD_LIBRARY_PATH"
     )]
     NvrtcMissing,
+    /// The nvJitLink library cannot be loaded (kernels compiled as separate code need it).
+    #[error(
+        "the nvJitLink library (libnvJitLink.so) was not found: install the CUDA toolkit's \
+         nvJitLink (or PyPI's nvidia-nvjitlink) and put its lib directory on LD_LIBRARY_PATH"
+    )]
+    JitLinkMissing,
     /// The driver loaded but reports no device.
     #[error("no CUDA device is present")]
     NoDevice,
@@ -180,6 +186,7 @@ impl From<CudaError> for BackendError {
             CudaError::NotCompiled
             | CudaError::DriverMissing
             | CudaError::NvrtcMissing
+            | CudaError::JitLinkMissing
             | CudaError::NoDevice
             | CudaError::DeviceOrdinal { .. }
             | CudaError::DeviceUnsuitable { .. }

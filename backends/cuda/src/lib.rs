@@ -294,6 +294,7 @@ pub mod test_support {
             CudaError::NotCompiled
                 | CudaError::DriverMissing
                 | CudaError::NvrtcMissing
+                | CudaError::JitLinkMissing
                 | CudaError::NoDevice
         )
     }

@@ -823,6 +823,23 @@ fn a_fused_kernel_holds_each_op_once() {
     }
 }
 
+/// A kernel with FUSED (every op an out-of-line call) is compiled as separate code and linked;
+/// every other kernel, the shipped programs' included, as one program (NVRTC's default).
+#[test]
+fn only_a_fused_kernel_is_compiled_as_separate_code() {
+    use amk_backend_cuda::assemble::Linkage;
+    let reg = registry();
+    let every = megakernel_source(&reg, Knobs::default()).unwrap();
+    assert_eq!(every.linkage(), Linkage::Separate);
+    for schedule in [
+        amk_model_llama::lower::tuned_schedule(),
+        amk_core::ScheduleConfig::default(),
+    ] {
+        let p = smollm2_program(DType::BF16, &schedule);
+        assert_eq!(program_kernel(&reg, &p).linkage(), Linkage::WholeProgram);
+    }
+}
+
 /// The defines a kernel's source starts with (everything before the first `#line`).
 fn kernel_head(reg: &Registry, knobs: Knobs) -> String {
     let s = megakernel_source(reg, knobs).unwrap().source;

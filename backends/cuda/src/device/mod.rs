@@ -2,6 +2,7 @@
 #![allow(unsafe_code)]
 
 mod driver;
+pub mod jitlink;
 mod load;
 pub mod nvrtc;
 mod report;
@@ -158,7 +159,10 @@ impl CudaBackend {
         trace: bool,
     ) -> Result<(Arc<Module>, Megakernel), CudaError> {
         let mk = kernel_source(&self.inner.options, registry, Some(program), trace)?;
-        let key = nvrtc::cache_key(&mk.source, &nvrtc::options(&self.inner.info.arch))?;
+        let key = nvrtc::cache_key(
+            &mk.source,
+            &nvrtc::options(&self.inner.info.arch, mk.linkage()),
+        )?;
         let mut modules = self
             .inner
             .modules
@@ -170,13 +174,15 @@ impl CudaBackend {
         let cubin = nvrtc::compile_cached(
             &mk.source,
             &self.inner.info.arch,
+            mk.linkage(),
             Some(&self.inner.cache_dir),
         )?;
         let module = match Module::load(&self.inner.ctx, &cubin) {
             Ok(m) => m,
             Err(_) => {
                 // A stale or damaged cache entry: compile afresh.
-                let cubin = nvrtc::compile_cached(&mk.source, &self.inner.info.arch, None)?;
+                let cubin =
+                    nvrtc::compile_cached(&mk.source, &self.inner.info.arch, mk.linkage(), None)?;
                 Module::load(&self.inner.ctx, &cubin)?
             }
         };
@@ -247,6 +253,7 @@ impl CudaBackend {
         let cubin = nvrtc::compile_cached(
             READ_BW_SOURCE,
             &self.inner.info.arch,
+            nvrtc::Linkage::WholeProgram,
             Some(&self.inner.cache_dir),
         )?;
         let k = driver::Kernel::load(ctx, &cubin, "amk_read_bw")?;
@@ -318,10 +325,10 @@ pub fn precompile(
 ) -> Result<(std::path::PathBuf, usize, bool), CudaError> {
     let dir = cache_dir.map_or_else(nvrtc::default_cache_dir, std::path::Path::to_path_buf);
     let mk = kernel_source(options, registry, program, trace)?;
-    let key = nvrtc::cache_key(&mk.source, &nvrtc::options(arch))?;
+    let key = nvrtc::cache_key(&mk.source, &nvrtc::options(arch, mk.linkage()))?;
     let path = dir.join(format!("{key}.{arch}.cubin"));
     let cached = path.is_file();
-    let cubin = nvrtc::compile_cached(&mk.source, arch, Some(&dir))?;
+    let cubin = nvrtc::compile_cached(&mk.source, arch, mk.linkage(), Some(&dir))?;
     Ok((path, cubin.len(), cached))
 }
 
@@ -333,7 +340,7 @@ pub fn compile_for_arch(
     knobs: Knobs,
 ) -> Result<Vec<u8>, CudaError> {
     let mk = megakernel_source(registry, knobs).map_err(CudaError::Layout)?;
-    nvrtc::compile_cached(&mk.source, arch, None)
+    nvrtc::compile_cached(&mk.source, arch, mk.linkage(), None)
 }
 
 impl Backend for CudaBackend {

@@ -6,6 +6,7 @@
 #![allow(unsafe_code)]
 
 use crate::CudaError;
+pub use crate::assemble::Linkage;
 use cudarc::nvrtc::{result, sys};
 use sha2::{Digest, Sha256};
 use std::ffi::{CString, c_char, c_int};
@@ -66,8 +67,8 @@ fn nvrtc_ok(r: sys::nvrtcResult, call: &'static str) -> Result<(), CudaError> {
 
 /// The compile options: the numerics contract is explicit (IEEE division and square root,
 /// no flush-to-zero, no fast math), the architecture comes from the live device.
-pub fn options(arch: &str) -> Vec<String> {
-    vec![
+pub fn options(arch: &str, linkage: Linkage) -> Vec<String> {
+    let mut o: Vec<String> = vec![
         format!("--gpu-architecture={arch}"),
         "--std=c++17".into(),
         "--fmad=true".into(),
@@ -75,7 +76,11 @@ pub fn options(arch: &str) -> Vec<String> {
         "--prec-div=true".into(),
         "--prec-sqrt=true".into(),
         "-lineinfo".into(),
-    ]
+    ];
+    if linkage == Linkage::Separate {
+        o.push("--relocatable-device-code=true".into());
+    }
+    o
 }
 
 /// Where cubins are cached: `$AMK_CUDA_CACHE`, else `$XDG_CACHE_HOME/amk/cubin`, else
@@ -115,9 +120,10 @@ pub fn cache_key(source: &str, opts: &[String]) -> Result<String, CudaError> {
 pub fn compile_cached(
     source: &str,
     arch: &str,
+    linkage: Linkage,
     cache_dir: Option<&Path>,
 ) -> Result<Vec<u8>, CudaError> {
-    let opts = options(arch);
+    let opts = options(arch, linkage);
     let key = cache_key(source, &opts)?;
     let path = cache_dir.map(|d| d.join(format!("{key}.{arch}.cubin")));
     if let Some(p) = &path
@@ -126,7 +132,10 @@ pub fn compile_cached(
     {
         return Ok(bytes);
     }
-    let cubin = compile(source, arch, &opts, cache_dir, &key)?;
+    let mut cubin = compile(source, arch, &opts, cache_dir, &key)?;
+    if linkage == Linkage::Separate {
+        cubin = super::jitlink::link(&cubin, arch)?;
+    }
     if let (Some(dir), Some(p)) = (cache_dir, &path) {
         let cache_err = |source| CudaError::Cache {
             path: dir.to_path_buf(),

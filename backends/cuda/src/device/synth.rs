@@ -52,7 +52,12 @@ fn code(dtype: DType) -> Result<i32, CudaError> {
 impl CudaBackend {
     fn synth_kernel(&self) -> Result<Kernel, CudaError> {
         let inner = &self.inner;
-        let cubin = nvrtc::compile_cached(SOURCE, &inner.info.arch, Some(&inner.cache_dir))?;
+        let cubin = nvrtc::compile_cached(
+            SOURCE,
+            &inner.info.arch,
+            nvrtc::Linkage::WholeProgram,
+            Some(&inner.cache_dir),
+        )?;
         Kernel::load(&inner.ctx, &cubin, "amk_synth_fill")
     }
 
