@@ -61,8 +61,10 @@ struct Link {
 
 impl Drop for Link {
     fn drop(&mut self) {
-        // SAFETY: `handle` came from nvJitLinkCreate and is destroyed once.
-        unsafe { (self.destroy)(&mut self.handle) };
+        if !self.handle.is_null() {
+            // SAFETY: `handle` came from nvJitLinkCreate and is destroyed once.
+            unsafe { (self.destroy)(&mut self.handle) };
+        }
     }
 }
 
