@@ -100,6 +100,16 @@
 #define AMK_LT_WGMMA 0
 #endif
 
+/* 1: the task dispatcher (generated, every op's code) inlines into the kernel's entry, and
+ * the verify pass gets a dispatcher of its own holding only the ops that wait themselves: what
+ * wgmma needs to run unserialized (ptxas serializes it inside any function that is called,
+ * remark C7510). Set it through AMK_CUDA_DEFINES: the generated dispatchers follow that list
+ * (assemble.rs, `Knobs::dispatch_inline`). A measurement knob, 0 by default (one out-of-line
+ * dispatcher); not yet run on a GPU (docs/perf-notes.md round 48). */
+#ifndef AMK_DISPATCH_INLINE
+#define AMK_DISPATCH_INLINE 0
+#endif
+
 /* Alignment in bytes of the dynamic shared memory the ops use (their tiles' stages, scratch),
  * which starts after the kernel's static shared memory: the compiler pads the static part to
  * this. The 1B's 512-row prompt ran 7.7 ms with the stages 128-byte aligned, 7.9-8.3 ms at 32

@@ -197,6 +197,9 @@ __device__ __noinline__ void amk_task_skip_wait(const amk_task_ctx& c) {
  * (`status`). Blocks take tasks blockIdx.x, blockIdx.x + gridDim.x, ... A mode of the
  * megakernel rather than a kernel of its own: a second entry would carry its own copy of
  * amk_dispatch, the bulk of the module. */
+#ifndef AMK_VERIFY_DISPATCH
+#define AMK_VERIFY_DISPATCH amk_dispatch /* its own with AMK_DISPATCH_INLINE (assemble.rs) */
+#endif
 __device__ __noinline__ void amk_verify_tasks(const amk_device_program_t& prog) {
   __shared__ int s_failed;
   for (int t = blockIdx.x; t < prog.n_instructions; t += gridDim.x) {
@@ -214,7 +217,7 @@ __device__ __noinline__ void amk_verify_tasks(const amk_device_program_t& prog) 
     c.trace = (uint64_t*)0;
     c.verify = 1;
     c.check_only = 1;
-    if (amk_check_ids(c)) amk_dispatch(c);
+    if (amk_check_ids(c)) AMK_VERIFY_DISPATCH(c);
     __syncthreads(); /* every thread's checks are done (s_failed is final) */
     if (threadIdx.x == 0 && !s_failed) prog.task_verified[t] = 1;
     __syncthreads(); /* s_failed read before the next task resets it */

@@ -108,6 +108,13 @@ impl FloatDtypes {
 }
 
 impl Knobs {
+    /// Whether `defines` asks for the task dispatcher inlined into the kernel's entry
+    /// (`AMK_DISPATCH_INLINE`, a measurement knob: amk_knobs.cuh).
+    pub fn dispatch_inline(&self) -> bool {
+        self.defines
+            .iter()
+            .any(|(n, v)| n == "AMK_DISPATCH_INLINE" && v.trim() != "0")
+    }
     /// The defines the knobs imply beyond `defines` (fused loops, quantised loops, trace points,
     /// the fused loop's pass and bounds, the loads before the wait, the float dtypes), each left
     /// out when `defines` names it: a user's value wins.
@@ -322,9 +329,15 @@ pub fn megakernel_source(registry: &Registry, knobs: Knobs) -> Result<Megakernel
     }
     src.push_str("#line 1 \"amk generated dispatcher\"\n");
     let calls = op_calls(&ops, &mut src);
+    let inline = knobs.dispatch_inline();
     for (name, with_fused) in [("amk_dispatch", true), ("amk_dispatch_step", false)] {
+        let attr = if with_fused && inline {
+            "__forceinline__"
+        } else {
+            "__noinline__"
+        };
         src.push_str(&format!(
-            "__device__ __noinline__ void {name}(const amk_task_ctx& c) {{\n  switch (c.inst->op) {{\n"
+            "__device__ {attr} void {name}(const amk_task_ctx& c) {{\n  switch (c.inst->op) {{\n"
         ));
         for (o, call) in ops.iter().zip(&calls) {
             if o.code == Opcode::FUSED && !with_fused {
@@ -344,10 +357,36 @@ pub fn megakernel_source(registry: &Registry, knobs: Knobs) -> Result<Megakernel
         }
         src.push_str("    default: amk_fail(c, AMK_ERR_UNKNOWN_OPCODE, c.inst->op);\n  }\n}\n");
     }
+    if inline {
+        verify_dispatcher(&ops, &calls, &mut src);
+    }
     src.push_str("#line 1 \"backends/cuda/include/amk_scheduler.cuh\"\n");
     src.push_str(SCHEDULER);
     src.push('\n');
     Ok(Megakernel { source: src, ops })
+}
+
+/// With AMK_DISPATCH_INLINE (the task dispatcher inlined into the kernel's entry), the
+/// dispatcher `amk_verify_tasks` calls: out of line, holding only the ops that wait themselves
+/// (in verify mode an op the scheduler waits for runs nothing: `amk_task_wait` answers false),
+/// so the code of the others — wgmma's above all, which ptxas serializes in any function that
+/// is called — lives only in the entry. Without the knob the verify pass calls `amk_dispatch`.
+fn verify_dispatcher(ops: &[CompiledOp], calls: &[String], src: &mut String) {
+    src.push_str(
+        "__device__ __noinline__ void amk_dispatch_verify(const amk_task_ctx& c) {\n  switch (c.inst->op) {\n",
+    );
+    for (o, call) in ops.iter().zip(calls) {
+        if o.own_wait {
+            src.push_str(&format!(
+                "    case {code}: amk_op_{code}::{call}(c); break;\n",
+                code = o.code.0
+            ));
+        } else {
+            src.push_str(&format!("    case {}: break;\n", o.code.0));
+        }
+    }
+    src.push_str("    default: amk_fail(c, AMK_ERR_UNKNOWN_OPCODE, c.inst->op);\n  }\n}\n");
+    src.push_str("#define AMK_VERIFY_DISPATCH amk_dispatch_verify\n");
 }
 
 /// The name each dispatcher calls for each of `ops`, in its namespace: the op's entry itself,

@@ -823,6 +823,49 @@ fn a_fused_kernel_holds_each_op_once() {
     }
 }
 
+/// `AMK_DISPATCH_INLINE=1` (a define) inlines the task dispatcher and gives the verify pass a
+/// dispatcher of its own that runs only the ops that wait themselves; without it the verify
+/// pass calls the one out-of-line dispatcher.
+#[test]
+fn dispatch_inline_gives_the_verify_pass_its_own_dispatcher() {
+    let reg = registry();
+    let p = smollm2_program(DType::BF16, &amk_model_llama::lower::tuned_schedule());
+    let plain = program_kernel(&reg, &p);
+    assert!(
+        plain
+            .source
+            .contains("__device__ __noinline__ void amk_dispatch(")
+    );
+    assert!(!plain.source.contains("amk_dispatch_verify"));
+    let opts = amk_backend_cuda::CudaOptions {
+        program_ops: true,
+        defines: vec![("AMK_DISPATCH_INLINE".into(), "1".into())],
+        ..amk_backend_cuda::CudaOptions::default()
+    };
+    let inline = megakernel_source(&reg, opts.knobs(Some(&p), &reg)).unwrap();
+    assert!(
+        inline
+            .source
+            .contains("__device__ __forceinline__ void amk_dispatch(")
+    );
+    assert!(
+        inline
+            .source
+            .contains("#define AMK_VERIFY_DISPATCH amk_dispatch_verify")
+    );
+    let verify = &inline.source[inline.source.find("void amk_dispatch_verify(").unwrap()..];
+    let verify = &verify[..verify.find("\n}\n").unwrap()];
+    for o in &inline.ops {
+        let call = format!("amk_op_{}::{}(c); break;", o.code.0, o.entry);
+        assert_eq!(verify.contains(&call), o.own_wait, "op {}", o.code.0);
+        assert!(
+            verify.contains(&format!("case {}:", o.code.0)),
+            "op {}",
+            o.code.0
+        );
+    }
+}
+
 /// A kernel with FUSED (every op an out-of-line call) is compiled as separate code and linked;
 /// every other kernel, the shipped programs' included, as one program (NVRTC's default).
 #[test]

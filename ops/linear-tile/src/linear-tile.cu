@@ -506,6 +506,15 @@ __device__ __forceinline__ void lt_wg_step(uint32_t as, uint32_t bs, float (&d)[
 }
 #endif
 
+/* The tile is out of line (one copy for its four instantiations' callers), but on the
+ * unserialized wgmma path it inlines into the dispatcher and the dispatcher into the kernel's
+ * entry (AMK_DISPATCH_INLINE): wgmma in a called function is serialized. */
+#if LT_WG && AMK_DISPATCH_INLINE
+#define LT_TILE_ATTR __forceinline__
+#else
+#define LT_TILE_ATTR __noinline__
+#endif
+
 /* Makes this thread's writes to the stages (cp.async, the norm) visible to wgmma's reads
  * after the next barrier; nothing on the ldmatrix path. */
 __device__ __forceinline__ void lt_stage_fence() {
@@ -584,7 +593,7 @@ __device__ __forceinline__ void lt_k_loop(const amk_task_ctx& ctx, const lt_args
 /* One device tile of BM rows on the tensor cores: the K loop, the accumulators to shared memory
  * (f32, over the stages), the bias, the epilogue. */
 template <bool BF, int BM>
-__device__ __noinline__ void lt_tile_mma(const amk_task_ctx& ctx, const lt_args& a, long long m0,
+__device__ LT_TILE_ATTR void lt_tile_mma(const amk_task_ctx& ctx, const lt_args& a, long long m0,
                                          long long c0, int cols, amk_norm_t* rinv,
                                          const float* ws, const float* fq, unsigned char* smem,
                                          bool scales) {
