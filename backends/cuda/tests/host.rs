@@ -715,8 +715,18 @@ fn fused_loop_bits_match_the_device_code() {
 
 /// The kernel `program` loads when a session compiles only its ops (`program_ops`).
 fn program_kernel(reg: &Registry, program: &Program) -> amk_backend_cuda::assemble::Megakernel {
+    program_kernel_with(reg, program, Vec::new())
+}
+
+/// [`program_kernel`] with device defines (`CudaOptions::defines`).
+fn program_kernel_with(
+    reg: &Registry,
+    program: &Program,
+    defines: Vec<(String, String)>,
+) -> amk_backend_cuda::assemble::Megakernel {
     let opts = amk_backend_cuda::CudaOptions {
         program_ops: true,
+        defines,
         ..amk_backend_cuda::CudaOptions::default()
     };
     megakernel_source(reg, opts.knobs(Some(program), reg)).unwrap()
@@ -837,12 +847,7 @@ fn dispatch_inline_gives_the_verify_pass_its_own_dispatcher() {
             .contains("__device__ __noinline__ void amk_dispatch(")
     );
     assert!(!plain.source.contains("amk_dispatch_verify"));
-    let opts = amk_backend_cuda::CudaOptions {
-        program_ops: true,
-        defines: vec![("AMK_DISPATCH_INLINE".into(), "1".into())],
-        ..amk_backend_cuda::CudaOptions::default()
-    };
-    let inline = megakernel_source(&reg, opts.knobs(Some(&p), &reg)).unwrap();
+    let inline = program_kernel_with(&reg, &p, vec![("AMK_DISPATCH_INLINE".into(), "1".into())]);
     assert!(
         inline
             .source
