@@ -468,21 +468,18 @@ __device__ __forceinline__ void lt_wg_pin(float (&d)[N]) {
                : D                                                                           \
                : "l"(da), "l"(db), "r"(1))
 
-/* One m64n64k16 wgmma of the warpgroup into its 32 accumulators (f32, added to). */
-template <bool BF>
-__device__ __forceinline__ void lt_wg_n64(float (&d)[32], uint64_t da, uint64_t db) {
-  if (BF)
-    LT_WG_MMA(64, "bf16", LT_WG_R32, LT_WG_D32, 32, 33, 34);
-  else
-    LT_WG_MMA(64, "f16", LT_WG_R32, LT_WG_D32, 32, 33, 34);
-}
-/* One m64n128k16 wgmma of the warpgroup into its 64 accumulators (f32, added to). */
-template <bool BF>
-__device__ __forceinline__ void lt_wg_n128(float (&d)[64], uint64_t da, uint64_t db) {
-  if (BF)
-    LT_WG_MMA(128, "bf16", LT_WG_R64, LT_WG_D64, 64, 65, 66);
-  else
-    LT_WG_MMA(128, "f16", LT_WG_R64, LT_WG_D64, 64, 65, 66);
+/* One m64nNk16 wgmma of the warpgroup into its N / 2 accumulators (f32, added to): N = 64 or
+ * 128, from the accumulators' count. */
+template <bool BF, int R>
+__device__ __forceinline__ void lt_wg_mma(float (&d)[R], uint64_t da, uint64_t db) {
+  static_assert(R == 32 || R == 64, "m64n64 or m64n128");
+  if constexpr (R == 32) {
+    if (BF) LT_WG_MMA(64, "bf16", LT_WG_R32, LT_WG_D32, 32, 33, 34);
+    else LT_WG_MMA(64, "f16", LT_WG_R32, LT_WG_D32, 32, 33, 34);
+  } else {
+    if (BF) LT_WG_MMA(128, "bf16", LT_WG_R64, LT_WG_D64, 64, 65, 66);
+    else LT_WG_MMA(128, "f16", LT_WG_R64, LT_WG_D64, 64, 65, 66);
+  }
 }
 
 /* The MMAs of one K step (LT_BK) of the stage at `as` / `bs` into this warpgroup's
@@ -496,11 +493,7 @@ __device__ __forceinline__ void lt_wg_step(uint32_t as, uint32_t bs, float (&d)[
   asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
 #pragma unroll
   for (int kk = 0; kk < LT_BK / 16; ++kk) {
-    const uint64_t da = lt_wg_desc(a0 + kk * 32), db = lt_wg_desc(b0 + kk * 32);
-    if constexpr (BM == LT_BM2)
-      lt_wg_n128<BF>(d, da, db);
-    else
-      lt_wg_n64<BF>(d, da, db);
+    lt_wg_mma<BF>(d, lt_wg_desc(a0 + kk * 32), lt_wg_desc(b0 + kk * 32));
   }
   asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
   asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
