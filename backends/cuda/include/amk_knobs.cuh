@@ -94,20 +94,21 @@
 #endif
 
 /* 1: LINEAR_TILE's tensor-core tiles multiply with wgmma on sm_90a (ops/linear-tile; other
- * architectures keep mma.sync). A measurement knob, 0 by default: not yet run on a GPU
- * (docs/perf-notes.md round 48). */
+ * architectures keep mma.sync). With the dispatcher inlined (below) the 1B's 512-row prompt
+ * ran 6.14 ms against mma.sync's 7.52-7.73 on an H200, SmolLM2's 3.36 against 3.98
+ * (docs/perf-notes.md round 49). */
 #ifndef AMK_LT_WGMMA
-#define AMK_LT_WGMMA 0
+#define AMK_LT_WGMMA 1
 #endif
 
 /* 1: the task dispatcher (generated, every op's code) inlines into the kernel's entry, and
  * the verify pass gets a dispatcher of its own holding only the ops that wait themselves: what
  * wgmma needs to run unserialized (ptxas serializes it inside any function that is called,
- * remark C7510). Set it through AMK_CUDA_DEFINES: the generated dispatchers follow that list
- * (assemble.rs, `Knobs::dispatch_inline`). A measurement knob, 0 by default (one out-of-line
- * dispatcher); not yet run on a GPU (docs/perf-notes.md round 48). */
+ * remark C7510), and the decode step saves the call (the 1B's 1.17 -> 1.13 ms, SmolLM2's
+ * 0.78 -> 0.69 ms on an H200, docs/perf-notes.md round 49). The generated dispatchers follow
+ * this too: set it to 0 through AMK_CUDA_DEFINES (assemble.rs, `Knobs::dispatch_inline`). */
 #ifndef AMK_DISPATCH_INLINE
-#define AMK_DISPATCH_INLINE 0
+#define AMK_DISPATCH_INLINE 1
 #endif
 
 /* Alignment in bytes of the dynamic shared memory the ops use (their tiles' stages, scratch),
@@ -115,7 +116,7 @@
  * this. The 1B's 512-row prompt ran 7.7 ms with the stages 128-byte aligned, 7.9-8.3 ms at 32
  * past a 128-byte line, 8.6 at 16 and 9.0-9.3 at 48 (docs/perf-notes.md round 48). */
 #ifndef AMK_SMEM_ALIGN
-#if AMK_LT_WGMMA
+#if AMK_LT_WGMMA && defined(__CUDA_ARCH_FEAT_SM90_ALL)
 #define AMK_SMEM_ALIGN 1024 /* wgmma's swizzled stages (ops/linear-tile) */
 #else
 #define AMK_SMEM_ALIGN 128

@@ -108,12 +108,13 @@ impl FloatDtypes {
 }
 
 impl Knobs {
-    /// Whether `defines` asks for the task dispatcher inlined into the kernel's entry
-    /// (`AMK_DISPATCH_INLINE`, a measurement knob: amk_knobs.cuh).
+    /// Whether the task dispatcher inlines into the kernel's entry (`AMK_DISPATCH_INLINE`,
+    /// amk_knobs.cuh): yes unless `defines` sets it to 0, as the device default is 1.
     pub fn dispatch_inline(&self) -> bool {
-        self.defines
+        !self
+            .defines
             .iter()
-            .any(|(n, v)| n == "AMK_DISPATCH_INLINE" && v.trim() != "0")
+            .any(|(n, v)| n == "AMK_DISPATCH_INLINE" && v.trim() == "0")
     }
     /// The defines the knobs imply beyond `defines` (fused loops, quantised loops, trace points,
     /// the fused loop's pass and bounds, the loads before the wait, the float dtypes), each left

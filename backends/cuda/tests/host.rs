@@ -799,7 +799,8 @@ fn a_fused_task_brings_only_its_steps_ops() {
 
 /// In a kernel with the FUSED op both dispatchers (the task's and a FUSED step's) call each
 /// other op through one out-of-line wrapper, so its body is in the kernel once; a kernel
-/// without FUSED calls the entries directly and has no wrapper.
+/// without FUSED calls the entries directly and has no wrapper. (The verify pass's own
+/// dispatcher calls an op that waits itself a third time.)
 #[test]
 fn a_fused_kernel_holds_each_op_once() {
     use amk_backend_cuda::assemble::OUT_OF_LINE;
@@ -815,7 +816,7 @@ fn a_fused_kernel_holds_each_op_once() {
         let dispatched = format!("amk_op_{code}::{OUT_OF_LINE}(c); break;");
         assert_eq!(
             every.source.matches(&dispatched).count(),
-            2,
+            2 + usize::from(o.own_wait),
             "op {code}: both dispatchers"
         );
         assert!(
@@ -829,25 +830,31 @@ fn a_fused_kernel_holds_each_op_once() {
     assert!(!plain.source.contains(OUT_OF_LINE));
     for o in &plain.ops {
         let direct = format!("amk_op_{}::{}(c); break;", o.code.0, o.entry);
-        assert_eq!(plain.source.matches(&direct).count(), 2, "op {}", o.code.0);
+        let calls = 2 + usize::from(o.own_wait);
+        assert_eq!(
+            plain.source.matches(&direct).count(),
+            calls,
+            "op {}",
+            o.code.0
+        );
     }
 }
 
-/// `AMK_DISPATCH_INLINE=1` (a define) inlines the task dispatcher and gives the verify pass a
-/// dispatcher of its own that runs only the ops that wait themselves; without it the verify
-/// pass calls the one out-of-line dispatcher.
+/// The task dispatcher inlines into the kernel's entry by default, and the verify pass gets a
+/// dispatcher of its own that runs only the ops that wait themselves; with
+/// `AMK_DISPATCH_INLINE=0` (a define) the verify pass calls the one out-of-line dispatcher.
 #[test]
 fn dispatch_inline_gives_the_verify_pass_its_own_dispatcher() {
     let reg = registry();
     let p = smollm2_program(DType::BF16, &amk_model_llama::lower::tuned_schedule());
-    let plain = program_kernel(&reg, &p);
+    let outline = program_kernel_with(&reg, &p, vec![("AMK_DISPATCH_INLINE".into(), "0".into())]);
     assert!(
-        plain
+        outline
             .source
             .contains("__device__ __noinline__ void amk_dispatch(")
     );
-    assert!(!plain.source.contains("amk_dispatch_verify"));
-    let inline = program_kernel_with(&reg, &p, vec![("AMK_DISPATCH_INLINE".into(), "1".into())]);
+    assert!(!outline.source.contains("amk_dispatch_verify"));
+    let inline = program_kernel(&reg, &p);
     assert!(
         inline
             .source
