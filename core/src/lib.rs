@@ -39,6 +39,7 @@ pub use import::Importer;
 pub use ir::*;
 pub use registry::{
     CudaSource, DeviceLibrary, ExpandFn, OpExpansion, OpRegistration, Origin, Registry, RowLoop,
+    TaskDefines, TaskDefinesFn,
 };
 pub use spec::{
     CheckFn, Finding, OpSpec, PARAM_FIELDS, ParamDecl, ParamType, SpecTable, TaskContext,

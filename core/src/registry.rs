@@ -50,6 +50,34 @@ pub struct CudaSource {
     /// themselves (`amk_ldf32`, `att_st8`), and every folded branch has a fallback that is
     /// right for any dtype, so a wrong declaration costs speed, never results.
     pub f32_direct: bool,
+    /// Device defines a task of the op asks of its kernel (NAME, VALUE), beyond the device
+    /// defaults: code the op compiles only into the kernels of programs that use it (a tile size
+    /// most programs never take would otherwise cost every kernel its registers and code). The
+    /// backend defines the union over a program's tasks. Speed only: without them every task
+    /// still computes right, on the op's other code.
+    pub task_defines: Option<TaskDefines>,
+}
+
+/// What a task asks of its kernel's device code ([`CudaSource::task_defines`]).
+pub type TaskDefinesFn = fn(&Task) -> &'static [(&'static str, &'static str)];
+
+/// A [`TaskDefinesFn`], compared by address (two sources are the same when they name the same
+/// function).
+#[derive(Clone, Copy)]
+pub struct TaskDefines(pub TaskDefinesFn);
+
+impl PartialEq for TaskDefines {
+    fn eq(&self, other: &Self) -> bool {
+        std::ptr::fn_addr_eq(self.0, other.0)
+    }
+}
+
+impl Eq for TaskDefines {}
+
+impl std::fmt::Debug for TaskDefines {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("TaskDefines(fn)")
+    }
 }
 
 /// The operands of an op's weight-streaming loop ([`CudaSource::row_loop`]), as input indices.
@@ -76,7 +104,14 @@ impl CudaSource {
             own_wait: false,
             row_loop: None,
             f32_direct: false,
+            task_defines: None,
         }
+    }
+
+    /// The same source, asking its kernel for `defines` per task ([`CudaSource::task_defines`]).
+    pub const fn with_task_defines(mut self, defines: TaskDefinesFn) -> Self {
+        self.task_defines = Some(TaskDefines(defines));
+        self
     }
 
     /// The same source, touching F32 operands only through self-testing accesses

@@ -101,6 +101,14 @@
 #define AMK_LT_WGMMA 1
 #endif
 
+/* 1: LINEAR_TILE's 256-row tile on the wgmma path (sm_90a), for tasks of more than 128 rows
+ * without a norm; otherwise such a task runs as 128-row blocks. Set by the op for the kernels
+ * of programs that hold such a task (ops/linear-tile `task_defines`), 0 for the others: the
+ * tile's 128 accumulators a thread would weigh on every kernel. */
+#ifndef AMK_LT_256
+#define AMK_LT_256 0
+#endif
+
 /* 1: the task dispatcher (generated, every op's code) inlines into the kernel's entry, and
  * the verify pass gets a dispatcher of its own holding only the ops that wait themselves: what
  * wgmma needs to run unserialized (ptxas serializes it inside any function that is called,

@@ -55,6 +55,9 @@ pub struct Knobs {
     /// The float dtypes (F32, F16, BF16) whose branches are compiled in (else `AMK_NO_F32`,
     /// `AMK_NO_F16`, `AMK_NO_BF16`): a program's kernel keeps those its buffers hold.
     pub floats: FloatDtypes,
+    /// Defines the program's tasks ask for through their ops (`CudaSource::task_defines`),
+    /// sorted and without repeats; a `defines` entry of the same name wins.
+    pub task_defines: Vec<(String, String)>,
 }
 
 /// Which of F32, F16 and BF16 a kernel's code handles inline ([`Knobs::floats`]); a buffer of
@@ -148,6 +151,7 @@ impl Knobs {
                 self.fused_vecs.to_string(),
             ));
         }
+        d.extend(self.task_defines.iter().cloned());
         d.retain(|(n, _)| !self.defines.iter().any(|(u, _)| u == n));
         d
     }
@@ -166,6 +170,7 @@ impl Default for Knobs {
             fused_exact: false,
             row_pre: false,
             floats: FloatDtypes::ALL,
+            task_defines: Vec::new(),
         }
     }
 }

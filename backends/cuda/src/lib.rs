@@ -97,6 +97,7 @@ impl CudaOptions {
             fused_exact: false,
             row_pre: false,
             floats: assemble::FloatDtypes::ALL,
+            task_defines: Vec::new(),
         };
         if let Some(p) = program {
             knobs.fused_loops = FusedLoops::of_program(p, registry);
@@ -116,9 +117,24 @@ impl CudaOptions {
             if self.program_ops {
                 knobs.ops = kernel_ops(p, registry);
             }
+            knobs.task_defines = task_defines(p, registry);
         }
         knobs
     }
+}
+
+/// The defines `program`'s tasks ask of its kernel through their ops
+/// (`CudaSource::task_defines`), sorted, one a name (the first value by that order, should two
+/// tasks ask different values of one name).
+pub fn task_defines(program: &Program, registry: &Registry) -> Vec<(String, String)> {
+    let mut d: Vec<(String, String)> = (program.tasks.iter())
+        .filter_map(|t| Some((registry.cuda(t.op)?.task_defines?.0)(t)))
+        .flatten()
+        .map(|(n, v)| (n.to_string(), v.to_string()))
+        .collect();
+    d.sort();
+    d.dedup_by(|b, a| a.0 == b.0);
+    d
 }
 
 /// The ops `program`'s kernel needs: its tasks' and, for a task of an op that expands into

@@ -1249,3 +1249,41 @@ fn a_fused_task_expands_into_step_records() {
         "{err}"
     );
 }
+
+/// A LINEAR_TILE program's kernel holds the 256-row tile (`AMK_LT_256`, the op's
+/// `task_defines`) only when a task takes more than 128 rows; a user's define of that name wins.
+#[test]
+fn task_defines_follow_the_programs_tasks() {
+    let reg = registry();
+    let linear = |rows: i64| {
+        let mut p = Program::new();
+        let x = p.new_buffer("x", BufferKind::IO_INPUT, DType::BF16, &[300, 64]);
+        let w = p.new_buffer("w", BufferKind::WEIGHT, DType::BF16, &[128, 64]);
+        p.buffers[w as usize].source = Some("w".into());
+        let y = p.new_buffer("y", BufferKind::IO_OUTPUT, DType::BF16, &[300, 128]);
+        let c = p.new_counter("y");
+        for m0 in (0..300).step_by(rows as usize) {
+            let pr = params(&[
+                ("K", Value::Int(64)),
+                ("m_off", Value::Int(m0)),
+                ("M_tile", Value::Int(rows.min(300 - m0))),
+                ("n_off", Value::Int(0)),
+                ("N_tile", Value::Int(128)),
+            ]);
+            p.push_task(Opcode::LINEAR_TILE, &[x, w], &[y], c, &[], pr, "lin");
+        }
+        p
+    };
+    let define = "#define AMK_LT_256 1\n";
+    assert!(!program_kernel(&reg, &linear(128)).source.contains(define));
+    let wide = linear(150);
+    assert_eq!(
+        amk_backend_cuda::task_defines(&wide, &reg),
+        vec![("AMK_LT_256".to_string(), "1".to_string())]
+    );
+    let src = program_kernel(&reg, &wide).source;
+    assert_eq!(src.matches(define).count(), 1);
+    let off = program_kernel_with(&reg, &wide, vec![("AMK_LT_256".into(), "0".into())]);
+    assert!(!off.source.contains(define));
+    assert!(off.source.contains("#define AMK_LT_256 0\n"));
+}

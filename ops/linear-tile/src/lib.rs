@@ -59,6 +59,10 @@ pub const DEVICE_ROWS: u64 = 64;
 /// Rows a device tile takes at once on the tensor-core path (16-bit programs) when more than
 /// [`DEVICE_ROWS`] of the task's rows are left: each weight tile then feeds twice the rows.
 pub const WIDE_ROWS: u64 = 128;
+/// Rows a device tile takes at once on the wgmma path (sm_90a, 16-bit programs, no norm) when
+/// more than [`WIDE_ROWS`] of the task's rows are left: each weight tile feeds twice the rows
+/// again (elsewhere such a task runs as [`WIDE_ROWS`]-row blocks).
+pub const WIDEST_ROWS: u64 = 256;
 /// Output columns one device tile computes at a time (64 with the SwiGLU epilogue, whose tile
 /// holds the gate's and the up projection's columns side by side).
 pub const DEVICE_COLS: u64 = 128;
@@ -97,8 +101,21 @@ amk_core::inventory::submit! {
         reference: Some(Reference { run: reference::run, in_place: &[] }),
         cuda: Some(
             amk_core::CudaSource::builtin(include_str!("linear-tile.cu"), "amk_op_linear_tile")
-                .with_shared(SHARED_BYTES),
+                .with_shared(SHARED_BYTES)
+                .with_task_defines(task_defines),
         ),
+    }
+}
+
+/// The device code a task asks of its kernel: the [`WIDEST_ROWS`]-row tile for a task of more
+/// than [`WIDE_ROWS`] rows (`AMK_LT_256`; compiled only on the wgmma path, sm_90a). Kernels
+/// without such a task leave the tile out: its 128 accumulators a thread would weigh on every
+/// kernel's registers (docs/perf-notes.md round 42 measured a wider tile's code alone costing
+/// a program that never ran it 5.5 %).
+fn task_defines(task: &amk_core::Task) -> &'static [(&'static str, &'static str)] {
+    match task.param_i64("M_tile") {
+        Some(m) if m > WIDE_ROWS as i64 => &[("AMK_LT_256", "1")],
+        _ => &[],
     }
 }
 

@@ -37,6 +37,7 @@
 
 #define LT_BM 64
 #define LT_BM2 128 /* the tensor-core path's wide row block */
+#define LT_BM4 256 /* the wgmma path's widest row block (AMK_LT_256) */
 #define LT_BN 128
 #define LT_BK 64
 #define LT_LD (LT_BN + 4)
@@ -434,6 +435,10 @@ __device__ __forceinline__ void lt_frags(uint32_t as, uint32_t bs, int wm, int w
 #else
 #define LT_WG 0
 #endif
+/* The 256-row tile: two warpgroups of 128 rows, each two m64n128 wgmma a k16 into 128
+ * accumulators a thread; two 48 KB stages in the same bytes; its f32 sums through shared memory
+ * a warpgroup at a time (128 rows fit where 256 do not). Only for the kernels that ask for it. */
+#define LT_WIDEST (LT_WG && AMK_LT_256)
 #if LT_WG
 static_assert(AMK_SMEM_ALIGN % 1024 == 0, "wgmma's 128-byte swizzle needs 1,024-byte aligned stages");
 static_assert(LT_BK * 2 == 128 && LT_A_BYTES % 1024 == 0 && LT_STAGE % 1024 == 0 &&
@@ -487,13 +492,25 @@ __device__ __forceinline__ void lt_wg_mma(float (&d)[R], uint64_t da, uint64_t d
 template <bool BF, int BM, int N>
 __device__ __forceinline__ void lt_wg_step(uint32_t as, uint32_t bs, float (&d)[N]) {
   const uint32_t g = threadIdx.x >> 7;
-  const uint32_t a0 = as + (BM == LT_BM2 ? g * 64 * LT_BK * 2 : 0);
-  const uint32_t b0 = bs + (BM == LT_BM2 ? 0 : g * 64 * LT_BK * 2);
   lt_wg_pin(d);
   asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
+  if constexpr (BM == LT_BM4) {
+    /* Warpgroup g: rows 128 g.. as two m64 blocks, each into its half of the accumulators. */
+    float(&d0)[N / 2] = *reinterpret_cast<float(*)[N / 2]>(&d[0]);
+    float(&d1)[N / 2] = *reinterpret_cast<float(*)[N / 2]>(&d[N / 2]);
+    const uint32_t a1 = as + g * 128 * LT_BK * 2;
 #pragma unroll
-  for (int kk = 0; kk < LT_BK / 16; ++kk) {
-    lt_wg_mma<BF>(d, lt_wg_desc(a0 + kk * 32), lt_wg_desc(b0 + kk * 32));
+    for (int kk = 0; kk < LT_BK / 16; ++kk) {
+      lt_wg_mma<BF>(d0, lt_wg_desc(a1 + kk * 32), lt_wg_desc(bs + kk * 32));
+      lt_wg_mma<BF>(d1, lt_wg_desc(a1 + 64 * LT_BK * 2 + kk * 32), lt_wg_desc(bs + kk * 32));
+    }
+  } else {
+    const uint32_t a0 = as + (BM == LT_BM2 ? g * 64 * LT_BK * 2 : 0);
+    const uint32_t b0 = bs + (BM == LT_BM2 ? 0 : g * 64 * LT_BK * 2);
+#pragma unroll
+    for (int kk = 0; kk < LT_BK / 16; ++kk) {
+      lt_wg_mma<BF>(d, lt_wg_desc(a0 + kk * 32), lt_wg_desc(b0 + kk * 32));
+    }
   }
   asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
   asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
@@ -585,6 +602,41 @@ __device__ __forceinline__ void lt_k_loop(const amk_task_ctx& ctx, const lt_args
   __syncthreads(); /* every warp is past its last read of the stages */
 }
 
+#if LT_WIDEST
+/* The 256-row tile's sums, a warpgroup's 128 rows at a time (the f32 tile of 256 rows would not
+ * fit the stages' bytes): into shared memory, the bias, the epilogue. Warp w of warpgroup g
+ * holds rows 128 g + 64 s + 16 (w & 3) + lane / 4 (and 8 below) of the tile in d[64 s ..]. */
+__device__ __forceinline__ void lt_wg_out_halves(const amk_task_ctx& ctx, const lt_args& a,
+                                                 long long m0, long long c0, int cols, float* cs,
+                                                 const float* fq, const float (&d)[128]) {
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int cb = (lane & 3) * 2;
+  for (int h = 0; h < 2; ++h) {
+    if ((warp >> 2) == h) {
+#pragma unroll
+      for (int s = 0; s < 2; ++s) {
+        const int row = 64 * s + 16 * (warp & 3) + (lane >> 2);
+#pragma unroll
+        for (int j = 0; j < 16; ++j) {
+          const float* e = &d[64 * s + 4 * j];
+          *(float2*)&cs[row * LT_LD + cb + 8 * j] = make_float2(e[0], e[1]);
+          *(float2*)&cs[(row + 8) * LT_LD + cb + 8 * j] = make_float2(e[2], e[3]);
+        }
+      }
+    }
+    __syncthreads();
+    if (h == 0) amk_probe(ctx, 5); /* the first half's sums in shared memory */
+    if (a.bias) {
+      lt_add_bias(a, c0, cols, LT_BM2, cs);
+      __syncthreads();
+    }
+    lt_epilogue(a, m0 + h * LT_BM2, c0, cols, LT_BM2, cs, fq);
+    __syncthreads();
+  }
+  amk_probe(ctx, 3); /* the epilogue stored */
+}
+#endif
+
 /* One device tile of BM rows on the tensor cores: the K loop, the accumulators to shared memory
  * (f32, over the stages), the bias, the epilogue. */
 template <bool BF, int BM>
@@ -605,6 +657,13 @@ __device__ LT_TILE_ATTR void lt_tile_mma(const amk_task_ctx& ctx, const lt_args&
   lt_k_loop<BF, BM>(ctx, a, p, m0, rinv, ws, smem, scales, acc);
   amk_probe(ctx, 2); /* the K loop done */
   float* cs = (float*)smem;
+#if LT_WIDEST
+  if constexpr (BM == LT_BM4) {
+    lt_wg_out_halves(ctx, a, m0, c0, cols, cs, fq,
+                     reinterpret_cast<const float(&)[lt_dims<BM>::MI * 16]>(acc));
+    return;
+  }
+#endif
 #if LT_WG
   /* wgmma's m64 accumulators: warp w of warpgroup g holds rows 16 w + lane / 4 (and 8 below)
    * of its 64, two columns a n8 block. */
@@ -645,6 +704,10 @@ __device__ LT_TILE_ATTR void lt_tile_mma(const amk_task_ctx& ctx, const lt_args&
 /* The f32 tile of LT_BM2 rows, and the wide stages, fit the bytes of the 64-row ones. */
 static_assert(LT_BM2 * LT_LD * 4 <= LT_TILE_BYTES, "wide f32 tile");
 static_assert(lt_dims<LT_BM2>::STAGES >= 2, "wide pipeline");
+#if LT_WIDEST
+static_assert(lt_dims<LT_BM4>::STAGES >= 2 && LT_BM2 * LT_LD * 4 <= LT_TILE_BYTES,
+              "widest pipeline, and its f32 sums a warpgroup at a time");
+#endif
 
 __device__ void amk_op_linear_tile(const amk_task_ctx& ctx) {
   const amk_params_t& p = ctx.inst->params;
@@ -723,12 +786,23 @@ __device__ void amk_op_linear_tile(const amk_task_ctx& ctx) {
   for (long long m0 = p.m_off; m0 < a.m_end;) {
     /* More than LT_BM rows left on the tensor cores: the wide row block. */
     const bool wide = mma && a.m_end - m0 > LT_BM;
+    /* More than LT_BM2 rows left on the wgmma path without a norm: the 256-row block. */
+    const bool widest = LT_WIDEST && mma && !a.nw && a.m_end - m0 > LT_BM2;
     /* The tensor-core tiles work out the row scales themselves, behind their first copies. */
     if (a.nw && !mma) lt_row_scales(a, m0, rinv);
     __syncthreads();
     amk_probe(ctx, 4); /* the row block's scales (the generic path's) */
     for (long long c0 = p.n_off; c0 < a.n_end; c0 += cols) {
       const bool first = c0 == p.n_off;
+#if LT_WIDEST
+      if (widest && AMK_BF_OF(dt)) {
+        lt_tile_mma<true, LT_BM4>(ctx, a, m0, c0, cols, rinv, ws, fq, ctx.smem, first);
+        continue;
+      } else if (widest) {
+        lt_tile_mma<false, LT_BM4>(ctx, a, m0, c0, cols, rinv, ws, fq, ctx.smem, first);
+        continue;
+      }
+#endif
       if (wide && AMK_BF_OF(dt)) {
         lt_tile_mma<true, LT_BM2>(ctx, a, m0, c0, cols, rinv, ws, fq, ctx.smem, first);
       } else if (wide) {
@@ -748,6 +822,6 @@ __device__ void amk_op_linear_tile(const amk_task_ctx& ctx) {
         __syncthreads();
       }
     }
-    m0 += wide ? LT_BM2 : LT_BM;
+    m0 += widest ? LT_BM4 : wide ? LT_BM2 : LT_BM;
   }
 }

@@ -415,6 +415,7 @@ fn read_op(p: &Path, i: usize, od: &OpDescriptorV1) -> Result<ReadOp, PluginErro
             own_wait: false,
             row_loop: None,
             f32_direct: false,
+            task_defines: None,
         }),
         _ => {
             return Err(malformed(

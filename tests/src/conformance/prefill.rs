@@ -57,7 +57,8 @@ struct LinearVariant {
 
 /// LINEAR_TILE over `m` rows, `k` inputs and `n` columns in `dt`, as two row tiles × two column
 /// tiles on one counter, for each variant: plain, RMS-normalised with the residual,
-/// RMS-normalised with SwiGLU, and RMS-normalised with a bias and the residual.
+/// RMS-normalised with SwiGLU, RMS-normalised with a bias and the residual, SwiGLU, and a bias
+/// with the residual.
 fn linear_tile_case(c: &Ctx<'_>, dt: DType, m: u64, k: u64, n: u64, tol: Tol) -> CaseResult {
     use op_linear_tile::Epilogue;
     let mut t = Tiny::new(61 + k);
@@ -89,6 +90,20 @@ fn linear_tile_case(c: &Ctx<'_>, dt: DType, m: u64, k: u64, n: u64, tol: Tol) ->
         LinearVariant {
             name: "y_norm_bias_resid",
             norm: true,
+            bias: true,
+            epi: Epilogue::Residual,
+        },
+        // Without a norm, as the prompt programs' MLP runs: the rows a task may take at once
+        // on the wgmma path (256) are for those.
+        LinearVariant {
+            name: "y_swiglu",
+            norm: false,
+            bias: false,
+            epi: Epilogue::SwiGlu,
+        },
+        LinearVariant {
+            name: "y_bias_resid",
+            norm: false,
             bias: true,
             epi: Epilogue::Residual,
         },
@@ -156,8 +171,11 @@ pub(super) fn op_linear_tile(c: &Ctx<'_>) -> CaseResult {
 pub(super) fn op_linear_tile_bf16(c: &Ctx<'_>) -> CaseResult {
     linear_tile_case(c, DType::BF16, 70, 96, 136, BF16_TOL)?;
     linear_tile_case(c, DType::BF16, 9, 40, 20, BF16_TOL)?;
-    // Tasks of 153 and 147 rows: a wide (128-row) device tile, then a narrow one of the rest.
-    linear_tile_case(c, DType::BF16, 300, 96, 136, BF16_TOL)
+    // Tasks of 153 and 147 rows: a wide (128-row) device tile, then a narrow one of the rest;
+    // without a norm on sm_90a one 256-row tile, its last rows outside the task.
+    linear_tile_case(c, DType::BF16, 300, 96, 136, BF16_TOL)?;
+    // Tasks of 303 and 297 rows: without a norm on sm_90a a 256-row tile, then a narrow one.
+    linear_tile_case(c, DType::BF16, 600, 96, 136, BF16_TOL)
 }
 
 /// KV_APPEND split into column slices on one counter: `rows` rows of `width` columns (`dt`)
