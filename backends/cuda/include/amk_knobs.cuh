@@ -4,8 +4,8 @@
  * The megakernel's source begins with this file (after the defines the backend derives from
  * the program and the options, and a user's AMK_CUDA_DEFINES, which win over a default here):
  * each knob is `#ifndef NAME / #define NAME default`. The headers that use a knob say so where
- * it was; this is the one list. Ops keep their own knobs in their sources: LT_STAGES
- * (ops/linear-tile), AMK_AS_MIN_ROWS (ops/attention-split), AMK_AM_STEP and AMK_AM_SHARED
+ * it was; this is the one list. Ops keep their own knobs in their sources: LT_STAGES and
+ * AMK_LT_256 (ops/linear-tile), AMK_AS_MIN_ROWS (ops/attention-split), AMK_AM_STEP and AMK_AM_SHARED
  * (ops/attention-merge), AMK_GU_TRIPLES (ops/gate-up-silu). docs/gpu-testing.md says how to
  * set them. */
 #ifndef AMK_KNOBS_CUH
@@ -99,14 +99,6 @@
  * (docs/perf-notes.md round 49). */
 #ifndef AMK_LT_WGMMA
 #define AMK_LT_WGMMA 1
-#endif
-
-/* 1: LINEAR_TILE's 256-row tile on the wgmma path (sm_90a), for tasks of more than 128 rows
- * without a norm; otherwise such a task runs as 128-row blocks. Set by the op for the kernels
- * of programs that hold such a task (ops/linear-tile `task_defines`), 0 for the others: the
- * tile's 128 accumulators a thread would weigh on every kernel. */
-#ifndef AMK_LT_256
-#define AMK_LT_256 0
 #endif
 
 /* 1: the task dispatcher (generated, every op's code) inlines into the kernel's entry, and

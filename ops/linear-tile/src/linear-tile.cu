@@ -435,6 +435,13 @@ __device__ __forceinline__ void lt_frags(uint32_t as, uint32_t bs, int wm, int w
 #else
 #define LT_WG 0
 #endif
+/* 1: the 256-row tile on the wgmma path, for tasks of more than 128 rows without a norm;
+ * otherwise such a task runs as 128-row blocks. The op asks for it in the kernels of programs
+ * that hold such a task (lib.rs `task_defines`), 0 for the others: its 128 accumulators a
+ * thread would weigh on every kernel. */
+#ifndef AMK_LT_256
+#define AMK_LT_256 0
+#endif
 /* The 256-row tile: two warpgroups of 128 rows, each two m64n128 wgmma a k16 into 128
  * accumulators a thread; two 48 KB stages in the same bytes; its f32 sums through shared memory
  * a warpgroup at a time (128 rows fit where 256 do not). Only for the kernels that ask for it. */
