@@ -10,8 +10,10 @@ without a GPU.
 
 Input: a cubin from the cache (`amk ops compile --arch sm_90a --cache-dir DIR`), disassembled
 with line information by `nvdisasm -g -c` (pip package nvidia-cuda-nvdisasm), or that
-disassembly itself. For each op, the instructions of `amk_dispatch` from the op's first line to
-the first call of `amk_task_wait`, in address order:
+disassembly itself. For each op, the instructions of the dispatcher from the op's first line to
+the first call of `amk_task_wait`, in address order. The dispatcher is inlined into the kernel's
+entry (`amk_megakernel`) by default; with `AMK_DISPATCH_INLINE=0` it is `amk_dispatch`, out of
+line:
 
     scripts/sass_wait_path.py DIR/HASH.sm_90a.cubin [--op GATE_UP_SILU ...] [--list]
 
@@ -25,7 +27,8 @@ import subprocess
 import sys
 
 DEFAULT_OPS = ["GATE_UP_SILU", "QKV_ROPE_APPEND", "RMSNORM_GEMV", "ATTENTION_TILE"]
-DISPATCH = "$amk_megakernel$_Z12amk_dispatchRK12amk_task_ctx:"
+# Where the dispatcher's code is: out of line, or inlined into the entry.
+DISPATCH = ["$amk_megakernel$_Z12amk_dispatchRK12amk_task_ctx:", "amk_megakernel:"]
 LINE = re.compile(r'File "([^"]*)", line (\d+)')
 
 
@@ -41,10 +44,9 @@ def disassemble(path):
 
 
 def dispatch_body(lines):
-    try:
-        start = lines.index(DISPATCH)
-    except ValueError:
-        sys.exit("no amk_dispatch in the disassembly (not a megakernel cubin?)")
+    start = next((lines.index(d) for d in DISPATCH if d in lines), None)
+    if start is None:
+        sys.exit("no dispatcher in the disassembly (not a megakernel cubin?)")
     end = next(
         (i for i in range(start + 1, len(lines)) if lines[i].startswith("$") and lines[i].endswith(":")),
         len(lines),

@@ -105,8 +105,9 @@
  * the verify pass gets a dispatcher of its own holding only the ops that wait themselves: what
  * wgmma needs to run unserialized (ptxas serializes it inside any function that is called,
  * remark C7510), and the decode step saves the call (the 1B's 1.17 -> 1.13 ms, SmolLM2's
- * 0.78 -> 0.69 ms on an H200, docs/perf-notes.md round 49). The generated dispatchers follow
- * this too: set it to 0 through AMK_CUDA_DEFINES (assemble.rs, `Knobs::dispatch_inline`). */
+ * 0.78 -> 0.69 ms on an H200, docs/perf-notes.md round 49). The host generates the dispatchers
+ * from AMK_CUDA_DEFINES alone (assemble.rs, `Knobs::dispatch_inline`, whose default is this
+ * one): turn it off there with AMK_DISPATCH_INLINE=0, not by editing this default. */
 #ifndef AMK_DISPATCH_INLINE
 #define AMK_DISPATCH_INLINE 1
 #endif

@@ -112,16 +112,18 @@ impl FloatDtypes {
 
 impl Knobs {
     /// Whether the task dispatcher inlines into the kernel's entry (`AMK_DISPATCH_INLINE`,
-    /// amk_knobs.cuh): yes unless `defines` sets it to 0, as the device default is 1.
+    /// amk_knobs.cuh): yes unless `defines` sets it to what the preprocessor reads as 0 (an
+    /// integer 0 or `false`), as the device default is 1.
     pub fn dispatch_inline(&self) -> bool {
+        let zero = |v: &str| v.parse::<i64>().map_or(v == "false", |x| x == 0);
         !self
             .defines
             .iter()
-            .any(|(n, v)| n == "AMK_DISPATCH_INLINE" && v.trim() == "0")
+            .any(|(n, v)| n == "AMK_DISPATCH_INLINE" && zero(v.trim()))
     }
     /// The defines the knobs imply beyond `defines` (fused loops, quantised loops, trace points,
-    /// the fused loop's pass and bounds, the loads before the wait, the float dtypes), each left
-    /// out when `defines` names it: a user's value wins.
+    /// the fused loop's pass and bounds, the loads before the wait, the float dtypes, the ops'
+    /// task defines), each left out when `defines` names it: a user's value wins.
     fn derived(&self) -> Vec<(String, String)> {
         let mut d: Vec<(String, String)> = self.fused_loops.define().into_iter().collect();
         if !self.quant {

@@ -82,7 +82,8 @@ impl CudaOptions {
     /// no trace points (a traced session sets `trace`), the fused loop's pass sized to its
     /// rows ([`loops::fused_vecs`]) and without bounds tests where its rows allow
     /// ([`loops::fused_exact`]), every unit of its warps loaded before the wait where its rows
-    /// are one pass ([`loops::row_pre`]), only the float dtypes its buffers hold, and, with
+    /// are one pass ([`loops::row_pre`]), only the float dtypes its buffers hold, the defines
+    /// its tasks ask of their ops' code ([`task_defines`]), and, with
     /// [`CudaOptions::program_ops`], only the ops its tasks and their steps use
     /// ([`kernel_ops`]). `None`: the kernel of every op and every loop.
     pub fn knobs(&self, program: Option<&Program>, registry: &Registry) -> assemble::Knobs {

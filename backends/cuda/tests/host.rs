@@ -1283,7 +1283,14 @@ fn task_defines_follow_the_programs_tasks() {
     );
     let src = program_kernel(&reg, &wide).source;
     assert_eq!(src.matches(define).count(), 1);
+    // A norm keeps a task on the 128-row tiles: it asks for nothing.
+    let mut normed = wide.clone();
+    for t in &mut normed.tasks {
+        t.params.insert("norm", Value::Int(1));
+    }
+    assert!(amk_backend_cuda::task_defines(&normed, &reg).is_empty());
     let off = program_kernel_with(&reg, &wide, vec![("AMK_LT_256".into(), "0".into())]);
     assert!(!off.source.contains(define));
-    assert!(off.source.contains("#define AMK_LT_256 0\n"));
+    // The user's define, then the op's own default (`#ifndef`), which it overrides.
+    assert_eq!(off.source.matches("#define AMK_LT_256 0\n").count(), 2);
 }

@@ -45,8 +45,8 @@ use std::borrow::Cow;
 pub mod reference;
 
 /// Dynamic shared memory a task uses on the GPU: four pipeline stages of A (64 × 64) and B
-/// (128 × 64) 16-bit tiles (or three of a [`WIDE_ROWS`]-row A), which the f32 output tile
-/// overlays after the K loop, then [`WIDE_ROWS`] row scales (f64), 64 RoPE pair frequencies
+/// (128 × 64) 16-bit tiles (or three of a [`WIDE_ROWS`]-row A, two of a [`WIDEST_ROWS`]-row
+/// one), which the f32 output tile (at most 128 rows at a time) overlays after the K loop, then [`WIDE_ROWS`] row scales (f64), 64 RoPE pair frequencies
 /// (f32) and the norm weight as f32 (up to [`MAX_NORM_K`] elements).
 pub const SHARED_BYTES: u32 =
     4 * (64 * 64 + 128 * 64) * 2 + WIDE_ROWS as u32 * 8 + 64 * 4 + MAX_NORM_K as u32 * 4;
@@ -108,13 +108,14 @@ amk_core::inventory::submit! {
 }
 
 /// The device code a task asks of its kernel: the [`WIDEST_ROWS`]-row tile for a task of more
-/// than [`WIDE_ROWS`] rows (`AMK_LT_256`; compiled only on the wgmma path, sm_90a). Kernels
-/// without such a task leave the tile out: its 128 accumulators a thread would weigh on every
-/// kernel's registers (docs/perf-notes.md round 42 measured a wider tile's code alone costing
-/// a program that never ran it 5.5 %).
+/// than [`WIDE_ROWS`] rows without a norm (`AMK_LT_256`; compiled only on the wgmma path,
+/// sm_90a, and run only for 16-bit operands). Kernels without such a task leave the tile out:
+/// its 128 accumulators a thread would weigh on every kernel's registers (docs/perf-notes.md
+/// round 42 measured a wider tile's code alone costing a program that never ran it 5.5 %).
 fn task_defines(task: &amk_core::Task) -> &'static [(&'static str, &'static str)] {
+    let norm = task.param_i64("norm").unwrap_or(0) != 0;
     match task.param_i64("M_tile") {
-        Some(m) if m > WIDE_ROWS as i64 => &[("AMK_LT_256", "1")],
+        Some(m) if m > WIDE_ROWS as i64 && !norm => &[("AMK_LT_256", "1")],
         _ => &[],
     }
 }

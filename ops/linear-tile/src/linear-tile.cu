@@ -21,7 +21,10 @@
  * dtype: the value an RMSNORM task would store), the norm weight staged once as f32. 8 warps
  * as 2 (rows) x 4 (columns), each BM / 2 x 32 of the tile: BM / 32 x 4 mma.sync.m16n8k16 per 16 of K,
  * f32 accumulators. The accumulators go through shared memory (f32, LT_LD a row) to the
- * epilogue, which stores coalesced. The output is viewed as [rows of x, width].
+ * epilogue, which stores coalesced. The output is viewed as [rows of x, width]. On sm_90a
+ * (AMK_LT_WGMMA) the same stages feed wgmma instead of ldmatrix + mma.sync, a warpgroup per 64
+ * rows or columns, and a task of more than LT_BM2 rows without a norm may take LT_BM4 rows at
+ * once (AMK_LT_256): see "The Hopper path" below.
  *
  * Any other dtype mix (f32 programs), or a block of other than 8 warps: each thread sums its
  * outputs' products in f32 in K order (no TF32), the same epilogue. Slow; it keeps f32 programs
@@ -444,8 +447,9 @@ __device__ __forceinline__ void lt_frags(uint32_t as, uint32_t bs, int wm, int w
 #endif
 /* The 256-row tile: two warpgroups of 128 rows, each two m64n128 wgmma a k16 into 128
  * accumulators a thread; two 48 KB stages in the same bytes; its f32 sums through shared memory
- * a warpgroup at a time (128 rows fit where 256 do not). Only for the kernels that ask for it. */
-#define LT_WIDEST (LT_WG && AMK_LT_256)
+ * a warpgroup at a time (128 rows fit where 256 do not). Only for the kernels that ask for it,
+ * and where two of its stages fit (not with LT_STAGES below 4). */
+#define LT_WIDEST (LT_WG && AMK_LT_256 && LT_TILE_BYTES >= 2 * (LT_BM4 * LT_BK * 2 + LT_BN * LT_BK * 2))
 #if LT_WG
 static_assert(AMK_SMEM_ALIGN % 1024 == 0, "wgmma's 128-byte swizzle needs 1,024-byte aligned stages");
 static_assert(LT_BK * 2 == 128 && LT_A_BYTES % 1024 == 0 && LT_STAGE % 1024 == 0 &&
@@ -525,9 +529,10 @@ __device__ __forceinline__ void lt_wg_step(uint32_t as, uint32_t bs, float (&d)[
 }
 #endif
 
-/* The tile is out of line (one copy for its four instantiations' callers), but on the
- * unserialized wgmma path it inlines into the dispatcher and the dispatcher into the kernel's
- * entry (AMK_DISPATCH_INLINE): wgmma in a called function is serialized. */
+/* The tile is out of line (one copy of each instantiation — bf16 / f16 by 64 / 128 rows, and
+ * 256 with AMK_LT_256 — for its callers), but on the wgmma path (sm_90a's default) it inlines
+ * into the dispatcher and the dispatcher into the kernel's entry (AMK_DISPATCH_INLINE): wgmma
+ * in a called function is serialized. */
 #if LT_WG && AMK_DISPATCH_INLINE
 #define LT_TILE_ATTR __forceinline__
 #else
@@ -556,7 +561,8 @@ __device__ __forceinline__ void lt_k_loop(const amk_task_ctx& ctx, const lt_args
   (void)wm; /* the wgmma path takes its operands by warpgroup */
   (void)wn;
   const uint32_t s0 = (uint32_t)__cvta_generic_to_shared(smem);
-  const bool norm = a.nw != nullptr;
+  /* The 256-row tile runs only without a norm (its 256 rows' scales would not fit rinv). */
+  const bool norm = BM != LT_BM4 && a.nw != nullptr;
   const int nk = (int)((p.K + LT_BK - 1) / LT_BK);
 #pragma unroll
   for (int st = 0; st < D::STAGES - 1; ++st) {

@@ -174,8 +174,9 @@ pub(super) fn op_linear_tile_bf16(c: &Ctx<'_>) -> CaseResult {
     // Tasks of 153 and 147 rows: a wide (128-row) device tile, then a narrow one of the rest;
     // without a norm on sm_90a one 256-row tile, its last rows outside the task.
     linear_tile_case(c, DType::BF16, 300, 96, 136, BF16_TOL)?;
-    // Tasks of 303 and 297 rows: without a norm on sm_90a a 256-row tile, then a narrow one.
-    linear_tile_case(c, DType::BF16, 600, 96, 136, BF16_TOL)
+    // Tasks of 303 and 297 rows: without a norm on sm_90a a 256-row tile, then a narrow one;
+    // K of five steps, so that every stage of each pipeline is refilled.
+    linear_tile_case(c, DType::BF16, 600, 320, 136, BF16_TOL)
 }
 
 /// KV_APPEND split into column slices on one counter: `rows` rows of `width` columns (`dt`)
@@ -409,6 +410,7 @@ fn linear_tile_rope_case(c: &Ctx<'_>, dt: DType, m: u64, k: u64, hd: u64, tol: T
 pub(super) fn op_linear_tile_rope(c: &Ctx<'_>) -> CaseResult {
     linear_tile_rope_case(c, DType::F32, 9, 24, 16, F32_TOL)?;
     linear_tile_rope_case(c, DType::BF16, 70, 96, 64, BF16_TOL)?;
-    // Tasks of 151 and 149 rows: a wide device tile, then a narrow one.
+    // Tasks of 151 and 149 rows: a wide device tile, then a narrow one (on sm_90a one 256-row
+    // tile, its last rows outside the task).
     linear_tile_rope_case(c, DType::BF16, 300, 96, 64, BF16_TOL)
 }
