@@ -34,6 +34,12 @@ pub(super) const BF16_TOL: Tol = Tol {
     rtol: 3e-2,
     atol: 3e-2,
 };
+/// f16 ops against their formula (every intermediate rounds to 11 bits: a sum in another order
+/// may round one ulp, 4.9e-4 relative, the other way, and an epilogue multiplies two such).
+pub(super) const F16_TOL: Tol = Tol {
+    rtol: 1e-2,
+    atol: 1e-2,
+};
 
 /// Checks `got` against `want`; integer dtypes must match exactly.
 pub(super) fn close(what: &str, got: &Tensor, want: &[f64], tol: Tol) -> CaseResult {

@@ -76,7 +76,7 @@ use ops::{
 use outcome::fail;
 use prefill::{
     op_attention_causal, op_attention_causal_bf16, op_kv_append_slices, op_linear_tile,
-    op_linear_tile_bf16, op_linear_tile_rope,
+    op_linear_tile_bf16, op_linear_tile_f16, op_linear_tile_rope,
 };
 
 /// What a case needs: the backend under test, the registry and the oracle.
@@ -175,7 +175,7 @@ macro_rules! conformance_tests {
             op_allreduce_shard op_kv_append op_sample_argmax op_token_nll op_attention_combine op_fused
             op_rmsnorm_gemv op_gate_up_silu op_qkv_rope_append op_qkv_rope_append_factors op_qkv_rope_append_qk_norm op_attention_gemv
             op_attention_pos_bf16 op_attention_split_hd64 op_attention_split_long op_next_token op_next_token_stats
-            op_linear_tile op_linear_tile_bf16 op_linear_tile_rope op_attention_causal op_attention_causal_bf16
+            op_linear_tile op_linear_tile_bf16 op_linear_tile_f16 op_linear_tile_rope op_attention_causal op_attention_causal_bf16
             op_kv_append_slices
             dag_chain dag_fan_in dag_tiled_groups dag_split_kv dag_kv_append_steps
             dag_position_decode dag_split_kv_decode dag_split_kv_normalized dag_split_kv_merged
@@ -387,8 +387,13 @@ pub const CASES: &[Case] = &[
     },
     Case {
         name: "op_linear_tile_bf16",
-        about: "LINEAR_TILE in bf16 (the tensor-core path): 70 x 96 x 136 and 9 x 40 x 20 (K tail)",
+        about: "LINEAR_TILE in bf16 (the tensor-core path): 70 x 96 x 136, 9 x 40 x 20 (K tail), 300 x 96 x 136 and 600 x 320 x 136 (wide and 256-row tiles)",
         run: op_linear_tile_bf16,
+    },
+    Case {
+        name: "op_linear_tile_f16",
+        about: "LINEAR_TILE in f16 (the tensor-core path): 70 x 96 x 136 and 600 x 320 x 136 (256-row tiles on sm_90a)",
+        run: op_linear_tile_f16,
     },
     Case {
         name: "op_linear_tile_rope",

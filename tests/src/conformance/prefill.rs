@@ -2,7 +2,7 @@
 //! against their formulas.
 
 use super::Ctx;
-use super::compare::{BF16_TOL, F32_TOL, Tol};
+use super::compare::{BF16_TOL, F16_TOL, F32_TOL, Tol};
 use super::formulas::{Attn, attention, linear, rmsnorm, rope_scaled, silu};
 use super::outcome::CaseResult;
 use super::run::{Inputs, in_vals, set_input};
@@ -177,6 +177,13 @@ pub(super) fn op_linear_tile_bf16(c: &Ctx<'_>) -> CaseResult {
     // Tasks of 303 and 297 rows: without a norm on sm_90a a 256-row tile, then a narrow one;
     // K of five steps, so that every stage of each pipeline is refilled.
     linear_tile_case(c, DType::BF16, 600, 320, 136, BF16_TOL)
+}
+
+pub(super) fn op_linear_tile_f16(c: &Ctx<'_>) -> CaseResult {
+    // The f16 tensor-core tiles (wgmma's f16 form on sm_90a): 64-row tiles, then tasks of 303
+    // and 297 rows (256- or 128-row tiles, then a narrow one) whose K refills every stage.
+    linear_tile_case(c, DType::F16, 70, 96, 136, F16_TOL)?;
+    linear_tile_case(c, DType::F16, 600, 320, 136, F16_TOL)
 }
 
 /// KV_APPEND split into column slices on one counter: `rows` rows of `width` columns (`dt`)
