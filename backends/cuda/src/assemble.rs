@@ -344,26 +344,19 @@ pub fn megakernel_source(registry: &Registry, knobs: Knobs) -> Result<Megakernel
         } else {
             "__noinline__"
         };
-        src.push_str(&format!(
-            "__device__ {attr} void {name}(const amk_task_ctx& c) {{\n  switch (c.inst->op) {{\n"
-        ));
-        for (o, call) in ops.iter().zip(&calls) {
-            if o.code == Opcode::FUSED && !with_fused {
-                continue;
-            }
-            // An op that does not wait itself runs once the scheduler's wait for it is met
-            // (a FUSED step's wait returns at once: its task waited before its first step).
-            let wait = if o.own_wait {
-                ""
-            } else {
-                "if (amk_task_wait(c)) "
-            };
-            src.push_str(&format!(
-                "    case {code}: {wait}amk_op_{code}::{call}(c); break;\n",
-                code = o.code.0,
-            ));
-        }
-        src.push_str("    default: amk_fail(c, AMK_ERR_UNKNOWN_OPCODE, c.inst->op);\n  }\n}\n");
+        let cases = (ops.iter().zip(&calls))
+            .filter(|(o, _)| with_fused || o.code != Opcode::FUSED)
+            .map(|(o, call)| {
+                // An op that does not wait itself runs once the scheduler's wait for it is met
+                // (a FUSED step's wait returns at once: its task waited before its first step).
+                let wait = if o.own_wait {
+                    ""
+                } else {
+                    "if (amk_task_wait(c)) "
+                };
+                (o.code, format!("{wait}amk_op_{}::{call}(c); ", o.code.0))
+            });
+        switch_function(name, attr, cases, &mut src);
     }
     if inline {
         verify_dispatcher(&ops, &calls, &mut src);
@@ -380,21 +373,29 @@ pub fn megakernel_source(registry: &Registry, knobs: Knobs) -> Result<Megakernel
 /// so the code of the others — wgmma's above all, which ptxas serializes in any function that
 /// is called — lives only in the entry. Without the knob the verify pass calls `amk_dispatch`.
 fn verify_dispatcher(ops: &[CompiledOp], calls: &[String], src: &mut String) {
-    src.push_str(
-        "__device__ __noinline__ void amk_dispatch_verify(const amk_task_ctx& c) {\n  switch (c.inst->op) {\n",
-    );
-    for (o, call) in ops.iter().zip(calls) {
-        if o.own_wait {
-            src.push_str(&format!(
-                "    case {code}: amk_op_{code}::{call}(c); break;\n",
-                code = o.code.0
-            ));
-        } else {
-            src.push_str(&format!("    case {}: break;\n", o.code.0));
-        }
+    let cases = (ops.iter().zip(calls)).map(|(o, call)| match o.own_wait {
+        true => (o.code, format!("amk_op_{}::{call}(c); ", o.code.0)),
+        false => (o.code, String::new()),
+    });
+    switch_function("amk_dispatch_verify", "__noinline__", cases, src);
+    src.push_str("#define AMK_VERIFY_DISPATCH amk_dispatch_verify\n");
+}
+
+/// A generated dispatcher `name`: a `switch` on the task's opcode with one case a (code,
+/// statements) pair, each ending in `break`, and an unknown opcode failing the task.
+fn switch_function(
+    name: &str,
+    attr: &str,
+    cases: impl Iterator<Item = (Opcode, String)>,
+    src: &mut String,
+) {
+    src.push_str(&format!(
+        "__device__ {attr} void {name}(const amk_task_ctx& c) {{\n  switch (c.inst->op) {{\n"
+    ));
+    for (code, body) in cases {
+        src.push_str(&format!("    case {}: {body}break;\n", code.0));
     }
     src.push_str("    default: amk_fail(c, AMK_ERR_UNKNOWN_OPCODE, c.inst->op);\n  }\n}\n");
-    src.push_str("#define AMK_VERIFY_DISPATCH amk_dispatch_verify\n");
 }
 
 /// The name each dispatcher calls for each of `ops`, in its namespace: the op's entry itself,
