@@ -615,6 +615,19 @@ __device__ __forceinline__ void lt_k_loop(const amk_task_ctx& ctx, const lt_args
   __syncthreads(); /* every warp is past its last read of the stages */
 }
 
+#if LT_WG
+/* A warp's share of the accumulators of one m64nN wgmma (d: NJ = N / 8 groups of four) into the
+ * f32 tile: rows `row` and row + 8, two columns an n8 block from `cb`. */
+template <int NJ>
+__device__ __forceinline__ void lt_wg_store(float* cs, int row, int cb, const float* d) {
+#pragma unroll
+  for (int j = 0; j < NJ; ++j) {
+    *(float2*)&cs[row * LT_LD + cb + 8 * j] = make_float2(d[4 * j], d[4 * j + 1]);
+    *(float2*)&cs[(row + 8) * LT_LD + cb + 8 * j] = make_float2(d[4 * j + 2], d[4 * j + 3]);
+  }
+}
+#endif
+
 #if LT_WIDEST
 /* The 256-row tile's sums, a warpgroup's 128 rows at a time (the f32 tile of 256 rows would not
  * fit the stages' bytes): into shared memory, the bias, the epilogue. Warp w of warpgroup g
@@ -627,15 +640,7 @@ __device__ __forceinline__ void lt_wg_out_halves(const amk_task_ctx& ctx, const 
   for (int h = 0; h < 2; ++h) {
     if ((warp >> 2) == h) {
 #pragma unroll
-      for (int s = 0; s < 2; ++s) {
-        const int row = 64 * s + 16 * (warp & 3) + (lane >> 2);
-#pragma unroll
-        for (int j = 0; j < 16; ++j) {
-          const float* e = &d[64 * s + 4 * j];
-          *(float2*)&cs[row * LT_LD + cb + 8 * j] = make_float2(e[0], e[1]);
-          *(float2*)&cs[(row + 8) * LT_LD + cb + 8 * j] = make_float2(e[2], e[3]);
-        }
-      }
+      for (int s = 0; s < 2; ++s) lt_wg_store<16>(cs, 64 * s + 16 * (warp & 3) + (lane >> 2), cb, &d[64 * s]);
     }
     __syncthreads();
     if (h == 0) amk_probe(ctx, 5); /* the first half's sums in shared memory */
@@ -685,11 +690,7 @@ __device__ LT_TILE_ATTR void lt_tile_mma(const amk_task_ctx& ctx, const lt_args&
     const int g = warp >> 2;
     const int row = (BM == LT_BM2 ? 64 * g : 0) + 16 * (warp & 3) + (lane >> 2);
     const int cb = (BM == LT_BM2 ? 0 : 64 * g) + (lane & 3) * 2;
-#pragma unroll
-    for (int j = 0; j < lt_dims<BM>::MI * 4; ++j) {
-      *(float2*)&cs[row * LT_LD + cb + 8 * j] = make_float2(d[4 * j], d[4 * j + 1]);
-      *(float2*)&cs[(row + 8) * LT_LD + cb + 8 * j] = make_float2(d[4 * j + 2], d[4 * j + 3]);
-    }
+    lt_wg_store<lt_dims<BM>::MI * 4>(cs, row, cb, d);
   }
   (void)wm;
   (void)wn;
