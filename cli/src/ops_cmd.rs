@@ -104,6 +104,14 @@ fn parse_kind(s: &str) -> Result<Kind, String> {
         .map_err(|_| format!("'{s}' is not one of any, f32, f16, bf16"))
 }
 
+/// Chunk sizes whose prefill programs stand for every prompt's kernel: a short chunk's tasks
+/// and a long chunk's (whose widest grids ask their kernel for another row block). A kernel
+/// holds its program's ops, dtypes, row lengths and task defines, none of which depend on the
+/// number of layers, so they are lowered for two (the whole 8B at 2,048 rows would take
+/// gigabytes and a minute; with one, a program without logits would have no MLP: it computes
+/// the last layer's K and V alone).
+const PREFILL_ROWS: [u64; 2] = [16, 2048];
+
 /// The decode programs that `amk generate`, `amk bench` and `amk run` lower a Llama model to
 /// in `dtype`, one per kernel they can need: the tuned and the reference schedule (or the
 /// named `schedules` instead, when there are any), each with and without the argmax, at every
@@ -141,6 +149,13 @@ fn llama_programs(
             continue;
         }
         let cfg = presets::preset(shape).map_err(|e| e.to_string())?;
+        let two_layers = Model::shape_only(
+            amk_model_llama::config::ModelConfig {
+                n_layers: 2,
+                ..cfg.clone()
+            },
+            shape,
+        );
         let model = Model::shape_only(cfg, shape);
         for (sname, schedule) in schedules.iter().filter(|_| wants("decode")) {
             // The tails `amk run`/`amk lower` (argmax), `amk bench` (logits) and the engine
@@ -164,28 +179,31 @@ fn llama_programs(
                 out.push((format!("{dt} {sname}{what}, {shape}"), p));
             }
         }
-        // The prefill programs (`amk bench --prefill`, the engine's prompts and scoring): one
-        // kernel for every chunk size; no logits, the last row's and every row's (programs of
-        // one source share a kernel, listed once).
-        for logits in [
+        // The prefill programs (`amk bench --prefill`, the engine's prompts and scoring): no
+        // logits, the last row's and every row's; a short chunk's and a long one's (a long
+        // chunk's wide grids take LINEAR_TILE's widest row block, which its kernel compiles
+        // in). Programs of one source share a kernel, listed once.
+        let logit_kinds = [
             PrefillLogits::None,
             PrefillLogits::Last,
             PrefillLogits::Every,
-        ]
-        .into_iter()
-        .filter(|_| wants("prefill"))
+        ];
+        for (rows, logits) in PREFILL_ROWS
+            .iter()
+            .flat_map(|&r| logit_kinds.map(|l| (r, l)))
+            .filter(|_| wants("prefill"))
         {
             let opts = PrefillOptions {
                 dtype,
-                max_seq: 64,
-                rows: 16,
+                max_seq: rows.max(64),
+                rows,
                 logits,
             };
             // Models the prefill lowering refuses (heads wider than 128) have none.
-            if let Ok(l) = lower_prefill(&model, &target, &opts) {
+            if let Ok(l) = lower_prefill(&two_layers, &target, &opts) {
                 let dt = dtype.name().to_ascii_lowercase();
                 out.push((
-                    format!("{dt} prefill ({logits:?} logits), {shape}"),
+                    format!("{dt} prefill of {rows} rows ({logits:?} logits), {shape}"),
                     l.program,
                 ));
             }

@@ -99,7 +99,7 @@ fn ops_compile_rejects_a_malformed_architecture() {
 
 /// `--list` names every kernel of the default set without compiling (on any build): every
 /// op's, and the Llama programs' by dtype, one per distinct kernel of the preset shapes
-/// (SmolLM2's rows take a smaller pass).
+/// (SmolLM2's rows take a smaller pass; a long prompt chunk's kernel holds the widest tile).
 #[test]
 fn ops_compile_lists_the_default_kernels() {
     let dir = std::env::temp_dir().join(format!("amk-ops-compile-{}", std::process::id()));
@@ -121,12 +121,21 @@ fn ops_compile_lists_the_default_kernels() {
         "bf16 tuned, llama-3.2-1b",
         "bf16 tuned, smollm2-135m",
         "bf16 tuned short-context, decode loop, llama-3.2-1b",
+        // A short prompt chunk's kernel and a long one's (whose gate/up grid takes the
+        // widest row block on sm_90); f32 prompts have one.
+        "bf16 prefill of 16 rows (Last logits), llama-3.2-1b",
+        "bf16 prefill of 2048 rows (Last logits), llama-3.2-1b",
+        "f32 prefill of 16 rows (Last logits), llama-3.2-1b",
     ] {
         assert!(
             listed.lines().any(|l| l == format!("sm_90a ({what})")),
             "{what}: {listed}"
         );
     }
+    assert!(
+        !listed.contains("f32 prefill of 2048 rows"),
+        "an f32 prompt has no widest tiles: {listed}"
+    );
     assert!(!dir.exists(), "nothing is written");
 }
 

@@ -295,13 +295,15 @@ fn smollm2_prefill_has_the_tasks_of_its_tiling() {
 
 /// Which phases take wide (128-row) LINEAR_TILE tasks: those of more 64-row device tiles than
 /// the target's SMs, in 16-bit programs; f32 programs (the device's generic path, 64 rows at a
-/// time) always narrow. On the 1B at 512 rows with 132 SMs: Q/K/V together 8 × (16 + 4 + 4) =
-/// 192 tiles and gate/up 8 × 128 — wide; the output and down projections 8 × 16 = 128 — narrow.
+/// time) always narrow. On sm_90, a grid without a norm whose phase holds four waves of
+/// narrow tiles or more takes the widest (256-row) tasks. On the 1B at 512 rows with 132 SMs:
+/// Q/K/V together 8 × (16 + 4 + 4) = 192 tiles — wide; gate/up 8 × 128 = 1,024 ≥ 4 × 132 and
+/// normalised before — widest; the output and down projections 8 × 16 = 128 — narrow.
 #[test]
 fn phases_of_more_tiles_than_sms_take_wide_tasks() {
     let cfg = amk_model_llama::presets::preset("llama-3.2-1b").unwrap();
     let model = Model::shape_only(cfg.clone(), "llama-3.2-1b");
-    let rows_of = |dtype, sms: i64| {
+    let rows_of = |dtype, sms: i64, sm_arch: i64| {
         let opts = PrefillOptions {
             dtype,
             max_seq: 1024,
@@ -310,6 +312,7 @@ fn phases_of_more_tiles_than_sms_take_wide_tasks() {
         };
         let mut target = GpuTarget::by_name("h100").unwrap();
         target.num_sms = sms;
+        target.sm_arch = sm_arch;
         let p = lower_prefill(&model, &target, &opts).unwrap().program;
         let mut by_kind =
             std::collections::BTreeMap::<String, std::collections::BTreeSet<i64>>::new();
@@ -324,22 +327,26 @@ fn phases_of_more_tiles_than_sms_take_wide_tasks() {
         by_kind
     };
     let one = |v: i64| std::collections::BTreeSet::from([v]);
-    let bf16 = rows_of(DType::BF16, 132);
+    let bf16 = rows_of(DType::BF16, 132, 90);
     for (kind, rows) in [
         ("q", 128),
         ("k", 128),
         ("v", 128),
-        ("gate_up", 128),
+        ("gate_up", 256),
         ("o_add", 64),
         ("down_add", 64),
     ] {
         assert_eq!(bf16[kind], one(rows), "{kind}");
     }
-    // With 256 SMs the Q/K/V phase fits one wave of narrow tiles; gate/up still does not.
-    let big = rows_of(DType::BF16, 256);
+    // Elsewhere than sm_90 (no wgmma), gate/up keeps the wide tasks.
+    assert_eq!(rows_of(DType::BF16, 132, 89)["gate_up"], one(128));
+    // With 256 SMs the Q/K/V phase fits one wave of narrow tiles; gate/up still holds four.
+    let big = rows_of(DType::BF16, 256, 90);
     assert_eq!(big["q"], one(64));
-    assert_eq!(big["gate_up"], one(128));
-    let f32 = rows_of(DType::F32, 132);
+    assert_eq!(big["gate_up"], one(256));
+    // With 300, gate/up is fewer than four waves of narrow tiles: wide.
+    assert_eq!(rows_of(DType::BF16, 300, 90)["gate_up"], one(128));
+    let f32 = rows_of(DType::F32, 132, 90);
     assert!(f32.values().all(|r| *r == one(64)), "{f32:?}");
 }
 

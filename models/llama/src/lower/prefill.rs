@@ -271,6 +271,8 @@ struct Builder {
     eps: Value,
     /// The target's SMs: a phase of more 64-row tiles than this runs in wide tiles.
     num_sms: u64,
+    /// Whether the target runs LINEAR_TILE's widest row block (sm_90's wgmma, 16-bit).
+    widest: bool,
 }
 
 impl Builder {
@@ -317,8 +319,12 @@ impl Builder {
     /// runs on the tensor cores (16-bit). A wide tile reads each weight tile once for twice the
     /// rows, so a phase of more than one wave of narrow tiles runs in fewer, cheaper-per-row
     /// tasks; a phase of one wave or less keeps the narrow tiles, which spread it over more SMs.
-    fn task_rows(&self, tiles: u64) -> u64 {
-        if self.dtype != DType::F32 && tiles > self.num_sms {
+    /// On sm_90 a grid without a norm whose phase holds four waves of narrow tiles or more takes
+    /// the widest block: the phase still fills every SM, and each weight tile feeds 256 rows.
+    fn task_rows(&self, tiles: u64, norm: bool) -> u64 {
+        if self.widest && !norm && tiles >= 4 * self.num_sms {
+            op_linear_tile::WIDEST_ROWS
+        } else if self.dtype != DType::F32 && tiles > self.num_sms {
             op_linear_tile::WIDE_ROWS
         } else {
             op_linear_tile::DEVICE_ROWS
@@ -452,7 +458,8 @@ impl Builder {
             1
         };
         let mut tiles = 0;
-        let dr = self.task_rows(lin.phase_tiles.unwrap_or(Self::grid_tiles(lin, rows)));
+        let phase = lin.phase_tiles.unwrap_or(Self::grid_tiles(lin, rows));
+        let dr = self.task_rows(phase, lin.norm.is_some());
         // Columns outer, rows inner: the blocks that run together share their weight rows, so
         // a wave reads each weight tile from memory once and the others find it in L2 (rows
         // outer made every wave of a wide projection re-read weights that had left L2).
@@ -977,6 +984,7 @@ pub fn lower_prefill_sharing(
         dbytes: (opts.dtype.bits() / 8) as i64,
         eps: Value::Float(mc.rms_eps),
         num_sms: target.num_sms.max(1) as u64,
+        widest: target.sm_arch == 90 && opts.dtype != DType::F32,
     };
     let mut w = Weights::new(model, opts.dtype, weights);
     let rope = rope_args(&mut b, &mut w, model)?;
