@@ -7,7 +7,9 @@
 //! GPU's architecture; says SKIPPED without a GPU (and fails under `AMK_REQUIRE_GPU=1`).
 //! `AMK_SUITE_CONFIGS` (comma-separated configuration names, e.g. `conformance`) compiles only
 //! those configurations' kernels; `AMK_SUITE_ARCH` (e.g. `sm_90a`) compiles for that
-//! architecture without a GPU, into the cache the GPU machine will be given.
+//! architecture without a GPU, into the cache the GPU machine will be given. `AMK_SUITE_OPS`
+//! (comma-separated opcodes, e.g. `LINEAR_TILE`) compiles only the kernels of programs with a
+//! task of one of them, for a run of only those ops' tests.
 #![allow(clippy::unwrap_used)]
 
 use amk_backend_cuda::test_support::{conformance_configs, gpu_or_skip};
@@ -76,8 +78,16 @@ fn suite_kernels_compile() {
         !configs.is_empty(),
         "AMK_SUITE_CONFIGS names none of the suite's configurations"
     );
+    // `AMK_SUITE_OPS=LINEAR_TILE,ATTENTION_CAUSAL`: only programs with a task of one of them.
+    let ops = std::env::var("AMK_SUITE_OPS").ok();
+    let has_op = |p: &Program| {
+        ops.as_deref().is_none_or(|l| {
+            l.split(',')
+                .any(|o| p.tasks.iter().any(|t| t.op.to_string() == o.trim()))
+        })
+    };
     for (_, options) in configs {
-        for p in &programs {
+        for p in programs.iter().filter(|p| has_op(p)) {
             let knobs = options.knobs(Some(p), &reg);
             let source = amk_backend_cuda::assemble::megakernel_source(&reg, knobs)
                 .unwrap()
