@@ -53,11 +53,15 @@ impl LaunchShape {
     ) -> Result<LaunchShape, CudaError> {
         let threads = inner.options.threads;
         let smem = (mk.shared_bytes_for(program) as usize).max(inner.options.min_smem_bytes);
-        if smem > inner.smem_optin {
+        // The kernel's static shared memory (the scheduler's) counts against the same limit.
+        let fixed = module.static_smem();
+        if smem + fixed > inner.smem_optin {
             return Err(CudaError::DeviceUnsuitable {
                 device: inner.info.name.clone(),
                 why: format!(
-                    "ops need {smem} B of shared memory per block, the device allows {}",
+                    "a block needs {smem} B of dynamic shared memory (its ops', or \
+                     AMK_CUDA_SMEM_KB's) beside the kernel's {fixed} B of static shared \
+                     memory, the device allows {} B in all",
                     inner.smem_optin
                 ),
             });
