@@ -91,10 +91,10 @@ pub struct BenchArgs {
     #[arg(long, default_value_t = HALF_TOLERANCE)]
     pub tolerance: f64,
     /// End-to-end mode (with --model): time to first token for a prompt of this many tokens
-    /// of real text, then the decode rate at each --depth, through the engine (what `amk
-    /// generate` runs), wall clock next to device time.
-    #[arg(long, value_name = "P", requires = "model")]
-    pub prompt_tokens: Option<usize>,
+    /// of real text (comma-separated lengths, each timed in turn), then the decode rate at each
+    /// --depth, through the engine (what `amk generate` runs), wall clock next to device time.
+    #[arg(long, value_name = "P", value_delimiter = ',', requires = "model")]
+    pub prompt_tokens: Vec<usize>,
     /// End-to-end mode: tokens generated per decode measurement.
     #[arg(long = "gen", value_name = "N", default_value_t = 128)]
     pub gen_tokens: usize,
@@ -276,10 +276,10 @@ pub fn run(a: &BenchArgs) -> ExitCode {
     if !a.prefill.is_empty() {
         return finish(a.json, crate::prefill_bench::bench_prefill(a, &a.prefill));
     }
-    match a.prompt_tokens {
-        Some(p) => finish(a.json, crate::e2e_bench::bench_e2e(a, p)),
-        None => finish(a.json, bench(a)),
+    if !a.prompt_tokens.is_empty() {
+        return finish(a.json, crate::e2e_bench::bench_e2e(a, &a.prompt_tokens));
     }
+    finish(a.json, bench(a))
 }
 
 fn bench(a: &BenchArgs) -> Result<(), ModelCmdError> {

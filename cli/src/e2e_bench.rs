@@ -84,8 +84,8 @@ fn last_logits(engine: &mut Engine, ids: &[u32]) -> Result<Vec<f32>, ModelCmdErr
     Ok(last)
 }
 
-/// Runs the end-to-end benchmark (`a.prompt_tokens` is set).
-pub fn bench_e2e(a: &BenchArgs, prompt_tokens: usize) -> Result<(), ModelCmdError> {
+/// Runs the end-to-end benchmark for prompts of `prompts` tokens (`--prompt-tokens`).
+pub fn bench_e2e(a: &BenchArgs, prompts: &[usize]) -> Result<(), ModelCmdError> {
     let dtype = parse_dtype(&a.dtype)?;
     let path = a.model.as_deref().ok_or_else(|| {
         ModelCmdError::Usage(
@@ -93,13 +93,20 @@ pub fn bench_e2e(a: &BenchArgs, prompt_tokens: usize) -> Result<(), ModelCmdErro
                 .into(),
         )
     })?;
-    if prompt_tokens < 2 || a.gen_tokens < 2 {
+    if prompts.iter().any(|&p| p < 2) || a.gen_tokens < 2 {
         return Err(ModelCmdError::Usage(
             "--prompt-tokens and --gen must be at least 2".into(),
         ));
     }
+    let longest_prompt = prompts.iter().copied().max().unwrap_or(2);
     let depths: Vec<usize> = a.depth.iter().map(|&d| d as usize).collect();
-    let longest = depths.iter().copied().max().unwrap_or(0).max(prompt_tokens) + a.gen_tokens;
+    let longest = depths
+        .iter()
+        .copied()
+        .max()
+        .unwrap_or(0)
+        .max(longest_prompt)
+        + a.gen_tokens;
     let gpu = crate::bench_cmd::open_gpu()?;
     let reg = registry()?;
     let model = import_model(path)?;
@@ -123,7 +130,7 @@ pub fn bench_e2e(a: &BenchArgs, prompt_tokens: usize) -> Result<(), ModelCmdErro
                 .with_asked(None, a.short_context)
         }
     };
-    let gate_ids = text_ids(&tok, prompt_tokens.min(GATE_TOKENS))?;
+    let gate_ids = text_ids(&tok, longest_prompt.min(GATE_TOKENS))?;
     crate::status::status!(
         "gate: f32 reference over {} tokens of text...",
         gate_ids.len()
@@ -145,17 +152,11 @@ pub fn bench_e2e(a: &BenchArgs, prompt_tokens: usize) -> Result<(), ModelCmdErro
     crate::status::status!("gate passed ({}); warming up...", gate.why());
     generate(&mut engine, &text_ids(&tok, 8)?, 8)?;
     let repeat = a.repeat.max(1);
-    let prompt = text_ids(&tok, prompt_tokens)?;
-    let (mut ttft, mut prefill) = (Vec::new(), Vec::new());
-    for _ in 0..repeat {
-        let g = generate(&mut engine, &prompt, 1)?;
-        ttft.push(g.first_token_s().unwrap_or(g.total_s));
-        prefill.push(g.prefill_s);
+    let mut firsts = Vec::new();
+    for &tokens in prompts {
+        crate::status::status!("prompt of {tokens} tokens, {repeat} times...");
+        firsts.push(first_token(&mut engine, &text_ids(&tok, tokens)?, repeat)?);
     }
-    let first = FirstToken {
-        ttft_s: summarize(&ttft).0,
-        prefill_s: summarize(&prefill).0,
-    };
     let mut points = Vec::new();
     for &depth in &depths {
         crate::status::status!("depth {depth}: {} tokens, {repeat} times...", a.gen_tokens);
@@ -188,24 +189,49 @@ pub fn bench_e2e(a: &BenchArgs, prompt_tokens: usize) -> Result<(), ModelCmdErro
         prefill_rows: engine.prefill_chunk_sizes(),
         short_context: engine.short_context(),
     };
-    report(
-        a,
-        path,
-        &gpu,
-        dtype,
-        prompt_tokens,
-        &first,
-        &gate,
-        &points,
-        &programs,
-    );
+    report(a, path, &gpu, dtype, &firsts, &gate, &points, &programs);
     Ok(())
 }
 
-/// The time to the first token, and the part of it the prompt programs took (medians).
+/// A prompt's time to the first token, and the part of it the prompt programs took (medians).
 struct FirstToken {
+    prompt_tokens: usize,
     ttft_s: f64,
     prefill_s: f64,
+}
+
+impl FirstToken {
+    fn prompt_tok_s(&self) -> f64 {
+        self.prompt_tokens as f64 / self.ttft_s
+    }
+
+    fn json(&self) -> serde_json::Value {
+        serde_json::json!({
+            "prompt_tokens": self.prompt_tokens,
+            "ttft_ms": self.ttft_s * 1e3,
+            "prefill_ms": self.prefill_s * 1e3,
+            "prompt_tok_s": self.prompt_tok_s(),
+        })
+    }
+}
+
+/// `prompt`'s first token generated `repeat` times.
+fn first_token(
+    engine: &mut Engine,
+    prompt: &[u32],
+    repeat: usize,
+) -> Result<FirstToken, ModelCmdError> {
+    let (mut ttft, mut prefill) = (Vec::new(), Vec::new());
+    for _ in 0..repeat {
+        let g = generate(engine, prompt, 1)?;
+        ttft.push(g.first_token_s().unwrap_or(g.total_s));
+        prefill.push(g.prefill_s);
+    }
+    Ok(FirstToken {
+        prompt_tokens: prompt.len(),
+        ttft_s: summarize(&ttft).0,
+        prefill_s: summarize(&prefill).0,
+    })
 }
 
 /// One more generation at each depth with the decode programs traced, each program that ran
@@ -284,8 +310,7 @@ fn report(
     path: &Path,
     gpu: &CudaBackend,
     dtype: DType,
-    prompt_tokens: usize,
-    first: &FirstToken,
+    firsts: &[FirstToken],
     gate: &Gate,
     points: &[DepthPoint],
     programs: &Programs,
@@ -303,24 +328,27 @@ fn report(
         })
         .collect();
     if a.json {
-        let v = serde_json::json!({
+        let mut v = serde_json::json!({
             "tool": "amk",
             "mode": "e2e",
             "device": gpu.info().to_string(),
             "model": path.display().to_string(),
             "dtype": dtype.name(),
-            "prompt_tokens": prompt_tokens,
             "gen_tokens": a.gen_tokens,
             "repeat": a.repeat.max(1),
-            "ttft_ms": first.ttft_s * 1e3,
-            "prefill_ms": first.prefill_s * 1e3,
-            "prompt_tok_s": prompt_tokens as f64 / first.ttft_s,
+            "prompts": firsts.iter().map(FirstToken::json).collect::<Vec<_>>(),
             "gate": gate.json(),
             "schedule": programs.schedule,
             "prefill_rows": programs.prefill_rows,
             "short_context": programs.short_context,
             "depths": depths,
         });
+        // The first prompt's figures at the top level too, as a one-prompt run reports them.
+        if let (Some(obj), Some(serde_json::Value::Object(first))) =
+            (v.as_object_mut(), firsts.first().map(FirstToken::json))
+        {
+            obj.extend(first);
+        }
         outln!("{v}");
         return;
     }
@@ -333,15 +361,21 @@ fn report(
         a.repeat.max(1)
     );
     outln!(
-        "prompt: {prompt_tokens} tokens, time to first token {:.2} ms ({:.0} tok/s; prompt programs {:.2} ms of it); prompt programs of {:?} rows; short-context decode program: {}",
-        first.ttft_s * 1e3,
-        prompt_tokens as f64 / first.ttft_s,
-        first.prefill_s * 1e3,
+        "prompt programs of {:?} rows; short-context decode program: {}",
         programs.prefill_rows,
         programs
             .short_context
             .map_or("none".to_string(), |b| format!("positions below {b}"))
     );
+    for f in firsts {
+        outln!(
+            "prompt: {} tokens, time to first token {:.2} ms ({:.0} tok/s; prompt programs {:.2} ms of it)",
+            f.prompt_tokens,
+            f.ttft_s * 1e3,
+            f.prompt_tok_s(),
+            f.prefill_s * 1e3,
+        );
+    }
     outln!("| depth | decode tok/s | wall ms/token | kernel ms/token | loop overhead |");
     outln!("|---|---|---|---|---|");
     for p in points {

@@ -37,6 +37,19 @@ fn bad_arguments_exit_2_with_a_message() {
     let o = amk(&["bench", "--model", "/no/such/model.gguf"]);
     assert_eq!(o.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&o.stderr).contains("no such file"));
+    // End-to-end mode takes a list of prompt lengths, each at least 2 tokens.
+    let o = amk(&["bench", "--model", "x.gguf", "--prompt-tokens", "128,1"]);
+    assert_eq!(o.status.code(), Some(2));
+    assert!(
+        String::from_utf8_lossy(&o.stderr).contains("--prompt-tokens and --gen must be at least 2"),
+        "{o:?}"
+    );
+    let o = amk(&["bench", "--model", "x.gguf", "--prompt-tokens", "128,x"]);
+    assert_eq!(
+        o.status.code(),
+        Some(2),
+        "clap refuses a length that is no number"
+    );
 }
 
 #[test]
