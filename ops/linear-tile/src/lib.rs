@@ -120,6 +120,14 @@ fn task_defines(task: &amk_core::Task) -> &'static [(&'static str, &'static str)
     }
 }
 
+/// Whether a task of more than [`WIDE_ROWS`] rows runs [`WIDEST_ROWS`]-row blocks on a GPU of
+/// compute capability `sm_arch` (90 for 9.0): the wgmma path (sm_90a), 16-bit operands, no norm
+/// (its rows' scales would not fit). Elsewhere such a task runs [`WIDE_ROWS`]-row blocks, so a
+/// lowering gives a task that many rows only where this holds.
+pub fn runs_widest_rows(sm_arch: i64, dtype: DType, norm: bool) -> bool {
+    sm_arch == 90 && dtype != DType::F32 && !norm
+}
+
 /// What a task computes after the product.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Epilogue {

@@ -271,8 +271,8 @@ struct Builder {
     eps: Value,
     /// The target's SMs: a phase of more 64-row tiles than this runs in wide tiles.
     num_sms: u64,
-    /// Whether the target runs LINEAR_TILE's widest row block (sm_90's wgmma, 16-bit).
-    widest: bool,
+    /// The target's compute capability (LINEAR_TILE's widest row block runs on some).
+    sm_arch: i64,
 }
 
 impl Builder {
@@ -319,10 +319,12 @@ impl Builder {
     /// runs on the tensor cores (16-bit). A wide tile reads each weight tile once for twice the
     /// rows, so a phase of more than one wave of narrow tiles runs in fewer, cheaper-per-row
     /// tasks; a phase of one wave or less keeps the narrow tiles, which spread it over more SMs.
-    /// On sm_90 a grid without a norm whose phase holds four waves of narrow tiles or more takes
-    /// the widest block: the phase still fills every SM, and each weight tile feeds 256 rows.
+    /// Where the device runs the widest block (`runs_widest_rows`: sm_90, 16-bit, no norm), a
+    /// grid whose phase holds four waves of narrow tiles or more takes it: the phase still
+    /// fills every SM, and each weight tile feeds 256 rows.
     fn task_rows(&self, tiles: u64, norm: bool) -> u64 {
-        if self.widest && !norm && tiles >= 4 * self.num_sms {
+        let widest = op_linear_tile::runs_widest_rows(self.sm_arch, self.dtype, norm);
+        if widest && tiles >= 4 * self.num_sms {
             op_linear_tile::WIDEST_ROWS
         } else if self.dtype != DType::F32 && tiles > self.num_sms {
             op_linear_tile::WIDE_ROWS
@@ -984,7 +986,7 @@ pub fn lower_prefill_sharing(
         dbytes: (opts.dtype.bits() / 8) as i64,
         eps: Value::Float(mc.rms_eps),
         num_sms: target.num_sms.max(1) as u64,
-        widest: target.sm_arch == 90 && opts.dtype != DType::F32,
+        sm_arch: target.sm_arch,
     };
     let mut w = Weights::new(model, opts.dtype, weights);
     let rope = rope_args(&mut b, &mut w, model)?;
