@@ -644,6 +644,45 @@ pub(super) fn op_attention_split_hd64(c: &Ctx<'_>) -> CaseResult {
     )
 }
 
+/// ATTENTION_SPLIT at the first positions of a decode, where a normalised task has a few to 64
+/// rows (on the device the general path's tiny case up to 8 rows, the direct path beyond):
+/// head_dim 128 with 4 query heads a KV head over f16 q and caches at positions 0, 7 and 31
+/// (1, 8 and 32 rows), and head_dim 32 with 3 over bf16 at 1, 32 and 50 (2, 33 and 51 rows);
+/// beside each, one split of partials a KV head over the same rows. Against the CPU oracle to
+/// f32 tolerance.
+pub(super) fn op_attention_split_short(c: &Ctx<'_>) -> CaseResult {
+    split_against_oracle(
+        c,
+        SplitCase {
+            seed: 53,
+            nh: 8,
+            nkv: 2,
+            hd: 128,
+            rows: 64,
+            q: DType::F16,
+            cache: DType::F16,
+            splits: 1,
+            chunk: 64,
+            positions: &[0, 7, 31],
+        },
+    )?;
+    split_against_oracle(
+        c,
+        SplitCase {
+            seed: 59,
+            nh: 6,
+            nkv: 2,
+            hd: 32,
+            rows: 64,
+            q: DType::BF16,
+            cache: DType::BF16,
+            splits: 1,
+            chunk: 64,
+            positions: &[1, 32, 50],
+        },
+    )
+}
+
 /// ATTENTION_SPLIT over long splits, where the device runs its rows in many batches and its
 /// query heads in more than one pass: head_dim 128, 12 query heads over 2 KV heads (6 a KV
 /// head), f32 q over f16 caches of 512 rows at positions 300, 511 and 77 (one split of up to
