@@ -79,15 +79,22 @@ fn suite_kernels_compile() {
         "AMK_SUITE_CONFIGS names none of the suite's configurations"
     );
     // `AMK_SUITE_OPS=LINEAR_TILE,ATTENTION_CAUSAL`: only programs with a task of one of them.
-    let ops = std::env::var("AMK_SUITE_OPS").ok();
-    let has_op = |p: &Program| {
-        ops.as_deref().is_none_or(|l| {
-            l.split(',')
-                .any(|o| p.tasks.iter().any(|t| t.op.to_string() == o.trim()))
+    let ops: Option<Vec<String>> = std::env::var("AMK_SUITE_OPS")
+        .ok()
+        .map(|l| l.split(',').map(|o| o.trim().to_string()).collect());
+    let selected: Vec<&Program> = programs
+        .iter()
+        .filter(|p| {
+            ops.as_ref()
+                .is_none_or(|l| p.tasks.iter().any(|t| l.contains(&t.op.to_string())))
         })
-    };
+        .collect();
+    assert!(
+        !selected.is_empty(),
+        "AMK_SUITE_OPS names no opcode of any suite program"
+    );
     for (_, options) in configs {
-        for p in programs.iter().filter(|p| has_op(p)) {
+        for &p in &selected {
             let knobs = options.knobs(Some(p), &reg);
             let source = amk_backend_cuda::assemble::megakernel_source(&reg, knobs)
                 .unwrap()
