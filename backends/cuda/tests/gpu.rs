@@ -572,23 +572,32 @@ fn merge_tasks_without_shared_weights_match_the_cpu_vm() {
 
 /// A decode step gives bit-identical logits however often it runs: the tuned schedule (the
 /// fused decode tiles over every SM) on the SmolLM2-135M shape, bf16, synthetic weights, 24
-/// launches each at two positions. A race between blocks (a barrier two warps pair
-/// differently, a read before its counter) shows up as logits that move from launch to launch,
-/// which the comparisons with a reference can miss when the error stays within tolerance. A
-/// traced step (its own kernel) gives the same bits and times every task.
+/// launches each at two positions, and its short-context program at three (its attention's
+/// short path with one warp a query head at 1 and 6 rows, two at 41). A race between blocks
+/// or warps (a barrier two warps pair differently, a read before its counter) shows up as
+/// logits that move from launch to launch, which the comparisons with a reference can miss
+/// when the error stays within tolerance. A traced step (its own kernel) gives the same bits
+/// and times every task.
 #[test]
 fn tuned_decode_steps_are_bit_identical_across_launches() {
     let tuned = amk_model_llama::lower::tuned_schedule();
+    let short = amk_model_llama::lower::short_context_schedule(&tuned).unwrap();
     // Lowered and validated first, so that a machine without a GPU checks this part too.
-    let programs: Vec<_> = [0u64, 5]
-        .into_iter()
-        .map(|pos| (pos, smollm2_shape(&tuned, DType::BF16, pos, 7)))
+    let points = [
+        ("tuned", &tuned, 0u64),
+        ("tuned", &tuned, 5),
+        ("short-context", &short, 0),
+        ("short-context", &short, 5),
+        ("short-context", &short, 40),
+    ];
+    let programs: Vec<_> = (points.into_iter())
+        .map(|(name, schedule, pos)| (name, pos, smollm2_shape(schedule, DType::BF16, pos, 7)))
         .collect();
     let Some(gpu) = gpu_or_skip("tuned_decode_steps_are_bit_identical_across_launches") else {
         return;
     };
     let reg = registry();
-    for (pos, (v, synth)) in &programs {
+    for (name, pos, (v, synth)) in &programs {
         let pos = *pos;
         let mut s = gpu.load_session_synthetic(v, synth, &reg).unwrap();
         let inputs = step_inputs(321, pos);
@@ -606,13 +615,16 @@ fn tuned_decode_steps_are_bit_identical_across_launches() {
                 .collect();
             assert!(
                 got.iter().all(|&b| f32::from_bits(b).is_finite()),
-                "pos {pos}, launch {launch}: non-finite logits"
+                "{name} pos {pos}, launch {launch}: non-finite logits"
             );
             match &first {
                 None => first = Some(got),
                 Some(f) => {
                     let diff = f.iter().zip(&got).filter(|(a, b)| a != b).count();
-                    assert_eq!(diff, 0, "pos {pos}, launch {launch}: {diff} logits moved");
+                    assert_eq!(
+                        diff, 0,
+                        "{name} pos {pos}, launch {launch}: {diff} logits moved"
+                    );
                 }
             }
         }
@@ -626,14 +638,14 @@ fn tuned_decode_steps_are_bit_identical_across_launches() {
             .collect();
         assert!(
             Some(&traced) == first.as_ref(),
-            "pos {pos}: the traced step's logits moved"
+            "{name} pos {pos}: the traced step's logits moved"
         );
         let tr = s.trace().unwrap();
         assert_eq!(tr.len(), v.program().tasks.len());
         for t in &tr {
             assert!(
                 t.reached > 0 && t.ready >= t.reached && t.done >= t.ready,
-                "pos {pos}: task {} has no trace: {t:?}",
+                "{name} pos {pos}: task {} has no trace: {t:?}",
                 t.task
             );
         }

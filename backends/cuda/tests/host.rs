@@ -1294,3 +1294,28 @@ fn task_defines_follow_the_programs_tasks() {
     // The user's define, then the op's own default (`#ifndef`), which it overrides.
     assert_eq!(off.source.matches("#define AMK_LT_256 0\n").count(), 2);
 }
+
+/// ATTENTION_SPLIT's short path (`AMK_AS_SHORT_ROWS`) is in the kernel of the short-context
+/// program (one normalised task a KV head) and not in the split program's (partials only);
+/// a user's 0 wins.
+#[test]
+fn the_short_attention_path_is_only_in_short_context_kernels() {
+    use amk_model_llama::lower::{short_context_schedule, tuned_schedule};
+    let reg = registry();
+    let split = smollm2_program(DType::BF16, &tuned_schedule());
+    let short = smollm2_program(
+        DType::BF16,
+        &short_context_schedule(&tuned_schedule()).unwrap(),
+    );
+    let define = "#define AMK_AS_SHORT_ROWS 64\n";
+    let asked = |p: &Program| amk_backend_cuda::task_defines(p, &reg);
+    assert!(!asked(&split).iter().any(|(n, _)| n == "AMK_AS_SHORT_ROWS"));
+    assert!(!program_kernel(&reg, &split).source.contains(define));
+    assert!(asked(&short).contains(&("AMK_AS_SHORT_ROWS".to_string(), "64".to_string())));
+    assert_eq!(
+        program_kernel(&reg, &short).source.matches(define).count(),
+        1
+    );
+    let off = program_kernel_with(&reg, &short, vec![("AMK_AS_SHORT_ROWS".into(), "0".into())]);
+    assert!(!off.source.contains(define));
+}

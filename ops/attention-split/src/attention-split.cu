@@ -33,6 +33,15 @@
 #define AMK_AS_MIN_ROWS 8
 #endif
 
+/* Normalised tasks of up to this many rows (at most 64) whose operands suit it take the short
+ * path (sp_attend) instead; 0: never, and the path is not compiled. A normalised task asks for
+ * 64 (the op's task_defines), so only the kernels of programs with such tasks (the
+ * short-context program) hold it: compiled into the split program, whose tasks never take it,
+ * its code alone cost that program's step up to 2.3 % (docs/perf-notes.md round 52). */
+#ifndef AMK_AS_SHORT_ROWS
+#define AMK_AS_SHORT_ROWS 0
+#endif
+
 /* Bytes of one element of a float cache or query (F32 4, F16/BF16 2, fp8 1). */
 __device__ __forceinline__ long long as_esize(int dt) {
   return dt == AMK_F32 ? 4 : ((dt == AMK_F16 || dt == AMK_BF16) ? 2 : 1);
@@ -367,6 +376,233 @@ __device__ void ad_attend(const amk_task_ctx& ctx, const as_args& a, const ad_pl
   }
 }
 
+#if AMK_AS_SHORT_ROWS > 0
+/* ------------------------------------------------------------------------------------------ */
+/* Short path                                                                                  */
+/* ------------------------------------------------------------------------------------------ */
+
+/* The first positions of a decode (the short-context program's one task a KV head, a few to 64
+ * rows): the whole attention is a few KB, so its time is the chain of dependent steps after the
+ * wait, not bytes. Every address comes from descriptors before the wait (sp_plan_for); after
+ * it the block copies q, K and V into shared memory in one round of loads, then a warp (up to
+ * 32 rows) or two (33 to 64) a query head: lane j row j's score (a whole row's dot product a
+ * lane), the softmax by shuffles, then lane j the output dims head_dim/32 * j .. with each
+ * row's weight read from shared memory (sp_attend). Same semantics as the other paths (a -inf
+ * score weighs 0; every score -inf gives NaN); the sums' order differs. */
+
+/* The short path's operands, from descriptors and params alone. */
+struct sp_plan {
+  const char* q;      /* query head kv_head * rep */
+  const char* k;      /* element kv_head * head_dim of cache row `start` */
+  const char* v;
+  char* out;          /* element n_off of the output */
+  long long gstride;  /* bytes from one cache row to the next */
+  int odt;            /* the output's dtype */
+  int cs;             /* log2 of the 16-byte vectors a row of head_dim elements holds */
+  int len;            /* rows */
+};
+
+/* Shared memory the short path takes: q, K rows padded by 16 bytes (the lanes' rows fall in
+ * different banks), V rows, a warp's 32 row weights, and the two-warp heads' exchange (a warp's
+ * maximum and sum, a head's values). */
+__device__ __forceinline__ long long sp_smem(const as_args& a, long long len) {
+  return (long long)a.rep * a.hd * 2 + len * (a.hd * 2 + 16) + len * a.hd * 2 +
+         (AMK_WARPS * 32 + 2 * AMK_WARPS + (long long)a.rep * a.hd) * 4;
+}
+
+/* The short path's plan for a normalised task of `len` rows from `start`, or false (another
+ * path then): 16-bit q, K and V of one dtype, 16-byte aligned, head_dim 32, 64 or 128, the
+ * buffers in ctx.smem_bytes. Block-uniform. */
+__device__ __forceinline__ bool sp_plan_for(const amk_task_ctx& ctx, const as_args& a,
+                                            long long start, long long len, sp_plan& s) {
+  if (!a.norm || len > AMK_AS_SHORT_ROWS || len > 64 || len < 1) return false;
+  /* q in one vector a thread, K and V in four; from 33 rows two warps a head */
+  if (a.rep * (a.hd >> 3) > AMK_THREADS || len * (a.hd >> 3) > 4 * AMK_THREADS ||
+      (len > 32 && 2 * a.rep > AMK_WARPS))
+    return false;
+  const amk_buffer_t* qb = amk_in(ctx, 0);
+  const amk_buffer_t* kc = amk_in(ctx, 1);
+  const amk_buffer_t* vc = amk_in(ctx, 2);
+  const amk_buffer_t* ob = amk_out(ctx, 0);
+  const int dt = kc->dtype;
+  if (!(AMK_IS_BF16(dt) || AMK_IS_F16(dt)) || vc->dtype != dt || qb->dtype != dt) return false;
+  if (a.hd != 32 && a.hd != 64 && a.hd != 128) return false;
+  if (!amk_al16(qb->ptr) || !amk_al16(kc->ptr) || !amk_al16(vc->ptr)) return false;
+  if (!(AMK_IS_BF16(ob->dtype) || AMK_IS_F16(ob->dtype) || AMK_IS_F32(ob->dtype))) return false;
+  if (sp_smem(a, len) > ctx.smem_bytes) return false;
+  s.gstride = (long long)a.nkv * a.hd * 2;
+  s.q = (const char*)qb->ptr + (long long)a.kv_head * a.rep * a.hd * 2;
+  s.k = (const char*)kc->ptr + start * s.gstride + (long long)a.kv_head * a.hd * 2;
+  s.v = (const char*)vc->ptr + start * s.gstride + (long long)a.kv_head * a.hd * 2;
+  s.odt = ob->dtype;
+  s.out = (char*)ob->ptr + ctx.inst->params.n_off * (AMK_IS_F32(s.odt) ? 4 : 2);
+  s.cs = a.hd == 32 ? 2 : a.hd == 64 ? 3 : 4;
+  s.len = (int)len;
+  return true;
+}
+
+/* One 16-bit element as f32. */
+template <int DT>
+__device__ __forceinline__ float sp_f(uint16_t h) {
+  if constexpr (DT == AMK_BF16) return amk_bf16_to_f32(h);
+  else return amk_f16_to_f32(h);
+}
+
+/* Row `row`'s score: q . k over head_dim 16-bit elements in shared memory, times `scale`. */
+template <int DT>
+__device__ __forceinline__ float sp_score(const uint4* q, const uint4* k, int nvec, float scale) {
+  float p[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+  for (int i = 0; i < nvec; ++i) {
+    att_vec<DT> qv, kv;
+    qv.x[0] = q[i];
+    kv.x[0] = k[i];
+    float qf[8], kf[8];
+    att_cvt<DT>(qv, qf);
+    att_cvt<DT>(kv, kf);
+#pragma unroll
+    for (int d = 0; d < 8; ++d) p[d & 3] = fmaf(qf[d], kf[d], p[d & 3]);
+  }
+  return ((p[0] + p[1]) + (p[2] + p[3])) * scale;
+}
+
+/* acc[0 .. D) += e_r * V[r][D * lane ..] over rows [r0, r1) (weights in `es`, indexed from r0). */
+template <int DT>
+__device__ __forceinline__ void sp_values(const uint16_t* vs, const float* es, int hd, int D,
+                                          int lane, int r0, int r1, float (&acc)[4]) {
+  const uint16_t* vp = vs + D * lane;
+#pragma unroll 4
+  for (int r = r0; r < r1; ++r) {
+    const float e = es[r - r0];
+#pragma unroll
+    for (int d = 0; d < 4; ++d)
+      if (d < D) acc[d] = fmaf(e, sp_f<DT>(vp[r * hd + d]), acc[d]);
+  }
+}
+
+/* Head h's output dims D * lane .. of acc / l (NaN when every score was -inf). */
+__device__ __forceinline__ void sp_store(const sp_plan& s, int h, int hd, int D, int lane,
+                                         const float (&acc)[4], float l, bool none) {
+  const float qnan = __int_as_float(0x7fc00000);
+  const long long o = (long long)h * hd + D * lane;
+#pragma unroll
+  for (int d = 0; d < 4; ++d) {
+    if (d >= D) break;
+    const float y = none ? qnan : __fdiv_rn(acc[d], l);
+    if (AMK_IS_F32(s.odt)) ((float*)s.out)[o + d] = y;
+    else if (AMK_IS_BF16(s.odt)) ((uint16_t*)s.out)[o + d] = amk_f32_to_bf16(y);
+    else ((uint16_t*)s.out)[o + d] = amk_f32_to_f16(y);
+  }
+}
+
+/* The short path after the wait (sp_plan_for passed), its operands as values: every thread
+ * loads its vectors of q (at most one), K and V (at most four each, row-major, no branch on
+ * which) before it stores any into shared memory; one barrier. Up to 32 rows, warp w takes
+ * query head w (lane j row j's score, then the head's dims over every row); from 33 rows two
+ * warps take a head, a half of its rows each, their maxima, sums and values exchanged through
+ * shared memory (two more barriers), so that every warp's values loop covers 32 rows at most. */
+template <int DT>
+__device__ __noinline__ void sp_attend(const sp_plan s, const int rep, const int hd,
+                                       const float scale, uint64_t* const tr) {
+  const float NEG_INF = -__int_as_float(0x7f800000);
+  extern __shared__ __align__(AMK_SMEM_ALIGN) unsigned char amk_smem[];
+  const int len = s.len, cs = s.cs, C = 1 << cs, tid = threadIdx.x;
+  const int kst = hd * 2 + 16, nq = rep * C, nk = len * C;
+  const int k0 = rep * hd * 2, v0 = k0 + len * kst;
+  uint4 qv = make_uint4(0u, 0u, 0u, 0u), kv[4], vv[4];
+  if (tid < nq) qv = ((const uint4*)s.q)[tid];
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const int e = tid + i * AMK_THREADS;
+    if (e < nk) {
+      const long long off = (long long)(e >> cs) * s.gstride + (e & (C - 1)) * 16;
+      kv[i] = *(const uint4*)(s.k + off);
+      vv[i] = *(const uint4*)(s.v + off);
+    }
+  }
+  if (tid < nq) *(uint4*)(amk_smem + tid * 16) = qv;
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const int e = tid + i * AMK_THREADS;
+    if (e < nk) {
+      *(uint4*)(amk_smem + k0 + (e >> cs) * kst + (e & (C - 1)) * 16) = kv[i];
+      *(uint4*)(amk_smem + v0 + e * 16) = vv[i];
+    }
+  }
+  __syncthreads();
+#if !AMK_TRACE_OFF
+  if (tr && tid == 0) tr[8 + 3] = amk_globaltimer(); /* probe 3: q, K and V copied */
+#endif
+  const int lane = tid & 31, warp = tid >> 5;
+  const int nvec = hd >> 3, D = hd >> 5;
+  const uint16_t* const vs = (const uint16_t*)(amk_smem + v0);
+  float* const es = (float*)(amk_smem + v0 + len * hd * 2) + warp * 32;
+  float* const xm = (float*)(amk_smem + v0 + len * hd * 2) + AMK_WARPS * 32; /* a warp's max */
+  float* const xl = xm + AMK_WARPS;                                          /* and sum */
+  float* const xa = xl + AMK_WARPS;                                          /* and values */
+  if (len <= 32) {
+    for (int h = warp; h < rep; h += AMK_WARPS) {
+      const uint4* qh = (const uint4*)(amk_smem + h * hd * 2);
+      const float sc = lane < len ? sp_score<DT>(qh, (const uint4*)(amk_smem + k0 + lane * kst), nvec, scale) : NEG_INF;
+      float m = sc;
+#pragma unroll
+      for (int o = 16; o > 0; o >>= 1) m = fmaxf(m, __shfl_xor_sync(ATT_FULL, m, o));
+      const bool none = m == NEG_INF; /* every score -inf (or NaN): the row is NaN */
+      const float e = none || sc == NEG_INF ? 0.0f : expf(sc - m);
+      float l = e;
+#pragma unroll
+      for (int o = 16; o > 0; o >>= 1) l += __shfl_xor_sync(ATT_FULL, l, o);
+      es[lane] = e;
+#if !AMK_TRACE_OFF
+      if (tr && tid == 0) tr[8 + 4] = amk_globaltimer(); /* probe 4: warp 0's weights */
+#endif
+      __syncwarp();
+      float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+      sp_values<DT>(vs, es, hd, D, lane, 0, len, acc);
+      sp_store(s, h, hd, D, lane, acc, l, none);
+      __syncwarp(); /* es is the next head's */
+    }
+    return;
+  }
+  /* 33 to 64 rows, at most AMK_WARPS / 2 heads (sp_plan_for): warps 2h and 2h + 1 */
+  const int h = warp >> 1, half = warp & 1, r0 = 32 * half, r1 = min(len, r0 + 32);
+  const bool act = h < rep;
+  const int row = r0 + lane;
+  const uint4* qh = (const uint4*)(amk_smem + (act ? h : 0) * hd * 2);
+  const float sc = act && row < len ? sp_score<DT>(qh, (const uint4*)(amk_smem + k0 + row * kst), nvec, scale) : NEG_INF;
+  float m = sc;
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) m = fmaxf(m, __shfl_xor_sync(ATT_FULL, m, o));
+  if (lane == 0) xm[warp] = m;
+  __syncthreads();
+  m = fmaxf(m, xm[warp ^ 1]);
+  const bool none = m == NEG_INF;
+  const float e = none || sc == NEG_INF ? 0.0f : expf(sc - m);
+  float l = e;
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) l += __shfl_xor_sync(ATT_FULL, l, o);
+  es[lane] = e;
+#if !AMK_TRACE_OFF
+  if (tr && tid == 0) tr[8 + 4] = amk_globaltimer(); /* probe 4: warp 0's weights */
+#endif
+  __syncwarp();
+  float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+  if (act) sp_values<DT>(vs, es, hd, D, lane, r0, r1, acc);
+  if (act && half == 1) {
+#pragma unroll
+    for (int d = 0; d < 4; ++d)
+      if (d < D) xa[h * hd + D * lane + d] = acc[d];
+    if (lane == 0) xl[warp] = l;
+  }
+  __syncthreads();
+  if (act && half == 0) {
+#pragma unroll
+    for (int d = 0; d < 4; ++d)
+      if (d < D) acc[d] += xa[h * hd + D * lane + d];
+    sp_store(s, h, hd, D, lane, acc, l + xl[warp + 1], none);
+  }
+}
+#endif /* AMK_AS_SHORT_ROWS > 0 */
+
 /* The general path: amk_att_run on views of the operands narrowed to the group (q from head
  * g * rep, the caches from element g * head_dim of a row, which keep their n_kv_heads *
  * head_dim stride, the output from n_off): one KV head of `rep` query heads. */
@@ -413,10 +649,21 @@ __device__ void amk_op_attention_split(const amk_task_ctx& ctx) {
     return;
   }
   const int dt = amk_in(ctx, 1)->dtype;
+#if AMK_AS_SHORT_ROWS > 0
+  sp_plan sp;
+  const bool shortp = sp_plan_for(ctx, a, start, len, sp);
+#else
+  const bool shortp = false;
+#endif
   ad_plan s;
-  const bool fast = (!a.norm || len > AMK_AS_MIN_ROWS) && ad_plan_for(ctx, a, s);
+  const bool fast = !shortp && (!a.norm || len > AMK_AS_MIN_ROWS) && ad_plan_for(ctx, a, s);
   if (!late && !amk_task_wait(ctx)) return;
   if (ctx.trace && threadIdx.x == 0) ctx.trace[4] = amk_globaltimer();
+#if AMK_AS_SHORT_ROWS > 0
+  if (shortp && AMK_IS_BF16(dt)) sp_attend<AMK_BF16>(sp, a.rep, a.hd, a.scale, ctx.trace);
+  else if (shortp && AMK_IS_F16(dt)) sp_attend<AMK_F16>(sp, a.rep, a.hd, a.scale, ctx.trace);
+  else
+#endif
   if (fast && AMK_IS_BF16(dt)) ad_attend<AMK_BF16>(ctx, a, s, start, (int)len);
   else if (fast && AMK_IS_F16(dt)) ad_attend<AMK_F16>(ctx, a, s, start, (int)len);
   else if (fast && AMK_IS_F32(dt)) ad_attend<AMK_F32>(ctx, a, s, start, (int)len);
