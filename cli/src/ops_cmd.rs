@@ -42,6 +42,18 @@ pub enum OpsCommand {
         /// ...); repeatable. Default: every preset.
         #[arg(long = "shape", value_name = "NAME", value_parser = parse_shape)]
         shapes: Vec<String>,
+        /// Instead of the presets' programs, the ones `amk generate` and `amk bench --model`
+        /// load for this model (a GGUF file or an HF directory): its decode loop, its
+        /// short-context loop and its prompt programs, lowered from the file (a model's
+        /// programs need not be a preset's: another shape, its architecture's features), in
+        /// each `--dtype` (default: bf16, and f32 for `amk bench`'s gate) under each `--config`
+        /// (default: the tuned schedule), for a GPU of 132 SMs (H100, H200).
+        #[arg(long, value_name = "PATH", conflicts_with = "shapes")]
+        model: Option<std::path::PathBuf>,
+        /// With `--model`: the KV-cache length the programs are lowered for (as `amk generate
+        /// --max-seq` takes; default: the lowering's).
+        #[arg(long, value_name = "N", requires = "model")]
+        max_seq: Option<u64>,
         /// Only the decode programs of this schedule (`tuned`, `default` or a ScheduleConfig
         /// JSON file, as `amk bench --config` takes) instead of the tuned and the reference
         /// one; repeatable.
@@ -220,6 +232,8 @@ type Job<'a> = (&'a String, String, Option<Program>, bool);
 /// `--shape`, `--config` and `--traced`.
 struct Selection<'a> {
     shapes: &'a [String],
+    /// `--model` and `--max-seq`: a model file's programs instead of the presets'.
+    model: Option<(&'a std::path::Path, Option<u64>)>,
     configs: &'a [std::path::PathBuf],
     traced: bool,
     /// `decode` and/or `prefill` (empty: both).
@@ -297,6 +311,7 @@ fn selected_programs(
 ) -> Result<Vec<(String, Option<Program>)>, ExitCode> {
     let Selection {
         shapes,
+        model,
         configs,
         regimes,
         ..
@@ -310,6 +325,9 @@ fn selected_programs(
                 return Err(ExitCode::from(2));
             }
         }
+    }
+    if let Some((path, max_seq)) = model {
+        return file_programs(path, max_seq, kinds, &schedules, regimes);
     }
     let kinds: Vec<Kind> = if kinds.is_empty() {
         vec![
@@ -335,6 +353,86 @@ fn selected_programs(
         }
     }
     Ok(programs)
+}
+
+/// `--model`: the programs an engine loads for the model at `path` in each of `kinds` (`any`
+/// refused: a model's programs have a dtype; none: bf16 and f32) under each of `schedules`
+/// (none: the tuned one), as `amk generate` and `amk bench --model` lower them; a model that
+/// cannot be imported is exit code 2, a lowering that fails 1.
+fn file_programs(
+    path: &std::path::Path,
+    max_seq: Option<u64>,
+    kinds: &[Kind],
+    schedules: &[(String, amk_core::ScheduleConfig)],
+    regimes: &[String],
+) -> Result<Vec<(String, Option<Program>)>, ExitCode> {
+    let dtypes = model_dtypes(kinds)?;
+    let model = crate::model_cmd::import_model(path).map_err(|e| {
+        errln!("error: {e}");
+        ExitCode::from(2)
+    })?;
+    let tuned = [(
+        "tuned".to_string(),
+        amk_model_llama::lower::tuned_schedule(),
+    )];
+    let schedules = if schedules.is_empty() {
+        &tuned[..]
+    } else {
+        schedules
+    };
+    let wants = |prompt: bool| {
+        let r = if prompt { "prefill" } else { "decode" };
+        regimes.is_empty() || regimes.iter().any(|x| x == r)
+    };
+    let target = amk_core::GpuTarget::by_name("h100").ok_or_else(|| {
+        errln!("error: no h100 target");
+        ExitCode::from(1)
+    })?;
+    let at = amk_engine::Placement {
+        gpu: true,
+        scoring: false,
+    };
+    let mut out = Vec::new();
+    for dt in dtypes {
+        for (sname, schedule) in schedules {
+            let opts = amk_engine::EngineOptions {
+                max_seq,
+                ..amk_engine::EngineOptions::defaults(schedule.clone(), target.clone(), dt, at)
+            };
+            let programs = amk_engine::engine_programs(&model, &opts).map_err(|e| {
+                errln!("error: lowering {} in {}: {e}", path.display(), dt.name());
+                ExitCode::from(1)
+            })?;
+            for (role, p) in programs {
+                if wants(matches!(role, amk_engine::ProgramRole::Prompt { .. })) {
+                    let dn = dt.name().to_ascii_lowercase();
+                    out.push((format!("{dn} {sname} {role}, {}", path.display()), Some(p)));
+                }
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// `--dtype` with `--model`: the dtypes asked (none: bf16, the engine's, and f32, `amk
+/// bench`'s gate); `any` names no model program (exit code 2).
+fn model_dtypes(kinds: &[Kind]) -> Result<Vec<DType>, ExitCode> {
+    let mut dtypes = Vec::new();
+    for k in kinds {
+        match k {
+            Kind::Any => {
+                errln!(
+                    "error: --dtype any names no model program: with --model, give f32, f16 or bf16"
+                );
+                return Err(ExitCode::from(2));
+            }
+            Kind::Model(dt) => dtypes.push(*dt),
+        }
+    }
+    if dtypes.is_empty() {
+        dtypes = vec![DType::BF16, DType::F32];
+    }
+    Ok(dtypes)
 }
 
 /// One program per distinct kernel source: programs with the same ops and dtypes share one.
@@ -527,6 +625,8 @@ pub fn run(cmd: &OpsCommand) -> ExitCode {
             dtypes,
             cache_dir,
             shapes,
+            model,
+            max_seq,
             configs,
             traced,
             regimes,
@@ -539,6 +639,7 @@ pub fn run(cmd: &OpsCommand) -> ExitCode {
             cache_dir.as_deref(),
             &Selection {
                 shapes,
+                model: model.as_deref().map(|m| (m, *max_seq)),
                 configs,
                 traced: *traced,
                 regimes,

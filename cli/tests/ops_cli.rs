@@ -373,3 +373,82 @@ fn ops_compile_refuses_a_knob_value_by_name() {
     );
     assert!(!dir.exists(), "nothing is written");
 }
+
+/// A committed tiny checkpoint (GGUF).
+fn tiny_gguf() -> String {
+    concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../tests/reference/gguf/tiny-llama3.gguf"
+    )
+    .to_string()
+}
+
+/// `--model` names the kernels of the programs an engine loads for that file, lowered from
+/// it: its decode loop and short-context loop in bf16 and f32 (the default dtypes: the
+/// engine's and `amk bench`'s gate), and no preset's; a prompt chunk longer than the cache
+/// has no program, so this model of 256 positions lists none.
+#[test]
+fn ops_compile_lists_a_model_files_programs() {
+    let model = tiny_gguf();
+    let out = amk(&[
+        "ops",
+        "compile",
+        "--arch",
+        "sm_90a",
+        "--model",
+        &model,
+        "--max-seq",
+        "256",
+        "--list",
+    ]);
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let listed = String::from_utf8_lossy(&out.stdout);
+    for what in [
+        "bf16 tuned decode loop",
+        "bf16 tuned short-context decode loop",
+        "f32 tuned decode loop",
+        "f32 tuned short-context decode loop",
+    ] {
+        assert!(
+            listed
+                .lines()
+                .any(|l| l == format!("sm_90a ({what}, {model})")),
+            "{what}: {listed}"
+        );
+    }
+    assert_eq!(listed.lines().count(), 4, "{listed}");
+    let only = amk(&[
+        "ops", "compile", "--arch", "sm_90a", "--model", &model, "--dtype", "bf16", "--regime",
+        "decode", "--list",
+    ]);
+    assert_eq!(only.status.code(), Some(0));
+    assert_eq!(String::from_utf8_lossy(&only.stdout).lines().count(), 2);
+}
+
+/// `--model` refuses what names no model program, a missing file, and a preset shape beside
+/// it; `--max-seq` needs `--model`; a cache longer than the model's positions is a lowering
+/// error (exit 1) that says so.
+#[rstest::rstest]
+#[case::any(&["--model", "M", "--dtype", "any"], 2, "--dtype any names no model program")]
+#[case::missing(&["--model", "/nonexistent/m.gguf"], 2, "no such file or directory")]
+#[case::shape(&["--model", "M", "--shape", "smollm2-135m"], 2, "cannot be used with")]
+#[case::max_seq_alone(&["--max-seq", "16"], 2, "--model <PATH>")]
+#[case::too_long(&["--model", "M", "--max-seq", "600"], 1, "max_position_embeddings (256)")]
+fn ops_compile_model_refusals(#[case] extra: &[&str], #[case] code: i32, #[case] says: &str) {
+    let model = tiny_gguf();
+    let mut args = vec!["ops", "compile", "--arch", "sm_90a", "--list"];
+    args.extend(
+        extra
+            .iter()
+            .map(|a| if *a == "M" { model.as_str() } else { a }),
+    );
+    let out = amk(&args);
+    assert_eq!(out.status.code(), Some(code), "{args:?}");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains(says), "{args:?}: {err}");
+}

@@ -162,6 +162,29 @@ fn decode_options(opts: &EngineOptions) -> LowerOptions {
     }
 }
 
+/// The short-context program's bound and schedule under `opts`, given the decode program's
+/// cache length (`None`: no bound asked, or a schedule with one split a KV head already).
+fn short_plan(opts: &EngineOptions, max_seq: u64) -> Option<(u64, ScheduleConfig)> {
+    let below = opts.short_context.filter(|&b| b > 0)?.min(max_seq);
+    Some((below, short_context_schedule(&opts.schedule)?))
+}
+
+/// The prompt programs under `opts`: a chunk's and a short one's, each computing its last
+/// real row's logits (a prompt's last chunk then gives the first token's, instead of a decode
+/// pass at the prompt's last position), and one for scoring (every row's); none when no chunk
+/// is asked or it exceeds the cache.
+fn prompt_plan(opts: &EngineOptions, max_seq: u64) -> Vec<(u64, PrefillLogits)> {
+    let Some(rows) = opts.prefill_rows.filter(|&r| r > 0 && r <= max_seq) else {
+        return Vec::new();
+    };
+    let mut plan: Vec<(u64, PrefillLogits)> = prefill_chunk_sizes(rows)
+        .into_iter()
+        .map(|r| (r, PrefillLogits::Last))
+        .collect();
+    plan.push((rows, PrefillLogits::Every));
+    plan
+}
+
 /// Lowers `model` as a decode loop under `opts` and loads it on `backend`.
 pub fn lower_and_load(
     model: &Model,
@@ -173,11 +196,7 @@ pub fn lower_and_load(
     let max_seq = lowered.max_seq;
     let weights = lowered.weights;
     let mut engine = Engine::new(lowered.program, &weights, backend, registry)?;
-    let short = opts
-        .short_context
-        .filter(|&b| b > 0)
-        .map(|b| b.min(max_seq));
-    if let (Some(below), Some(schedule)) = (short, short_context_schedule(&opts.schedule)) {
+    if let Some((below, schedule)) = short_plan(opts, max_seq) {
         // A short-context program that cannot be lowered or loaded (too little device
         // memory) leaves every position to the decode program.
         let lowered = lower_sharing(
@@ -194,35 +213,94 @@ pub fn lower_and_load(
             engine.short_refused = Some(e.to_string());
         }
     }
-    if let Some(rows) = opts.prefill_rows.filter(|&r| r > 0 && r <= max_seq) {
-        // Programs for prompts (a short one beside the chunk), each computing its last real
-        // row's logits — a prompt's last chunk then gives the first token's, instead of a
-        // decode pass at the prompt's last position — and one for scoring (every row's).
-        let mut programs: Vec<(u64, PrefillLogits)> = prefill_chunk_sizes(rows)
-            .into_iter()
-            .map(|r| (r, PrefillLogits::Last))
-            .collect();
-        programs.push((rows, PrefillLogits::Every));
-        for (rows, logits) in programs {
-            let popts = PrefillOptions {
-                dtype: opts.dtype,
-                max_seq,
-                rows,
-                logits,
-            };
-            // The decode program's weights: the prefill program names the same tensors, so
-            // no cast is made twice (and on a GPU the uploads are shared).
-            // A model the prefill lowering refuses, or a program that cannot be loaded beside
-            // the decode loop (too little device memory), leaves prompts to the decode loop.
-            let attached = lower_prefill_sharing(model, &opts.target, &popts, weights.clone())
-                .map_err(EngineError::from)
-                .and_then(|p| engine.attach_prefill(p.program, &p.weights, registry));
-            if let Err(e) = attached {
-                engine.detach_prefill();
-                engine.prefill_refused = Some(e.to_string());
-                break;
-            }
+    for (rows, logits) in prompt_plan(opts, max_seq) {
+        let popts = PrefillOptions {
+            dtype: opts.dtype,
+            max_seq,
+            rows,
+            logits,
+        };
+        // The decode program's weights: the prefill program names the same tensors, so no
+        // cast is made twice (and on a GPU the uploads are shared). A model the prefill
+        // lowering refuses, or a program that cannot be loaded beside the decode loop (too
+        // little device memory), leaves prompts to the decode loop.
+        let attached = lower_prefill_sharing(model, &opts.target, &popts, weights.clone())
+            .map_err(EngineError::from)
+            .and_then(|p| engine.attach_prefill(p.program, &p.weights, registry));
+        if let Err(e) = attached {
+            engine.detach_prefill();
+            engine.prefill_refused = Some(e.to_string());
+            break;
         }
     }
     Ok(engine)
+}
+
+/// What a program of an engine is for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ProgramRole {
+    /// The decode loop (every position).
+    Decode,
+    /// The short-context decode loop (the positions below its bound).
+    ShortContext,
+    /// A prompt chunk of `rows` rows, with these logits.
+    Prompt {
+        /// Rows a pass.
+        rows: u64,
+        /// Which rows' logits it computes.
+        logits: PrefillLogits,
+    },
+}
+
+impl std::fmt::Display for ProgramRole {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            ProgramRole::Decode => write!(f, "decode loop"),
+            ProgramRole::ShortContext => write!(f, "short-context decode loop"),
+            ProgramRole::Prompt { rows, logits } => {
+                write!(f, "prompt of {rows} rows ({logits:?} logits)")
+            }
+        }
+    }
+}
+
+/// The programs [`lower_and_load`] loads for `model` under `opts`, lowered exactly as it
+/// lowers them (the file's weights and their dtypes included) and loaded nowhere. Why: a
+/// kernel depends on its program's ops, loops and buffer dtypes (a GGUF's f32 norm weights
+/// among them), so the kernels a model file's engine runs are not always a preset shape's;
+/// `amk ops compile --model` compiles these ahead of time. A short-context or prompt program
+/// the lowering refuses is left out, as the engine leaves it.
+pub fn engine_programs(
+    model: &Model,
+    opts: &EngineOptions,
+) -> Result<Vec<(ProgramRole, amk_core::Program)>, EngineError> {
+    let lowered = lower(model, &opts.schedule, &opts.target, &decode_options(opts))?;
+    let max_seq = lowered.max_seq;
+    let weights = lowered.weights;
+    let mut out = vec![(ProgramRole::Decode, lowered.program)];
+    if let Some((_, schedule)) = short_plan(opts, max_seq) {
+        let short = lower_sharing(
+            model,
+            &schedule,
+            &opts.target,
+            &decode_options(opts),
+            weights.clone(),
+        );
+        if let Ok(short) = short {
+            out.push((ProgramRole::ShortContext, short.program));
+        }
+    }
+    for (rows, logits) in prompt_plan(opts, max_seq) {
+        let popts = PrefillOptions {
+            dtype: opts.dtype,
+            max_seq,
+            rows,
+            logits,
+        };
+        match lower_prefill_sharing(model, &opts.target, &popts, weights.clone()) {
+            Ok(p) => out.push((ProgramRole::Prompt { rows, logits }, p.program)),
+            Err(_) => break,
+        }
+    }
+    Ok(out)
 }
