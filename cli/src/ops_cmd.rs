@@ -42,12 +42,14 @@ pub enum OpsCommand {
         /// ...); repeatable. Default: every preset.
         #[arg(long = "shape", value_name = "NAME", value_parser = parse_shape)]
         shapes: Vec<String>,
-        /// Instead of the presets' programs, the ones `amk generate` and `amk bench --model`
-        /// load for this model (a GGUF file or an HF directory): its decode loop, its
-        /// short-context loop and its prompt programs, lowered from the file (a model's
-        /// programs need not be a preset's: another shape, its architecture's features), in
-        /// each `--dtype` (default: bf16, and f32 for `amk bench`'s gate) under each `--config`
-        /// (default: the tuned schedule), for a GPU of 132 SMs (H100, H200).
+        /// Instead of the presets' programs, the ones an engine loads for this model (a GGUF
+        /// file or an HF directory) with its default prompt chunk and short-context bound, for
+        /// a GPU of 132 SMs (H100, H200), as `amk generate` and `amk bench --model` do: its
+        /// decode loop, its short-context loop and its prompt programs, lowered from the file
+        /// (a model's programs need not be a preset's: another shape, its architecture's
+        /// features), in each `--dtype` (default: bf16 and f32) under each `--config`
+        /// (default: the tuned schedule). The lowering casts the file's weights as the engine
+        /// does: host memory for the whole model in each dtype, one at a time.
         #[arg(long, value_name = "PATH", conflicts_with = "shapes")]
         model: Option<std::path::PathBuf>,
         /// With `--model`: the KV-cache length the programs are lowered for (as `amk generate
@@ -399,23 +401,33 @@ fn file_programs(
                 max_seq,
                 ..amk_engine::EngineOptions::defaults(schedule.clone(), target.clone(), dt, at)
             };
-            let programs = amk_engine::engine_programs(&model, &opts).map_err(|e| {
-                errln!("error: lowering {} in {}: {e}", path.display(), dt.name());
+            let dn = dt.name().to_ascii_lowercase();
+            let plan = amk_engine::engine_programs(&model, &opts).map_err(|e| {
+                errln!("error: lowering {} in {dn}: {e}", path.display());
                 ExitCode::from(1)
             })?;
-            for (role, p) in programs {
+            for why in &plan.refused {
+                errln!("note: {dn} {sname}: the engine would run without {why}");
+            }
+            for (role, p) in plan.programs {
                 if wants(matches!(role, amk_engine::ProgramRole::Prompt { .. })) {
-                    let dn = dt.name().to_ascii_lowercase();
                     out.push((format!("{dn} {sname} {role}, {}", path.display()), Some(p)));
                 }
             }
         }
     }
+    if out.is_empty() {
+        errln!(
+            "error: {}: no program of the engine's matches the selection (--regime, --dtype)",
+            path.display()
+        );
+        return Err(ExitCode::from(2));
+    }
     Ok(out)
 }
 
-/// `--dtype` with `--model`: the dtypes asked (none: bf16, the engine's, and f32, `amk
-/// bench`'s gate); `any` names no model program (exit code 2).
+/// `--dtype` with `--model`: the dtypes asked (none: bf16 and f32, the dtypes `amk generate`
+/// and `amk bench --model` and its gate run); `any` names no model program (exit code 2).
 fn model_dtypes(kinds: &[Kind]) -> Result<Vec<DType>, ExitCode> {
     let mut dtypes = Vec::new();
     for k in kinds {

@@ -430,15 +430,17 @@ fn ops_compile_lists_a_model_files_programs() {
     assert_eq!(String::from_utf8_lossy(&only.stdout).lines().count(), 2);
 }
 
-/// `--model` refuses what names no model program, a missing file, and a preset shape beside
-/// it; `--max-seq` needs `--model`; a cache longer than the model's positions is a lowering
-/// error (exit 1) that says so.
+/// `--model` refuses what names no model program, a missing file, a preset shape beside it,
+/// and a selection that leaves none of the model's programs (this model's 256 positions take
+/// no 512-row prompt chunk); `--max-seq` needs `--model`; a cache longer than the model's
+/// positions is a lowering error (exit 1) that says so.
 #[rstest::rstest]
 #[case::any(&["--model", "M", "--dtype", "any"], 2, "--dtype any names no model program")]
 #[case::missing(&["--model", "/nonexistent/m.gguf"], 2, "no such file or directory")]
 #[case::shape(&["--model", "M", "--shape", "smollm2-135m"], 2, "cannot be used with")]
 #[case::max_seq_alone(&["--max-seq", "16"], 2, "--model <PATH>")]
 #[case::too_long(&["--model", "M", "--max-seq", "600"], 1, "max_position_embeddings (256)")]
+#[case::nothing_selected(&["--model", "M", "--regime", "prefill"], 2, "no program of the engine's")]
 fn ops_compile_model_refusals(#[case] extra: &[&str], #[case] code: i32, #[case] says: &str) {
     let model = tiny_gguf();
     let mut args = vec!["ops", "compile", "--arch", "sm_90a", "--list"];

@@ -185,6 +185,42 @@ fn prompt_plan(opts: &EngineOptions, max_seq: u64) -> Vec<(u64, PrefillLogits)> 
     plan
 }
 
+/// The short-context program under `opts` with `schedule`, sharing the decode program's
+/// `weights` (no cast made twice).
+fn lower_short(
+    model: &Model,
+    opts: &EngineOptions,
+    schedule: &ScheduleConfig,
+    weights: amk_core::WeightStore,
+) -> Result<amk_model_llama::lower::Lowered, EngineError> {
+    Ok(lower_sharing(
+        model,
+        schedule,
+        &opts.target,
+        &decode_options(opts),
+        weights,
+    )?)
+}
+
+/// A prompt program under `opts` of `rows` rows with `logits`, sharing the decode program's
+/// `weights`: the prefill program names the same tensors, so no cast is made twice (and on a
+/// GPU the uploads are shared).
+fn lower_prompt(
+    model: &Model,
+    opts: &EngineOptions,
+    max_seq: u64,
+    (rows, logits): (u64, PrefillLogits),
+    weights: amk_core::WeightStore,
+) -> Result<amk_model_llama::lower::Lowered, EngineError> {
+    let popts = PrefillOptions {
+        dtype: opts.dtype,
+        max_seq,
+        rows,
+        logits,
+    };
+    Ok(lower_prefill_sharing(model, &opts.target, &popts, weights)?)
+}
+
 /// Lowers `model` as a decode loop under `opts` and loads it on `backend`.
 pub fn lower_and_load(
     model: &Model,
@@ -199,33 +235,16 @@ pub fn lower_and_load(
     if let Some((below, schedule)) = short_plan(opts, max_seq) {
         // A short-context program that cannot be lowered or loaded (too little device
         // memory) leaves every position to the decode program.
-        let lowered = lower_sharing(
-            model,
-            &schedule,
-            &opts.target,
-            &decode_options(opts),
-            weights.clone(),
-        );
-        let attached = lowered
-            .map_err(EngineError::from)
+        let attached = lower_short(model, opts, &schedule, weights.clone())
             .and_then(|l| engine.attach_short(l.program, &l.weights, registry, below));
         if let Err(e) = attached {
             engine.short_refused = Some(e.to_string());
         }
     }
-    for (rows, logits) in prompt_plan(opts, max_seq) {
-        let popts = PrefillOptions {
-            dtype: opts.dtype,
-            max_seq,
-            rows,
-            logits,
-        };
-        // The decode program's weights: the prefill program names the same tensors, so no
-        // cast is made twice (and on a GPU the uploads are shared). A model the prefill
-        // lowering refuses, or a program that cannot be loaded beside the decode loop (too
-        // little device memory), leaves prompts to the decode loop.
-        let attached = lower_prefill_sharing(model, &opts.target, &popts, weights.clone())
-            .map_err(EngineError::from)
+    for chunk in prompt_plan(opts, max_seq) {
+        // A model the prefill lowering refuses, or a program that cannot be loaded beside the
+        // decode loop (too little device memory), leaves prompts to the decode loop.
+        let attached = lower_prompt(model, opts, max_seq, chunk, weights.clone())
             .and_then(|p| engine.attach_prefill(p.program, &p.weights, registry));
         if let Err(e) = attached {
             engine.detach_prefill();
@@ -265,42 +284,51 @@ impl std::fmt::Display for ProgramRole {
 }
 
 /// The programs [`lower_and_load`] loads for `model` under `opts`, lowered exactly as it
-/// lowers them (the file's weights and their dtypes included) and loaded nowhere. Why: a
-/// kernel depends on its program's ops, loops and buffer dtypes (a GGUF's f32 norm weights
-/// among them), so the kernels a model file's engine runs are not always a preset shape's;
-/// `amk ops compile --model` compiles these ahead of time. A short-context or prompt program
-/// the lowering refuses is left out, as the engine leaves it.
-pub fn engine_programs(
-    model: &Model,
-    opts: &EngineOptions,
-) -> Result<Vec<(ProgramRole, amk_core::Program)>, EngineError> {
+/// lowers them (the file's weights cast to `opts.dtype`, as it casts them) and loaded nowhere,
+/// with what the lowering refused. Why: a kernel depends on its program's ops, loops and
+/// buffer shapes, so the kernels a model file's engine runs are not always a preset shape's;
+/// `amk ops compile --model` compiles these ahead of time.
+pub fn engine_programs(model: &Model, opts: &EngineOptions) -> Result<EnginePlan, EngineError> {
     let lowered = lower(model, &opts.schedule, &opts.target, &decode_options(opts))?;
     let max_seq = lowered.max_seq;
     let weights = lowered.weights;
-    let mut out = vec![(ProgramRole::Decode, lowered.program)];
+    let mut plan = EnginePlan {
+        programs: vec![(ProgramRole::Decode, lowered.program)],
+        refused: Vec::new(),
+    };
     if let Some((_, schedule)) = short_plan(opts, max_seq) {
-        let short = lower_sharing(
-            model,
-            &schedule,
-            &opts.target,
-            &decode_options(opts),
-            weights.clone(),
-        );
-        if let Ok(short) = short {
-            out.push((ProgramRole::ShortContext, short.program));
+        match lower_short(model, opts, &schedule, weights.clone()) {
+            Ok(l) => plan.programs.push((ProgramRole::ShortContext, l.program)),
+            Err(e) => plan.refused.push(format!("the short-context program: {e}")),
         }
     }
-    for (rows, logits) in prompt_plan(opts, max_seq) {
-        let popts = PrefillOptions {
-            dtype: opts.dtype,
-            max_seq,
-            rows,
-            logits,
-        };
-        match lower_prefill_sharing(model, &opts.target, &popts, weights.clone()) {
-            Ok(p) => out.push((ProgramRole::Prompt { rows, logits }, p.program)),
-            Err(_) => break,
+    // As the engine: one prompt program refused leaves prompts to the decode loop, all of them.
+    let mut prompts = Vec::new();
+    for chunk in prompt_plan(opts, max_seq) {
+        match lower_prompt(model, opts, max_seq, chunk, weights.clone()) {
+            Ok(p) => prompts.push((
+                ProgramRole::Prompt {
+                    rows: chunk.0,
+                    logits: chunk.1,
+                },
+                p.program,
+            )),
+            Err(e) => {
+                plan.refused.push(format!("the prompt programs: {e}"));
+                prompts.clear();
+                break;
+            }
         }
     }
-    Ok(out)
+    plan.programs.extend(prompts);
+    Ok(plan)
+}
+
+/// What [`engine_programs`] found: the programs an engine would load, and why any it would
+/// try was refused.
+pub struct EnginePlan {
+    /// Each program with what it is for, in the order the engine loads them.
+    pub programs: Vec<(ProgramRole, amk_core::Program)>,
+    /// The lowering's refusals (the engine then runs without that program).
+    pub refused: Vec<String>,
 }

@@ -816,3 +816,51 @@ fn alternatives_after_a_prefilled_prompt_and_a_cancel() {
     assert_eq!(g.finish, Finish::Cancelled);
     assert_eq!(g.ids(), want[..3]);
 }
+
+/// `engine_programs` lists what `lower_and_load` loads, in its order: the decode loop (the
+/// same program), the short-context loop below its bound, and the prompt programs (a chunk's,
+/// computing its last row's logits, and its scoring twin computing every row's); a chunk
+/// longer than the cache makes no prompt program, in both.
+#[rstest]
+#[case::prompts(Some(16))]
+#[case::chunk_longer_than_the_cache(Some(128))]
+#[case::no_prompts(None)]
+fn engine_programs_are_the_ones_the_engine_loads(#[case] prefill_rows: Option<u64>) {
+    use amk_engine::{ProgramRole, engine_programs};
+    use amk_model_llama::lower::prefill::PrefillLogits;
+    let opts = EngineOptions {
+        schedule: tuned_schedule(),
+        target: GpuTarget::by_name("h100").unwrap(),
+        dtype: DType::F32,
+        max_seq: Some(64),
+        stop_slots: 4,
+        prefill_rows,
+        short_context: Some(16),
+    };
+    let model = tiny();
+    let plan = engine_programs(&model, &opts).unwrap();
+    assert!(plan.refused.is_empty(), "{:?}", plan.refused);
+    let e = lower_and_load(&model, &opts, &CpuBackend::default(), &registry()).unwrap();
+    assert_eq!(e.short_context(), Some(16), "{:?}", e.short_refused());
+    let mut want = vec![ProgramRole::Decode, ProgramRole::ShortContext];
+    for &rows in &e.prefill_chunk_sizes() {
+        want.push(ProgramRole::Prompt {
+            rows,
+            logits: PrefillLogits::Last,
+        });
+    }
+    if let Some(rows) = e.prefill_rows() {
+        want.push(ProgramRole::Prompt {
+            rows,
+            logits: PrefillLogits::Every,
+        });
+    }
+    let roles: Vec<ProgramRole> = plan.programs.iter().map(|(r, _)| *r).collect();
+    assert_eq!(roles, want);
+    assert_eq!(&plan.programs[0].1, e.program().program());
+    assert_eq!(
+        e.prefill_rows().is_some(),
+        prefill_rows == Some(16),
+        "a 128-row chunk does not fit a 64-row cache"
+    );
+}

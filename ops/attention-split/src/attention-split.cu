@@ -17,14 +17,16 @@
  * instructions.
  *
  * Probes (traced kernels): 0 the shape worked out, 1 the rows, 2 thread 0 through the
- * attention; the prologue point: the wait passed.
+ * attention; on the short path 3 q, K and V copied, 4 warp 0's row weights; the prologue
+ * point: the wait passed.
  *
  * The position is data: read before the wait when nothing in the launch writes it (its
  * descriptor's AMK_BUF_LAUNCH_CONST, as in a decode loop, whose tail writes it after every
  * reader of the pass), else after the wait. An inactive split (no rows at this position)
  * reads and writes nothing, so it does not wait: amk_task_skip_wait. */
 
-/* Normalised tasks (one split a KV head: the first positions) of up to this many rows take the
+/* Normalised tasks (one split a KV head: the first positions) of up to this many rows that the
+ * short path (below) does not take (a kernel without it, operands it does not handle) take the
  * general path's tiny path (a lane group a head), measured faster there on SmolLM2; a split of
  * partials takes the direct path at every length, as the general path cost the split program
  * 0.03-0.05 ms a step at the positions whose last split holds a few rows (docs/perf-notes.md
@@ -448,7 +450,8 @@ __device__ __forceinline__ float sp_f(uint16_t h) {
   else return amk_f16_to_f32(h);
 }
 
-/* Row `row`'s score: q . k over head_dim 16-bit elements in shared memory, times `scale`. */
+/* One row's score: q . k over `nvec` 16-byte vectors of 16-bit elements in shared memory,
+ * times `scale`. */
 template <int DT>
 __device__ __forceinline__ float sp_score(const uint4* q, const uint4* k, int nvec, float scale) {
   float p[4] = {0.0f, 0.0f, 0.0f, 0.0f};
@@ -495,8 +498,8 @@ __device__ __forceinline__ void sp_store(const sp_plan& s, int h, int hd, int D,
 }
 
 /* The short path after the wait (sp_plan_for passed), its operands as values: every thread
- * loads its vectors of q (at most one), K and V (at most four each, row-major, no branch on
- * which) before it stores any into shared memory; one barrier. Up to 32 rows, warp w takes
+ * loads its vectors of q (at most one), K and V (at most four each, row-major: vector e of
+ * the rows is thread e mod AMK_THREADS's) before it stores any into shared memory; one barrier. Up to 32 rows, warp w takes
  * query head w (lane j row j's score, then the head's dims over every row); from 33 rows two
  * warps take a head, a half of its rows each, their maxima, sums and values exchanged through
  * shared memory (two more barriers), so that every warp's values loop covers 32 rows at most. */

@@ -645,7 +645,7 @@ pub(super) fn op_attention_split_hd64(c: &Ctx<'_>) -> CaseResult {
 }
 
 /// ATTENTION_SPLIT at the first positions of a decode, where a normalised task has a few to 64
-/// rows (on the device the general path's tiny case up to 8 rows, the direct path beyond):
+/// rows (on the device the short path, one warp a query head up to 32 rows and two beyond):
 /// head_dim 128 with 4 query heads a KV head over f16 q and caches at positions 0, 7 and 31
 /// (1, 8 and 32 rows), and head_dim 32 with 3 over bf16 at 1, 32 and 50 (2, 33 and 51 rows);
 /// beside each, one split of partials a KV head over the same rows. Against the CPU oracle to
