@@ -497,6 +497,26 @@ __device__ __forceinline__ void sp_store(const sp_plan& s, int h, int hd, int D,
   }
 }
 
+/* The warp's maximum of `x` (every lane gets it). */
+__device__ __forceinline__ float sp_warp_max(float x) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) x = fmaxf(x, __shfl_xor_sync(ATT_FULL, x, o));
+  return x;
+}
+
+/* The warp's sum of `x` (every lane gets it). */
+__device__ __forceinline__ float sp_warp_sum(float x) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) x += __shfl_xor_sync(ATT_FULL, x, o);
+  return x;
+}
+
+/* A row's weight exp(sc - m) under the head's maximum `m`: 0 for a -inf score, and 0 for
+ * every row when `none` (every score -inf or NaN: the row is NaN). */
+__device__ __forceinline__ float sp_weight(float sc, float m, bool none) {
+  return none || sc == -__int_as_float(0x7f800000) ? 0.0f : expf(sc - m);
+}
+
 /* The short path after the wait (sp_plan_for passed), its operands as values: every thread
  * loads its vectors of q (at most one), K and V (at most four each, row-major: vector e of
  * the rows is thread e mod AMK_THREADS's) before it stores any into shared memory; one barrier. Up to 32 rows, warp w takes
@@ -546,14 +566,10 @@ __device__ __noinline__ void sp_attend(const sp_plan s, const int rep, const int
     for (int h = warp; h < rep; h += AMK_WARPS) {
       const uint4* qh = (const uint4*)(amk_smem + h * hd * 2);
       const float sc = lane < len ? sp_score<DT>(qh, (const uint4*)(amk_smem + k0 + lane * kst), nvec, scale) : NEG_INF;
-      float m = sc;
-#pragma unroll
-      for (int o = 16; o > 0; o >>= 1) m = fmaxf(m, __shfl_xor_sync(ATT_FULL, m, o));
+      const float m = sp_warp_max(sc);
       const bool none = m == NEG_INF; /* every score -inf (or NaN): the row is NaN */
-      const float e = none || sc == NEG_INF ? 0.0f : expf(sc - m);
-      float l = e;
-#pragma unroll
-      for (int o = 16; o > 0; o >>= 1) l += __shfl_xor_sync(ATT_FULL, l, o);
+      const float e = sp_weight(sc, m, none);
+      const float l = sp_warp_sum(e);
       es[lane] = e;
 #if !AMK_TRACE_OFF
       if (tr && tid == 0) tr[8 + 4] = amk_globaltimer(); /* probe 4: warp 0's weights */
@@ -572,17 +588,13 @@ __device__ __noinline__ void sp_attend(const sp_plan s, const int rep, const int
   const int row = r0 + lane;
   const uint4* qh = (const uint4*)(amk_smem + (act ? h : 0) * hd * 2);
   const float sc = act && row < len ? sp_score<DT>(qh, (const uint4*)(amk_smem + k0 + row * kst), nvec, scale) : NEG_INF;
-  float m = sc;
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) m = fmaxf(m, __shfl_xor_sync(ATT_FULL, m, o));
-  if (lane == 0) xm[warp] = m;
+  const float mw = sp_warp_max(sc);
+  if (lane == 0) xm[warp] = mw;
   __syncthreads();
-  m = fmaxf(m, xm[warp ^ 1]);
+  const float m = fmaxf(mw, xm[warp ^ 1]);
   const bool none = m == NEG_INF;
-  const float e = none || sc == NEG_INF ? 0.0f : expf(sc - m);
-  float l = e;
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) l += __shfl_xor_sync(ATT_FULL, l, o);
+  const float e = sp_weight(sc, m, none);
+  const float l = sp_warp_sum(e);
   es[lane] = e;
 #if !AMK_TRACE_OFF
   if (tr && tid == 0) tr[8 + 4] = amk_globaltimer(); /* probe 4: warp 0's weights */
