@@ -637,6 +637,7 @@ pub(super) fn op_attention_split_hd64(c: &Ctx<'_>) -> CaseResult {
             rows: 64,
             q: DType::BF16,
             cache: DType::BF16,
+            out: DType::F32,
             splits: 2,
             chunk: 8,
             positions: &[33, 40, 63],
@@ -647,9 +648,11 @@ pub(super) fn op_attention_split_hd64(c: &Ctx<'_>) -> CaseResult {
 /// ATTENTION_SPLIT at the first positions of a decode, where a normalised task has a few to 64
 /// rows (on the device the short path, one warp a query head up to 32 rows and two beyond):
 /// head_dim 128 with 4 query heads a KV head over f16 q and caches at positions 0, 7 and 31
-/// (1, 8 and 32 rows), and head_dim 32 with 3 over bf16 at 1, 32 and 50 (2, 33 and 51 rows);
-/// beside each, one split of partials a KV head over the same rows. Against the CPU oracle to
-/// f32 tolerance.
+/// (1, 8 and 32 rows), head_dim 32 with 3 over bf16 at 1, 32 and 50 (2, 33 and 51 rows), and
+/// SmolLM2's grouping (head_dim 64, 3 query heads a KV head) over bf16 writing bf16 rows, as
+/// the short-context program does, at 0, 20 and 40 (1, 21 and 41 rows); beside each, one
+/// split of partials a KV head over the same rows. Against the CPU oracle to f32 tolerance
+/// (plus an ulp of the output's dtype).
 pub(super) fn op_attention_split_short(c: &Ctx<'_>) -> CaseResult {
     split_against_oracle(
         c,
@@ -661,6 +664,7 @@ pub(super) fn op_attention_split_short(c: &Ctx<'_>) -> CaseResult {
             rows: 64,
             q: DType::F16,
             cache: DType::F16,
+            out: DType::F32,
             splits: 1,
             chunk: 64,
             positions: &[0, 7, 31],
@@ -676,9 +680,26 @@ pub(super) fn op_attention_split_short(c: &Ctx<'_>) -> CaseResult {
             rows: 64,
             q: DType::BF16,
             cache: DType::BF16,
+            out: DType::F32,
             splits: 1,
             chunk: 64,
             positions: &[1, 32, 50],
+        },
+    )?;
+    split_against_oracle(
+        c,
+        SplitCase {
+            seed: 61,
+            nh: 9,
+            nkv: 3,
+            hd: 64,
+            rows: 64,
+            q: DType::BF16,
+            cache: DType::BF16,
+            out: DType::BF16,
+            splits: 1,
+            chunk: 64,
+            positions: &[0, 20, 40],
         },
     )
 }
@@ -702,6 +723,7 @@ pub(super) fn op_attention_split_long(c: &Ctx<'_>) -> CaseResult {
             rows: 512,
             q: DType::F32,
             cache: DType::F16,
+            out: DType::F32,
             splits: 3,
             chunk: 32,
             positions: &[300, 511, 77],
@@ -717,6 +739,7 @@ pub(super) fn op_attention_split_long(c: &Ctx<'_>) -> CaseResult {
             rows: 300,
             q: DType::F32,
             cache: DType::F32,
+            out: DType::F32,
             splits: 5,
             chunk: 16,
             positions: &[299, 150, 70],
@@ -733,6 +756,8 @@ struct SplitCase {
     rows: u64,
     q: DType,
     cache: DType,
+    /// The normalised rows' dtype (the partials are f32).
+    out: DType,
     /// Splits a KV head of the partials' tasks (the normalised tasks take one).
     splits: usize,
     /// The partials' chunk (the normalised tasks' is `rows`).
@@ -753,7 +778,7 @@ fn split_against_oracle(c: &Ctx<'_>, sc: SplitCase) -> CaseResult {
     let kc = t.input("k_cache", sc.cache, &[rows, (nkv * hd) as u64]);
     let vc = t.input("v_cache", sc.cache, &[rows, (nkv * hd) as u64]);
     let pos = t.input("pos", DType::I32, &[1]);
-    let rows_out = t.output("attn", DType::F32, &[1, (nh * hd) as u64]);
+    let rows_out = t.output("attn", sc.out, &[1, (nh * hd) as u64]);
     let parts = t.output(
         "partials",
         DType::F32,
