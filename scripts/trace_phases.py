@@ -19,6 +19,7 @@ is `L<layer>.<name>[...]` or `L<layer>.<name>`), with times from the layer's fir
     scripts/trace_phases.py t.csv --probe       # a build with AMK_PROBE=N (docs/gpu-testing.md)
     scripts/trace_phases.py t.csv --tail --model "F decode" --pos 512   # after the last layer
     scripts/trace_phases.py t.csv --op ATTENTION_SPLIT --pos 4095   # an op's own probes
+    scripts/trace_phases.py t.csv --pass   # each point's whole pass, layer by layer
 """
 
 import argparse
@@ -186,6 +187,34 @@ def span(row, a, b):
     return None if x is None or y is None else y - x
 
 
+def whole_pass(path, model, pos):
+    """Each (model, position) point's pass: its end, layer 0 (the embedding's signal to layer
+    0's last signal), a layer (its last signal minus the previous layer's: median, min, max
+    over layers 1 to the last, and their sum) and the tail (the last layer's signal to the
+    pass's end), in us."""
+    points = {}
+    for r in load_rows(path, model, pos):
+        points.setdefault((r["model"], r["pos"]), []).append(r)
+    print("| model | pos | pass | layer 0 | a layer: median / min / max | layers 1-last | tail |")
+    print("|---|---|---|---|---|---|---|")
+    for (m, p), g in sorted(points.items()):
+        end = max(number(r, "done_us") or 0.0 for r in g)
+        done = {}
+        for r in g:
+            lm = re.match(r"L(\d+)\.", r["label"])
+            if lm:
+                L = int(lm.group(1))
+                done[L] = max(done.get(L, 0.0), number(r, "done_us") or 0.0)
+        embed = max((number(r, "done_us") or 0.0 for r in g if r["label"] == "embed"), default=0.0)
+        layers = sorted(done)
+        if len(layers) < 2:
+            continue
+        steps = [done[b] - done[a] for a, b in zip(layers, layers[1:])]
+        print(f"| {m} | {p} | {end:.1f} | {done[layers[0]] - embed:.1f} "
+              f"| {median(steps):.2f} / {min(steps):.2f} / {max(steps):.2f} | {sum(steps):.1f} "
+              f"| {end - done[layers[-1]]:.1f} |")
+
+
 def main():
     # piped into head: stop quietly when the reader goes away
     signal.signal(signal.SIGPIPE, signal.SIG_DFL)
@@ -202,7 +231,12 @@ def main():
     ap.add_argument("--tail", action="store_true",
                     help="instead: the pass after its last layer (LM head, logit stats, next token)")
     ap.add_argument("--op", help="instead: this opcode's own probe points (e.g. ATTENTION_SPLIT)")
+    ap.add_argument("--pass", dest="whole", action="store_true",
+                    help="instead: each point's whole pass, layer by layer")
     a = ap.parse_args()
+    if a.whole:
+        whole_pass(a.csv, a.model, a.pos)
+        return
     if a.op:
         op_probes(a.csv, a.model, a.pos, a.op)
         return
