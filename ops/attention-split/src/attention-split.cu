@@ -517,6 +517,20 @@ __device__ __forceinline__ float sp_weight(float sc, float m, bool none) {
   return none || sc == -__int_as_float(0x7f800000) ? 0.0f : expf(sc - m);
 }
 
+/* A warp's row weights under the head's maximum `m` (`none`: every score -inf or NaN) into
+ * `es` (lane j row j's), then probe 4 and a warp barrier; returns the warp's sum of them. */
+__device__ __forceinline__ float sp_publish(float sc, float m, bool none, float* es, int lane,
+                                            uint64_t* tr) {
+  const float e = sp_weight(sc, m, none);
+  const float l = sp_warp_sum(e);
+  es[lane] = e;
+#if !AMK_TRACE_OFF
+  if (tr && threadIdx.x == 0) tr[8 + 4] = amk_globaltimer(); /* probe 4: warp 0's weights */
+#endif
+  __syncwarp();
+  return l;
+}
+
 /* The short path after the wait (sp_plan_for passed), its operands as values: every thread
  * loads its vectors of q (at most one), K and V (at most four each, row-major: vector e of
  * the rows is thread e mod AMK_THREADS's) before it stores any into shared memory; one barrier. Up to 32 rows, warp w takes
@@ -568,13 +582,7 @@ __device__ __noinline__ void sp_attend(const sp_plan s, const int rep, const int
       const float sc = lane < len ? sp_score<DT>(qh, (const uint4*)(amk_smem + k0 + lane * kst), nvec, scale) : NEG_INF;
       const float m = sp_warp_max(sc);
       const bool none = m == NEG_INF; /* every score -inf (or NaN): the row is NaN */
-      const float e = sp_weight(sc, m, none);
-      const float l = sp_warp_sum(e);
-      es[lane] = e;
-#if !AMK_TRACE_OFF
-      if (tr && tid == 0) tr[8 + 4] = amk_globaltimer(); /* probe 4: warp 0's weights */
-#endif
-      __syncwarp();
+      const float l = sp_publish(sc, m, none, es, lane, tr);
       float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
       sp_values<DT>(vs, es, hd, D, lane, 0, len, acc);
       sp_store(s, h, hd, D, lane, acc, l, none);
@@ -593,13 +601,7 @@ __device__ __noinline__ void sp_attend(const sp_plan s, const int rep, const int
   __syncthreads();
   const float m = fmaxf(mw, xm[warp ^ 1]);
   const bool none = m == NEG_INF;
-  const float e = sp_weight(sc, m, none);
-  const float l = sp_warp_sum(e);
-  es[lane] = e;
-#if !AMK_TRACE_OFF
-  if (tr && tid == 0) tr[8 + 4] = amk_globaltimer(); /* probe 4: warp 0's weights */
-#endif
-  __syncwarp();
+  const float l = sp_publish(sc, m, none, es, lane, tr);
   float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
   if (act) sp_values<DT>(vs, es, hd, D, lane, r0, r1, acc);
   if (act && half == 1) {
