@@ -126,6 +126,11 @@ fn parse_kind(s: &str) -> Result<Kind, String> {
 /// the last layer's K and V alone).
 const PREFILL_ROWS: [u64; 2] = [16, 2048];
 
+/// Whether `--regime` (`regimes`, empty: every one) takes programs of regime `r`.
+fn wants_regime(regimes: &[String], r: &str) -> bool {
+    regimes.is_empty() || regimes.iter().any(|x| x == r)
+}
+
 /// The decode programs that `amk generate`, `amk bench` and `amk run` lower a Llama model to
 /// in `dtype`, one per kernel they can need: the tuned and the reference schedule (or the
 /// named `schedules` instead, when there are any), each with and without the argmax, at every
@@ -138,7 +143,7 @@ fn llama_programs(
     schedules: &[(String, amk_core::ScheduleConfig)],
     regimes: &[String],
 ) -> Result<Vec<(String, Program)>, String> {
-    let wants = |r: &str| regimes.is_empty() || regimes.iter().any(|x| x == r);
+    let wants = |r: &str| wants_regime(regimes, r);
     use amk_model_llama::lower::prefill::{PrefillLogits, PrefillOptions, lower_prefill};
     use amk_model_llama::lower::{LowerOptions, lower, short_context_schedule, tuned_schedule};
     use amk_model_llama::{Model, presets};
@@ -382,10 +387,6 @@ fn file_programs(
     } else {
         schedules
     };
-    let wants = |prompt: bool| {
-        let r = if prompt { "prefill" } else { "decode" };
-        regimes.is_empty() || regimes.iter().any(|x| x == r)
-    };
     let target = amk_core::GpuTarget::by_name("h100").ok_or_else(|| {
         errln!("error: no h100 target");
         ExitCode::from(1)
@@ -410,7 +411,8 @@ fn file_programs(
                 errln!("note: {dn} {sname}: the engine would run without {why}");
             }
             for (role, p) in plan.programs {
-                if wants(matches!(role, amk_engine::ProgramRole::Prompt { .. })) {
+                let prompt = matches!(role, amk_engine::ProgramRole::Prompt { .. });
+                if wants_regime(regimes, if prompt { "prefill" } else { "decode" }) {
                     out.push((format!("{dn} {sname} {role}, {}", path.display()), Some(p)));
                 }
             }

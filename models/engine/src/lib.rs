@@ -185,76 +185,6 @@ fn prompt_plan(opts: &EngineOptions, max_seq: u64) -> Vec<(u64, PrefillLogits)> 
     plan
 }
 
-/// The short-context program under `opts` with `schedule`, sharing the decode program's
-/// `weights` (no cast made twice).
-fn lower_short(
-    model: &Model,
-    opts: &EngineOptions,
-    schedule: &ScheduleConfig,
-    weights: amk_core::WeightStore,
-) -> Result<amk_model_llama::lower::Lowered, EngineError> {
-    Ok(lower_sharing(
-        model,
-        schedule,
-        &opts.target,
-        &decode_options(opts),
-        weights,
-    )?)
-}
-
-/// A prompt program under `opts` of `rows` rows with `logits`, sharing the decode program's
-/// `weights`: the prefill program names the same tensors, so no cast is made twice (and on a
-/// GPU the uploads are shared).
-fn lower_prompt(
-    model: &Model,
-    opts: &EngineOptions,
-    max_seq: u64,
-    (rows, logits): (u64, PrefillLogits),
-    weights: amk_core::WeightStore,
-) -> Result<amk_model_llama::lower::Lowered, EngineError> {
-    let popts = PrefillOptions {
-        dtype: opts.dtype,
-        max_seq,
-        rows,
-        logits,
-    };
-    Ok(lower_prefill_sharing(model, &opts.target, &popts, weights)?)
-}
-
-/// Lowers `model` as a decode loop under `opts` and loads it on `backend`.
-pub fn lower_and_load(
-    model: &Model,
-    opts: &EngineOptions,
-    backend: &dyn Backend,
-    registry: &Registry,
-) -> Result<Engine, EngineError> {
-    let lowered = lower(model, &opts.schedule, &opts.target, &decode_options(opts))?;
-    let max_seq = lowered.max_seq;
-    let weights = lowered.weights;
-    let mut engine = Engine::new(lowered.program, &weights, backend, registry)?;
-    if let Some((below, schedule)) = short_plan(opts, max_seq) {
-        // A short-context program that cannot be lowered or loaded (too little device
-        // memory) leaves every position to the decode program.
-        let attached = lower_short(model, opts, &schedule, weights.clone())
-            .and_then(|l| engine.attach_short(l.program, &l.weights, registry, below));
-        if let Err(e) = attached {
-            engine.short_refused = Some(e.to_string());
-        }
-    }
-    for chunk in prompt_plan(opts, max_seq) {
-        // A model the prefill lowering refuses, or a program that cannot be loaded beside the
-        // decode loop (too little device memory), leaves prompts to the decode loop.
-        let attached = lower_prompt(model, opts, max_seq, chunk, weights.clone())
-            .and_then(|p| engine.attach_prefill(p.program, &p.weights, registry));
-        if let Err(e) = attached {
-            engine.detach_prefill();
-            engine.prefill_refused = Some(e.to_string());
-            break;
-        }
-    }
-    Ok(engine)
-}
-
 /// What a program of an engine is for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ProgramRole {
@@ -283,44 +213,110 @@ impl std::fmt::Display for ProgramRole {
     }
 }
 
-/// The programs [`lower_and_load`] loads for `model` under `opts`, lowered exactly as it
-/// lowers them (the file's weights cast to `opts.dtype`, as it casts them) and loaded nowhere,
-/// with what the lowering refused. Why: a kernel depends on its program's ops, loops and
-/// buffer shapes, so the kernels a model file's engine runs are not always a preset shape's;
-/// `amk ops compile --model` compiles these ahead of time.
+/// Every program an engine of `opts` loads for `model`, lowered in load order (the decode
+/// loop first; the others share its weights, so no cast is made twice and on a GPU the
+/// uploads are shared), with what the lowering refused. The one plan [`lower_and_load`] loads
+/// and [`engine_programs`] lists.
+struct Lowerings {
+    /// The decode loop.
+    decode: amk_model_llama::lower::Lowered,
+    /// The short-context loop and its bound, or why it could not be lowered (none asked:
+    /// `None`).
+    short: Option<(u64, Result<amk_model_llama::lower::Lowered, EngineError>)>,
+    /// The prompt programs, or why one could not be lowered (then prompts go through the
+    /// decode loop, all of them).
+    prompts: Result<Vec<(ProgramRole, amk_model_llama::lower::Lowered)>, EngineError>,
+}
+
+fn lower_all(model: &Model, opts: &EngineOptions) -> Result<Lowerings, EngineError> {
+    let decode = lower(model, &opts.schedule, &opts.target, &decode_options(opts))?;
+    let (max_seq, weights) = (decode.max_seq, &decode.weights);
+    let short = short_plan(opts, max_seq).map(|(below, schedule)| {
+        let dopts = decode_options(opts);
+        let l = lower_sharing(model, &schedule, &opts.target, &dopts, weights.clone());
+        (below, l.map_err(EngineError::from))
+    });
+    let prompts = prompt_plan(opts, max_seq)
+        .into_iter()
+        .map(|(rows, logits)| {
+            let popts = PrefillOptions {
+                dtype: opts.dtype,
+                max_seq,
+                rows,
+                logits,
+            };
+            let l = lower_prefill_sharing(model, &opts.target, &popts, weights.clone())?;
+            Ok((ProgramRole::Prompt { rows, logits }, l))
+        })
+        .collect();
+    Ok(Lowerings {
+        decode,
+        short,
+        prompts,
+    })
+}
+
+/// Lowers `model` as a decode loop under `opts` and loads it on `backend`.
+pub fn lower_and_load(
+    model: &Model,
+    opts: &EngineOptions,
+    backend: &dyn Backend,
+    registry: &Registry,
+) -> Result<Engine, EngineError> {
+    let Lowerings {
+        decode,
+        short,
+        prompts,
+    } = lower_all(model, opts)?;
+    let mut engine = Engine::new(decode.program, &decode.weights, backend, registry)?;
+    if let Some((below, lowered)) = short {
+        // A short-context program that cannot be lowered or loaded (too little device
+        // memory) leaves every position to the decode program.
+        let attached =
+            lowered.and_then(|l| engine.attach_short(l.program, &l.weights, registry, below));
+        if let Err(e) = attached {
+            engine.short_refused = Some(e.to_string());
+        }
+    }
+    // A model the prefill lowering refuses, or a program that cannot be loaded beside the
+    // decode loop (too little device memory), leaves prompts to the decode loop.
+    let attached = prompts.and_then(|ps| {
+        (ps.into_iter())
+            .try_for_each(|(_, p)| engine.attach_prefill(p.program, &p.weights, registry))
+    });
+    if let Err(e) = attached {
+        engine.detach_prefill();
+        engine.prefill_refused = Some(e.to_string());
+    }
+    Ok(engine)
+}
+
+/// The programs [`lower_and_load`] loads for `model` under `opts`, lowered as it lowers them
+/// (the file's weights cast to `opts.dtype`) and loaded nowhere, with what the lowering
+/// refused. Why: a kernel depends on its program's ops, loops and buffer shapes, so the
+/// kernels a model file's engine runs are not always a preset shape's; `amk ops compile
+/// --model` compiles these ahead of time.
 pub fn engine_programs(model: &Model, opts: &EngineOptions) -> Result<EnginePlan, EngineError> {
-    let lowered = lower(model, &opts.schedule, &opts.target, &decode_options(opts))?;
-    let max_seq = lowered.max_seq;
-    let weights = lowered.weights;
+    let Lowerings {
+        decode,
+        short,
+        prompts,
+    } = lower_all(model, opts)?;
     let mut plan = EnginePlan {
-        programs: vec![(ProgramRole::Decode, lowered.program)],
+        programs: vec![(ProgramRole::Decode, decode.program)],
         refused: Vec::new(),
     };
-    if let Some((_, schedule)) = short_plan(opts, max_seq) {
-        match lower_short(model, opts, &schedule, weights.clone()) {
-            Ok(l) => plan.programs.push((ProgramRole::ShortContext, l.program)),
-            Err(e) => plan.refused.push(format!("the short-context program: {e}")),
-        }
+    match short.map(|(_, l)| l) {
+        Some(Ok(l)) => plan.programs.push((ProgramRole::ShortContext, l.program)),
+        Some(Err(e)) => plan.refused.push(format!("the short-context program: {e}")),
+        None => {}
     }
-    // As the engine: one prompt program refused leaves prompts to the decode loop, all of them.
-    let mut prompts = Vec::new();
-    for chunk in prompt_plan(opts, max_seq) {
-        match lower_prompt(model, opts, max_seq, chunk, weights.clone()) {
-            Ok(p) => prompts.push((
-                ProgramRole::Prompt {
-                    rows: chunk.0,
-                    logits: chunk.1,
-                },
-                p.program,
-            )),
-            Err(e) => {
-                plan.refused.push(format!("the prompt programs: {e}"));
-                prompts.clear();
-                break;
-            }
-        }
+    match prompts {
+        Ok(ps) => plan
+            .programs
+            .extend(ps.into_iter().map(|(r, l)| (r, l.program))),
+        Err(e) => plan.refused.push(format!("the prompt programs: {e}")),
     }
-    plan.programs.extend(prompts);
     Ok(plan)
 }
 
