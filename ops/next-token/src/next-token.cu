@@ -45,9 +45,11 @@
  * order to the same value) and one pass for the Gumbel argmax. Same inputs, same token, on
  * every run.
  *
- * `emitted` may be host-mapped memory that the host polls while the kernel runs: the
- * log-probability word is stored first, then a system fence, then the token word (volatile),
- * then another fence, so a host that sees the token sees its log-probability. */
+ * `emitted` may be host-mapped memory that the host polls while the kernel runs: the row
+ * (token, log-probability) is one aligned 8-byte volatile store, so a host that sees the token
+ * sees its log-probability; a row that is not 8-byte aligned stores the log-probability, a
+ * system fence, then the token. No fence after: nothing on the device reads the row, and the
+ * kernel's end makes every row visible. */
 
 #define NT_BINS 256
 
@@ -350,11 +352,18 @@ __device__ void amk_op_next_token(const amk_task_ctx& ctx) {
     const int32_t* st = (const int32_t*)stb->ptr;
     for (long long e = 0; e < stb->numel; ++e) stops |= st[e] >= 0 && st[e] == next;
     int32_t* row = (int32_t*)emb->ptr + 2 * q;
-    *((volatile int32_t*)&row[1]) = __float_as_int(lp);
-    __threadfence_system();
-    *((volatile int32_t*)&row[0]) = (int32_t)next;
-    __threadfence_system();
-    amk_probe(ctx, 2); /* the emitted row fenced */
+    if (((uintptr_t)row & 7) == 0) {
+      /* One aligned 8-byte store: the host sees the token and its log-probability together,
+         with no fence to wait for (nothing on the device reads the row). */
+      const unsigned long long w = (unsigned long long)(unsigned)(int32_t)next |
+                                   ((unsigned long long)(unsigned)__float_as_int(lp) << 32);
+      *((volatile unsigned long long*)row) = w;
+    } else {
+      *((volatile int32_t*)&row[1]) = __float_as_int(lp);
+      __threadfence_system();
+      *((volatile int32_t*)&row[0]) = (int32_t)next;
+    }
+    amk_probe(ctx, 2); /* the emitted row stored */
   }
   if (separate)
     for (long long e = 0; e < pin->numel; ++e) amk_stif(pout, e, amk_ldif(pin, e));
