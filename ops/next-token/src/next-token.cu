@@ -352,7 +352,7 @@ __device__ void amk_op_next_token(const amk_task_ctx& ctx) {
     const int32_t* st = (const int32_t*)stb->ptr;
     for (long long e = 0; e < stb->numel; ++e) stops |= st[e] >= 0 && st[e] == next;
     int32_t* row = (int32_t*)emb->ptr + 2 * q;
-    if (((uintptr_t)row & 7) == 0) {
+    if (((unsigned long long)row & 7) == 0) {
       /* One aligned 8-byte store: the host sees the token and its log-probability together,
          with no fence to wait for (nothing on the device reads the row). */
       const unsigned long long w = (unsigned long long)(unsigned)(int32_t)next |
