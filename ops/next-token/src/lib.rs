@@ -99,7 +99,10 @@ amk_core::inventory::submit! {
     OpRegistration {
         spec: SPEC,
         reference: Some(Reference { run: reference::run, in_place: &[(1, 0)] }),
-        cuda: Some(amk_core::CudaSource::builtin(include_str!("next-token.cu"), "amk_op_next_token")),
+        cuda: Some(
+            amk_core::CudaSource::builtin(include_str!("next-token.cu"), "amk_op_next_token")
+                .with_own_wait()
+        ),
     }
 }
 

@@ -261,72 +261,198 @@ __device__ __noinline__ long long nt_sample(const amk_buffer_t* xb, long long vp
   return next < 0 ? 0 : next;
 }
 
-__device__ void amk_op_next_token(const amk_task_ctx& ctx) {
+/* The operands (descriptors only: the checks before the wait). */
+struct nt_args {
+  const amk_buffer_t *x, *pin, *prompt, *stop, *lim, *smp, *stats, *pout, *token, *halt, *emitted;
+  bool separate; /* pos is read from one buffer and written to another */
+};
+
+/* Pulls the operands and checks their descriptors (every check that reads no data). */
+__device__ __forceinline__ bool nt_setup(const amk_task_ctx& ctx, nt_args& a) {
   if (ctx.inst->n_inputs < 6 || ctx.inst->n_inputs > 7 || ctx.inst->n_outputs != 4) {
     amk_fail(ctx, AMK_ERR_SHAPE, ctx.inst->n_inputs);
-    return;
+    return false;
   }
-  const amk_buffer_t* xb = amk_in(ctx, 0);
-  const amk_buffer_t* pin = amk_in(ctx, 1);
-  const amk_buffer_t* prb = amk_in(ctx, 2);
-  const amk_buffer_t* stb = amk_in(ctx, 3);
-  const amk_buffer_t* lmb = amk_in(ctx, 4);
-  const amk_buffer_t* sab = amk_in(ctx, 5);
-  const amk_buffer_t* stats = ctx.inst->n_inputs == 7 ? amk_in(ctx, 6) : nullptr;
-  const amk_buffer_t* pout = amk_out(ctx, 0);
-  const amk_buffer_t* tkb = amk_out(ctx, 1);
-  const amk_buffer_t* hlb = amk_out(ctx, 2);
-  const amk_buffer_t* emb = amk_out(ctx, 3);
-  const bool separate = ctx.inst->inputs[1] != ctx.inst->outputs[0];
+  a.x = amk_in(ctx, 0);
+  a.pin = amk_in(ctx, 1);
+  a.prompt = amk_in(ctx, 2);
+  a.stop = amk_in(ctx, 3);
+  a.lim = amk_in(ctx, 4);
+  a.smp = amk_in(ctx, 5);
+  a.stats = ctx.inst->n_inputs == 7 ? amk_in(ctx, 6) : nullptr;
+  a.pout = amk_out(ctx, 0);
+  a.token = amk_out(ctx, 1);
+  a.halt = amk_out(ctx, 2);
+  a.emitted = amk_out(ctx, 3);
+  a.separate = ctx.inst->inputs[1] != ctx.inst->outputs[0];
 
-  /* Descriptors (the validator's rule, checked again: one task a step, the checks are cheap). */
-  const int xdt = xb->dtype;
-  if (xdt != AMK_F32 && xdt != AMK_F16 && xdt != AMK_BF16) { amk_fail(ctx, AMK_ERR_DTYPE, xdt); return; }
-  const long long V = xb->numel;
-  if (V < 1 || V != amk_last_dim(xb)) { amk_fail(ctx, AMK_ERR_SHAPE, V); return; }
-  if (!amk_is_int(pin->dtype)) { amk_fail(ctx, AMK_ERR_DTYPE, pin->dtype); return; }
-  if (!amk_is_int(pout->dtype)) { amk_fail(ctx, AMK_ERR_DTYPE, pout->dtype); return; }
-  if (pin->numel < 1 || pout->numel != pin->numel) { amk_fail(ctx, AMK_ERR_SHAPE, pin->numel); return; }
-  const amk_buffer_t* i32s[6] = {prb, stb, lmb, tkb, hlb, emb};
+  const int xdt = a.x->dtype;
+  if (xdt != AMK_F32 && xdt != AMK_F16 && xdt != AMK_BF16) { amk_fail(ctx, AMK_ERR_DTYPE, xdt); return false; }
+  const long long V = a.x->numel;
+  if (V < 1 || V != amk_last_dim(a.x)) { amk_fail(ctx, AMK_ERR_SHAPE, V); return false; }
+  if (!amk_is_int(a.pin->dtype)) { amk_fail(ctx, AMK_ERR_DTYPE, a.pin->dtype); return false; }
+  if (!amk_is_int(a.pout->dtype)) { amk_fail(ctx, AMK_ERR_DTYPE, a.pout->dtype); return false; }
+  if (a.pin->numel < 1 || a.pout->numel != a.pin->numel) { amk_fail(ctx, AMK_ERR_SHAPE, a.pin->numel); return false; }
+  const amk_buffer_t* i32s[6] = {a.prompt, a.stop, a.lim, a.token, a.halt, a.emitted};
   const long long mins[6] = {1, 1, 6, 1, 1, 0};
 #pragma unroll
   for (int b = 0; b < 6; ++b) {
-    if (i32s[b]->dtype != AMK_I32) { amk_fail(ctx, AMK_ERR_DTYPE, i32s[b]->dtype); return; }
-    if (i32s[b]->numel < mins[b]) { amk_fail(ctx, AMK_ERR_SHAPE, i32s[b]->numel); return; }
+    if (i32s[b]->dtype != AMK_I32) { amk_fail(ctx, AMK_ERR_DTYPE, i32s[b]->dtype); return false; }
+    if (i32s[b]->numel < mins[b]) { amk_fail(ctx, AMK_ERR_SHAPE, i32s[b]->numel); return false; }
   }
-  if (sab->dtype != AMK_F32) { amk_fail(ctx, AMK_ERR_DTYPE, sab->dtype); return; }
-  if (sab->numel < 2) { amk_fail(ctx, AMK_ERR_SHAPE, sab->numel); return; }
-  if (emb->rank != 2 || emb->shape[1] != 2) { amk_fail(ctx, AMK_ERR_SHAPE, emb->rank); return; }
-  if (stats && stats->dtype != AMK_I32) { amk_fail(ctx, AMK_ERR_DTYPE, stats->dtype); return; }
-  if (stats && (stats->rank != 2 || stats->shape[0] != 4 || stats->shape[1] < 1)) {
-    amk_fail(ctx, AMK_ERR_SHAPE, stats->rank);
+  if (a.smp->dtype != AMK_F32) { amk_fail(ctx, AMK_ERR_DTYPE, a.smp->dtype); return false; }
+  if (a.smp->numel < 2) { amk_fail(ctx, AMK_ERR_SHAPE, a.smp->numel); return false; }
+  if (a.emitted->rank != 2 || a.emitted->shape[1] != 2) { amk_fail(ctx, AMK_ERR_SHAPE, a.emitted->rank); return false; }
+  if (a.stats && a.stats->dtype != AMK_I32) { amk_fail(ctx, AMK_ERR_DTYPE, a.stats->dtype); return false; }
+  if (a.stats && (a.stats->rank != 2 || a.stats->shape[0] != 4 || a.stats->shape[1] < 1)) {
+    amk_fail(ctx, AMK_ERR_SHAPE, a.stats->rank);
+    return false;
+  }
+  return true;
+}
+
+/* The launch's settings: limits (prompt length P, end E, top_k, seed, vocabulary limit) and
+ * sampling (temperature T, top_p). */
+struct nt_consts {
+  long long P, E, vl;
+  int top_k;
+  unsigned long long seed;
+  float T, top_p;
+};
+
+__device__ __forceinline__ nt_consts nt_read_consts(const nt_args& a) {
+  const int32_t* lim = (const int32_t*)a.lim->ptr;
+  const float* smp = (const float*)a.smp->ptr;
+  nt_consts k;
+  k.P = lim[0];
+  k.E = lim[1];
+  k.top_k = lim[2];
+  k.seed = (unsigned long long)(unsigned)lim[3] | ((unsigned long long)(unsigned)lim[4] << 32);
+  k.vl = lim[5];
+  k.T = smp[0];
+  k.top_p = smp[1];
+  return k;
+}
+
+/* The chosen (or forced) token's writes, by one thread: the emitted row (when not forcing; see
+ * the top for its one store), then the position, the token and the halt flag. */
+__device__ __forceinline__ void nt_finish(const amk_task_ctx& ctx, const nt_args& a, long long q, long long E,
+                                          bool forcing, bool stops, long long next, float lp) {
+  if (!forcing) {
+    int32_t* row = (int32_t*)a.emitted->ptr + 2 * q;
+    if (((unsigned long long)row & 7) == 0) {
+      const unsigned long long w = (unsigned long long)(unsigned)(int32_t)next |
+                                   ((unsigned long long)(unsigned)__float_as_int(lp) << 32);
+      *((volatile unsigned long long*)row) = w;
+    } else {
+      *((volatile int32_t*)&row[1]) = __float_as_int(lp);
+      __threadfence_system();
+      *((volatile int32_t*)&row[0]) = (int32_t)next;
+    }
+    amk_probe(ctx, 2); /* the emitted row stored */
+  }
+  if (a.separate)
+    for (long long e = 0; e < a.pin->numel; ++e) amk_stif(a.pout, e, amk_ldif(a.pin, e));
+  amk_stif(a.pout, 0, q);
+  ((int32_t*)a.token->ptr)[0] = (int32_t)next;
+  ((int32_t*)a.halt->ptr)[0] = (stops || q + 1 >= E) ? 1 : 0;
+}
+
+/* Summaries a lane holds on the greedy warp path: stats of up to 32 * NT_SL slots (the tuned
+ * schedule has at most 128, lower/mod.rs StatsLayout). */
+#define NT_SL 4
+
+/* Greedy from LOGIT_STATS's summaries by warp 0 alone (the block's other warps have returned):
+ * after the wait every load of the step is in flight at once (the position, the lanes'
+ * summaries, and the stop ids unless read before it), then the merges of nt_from_stats by warp
+ * shuffles alone (no barrier), and lane 0's writes. The same token, and the same
+ * log-probability to the sum's last bits (a different order of the slots' sums), as the block
+ * path. */
+__device__ __noinline__ void nt_greedy_warp(const amk_task_ctx& ctx, const nt_args& a, const nt_consts& k) {
+  const int lane = threadIdx.x & 31;
+  const int32_t* w = (const int32_t*)a.stats->ptr;
+  const long long G = a.stats->shape[1];
+  int32_t sm[NT_SL], si[NT_SL], ss[NT_SL], sn[NT_SL];
+#pragma unroll
+  for (int j = 0; j < NT_SL; ++j) {
+    const long long g = lane + 32 * j;
+    const bool in = g < G;
+    sm[j] = in ? w[g] : 0;
+    si[j] = in ? w[G + g] : -1;
+    ss[j] = in ? w[2 * G + g] : 0;
+    sn[j] = in ? w[3 * G + g] : 0;
+  }
+  const long long ns = a.stop->numel;
+  const int32_t* st = (const int32_t*)a.stop->ptr;
+  const int32_t s0 = lane < ns ? st[lane] : -1, s1 = lane + 32 < ns ? st[lane + 32] : -1;
+  const long long p = amk_ldif(a.pin, 0);
+  if (p < 0) { if (lane == 0) amk_fail(ctx, AMK_ERR_INDEX, p); return; }
+  const long long q = p + 1;
+  const bool forcing = q < k.P;
+  if (forcing ? q >= a.prompt->numel : q >= a.emitted->shape[0]) {
+    if (lane == 0) amk_fail(ctx, AMK_ERR_INDEX, q);
     return;
   }
 
-  /* Data: every thread reads the same scalars (nothing writes them during the task before
-     the barrier below), so every decision is block-uniform. */
-  const long long p = amk_ldif(pin, 0);
+  float bv = -__int_as_float(0x7f800000);
+  long long bi = -1;
+  int n = 0;
+#pragma unroll
+  for (int j = 0; j < NT_SL; ++j) amk_lg_merge_max(bv, bi, n, __int_as_float(sm[j]), si[j], sn[j]);
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) {
+    const float ov = __shfl_xor_sync(AMK_LG_FULL, bv, o);
+    const long long oi = __shfl_xor_sync(AMK_LG_FULL, bi, o);
+    const int on = __shfl_xor_sync(AMK_LG_FULL, n, o);
+    amk_lg_merge_max(bv, bi, n, ov, oi, on);
+  }
+  float bs = 1.0f;
+  if (bi >= 0 && amk_lg_finite(bv)) {
+    float s = 0.0f;
+#pragma unroll
+    for (int j = 0; j < NT_SL; ++j) {
+      const float mg = __int_as_float(sm[j]);
+      if (si[j] >= 0 && amk_lg_finite(mg)) s = __fadd_rn(s, __fmul_rn(__int_as_float(ss[j]), expf(__fsub_rn(mg, bv))));
+    }
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) s = __fadd_rn(s, __shfl_xor_sync(AMK_LG_FULL, s, o));
+    bs = s;
+  }
+  amk_probe(ctx, 0); /* the greedy merge done */
+  long long next = bi < 0 ? 0 : bi;
+  float lp = __int_as_float(0x7fc00000);
+  if (forcing) {
+    next = ((const int32_t*)a.prompt->ptr)[q];
+  } else if (bi >= 0 && amk_lg_finite(bv)) {
+    const float v = __fsub_rn(__fsub_rn(bv, bv), logf(bs));
+    if (v == v) lp = v;
+  }
+  amk_probe(ctx, 1); /* the token chosen */
+  bool hit = !forcing && ((s0 >= 0 && s0 == next) || (s1 >= 0 && s1 == next));
+  for (long long e = 64 + lane; !forcing && e < ns; e += 32) hit |= st[e] >= 0 && st[e] == next;
+  const bool stops = __any_sync(AMK_LG_FULL, hit);
+  __syncwarp(); /* every lane has read pos before lane 0 writes it */
+  if (lane == 0) nt_finish(ctx, a, q, k.E, forcing, stops, next, lp);
+}
+
+/* Everything else (sampling, no summaries, more of them than warp 0 holds): the whole block,
+ * every thread reading the scalars itself so every branch is block-uniform. */
+__device__ __noinline__ void nt_block(const amk_task_ctx& ctx, const nt_args& a, const nt_consts& k) {
+  const long long V = a.x->numel;
+  const long long p = amk_ldif(a.pin, 0);
   if (p < 0) { amk_fail(ctx, AMK_ERR_INDEX, p); return; }
   const long long q = p + 1;
-  const int32_t* lim = (const int32_t*)lmb->ptr;
-  const long long P = lim[0], E = lim[1];
-  const bool forcing = q < P;
-  if (forcing ? q >= prb->numel : q >= emb->shape[0]) { amk_fail(ctx, AMK_ERR_INDEX, q); return; }
+  const bool forcing = q < k.P;
+  if (forcing ? q >= a.prompt->numel : q >= a.emitted->shape[0]) { amk_fail(ctx, AMK_ERR_INDEX, q); return; }
 
   long long next;
   float lp = __int_as_float(0x7fc00000);
   if (forcing) {
-    next = ((const int32_t*)prb->ptr)[q];
+    next = ((const int32_t*)a.prompt->ptr)[q];
   } else {
-    const int top_k = lim[2];
-    const unsigned long long seed =
-        (unsigned long long)(unsigned)lim[3] | ((unsigned long long)(unsigned)lim[4] << 32);
-    const long long vl = lim[5];
-    const long long vp = vl > 0 && vl < V ? vl : V;
-    const float* smp = (const float*)sab->ptr;
-    const float T = smp[0], top_p = smp[1];
-
-    const nt_greedy_t gr = stats ? nt_from_stats(stats) : nt_greedy(xb, vp);
+    const long long vp = k.vl > 0 && k.vl < V ? k.vl : V;
+    const float T = k.T;
+    const nt_greedy_t gr = a.stats ? nt_from_stats(a.stats) : nt_greedy(a.x, vp);
     const float m1 = gr.m1, bs = gr.bs;
     const long long bi = gr.bi;
     const int n = gr.n;
@@ -335,8 +461,8 @@ __device__ void amk_op_next_token(const amk_task_ctx& ctx) {
     next = bi < 0 ? 0 : bi;
     float l_next = m1;
     if (bi >= 0 && T > 0.0f && amk_lg_finite(T) && amk_lg_finite(m)) {
-      next = nt_sample(xb, vp, T, m, n, top_k, top_p, seed, q);
-      l_next = amk_ldf(xb, next);
+      next = nt_sample(a.x, vp, T, m, n, k.top_k, k.top_p, k.seed, q);
+      l_next = amk_ldf(a.x, next);
     }
     if (bi >= 0 && amk_lg_finite(m1)) {
       const float v = __fsub_rn(__fsub_rn(l_next, m1), logf(bs));
@@ -349,25 +475,27 @@ __device__ void amk_op_next_token(const amk_task_ctx& ctx) {
   if (threadIdx.x != 0) return;
   bool stops = false;
   if (!forcing) {
-    const int32_t* st = (const int32_t*)stb->ptr;
-    for (long long e = 0; e < stb->numel; ++e) stops |= st[e] >= 0 && st[e] == next;
-    int32_t* row = (int32_t*)emb->ptr + 2 * q;
-    if (((unsigned long long)row & 7) == 0) {
-      /* One aligned 8-byte store: the host sees the token and its log-probability together,
-         with no fence to wait for (nothing on the device reads the row). */
-      const unsigned long long w = (unsigned long long)(unsigned)(int32_t)next |
-                                   ((unsigned long long)(unsigned)__float_as_int(lp) << 32);
-      *((volatile unsigned long long*)row) = w;
-    } else {
-      *((volatile int32_t*)&row[1]) = __float_as_int(lp);
-      __threadfence_system();
-      *((volatile int32_t*)&row[0]) = (int32_t)next;
-    }
-    amk_probe(ctx, 2); /* the emitted row stored */
+    const int32_t* st = (const int32_t*)a.stop->ptr;
+    for (long long e = 0; e < a.stop->numel; ++e) stops |= st[e] >= 0 && st[e] == next;
   }
-  if (separate)
-    for (long long e = 0; e < pin->numel; ++e) amk_stif(pout, e, amk_ldif(pin, e));
-  amk_stif(pout, 0, q);
-  ((int32_t*)tkb->ptr)[0] = (int32_t)next;
-  ((int32_t*)hlb->ptr)[0] = (stops || q + 1 >= E) ? 1 : 0;
+  nt_finish(ctx, a, q, k.E, forcing, stops, next, lp);
+}
+
+/* The op waits itself: its checks, and the launch's settings when no task of the program
+ * writes them (AMK_BUF_LAUNCH_CONST), come before the wait. A greedy step with summaries of at
+ * most 32 * NT_SL slots takes warp 0's path (nt_greedy_warp), anything else the block's. */
+__device__ void amk_op_next_token(const amk_task_ctx& ctx) {
+  nt_args a;
+  if (!nt_setup(ctx, a)) return;
+  const bool early = !ctx.check_only && (a.lim->flags & AMK_BUF_LAUNCH_CONST) && (a.smp->flags & AMK_BUF_LAUNCH_CONST);
+  nt_consts k;
+  if (early) k = nt_read_consts(a);
+  if (!amk_task_wait(ctx)) return;
+  if (!early) k = nt_read_consts(a);
+  const bool greedy = !(k.T > 0.0f && amk_lg_finite(k.T));
+  if (greedy && a.stats && a.stats->shape[1] <= 32 * NT_SL) {
+    if (threadIdx.x < 32) nt_greedy_warp(ctx, a, k);
+    return;
+  }
+  nt_block(ctx, a, k);
 }

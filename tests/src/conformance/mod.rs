@@ -38,6 +38,7 @@ mod families;
 mod formulas;
 mod fused;
 mod llama;
+mod logit_stats;
 mod next_token;
 mod ops;
 mod outcome;
@@ -67,6 +68,7 @@ use fused::{
     op_qkv_rope_append_qk_norm, op_rmsnorm_gemv,
 };
 use llama::{llama_bf16, llama_pos0, llama_pos3, llama_sm_pages, llama_split_kv, llama_wide};
+use logit_stats::op_logit_stats;
 use next_token::{op_next_token, op_next_token_stats};
 use ops::{
     op_add, op_allreduce_shard, op_attention_combine, op_attention_tile,
@@ -175,7 +177,7 @@ macro_rules! conformance_tests {
             op_attention_tile op_attention_tile_paths_bf16 op_attention_tile_paths_f32 op_rope op_silu_mul op_gelu op_add op_mul op_dequant op_softmax
             op_allreduce_shard op_kv_append op_sample_argmax op_token_nll op_attention_combine op_fused
             op_rmsnorm_gemv op_gate_up_silu op_qkv_rope_append op_qkv_rope_append_factors op_qkv_rope_append_qk_norm op_attention_gemv
-            op_attention_pos_bf16 op_attention_split_hd64 op_attention_split_long op_attention_split_short op_next_token op_next_token_stats
+            op_attention_pos_bf16 op_attention_split_hd64 op_attention_split_long op_attention_split_short op_next_token op_next_token_stats op_logit_stats
             op_linear_tile op_linear_tile_bf16 op_linear_tile_f16 op_linear_tile_rope op_attention_causal op_attention_causal_bf16
             op_kv_append_slices
             dag_chain dag_fan_in dag_tiled_groups dag_split_kv dag_kv_append_steps
@@ -385,6 +387,11 @@ pub const CASES: &[Case] = &[
         name: "op_next_token_stats",
         about: "NEXT_TOKEN after LOGIT_STATS tasks: the same steps with the logits summarised by slot (f32, bf16, f16; slots a task 1 and 2, a short last slot)",
         run: op_next_token_stats,
+    },
+    Case {
+        name: "op_logit_stats",
+        about: "LOGIT_STATS alone: f32, bf16 and f16 rows with NaNs, tied maxima and vocabulary limits, slots of 5 to 1,032 logits, 1 to 3 a task",
+        run: op_logit_stats,
     },
     Case {
         name: "op_linear_tile",

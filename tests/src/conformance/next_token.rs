@@ -40,13 +40,19 @@ const NT_BASE: NtStep = NtStep {
     top_p: 1.0,
     stop_hit: false,
 };
-/// Forcing (a stop id that does not halt), greedy, plain sampling, top-k + top-p, top-p with a
-/// vocabulary limit, greedy onto a stop id, sampling into the last row of `emitted` at the end,
-/// another seed.
-const NT_STEPS: [NtStep; 8] = [
+/// Forcing (a stop id that does not halt) while sampling and while greedy, greedy, plain
+/// sampling, top-k + top-p, top-p with a vocabulary limit, greedy onto a stop id, greedy with a
+/// vocabulary limit, sampling into the last row of `emitted` at the end, another seed. (With
+/// summaries, a greedy step and a sampling one take different device paths.)
+const NT_STEPS: [NtStep; 10] = [
     NtStep {
         p: 1,
         temperature: 1.0,
+        stop_hit: true,
+        ..NT_BASE
+    },
+    NtStep {
+        p: 2,
         stop_hit: true,
         ..NT_BASE
     },
@@ -73,6 +79,11 @@ const NT_STEPS: [NtStep; 8] = [
     NtStep {
         p: 8,
         stop_hit: true,
+        ..NT_BASE
+    },
+    NtStep {
+        p: 9,
+        limit: -2, // V / 2, set per case
         ..NT_BASE
     },
     NtStep {
