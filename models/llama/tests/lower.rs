@@ -1819,3 +1819,35 @@ fn the_no_stats_schedule_is_the_tuned_one_without_its_stats() {
     assert!(stats_layout(&tuned_schedule(), 49152).is_some());
     assert_eq!(stats_layout(&file, 49152), None);
 }
+
+/// The decode loop's NEXT_TOKEN is seated on an SM that summarises no slot of the logits, here
+/// under the tuned schedule on 132 SMs (131 LM-head tiles, 128 LOGIT_STATS tasks, so every SM
+/// runs one or the other): it is reached once its SM's LM-head tile is done, while the
+/// summaries still run, so its dispatch and its work before the wait leave the tail's critical
+/// path (`sm::seat_next_token_early`).
+#[rstest]
+#[case::smollm2("smollm2-135m")]
+#[case::llama_1b("llama-3.2-1b")]
+fn the_next_token_task_sits_on_an_sm_free_during_the_tail(#[case] shape: &str) {
+    use amk_model_llama::presets;
+    let target = GpuTarget::by_name("h100").unwrap();
+    let m = Model::shape_only(presets::preset(shape).unwrap(), shape);
+    let opts = LowerOptions {
+        dtype: DType::BF16,
+        max_seq: Some(256),
+        argmax: true,
+        decode_loop: Some(DecodeLoop { stop_slots: 2 }),
+        ..LowerOptions::default()
+    };
+    let p = lower(&m, &tuned_schedule(), &target, &opts)
+        .unwrap()
+        .program;
+    let tail = p.tasks.last().unwrap();
+    assert_eq!(tail.op, Opcode::NEXT_TOKEN);
+    let logits = named(&p, decode::LOGITS);
+    let on_its_sm = |pred: &dyn Fn(&amk_core::Task) -> bool| {
+        (p.tasks.iter()).any(|t| t.sm == tail.sm && t.id != tail.id && pred(t))
+    };
+    assert!(!on_its_sm(&|t| t.op == Opcode::LOGIT_STATS), "{shape}");
+    assert!(on_its_sm(&|t| t.outputs.contains(&logits)), "{shape}");
+}

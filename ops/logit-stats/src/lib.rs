@@ -75,10 +75,7 @@ amk_core::inventory::submit! {
     OpRegistration {
         spec: SPEC,
         reference: Some(Reference { run: reference::run, in_place: &[] }),
-        cuda: Some(
-            amk_core::CudaSource::builtin(include_str!("logit-stats.cu"), "amk_op_logit_stats")
-                .with_own_wait()
-        ),
+        cuda: Some(amk_core::CudaSource::builtin(include_str!("logit-stats.cu"), "amk_op_logit_stats")),
     }
 }
 

@@ -21,13 +21,13 @@ struct StatsCase {
 /// Vocabulary limits of the steps: none, one inside a slot, one past the row.
 const LIMITS: [fn(usize) -> i64; 3] = [|_| 0, |v| (v as i64 * 5) / 6 + 3, |v| v as i64 + 10];
 
-/// LOGIT_STATS over: f32 [3000] in slots of 1,024 (the widest a warp holds on the device, a
-/// short last slot), bf16 [2051] in slots of 384, three a task (a last slot of whole vectors
-/// and three logits past them), f16 [2000] in slots of 1,032 (too wide for a warp: the
-/// block's path) and bf16 [13] in slots of 5 (starts not 16-byte aligned). Each step's row
-/// holds NaNs (a whole slot of them in one step), a maximum tied at two ids of one slot and
-/// one of the limits in [`LIMITS`]. Against the oracle: maximum, first id and count exactly,
-/// the sum to 1e-5 relative; against the formula (f64 over the valid ids) likewise.
+/// LOGIT_STATS over: f32 [3000] in slots of 1,024 (a short last slot), bf16 [2051] in slots
+/// of 384, three a task (the decode tail's width for a 49,152 vocabulary; a last slot of whole
+/// 16-byte vectors and three logits past them), f16 [2000] in slots of 1,032, two a task, and
+/// bf16 [13] in slots of 5 (starts not 16-byte aligned: the device's element path). Each
+/// step's row holds NaNs (a whole slot of them in one step), a maximum tied at two ids of one
+/// slot and one of the limits in [`LIMITS`]. Against the oracle: maximum, first id and count
+/// exactly, the sum to 1e-5 relative; against the formula (f64 over the valid ids) likewise.
 pub(super) fn op_logit_stats(c: &Ctx<'_>) -> CaseResult {
     let cases = [
         StatsCase {

@@ -1441,12 +1441,11 @@ fn place(
         sms: layout.own_sms as u32,
         alternate: layout.alternate,
     };
-    sm::assign_sms_reserving(
-        p,
-        &cfg.sm_assignment,
-        target.num_sms.max(0) as u32,
-        &reserve,
-    )?;
+    let num_sms = target.num_sms.max(0) as u32;
+    sm::assign_sms_reserving(p, &cfg.sm_assignment, num_sms, &reserve)?;
+    if matches!(cfg.sm_assignment, amk_core::SmAssignment::LoadBalance) {
+        sm::seat_next_token_early(p, num_sms.saturating_sub(reserve.sms));
+    }
     Ok(match cfg.page_allocation {
         amk_core::PageStrategy::None => None,
         s => Some(pages::allocate_pages(p, s)?),

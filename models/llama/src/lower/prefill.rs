@@ -1034,11 +1034,9 @@ pub fn lower_prefill_sharing(
         lm_head(&mut b, Head { norm, weight }, resid, d, opts.logits);
     }
     let Builder { mut p, .. } = b;
-    sm::assign_sms(
-        &mut p,
-        &SmAssignment::LoadBalance,
-        target.num_sms.max(0) as u32,
-    )?;
+    let num_sms = target.num_sms.max(0) as u32;
+    sm::assign_sms(&mut p, &SmAssignment::LoadBalance, num_sms)?;
+    sm::seat_next_token_early(&mut p, num_sms);
     Ok(Lowered {
         program: p,
         weights: w.store,

@@ -152,6 +152,48 @@ pub fn assign_sms_reserving(
     Ok(())
 }
 
+/// Moves a program's last task, when it is a NEXT_TOKEN, to the SM whose queue without it
+/// drains first in the load-balance timing model ([`estimated_makespan`]'s), among SMs
+/// `0..first_reserved` (ties: the lowest id). Why: the timing model ties every SM that is free
+/// once the logits' summaries are done, and its tie-breaks then give the tail to an SM that
+/// summarises a slot, so the task is reached only when the last summary is done, and its
+/// dispatch and the work it does before its wait (its checks, the launch's settings) come after
+/// that on the tail's critical path (2.9 µs of a 1B-shaped pass, docs/perf-notes.md round 53).
+/// On an SM that drains earlier, it is reached while the LM head and the summaries still run.
+/// Being last in the list, it is last in any queue, so every queue stays in list order. Does
+/// nothing when the last task is another op or some task has no SM.
+pub fn seat_next_token_early(p: &mut Program, first_reserved: u32) {
+    let Some((last, rest)) = p.tasks.split_last() else {
+        return;
+    };
+    if last.op != Opcode::NEXT_TOKEN || first_reserved == 0 {
+        return;
+    }
+    let mut avail = vec![0u64; first_reserved as usize];
+    let mut ctr_done = vec![0u64; p.counters.len()];
+    for t in rest {
+        let Some(s) = t.sm.and_then(|s| usize::try_from(s).ok()) else {
+            return;
+        };
+        let start = avail
+            .get(s)
+            .copied()
+            .unwrap_or(0)
+            .max(ready_time(t, &ctr_done));
+        let finish = start.saturating_add(task_cost(t));
+        if let Some(a) = avail.get_mut(s) {
+            *a = finish;
+        }
+        if let Some(c) = ctr_done.get_mut(t.out_counter as usize) {
+            *c = (*c).max(finish);
+        }
+    }
+    let best = (0..avail.len()).min_by_key(|&s| (avail[s], s)).unwrap_or(0);
+    if let Some(t) = p.tasks.last_mut() {
+        t.sm = i32::try_from(best).ok();
+    }
+}
+
 /// Per-SM totals of an assigned program (for tests and performance notes).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct SmLoad {
