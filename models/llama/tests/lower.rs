@@ -1837,7 +1837,6 @@ fn the_next_token_task_sits_on_an_sm_free_during_the_tail(#[case] shape: &str) {
         max_seq: Some(256),
         argmax: true,
         decode_loop: Some(DecodeLoop { stop_slots: 2 }),
-        ..LowerOptions::default()
     };
     let p = lower(&m, &tuned_schedule(), &target, &opts)
         .unwrap()
