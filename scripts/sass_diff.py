@@ -25,25 +25,12 @@ disassembly, with no nvdisasm.
 import argparse
 import difflib
 import re
-import shutil
-import subprocess
-import sys
+
+from sass_wait_path import disassemble
 
 FUNC = re.compile(r"\s*\.type\s+\$amk_megakernel\$(\S+),@function")
 ENTRY = re.compile(r"\s*\.text\.(amk_megakernel|amk_apply_patches):")
 INSTR = re.compile(r"/\*[0-9a-f]{4,}\*/\s+(@!?U?P\w+\s+)?([A-Z][A-Z0-9_.]*)([^;]*);")
-
-
-def disassemble(path):
-    """The lines of `path`'s disassembly (a cubin through nvdisasm -c, or a text file)."""
-    if not path.endswith(".cubin"):
-        with open(path) as f:
-            return f.read().split("\n")
-    tool = shutil.which("nvdisasm")
-    if tool is None:
-        sys.exit("sass_diff.py: nvdisasm is not on PATH (pip install nvidia-cuda-nvdisasm)")
-    out = subprocess.run([tool, "-c", path], capture_output=True, text=True, check=True)
-    return out.stdout.split("\n")
 
 
 def functions(lines):

@@ -399,13 +399,7 @@ __device__ __noinline__ void nt_greedy_warp(const amk_task_ctx& ctx, const nt_ar
   int n = 0;
 #pragma unroll
   for (int j = 0; j < NT_SL; ++j) amk_lg_merge_max(bv, bi, n, __int_as_float(sm[j]), si[j], sn[j]);
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) {
-    const float ov = __shfl_xor_sync(AMK_LG_FULL, bv, o);
-    const long long oi = __shfl_xor_sync(AMK_LG_FULL, bi, o);
-    const int on = __shfl_xor_sync(AMK_LG_FULL, n, o);
-    amk_lg_merge_max(bv, bi, n, ov, oi, on);
-  }
+  amk_lg_warp_max(bv, bi, n);
   float bs = 1.0f;
   if (bi >= 0 && amk_lg_finite(bv)) {
     float s = 0.0f;
@@ -414,9 +408,7 @@ __device__ __noinline__ void nt_greedy_warp(const amk_task_ctx& ctx, const nt_ar
       const float mg = __int_as_float(sm[j]);
       if (si[j] >= 0 && amk_lg_finite(mg)) s = __fadd_rn(s, __fmul_rn(__int_as_float(ss[j]), expf(__fsub_rn(mg, bv))));
     }
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) s = __fadd_rn(s, __shfl_xor_sync(AMK_LG_FULL, s, o));
-    bs = s;
+    bs = amk_lg_warp_sum(s);
   }
   amk_probe(ctx, 0); /* the greedy merge done */
   long long next = bi < 0 ? 0 : bi;

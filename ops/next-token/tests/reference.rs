@@ -975,5 +975,6 @@ fn registered_with_its_reference_in_place() {
     assert_eq!(r.in_place.as_ref(), &[(1, 0)]);
     let cuda = reg.cuda(Opcode::NEXT_TOKEN).unwrap();
     assert_eq!(cuda.entry, "amk_op_next_token");
-    assert!(!cuda.own_wait);
+    // It waits itself: its checks and the launch's settings come before its wait.
+    assert!(cuda.own_wait);
 }

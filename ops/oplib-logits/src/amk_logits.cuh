@@ -118,10 +118,9 @@ struct amk_lg_red_t {
 };
 __shared__ amk_lg_red_t amk_lg_red;
 
-/* Block merge of every thread's (bv, bi, n) (amk_lg_merge_max: the warps' shuffle tree, then
- * the warps in order); every thread gets the result. */
-__device__ __forceinline__ void amk_lg_reduce_max(float& bv, long long& bi, int& n) {
-  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+/* Warp merge of every lane's (bv, bi, n) (amk_lg_merge_max over a shuffle tree); every lane
+ * gets the warp's. */
+__device__ __forceinline__ void amk_lg_warp_max(float& bv, long long& bi, int& n) {
 #pragma unroll
   for (int o = 16; o > 0; o >>= 1) {
     const float ov = __shfl_xor_sync(AMK_LG_FULL, bv, o);
@@ -129,6 +128,20 @@ __device__ __forceinline__ void amk_lg_reduce_max(float& bv, long long& bi, int&
     const int on = __shfl_xor_sync(AMK_LG_FULL, n, o);
     amk_lg_merge_max(bv, bi, n, ov, oi, on);
   }
+}
+
+/* Every lane's s summed over the warp in a fixed tree; every lane gets the same bits. */
+__device__ __forceinline__ float amk_lg_warp_sum(float s) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) s = __fadd_rn(s, __shfl_xor_sync(AMK_LG_FULL, s, o));
+  return s;
+}
+
+/* Block merge of every thread's (bv, bi, n) (amk_lg_merge_max: the warps' shuffle tree, then
+ * the warps in order); every thread gets the result. */
+__device__ __forceinline__ void amk_lg_reduce_max(float& bv, long long& bi, int& n) {
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  amk_lg_warp_max(bv, bi, n);
   __syncthreads(); /* earlier readers of amk_lg_red are done */
   if (lane == 0) {
     amk_lg_red.v[warp] = bv;
@@ -156,8 +169,7 @@ __device__ __forceinline__ void amk_lg_reduce_max(float& bv, long long& bi, int&
  * warps in order): the same bits on every run. Every thread gets the sum. */
 __device__ __forceinline__ float amk_lg_reduce_sum(float s) {
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) s = __fadd_rn(s, __shfl_xor_sync(AMK_LG_FULL, s, o));
+  s = amk_lg_warp_sum(s);
   __syncthreads(); /* earlier readers of amk_lg_red are done */
   if (lane == 0) amk_lg_red.s[warp] = s;
   __syncthreads();

@@ -3,9 +3,10 @@
 
 use super::Ctx;
 use super::compare::output;
+use super::next_token::{Slots, slot_tasks};
 use super::outcome::{CaseResult, fail};
 use super::run::{Inputs, run_steps};
-use super::tiny::{Tiny, int};
+use super::tiny::Tiny;
 use amk_core::testkit::random_nonzero;
 use amk_core::{DType, Tensor};
 
@@ -72,23 +73,11 @@ fn stats_case(c: &Ctx<'_>, seed: u64, s: &StatsCase) -> CaseResult {
     let logits = t.input("logits", s.dtype, &[s.v as u64]);
     let limits = t.input("limits", DType::I32, &[6]);
     let stats = t.output("stats", DType::I32, &[op_logit_stats::ROWS, slots as u64]);
-    let ctr = t.counter();
-    for first in (0..slots).step_by(s.per_task) {
-        let n = s.per_task.min(slots - first);
-        let params = [
-            ("cols", int(s.cols as i64)),
-            ("n_off", int(first as i64)),
-            ("N_tile", int(n as i64)),
-        ];
-        t.task_on(
-            ctr,
-            amk_core::Opcode::LOGIT_STATS,
-            &[logits, limits],
-            &[stats],
-            &[],
-            &params,
-        );
-    }
+    let layout = Slots {
+        cols: s.cols as u64,
+        per_task: s.per_task as u64,
+    };
+    slot_tasks(&mut t, logits, limits, stats, slots as u64, layout);
     let Tiny { p, w, mut rng } = t;
     let mut steps: Vec<Inputs> = Vec::new();
     for (k, limit) in LIMITS.iter().enumerate() {

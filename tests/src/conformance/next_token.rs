@@ -158,9 +158,9 @@ pub(super) fn op_next_token_stats(c: &Ctx<'_>) -> CaseResult {
 
 /// How a case's LOGIT_STATS tasks summarise the logits.
 #[derive(Clone, Copy)]
-struct Slots {
-    cols: u64,
-    per_task: u64,
+pub(super) struct Slots {
+    pub(super) cols: u64,
+    pub(super) per_task: u64,
 }
 
 /// The LOGIT_STATS tasks over `logits` (limits from `limits`), `per_task` slots of `cols`
@@ -179,6 +179,19 @@ fn stats_tasks(
         DType::I32,
         &[op_logit_stats::ROWS, slots],
     );
+    (stats, slot_tasks(t, logits, limits, stats, slots, s))
+}
+
+/// LOGIT_STATS tasks writing the `slots` columns of `stats`, `per_task` slots of `cols` each a
+/// task, all on one counter; returns the wait for them.
+pub(super) fn slot_tasks(
+    t: &mut Tiny,
+    logits: BufferId,
+    limits: BufferId,
+    stats: BufferId,
+    slots: u64,
+    s: Slots,
+) -> (CounterId, i64) {
     let ctr = t.counter();
     let mut tasks = 0;
     for first in (0..slots).step_by(s.per_task as usize) {
@@ -198,7 +211,7 @@ fn stats_tasks(
         );
         tasks += 1;
     }
-    (stats, (ctr, tasks))
+    (ctr, tasks)
 }
 
 fn next_token_case(
