@@ -1307,11 +1307,11 @@ fn the_short_attention_path_is_only_in_short_context_kernels() {
         DType::BF16,
         &short_context_schedule(&tuned_schedule()).unwrap(),
     );
-    let define = "#define AMK_AS_SHORT_ROWS 64\n";
+    let define = "#define AMK_AS_SHORT_ROWS 128\n";
     let asked = |p: &Program| amk_backend_cuda::task_defines(p, &reg);
     assert!(!asked(&split).iter().any(|(n, _)| n == "AMK_AS_SHORT_ROWS"));
     assert!(!program_kernel(&reg, &split).source.contains(define));
-    assert!(asked(&short).contains(&("AMK_AS_SHORT_ROWS".to_string(), "64".to_string())));
+    assert!(asked(&short).contains(&("AMK_AS_SHORT_ROWS".to_string(), "128".to_string())));
     assert_eq!(
         program_kernel(&reg, &short).source.matches(define).count(),
         1

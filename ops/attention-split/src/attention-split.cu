@@ -35,9 +35,9 @@
 #define AMK_AS_MIN_ROWS 8
 #endif
 
-/* Normalised tasks of up to this many rows (at most 64) whose operands suit it take the short
+/* Normalised tasks of up to this many rows (at most 128) whose operands suit it take the short
  * path (sp_attend) instead; 0: never, and the path is not compiled. A normalised task asks for
- * 64 (the op's task_defines), so only the kernels of programs with such tasks (the
+ * 128 (the op's task_defines), so only the kernels of programs with such tasks (the
  * short-context program) hold it: compiled into the split program, whose tasks never take it,
  * its code alone cost that program's step up to 2.3 % (docs/perf-notes.md round 52). */
 #ifndef AMK_AS_SHORT_ROWS
@@ -383,14 +383,15 @@ __device__ void ad_attend(const amk_task_ctx& ctx, const as_args& a, const ad_pl
 /* Short path                                                                                  */
 /* ------------------------------------------------------------------------------------------ */
 
-/* The first positions of a decode (the short-context program's one task a KV head, a few to 64
- * rows): the whole attention is a few KB, so its time is the chain of dependent steps after the
- * wait, not bytes. Every address comes from descriptors before the wait (sp_plan_for); after
- * it the block copies q, K and V into shared memory in one round of loads, then a warp (up to
- * 32 rows) or two (33 to 64) a query head: lane j row j's score (a whole row's dot product a
- * lane), the softmax by shuffles, then lane j the output dims head_dim/32 * j .. with each
- * row's weight read from shared memory (sp_attend). Same semantics as the other paths (a -inf
- * score weighs 0; every score -inf gives NaN); the sums' order differs. */
+/* The first positions of a decode (the short-context program's one task a KV head, a few to
+ * AMK_AS_SHORT_ROWS rows, at most 128): the whole attention is a few KB, so its time is the
+ * chain of dependent steps after the wait, not bytes. Every address comes from descriptors
+ * before the wait (sp_plan_for); after it the block copies q, K and V into shared memory in one
+ * round of loads, then a warp (up to 32 rows) or two (33 to 128: each a half of the rows, one
+ * or two rows a lane) a query head: a lane a row's score (a whole row's dot product a lane),
+ * the softmax by shuffles, then lane j the output dims head_dim/32 * j .. with each row's
+ * weight read from shared memory (sp_attend). Same semantics as the other paths (a -inf score
+ * weighs 0; every score -inf gives NaN); the sums' order differs. */
 
 /* The short path's operands, from descriptors and params alone. */
 struct sp_plan {
@@ -405,11 +406,11 @@ struct sp_plan {
 };
 
 /* Shared memory the short path takes: q, K rows padded by 16 bytes (the lanes' rows fall in
- * different banks), V rows, a warp's 32 row weights, and the two-warp heads' exchange (a warp's
+ * different banks), V rows, a warp's 64 row weights, and the two-warp heads' exchange (a warp's
  * maximum and sum, a head's values). */
 __device__ __forceinline__ long long sp_smem(const as_args& a, long long len) {
   return (long long)a.rep * a.hd * 2 + len * (a.hd * 2 + 16) + len * a.hd * 2 +
-         (AMK_WARPS * 32 + 2 * AMK_WARPS + (long long)a.rep * a.hd) * 4;
+         (AMK_WARPS * 64 + 2 * AMK_WARPS + (long long)a.rep * a.hd) * 4;
 }
 
 /* The short path's plan for a normalised task of `len` rows from `start`, or false (another
@@ -417,7 +418,7 @@ __device__ __forceinline__ long long sp_smem(const as_args& a, long long len) {
  * buffers in ctx.smem_bytes. Block-uniform. */
 __device__ __forceinline__ bool sp_plan_for(const amk_task_ctx& ctx, const as_args& a,
                                             long long start, long long len, sp_plan& s) {
-  if (!a.norm || len > AMK_AS_SHORT_ROWS || len > 64 || len < 1) return false;
+  if (!a.norm || len > AMK_AS_SHORT_ROWS || len > 128 || len < 1) return false;
   /* q in one vector a thread, K and V in four; from 33 rows two warps a head */
   if (a.rep * (a.hd >> 3) > AMK_THREADS || len * (a.hd >> 3) > 4 * AMK_THREADS ||
       (len > 32 && 2 * a.rep > AMK_WARPS))
@@ -518,12 +519,15 @@ __device__ __forceinline__ float sp_weight(float sc, float m, bool none) {
 }
 
 /* A warp's row weights under the head's maximum `m` (`none`: every score -inf or NaN) into
- * `es` (lane j row j's), then probe 4 and a warp barrier; returns the warp's sum of them. */
+ * `es` (lane j row j's, and with `two` row 32 + j's from `sc2`), then probe 4 and a warp
+ * barrier; returns the warp's sum of them. */
 __device__ __forceinline__ float sp_publish(float sc, float m, bool none, float* es, int lane,
-                                            uint64_t* tr) {
+                                            uint64_t* tr, bool two = false, float sc2 = 0.0f) {
   const float e = sp_weight(sc, m, none);
-  const float l = sp_warp_sum(e);
+  const float e2 = two ? sp_weight(sc2, m, none) : 0.0f;
+  const float l = sp_warp_sum(e + e2);
   es[lane] = e;
+  if (two) es[32 + lane] = e2;
 #if !AMK_TRACE_OFF
   if (tr && threadIdx.x == 0) tr[8 + 4] = amk_globaltimer(); /* probe 4: warp 0's weights */
 #endif
@@ -533,10 +537,11 @@ __device__ __forceinline__ float sp_publish(float sc, float m, bool none, float*
 
 /* The short path after the wait (sp_plan_for passed), its operands as values: every thread
  * loads its vectors of q (at most one), K and V (at most four each, row-major: vector e of
- * the rows is thread e mod AMK_THREADS's) before it stores any into shared memory; one barrier. Up to 32 rows, warp w takes
- * query head w (lane j row j's score, then the head's dims over every row); from 33 rows two
- * warps take a head, a half of its rows each, their maxima, sums and values exchanged through
- * shared memory (two more barriers), so that every warp's values loop covers 32 rows at most. */
+ * the rows is thread e mod AMK_THREADS's) before it stores any into shared memory; one
+ * barrier. Up to 32 rows, warp w takes query head w (lane j row j's score, then the head's
+ * dims over every row); from 33 rows two warps take a head, a half of its rows each (from 65
+ * rows two scores a lane), their maxima, sums and values exchanged through shared memory (two
+ * more barriers), so that every warp's values loop covers 32 rows, or 64 from 65 rows. */
 template <int DT>
 __device__ __noinline__ void sp_attend(const sp_plan s, const int rep, const int hd,
                                        const float scale, uint64_t* const tr) {
@@ -572,8 +577,8 @@ __device__ __noinline__ void sp_attend(const sp_plan s, const int rep, const int
   const int lane = tid & 31, warp = tid >> 5;
   const int nvec = hd >> 3, D = hd >> 5;
   const uint16_t* const vs = (const uint16_t*)(amk_smem + v0);
-  float* const es = (float*)(amk_smem + v0 + len * hd * 2) + warp * 32;
-  float* const xm = (float*)(amk_smem + v0 + len * hd * 2) + AMK_WARPS * 32; /* a warp's max */
+  float* const es = (float*)(amk_smem + v0 + len * hd * 2) + warp * 64;
+  float* const xm = (float*)(amk_smem + v0 + len * hd * 2) + AMK_WARPS * 64; /* a warp's max */
   float* const xl = xm + AMK_WARPS;                                          /* and sum */
   float* const xa = xl + AMK_WARPS;                                          /* and values */
   if (len <= 32) {
@@ -590,18 +595,21 @@ __device__ __noinline__ void sp_attend(const sp_plan s, const int rep, const int
     }
     return;
   }
-  /* 33 to 64 rows, at most AMK_WARPS / 2 heads (sp_plan_for): warps 2h and 2h + 1 */
-  const int h = warp >> 1, half = warp & 1, r0 = 32 * half, r1 = min(len, r0 + 32);
-  const bool act = h < rep;
-  const int row = r0 + lane;
+  /* 33 to 128 rows, at most AMK_WARPS / 2 heads (sp_plan_for): warps 2h and 2h + 1, each a
+     half of the rows (32, or from 65 rows 64: lane j rows j and 32 + j of its half) */
+  const int cw = len > 64 ? 64 : 32;
+  const int h = warp >> 1, half = warp & 1, r0 = cw * half, r1 = min(len, r0 + cw);
+  const bool act = h < rep, two = cw == 64;
+  const int row = r0 + lane, row2 = row + 32;
   const uint4* qh = (const uint4*)(amk_smem + (act ? h : 0) * hd * 2);
-  const float sc = act && row < len ? sp_score<DT>(qh, (const uint4*)(amk_smem + k0 + row * kst), nvec, scale) : NEG_INF;
-  const float mw = sp_warp_max(sc);
+  const float sc = act && row < r1 ? sp_score<DT>(qh, (const uint4*)(amk_smem + k0 + row * kst), nvec, scale) : NEG_INF;
+  const float sc2 = two && act && row2 < r1 ? sp_score<DT>(qh, (const uint4*)(amk_smem + k0 + row2 * kst), nvec, scale) : NEG_INF;
+  const float mw = sp_warp_max(fmaxf(sc, sc2));
   if (lane == 0) xm[warp] = mw;
   __syncthreads();
   const float m = fmaxf(mw, xm[warp ^ 1]);
   const bool none = m == NEG_INF;
-  const float l = sp_publish(sc, m, none, es, lane, tr);
+  const float l = sp_publish(sc, m, none, es, lane, tr, two, sc2);
   float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
   if (act) sp_values<DT>(vs, es, hd, D, lane, r0, r1, acc);
   if (act && half == 1) {

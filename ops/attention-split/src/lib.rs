@@ -108,14 +108,14 @@ amk_core::inventory::submit! {
 }
 
 /// The device code a task asks of its kernel: for a normalised task ([`FLAG_NORMALIZED`]),
-/// the short path for up to 64 rows (`AMK_AS_SHORT_ROWS`: the first positions of a decode,
+/// the short path for up to 128 rows (`AMK_AS_SHORT_ROWS`: the first positions of a decode,
 /// where the attention is a few KB and its time the chain of steps after the wait). Kernels
 /// without such a task (the split program's, whose tasks write partials) leave it out: its
 /// code alone made that program's step up to 2.3 % slower on SmolLM2 (docs/perf-notes.md
 /// round 52).
 fn task_defines(task: &amk_core::Task) -> &'static [(&'static str, &'static str)] {
     match task.param_i64("flags") {
-        Some(f) if f & FLAG_NORMALIZED != 0 => &[("AMK_AS_SHORT_ROWS", "64")],
+        Some(f) if f & FLAG_NORMALIZED != 0 => &[("AMK_AS_SHORT_ROWS", "128")],
         _ => &[],
     }
 }

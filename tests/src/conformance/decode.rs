@@ -645,14 +645,15 @@ pub(super) fn op_attention_split_hd64(c: &Ctx<'_>) -> CaseResult {
     )
 }
 
-/// ATTENTION_SPLIT at the first positions of a decode, where a normalised task has a few to 64
-/// rows (on the device the short path, one warp a query head up to 32 rows and two beyond):
-/// head_dim 128 with 4 query heads a KV head over f16 q and caches at positions 0, 7 and 31
-/// (1, 8 and 32 rows), head_dim 32 with 3 over bf16 at 1, 32 and 50 (2, 33 and 51 rows), and
-/// SmolLM2's grouping (head_dim 64, 3 query heads a KV head) over bf16 writing bf16 rows, as
-/// the short-context program does, at 0, 20 and 40 (1, 21 and 41 rows); beside each, one
-/// split of partials a KV head over the same rows. Against the CPU oracle to f32 tolerance
-/// (plus an ulp of the output's dtype).
+/// ATTENTION_SPLIT at the first positions of a decode, where a normalised task has a few to
+/// 128 rows (on the device the short path, one warp a query head up to 32 rows and two beyond,
+/// from 65 rows two rows a lane): head_dim 128 with 4 query heads a KV head over f16 q and
+/// caches at positions 0, 7 and 31 (1, 8 and 32 rows), head_dim 32 with 3 over bf16 at 1, 32
+/// and 50 (2, 33 and 51 rows), SmolLM2's grouping (head_dim 64, 3 query heads a KV head) over
+/// bf16 writing bf16 rows, as the short-context program does, at 0, 20 and 40 (1, 21 and 41
+/// rows) and at 64, 100 and 127 (65, 101 and 128 rows), and the 1B's (head_dim 64, 4 a KV
+/// head) at 65 and 127 (66 and 128 rows); beside each, one split of partials a KV head over
+/// the same rows. Against the CPU oracle to f32 tolerance (plus an ulp of the output's dtype).
 pub(super) fn op_attention_split_short(c: &Ctx<'_>) -> CaseResult {
     split_against_oracle(
         c,
@@ -700,6 +701,38 @@ pub(super) fn op_attention_split_short(c: &Ctx<'_>) -> CaseResult {
             splits: 1,
             chunk: 64,
             positions: &[0, 20, 40],
+        },
+    )?;
+    split_against_oracle(
+        c,
+        SplitCase {
+            seed: 67,
+            nh: 9,
+            nkv: 3,
+            hd: 64,
+            rows: 128,
+            q: DType::BF16,
+            cache: DType::BF16,
+            out: DType::BF16,
+            splits: 1,
+            chunk: 128,
+            positions: &[64, 100, 127],
+        },
+    )?;
+    split_against_oracle(
+        c,
+        SplitCase {
+            seed: 71,
+            nh: 8,
+            nkv: 2,
+            hd: 64,
+            rows: 128,
+            q: DType::BF16,
+            cache: DType::BF16,
+            out: DType::BF16,
+            splits: 1,
+            chunk: 128,
+            positions: &[65, 127],
         },
     )
 }

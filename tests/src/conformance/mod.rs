@@ -375,7 +375,7 @@ pub const CASES: &[Case] = &[
     },
     Case {
         name: "op_attention_split_short",
-        about: "ATTENTION_SPLIT at a decode's first positions (1 to 51 rows): head_dim 128 over f16, head_dim 32 over bf16; normalised rows and partials",
+        about: "ATTENTION_SPLIT at a decode's first positions (1 to 128 rows): head_dim 128 over f16, head_dim 32 and 64 over bf16 (SmolLM2's and the 1B's groupings); normalised rows and partials",
         run: op_attention_split_short,
     },
     Case {
