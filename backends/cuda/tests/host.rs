@@ -606,10 +606,15 @@ fn without_a_driver_the_backend_errors_instead_of_panicking() {
 
 /// The SmolLM2-135M shape lowered in `dtype` (no weights: the shape is all the loops need).
 fn smollm2_program(dtype: DType, schedule: &amk_core::ScheduleConfig) -> Program {
+    preset_program("smollm2-135m", dtype, schedule)
+}
+
+/// A preset shape's decode program (64 cache rows, an H100's 132 SMs).
+fn preset_program(shape: &str, dtype: DType, schedule: &amk_core::ScheduleConfig) -> Program {
     use amk_model_llama::lower::{LowerOptions, lower};
     use amk_model_llama::{Model, presets};
-    let cfg = presets::preset("smollm2-135m").unwrap();
-    let m = Model::shape_only(cfg, "smollm2-135m shape");
+    let cfg = presets::preset(shape).unwrap();
+    let m = Model::shape_only(cfg, shape);
     let opts = LowerOptions {
         dtype,
         max_seq: Some(64),
@@ -1297,7 +1302,8 @@ fn task_defines_follow_the_programs_tasks() {
 
 /// ATTENTION_SPLIT's short path (`AMK_AS_SHORT_ROWS`) is in the kernel of the short-context
 /// program (one normalised task a KV head) and not in the split program's (partials only);
-/// a user's 0 wins.
+/// a user's 0 wins. SmolLM2 (3 query heads a KV head) takes it to 128 rows, the 1B's grouping
+/// (4) to 64 (docs/perf-notes.md round 54).
 #[test]
 fn the_short_attention_path_is_only_in_short_context_kernels() {
     use amk_model_llama::lower::{short_context_schedule, tuned_schedule};
@@ -1318,4 +1324,15 @@ fn the_short_attention_path_is_only_in_short_context_kernels() {
     );
     let off = program_kernel_with(&reg, &short, vec![("AMK_AS_SHORT_ROWS".into(), "0".into())]);
     assert!(!off.source.contains(define));
+    let short_1b = preset_program(
+        "llama-3.2-1b",
+        DType::BF16,
+        &short_context_schedule(&tuned_schedule()).unwrap(),
+    );
+    assert!(asked(&short_1b).contains(&("AMK_AS_SHORT_ROWS".to_string(), "64".to_string())));
+    assert!(
+        !asked(&short_1b)
+            .iter()
+            .any(|(n, v)| n == "AMK_AS_SHORT_ROWS" && v == "128")
+    );
 }
