@@ -169,26 +169,13 @@ pub fn seat_next_token_early(p: &mut Program, first_reserved: u32) {
     if last.op != Opcode::NEXT_TOKEN || first_reserved == 0 {
         return;
     }
-    let mut avail = vec![0u64; first_reserved as usize];
-    let mut ctr_done = vec![0u64; p.counters.len()];
-    for t in rest {
-        let Some(s) = t.sm.and_then(|s| usize::try_from(s).ok()) else {
-            return;
-        };
-        let start = avail
-            .get(s)
-            .copied()
-            .unwrap_or(0)
-            .max(ready_time(t, &ctr_done));
-        let finish = start.saturating_add(task_cost(t));
-        if let Some(a) = avail.get_mut(s) {
-            *a = finish;
-        }
-        if let Some(c) = ctr_done.get_mut(t.out_counter as usize) {
-            *c = (*c).max(finish);
-        }
-    }
-    let best = (0..avail.len()).min_by_key(|&s| (avail[s], s)).unwrap_or(0);
+    let Some(model) = run_model(rest, p.counters.len()) else {
+        return;
+    };
+    let drained = |s: u32| model.drained.get(&(s as i32)).copied().unwrap_or(0);
+    let best = (0..first_reserved)
+        .min_by_key(|&s| (drained(s), s))
+        .unwrap_or(0);
     if let Some(t) = p.tasks.last_mut() {
         t.sm = i32::try_from(best).ok();
     }
@@ -233,21 +220,36 @@ pub fn estimated_makespan(p: &Program) -> Option<u64> {
     if check_list_order(p).is_err() {
         return None;
     }
-    let mut avail: HashMap<i32, u64> = HashMap::new();
-    let mut ctr_done = vec![0u64; p.counters.len()];
+    run_model(&p.tasks, p.counters.len()).map(|m| m.makespan)
+}
+
+/// The load-balance timing model run over already assigned tasks.
+struct ModelRun {
+    /// When each SM (by id) has run its queue.
+    drained: HashMap<i32, u64>,
+    /// When the last task finishes.
+    makespan: u64,
+}
+
+/// Runs the timing model over `tasks` in list order (each SM its queue in that order, a task
+/// starting once its SM is free and every counter it waits on is complete); `None` if some
+/// task has no SM.
+fn run_model(tasks: &[Task], n_counters: usize) -> Option<ModelRun> {
+    let mut drained: HashMap<i32, u64> = HashMap::new();
+    let mut ctr_done = vec![0u64; n_counters];
     let mut makespan = 0u64;
-    for t in &p.tasks {
-        let s = t.sm?;
-        let ready = ready_time(t, &ctr_done);
-        let slot = avail.entry(s).or_insert(0);
-        let finish = (*slot).max(ready).saturating_add(task_cost(t));
+    for t in tasks {
+        let slot = drained.entry(t.sm?).or_insert(0);
+        let finish = (*slot)
+            .max(ready_time(t, &ctr_done))
+            .saturating_add(task_cost(t));
         *slot = finish;
         if let Some(c) = ctr_done.get_mut(t.out_counter as usize) {
             *c = (*c).max(finish);
         }
         makespan = makespan.max(finish);
     }
-    Some(makespan)
+    Some(ModelRun { drained, makespan })
 }
 
 /// A cost hint as an unsigned amount (negative hints are meaningless and count as 0).
