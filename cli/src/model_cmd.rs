@@ -161,7 +161,7 @@ pub struct EngineArgs {
     prefill_rows: Option<u64>,
     /// Positions below N run a second decode program, with each layer's attention one task a
     /// KV head, faster than the attention split over every SM while the cache is short (0:
-    /// every position runs the split program). Default: 480 on a GPU (the measured crossover
+    /// every position runs the split program). Default: 640 on a GPU (below the measured crossover
     /// of SmolLM2-135M and Llama-3.2-1B); none on the CPU VM.
     #[arg(long, value_name = "N")]
     short_context: Option<u64>,

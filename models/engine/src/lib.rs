@@ -125,10 +125,11 @@ pub fn prefill_chunk_sizes(rows: u64) -> Vec<u64> {
 }
 
 /// The positions a GPU engine runs through its short-context program by default: on an
-/// H200 in bf16 the program with one split a KV head is as fast as the split one at ≈ 480
-/// cached rows on SmolLM2-135M and Llama-3.2-1B, faster below (docs/perf-notes.md round 44,
-/// position by position from 256 to 767 rows).
-pub const SHORT_CONTEXT_ROWS: u64 = 480;
+/// H200 in bf16, with ATTENTION_SPLIT's tensor-core path, the program with one split a KV head
+/// is faster than the split one at 511 cached rows on SmolLM2-135M and Llama-3.2-1B and slower
+/// at 767; interpolated, they cost the same at ≈ 660 (the 1B) and ≈ 700 rows (SmolLM2)
+/// (docs/perf-notes.md round 55; 480 with the direct path, round 44).
+pub const SHORT_CONTEXT_ROWS: u64 = 640;
 
 /// The default bound of the short-context program ([`EngineOptions::short_context`]):
 /// [`SHORT_CONTEXT_ROWS`] on a GPU; none on the CPU VM, where the two layouts cost the same

@@ -5,6 +5,11 @@
  * normalised, acc / l, at n_off of the attention row in its dtype. Semantics:
  * ops/attention-split/src/reference.rs.
  *
+ * Tensor-core path (mp_rows; 16-bit q, K and V of one dtype, head_dim 64, at most 4 query heads
+ * a KV head: SmolLM2's and the Llama-3.2 1B's groupings): a warp takes 16 rows at a time
+ * through mma.sync, every operand straight from the caches into registers (the section
+ * "Tensor-core path" below); the warps merge as the direct path's do.
+ *
  * Direct path (ad_attend; K and V of one vector dtype, head_dim a multiple of 8 up to 256,
  * 16-byte aligned caches): the rows straight from the caches into registers, a lane group a
  * row, each group an online softmax of its own, the groups merged once at the end (the section
@@ -42,6 +47,15 @@
  * its code alone cost that program's step up to 2.3 % (docs/perf-notes.md round 52). */
 #ifndef AMK_AS_SHORT_ROWS
 #define AMK_AS_SHORT_ROWS 0
+#endif
+
+/* 1 (the default): tasks whose operands suit it (16-bit q, K and V of one dtype, head_dim 64,
+ * at most AD_HB query heads a KV head) take the tensor-core path (mp_rows) instead of the
+ * direct one: on an H200 the short-context program's step 3-28 % faster from 129 rows, the
+ * split program's 3-9 %, decode after 512 tokens of context +11 % on SmolLM2 and +3 % on the
+ * 1B (docs/perf-notes.md round 55). 0: the direct path only. */
+#ifndef AMK_AS_MMA
+#define AMK_AS_MMA 1
 #endif
 
 /* Bytes of one element of a float cache or query (F32 4, F16/BF16 2, fp8 1). */
@@ -378,6 +392,221 @@ __device__ void ad_attend(const amk_task_ctx& ctx, const as_args& a, const ad_pl
   }
 }
 
+#if AMK_AS_MMA
+/* ------------------------------------------------------------------------------------------ */
+/* Tensor-core path                                                                            */
+/* ------------------------------------------------------------------------------------------ */
+
+/* The direct path spends its time on each row's instruction chain (a lane group's dot product
+ * and its butterfly, the online step, the values' shuffles: about 0.8 us a batch of two rows a
+ * group, docs/perf-notes.md round 43), not on the rows' bytes; more rows a batch did not help
+ * (round 55). Here a warp takes 16 rows at a time through mma.sync.m16n8k16 (f32
+ * accumulation): S = Q K^T with the query heads as M (at most 4 of its 16 rows used, the rest
+ * zero) and the rows as N, then O += P V with the rows as K. No shared memory and no shuffle in the row loop but the block maximum's two; every
+ * operand comes straight from the caches into registers, in layouts chosen so that each lane
+ * loads whole 16-byte vectors:
+ * - lane (g, t) = (lane / 4, lane % 4) holds dims 16t .. 16t + 15 of query head g and of rows
+ *   n0 + g and n0 + 8 + g of K; k-step s of the score takes their 32-bit words 2s and 2s + 1
+ *   as its (k = 2t, 2t + 1) and (2t + 8, 2t + 9) pairs (a dot product does not care which
+ *   dims a k index stands for, as long as Q and K agree);
+ * - its scores are head g's at rows n0 + 2t, + 1 (the first n-tile) and n0 + 8 + 2t, + 1 (the
+ *   second), which are exactly P's A fragment for K = those 16 rows;
+ * - it loads dims 8g .. 8g + 7 of rows n0 + 2t, n0 + 2t + 1, n0 + 8 + 2t, n0 + 9 + 2t of V;
+ *   n-tile j of the values takes element j of each (one byte permute a pair), so output
+ *   column n of tile j is dim 8n + j and the lane ends holding dims 16t .. 16t + 15 of head g.
+ * P is split into a 16-bit high part and the 16-bit rounding of the rest (two value mmas), so
+ * the weights keep about 16 bits and the result stays within the f32 paths' tolerance. The
+ * warps (rows in blocks of 16, block b to warp b mod 8) then merge as the direct path's do
+ * (ad_store). Taken by tasks of 16-bit q, K and V of one dtype, head_dim 64, at most AD_HB
+ * query heads a KV head, from AMK_AS_SHORT_ROWS + 1 rows for a normalised task (1 for a split
+ * of partials). */
+
+/* Element j (0..7) of `x` in the low half and of `y` in the high half. */
+__device__ __forceinline__ uint32_t mp_pair(const uint4& x, const uint4& y, int j) {
+  const int w = j >> 1;
+  const uint32_t a = w == 0 ? x.x : w == 1 ? x.y : w == 2 ? x.z : x.w;
+  const uint32_t b = w == 0 ? y.x : w == 1 ? y.y : w == 2 ? y.z : y.w;
+  return __byte_perm(a, b, (j & 1) ? 0x7632 : 0x5410);
+}
+
+/* Word i (0..7) of two vectors. */
+__device__ __forceinline__ uint32_t mp_word(const uint4& lo, const uint4& hi, int i) {
+  const int w = i & 3; /* by value: a selected reference would put both vectors in memory */
+  const uint32_t a = w == 0 ? lo.x : w == 1 ? lo.y : w == 2 ? lo.z : lo.w;
+  const uint32_t b = w == 0 ? hi.x : w == 1 ? hi.y : w == 2 ? hi.z : hi.w;
+  return i < 4 ? a : b;
+}
+
+/* (x, y) rounded to the 16-bit type (x low), and the two back as f32. */
+template <bool BF>
+__device__ __forceinline__ uint32_t mp_round2(float x, float y, float& rx, float& ry) {
+  uint32_t r;
+  if (BF) {
+    asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(y), "f"(x));
+    rx = __uint_as_float(r << 16);
+    ry = __uint_as_float(r & 0xffff0000u);
+  } else {
+    asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(y), "f"(x));
+    rx = amk_f16_to_f32((uint16_t)(r & 0xffffu));
+    ry = amk_f16_to_f32((uint16_t)(r >> 16));
+  }
+  return r;
+}
+
+/* One block's operands in registers: K rows n0 + g and n0 + 8 + g (dims 16t ..), V rows
+ * n0 + 2t, + 1, n0 + 8 + 2t, + 1 (dims 8g ..); zeros past `len`. */
+struct mp_blk {
+  uint4 k[4], v[4];
+};
+
+__device__ __forceinline__ void mp_load(mp_blk& b, const char* kb, const char* vb,
+                                        long long gstride, int n0, int len, int g, int t) {
+  const uint4 z = make_uint4(0u, 0u, 0u, 0u);
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const int r = n0 + 8 * h + g;
+    const uint4* kp = (const uint4*)(kb + (long long)r * gstride + 32 * t);
+    b.k[2 * h] = r < len ? kp[0] : z;
+    b.k[2 * h + 1] = r < len ? kp[1] : z;
+  }
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const int r = n0 + 8 * (i >> 1) + 2 * t + (i & 1);
+    b.v[i] = r < len ? *(const uint4*)(vb + (long long)r * gstride + 16 * g) : z;
+  }
+}
+
+/* One block of 16 rows into the warp's online softmax (m, l: head g's; o: head g's dims). */
+template <bool BF>
+__device__ __forceinline__ void mp_block(const mp_blk& b, const uint32_t (&qa)[8], int n0,
+                                         int len, int t, float scale, float& m, float& l,
+                                         float (&o)[8][4]) {
+  const float NEG_INF = -__int_as_float(0x7f800000);
+  float sa[4] = {0.0f, 0.0f, 0.0f, 0.0f}, sb[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+#pragma unroll
+  for (int s = 0; s < 4; ++s) {
+    const uint32_t a[4] = {qa[2 * s], 0u, qa[2 * s + 1], 0u};
+    amk_mma_16816<BF>(sa, a, mp_word(b.k[0], b.k[1], 2 * s), mp_word(b.k[0], b.k[1], 2 * s + 1));
+    amk_mma_16816<BF>(sb, a, mp_word(b.k[2], b.k[3], 2 * s), mp_word(b.k[2], b.k[3], 2 * s + 1));
+  }
+  const int r0 = n0 + 2 * t, r1 = n0 + 8 + 2 * t;
+  const float x[4] = {r0 < len ? sa[0] * scale : NEG_INF, r0 + 1 < len ? sa[1] * scale : NEG_INF,
+                      r1 < len ? sb[0] * scale : NEG_INF, r1 + 1 < len ? sb[1] * scale : NEG_INF};
+  float bm = fmaxf(fmaxf(x[0], x[1]), fmaxf(x[2], x[3]));
+  bm = fmaxf(bm, __shfl_xor_sync(ATT_FULL, bm, 1));
+  bm = fmaxf(bm, __shfl_xor_sync(ATT_FULL, bm, 2));
+  const float mn = fmaxf(m, bm);
+  const float alpha = m == mn ? 1.0f : expf(m - mn);
+  float e[4];
+#pragma unroll
+  for (int i = 0; i < 4; ++i) e[i] = x[i] == NEG_INF ? 0.0f : expf(x[i] - mn);
+  l = l * alpha + ((e[0] + e[1]) + (e[2] + e[3]));
+  m = mn;
+  if (__any_sync(ATT_FULL, alpha != 1.0f)) {
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+#pragma unroll
+      for (int c = 0; c < 4; ++c) o[j][c] *= alpha;
+    }
+  }
+  float h0, h1, h2, h3;
+  const uint32_t hi0 = mp_round2<BF>(e[0], e[1], h0, h1);
+  const uint32_t hi1 = mp_round2<BF>(e[2], e[3], h2, h3);
+  float d;
+  const uint32_t lo0 = mp_round2<BF>(e[0] - h0, e[1] - h1, d, d);
+  const uint32_t lo1 = mp_round2<BF>(e[2] - h2, e[3] - h3, d, d);
+  const uint32_t ph[4] = {hi0, 0u, hi1, 0u}, pl[4] = {lo0, 0u, lo1, 0u};
+#pragma unroll
+  for (int j = 0; j < 8; ++j) {
+    const uint32_t b0 = mp_pair(b.v[0], b.v[1], j), b1 = mp_pair(b.v[2], b.v[3], j);
+    amk_mma_16816<BF>(o[j], ph, b0, b1);
+    amk_mma_16816<BF>(o[j], pl, b0, b1);
+  }
+}
+
+/* Whether the tensor-core path takes the task (ad_plan_for passed): q, K and V 16-bit of one
+ * dtype, q 16-byte aligned, head_dim 64, at most AD_HB query heads a KV head. */
+__device__ __forceinline__ bool mp_ok(const amk_task_ctx& ctx, const as_args& a) {
+  const amk_buffer_t* qb = amk_in(ctx, 0);
+  const int dt = amk_in(ctx, 1)->dtype;
+  return a.hd == 64 && a.rep <= AD_HB && qb->dtype == dt && amk_al16(qb->ptr) &&
+         (AMK_IS_BF16(dt) || AMK_IS_F16(dt));
+}
+
+/* The tensor-core path's operands as values (passed to mp_rows in registers, so that the
+ * dispatcher keeps nothing of its own on the stack for it). */
+struct mp_plan {
+  const char* q;   /* query head kv_head * rep, dims 16t .. of head g */
+  const char* k;   /* cache row `start`, KV head kv_head */
+  const char* v;
+  float* red;      /* ad_plan's cross-warp buffers */
+  float* ml;
+  long long gstride;
+  int len, rep;
+  float scale;
+};
+
+__device__ __forceinline__ mp_plan mp_plan_of(const amk_task_ctx& ctx, const as_args& a,
+                                              const ad_plan& s, long long start, int len) {
+  mp_plan p;
+  p.gstride = (long long)a.nkv * 128;
+  const long long first = start * p.gstride + (long long)a.kv_head * 128;
+  p.q = (const char*)amk_in(ctx, 0)->ptr + (long long)a.kv_head * a.rep * 128;
+  p.k = (const char*)amk_in(ctx, 1)->ptr + first;
+  p.v = (const char*)amk_in(ctx, 2)->ptr + first;
+  p.red = s.red;
+  p.ml = s.ml;
+  p.len = len;
+  p.rep = a.rep;
+  p.scale = a.scale;
+  return p;
+}
+
+/* The split's rows on the tensor-core path, after the task's wait: each warp's online softmax
+ * of its blocks, left in the cross-warp buffers for ad_store (after a barrier). Out of line,
+ * its operands by value: inlined into the dispatcher, its registers made the rest of the
+ * kernel spill (the 1B's short-context step 1.02 -> 1.52 ms, docs/perf-notes.md round 55). */
+template <bool BF>
+__device__ __noinline__ void mp_rows(const mp_plan p) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
+  uint32_t qa[8];
+  {
+    const uint4 z = make_uint4(0u, 0u, 0u, 0u);
+    const uint4* qp = (const uint4*)(p.q + (long long)g * 128 + 32 * t);
+    const uint4 q0 = g < p.rep ? qp[0] : z, q1 = g < p.rep ? qp[1] : z;
+#pragma unroll
+    for (int i = 0; i < 8; ++i) qa[i] = mp_word(q0, q1, i);
+  }
+  float o[8][4];
+#pragma unroll
+  for (int j = 0; j < 8; ++j) o[j][0] = o[j][1] = o[j][2] = o[j][3] = 0.0f;
+  float m = -__int_as_float(0x7f800000), l = 0.0f;
+  const int nb = (p.len + 15) >> 4;
+  /* one block in registers at a time (two made the function spill them), the warp's next
+     block prefetched into L2 as this one is loaded: a lane a 128-byte row line */
+  for (int bi = warp; bi < nb; bi += AMK_WARPS) {
+    const int nr = 16 * (bi + AMK_WARPS) + (lane & 15);
+    if (nr < p.len) amk_prefetch_l2((lane < 16 ? p.k : p.v) + (long long)nr * p.gstride);
+    mp_blk b;
+    mp_load(b, p.k, p.v, p.gstride, 16 * bi, p.len, g, t);
+    mp_block<BF>(b, qa, 16 * bi, p.len, t, p.scale, m, l, o);
+  }
+  l += __shfl_xor_sync(ATT_FULL, l, 1);
+  l += __shfl_xor_sync(ATT_FULL, l, 2);
+  if (g < p.rep) {
+    float4* r = (float4*)(p.red + (warp * AD_HB + g) * 64 + 16 * t);
+    r[0] = make_float4(o[0][0], o[1][0], o[2][0], o[3][0]);
+    r[1] = make_float4(o[4][0], o[5][0], o[6][0], o[7][0]);
+    r[2] = make_float4(o[0][1], o[1][1], o[2][1], o[3][1]);
+    r[3] = make_float4(o[4][1], o[5][1], o[6][1], o[7][1]);
+    if (t == 0) {
+      p.ml[(warp * AD_HB + g) * 2] = m;
+      p.ml[(warp * AD_HB + g) * 2 + 1] = l;
+    }
+  }
+}
+#endif /* AMK_AS_MMA */
+
 #if AMK_AS_SHORT_ROWS > 0
 /* ------------------------------------------------------------------------------------------ */
 /* Short path                                                                                  */
@@ -682,12 +911,23 @@ __device__ void amk_op_attention_split(const amk_task_ctx& ctx) {
 #endif
   ad_plan s;
   const bool fast = !shortp && (!a.norm || len > AMK_AS_MIN_ROWS) && ad_plan_for(ctx, a, s);
+#if AMK_AS_MMA
+  const bool mma = fast && mp_ok(ctx, a);
+#endif
   if (!late && !amk_task_wait(ctx)) return;
   if (ctx.trace && threadIdx.x == 0) ctx.trace[4] = amk_globaltimer();
 #if AMK_AS_SHORT_ROWS > 0
   if (shortp && AMK_IS_BF16(dt)) sp_attend<AMK_BF16>(sp, a.rep, a.hd, a.scale, ctx.trace);
   else if (shortp && AMK_IS_F16(dt)) sp_attend<AMK_F16>(sp, a.rep, a.hd, a.scale, ctx.trace);
   else
+#endif
+#if AMK_AS_MMA
+  if (mma) {
+    if (AMK_IS_BF16(dt)) mp_rows<true>(mp_plan_of(ctx, a, s, start, (int)len));
+    else mp_rows<false>(mp_plan_of(ctx, a, s, start, (int)len));
+    __syncthreads();
+    ad_store(ctx, s, a, 0, a.rep);
+  } else
 #endif
   if (fast && AMK_IS_BF16(dt)) ad_attend<AMK_BF16>(ctx, a, s, start, (int)len);
   else if (fast && AMK_IS_F16(dt)) ad_attend<AMK_F16>(ctx, a, s, start, (int)len);

@@ -109,24 +109,28 @@ amk_core::inventory::submit! {
 
 /// The device code a task asks of its kernel: for a normalised task ([`FLAG_NORMALIZED`]),
 /// the short path (`AMK_AS_SHORT_ROWS`: the first positions of a decode, where the attention
-/// is a few KB and its time the chain of steps after the wait) for up to 128 rows when a KV
-/// head has at most 3 query heads, else up to 64. Measured over 128 generated tokens
-/// (docs/perf-notes.md round 54): to 128 rows SmolLM2 (3 a KV head) decodes 2.4 % faster,
-/// the 1B's grouping (4) 0.7 % slower. Kernels without such a task (the split program's,
-/// whose tasks write partials) leave the path out: its code alone made that program's step up
-/// to 2.3 % slower on SmolLM2 (round 52).
+/// is a few KB and its time the chain of steps after the wait). Up to 32 rows where the
+/// tensor-core path takes the rest (head_dim 64, at most 4 query heads a KV head: from 33 rows
+/// it measured faster than the short path's two warps a head, docs/perf-notes.md round 55);
+/// otherwise up to 128 rows with at most 3 query heads a KV head, else 64 (round 54). Kernels
+/// without such a task (the split program's, whose tasks write partials) leave the path out:
+/// its code alone made that program's step up to 2.3 % slower on SmolLM2 (round 52).
 fn task_defines(task: &amk_core::Task) -> &'static [(&'static str, &'static str)] {
     let normalised = task
         .param_i64("flags")
         .is_some_and(|f| f & FLAG_NORMALIZED != 0);
+    if !normalised {
+        return &[];
+    }
     let rep = match (task.param_i64("n_heads"), task.param_i64("n_kv_heads")) {
         (Some(h), Some(kv)) if kv > 0 => h / kv,
         _ => i64::MAX,
     };
-    match (normalised, rep <= 3) {
-        (true, true) => &[("AMK_AS_SHORT_ROWS", "128")],
-        (true, false) => &[("AMK_AS_SHORT_ROWS", "64")],
-        (false, _) => &[],
+    let tensor_cores = task.param_i64("head_dim") == Some(64) && rep <= 4;
+    match (tensor_cores, rep <= 3) {
+        (true, _) => &[("AMK_AS_SHORT_ROWS", "32")],
+        (false, true) => &[("AMK_AS_SHORT_ROWS", "128")],
+        (false, false) => &[("AMK_AS_SHORT_ROWS", "64")],
     }
 }
 

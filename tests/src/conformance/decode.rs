@@ -780,6 +780,49 @@ pub(super) fn op_attention_split_long(c: &Ctx<'_>) -> CaseResult {
     )
 }
 
+/// ATTENTION_SPLIT at head_dim 64 over 16-bit caches of hundreds of rows (on the device the
+/// tensor-core path where a kernel holds it, else the direct one): SmolLM2's grouping (9 query
+/// heads over 3 KV heads) over bf16 q and caches of 1,100 rows at positions 1,099, 300 and 129
+/// (normalised bf16 rows of 1,100, 301 and 130 rows: blocks of 16 rows, the last one partly
+/// past the split; three splits of 64-row chunks, partials of up to 384 rows), and the 1B's
+/// (8 over 2) over f16 at 511, 200 and 140 (five splits of 16-row chunks: 9 to 112 rows a
+/// split). Every split is active at every position. Against the CPU oracle to f32 tolerance
+/// (plus an ulp of the output's dtype).
+pub(super) fn op_attention_split_hd64_long(c: &Ctx<'_>) -> CaseResult {
+    split_against_oracle(
+        c,
+        SplitCase {
+            seed: 73,
+            nh: 9,
+            nkv: 3,
+            hd: 64,
+            rows: 1100,
+            q: DType::BF16,
+            cache: DType::BF16,
+            out: DType::BF16,
+            splits: 3,
+            chunk: 64,
+            positions: &[1099, 300, 129],
+        },
+    )?;
+    split_against_oracle(
+        c,
+        SplitCase {
+            seed: 79,
+            nh: 8,
+            nkv: 2,
+            hd: 64,
+            rows: 512,
+            q: DType::F16,
+            cache: DType::F16,
+            out: DType::F32,
+            splits: 5,
+            chunk: 16,
+            positions: &[511, 200, 140],
+        },
+    )
+}
+
 /// One program of ATTENTION_SPLIT tasks over one cache (`split_against_oracle`).
 struct SplitCase {
     seed: u64,

@@ -56,8 +56,8 @@ use amk_core::{Backend, Registry};
 use dags::{dag_chain, dag_fan_in, dag_kv_append_steps, dag_split_kv, dag_tiled_groups};
 use decode::{
     dag_position_decode, dag_split_kv_decode, dag_split_kv_merged, dag_split_kv_normalized,
-    op_attention_pos_bf16, op_attention_split_hd64, op_attention_split_long,
-    op_attention_split_short,
+    op_attention_pos_bf16, op_attention_split_hd64, op_attention_split_hd64_long,
+    op_attention_split_long, op_attention_split_short,
 };
 use families::{
     family_chain, family_fan_in, family_kv_attention, family_mixture, family_paged,
@@ -177,7 +177,7 @@ macro_rules! conformance_tests {
             op_attention_tile op_attention_tile_paths_bf16 op_attention_tile_paths_f32 op_rope op_silu_mul op_gelu op_add op_mul op_dequant op_softmax
             op_allreduce_shard op_kv_append op_sample_argmax op_token_nll op_attention_combine op_fused
             op_rmsnorm_gemv op_gate_up_silu op_qkv_rope_append op_qkv_rope_append_factors op_qkv_rope_append_qk_norm op_attention_gemv
-            op_attention_pos_bf16 op_attention_split_hd64 op_attention_split_long op_attention_split_short op_next_token op_next_token_stats op_logit_stats
+            op_attention_pos_bf16 op_attention_split_hd64 op_attention_split_hd64_long op_attention_split_long op_attention_split_short op_next_token op_next_token_stats op_logit_stats
             op_linear_tile op_linear_tile_bf16 op_linear_tile_f16 op_linear_tile_rope op_attention_causal op_attention_causal_bf16
             op_kv_append_slices
             dag_chain dag_fan_in dag_tiled_groups dag_split_kv dag_kv_append_steps
@@ -372,6 +372,11 @@ pub const CASES: &[Case] = &[
         name: "op_attention_split_long",
         about: "ATTENTION_SPLIT over splits of up to 512 rows: head_dim 128 with 6 query heads a KV head over f16 caches, head_dim 64 with 3 over f32 caches; normalised rows and partials",
         run: op_attention_split_long,
+    },
+    Case {
+        name: "op_attention_split_hd64_long",
+        about: "ATTENTION_SPLIT at head_dim 64 over bf16 and f16 caches of up to 1,100 rows (SmolLM2's and the 1B's groupings): normalised rows and partials",
+        run: op_attention_split_hd64_long,
     },
     Case {
         name: "op_attention_split_short",
