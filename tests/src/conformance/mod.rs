@@ -369,14 +369,14 @@ pub const CASES: &[Case] = &[
         run: op_attention_split_hd64,
     },
     Case {
-        name: "op_attention_split_long",
-        about: "ATTENTION_SPLIT over splits of up to 512 rows: head_dim 128 with 6 query heads a KV head over f16 caches, head_dim 64 with 3 over f32 caches; normalised rows and partials",
-        run: op_attention_split_long,
-    },
-    Case {
         name: "op_attention_split_hd64_long",
         about: "ATTENTION_SPLIT at head_dim 64 over bf16 and f16 caches of up to 1,100 rows (SmolLM2's and the 1B's groupings): normalised rows and partials",
         run: op_attention_split_hd64_long,
+    },
+    Case {
+        name: "op_attention_split_long",
+        about: "ATTENTION_SPLIT over splits of up to 512 rows: head_dim 128 with 6 query heads a KV head over f16 caches, head_dim 64 with 3 over f32 caches; normalised rows and partials",
+        run: op_attention_split_long,
     },
     Case {
         name: "op_attention_split_short",
