@@ -582,11 +582,15 @@ __device__ __noinline__ void mp_rows(const mp_plan p) {
   for (int j = 0; j < 8; ++j) o[j][0] = o[j][1] = o[j][2] = o[j][3] = 0.0f;
   float m = -__int_as_float(0x7f800000), l = 0.0f;
   const int nb = (p.len + 15) >> 4;
-  /* one block in registers at a time (two made the function spill them), the warp's next
-     block prefetched into L2 as this one is loaded: a lane a 128-byte row line */
-  for (int bi = warp; bi < nb; bi += AMK_WARPS) {
-    const int nr = 16 * (bi + AMK_WARPS) + (lane & 15);
+  /* one block in registers at a time (two made the function spill them); every later block
+     of the warp's prefetched into L2 first, a lane a 128-byte row line (against each block
+     the next as it loads: the short-context program 1-3 % faster from 256 rows,
+     docs/perf-notes.md round 55) */
+  for (int bi = warp + AMK_WARPS; bi < nb; bi += AMK_WARPS) {
+    const int nr = 16 * bi + (lane & 15);
     if (nr < p.len) amk_prefetch_l2((lane < 16 ? p.k : p.v) + (long long)nr * p.gstride);
+  }
+  for (int bi = warp; bi < nb; bi += AMK_WARPS) {
     mp_blk b;
     mp_load(b, p.k, p.v, p.gstride, 16 * bi, p.len, g, t);
     mp_block<BF>(b, qa, 16 * bi, p.len, t, p.scale, m, l, o);
