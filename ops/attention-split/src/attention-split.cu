@@ -402,9 +402,9 @@ __device__ void ad_attend(const amk_task_ctx& ctx, const as_args& a, const ad_pl
  * group, docs/perf-notes.md round 43), not on the rows' bytes; more rows a batch did not help
  * (round 55). Here a warp takes 16 rows at a time through mma.sync.m16n8k16 (f32
  * accumulation): S = Q K^T with the query heads as M (at most 4 of its 16 rows used, the rest
- * zero) and the rows as N, then O += P V with the rows as K. No shared memory and no shuffle in the row loop but the block maximum's two; every
- * operand comes straight from the caches into registers, in layouts chosen so that each lane
- * loads whole 16-byte vectors:
+ * zero) and the rows as N, then O += P V with the rows as K. No shared memory and no shuffle
+ * in the row loop but the block maximum's two; every operand comes straight from the caches
+ * into registers, in layouts chosen so that each lane loads whole 16-byte vectors:
  * - lane (g, t) = (lane / 4, lane % 4) holds dims 16t .. 16t + 15 of query head g and of rows
  *   n0 + g and n0 + 8 + g of K; k-step s of the score takes their 32-bit words 2s and 2s + 1
  *   as its (k = 2t, 2t + 1) and (2t + 8, 2t + 9) pairs (a dot product does not care which
@@ -421,20 +421,20 @@ __device__ void ad_attend(const amk_task_ctx& ctx, const as_args& a, const ad_pl
  * query heads a KV head, from AMK_AS_SHORT_ROWS + 1 rows for a normalised task (1 for a split
  * of partials). */
 
+/* 32-bit word w (0..3) of a vector, by value (a selected reference would put the vectors in
+ * memory). */
+__device__ __forceinline__ uint32_t mp_w(const uint4& u, int w) {
+  return w == 0 ? u.x : w == 1 ? u.y : w == 2 ? u.z : u.w;
+}
+
 /* Element j (0..7) of `x` in the low half and of `y` in the high half. */
 __device__ __forceinline__ uint32_t mp_pair(const uint4& x, const uint4& y, int j) {
-  const int w = j >> 1;
-  const uint32_t a = w == 0 ? x.x : w == 1 ? x.y : w == 2 ? x.z : x.w;
-  const uint32_t b = w == 0 ? y.x : w == 1 ? y.y : w == 2 ? y.z : y.w;
-  return __byte_perm(a, b, (j & 1) ? 0x7632 : 0x5410);
+  return __byte_perm(mp_w(x, j >> 1), mp_w(y, j >> 1), (j & 1) ? 0x7632 : 0x5410);
 }
 
 /* Word i (0..7) of two vectors. */
 __device__ __forceinline__ uint32_t mp_word(const uint4& lo, const uint4& hi, int i) {
-  const int w = i & 3; /* by value: a selected reference would put both vectors in memory */
-  const uint32_t a = w == 0 ? lo.x : w == 1 ? lo.y : w == 2 ? lo.z : lo.w;
-  const uint32_t b = w == 0 ? hi.x : w == 1 ? hi.y : w == 2 ? hi.z : hi.w;
-  return i < 4 ? a : b;
+  return i < 4 ? mp_w(lo, i & 3) : mp_w(hi, i & 3);
 }
 
 /* (x, y) rounded to the 16-bit type (x low), and the two back as f32. */
