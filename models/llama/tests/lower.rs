@@ -1850,3 +1850,70 @@ fn the_next_token_task_sits_on_an_sm_free_during_the_tail(#[case] shape: &str) {
     assert!(!on_its_sm(&|t| t.op == Opcode::LOGIT_STATS), "{shape}");
     assert!(on_its_sm(&|t| t.outputs.contains(&logits)), "{shape}");
 }
+
+/// The short-context schedule (`attention.own_sms_alternating` 1) gives a small model's
+/// attention tasks an SM each of their own, where its projections alternate between halves of
+/// the SMs (SmolLM2: 3 KV heads, 3 SMs that run nothing else), and leaves a model whose
+/// projections use every SM as it was (the 1B); the split program (`split_kv` 16) keeps every
+/// SM for its splits, and asking it for own SMs is still refused.
+#[rstest]
+#[case::smollm2("smollm2-135m", 3)]
+#[case::llama_1b("llama-3.2-1b", 0)]
+fn the_short_programs_attention_has_sms_of_its_own_on_small_models(
+    #[case] shape: &str,
+    #[case] own: i32,
+) {
+    use amk_model_llama::lower::short_context_schedule;
+    use amk_model_llama::presets;
+    let reg = amk_ops::registry().unwrap();
+    let target = GpuTarget::by_name("h100").unwrap();
+    let grid = target.num_sms as i32;
+    let m = Model::shape_only(presets::preset(shape).unwrap(), shape);
+    let opts = LowerOptions {
+        dtype: DType::BF16,
+        max_seq: Some(256),
+        ..LowerOptions::default()
+    };
+    let short = short_context_schedule(&tuned_schedule()).unwrap();
+    let lowered = lower(&m, &short, &target, &opts).unwrap();
+    let v = amk_core::validate_owned(lowered.program, &reg)
+        .map_err(|r| r.report())
+        .unwrap();
+    let mut att_sms: Vec<i32> = Vec::new();
+    for t in &v.program().tasks {
+        let s = t.sm.expect("every task has an SM");
+        let attention = t.op == Opcode::ATTENTION_SPLIT;
+        if attention {
+            att_sms.push(s);
+        }
+        if own > 0 {
+            assert_eq!(
+                s >= grid - own,
+                attention,
+                "{shape}: task '{}' on SM {s}",
+                t.label
+            );
+        }
+    }
+    att_sms.sort_unstable();
+    att_sms.dedup();
+    if own > 0 {
+        assert_eq!(att_sms, ((grid - own)..grid).collect::<Vec<_>>());
+    } else {
+        assert!(att_sms.len() > 1, "{shape}: {att_sms:?}");
+    }
+    // The split program spreads its splits over the whole grid, own SMs refused.
+    let split = lower(&m, &tuned_schedule(), &target, &opts).unwrap();
+    let split_sms: std::collections::BTreeSet<i32> = (split.program.tasks.iter())
+        .filter(|t| t.op == Opcode::ATTENTION_SPLIT)
+        .filter_map(|t| t.sm)
+        .collect();
+    assert!(split_sms.len() as i32 > grid / 4, "{shape}: {split_sms:?}");
+    let mut own_split = tuned_schedule();
+    for (g, keys) in &mut own_split.tiling {
+        if g == "attention" {
+            keys.push(("own_sms".into(), 2));
+        }
+    }
+    assert!(lower(&m, &own_split, &target, &opts).is_err());
+}

@@ -105,6 +105,25 @@ pub(super) struct Layout {
     pub(super) layer_sms: u64,
 }
 
+/// SMs kept for the attention tasks: `attention.own_sms = k`, else, with
+/// `attention.own_sms_alternating = 1` where `small` (the projections alternate between halves
+/// of the SMs, so a few SMs less cost them nothing, and the attention is one task a KV head),
+/// an SM a KV head: the only code on such an SM that is not a projection loop then stays in its
+/// instruction cache from layer to layer (docs/perf-notes.md round 58). Not clamped to the grid.
+fn own_sms(cfg: &ScheduleConfig, mc: &ModelConfig, small: bool) -> u64 {
+    match cfg.tile("attention", "own_sms") {
+        Some(k) => k.max(0) as u64,
+        None if small
+            && cfg
+                .tile("attention", "own_sms_alternating")
+                .is_some_and(|v| v > 0) =>
+        {
+            mc.n_kv_heads as u64
+        }
+        None => 0,
+    }
+}
+
 impl Layout {
     /// The layout `cfg` asks for on `target` for model `mc` of sizes `d`, refused where its
     /// knobs exclude each other.
@@ -147,21 +166,21 @@ impl Layout {
         // them). Fused into the output projection (`["attention", "gemv"]`), the attention
         // has no task of its own: the reserved SMs then idle.
         let grid = target.num_sms.max(1) as u64;
-        let own_sms = cfg
-            .tile("attention", "own_sms")
-            .map_or(0, |k| k.max(0) as u64)
-            .min(grid - 1);
-        if split.is_some() && own_sms > 0 {
+        // `gemv.alternate_max_kb`: a model whose every layer projection is small enough is
+        // tiled for half the SMs, and the SM assignment puts consecutive phases on disjoint
+        // SMs ([`alternates`]). The LM head keeps every SM.
+        let alternate = alternates(cfg, mc, d.dbytes as u64);
+        let one_task_a_kv_head = split.as_ref().is_some_and(|s| s.geometry.n_splits == 1);
+        let own_sms = own_sms(cfg, mc, alternate && one_task_a_kv_head).min(grid - 1);
+        // One split a KV head (the short-context program) is one task a KV head, which own SMs
+        // can hold; more splits spread over every SM.
+        if split.is_some() && !one_task_a_kv_head && own_sms > 0 {
             return Err(ModelError::Lower(
                 "tiling attention.split_kv spreads the attention over every SM: it excludes \
                  attention.own_sms"
                     .into(),
             ));
         }
-        // `gemv.alternate_max_kb`: a model whose every layer projection is small enough is
-        // tiled for half the SMs, and the SM assignment puts consecutive phases on disjoint
-        // SMs ([`alternates`]). The LM head keeps every SM.
-        let alternate = alternates(cfg, mc, d.dbytes as u64);
         let layer_sms = if alternate {
             ((grid - own_sms) / 2).max(1)
         } else {

@@ -333,7 +333,10 @@ pub fn tuned_schedule() -> ScheduleConfig {
 /// its heads' normalised rows, and the output projection plain GEMV tiles); `None` when `cfg`
 /// does not split the attention over several splits a KV head. Why: the split layout's merge
 /// in every output projection tile costs a layer ~7 µs at every position, more than one task
-/// a KV head takes to walk a short cache (docs/perf-notes.md round 36).
+/// a KV head takes to walk a short cache (docs/perf-notes.md round 36). It also asks for
+/// `attention.own_sms_alternating` 1: on a small model (projections alternating between halves
+/// of the SMs) each KV head's task gets an SM of its own, its code warm from layer to layer
+/// (SmolLM2 2–3 % faster at the first positions, docs/perf-notes.md round 58).
 pub fn short_context_schedule(cfg: &ScheduleConfig) -> Option<ScheduleConfig> {
     if cfg.tile("attention", "split_kv")? <= 1 {
         return None;
@@ -345,6 +348,9 @@ pub fn short_context_schedule(cfg: &ScheduleConfig) -> Option<ScheduleConfig> {
                 if key == "split_kv" {
                     *value = 1;
                 }
+            }
+            if !keys.iter().any(|(k, _)| k == "own_sms_alternating") {
+                keys.push(("own_sms_alternating".into(), 1));
             }
         }
     }
@@ -455,6 +461,7 @@ const TILING_KEYS: &[(&str, &[&str])] = &[
             "n_partitions",
             "kv_block",
             "own_sms",
+            "own_sms_alternating",
             "split_kv",
             "split_chunk",
             "merge_heads",
@@ -1437,7 +1444,11 @@ fn place(
     layout: &Layout,
 ) -> Result<Option<pages::PageStats>, ModelError> {
     let reserve = sm::Reserve {
-        ops: vec![Opcode::ATTENTION_TILE, Opcode::ATTENTION_COMBINE],
+        ops: vec![
+            Opcode::ATTENTION_TILE,
+            Opcode::ATTENTION_COMBINE,
+            Opcode::ATTENTION_SPLIT,
+        ],
         sms: layout.own_sms as u32,
         alternate: layout.alternate,
     };
