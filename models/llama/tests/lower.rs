@@ -1851,18 +1851,16 @@ fn the_next_token_task_sits_on_an_sm_free_during_the_tail(#[case] shape: &str) {
     assert!(on_its_sm(&|t| t.outputs.contains(&logits)), "{shape}");
 }
 
-/// The short-context schedule (`attention.own_sms_alternating` 1) gives a small model's
-/// attention tasks an SM each of their own, where its projections alternate between halves of
-/// the SMs (SmolLM2: 3 KV heads, 3 SMs that run nothing else), and leaves a model whose
-/// projections use every SM as it was (the 1B); the split program (`split_kv` 16) keeps every
-/// SM for its splits, and asking it for own SMs is still refused.
+/// The tuned schedule's `attention.own_sms_alternating` gives a small model's tasks that run once
+/// a layer beside the projections an SM each of their own, where its projections alternate
+/// between halves of the SMs: the short-context program's attention tasks (SmolLM2: 3 KV
+/// heads, 3 SMs that run nothing else) and the split program's merge tasks; a model whose
+/// projections use every SM (the 1B) is left as it was. The split program keeps every other SM
+/// for its splits, and asking own SMs for them is still refused.
 #[rstest]
 #[case::smollm2("smollm2-135m", 3)]
 #[case::llama_1b("llama-3.2-1b", 0)]
-fn the_short_programs_attention_has_sms_of_its_own_on_small_models(
-    #[case] shape: &str,
-    #[case] own: i32,
-) {
+fn attention_tasks_have_sms_of_their_own_on_small_models(#[case] shape: &str, #[case] own: i32) {
     use amk_model_llama::lower::short_context_schedule;
     use amk_model_llama::presets;
     let reg = amk_ops::registry().unwrap();
@@ -1902,9 +1900,25 @@ fn the_short_programs_attention_has_sms_of_its_own_on_small_models(
     } else {
         assert!(att_sms.len() > 1, "{shape}: {att_sms:?}");
     }
-    // The split program spreads its splits over the whole grid, own SMs refused.
+    // The split program spreads its splits over the whole grid; on the small model its merge
+    // tasks (⌈9 / 4⌉ = 3) have the own SMs instead; asking own SMs for the splits is refused.
     let split = lower(&m, &tuned_schedule(), &target, &opts).unwrap();
-    let split_sms: std::collections::BTreeSet<i32> = (split.program.tasks.iter())
+    let split = amk_core::validate_owned(split.program, &reg)
+        .map_err(|r| r.report())
+        .unwrap();
+    for t in &split.program().tasks {
+        let s = t.sm.expect("every task has an SM");
+        if own > 0 {
+            let merge = t.op == Opcode::ATTENTION_MERGE;
+            assert_eq!(
+                s >= grid - own,
+                merge,
+                "{shape}: task '{}' on SM {s}",
+                t.label
+            );
+        }
+    }
+    let split_sms: std::collections::BTreeSet<i32> = (split.program().tasks.iter())
         .filter(|t| t.op == Opcode::ATTENTION_SPLIT)
         .filter_map(|t| t.sm)
         .collect();

@@ -99,28 +99,55 @@ pub(super) struct Layout {
     pub(super) grid: u64,
     /// The grid's last SMs kept for the attention tasks (`attention.own_sms`).
     pub(super) own_sms: u64,
+    /// The own SMs hold the split attention's merge tasks rather than the attention's.
+    pub(super) own_merges: bool,
     /// Consecutive phases on alternating halves of the SMs (`gemv.alternate_max_kb`).
     pub(super) alternate: bool,
     /// SMs a layer projection is tiled for.
     pub(super) layer_sms: u64,
 }
 
-/// SMs kept for the attention tasks: `attention.own_sms = k`, else, with
-/// `attention.own_sms_alternating = 1` where `small` (the projections alternate between halves
-/// of the SMs, so a few SMs less cost them nothing, and the attention is one task a KV head),
-/// an SM a KV head: the only code on such an SM that is not a projection loop then stays in its
-/// instruction cache from layer to layer (docs/perf-notes.md round 58). Not clamped to the grid.
-fn own_sms(cfg: &ScheduleConfig, mc: &ModelConfig, small: bool) -> u64 {
-    match cfg.tile("attention", "own_sms") {
-        Some(k) => k.max(0) as u64,
-        None if small
-            && cfg
-                .tile("attention", "own_sms_alternating")
-                .is_some_and(|v| v > 0) =>
-        {
-            mc.n_kv_heads as u64
-        }
-        None => 0,
+/// The grid's last SMs kept for some attention tasks ([`own_sms`]).
+#[derive(Debug, Clone, Copy, Default)]
+struct OwnSms {
+    /// How many (not clamped to the grid).
+    sms: u64,
+    /// They hold the split attention's merge tasks, not the attention tasks.
+    merges: bool,
+}
+
+/// SMs kept for attention tasks: `attention.own_sms = k` for the attention tasks; else, with
+/// `attention.own_sms_alternating = 1` where the projections `alternate` between halves of the
+/// SMs (a small model, which a few SMs less cost nothing), an SM each for the tasks that run once
+/// a layer beside them — the attention's one task a KV head (one split), or the merge tasks of
+/// a split attention: the only code on such an SM that is not a projection loop then stays in
+/// its instruction cache from layer to layer (docs/perf-notes.md rounds 58 and 59).
+fn own_sms(
+    cfg: &ScheduleConfig,
+    mc: &ModelConfig,
+    split: Option<&SplitPlan>,
+    alternate: bool,
+) -> OwnSms {
+    if let Some(k) = cfg.tile("attention", "own_sms") {
+        return OwnSms {
+            sms: k.max(0) as u64,
+            merges: false,
+        };
+    }
+    let asked = cfg
+        .tile("attention", "own_sms_alternating")
+        .is_some_and(|v| v > 0);
+    match split {
+        _ if !alternate || !asked => OwnSms::default(),
+        Some(s) if s.geometry.n_splits == 1 => OwnSms {
+            sms: mc.n_kv_heads as u64,
+            merges: false,
+        },
+        Some(s) => s.merge_heads.map_or(OwnSms::default(), |m| OwnSms {
+            sms: (mc.n_heads as u64).div_ceil(m.max(1)),
+            merges: true,
+        }),
+        None => OwnSms::default(),
     }
 }
 
@@ -170,11 +197,13 @@ impl Layout {
         // tiled for half the SMs, and the SM assignment puts consecutive phases on disjoint
         // SMs ([`alternates`]). The LM head keeps every SM.
         let alternate = alternates(cfg, mc, d.dbytes as u64);
-        let one_task_a_kv_head = split.as_ref().is_some_and(|s| s.geometry.n_splits == 1);
-        let own_sms = own_sms(cfg, mc, alternate && one_task_a_kv_head).min(grid - 1);
+        let own = own_sms(cfg, mc, split.as_ref(), alternate);
+        let own_sms = own.sms.min(grid - 1);
         // One split a KV head (the short-context program) is one task a KV head, which own SMs
-        // can hold; more splits spread over every SM.
-        if split.is_some() && !one_task_a_kv_head && own_sms > 0 {
+        // can hold; more splits spread over every SM (their merge tasks may have SMs of their
+        // own).
+        let splits = split.as_ref().is_some_and(|s| s.geometry.n_splits > 1);
+        if splits && own_sms > 0 && !own.merges {
             return Err(ModelError::Lower(
                 "tiling attention.split_kv spreads the attention over every SM: it excludes \
                  attention.own_sms"
@@ -197,6 +226,7 @@ impl Layout {
             split,
             grid,
             own_sms,
+            own_merges: own.merges,
             alternate,
             layer_sms,
         })

@@ -311,6 +311,7 @@ pub fn tuned_schedule() -> ScheduleConfig {
                     ("split_kv".into(), TUNED_SPLIT_KV),
                     ("split_chunk".into(), DEFAULT_SPLIT_CHUNK as i64),
                     ("merge_heads".into(), TUNED_MERGE_HEADS),
+                    ("own_sms_alternating".into(), 1),
                 ],
             ),
             (
@@ -333,10 +334,9 @@ pub fn tuned_schedule() -> ScheduleConfig {
 /// its heads' normalised rows, and the output projection plain GEMV tiles); `None` when `cfg`
 /// does not split the attention over several splits a KV head. Why: the split layout's merge
 /// in every output projection tile costs a layer ~7 µs at every position, more than one task
-/// a KV head takes to walk a short cache (docs/perf-notes.md round 36). It also asks for
-/// `attention.own_sms_alternating` 1: on a small model (projections alternating between halves
-/// of the SMs) each KV head's task gets an SM of its own, its code warm from layer to layer
-/// (SmolLM2 2–3 % faster at the first positions, docs/perf-notes.md round 58).
+/// a KV head takes to walk a short cache (docs/perf-notes.md round 36). The tuned schedule's
+/// `attention.own_sms_alternating` then gives a small model's KV-head tasks an SM each of their
+/// own (SmolLM2 2–3 % faster at the first positions, round 58).
 pub fn short_context_schedule(cfg: &ScheduleConfig) -> Option<ScheduleConfig> {
     if cfg.tile("attention", "split_kv")? <= 1 {
         return None;
@@ -348,9 +348,6 @@ pub fn short_context_schedule(cfg: &ScheduleConfig) -> Option<ScheduleConfig> {
                 if key == "split_kv" {
                     *value = 1;
                 }
-            }
-            if !keys.iter().any(|(k, _)| k == "own_sms_alternating") {
-                keys.push(("own_sms_alternating".into(), 1));
             }
         }
     }
@@ -1443,12 +1440,17 @@ fn place(
     target: &GpuTarget,
     layout: &Layout,
 ) -> Result<Option<pages::PageStats>, ModelError> {
-    let reserve = sm::Reserve {
-        ops: vec![
+    let ops = if layout.own_merges {
+        vec![Opcode::ATTENTION_MERGE]
+    } else {
+        vec![
             Opcode::ATTENTION_TILE,
             Opcode::ATTENTION_COMBINE,
             Opcode::ATTENTION_SPLIT,
-        ],
+        ]
+    };
+    let reserve = sm::Reserve {
+        ops,
         sms: layout.own_sms as u32,
         alternate: layout.alternate,
     };
