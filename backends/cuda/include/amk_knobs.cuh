@@ -152,9 +152,11 @@
  * batch of loads, so one DRAM round trip per unit otherwise).
  * AMK_FUSED_PAIR says which tiles may pair their units, a bit each: 1 the one-row projection
  * (GEMV_TILE's one-row path, RMSNORM_GEMV, ATTENTION_GEMV), 2 GATE_UP_SILU, 4 QKV_ROPE_APPEND;
- * amk_fused_run says when they do (docs/perf-notes.md round 14). Default 1: with 7 the 8B's
- * gate/up tiles gain, but the 1B and SmolLM2 lose ~0.7 us a layer to the paired loops compiled
- * into the Q/K/V and gate/up ops even where no tile runs them. */
+ * amk_fused_run says when they do (docs/perf-notes.md round 14). Default 1; the backend defines
+ * 7 (with AMK_FUSED_PAIR_MIN 2) for a program whose weight rows are all 4 KB or more
+ * (loops::pairs: the 1B and the 8B 1-2 % faster on the H200, docs/perf-notes.md round 60), where
+ * a unit is several passes; programs of shorter rows (SmolLM2: one pass a unit) lose 1-1.5 % to
+ * the larger loops. */
 #ifndef AMK_FUSED_PAIR
 #define AMK_FUSED_PAIR 1
 #endif
@@ -173,7 +175,8 @@
  * AMK_FUSED_PAIR_MIN_LONG units of weight rows of 8 KB or more. Measured on the H100 (round 14):
  * the LM heads gain (1B 194 -> 173 us), so do the 8B's o_proj and down tiles (4 units a warp of
  * 8-28 KB rows), while short tiles (the 1B's o_proj and down, every SmolLM2 layer tile) lose:
- * the larger loop is more code on every SM for a round trip or two. */
+ * the larger loop is more code on every SM for a round trip or two. On the H200 the 1B's tiles
+ * gain from 2 units a warp (round 60), which the backend defines for long-row programs. */
 #ifndef AMK_FUSED_PAIR_MIN
 #define AMK_FUSED_PAIR_MIN 16
 #endif

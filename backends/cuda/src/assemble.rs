@@ -52,6 +52,9 @@ pub struct Knobs {
     /// Every unit of each warp loaded before the task's wait (`AMK_ROW_PRE`,
     /// [`crate::loops::row_pre`]).
     pub row_pre: bool,
+    /// The fused tiles stream two units a warp at once (`AMK_FUSED_PAIR`,
+    /// `AMK_FUSED_PAIR_MIN`: [`crate::loops::PAIR_DEFINES`], [`crate::loops::pairs`]).
+    pub pairs: bool,
     /// The float dtypes (F32, F16, BF16) whose branches are compiled in (else `AMK_NO_F32`,
     /// `AMK_NO_F16`, `AMK_NO_BF16`): a program's kernel keeps those its buffers hold.
     pub floats: FloatDtypes,
@@ -147,6 +150,11 @@ impl Knobs {
         if self.row_pre {
             d.push((crate::loops::ROW_PRE_DEFINE.into(), "1".into()));
         }
+        if self.pairs {
+            d.extend(
+                (crate::loops::PAIR_DEFINES.iter()).map(|&(n, v)| (n.to_string(), v.to_string())),
+            );
+        }
         if self.fused_vecs != crate::loops::DEFAULT_VECS {
             d.push((
                 crate::loops::VECS_DEFINE.into(),
@@ -171,6 +179,7 @@ impl Default for Knobs {
             fused_vecs: crate::loops::DEFAULT_VECS,
             fused_exact: false,
             row_pre: false,
+            pairs: false,
             floats: FloatDtypes::ALL,
             task_defines: Vec::new(),
         }

@@ -82,7 +82,8 @@ impl CudaOptions {
     /// no trace points (a traced session sets `trace`), the fused loop's pass sized to its
     /// rows ([`loops::fused_vecs`]) and without bounds tests where its rows allow
     /// ([`loops::fused_exact`]), every unit of its warps loaded before the wait where its rows
-    /// are one pass ([`loops::row_pre`]), only the float dtypes its buffers hold, the defines
+    /// are one pass ([`loops::row_pre`]), two units a warp at once where its rows are long
+    /// ([`loops::pairs`]), only the float dtypes its buffers hold, the defines
     /// its tasks ask of their ops' code ([`task_defines`]), and, with
     /// [`CudaOptions::program_ops`], only the ops its tasks and their steps use
     /// ([`kernel_ops`]). `None`: the kernel of every op and every loop.
@@ -97,6 +98,7 @@ impl CudaOptions {
             fused_vecs: loops::DEFAULT_VECS,
             fused_exact: false,
             row_pre: false,
+            pairs: false,
             floats: assemble::FloatDtypes::ALL,
             task_defines: Vec::new(),
         };
@@ -110,6 +112,7 @@ impl CudaOptions {
             };
             knobs.fused_exact = vecs.is_some_and(|v| loops::fused_exact(p, registry, v));
             knobs.row_pre = vecs.is_some_and(|v| loops::row_pre(p, registry, v));
+            knobs.pairs = loops::pairs(p, registry);
             knobs.floats = assemble::FloatDtypes::of_program(p, registry);
             knobs.quant = p
                 .buffers
@@ -277,8 +280,8 @@ pub mod test_support {
     }
 
     /// The configurations the GPU tests run the conformance suite under, by test module
-    /// name: the defaults, and every fused tile streaming two units a warp (or four for short
-    /// rows) at once. Each is its own set of kernels, over the environment's knobs
+    /// name: the defaults, and every fused tile (one-row projections, gate/up, Q/K/V)
+    /// streaming two units a warp (or four for short rows) at once. Each is its own set of kernels, over the environment's knobs
     /// ([`CudaOptions::from_env`]; a refused value fails the test).
     #[allow(clippy::panic)] // a test helper: failing the test is its job
     pub fn conformance_configs() -> [(&'static str, CudaOptions); 2] {
@@ -288,7 +291,9 @@ pub mod test_support {
             (
                 "conformance_paired",
                 CudaOptions {
-                    defines: crate::parse_defines("AMK_FUSED_PAIR_MIN=0 AMK_FUSED_PAIR_MIN_LONG=0"),
+                    defines: crate::parse_defines(
+                        "AMK_FUSED_PAIR=7 AMK_FUSED_PAIR_MIN=0 AMK_FUSED_PAIR_MIN_LONG=0",
+                    ),
                     ..base
                 },
             ),

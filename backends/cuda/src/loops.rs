@@ -201,6 +201,37 @@ pub fn row_pre(program: &Program, registry: &Registry, vecs: u32) -> bool {
     any
 }
 
+/// The defines of a kernel whose tiles stream two units a warp at once ([`pairs`]): every fused
+/// tile's loop may pair (`AMK_FUSED_PAIR` 7: the one-row projections, gate/up and Q/K/V), and
+/// does from two units a warp (`AMK_FUSED_PAIR_MIN` 2).
+pub const PAIR_DEFINES: [(&str, &str); 2] = [("AMK_FUSED_PAIR", "7"), ("AMK_FUSED_PAIR_MIN", "2")];
+
+/// The shortest weight row, in bytes, of a program whose tiles pair ([`pairs`]).
+pub const PAIR_ROW_BYTES: u64 = 4096;
+
+/// Whether `program`'s fused tiles should stream two of a warp's units at once
+/// ([`PAIR_DEFINES`]): every vector row-loop task's weight rows are at least
+/// [`PAIR_ROW_BYTES`] long, and there is at least one. A unit's rows of 4 KB or more are two
+/// to four passes of 4 KB a warp, each a DRAM round trip; paired, a warp has twice the bytes
+/// in flight a pass and half the round trips. Measured on an H200 end to end
+/// (docs/perf-notes.md round 60): the Llama-3.2-1B shape's decode (4 KB and 16 KB rows) 1.9 %
+/// faster, SmolLM2-135M's (1.1 and 3 KB rows, one pass each) 1.1–1.5 % slower. Each unit's
+/// sums are the same bits either way (the same vectors a lane, in the same order), so the
+/// rule is one of speed only.
+pub fn pairs(program: &Program, registry: &Registry) -> bool {
+    let mut any = false;
+    for r in loop_rows(program, registry) {
+        let Some(ve) = r.ve else {
+            continue; // the generic loop: no units to pair
+        };
+        if r.k.div_ceil(ve) * 16 < PAIR_ROW_BYTES {
+            return false;
+        }
+        any = true;
+    }
+    any
+}
+
 /// Whether every row-loop task of `program` streams whole passes at `vecs` vectors a lane: its
 /// row a multiple of every pass the device loop can make of it (`32 * (vecs * 2 / P) / NR`
 /// vectors a row for P = 1, 2 or 4 units a warp at once). Then the loop needs no bounds tests

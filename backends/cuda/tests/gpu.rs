@@ -427,23 +427,31 @@ fn smollm2_shape(
     pos: u64,
     seed: u64,
 ) -> ShapeProgram {
+    preset_shape("smollm2-135m", schedule, dtype, pos, seed)
+}
+
+/// [`smollm2_shape`] for the preset `shape` (e.g. `llama-3.2-1b`).
+fn preset_shape(
+    shape: &str,
+    schedule: &amk_core::ScheduleConfig,
+    dtype: DType,
+    pos: u64,
+    seed: u64,
+) -> ShapeProgram {
     use amk_core::GpuTarget;
     use amk_model_llama::lower::{LowerOptions, lower};
     use amk_model_llama::{Model, presets};
-    let cfg = presets::preset("smollm2-135m").unwrap();
+    let cfg = presets::preset(shape).unwrap();
     let synth = presets::synthetic_weights(&cfg, seed);
-    let m = Model::shape_only(cfg, "smollm2-135m shape");
+    let m = Model::shape_only(cfg, format!("{shape} shape"));
     let opts = LowerOptions {
         dtype,
         max_seq: Some(64),
         ..LowerOptions::default()
     };
     let target = GpuTarget::by_name("h100").unwrap();
+    // Its weights come from `synth` (the loader refuses a weight it has no init for).
     let lowered = lower(&m, schedule, &target, &opts).unwrap();
-    assert!(
-        lowered.weights.is_empty(),
-        "a shape-only model lowers without data"
-    );
     let v = validate_owned(lowered.program, &registry())
         .map_err(|r| r.report())
         .unwrap();
@@ -811,6 +819,43 @@ fn loads_before_the_wait_give_the_same_bits() {
         "AMK_ROW_PRE=0 AMK_NORM_WPRE=0 AMK_ATT_TINY_PRE=0",
         &programs,
         77,
+    ) else {
+        return;
+    };
+    for (pos, a, b) in runs {
+        assert!(a.iter().all(|x| x.is_finite()), "pos {pos}");
+        let diff = a
+            .iter()
+            .zip(&b)
+            .filter(|(x, y)| x.to_bits() != y.to_bits())
+            .count();
+        assert_eq!(diff, 0, "pos {pos}: {diff} logits differ");
+    }
+}
+
+/// Two units a warp at once changes no bit: the Llama-3.2-1B shape's kernels, whose rows of
+/// 4 KB and more pair every fused tile's units (`loops::pairs`: `AMK_FUSED_PAIR` 7 from two
+/// units a warp — the Q/K/V, output projection, gate/up, down and LM-head tiles), give the
+/// same logits, bit for bit, as kernels that stream one unit a warp at a time where main did
+/// (`AMK_FUSED_PAIR=1 AMK_FUSED_PAIR_MIN=16`), for the short-context program at position 0
+/// and the split one at position 5.
+#[test]
+fn paired_units_give_the_same_bits() {
+    let tuned = amk_model_llama::lower::tuned_schedule();
+    let short = amk_model_llama::lower::short_context_schedule(&tuned).unwrap();
+    let programs: Vec<_> = [(&short, 0u64), (&tuned, 5)]
+        .into_iter()
+        .map(|(cfg, pos)| (pos, preset_shape("llama-3.2-1b", cfg, DType::BF16, pos, 17)))
+        .collect();
+    let reg = registry();
+    for (_, (v, _)) in &programs {
+        assert!(amk_backend_cuda::loops::pairs(v.program(), &reg));
+    }
+    let Some(runs) = logits_with_defines(
+        "paired_units_give_the_same_bits",
+        "AMK_FUSED_PAIR=1 AMK_FUSED_PAIR_MIN=16",
+        &programs,
+        123,
     ) else {
         return;
     };

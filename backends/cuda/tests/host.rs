@@ -1086,6 +1086,29 @@ fn the_fused_pass_is_sized_to_the_programs_rows() {
     assert_eq!(h.matches("#define AMK_ROW_PRE").count(), 1, "{h}");
     assert!(h.contains("#define AMK_ROW_PRE 0\n"), "{h}");
     assert!(KNOBS.contains("#ifndef AMK_ROW_PRE\n#define AMK_ROW_PRE 0\n"));
+    // Two units a warp at once where every row is 4 KB or more: the 1B's and the 8B's (bf16
+    // and f32), not SmolLM2's (1,152 and 3,072 bytes in bf16; 2,304 and 6,144 in f32: its
+    // shortest decides); a user's define wins.
+    use amk_backend_cuda::loops::pairs;
+    assert!(pairs(&b, &reg) && pairs(&program("llama-3.1-8b", DType::BF16), &reg));
+    assert!(pairs(&program("llama-3.2-1b", DType::F32), &reg));
+    assert!(!pairs(&s, &reg) && !pairs(&program("smollm2-135m", DType::F32), &reg));
+    let h = head(opts.knobs(Some(&b), &reg));
+    assert!(h.contains("#define AMK_FUSED_PAIR 7\n"), "{h}");
+    assert!(h.contains("#define AMK_FUSED_PAIR_MIN 2\n"), "{h}");
+    let h = head(opts.knobs(Some(&s), &reg));
+    assert!(!h.contains("#define AMK_FUSED_PAIR"), "{h}");
+    let one = CudaOptions {
+        defines: amk_backend_cuda::parse_defines("AMK_FUSED_PAIR=1"),
+        ..CudaOptions::default()
+    };
+    let h = head(one.knobs(Some(&b), &reg));
+    assert_eq!(h.matches("#define AMK_FUSED_PAIR ").count(), 1, "{h}");
+    assert!(
+        h.contains("#define AMK_FUSED_PAIR 1\n") && h.contains("#define AMK_FUSED_PAIR_MIN 2\n")
+    );
+    assert!(KNOBS.contains("#ifndef AMK_FUSED_PAIR\n#define AMK_FUSED_PAIR 1\n"));
+    assert!(KNOBS.contains("#ifndef AMK_FUSED_PAIR_MIN\n#define AMK_FUSED_PAIR_MIN 16\n"));
 }
 
 /// A program's kernel handles inline only the float dtypes its buffers hold: a bf16 program
