@@ -160,11 +160,13 @@ mod conformance {
     ));
 }
 
-/// The whole suite again with every fused tile streaming two units a warp at once (by default
-/// only long tiles do, docs/perf-notes.md round 14, and the suite's tiles are small), so that
-/// the paired loop — a partner unit or none, the epilogue of each — stays checked against the
-/// CPU VM; one-row projections of rows up to `AMK_FUSED_QUAD_BYTES` take four units a warp
-/// (round 16). The two-unit loop on longer rows runs in the SmolLM2 f32 tests (its LM head).
+/// The whole suite again with every fused tile (one-row projections, gate/up, Q/K/V)
+/// streaming two units a warp at once (by default only a program whose rows are all 4 KB or
+/// more pairs them, `loops::pairs`, and the suite's tiles are small), so that the paired loop
+/// — a partner unit or none, the epilogue of each — stays checked against the CPU VM;
+/// one-row projections of rows up to `AMK_FUSED_QUAD_BYTES` take four units a warp (round
+/// 16). The two-unit loop on longer rows runs in the SmolLM2 f32 tests (its LM head) and in
+/// `paired_units_give_the_same_bits` (the 1B shape).
 /// Its own kernels (each case's program's), compiled on first use.
 mod conformance_paired {
     use amk_backend_cuda::test_support::{conformance_options, gpu_with_options};
