@@ -699,6 +699,23 @@ fn synthetic_logits(
     s.run(inputs).unwrap().get("logits").unwrap().to_f32_vec()
 }
 
+/// Each program's decode-step logits on the default device and on one whose kernels are built
+/// with `defines` ([`logits_with_defines`]) are finite and the same, bit for bit.
+fn assert_same_bits(test: &str, defines: &str, programs: &[(u64, ShapeProgram)], token: i64) {
+    let Some(runs) = logits_with_defines(test, defines, programs, token) else {
+        return;
+    };
+    for (pos, a, b) in runs {
+        assert!(a.iter().all(|x| x.is_finite()), "pos {pos}");
+        let diff = a
+            .iter()
+            .zip(&b)
+            .filter(|(x, y)| x.to_bits() != y.to_bits())
+            .count();
+        assert_eq!(diff, 0, "pos {pos}: {diff} logits differ");
+    }
+}
+
 /// A lowered, validated program and its synthetic weights ([`smollm2_shape`]).
 type ShapeProgram = (
     amk_core::ValidatedProgram,
@@ -816,23 +833,12 @@ fn loads_before_the_wait_give_the_same_bits() {
         })
         .count();
     assert!(triples > 0);
-    let Some(runs) = logits_with_defines(
+    assert_same_bits(
         "loads_before_the_wait_give_the_same_bits",
         "AMK_ROW_PRE=0 AMK_NORM_WPRE=0 AMK_ATT_TINY_PRE=0",
         &programs,
         77,
-    ) else {
-        return;
-    };
-    for (pos, a, b) in runs {
-        assert!(a.iter().all(|x| x.is_finite()), "pos {pos}");
-        let diff = a
-            .iter()
-            .zip(&b)
-            .filter(|(x, y)| x.to_bits() != y.to_bits())
-            .count();
-        assert_eq!(diff, 0, "pos {pos}: {diff} logits differ");
-    }
+    );
 }
 
 /// Two units a warp at once changes no bit: the Llama-3.2-1B shape's kernels, whose rows of
@@ -853,23 +859,12 @@ fn paired_units_give_the_same_bits() {
     for (_, (v, _)) in &programs {
         assert!(amk_backend_cuda::loops::pairs(v.program(), &reg));
     }
-    let Some(runs) = logits_with_defines(
+    assert_same_bits(
         "paired_units_give_the_same_bits",
         "AMK_FUSED_PAIR=1 AMK_FUSED_PAIR_MIN=16",
         &programs,
         123,
-    ) else {
-        return;
-    };
-    for (pos, a, b) in runs {
-        assert!(a.iter().all(|x| x.is_finite()), "pos {pos}");
-        let diff = a
-            .iter()
-            .zip(&b)
-            .filter(|(x, y)| x.to_bits() != y.to_bits())
-            .count();
-        assert_eq!(diff, 0, "pos {pos}: {diff} logits differ");
-    }
+    );
 }
 
 /// RMSNORM in f32 (`AMK_NORM_F32=1`, a knob; f64 by default, as the CPU reference): the
