@@ -281,8 +281,9 @@ pub mod test_support {
 
     /// The configurations the GPU tests run the conformance suite under, by test module
     /// name: the defaults, and every fused tile (one-row projections, gate/up, Q/K/V)
-    /// streaming two units a warp (or four for short rows) at once. Each is its own set of kernels, over the environment's knobs
-    /// ([`CudaOptions::from_env`]; a refused value fails the test).
+    /// streaming two units a warp (or four for short rows) at once. Each is its own set of
+    /// kernels, over the environment's knobs ([`CudaOptions::from_env`]; a refused value fails
+    /// the test).
     #[allow(clippy::panic)] // a test helper: failing the test is its job
     pub fn conformance_configs() -> [(&'static str, CudaOptions); 2] {
         let base = CudaOptions::from_env().unwrap_or_else(|e| panic!("{e}"));

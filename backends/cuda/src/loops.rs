@@ -211,9 +211,9 @@ pub const PAIR_ROW_BYTES: u64 = 4096;
 
 /// Whether `program`'s fused tiles should stream two of a warp's units at once
 /// ([`PAIR_DEFINES`]): every vector row-loop task's weight rows are at least
-/// [`PAIR_ROW_BYTES`] long, and there is at least one. A unit's rows of 4 KB or more are two
-/// to four passes of 4 KB a warp, each a DRAM round trip; paired, a warp has twice the bytes
-/// in flight a pass and half the round trips. Measured on an H200 end to end
+/// [`PAIR_ROW_BYTES`] long, and there is at least one. A warp's pass holds 4 KB of its unit's
+/// rows (one to four passes a unit on the 1B), each pass a DRAM round trip; paired, a warp
+/// has twice the bytes in flight a pass and half the round trips. Measured on an H200 end to end
 /// (docs/perf-notes.md round 60): the Llama-3.2-1B shape's decode (4 KB and 16 KB rows) 1.9 %
 /// faster, SmolLM2-135M's (1.1 and 3 KB rows, one pass each) 1.1–1.5 % slower. Each unit's
 /// sums are the same bits either way (the same vectors a lane, in the same order), so the
