@@ -154,9 +154,9 @@
  * (GEMV_TILE's one-row path, RMSNORM_GEMV, ATTENTION_GEMV), 2 GATE_UP_SILU, 4 QKV_ROPE_APPEND;
  * amk_fused_run says when they do (docs/perf-notes.md round 14). Default 1; the backend defines
  * 7 (with AMK_FUSED_PAIR_MIN 2) for a program whose weight rows are all 4 KB or more
- * (loops::pairs: the 1B and the 8B 1-2 % faster on the H200, docs/perf-notes.md round 60), where
- * a unit is several passes; programs of shorter rows (SmolLM2: one pass a unit) lose 1-1.5 % to
- * the larger loops. */
+ * (loops::pairs: the 1B and the 8B 1-2 % faster on the H200, docs/perf-notes.md round 60): a
+ * pass of 4 KB a round trip, two units' passes in flight at once; programs of shorter rows
+ * (SmolLM2: a unit's rows in a pass of 1.5-3 KB) lose 1-1.5 % to the larger loops. */
 #ifndef AMK_FUSED_PAIR
 #define AMK_FUSED_PAIR 1
 #endif
