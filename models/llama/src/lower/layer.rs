@@ -97,10 +97,9 @@ pub(super) struct Layout {
     pub(super) split: Option<SplitPlan>,
     /// SMs of the grid.
     pub(super) grid: u64,
-    /// The grid's last SMs kept for the attention tasks (`attention.own_sms`).
-    pub(super) own_sms: u64,
-    /// The own SMs hold the split attention's merge tasks rather than the attention's.
-    pub(super) own_merges: bool,
+    /// The grid's last SMs kept for attention tasks (`attention.own_sms`,
+    /// `attention.own_sms_alternating`), at most all but one.
+    pub(super) own: OwnSms,
     /// Consecutive phases on alternating halves of the SMs (`gemv.alternate_max_kb`).
     pub(super) alternate: bool,
     /// SMs a layer projection is tiled for.
@@ -109,11 +108,26 @@ pub(super) struct Layout {
 
 /// The grid's last SMs kept for some attention tasks ([`own_sms`]).
 #[derive(Debug, Clone, Copy, Default)]
-struct OwnSms {
-    /// How many (not clamped to the grid).
-    sms: u64,
+pub(super) struct OwnSms {
+    /// How many.
+    pub(super) sms: u64,
     /// They hold the split attention's merge tasks, not the attention tasks.
-    merges: bool,
+    pub(super) merges: bool,
+}
+
+impl OwnSms {
+    /// The opcodes whose tasks the placement puts on these SMs.
+    pub(super) fn ops(&self) -> Vec<Opcode> {
+        if self.merges {
+            vec![Opcode::ATTENTION_MERGE]
+        } else {
+            vec![
+                Opcode::ATTENTION_TILE,
+                Opcode::ATTENTION_COMBINE,
+                Opcode::ATTENTION_SPLIT,
+            ]
+        }
+    }
 }
 
 /// SMs kept for attention tasks: `attention.own_sms = k` for the attention tasks; else, with
@@ -197,13 +211,13 @@ impl Layout {
         // tiled for half the SMs, and the SM assignment puts consecutive phases on disjoint
         // SMs ([`alternates`]). The LM head keeps every SM.
         let alternate = alternates(cfg, mc, d.dbytes as u64);
-        let own = own_sms(cfg, mc, split.as_ref(), alternate);
-        let own_sms = own.sms.min(grid - 1);
+        let mut own = own_sms(cfg, mc, split.as_ref(), alternate);
+        own.sms = own.sms.min(grid - 1);
         // One split a KV head (the short-context program) is one task a KV head, which own SMs
         // can hold; more splits spread over every SM (their merge tasks may have SMs of their
         // own).
         let splits = split.as_ref().is_some_and(|s| s.geometry.n_splits > 1);
-        if splits && own_sms > 0 && !own.merges {
+        if splits && own.sms > 0 && !own.merges {
             return Err(ModelError::Lower(
                 "tiling attention.split_kv spreads the attention over every SM: it excludes \
                  attention.own_sms"
@@ -211,9 +225,9 @@ impl Layout {
             ));
         }
         let layer_sms = if alternate {
-            ((grid - own_sms) / 2).max(1)
+            ((grid - own.sms) / 2).max(1)
         } else {
-            grid - own_sms
+            grid - own.sms
         };
         Ok(Layout {
             parts,
@@ -225,8 +239,7 @@ impl Layout {
             fuse_attn,
             split,
             grid,
-            own_sms,
-            own_merges: own.merges,
+            own,
             alternate,
             layer_sms,
         })

@@ -1406,7 +1406,7 @@ impl Builder<'_> {
             opts.dtype,
             &[1, d.vocab],
         );
-        let sms = layout.grid - layout.own_sms;
+        let sms = layout.grid - layout.own.sms;
         let logits = self.proj(hf, t.head, None, logits, d.h, d.vocab, "lm_head", sms);
         if let Some(dl) = opts.decode_loop {
             let loop_tail = LoopTail {
@@ -1440,18 +1440,9 @@ fn place(
     target: &GpuTarget,
     layout: &Layout,
 ) -> Result<Option<pages::PageStats>, ModelError> {
-    let ops = if layout.own_merges {
-        vec![Opcode::ATTENTION_MERGE]
-    } else {
-        vec![
-            Opcode::ATTENTION_TILE,
-            Opcode::ATTENTION_COMBINE,
-            Opcode::ATTENTION_SPLIT,
-        ]
-    };
     let reserve = sm::Reserve {
-        ops,
-        sms: layout.own_sms as u32,
+        ops: layout.own.ops(),
+        sms: layout.own.sms as u32,
         alternate: layout.alternate,
     };
     let num_sms = target.num_sms.max(0) as u32;
