@@ -476,6 +476,34 @@ __device__ __forceinline__ void mp_load(mp_blk& b, const char* kb, const char* v
   }
 }
 
+/* AMK_AS_EX2 1: the tensor-core path's scores are in base 2 (the scale times log2 e) and its
+ * weights one ex2.approx each (an exact 0 for a -inf score, no branch), its maxima turned back
+ * to base e for the cross-warp merge. The row loop is bound by its instructions (about 450 a
+ * block a warp, two warps a scheduler), expf with its -inf branch about 50 of them: on an H200
+ * SmolLM2's short-context step 0.005-0.018 ms faster from 128 rows and the 1B's 0.004-0.008,
+ * the split programs even to 0.01 faster, every point's gate as main's (docs/perf-notes.md
+ * round 63). 0 (the default until the ATTENTION_SPLIT conformance cases have run on a GPU with
+ * it): expf of base-e scores behind a branch for -inf. */
+#ifndef AMK_AS_EX2
+#define AMK_AS_EX2 0
+#endif
+#if AMK_AS_EX2
+__device__ __forceinline__ float mp_ex2(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+}
+#define MP_EXP(x) mp_ex2(x)
+#define MP_EXP_MASKED(x, masked) mp_ex2(x)
+#define MP_SCALE_BASE 1.4426950408889634f /* log2 e */
+#define MP_M_BACK 0.6931471805599453f     /* ln 2 */
+#else
+#define MP_EXP(x) expf(x)
+#define MP_EXP_MASKED(x, masked) ((masked) ? 0.0f : expf(x))
+#define MP_SCALE_BASE 1.0f
+#define MP_M_BACK 1.0f
+#endif
+
 /* One block of 16 rows into the warp's online softmax (m, l: head g's; o: head g's dims). */
 template <bool BF>
 __device__ __forceinline__ void mp_block(const mp_blk& b, const uint32_t (&qa)[8], int n0,
@@ -496,10 +524,10 @@ __device__ __forceinline__ void mp_block(const mp_blk& b, const uint32_t (&qa)[8
   bm = fmaxf(bm, __shfl_xor_sync(ATT_FULL, bm, 1));
   bm = fmaxf(bm, __shfl_xor_sync(ATT_FULL, bm, 2));
   const float mn = fmaxf(m, bm);
-  const float alpha = m == mn ? 1.0f : expf(m - mn);
+  const float alpha = m == mn ? 1.0f : MP_EXP(m - mn);
   float e[4];
 #pragma unroll
-  for (int i = 0; i < 4; ++i) e[i] = x[i] == NEG_INF ? 0.0f : expf(x[i] - mn);
+  for (int i = 0; i < 4; ++i) e[i] = MP_EXP_MASKED(x[i] - mn, x[i] == NEG_INF);
   l = l * alpha + ((e[0] + e[1]) + (e[2] + e[3]));
   m = mn;
   if (__any_sync(ATT_FULL, alpha != 1.0f)) {
@@ -544,6 +572,9 @@ struct mp_plan {
   long long gstride;
   int len, rep;
   float scale;
+#if AMK_PROBE == 5 && !AMK_TRACE_OFF
+  uint64_t* tr; /* the traced task's words (probes 3..7: warp 0's blocks, mp_rows) */
+#endif
 };
 
 __device__ __forceinline__ mp_plan mp_plan_of(const amk_task_ctx& ctx, const as_args& a,
@@ -559,8 +590,41 @@ __device__ __forceinline__ mp_plan mp_plan_of(const amk_task_ctx& ctx, const as_
   p.len = len;
   p.rep = a.rep;
   p.scale = a.scale;
+#if AMK_PROBE == 5 && !AMK_TRACE_OFF
+  p.tr = ctx.trace;
+#endif
   return p;
 }
+
+/* AMK_PROBE 5 (diagnostic, traced kernel only): warp 0's first two blocks, each once its rows
+ * have landed (probes 3, 5) and once summed (4, 6), and its last block summed (7). */
+#if AMK_PROBE == 5 && !AMK_TRACE_OFF
+#define MP_PROBE_LOADED(bi, b)                                                               \
+  do {                                                                                       \
+    if (p.tr && threadIdx.x == 0 && (bi) < 2 * AMK_WARPS && (b).k[0].x != 0x7fc12345u &&     \
+        (b).v[0].x != 0x7fc12345u)                                                           \
+      p.tr[8 + 3 + 2 * ((bi) / AMK_WARPS)] = amk_globaltimer();                              \
+  } while (0)
+#define MP_PROBE_DONE(bi, m)                                                                 \
+  do {                                                                                       \
+    if (p.tr && threadIdx.x == 0 && (bi) < 2 * AMK_WARPS && (m) != 12345.0f)                 \
+      p.tr[8 + 4 + 2 * ((bi) / AMK_WARPS)] = amk_globaltimer();                              \
+  } while (0)
+#define MP_PROBE_LAST(m)                                                                     \
+  do {                                                                                       \
+    if (p.tr && threadIdx.x == 0 && (m) != 12345.0f) p.tr[8 + 7] = amk_globaltimer();        \
+  } while (0)
+#else
+#define MP_PROBE_LOADED(bi, b) \
+  do {                         \
+  } while (0)
+#define MP_PROBE_DONE(bi, m) \
+  do {                       \
+  } while (0)
+#define MP_PROBE_LAST(m) \
+  do {                   \
+  } while (0)
+#endif
 
 /* The split's rows on the tensor-core path, after the task's wait: each warp's online softmax
  * of its blocks, left in the cross-warp buffers for ad_store (after a barrier). Out of line,
@@ -582,10 +646,12 @@ __device__ __noinline__ void mp_rows(const mp_plan p) {
   for (int j = 0; j < 8; ++j) o[j][0] = o[j][1] = o[j][2] = o[j][3] = 0.0f;
   float m = -__int_as_float(0x7f800000), l = 0.0f;
   const int nb = (p.len + 15) >> 4;
-  /* one block in registers at a time (two made the function spill them); every later block
-     of the warp's prefetched into L2 first, a lane a 128-byte row line (against each block
-     the next as it loads: the short-context program 1-3 % faster from 256 rows,
-     docs/perf-notes.md round 55) */
+  const float sc = p.scale * MP_SCALE_BASE;
+  /* one block in registers at a time (two a step, their chains side by side, took as long as
+     one after the other: the loop is bound by its instructions, docs/perf-notes.md round 63);
+     every later block of the warp's prefetched into L2 first, a lane a 128-byte row line
+     (against each block the next as it loads: the short-context program 1-3 % faster from 256
+     rows, docs/perf-notes.md round 55) */
   for (int bi = warp + AMK_WARPS; bi < nb; bi += AMK_WARPS) {
     const int nr = 16 * bi + (lane & 15);
     if (nr < p.len) amk_prefetch_l2((lane < 16 ? p.k : p.v) + (long long)nr * p.gstride);
@@ -593,8 +659,11 @@ __device__ __noinline__ void mp_rows(const mp_plan p) {
   for (int bi = warp; bi < nb; bi += AMK_WARPS) {
     mp_blk b;
     mp_load(b, p.k, p.v, p.gstride, 16 * bi, p.len, g, t);
-    mp_block<BF>(b, qa, 16 * bi, p.len, t, p.scale, m, l, o);
+    MP_PROBE_LOADED(bi, b);
+    mp_block<BF>(b, qa, 16 * bi, p.len, t, sc, m, l, o);
+    MP_PROBE_DONE(bi, m);
   }
+  MP_PROBE_LAST(m);
   l += __shfl_xor_sync(ATT_FULL, l, 1);
   l += __shfl_xor_sync(ATT_FULL, l, 2);
   if (g < p.rep) {
@@ -604,7 +673,7 @@ __device__ __noinline__ void mp_rows(const mp_plan p) {
     r[2] = make_float4(o[0][1], o[1][1], o[2][1], o[3][1]);
     r[3] = make_float4(o[4][1], o[5][1], o[6][1], o[7][1]);
     if (t == 0) {
-      p.ml[(warp * AD_HB + g) * 2] = m;
+      p.ml[(warp * AD_HB + g) * 2] = m * MP_M_BACK;
       p.ml[(warp * AD_HB + g) * 2 + 1] = l;
     }
   }
