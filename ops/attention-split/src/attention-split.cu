@@ -459,6 +459,31 @@ struct mp_blk {
   uint4 k[4], v[4];
 };
 
+#if AMK_AS_LEAN
+__device__ __forceinline__ uint4 mp_ldg(const char* p) {
+  uint4 v;
+  asm volatile("ld.global.v4.u32 {%0, %1, %2, %3}, [%4];"
+               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+               : "l"(p));
+  return v;
+}
+
+/* Rows past `len` read as row len - 1: every load unconditional. */
+__device__ __forceinline__ void mp_load(mp_blk& b, const char* kb, const char* vb,
+                                        long long gstride, int n0, int len, int g, int t) {
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const char* kp = kb + (long long)min(n0 + 8 * h + g, len - 1) * gstride + 32 * t;
+    b.k[2 * h] = mp_ldg(kp);
+    b.k[2 * h + 1] = mp_ldg(kp + 16);
+  }
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const int r = min(n0 + 8 * (i >> 1) + 2 * t + (i & 1), len - 1);
+    b.v[i] = mp_ldg(vb + (long long)r * gstride + 16 * g);
+  }
+}
+#else
 __device__ __forceinline__ void mp_load(mp_blk& b, const char* kb, const char* vb,
                                         long long gstride, int n0, int len, int g, int t) {
   const uint4 z = make_uint4(0u, 0u, 0u, 0u);
@@ -475,6 +500,7 @@ __device__ __forceinline__ void mp_load(mp_blk& b, const char* kb, const char* v
     b.v[i] = r < len ? *(const uint4*)(vb + (long long)r * gstride + 16 * g) : z;
   }
 }
+#endif
 
 /* AMK_AS_EX2 1: the tensor-core path's scores are in base 2 (the scale times log2 e) and its
  * weights one ex2.approx each (an exact 0 for a -inf score, no branch), its maxima turned back
@@ -486,6 +512,17 @@ __device__ __forceinline__ void mp_load(mp_blk& b, const char* kb, const char* v
  * it): expf of base-e scores behind a branch for -inf. */
 #ifndef AMK_AS_EX2
 #define AMK_AS_EX2 0
+#endif
+
+/* AMK_AS_LEAN 1: fewer instructions a block of the tensor-core path (round 63 counted ≈ 350 a
+ * block a warp, a third of them moves, zeroing and address arithmetic): each row past `len`
+ * read as row len - 1 (finite data, its score then -inf and its weight 0) so that no load is
+ * predicated or zero-filled, the loads global ones (`ld.global`, not generic), the query's A
+ * fragments built once, and a head's maximum kept until a block's exceeds it by
+ * MP_LAZY_MAX (e^MP_LAZY_MAX at most a weight, so the rescale of the 32 accumulators runs on
+ * few blocks but the first). 0 (the default): one block as round 55 wrote it. */
+#ifndef AMK_AS_LEAN
+#define AMK_AS_LEAN 0
 #endif
 #if AMK_AS_EX2
 __device__ __forceinline__ float mp_ex2(float x) {
@@ -504,16 +541,30 @@ __device__ __forceinline__ float mp_ex2(float x) {
 #define MP_M_BACK 1.0f
 #endif
 
+#if AMK_AS_LEAN
+/* A score this far above a head's kept maximum moves it (e^MP_LAZY_MAX = 256, in the scores'
+ * base). */
+#define MP_LAZY_MAX (AMK_AS_EX2 ? 8.0f : 5.5451774f)
+/* The query's A fragment of k-step s: head g's words 2s and 2s + 1, rows 8..15 zero. */
+typedef uint32_t mp_qfrag[4][4];
+#else
+typedef uint32_t mp_qfrag[8];
+#endif
+
 /* One block of 16 rows into the warp's online softmax (m, l: head g's; o: head g's dims). */
 template <bool BF>
-__device__ __forceinline__ void mp_block(const mp_blk& b, const uint32_t (&qa)[8], int n0,
+__device__ __forceinline__ void mp_block(const mp_blk& b, const mp_qfrag& qa, int n0,
                                          int len, int t, float scale, float& m, float& l,
                                          float (&o)[8][4]) {
   const float NEG_INF = -__int_as_float(0x7f800000);
   float sa[4] = {0.0f, 0.0f, 0.0f, 0.0f}, sb[4] = {0.0f, 0.0f, 0.0f, 0.0f};
 #pragma unroll
   for (int s = 0; s < 4; ++s) {
+#if AMK_AS_LEAN
+    const uint32_t(&a)[4] = qa[s];
+#else
     const uint32_t a[4] = {qa[2 * s], 0u, qa[2 * s + 1], 0u};
+#endif
     amk_mma_16816<BF>(sa, a, mp_word(b.k[0], b.k[1], 2 * s), mp_word(b.k[0], b.k[1], 2 * s + 1));
     amk_mma_16816<BF>(sb, a, mp_word(b.k[2], b.k[3], 2 * s), mp_word(b.k[2], b.k[3], 2 * s + 1));
   }
@@ -523,8 +574,14 @@ __device__ __forceinline__ void mp_block(const mp_blk& b, const uint32_t (&qa)[8
   float bm = fmaxf(fmaxf(x[0], x[1]), fmaxf(x[2], x[3]));
   bm = fmaxf(bm, __shfl_xor_sync(ATT_FULL, bm, 1));
   bm = fmaxf(bm, __shfl_xor_sync(ATT_FULL, bm, 2));
+#if AMK_AS_LEAN
+  const bool up = bm > m + MP_LAZY_MAX; /* always at the first block (m = -inf) */
+  const float mn = up ? bm : m;
+  const float alpha = up ? MP_EXP(m - mn) : 1.0f;
+#else
   const float mn = fmaxf(m, bm);
   const float alpha = m == mn ? 1.0f : MP_EXP(m - mn);
+#endif
   float e[4];
 #pragma unroll
   for (int i = 0; i < 4; ++i) e[i] = MP_EXP_MASKED(x[i] - mn, x[i] == NEG_INF);
@@ -633,13 +690,23 @@ __device__ __forceinline__ mp_plan mp_plan_of(const amk_task_ctx& ctx, const as_
 template <bool BF>
 __device__ __noinline__ void mp_rows(const mp_plan p) {
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
-  uint32_t qa[8];
+  mp_qfrag qa;
   {
     const uint4 z = make_uint4(0u, 0u, 0u, 0u);
     const uint4* qp = (const uint4*)(p.q + (long long)g * 128 + 32 * t);
     const uint4 q0 = g < p.rep ? qp[0] : z, q1 = g < p.rep ? qp[1] : z;
+#if AMK_AS_LEAN
+#pragma unroll
+    for (int s = 0; s < 4; ++s) {
+      qa[s][0] = mp_word(q0, q1, 2 * s);
+      qa[s][1] = 0u;
+      qa[s][2] = mp_word(q0, q1, 2 * s + 1);
+      qa[s][3] = 0u;
+    }
+#else
 #pragma unroll
     for (int i = 0; i < 8; ++i) qa[i] = mp_word(q0, q1, i);
+#endif
   }
   float o[8][4];
 #pragma unroll
