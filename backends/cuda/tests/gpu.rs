@@ -8,13 +8,19 @@
 
 use amk_backend_cpu::CpuBackend;
 use amk_backend_cuda::assemble::Knobs;
-use amk_backend_cuda::test_support::{gpu_or_skip, gpu_with_watchdog, skip};
+#[cfg(feature = "testing")]
+use amk_backend_cuda::test_support::gpu_with_watchdog;
+use amk_backend_cuda::test_support::{gpu_or_skip, skip};
 use amk_backend_cuda::{CudaBackend, CudaError, compile_for_arch, nvrtc};
-use amk_core::json::{Map, Value};
+use amk_core::json::Map;
+#[cfg(feature = "testing")]
+use amk_core::json::Value;
 use amk_core::{
     Backend, BufferKind, DType, Opcode, Program, Registry, Tensor, WeightStore, validate_owned,
 };
-use std::time::{Duration, Instant};
+#[cfg(feature = "testing")]
+use std::time::Duration;
+use std::time::Instant;
 
 fn registry() -> Registry {
     amk_ops::registry().unwrap()
@@ -176,6 +182,7 @@ mod conformance_paired {
     ));
 }
 
+#[cfg(feature = "testing")]
 fn params(kv: &[(&str, Value)]) -> Map {
     let mut m = Map::new();
     for (k, v) in kv {
@@ -206,6 +213,7 @@ fn copy_chain() -> (Program, Tensor) {
     (p, Tensor::from_f32(DType::F32, &[37], &xs).unwrap())
 }
 
+#[cfg(feature = "testing")]
 fn run_copy_chain(b: &CudaBackend, reg: &Registry) {
     let (p, x) = copy_chain();
     let v = validate_owned(p, reg).map_err(|r| r.report()).unwrap();
