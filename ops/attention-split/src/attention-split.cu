@@ -453,6 +453,29 @@ __device__ __forceinline__ uint32_t mp_round2(float x, float y, float& rx, float
   return r;
 }
 
+/* AMK_AS_EX2 1: the tensor-core path's scores are in base 2 (the scale times log2 e) and its
+ * weights one ex2.approx each (an exact 0 for a -inf score, no branch), its maxima turned back
+ * to base e for the cross-warp merge. The row loop is bound by its instructions (about 350 a
+ * block a warp, two warps a scheduler), expf with its -inf branch about 50 of them: on an H200
+ * SmolLM2's short-context step 0.005-0.018 ms faster from 128 rows and the 1B's 0.004-0.008,
+ * the split programs even to 0.01 faster, every point's gate as main's (docs/perf-notes.md
+ * round 63). 0 (the default until the ATTENTION_SPLIT conformance cases have run on a GPU with
+ * it): expf of base-e scores behind a branch for -inf. */
+#ifndef AMK_AS_EX2
+#define AMK_AS_EX2 0
+#endif
+
+/* AMK_AS_LEAN 1: fewer instructions a block of the tensor-core path (round 63 counted ≈ 350 a
+ * block a warp, a third of them moves, zeroing and address arithmetic): each row past `len`
+ * read as row len - 1 (finite data, its score then -inf and its weight 0) so that no load is
+ * predicated or zero-filled, the loads global ones (`ld.global`, not generic), the query's A
+ * fragments built once, and a head's maximum kept until a block's exceeds it by
+ * MP_LAZY_MAX (e^MP_LAZY_MAX at most a weight, so the rescale of the 32 accumulators runs on
+ * few blocks but the first). 0 (the default): one block as round 55 wrote it. */
+#ifndef AMK_AS_LEAN
+#define AMK_AS_LEAN 0
+#endif
+
 /* One block's operands in registers: K rows n0 + g and n0 + 8 + g (dims 16t ..), V rows
  * n0 + 2t, + 1, n0 + 8 + 2t, + 1 (dims 8g ..); zeros past `len`. */
 struct mp_blk {
@@ -502,28 +525,6 @@ __device__ __forceinline__ void mp_load(mp_blk& b, const char* kb, const char* v
 }
 #endif
 
-/* AMK_AS_EX2 1: the tensor-core path's scores are in base 2 (the scale times log2 e) and its
- * weights one ex2.approx each (an exact 0 for a -inf score, no branch), its maxima turned back
- * to base e for the cross-warp merge. The row loop is bound by its instructions (about 450 a
- * block a warp, two warps a scheduler), expf with its -inf branch about 50 of them: on an H200
- * SmolLM2's short-context step 0.005-0.018 ms faster from 128 rows and the 1B's 0.004-0.008,
- * the split programs even to 0.01 faster, every point's gate as main's (docs/perf-notes.md
- * round 63). 0 (the default until the ATTENTION_SPLIT conformance cases have run on a GPU with
- * it): expf of base-e scores behind a branch for -inf. */
-#ifndef AMK_AS_EX2
-#define AMK_AS_EX2 0
-#endif
-
-/* AMK_AS_LEAN 1: fewer instructions a block of the tensor-core path (round 63 counted ≈ 350 a
- * block a warp, a third of them moves, zeroing and address arithmetic): each row past `len`
- * read as row len - 1 (finite data, its score then -inf and its weight 0) so that no load is
- * predicated or zero-filled, the loads global ones (`ld.global`, not generic), the query's A
- * fragments built once, and a head's maximum kept until a block's exceeds it by
- * MP_LAZY_MAX (e^MP_LAZY_MAX at most a weight, so the rescale of the 32 accumulators runs on
- * few blocks but the first). 0 (the default): one block as round 55 wrote it. */
-#ifndef AMK_AS_LEAN
-#define AMK_AS_LEAN 0
-#endif
 #if AMK_AS_EX2
 __device__ __forceinline__ float mp_ex2(float x) {
   float y;
