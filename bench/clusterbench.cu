@@ -12,28 +12,12 @@
 //
 //   nvcc -arch=sm_90a -O3 -std=c++17 bench/clusterbench.cu -o clusterbench && ./clusterbench
 #include <cooperative_groups.h>
+#include "cudacheck.cuh"
 #include <cstdio>
 #include <algorithm>
 #include <cstdlib>
 #include <vector>
 namespace cg = cooperative_groups;
-typedef unsigned int u32;
-typedef unsigned long long u64;
-
-#define CHECK(x)                                                                          \
-  do {                                                                                    \
-    cudaError_t e_ = (x);                                                                 \
-    if (e_ != cudaSuccess) {                                                              \
-      fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e_)); \
-      exit(1);                                                                            \
-    }                                                                                     \
-  } while (0)
-
-__device__ __forceinline__ u64 gtime() {
-  u64 t;
-  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t)::"memory");
-  return t;
-}
 
 // ---- 1. hand-offs ----------------------------------------------------------------------------
 

@@ -14,33 +14,17 @@
 //
 //   nvcc -arch=sm_90a -O3 -std=c++17 bench/clusterfit.cu -o clusterfit && ./clusterfit
 #include <cooperative_groups.h>
+#include "cudacheck.cuh"
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <vector>
 namespace cg = cooperative_groups;
-typedef unsigned int u32;
-typedef unsigned long long u64;
-
-#define CHECK(x)                                                                          \
-  do {                                                                                    \
-    cudaError_t e_ = (x);                                                                 \
-    if (e_ != cudaSuccess) {                                                              \
-      fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e_)); \
-      exit(1);                                                                            \
-    }                                                                                     \
-  } while (0)
 
 constexpr int THREADS = 256;
 constexpr int PART = 264;                 // words of one partial
 constexpr int SMEM = 120 * 1024;          // dynamic shared memory: one CTA a SM
 constexpr int SIZES[] = {1, 2, 4, 8, 16};
-
-__device__ __forceinline__ u64 gtime() {
-  u64 t;
-  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t)::"memory");
-  return t;
-}
 
 // `iters` merge steps. Step i: the CTA of rank r in its cluster writes r + i into every word of
 // its partial; after the barrier, thread t sums word t over the cluster's partials (C·i +
