@@ -70,6 +70,11 @@ pub struct BenchArgs {
     /// GPU target the schedule is laid out for; its SM count is replaced by the device's.
     #[arg(long, default_value = "h100")]
     pub target: String,
+    /// Lay the decode programs out for N SMs (1 to the device's count) instead of all of
+    /// them: what a launch that leaves SMs idle would cost (a grid of whole thread-block
+    /// clusters of 4 covers 120 of an H200's 132).
+    #[arg(long, value_name = "N", conflicts_with_all = ["prompt_tokens", "prefill"])]
+    pub sms: Option<usize>,
     /// Seed of the synthetic weights and KV prefix (0 by default, as every --seed of amk).
     #[arg(long, default_value_t = 0)]
     pub seed: u64,
@@ -326,7 +331,7 @@ fn bench(a: &BenchArgs) -> Result<(), ModelCmdError> {
     let prefix = prefix.as_deref();
     let max_seq = a.max_seq.unwrap_or(1024.max(max_pos + 1));
     let gpu = open_gpu()?;
-    target.num_sms = gpu.info().sms as i64;
+    target.num_sms = schedule_sms(a.sms, gpu.info().sms)? as i64;
     crate::status::status!("measuring the read bandwidth (2 GiB, 20 passes)...");
     let bw = gpu.read_bandwidth(2 << 30, 20)?;
     let mut points = Vec::new();
@@ -604,6 +609,18 @@ pub(crate) fn logits(out: Option<amk_core::Outputs>) -> Result<Vec<f32>, ModelCm
         .ok_or_else(|| ModelCmdError::Usage("the program has no `logits` output".into()))
 }
 
+/// The SMs the decode programs are laid out for: `--sms` when it is within the device's count,
+/// else all of them.
+fn schedule_sms(asked: Option<usize>, device: usize) -> Result<usize, ModelCmdError> {
+    match asked {
+        None => Ok(device),
+        Some(n) if (1..=device).contains(&n) => Ok(n),
+        Some(n) => Err(ModelCmdError::Usage(format!(
+            "--sms {n}: the device has {device} SMs; give 1 to {device}"
+        ))),
+    }
+}
+
 fn report(
     a: &BenchArgs,
     subject: &Subject,
@@ -720,6 +737,17 @@ mod tests {
         let g = Gate::check(&[f32::NAN, 4.0, -2.0, 3.9], &want, 2e-2);
         assert!(!g.passed() && g.max_rel_err.is_infinite());
         assert!(!Gate::check(&[1.0, 4.0], &want, 2e-2).passed());
+    }
+
+    #[test]
+    fn sms_within_the_device_or_refused() {
+        assert_eq!(schedule_sms(None, 132).unwrap(), 132);
+        assert_eq!(schedule_sms(Some(120), 132).unwrap(), 120);
+        assert_eq!(schedule_sms(Some(132), 132).unwrap(), 132);
+        for bad in [0, 133] {
+            let e = schedule_sms(Some(bad), 132).unwrap_err().to_string();
+            assert!(e.contains("1 to 132"), "{e}");
+        }
     }
 
     #[test]

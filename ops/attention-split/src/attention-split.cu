@@ -401,25 +401,34 @@ __device__ void ad_attend(const amk_task_ctx& ctx, const as_args& a, const ad_pl
  * and its butterfly, the online step, the values' shuffles: about 0.8 us a batch of two rows a
  * group, docs/perf-notes.md round 43), not on the rows' bytes; more rows a batch did not help
  * (round 55). Here a warp takes 16 rows at a time through mma.sync.m16n8k16 (f32
- * accumulation): S = Q K^T with the query heads as M (at most 4 of its 16 rows used, the rest
- * zero) and the rows as N, then O += P V with the rows as K. No shared memory and no shuffle
- * in the row loop but the block maximum's two; every operand comes straight from the caches
- * into registers, in layouts chosen so that each lane loads whole 16-byte vectors:
+ * accumulation): S = Q K^T with the query heads as M (at most AD_HB of its 16 rows used, the
+ * rest zero) and the rows as N, then O^T += V^T P^T with the head's dims as M, the query
+ * heads as N and the rows as K. No shared memory and no shuffle in the row loop but the block
+ * maximum's two; every operand comes straight from the caches into registers, in layouts
+ * chosen so that each lane loads whole 16-byte vectors:
  * - lane (g, t) = (lane / 4, lane % 4) holds dims 16t .. 16t + 15 of query head g and of rows
  *   n0 + g and n0 + 8 + g of K; k-step s of the score takes their 32-bit words 2s and 2s + 1
  *   as its (k = 2t, 2t + 1) and (2t + 8, 2t + 9) pairs (a dot product does not care which
  *   dims a k index stands for, as long as Q and K agree);
  * - its scores are head g's at rows n0 + 2t, + 1 (the first n-tile) and n0 + 8 + 2t, + 1 (the
- *   second), which are exactly P's A fragment for K = those 16 rows;
+ *   second), which are exactly P^T's B fragment for K = those 16 rows and N = head g: the
+ *   weights need no data movement;
  * - it loads dims 8g .. 8g + 7 of rows n0 + 2t, n0 + 2t + 1, n0 + 8 + 2t, n0 + 9 + 2t of V;
- *   n-tile j of the values takes element j of each (one byte permute a pair), so output
- *   column n of tile j is dim 8n + j and the lane ends holding dims 16t .. 16t + 15 of head g.
+ *   m-tile i of the values takes elements 2i and 2i + 1 of each (one byte permute a pair) as
+ *   V^T's A fragment, so its rows g and g + 8 are dims 8g + 2i and 8g + 2i + 1, and the lane
+ *   ends holding dims 8g .. 8g + 7 of heads 2t and 2t + 1.
+ * Transposed, the values take 4 m-tiles of 16 dims (8 mmas a block with the split weights
+ * below, none with a zero half) and 16 accumulators a lane; as the scores' layout (heads as M)
+ * they took 16 mmas and 32 accumulators, and a step of SmolLM2's short-context program was
+ * 0.005-0.026 ms slower from 128 rows (docs/perf-notes.md round 64).
  * P is split into a 16-bit high part and the 16-bit rounding of the rest (two value mmas), so
  * the weights keep about 16 bits and the result stays within the f32 paths' tolerance. The
- * warps (rows in blocks of 16, block b to warp b mod 8) then merge as the direct path's do
- * (ad_store). Taken by tasks of 16-bit q, K and V of one dtype, head_dim 64, at most AD_HB
- * query heads a KV head, from AMK_AS_SHORT_ROWS + 1 rows for a normalised task (1 for a split
- * of partials). */
+ * scores are in base 2 (the scale times log2 e), each weight one ex2.approx (an exact 0 for a
+ * -inf score, so no branch; expf with its branch was about 50 instructions of a block's 350,
+ * round 63), the maxima turned back to base e for the cross-warp merge. The warps (rows in
+ * blocks of 16, block b to warp b mod 8) then merge as the direct path's do (ad_store). Taken
+ * by tasks of 16-bit q, K and V of one dtype, head_dim 64, at most AD_HB query heads a KV
+ * head, from AMK_AS_SHORT_ROWS + 1 rows for a normalised task (1 for a split of partials). */
 
 /* 32-bit word w (0..3) of a vector, by value (a selected reference would put the vectors in
  * memory). */
@@ -453,28 +462,8 @@ __device__ __forceinline__ uint32_t mp_round2(float x, float y, float& rx, float
   return r;
 }
 
-/* AMK_AS_EX2 1: the tensor-core path's scores are in base 2 (the scale times log2 e) and its
- * weights one ex2.approx each (an exact 0 for a -inf score, no branch), its maxima turned back
- * to base e for the cross-warp merge. The row loop is bound by its instructions (about 350 a
- * block a warp, two warps a scheduler), expf with its -inf branch about 50 of them: on an H200
- * SmolLM2's short-context step 0.005-0.018 ms faster from 128 rows and the 1B's 0.004-0.008,
- * the split programs even to 0.01 faster, every point's gate as main's (docs/perf-notes.md
- * round 63). 0 (the default until the ATTENTION_SPLIT conformance cases have run on a GPU with
- * it): expf of base-e scores behind a branch for -inf. */
-#ifndef AMK_AS_EX2
-#define AMK_AS_EX2 0
-#endif
-
-/* AMK_AS_LEAN 1: fewer instructions a block of the tensor-core path (round 63 counted ≈ 350 a
- * block a warp, a third of them moves, zeroing and address arithmetic): each row past `len`
- * read as row len - 1 (finite data, its score then -inf and its weight 0) so that no load is
- * predicated or zero-filled, the loads global ones (`ld.global`, not generic), the query's A
- * fragments built once, and a head's maximum kept until a block's exceeds it by
- * MP_LAZY_MAX (e^MP_LAZY_MAX at most a weight, so the rescale of the 32 accumulators runs on
- * few blocks but the first). 0 (the default): one block as round 55 wrote it. */
-#ifndef AMK_AS_LEAN
-#define AMK_AS_LEAN 0
-#endif
+/* Accumulator tiles a lane: tile i holds dims 8g + 2i and 8g + 2i + 1 of heads 2t, 2t + 1. */
+#define MP_OT 4
 
 /* One block's operands in registers: K rows n0 + g and n0 + 8 + g (dims 16t ..), V rows
  * n0 + 2t, + 1, n0 + 8 + 2t, + 1 (dims 8g ..); zeros past `len`. */
@@ -482,31 +471,6 @@ struct mp_blk {
   uint4 k[4], v[4];
 };
 
-#if AMK_AS_LEAN
-__device__ __forceinline__ uint4 mp_ldg(const char* p) {
-  uint4 v;
-  asm volatile("ld.global.v4.u32 {%0, %1, %2, %3}, [%4];"
-               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-               : "l"(p));
-  return v;
-}
-
-/* Rows past `len` read as row len - 1: every load unconditional. */
-__device__ __forceinline__ void mp_load(mp_blk& b, const char* kb, const char* vb,
-                                        long long gstride, int n0, int len, int g, int t) {
-#pragma unroll
-  for (int h = 0; h < 2; ++h) {
-    const char* kp = kb + (long long)min(n0 + 8 * h + g, len - 1) * gstride + 32 * t;
-    b.k[2 * h] = mp_ldg(kp);
-    b.k[2 * h + 1] = mp_ldg(kp + 16);
-  }
-#pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    const int r = min(n0 + 8 * (i >> 1) + 2 * t + (i & 1), len - 1);
-    b.v[i] = mp_ldg(vb + (long long)r * gstride + 16 * g);
-  }
-}
-#else
 __device__ __forceinline__ void mp_load(mp_blk& b, const char* kb, const char* vb,
                                         long long gstride, int n0, int len, int g, int t) {
   const uint4 z = make_uint4(0u, 0u, 0u, 0u);
@@ -523,49 +487,30 @@ __device__ __forceinline__ void mp_load(mp_blk& b, const char* kb, const char* v
     b.v[i] = r < len ? *(const uint4*)(vb + (long long)r * gstride + 16 * g) : z;
   }
 }
-#endif
 
-#if AMK_AS_EX2
+/* 2^x; 0 for x = -inf. */
 __device__ __forceinline__ float mp_ex2(float x) {
   float y;
   asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
   return y;
 }
-#define MP_EXP(x) mp_ex2(x)
-#define MP_EXP_MASKED(x, masked) mp_ex2(x)
-#define MP_SCALE_BASE 1.4426950408889634f /* log2 e */
-#define MP_M_BACK 0.6931471805599453f     /* ln 2 */
-#else
-#define MP_EXP(x) expf(x)
-#define MP_EXP_MASKED(x, masked) ((masked) ? 0.0f : expf(x))
-#define MP_SCALE_BASE 1.0f
-#define MP_M_BACK 1.0f
-#endif
+#define MP_SCALE_BASE 1.4426950408889634f /* log2 e: the scores in base 2 */
+#define MP_M_BACK 0.6931471805599453f     /* ln 2: a base-2 maximum back to base e */
 
-#if AMK_AS_LEAN
-/* A score this far above a head's kept maximum moves it (e^MP_LAZY_MAX = 256, in the scores'
- * base). */
-#define MP_LAZY_MAX (AMK_AS_EX2 ? 8.0f : 5.5451774f)
-/* The query's A fragment of k-step s: head g's words 2s and 2s + 1, rows 8..15 zero. */
-typedef uint32_t mp_qfrag[4][4];
-#else
+/* The query's words 0..7 (dims 16t .. 16t + 15 of head g): the score's A fragments. */
 typedef uint32_t mp_qfrag[8];
-#endif
 
-/* One block of 16 rows into the warp's online softmax (m, l: head g's; o: head g's dims). */
+/* One block of 16 rows into the warp's online softmax (m, l: head g's; o: dims 8g .. 8g + 7 of
+ * heads 2t and 2t + 1, whose rescale factors lanes 8t and 8t + 4 hold). */
 template <bool BF>
 __device__ __forceinline__ void mp_block(const mp_blk& b, const mp_qfrag& qa, int n0,
                                          int len, int t, float scale, float& m, float& l,
-                                         float (&o)[8][4]) {
+                                         float (&o)[MP_OT][4]) {
   const float NEG_INF = -__int_as_float(0x7f800000);
   float sa[4] = {0.0f, 0.0f, 0.0f, 0.0f}, sb[4] = {0.0f, 0.0f, 0.0f, 0.0f};
 #pragma unroll
   for (int s = 0; s < 4; ++s) {
-#if AMK_AS_LEAN
-    const uint32_t(&a)[4] = qa[s];
-#else
     const uint32_t a[4] = {qa[2 * s], 0u, qa[2 * s + 1], 0u};
-#endif
     amk_mma_16816<BF>(sa, a, mp_word(b.k[0], b.k[1], 2 * s), mp_word(b.k[0], b.k[1], 2 * s + 1));
     amk_mma_16816<BF>(sb, a, mp_word(b.k[2], b.k[3], 2 * s), mp_word(b.k[2], b.k[3], 2 * s + 1));
   }
@@ -575,24 +520,22 @@ __device__ __forceinline__ void mp_block(const mp_blk& b, const mp_qfrag& qa, in
   float bm = fmaxf(fmaxf(x[0], x[1]), fmaxf(x[2], x[3]));
   bm = fmaxf(bm, __shfl_xor_sync(ATT_FULL, bm, 1));
   bm = fmaxf(bm, __shfl_xor_sync(ATT_FULL, bm, 2));
-#if AMK_AS_LEAN
-  const bool up = bm > m + MP_LAZY_MAX; /* always at the first block (m = -inf) */
-  const float mn = up ? bm : m;
-  const float alpha = up ? MP_EXP(m - mn) : 1.0f;
-#else
   const float mn = fmaxf(m, bm);
-  const float alpha = m == mn ? 1.0f : MP_EXP(m - mn);
-#endif
+  const float alpha = m == mn ? 1.0f : mp_ex2(m - mn);
   float e[4];
 #pragma unroll
-  for (int i = 0; i < 4; ++i) e[i] = MP_EXP_MASKED(x[i] - mn, x[i] == NEG_INF);
+  for (int i = 0; i < 4; ++i) e[i] = mp_ex2(x[i] - mn);
   l = l * alpha + ((e[0] + e[1]) + (e[2] + e[3]));
   m = mn;
   if (__any_sync(ATT_FULL, alpha != 1.0f)) {
+    const float a0 = __shfl_sync(ATT_FULL, alpha, 8 * t);
+    const float a1 = __shfl_sync(ATT_FULL, alpha, 8 * t + 4);
 #pragma unroll
-    for (int j = 0; j < 8; ++j) {
-#pragma unroll
-      for (int c = 0; c < 4; ++c) o[j][c] *= alpha;
+    for (int i = 0; i < MP_OT; ++i) {
+      o[i][0] *= a0;
+      o[i][1] *= a1;
+      o[i][2] *= a0;
+      o[i][3] *= a1;
     }
   }
   float h0, h1, h2, h3;
@@ -601,12 +544,12 @@ __device__ __forceinline__ void mp_block(const mp_blk& b, const mp_qfrag& qa, in
   float d;
   const uint32_t lo0 = mp_round2<BF>(e[0] - h0, e[1] - h1, d, d);
   const uint32_t lo1 = mp_round2<BF>(e[2] - h2, e[3] - h3, d, d);
-  const uint32_t ph[4] = {hi0, 0u, hi1, 0u}, pl[4] = {lo0, 0u, lo1, 0u};
 #pragma unroll
-  for (int j = 0; j < 8; ++j) {
-    const uint32_t b0 = mp_pair(b.v[0], b.v[1], j), b1 = mp_pair(b.v[2], b.v[3], j);
-    amk_mma_16816<BF>(o[j], ph, b0, b1);
-    amk_mma_16816<BF>(o[j], pl, b0, b1);
+  for (int i = 0; i < MP_OT; ++i) {
+    const uint32_t va[4] = {mp_pair(b.v[0], b.v[1], 2 * i), mp_pair(b.v[0], b.v[1], 2 * i + 1),
+                            mp_pair(b.v[2], b.v[3], 2 * i), mp_pair(b.v[2], b.v[3], 2 * i + 1)};
+    amk_mma_16816<BF>(o[i], va, hi0, hi1);
+    amk_mma_16816<BF>(o[i], va, lo0, lo1);
   }
 }
 
@@ -696,22 +639,12 @@ __device__ __noinline__ void mp_rows(const mp_plan p) {
     const uint4 z = make_uint4(0u, 0u, 0u, 0u);
     const uint4* qp = (const uint4*)(p.q + (long long)g * 128 + 32 * t);
     const uint4 q0 = g < p.rep ? qp[0] : z, q1 = g < p.rep ? qp[1] : z;
-#if AMK_AS_LEAN
-#pragma unroll
-    for (int s = 0; s < 4; ++s) {
-      qa[s][0] = mp_word(q0, q1, 2 * s);
-      qa[s][1] = 0u;
-      qa[s][2] = mp_word(q0, q1, 2 * s + 1);
-      qa[s][3] = 0u;
-    }
-#else
 #pragma unroll
     for (int i = 0; i < 8; ++i) qa[i] = mp_word(q0, q1, i);
-#endif
   }
-  float o[8][4];
+  float o[MP_OT][4];
 #pragma unroll
-  for (int j = 0; j < 8; ++j) o[j][0] = o[j][1] = o[j][2] = o[j][3] = 0.0f;
+  for (int j = 0; j < MP_OT; ++j) o[j][0] = o[j][1] = o[j][2] = o[j][3] = 0.0f;
   float m = -__int_as_float(0x7f800000), l = 0.0f;
   const int nb = (p.len + 15) >> 4;
   const float sc = p.scale * MP_SCALE_BASE;
@@ -734,12 +667,15 @@ __device__ __noinline__ void mp_rows(const mp_plan p) {
   MP_PROBE_LAST(m);
   l += __shfl_xor_sync(ATT_FULL, l, 1);
   l += __shfl_xor_sync(ATT_FULL, l, 2);
+#pragma unroll
+  for (int u = 0; u < 2; ++u) {
+    if (2 * t + u < p.rep) {
+      float4* r = (float4*)(p.red + (warp * AD_HB + 2 * t + u) * 64 + 8 * g);
+      r[0] = make_float4(o[0][u], o[0][2 + u], o[1][u], o[1][2 + u]);
+      r[1] = make_float4(o[2][u], o[2][2 + u], o[3][u], o[3][2 + u]);
+    }
+  }
   if (g < p.rep) {
-    float4* r = (float4*)(p.red + (warp * AD_HB + g) * 64 + 16 * t);
-    r[0] = make_float4(o[0][0], o[1][0], o[2][0], o[3][0]);
-    r[1] = make_float4(o[4][0], o[5][0], o[6][0], o[7][0]);
-    r[2] = make_float4(o[0][1], o[1][1], o[2][1], o[3][1]);
-    r[3] = make_float4(o[4][1], o[5][1], o[6][1], o[7][1]);
     if (t == 0) {
       p.ml[(warp * AD_HB + g) * 2] = m * MP_M_BACK;
       p.ml[(warp * AD_HB + g) * 2 + 1] = l;
