@@ -473,11 +473,26 @@ fn task_from(v: &Value, p: &P, index: usize, reg: &Registry) -> R<Task> {
         None => Map::new(),
         Some(v) => expect_obj(v, &P::Key(p, "params"))?.clone(),
     };
+    let floating = match opt(m, "floating") {
+        None => false,
+        Some(v) => boolean(v, &P::Key(p, "floating"))?,
+    };
     let sm = match opt(m, "sm") {
         None => None,
         Some(v) => {
             Some(int_in(v, &P::Key(p, "sm"), i32::MIN as i64, i32::MAX as i64, "sm")? as i32)
         }
+    };
+    // A floating task runs on whichever SM completes its wait: it has no SM of its own, and
+    // the file says so with -1 (or null).
+    let sm = match (floating, sm) {
+        (true, None | Some(-1)) => None,
+        (true, Some(s)) => {
+            return Err(P::Key(p, "sm").err(format!(
+                "a floating task has no SM of its own (write -1 or null), found {s}"
+            )));
+        }
+        (false, sm) => sm,
     };
     // Cost hints: integers, or floats with an integral value (tooling that computes them in
     // floating point writes `12.0`); anything else is refused like any other bad number.
@@ -501,6 +516,7 @@ fn task_from(v: &Value, p: &P, index: usize, reg: &Registry) -> R<Task> {
         waits,
         params,
         sm,
+        floating,
         est_bytes: est("est_bytes")?,
         est_flops: est("est_flops")?,
         label,
@@ -811,7 +827,11 @@ fn task_to(t: &crate::Task, reg: &Registry) -> R<Value> {
             ])
         })
         .collect();
-    Ok(obj(vec![
+    let sm = match (t.floating, t.sm) {
+        (true, _) => Value::Int(-1),
+        (false, s) => s.map_or(Value::Null, |s| Value::Int(s as i64)),
+    };
+    let mut fields = vec![
         ("id", Value::Int(t.id as i64)),
         ("op", Value::Str(op.into_owned())),
         ("inputs", ints(t.inputs.iter().copied())),
@@ -819,11 +839,18 @@ fn task_to(t: &crate::Task, reg: &Registry) -> R<Value> {
         ("out_counter", Value::Int(t.out_counter as i64)),
         ("waits", Value::Array(waits)),
         ("params", Value::Object(t.params.clone())),
-        ("sm", t.sm.map_or(Value::Null, |s| Value::Int(s as i64))),
+        ("sm", sm),
+    ];
+    // Written only when set, so a program without floating tasks keeps the reference's format.
+    if t.floating {
+        fields.push(("floating", Value::Bool(true)));
+    }
+    fields.extend([
         ("est_bytes", Value::Int(t.est_bytes)),
         ("est_flops", Value::Int(t.est_flops)),
         ("label", Value::Str(t.label.clone())),
-    ]))
+    ]);
+    Ok(obj(fields))
 }
 
 fn pages_to(pa: &crate::PageAllocation) -> Value {

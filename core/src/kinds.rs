@@ -101,6 +101,10 @@ kinds! {
         StepLoop = "step_loop",
         /// A schedule config or GPU target value outside its range.
         BadConfig = "bad_config",
+        /// A floating task whose runner the program cannot name: not exactly one wait, a
+        /// partial wait, a counter others wait on too, a floating producer, an SM of its own
+        /// or an on-chip buffer.
+        FloatingTask = "floating_task",
     }
 }
 

@@ -670,6 +670,25 @@ pub fn mutate(base: &Program, kind: ErrorKind, rng: &mut Rng) -> Option<Mutant> 
             p.step_loop = Some(amk_core::StepLoop { gate, halt });
             format!("step loop gated on the first task's counter #{gate}")
         }
+        ErrorKind::FloatingTask => {
+            // A floating task whose runner the program cannot name: one that has no wait or
+            // several, or one given an SM of its own.
+            if rng.chance(50)
+                && let Some(t) = pick_task(&p, rng, |t| t.waits.len() != 1)
+            {
+                let task = &mut p.tasks[t as usize];
+                task.floating = true;
+                task.sm = None;
+                format!("task {t} floats with {} waits", task.waits.len())
+            } else {
+                let t = pick_task(&p, rng, |_| true)?;
+                let task = &mut p.tasks[t as usize];
+                task.floating = true;
+                let sm = task.sm.unwrap_or(0);
+                task.sm = Some(sm);
+                format!("task {t} floats but keeps SM {sm}")
+            }
+        }
         ErrorKind::BadConfig => {
             let c = p
                 .config

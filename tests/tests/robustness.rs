@@ -182,6 +182,7 @@ impl Rng {
             "threshold",
             "params",
             "sm",
+            "floating",
             "shape",
             "kind",
             "dtype",

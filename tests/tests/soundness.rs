@@ -111,6 +111,13 @@ const STATIC_ONLY: &[(ErrorKind, &str)] = &[
         ErrorKind::BadConfig,
         "docs/ir.md check 8: kernel knobs and target in range",
     ),
+    // Who runs a floating task is decided by which signal completes its counter; the oracle
+    // runs every task whose waits hold, floating or not, so the rules that make that runner
+    // one well-defined block are about the program's form (docs/ir.md check 3a).
+    (
+        ErrorKind::FloatingTask,
+        "docs/ir.md check 3a: a floating task's runner is the one completing signal",
+    ),
 ];
 
 fn static_only(k: ErrorKind) -> bool {

@@ -383,6 +383,33 @@ fn fan_in(n: usize) -> Program {
     p
 }
 
+/// Two producers `x -> a`, `x -> b` (SMs 0 and 1) signal `parts ready`; a floating `ADD a, b
+/// -> z` waits for both and signals `merged`.
+fn floating_merge() -> Program {
+    let mut p = Program::new();
+    let x = p.new_buffer("x", IO_INPUT, F32, &[1, 64]);
+    let a = p.new_buffer("a", ACTIVATION, F32, &[1, 64]);
+    let b = p.new_buffer("b", ACTIVATION, F32, &[1, 64]);
+    let z = p.new_buffer("z", IO_OUTPUT, F32, &[1, 64]);
+    let parts = p.new_counter("parts ready");
+    let merged = p.new_counter("merged");
+    p.push_task(Opcode::COPY, &[x], &[a], parts, &[], Map::new(), "part a");
+    p.push_task(Opcode::COPY, &[x], &[b], parts, &[], Map::new(), "part b");
+    p.push_task(
+        Opcode::ADD,
+        &[a, b],
+        &[z],
+        merged,
+        &[(parts, 2)],
+        Map::new(),
+        "merge",
+    );
+    p.tasks[0].sm = Some(0);
+    p.tasks[1].sm = Some(1);
+    p.tasks[2].floating = true;
+    p
+}
+
 /// `test.SPLIT` of x into `n` distinct activations.
 fn split(n: usize) -> Program {
     let mut p = Program::new();
@@ -642,6 +669,16 @@ fn defect(kind: ErrorKind) -> Defect {
             });
             Defect::new(p, &["threads_per_block = 7", "multiple of 32"])
         }
+        K::FloatingTask => {
+            // A second task waits on the floating merge's counter: the count no longer names
+            // one runner that alone acts on it.
+            let mut p = floating_merge();
+            let done = p.new_counter("also waiting");
+            p.push_task(Opcode::NOP, &[], &[], done, &[(0, 2)], Map::new(), "also");
+            Defect::new(p, &["task 2", "#0", "task 3 waits on too"])
+                .task(2)
+                .counter(0)
+        }
         K::PageTable => {
             let mut p = chain2();
             p.pages = Some(PageAllocation {
@@ -731,6 +768,7 @@ fn fixed(kind: ErrorKind) -> Program {
             p.config = Some(ScheduleConfig::default());
             p
         }
+        K::FloatingTask => floating_merge(),
         K::PageTable => {
             let mut p = chain2();
             p.pages = Some(PageAllocation {
@@ -827,6 +865,7 @@ fn inplace(with_init: bool) -> Program {
 #[case::page_table(ErrorKind::PageTable)]
 #[case::step_loop(ErrorKind::StepLoop)]
 #[case::bad_config(ErrorKind::BadConfig)]
+#[case::floating_task(ErrorKind::FloatingTask)]
 fn error_kind_negative_and_positive(#[case] kind: ErrorKind) {
     let d = defect(kind);
     let r = check(&d.prog);
@@ -868,11 +907,12 @@ fn vocabulary_is_the_contracts() {
         param_type, no_producer, threshold_exceeds, partial_shared_wait, cycle, never_produced, \
         raw_race, raw_race_kv, waw_race, onchip_cross_sm, sm_queue_order, sm_out_of_range, \
         page_clobber, output_unproduced, write_readonly, tile_out_of_bounds, shape_mismatch, \
-        counter_init, inplace_uninit_read, fused_recipe, page_table, step_loop, bad_config";
+        counter_init, inplace_uninit_read, fused_recipe, page_table, step_loop, bad_config, \
+        floating_task";
     let got: Vec<&str> = ErrorKind::ALL.iter().map(|k| k.as_str()).collect();
     let want: Vec<&str> = errors.split(", ").collect();
     assert_eq!(got, want);
-    assert_eq!(ErrorKind::ALL.len(), 35);
+    assert_eq!(ErrorKind::ALL.len(), 36);
     let warnings: Vec<&str> = WarningKind::ALL.iter().map(|k| k.as_str()).collect();
     assert_eq!(
         warnings,
@@ -3666,4 +3706,148 @@ fn token_nll_rows(#[case] bad: &str, #[case] want: Option<ErrorKind>) {
             r.error_kinds()
         ),
     }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Floating tasks (docs/ir.md, check 3a): each rule on its own
+
+/// The kinds `p` is rejected with, and the first floating_task message.
+fn floating_verdict(p: &Program) -> (BTreeSet<ErrorKind>, String) {
+    let r = check(p);
+    let msg = r
+        .errors
+        .iter()
+        .find(|e| e.kind == ErrorKind::FloatingTask)
+        .map_or_else(String::new, |e| e.message.clone());
+    (r.error_kinds().into_iter().collect(), msg)
+}
+
+/// The merge listed first, its producers after it on SM 0: as a queued task on SM 0 it
+/// would wait forever ahead of them; floating, it is in no queue.
+fn merge_listed_first(floating: bool) -> Program {
+    let mut p = Program::new();
+    let x = p.new_buffer("x", IO_INPUT, F32, &[1, 64]);
+    let a = p.new_buffer("a", ACTIVATION, F32, &[1, 64]);
+    let b = p.new_buffer("b", ACTIVATION, F32, &[1, 64]);
+    let z = p.new_buffer("z", IO_OUTPUT, F32, &[1, 64]);
+    let parts = p.new_counter("parts ready");
+    let merged = p.new_counter("merged");
+    let m = p.push_task(
+        Opcode::ADD,
+        &[a, b],
+        &[z],
+        merged,
+        &[(parts, 2)],
+        Map::new(),
+        "merge",
+    );
+    p.push_task(Opcode::COPY, &[x], &[a], parts, &[], Map::new(), "part a");
+    p.push_task(Opcode::COPY, &[x], &[b], parts, &[], Map::new(), "part b");
+    p.tasks[1].sm = Some(0);
+    p.tasks[2].sm = Some(0);
+    if floating {
+        p.tasks[m as usize].floating = true;
+    } else {
+        p.tasks[m as usize].sm = Some(0);
+    }
+    p
+}
+
+#[test]
+fn floating_task_is_in_no_queue() {
+    assert_ok(&check(&floating_merge()));
+    assert_ok(&check(&merge_listed_first(true)));
+    let r = check(&merge_listed_first(false));
+    assert!(r.has(ErrorKind::SmQueueOrder), "{}", r.report());
+}
+
+#[rstest]
+#[case::two_waits("2 waits")]
+#[case::no_wait("0 waits")]
+#[case::partial("waits for 1 of the 2 signals")]
+#[case::floating_producer("floating task 0 signals")]
+#[case::own_sm("has SM 3")]
+#[case::on_chip("on-chip buffer #1 (a)")]
+fn each_floating_rule_breaks_it(#[case] needle: &str) {
+    let mut p = floating_merge();
+    let mut also: Vec<ErrorKind> = Vec::new();
+    match needle {
+        "2 waits" => {
+            let c = p.new_counter("extra");
+            p.push_task(Opcode::NOP, &[], &[], c, &[], Map::new(), "extra");
+            p.tasks[2].waits.push(amk_core::Wait {
+                counter: c,
+                threshold: 1,
+            });
+        }
+        "0 waits" => p.tasks[2].waits.clear(),
+        "waits for 1 of the 2 signals" => {
+            p.tasks[2].waits[0].threshold = 1;
+            also.push(ErrorKind::PartialSharedWait);
+        }
+        "floating task 0 signals" => {
+            p.tasks[0].floating = true;
+            p.tasks[0].sm = None;
+            // task 0 now has no wait at all, which is its own finding
+        }
+        "has SM 3" => p.tasks[2].sm = Some(3),
+        // (check 5b only warns: one of the buffer's users has no SM to compare)
+        _ => p.buffers[1].space = MemSpace::SMEM,
+    }
+    let (kinds, msg) = floating_verdict(&p);
+    assert!(
+        kinds.contains(&ErrorKind::FloatingTask),
+        "{needle}: accepted: {kinds:?}"
+    );
+    for k in also {
+        assert!(kinds.contains(&k), "{needle}: {k} missing: {kinds:?}");
+    }
+    let all: Vec<String> = check(&p)
+        .errors
+        .iter()
+        .filter(|e| e.kind == ErrorKind::FloatingTask)
+        .map(|e| e.message.clone())
+        .collect();
+    assert!(
+        all.iter().any(|m| m.contains(needle)),
+        "{needle}: not among {all:?} (first: {msg})"
+    );
+}
+
+#[test]
+fn floating_task_round_trips_through_json() {
+    let reg = registry();
+    let p = floating_merge();
+    let text = p.to_json(&reg).expect("serialise");
+    let v = json::parse(&text).expect("parse");
+    let t2 = v
+        .as_object()
+        .and_then(|o| o.get("tasks"))
+        .and_then(Value::as_array)
+        .and_then(|a| a.get(2))
+        .and_then(Value::as_object)
+        .expect("task 2");
+    assert_eq!(t2.get("sm").and_then(Value::as_i64), Some(-1));
+    assert_eq!(t2.get("floating"), Some(&Value::Bool(true)));
+    // Tasks that do not float keep the reference's keys: no `floating` written.
+    let t0 = v
+        .as_object()
+        .and_then(|o| o.get("tasks"))
+        .and_then(Value::as_array)
+        .and_then(|a| a.first())
+        .and_then(Value::as_object)
+        .expect("task 0");
+    assert!(t0.get("floating").is_none());
+    let back = Program::from_json(&text, &reg).expect("load");
+    assert_eq!(back, p);
+    assert_eq!(back.to_json(&reg).expect("again"), text);
+    // A floating task with an SM of its own is refused at load, as is a non-boolean flag.
+    let bad = text.replacen("\"sm\": -1", "\"sm\": 3", 1);
+    assert_ne!(bad, text, "the writer's spacing changed; adapt the needle");
+    let e = Program::from_json(&bad, &reg)
+        .expect_err("floating with an SM")
+        .to_string();
+    assert!(e.contains("no SM of its own"), "{e}");
+    let bad = text.replacen("\"floating\": true", "\"floating\": 1", 1);
+    assert!(Program::from_json(&bad, &reg).is_err());
 }

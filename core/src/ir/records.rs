@@ -104,8 +104,14 @@ pub struct Task {
     pub waits: Vec<Wait>,
     /// Op-specific parameters, in file order.
     pub params: Map,
-    /// SM assignment (a lowering output); `None` = unassigned.
+    /// SM assignment (a lowering output); `None` = unassigned, and always `None` for a
+    /// floating task.
     pub sm: Option<i32>,
+    /// A floating task sits in no SM's queue: the block whose signal brings its one wait's
+    /// counter to the threshold runs it right after its own task. It never waits (its wait
+    /// holds when it runs), so it cannot be on a wait cycle; the validator's `floating_task`
+    /// rules keep its runner the one completing signal (docs/ir.md).
+    pub floating: bool,
     /// Cost hint: bytes moved.
     pub est_bytes: i64,
     /// Cost hint: flops.
@@ -132,6 +138,7 @@ impl Task {
             waits: Vec::new(),
             params: Map::new(),
             sm: None,
+            floating: false,
             est_bytes: 0,
             est_flops: 0,
             label: String::new(),

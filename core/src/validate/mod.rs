@@ -7,6 +7,7 @@
 //! at every size (reachability is answered in 64-task blocks, see [`crate::graph::Reach`]).
 
 mod diag;
+mod floating;
 mod patch;
 mod placement;
 mod races;
@@ -160,6 +161,7 @@ impl<'a> Validator<'a> {
         }
         self.check_counters();
         self.check_waits();
+        self.check_floating();
         // With SMs assigned, one Kahn pass over dependency + queue-order edges usually decides
         // both acyclicity and queue safety (its order is a valid dependency order too).
         let next = self
