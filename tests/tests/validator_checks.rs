@@ -383,9 +383,10 @@ fn fan_in(n: usize) -> Program {
     p
 }
 
-/// Two producers `x -> a`, `x -> b` (SMs 0 and 1) signal `parts ready`; a floating `ADD a, b
-/// -> z` waits for both and signals `merged`.
-fn floating_merge() -> Program {
+/// Two producers `x -> a`, `x -> b` signal `parts ready`; `ADD a, b -> z` waits for both and
+/// signals `merged`; listed last, or first with `merge_first`. No SM, nothing floating.
+/// Returns the program and the merge's task index.
+fn merge_of_two(merge_first: bool) -> (Program, usize) {
     let mut p = Program::new();
     let x = p.new_buffer("x", IO_INPUT, F32, &[1, 64]);
     let a = p.new_buffer("a", ACTIVATION, F32, &[1, 64]);
@@ -393,20 +394,30 @@ fn floating_merge() -> Program {
     let z = p.new_buffer("z", IO_OUTPUT, F32, &[1, 64]);
     let parts = p.new_counter("parts ready");
     let merged = p.new_counter("merged");
+    let merge = |p: &mut Program| {
+        p.push_task(
+            Opcode::ADD,
+            &[a, b],
+            &[z],
+            merged,
+            &[(parts, 2)],
+            Map::new(),
+            "merge",
+        ) as usize
+    };
+    let first = merge_first.then(|| merge(&mut p));
     p.push_task(Opcode::COPY, &[x], &[a], parts, &[], Map::new(), "part a");
     p.push_task(Opcode::COPY, &[x], &[b], parts, &[], Map::new(), "part b");
-    p.push_task(
-        Opcode::ADD,
-        &[a, b],
-        &[z],
-        merged,
-        &[(parts, 2)],
-        Map::new(),
-        "merge",
-    );
+    let m = first.unwrap_or_else(|| merge(&mut p));
+    (p, m)
+}
+
+/// [`merge_of_two`], its producers on SMs 0 and 1, the merge (task 2) floating.
+fn floating_merge() -> Program {
+    let (mut p, m) = merge_of_two(false);
     p.tasks[0].sm = Some(0);
     p.tasks[1].sm = Some(1);
-    p.tasks[2].floating = true;
+    p.tasks[m].floating = true;
     p
 }
 
@@ -3725,30 +3736,13 @@ fn floating_verdict(p: &Program) -> (BTreeSet<ErrorKind>, String) {
 /// The merge listed first, its producers after it on SM 0: as a queued task on SM 0 it
 /// would wait forever ahead of them; floating, it is in no queue.
 fn merge_listed_first(floating: bool) -> Program {
-    let mut p = Program::new();
-    let x = p.new_buffer("x", IO_INPUT, F32, &[1, 64]);
-    let a = p.new_buffer("a", ACTIVATION, F32, &[1, 64]);
-    let b = p.new_buffer("b", ACTIVATION, F32, &[1, 64]);
-    let z = p.new_buffer("z", IO_OUTPUT, F32, &[1, 64]);
-    let parts = p.new_counter("parts ready");
-    let merged = p.new_counter("merged");
-    let m = p.push_task(
-        Opcode::ADD,
-        &[a, b],
-        &[z],
-        merged,
-        &[(parts, 2)],
-        Map::new(),
-        "merge",
-    );
-    p.push_task(Opcode::COPY, &[x], &[a], parts, &[], Map::new(), "part a");
-    p.push_task(Opcode::COPY, &[x], &[b], parts, &[], Map::new(), "part b");
+    let (mut p, m) = merge_of_two(true);
     p.tasks[1].sm = Some(0);
     p.tasks[2].sm = Some(0);
     if floating {
-        p.tasks[m as usize].floating = true;
+        p.tasks[m].floating = true;
     } else {
-        p.tasks[m as usize].sm = Some(0);
+        p.tasks[m].sm = Some(0);
     }
     p
 }
