@@ -304,6 +304,44 @@ fn record_keys_are_in_the_reference_order() {
     assert!(t1.contains(&"waits".to_string()));
 }
 
+/// A floating task (ours) writes `sm` -1 and `"floating": true` after it; the others keep the
+/// reference's keys. It reads back equal and re-writes byte-identically; a floating task
+/// with an SM of its own, or a non-boolean flag, is refused at load.
+#[test]
+fn floating_task_round_trips() {
+    let reg = reg();
+    let mut p = full_program();
+    p.tasks[3].floating = true;
+    p.tasks[3].sm = None;
+    let text = p.to_json(&reg).expect("serialise");
+    let v = json::parse(&text).expect("parse");
+    let words = |s: &str| -> Vec<String> { s.split(' ').map(str::to_string).collect() };
+    let keys = record_keys(&v, "tasks");
+    assert_eq!(
+        keys[3],
+        words(
+            "id op inputs outputs out_counter waits params sm floating est_bytes est_flops label"
+        )
+    );
+    assert!(
+        keys[..3]
+            .iter()
+            .all(|k| !k.contains(&"floating".to_string()))
+    );
+    let back = Program::from_json(&text, &reg).expect("load");
+    assert_eq!(back, p);
+    assert_eq!(back.to_json(&reg).expect("again"), text);
+    let needle = "\"sm\": -1,\n      \"floating\": true";
+    assert!(text.contains(needle), "{text}");
+    let bad = text.replacen(needle, "\"sm\": 3,\n      \"floating\": true", 1);
+    let e = Program::from_json(&bad, &reg)
+        .expect_err("floating with an SM")
+        .to_string();
+    assert!(e.contains("no SM of its own"), "{e}");
+    let bad = text.replacen("\"floating\": true", "\"floating\": 1", 1);
+    assert!(Program::from_json(&bad, &reg).is_err());
+}
+
 #[test]
 fn absent_pages_config_and_target_are_null() {
     let mut p = full_program();
